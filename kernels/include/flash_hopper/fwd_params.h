@@ -1,0 +1,50 @@
+// Kernel-side forward parameters, shared by the FA-2 (sm80) and FA-3 (sm90) paths.
+//
+// api.cu validates the C ABI's FhFwdParams and derives this struct once per call; every kernel
+// takes it by value as a __grid_constant__ parameter. Sequence lengths and head counts fit int32
+// (validated); offsets are computed in int64 from the int64 strides, so tensors with more than
+// 2^31 elements work.
+#pragma once
+
+#include <cstdint>
+
+namespace flash_hopper {
+
+struct FwdParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  float* lse;  // null: not written
+
+  int batch;
+  int seqlen_q;
+  int seqlen_k;
+  int heads_q;
+  int heads_kv;
+  int heads_per_kv;  // heads_q / heads_kv (GQA group size)
+  int head_dim;      // actual head dim (<= the kernel's bucket; the rest is zero-filled)
+
+  int64_t q_batch_stride, q_row_stride, q_head_stride;
+  int64_t k_batch_stride, k_row_stride, k_head_stride;
+  int64_t v_batch_stride, v_row_stride, v_head_stride;
+  int64_t o_batch_stride, o_row_stride, o_head_stride;
+  int64_t lse_batch_stride, lse_head_stride;
+
+  // Softmax in base 2 with the scale folded into one FFMA: p = exp2(s * scale_log2 - m * scale_log2).
+  // Without softcap s is q.k and scale_log2 = softmax_scale * log2(e); with softcap the kernel first
+  // maps s -> softcap * tanh(s * softcap_prescale) (softcap_prescale = softmax_scale / softcap), and
+  // then scale_log2 = log2(e). lse = m * lse_scale + log(l), lse_scale = scale_log2 / log2(e).
+  float scale_log2;
+  float lse_scale;
+  float softcap;  // 0 = off
+  float softcap_prescale;
+
+  // Window in key positions relative to the bottom-right aligned diagonal; -1 = unbounded.
+  int window_left;
+  int window_right;
+
+  int num_sms;
+};
+
+}  // namespace flash_hopper

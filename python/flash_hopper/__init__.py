@@ -1,0 +1,54 @@
+"""flash-hopper: FlashAttention-3-class attention kernels for Hopper, with an Ampere path.
+
+Importing needs no GPU and no kernel library: the library is loaded on the first call that needs
+it (see _lib.py for where it is looked for).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _lib
+from ._errors import (
+    CudaError,
+    DeviceQueryError,
+    InternalError,
+    LibraryNotFoundError,
+    UnsupportedError,
+)
+from .interface import flash_attn_func, which_backend
+
+try:
+    from importlib.metadata import PackageNotFoundError, version
+
+    __version__ = version("flash-hopper")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0+unknown"
+
+
+def build_info() -> dict[str, Any]:
+    """The library's build description (version, commit, archs, head_dims, dtypes, cuda).
+
+    Raises LibraryNotFoundError when the library cannot be loaded.
+    """
+    return _lib.get_library().build_info()
+
+
+def library_path() -> str | None:
+    """Path of the kernel library that is (or would be) loaded, or None if none is found."""
+    path = _lib.loaded_path() or _lib.find_library()
+    return str(path) if path is not None else None
+
+
+__all__ = [
+    "CudaError",
+    "DeviceQueryError",
+    "InternalError",
+    "LibraryNotFoundError",
+    "UnsupportedError",
+    "__version__",
+    "build_info",
+    "flash_attn_func",
+    "library_path",
+    "which_backend",
+]

@@ -1,0 +1,283 @@
+"""ctypes binding of libflash_hopper.so, the kernels' C ABI (kernels/include/flash_hopper/api.h).
+
+Why ctypes and not a torch extension: the library has no torch (or Python) symbols, so one binary
+serves every torch and every Python version, and it can be built without either.
+
+Loading is lazy: ``import flash_hopper`` works on a machine without the library (CPU-only tests,
+the reference implementation, docs); the first call that needs a kernel loads it via
+``get_library()``, which raises ``LibraryNotFoundError`` saying where it looked and how to build.
+
+Search order: ``$FLASH_HOPPER_LIB`` (a file, or a directory holding libflash_hopper.so), then next
+to this package (where the wheel installs it). An explicit ``$FLASH_HOPPER_LIB`` that points at
+nothing is an error rather than a silent fallback: the user asked for that file.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from ._errors import CudaError, InternalError, LibraryNotFoundError, UnsupportedError
+
+LIB_NAME = "libflash_hopper.so"
+ENV_VAR = "FLASH_HOPPER_LIB"
+
+# Must equal FH_ABI_VERSION in api.h; the library reports its own through fh_abi_version().
+ABI_VERSION = 1
+
+
+class FhStatus(enum.IntEnum):
+    """Mirror of api.h's FhStatus."""
+
+    SUCCESS = 0
+    ERROR_INVALID_ARGUMENT = 1
+    ERROR_UNSUPPORTED = 2
+    ERROR_CUDA = 3
+    ERROR_INTERNAL = 4
+
+
+class FhDtype(enum.IntEnum):
+    """Mirror of api.h's FhDtype."""
+
+    FP16 = 0
+    BF16 = 1
+    E4M3 = 2
+    FP32 = 3
+
+
+class FhBackend(enum.IntEnum):
+    """Mirror of api.h's FhBackend."""
+
+    AUTO = 0
+    FA2 = 1
+    FA3 = 2
+
+
+_I32, _I64, _F32, _PTR = ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+
+
+class FhFwdParams(ctypes.Structure):
+    """Mirror of api.h's FhFwdParams: same fields, same order, same C types.
+
+    Every pointer is ``c_void_p`` (an integer address or None); tests/test_lib.py parses api.h and
+    checks names, order, types and offsets against this class, so a drift fails CI.
+    """
+
+    _fields_ = [
+        ("abi_version", _I32),
+        # data
+        ("q", _PTR),
+        ("k", _PTR),
+        ("v", _PTR),
+        ("o", _PTR),
+        ("lse", _PTR),
+        ("dtype", _I32),
+        ("out_dtype", _I32),
+        # shapes
+        ("batch", _I64),
+        ("seqlen_q", _I64),
+        ("seqlen_k", _I64),
+        ("heads_q", _I64),
+        ("heads_kv", _I64),
+        ("head_dim", _I64),
+        ("head_dim_v", _I64),
+        # strides in elements; the head_dim stride is 1 and not stored
+        ("q_batch_stride", _I64),
+        ("q_row_stride", _I64),
+        ("q_head_stride", _I64),
+        ("k_batch_stride", _I64),
+        ("k_row_stride", _I64),
+        ("k_head_stride", _I64),
+        ("v_batch_stride", _I64),
+        ("v_row_stride", _I64),
+        ("v_head_stride", _I64),
+        ("o_batch_stride", _I64),
+        ("o_row_stride", _I64),
+        ("o_head_stride", _I64),
+        ("lse_batch_stride", _I64),
+        ("lse_head_stride", _I64),
+        # score transform and mask
+        ("softmax_scale", _F32),
+        ("softcap", _F32),
+        ("window_left", _I64),
+        ("window_right", _I64),
+        # reserved: varlen
+        ("cu_seqlens_q", _PTR),
+        ("cu_seqlens_k", _PTR),
+        ("seqused_k", _PTR),
+        # reserved: paged KV
+        ("page_table", _PTR),
+        ("page_table_batch_stride", _I64),
+        ("page_size", _I64),
+        # reserved: FP8 descales
+        ("q_descale", _PTR),
+        ("k_descale", _PTR),
+        ("v_descale", _PTR),
+        ("descale_batch_stride", _I64),
+        ("descale_head_stride", _I64),
+        # reserved: split-KV
+        ("num_splits", _I32),
+        ("o_accum", _PTR),
+        ("lse_accum", _PTR),
+        # dispatch
+        ("backend", _I32),
+        ("variant", _I32),
+        ("num_sms", _I32),
+    ]
+
+
+def candidate_paths() -> list[Path]:
+    """Where the library is looked for, in order (see the module docstring)."""
+    paths = []
+    env = os.environ.get(ENV_VAR, "").strip()
+    if env:
+        p = Path(env).expanduser()
+        paths.append(p / LIB_NAME if p.is_dir() else p)
+    paths.append(Path(__file__).resolve().parent / LIB_NAME)
+    return paths
+
+
+def find_library() -> Path | None:
+    """The library file that would be loaded, or None when there is none."""
+    env_set = bool(os.environ.get(ENV_VAR, "").strip())
+    for i, p in enumerate(candidate_paths()):
+        if p.is_file():
+            return p
+        if i == 0 and env_set:
+            return None  # an explicit $FLASH_HOPPER_LIB that points at nothing wins
+    return None
+
+
+def _not_found_message() -> str:
+    looked = "\n".join(f"  - {p}" for p in candidate_paths())
+    env = os.environ.get(ENV_VAR, "").strip()
+    hint_env = (
+        f"${ENV_VAR} is set to {env!r} but no {LIB_NAME} is there.\n" if env else ""
+    )
+    return (
+        f"flash-hopper's kernel library {LIB_NAME} was not found.\n{hint_env}Looked in:\n"
+        f"{looked}\n"
+        "Build it either by installing the package (`pip install .` builds it and puts it next "
+        "to the package), or for development with CMake:\n"
+        "  cmake -S . -B build/dev -G Ninja -DFH_ARCHS='80;90a' && cmake --build build/dev\n"
+        f"  export {ENV_VAR}=$PWD/build/dev/{LIB_NAME}"
+    )
+
+
+class Library:
+    """The loaded library with typed wrappers; one instance per process (see get_library)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            self._dll = ctypes.CDLL(str(path))
+        except OSError as e:
+            raise LibraryNotFoundError(
+                f"flash-hopper: {path} exists but could not be loaded: {e}\n"
+                "(a missing libcuda.so.1 means no NVIDIA driver is installed)"
+            ) from e
+        try:
+            self._bind()
+        except AttributeError as e:
+            raise LibraryNotFoundError(
+                f"flash-hopper: {path} lacks a C ABI symbol ({e}); it is not a flash-hopper "
+                "library or is from an incompatible version; rebuild it"
+            ) from e
+        self.abi_version = int(self._dll.fh_abi_version())
+        if self.abi_version != ABI_VERSION:
+            raise LibraryNotFoundError(
+                f"flash-hopper: {path} has C ABI version {self.abi_version}, this Python package "
+                f"expects {ABI_VERSION}; rebuild the library from the same checkout as the package"
+            )
+
+    def _bind(self) -> None:
+        d = self._dll
+        params_p = ctypes.POINTER(FhFwdParams)
+        d.fh_fwd.argtypes = [params_p, ctypes.c_void_p]
+        d.fh_fwd.restype = ctypes.c_int
+        d.fh_fwd_select_backend.argtypes = [params_p, ctypes.POINTER(ctypes.c_int32)]
+        d.fh_fwd_select_backend.restype = ctypes.c_int
+        d.fh_last_error.argtypes = []
+        d.fh_last_error.restype = ctypes.c_char_p
+        d.fh_abi_version.argtypes = []
+        d.fh_abi_version.restype = ctypes.c_int32
+        d.fh_build_info.argtypes = []
+        d.fh_build_info.restype = ctypes.c_char_p
+        d.fh_has_fwd_kernel.argtypes = [ctypes.c_int32, ctypes.c_int32, ctypes.c_int64]
+        d.fh_has_fwd_kernel.restype = ctypes.c_int32
+
+    # --- raw calls (status codes), for tests of the ABI itself ---------------------------------
+    def fwd_status(self, params: FhFwdParams, stream: int | None) -> int:
+        return int(self._dll.fh_fwd(ctypes.byref(params), stream))
+
+    def last_error(self) -> str:
+        msg = self._dll.fh_last_error()
+        return msg.decode("utf-8", "replace") if msg else ""
+
+    # --- checked calls (raise on error) ---------------------------------------------------------
+    def fwd(self, params: FhFwdParams, stream: int | None) -> None:
+        """Launch the forward on ``stream`` (a cudaStream_t as int; None = legacy default)."""
+        self.check(self.fwd_status(params, stream), "fh_fwd")
+
+    def select_backend(self, params: FhFwdParams) -> FhBackend:
+        """The backend fh_fwd would run for ``params`` on the current device (no launch)."""
+        out = ctypes.c_int32(-1)
+        status = self._dll.fh_fwd_select_backend(ctypes.byref(params), ctypes.byref(out))
+        self.check(int(status), "fh_fwd_select_backend")
+        return FhBackend(out.value)
+
+    def build_info(self) -> dict[str, Any]:
+        """fh_build_info() parsed: version, commit, archs, head_dims, dtypes, cuda."""
+        raw = self._dll.fh_build_info()
+        return json.loads(raw.decode("utf-8")) if raw else {}
+
+    def has_fwd_kernel(self, backend: int, dtype: int, head_dim: int) -> bool:
+        """Whether this build holds a forward kernel for the head-dim bucket of ``head_dim``."""
+        return bool(self._dll.fh_has_fwd_kernel(int(backend), int(dtype), int(head_dim)))
+
+    def check(self, status: int, what: str) -> None:
+        """Raise the Python exception that corresponds to an FhStatus (nothing on success)."""
+        if status == FhStatus.SUCCESS:
+            return
+        text = self.last_error() or "(no message)"
+        raise status_error(status, f"{what}: {text}")
+
+
+def status_error(status: int, message: str) -> Exception:
+    """The exception for a failing FhStatus (exposed for tests of the mapping)."""
+    kinds = {
+        FhStatus.ERROR_INVALID_ARGUMENT: ValueError,
+        FhStatus.ERROR_UNSUPPORTED: UnsupportedError,
+        FhStatus.ERROR_CUDA: CudaError,
+        FhStatus.ERROR_INTERNAL: InternalError,
+    }
+    kind = kinds.get(status)
+    if kind is None:
+        return InternalError(f"{message} (unknown FhStatus {status})")
+    return kind(message)
+
+
+_lock = threading.Lock()
+_library: Library | None = None
+
+
+def loaded_path() -> Path | None:
+    """Path of the library loaded in this process, or None if none was loaded yet."""
+    return _library.path if _library is not None else None
+
+
+def get_library() -> Library:
+    """The process-wide Library, loaded on first use; raises LibraryNotFoundError if absent."""
+    global _library
+    with _lock:
+        if _library is None:
+            path = find_library()
+            if path is None:
+                raise LibraryNotFoundError(_not_found_message())
+            _library = Library(path)
+        return _library

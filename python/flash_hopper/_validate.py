@@ -1,0 +1,340 @@
+"""All argument validation of the forward, in one place.
+
+Every error names the argument, what was expected and what was given; nothing is launched after an
+error. Two levels:
+
+- ``check_fwd_args`` / ``check_op_args``: shapes, dtypes, strides, device and scalars. They read
+  tensor *metadata* only, so they run unchanged on FakeTensors while torch.compile traces (no
+  data_ptr, no ctypes, no device query), and on CPU or meta tensors in tests. Shape, dtype and
+  stride checks come before the device check, so a CPU tensor with a bad shape reports the shape.
+- ``check_alignment``: data pointers 16-byte aligned; needs real storage, so only the op's real
+  implementation (ops.fwd_into) calls it.
+
+Errors are TypeError for a wrong Python type, NotImplementedError for valid requests not
+supported yet, ValueError for everything else.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import torch
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+MIN_HEAD_DIM = 8
+MAX_HEAD_DIM = 256
+HEAD_DIM_MULTIPLE = 8
+# The kernels put batch and heads on grid.z / grid.y, whose hardware limit is 65535.
+MAX_GRID_DIM = 65535
+# Sequence positions are 32-bit inside the kernels (offsets are 64-bit).
+MAX_SEQLEN = 2**31 - 1
+# cp.async (FA-2 path) and TMA (FA-3 path) move 16-byte vectors: base pointers and every
+# non-unit stride must be 16-byte multiples.
+ALIGN_BYTES = 16
+BACKENDS = ("auto", "fa2", "fa3")
+_FLOAT32_MAX = 3.4028234663852886e38
+_INT64_MAX = 2**63 - 1
+
+
+class FwdConfig(NamedTuple):
+    """The validated, resolved forward request (window already includes ``causal``).
+
+    A NamedTuple rather than a dataclass: torch.compile traces validation, and Dynamo handles
+    named tuples natively on every torch version we support.
+    """
+
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    dtype: torch.dtype
+    softmax_scale: float
+    window_left: int
+    window_right: int
+    softcap: float
+    backend: str
+
+
+# --- scalars ------------------------------------------------------------------------------------
+
+
+def _is_real(x: Any) -> bool:
+    if isinstance(x, bool):
+        return False
+    return isinstance(x, (numbers.Real, torch.SymInt, torch.SymFloat))
+
+
+def _check_float(name: str, x: Any) -> float:
+    """A finite real number that fits a C float (the ABI stores scale and softcap as float)."""
+    if isinstance(x, torch.Tensor):
+        raise TypeError(
+            f"{name}: expected a Python float, got a torch.Tensor (a tensor value would be "
+            "data-dependent under torch.compile; pass float(x))"
+        )
+    if not _is_real(x):
+        raise TypeError(f"{name}: expected a float, got {type(x).__name__} {x!r}")
+    value = x if isinstance(x, (torch.SymInt, torch.SymFloat)) else float(x)
+    # Comparisons rather than math.isfinite: they also trace under torch.compile, where a float
+    # may be symbolic. abs(nan) <= max is False, so NaN and +-inf both fail here.
+    if not abs(value) <= _FLOAT32_MAX:
+        raise ValueError(f"{name}: expected a finite float32 value, got {x!r}")
+    return value
+
+
+def _check_window_bound(name: str, x: Any) -> int:
+    if isinstance(x, bool) or not isinstance(x, (numbers.Integral, torch.SymInt)):
+        raise TypeError(f"{name}: expected an int >= -1 (-1 = unbounded), got {x!r}")
+    if not -1 <= x <= _INT64_MAX:  # the ABI stores it as int64_t; ctypes would wrap silently
+        raise ValueError(f"{name}: expected an int >= -1 (-1 = unbounded), got {x}")
+    return int(x) if isinstance(x, numbers.Integral) else x
+
+
+def _check_window(window_size: Any, causal: Any) -> tuple[int, int]:
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal: expected a bool, got {type(causal).__name__} {causal!r}")
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        raise TypeError(
+            f"window_size: expected a pair (left, right) of ints >= -1, got {window_size!r}"
+        )
+    left = _check_window_bound("window_size[0]", window_size[0])
+    right = _check_window_bound("window_size[1]", window_size[1])
+    if causal:
+        if right > 0:
+            raise ValueError(
+                "window_size: causal=True means a right window of 0, got window_size="
+                f"{tuple(window_size)}; pass (left, 0) or (left, -1), or causal=False"
+            )
+        right = 0
+    return left, right
+
+
+def _check_backend(backend: Any) -> str:
+    if not isinstance(backend, str):
+        raise TypeError(f"backend: expected a str, one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
+    return backend
+
+
+# --- tensors ------------------------------------------------------------------------------------
+
+
+def _shape(t: torch.Tensor) -> tuple[int, ...]:
+    return tuple(t.shape)
+
+
+def _check_tensor(name: str, t: Any, rank: int, layout: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != rank:
+        raise ValueError(f"{name}: expected rank {rank} {layout}, got shape {_shape(t)}")
+
+
+def _check_dim(name: str, t: torch.Tensor, dim: int, what: str, expected: int, src: str) -> None:
+    if t.shape[dim] != expected:
+        raise ValueError(
+            f"{name}: expected {what} (dim {dim}) == {src}'s {expected}, got {t.shape[dim]} "
+            f"(shape {_shape(t)})"
+        )
+
+
+def effective_strides(t: torch.Tensor) -> tuple[int, ...]:
+    """t.stride() with the strides of size-0/1 dims replaced by the packed value.
+
+    A dim of size <= 1 is never stepped along, so its stride is meaningless and torch leaves
+    arbitrary values there (e.g. after transposes); the kernels still want 16-byte multiples.
+    """
+    strides = list(t.stride())
+    for i in reversed(range(t.dim() - 1)):
+        if t.shape[i] <= 1:
+            strides[i] = strides[i + 1] * max(t.shape[i + 1], 1)
+    return tuple(strides)
+
+
+def _check_strides(name: str, t: torch.Tensor) -> None:
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(
+            f"{name}: must be contiguous in the last dimension (stride 1), got strides "
+            f"{tuple(t.stride())}; call {name}.contiguous()"
+        )
+    multiple = ALIGN_BYTES // t.element_size()
+    for dim, (size, stride) in enumerate(zip(t.shape[:-1], t.stride()[:-1])):
+        if size > 1 and stride % multiple != 0:
+            raise ValueError(
+                f"{name}: stride({dim}) must be a multiple of {multiple} elements "
+                f"({ALIGN_BYTES} bytes, for cp.async/TMA vector loads), got strides "
+                f"{tuple(t.stride())}; call {name}.contiguous()"
+            )
+
+
+def _check_device(name: str, t: torch.Tensor, ref: torch.Tensor | None) -> None:
+    if ref is None:
+        if t.device.type != "cuda":
+            raise ValueError(f"{name}: must be a CUDA tensor, got device {t.device}")
+    elif t.device != ref.device:
+        raise ValueError(f"{name}: must be on q's device {ref.device}, got device {t.device}")
+
+
+def check_qkv(q: Any, k: Any, v: Any) -> tuple[int, int, int, int, int, int]:
+    """Check q/k/v metadata; returns (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim)."""
+    _check_tensor("q", q, 4, "(batch, seqlen_q, heads_q, head_dim)")
+    _check_tensor("k", k, 4, "(batch, seqlen_k, heads_kv, head_dim)")
+    _check_tensor("v", v, 4, "(batch, seqlen_k, heads_kv, head_dim)")
+
+    if q.dtype not in SUPPORTED_DTYPES:
+        hint = " (fp32 is not supported: cast with .half() or .bfloat16())"
+        raise ValueError(
+            f"q: expected dtype torch.float16 or torch.bfloat16, got {q.dtype}"
+            + (hint if q.dtype == torch.float32 else "")
+        )
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise ValueError(f"{name}: expected dtype {q.dtype} (q's dtype), got {t.dtype}")
+
+    batch, seqlen_q, heads_q, head_dim = _shape(q)
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    _check_dim("k", k, 0, "batch", batch, "q")
+    _check_dim("k", k, 3, "head_dim", head_dim, "q")
+    _check_dim("v", v, 0, "batch", batch, "q")
+    _check_dim("v", v, 1, "seqlen_k", seqlen_k, "k")
+    _check_dim("v", v, 2, "heads_kv", heads_kv, "k")
+    if v.shape[3] != head_dim:
+        raise NotImplementedError(
+            f"v: head_dim (dim 3) {v.shape[3]} differs from q/k's head_dim {head_dim}; "
+            "asymmetric head dims are not supported yet"
+        )
+
+    if head_dim % HEAD_DIM_MULTIPLE != 0 or not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(
+            f"q: expected head_dim (dim 3) a multiple of {HEAD_DIM_MULTIPLE} in "
+            f"[{MIN_HEAD_DIM}, {MAX_HEAD_DIM}], got {head_dim}"
+        )
+    if heads_q < 1:
+        raise ValueError(f"q: expected heads_q (dim 2) >= 1, got {heads_q}")
+    if heads_kv < 1:
+        raise ValueError(f"k: expected heads_kv (dim 2) >= 1, got {heads_kv}")
+    if heads_q % heads_kv != 0:
+        raise ValueError(
+            f"k: heads_kv (dim 2) must divide q's heads_q {heads_q} (GQA/MQA), got {heads_kv}"
+        )
+    if batch > MAX_GRID_DIM:
+        raise ValueError(f"q: expected batch (dim 0) <= {MAX_GRID_DIM} (grid limit), got {batch}")
+    if heads_q > MAX_GRID_DIM:
+        raise ValueError(
+            f"q: expected heads_q (dim 2) <= {MAX_GRID_DIM} (grid limit), got {heads_q}"
+        )
+    for name, dim, what, size in (("q", 1, "seqlen_q", seqlen_q), ("k", 1, "seqlen_k", seqlen_k)):
+        if size > MAX_SEQLEN:
+            raise ValueError(f"{name}: expected {what} (dim {dim}) <= {MAX_SEQLEN}, got {size}")
+
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_strides(name, t)
+    _check_device("q", q, None)
+    _check_device("k", k, q)
+    _check_device("v", v, q)
+    return batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim
+
+
+def _config(q, k, v, softmax_scale, left, right, softcap, backend) -> FwdConfig:
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim = check_qkv(q, k, v)
+    if softmax_scale is None:
+        scale = head_dim**-0.5  # ours, no need to check it (and symbolic under torch.compile)
+    else:
+        scale = _check_float("softmax_scale", softmax_scale)
+        # The kernels take the row max of unscaled scores: that commutes with a positive scale only.
+        if not scale > 0:
+            raise ValueError(f"softmax_scale: expected a float > 0, got {softmax_scale!r}")
+    cap = _check_float("softcap", softcap)
+    if cap < 0:
+        raise ValueError(f"softcap: expected a float >= 0 (0 disables it), got {softcap!r}")
+    return FwdConfig(
+        batch=batch,
+        seqlen_q=seqlen_q,
+        seqlen_k=seqlen_k,
+        heads_q=heads_q,
+        heads_kv=heads_kv,
+        head_dim=head_dim,
+        dtype=q.dtype,
+        softmax_scale=scale,
+        window_left=left,
+        window_right=right,
+        softcap=cap,
+        backend=_check_backend(backend),
+    )
+
+
+def check_fwd_args(
+    q: Any,
+    k: Any,
+    v: Any,
+    softmax_scale: Any = None,
+    causal: Any = False,
+    window_size: Sequence[int] = (-1, -1),
+    softcap: Any = 0.0,
+    backend: Any = "auto",
+) -> FwdConfig:
+    """Validate flash_attn_func's arguments (public API; ``causal`` folds into the window)."""
+    left, right = _check_window(window_size, causal)
+    return _config(q, k, v, softmax_scale, left, right, softcap, backend)
+
+
+def check_op_args(
+    q: Any,
+    k: Any,
+    v: Any,
+    softmax_scale: Any,
+    window_left: Any,
+    window_right: Any,
+    softcap: Any,
+    backend: Any,
+) -> FwdConfig:
+    """Validate the custom op's arguments (the window is already resolved, scale explicit)."""
+    left = _check_window_bound("window_left", window_left)
+    right = _check_window_bound("window_right", window_right)
+    if softmax_scale is None:
+        raise TypeError("softmax_scale: expected a float, got None")
+    return _config(q, k, v, softmax_scale, left, right, softcap, backend)
+
+
+def check_outputs(out: Any, lse: Any | None, q: torch.Tensor, cfg: FwdConfig) -> None:
+    """Check caller-provided outputs of fwd_into: out like q, lse fp32 (batch, heads, seqlen_q)."""
+    _check_tensor("out", out, 4, "(batch, seqlen_q, heads_q, head_dim)")
+    if _shape(out) != _shape(q):
+        raise ValueError(f"out: expected shape {_shape(q)} (q's shape), got {_shape(out)}")
+    if out.dtype != q.dtype:
+        raise ValueError(f"out: expected dtype {q.dtype} (q's dtype), got {out.dtype}")
+    _check_strides("out", out)
+    _check_device("out", out, q)
+    if lse is None:
+        return
+    _check_tensor("lse", lse, 3, "(batch, heads_q, seqlen_q)")
+    expected = (cfg.batch, cfg.heads_q, cfg.seqlen_q)
+    if _shape(lse) != expected:
+        raise ValueError(f"lse: expected shape {expected}, got {_shape(lse)}")
+    if lse.dtype != torch.float32:
+        raise ValueError(f"lse: expected dtype torch.float32, got {lse.dtype}")
+    if lse.shape[-1] > 1 and lse.stride(-1) != 1:
+        raise ValueError(
+            f"lse: must be contiguous in the last dimension (stride 1), got strides "
+            f"{tuple(lse.stride())}; call lse.contiguous()"
+        )
+    _check_device("lse", lse, q)
+
+
+def check_alignment(**tensors: torch.Tensor | None) -> None:
+    """Data pointers 16-byte aligned (4 for lse). Real tensors only: reads data_ptr()."""
+    for name, t in tensors.items():
+        if t is None or t.numel() == 0:
+            continue
+        align = 4 if name == "lse" else ALIGN_BYTES
+        ptr = t.data_ptr()
+        if ptr % align != 0:
+            raise ValueError(
+                f"{name}: data pointer must be {align}-byte aligned (cp.async/TMA), got address "
+                f"{ptr:#x} (storage_offset {t.storage_offset()}); call {name}.contiguous() to "
+                "get a fresh aligned copy"
+            )

@@ -1,0 +1,172 @@
+"""The benchmark sweep: one `Case` per attention configuration, expanded from CLI options.
+
+Defaults reproduce the FA3 paper's forward sweep (Figure 5): total tokens b*s = 16k, hidden
+h*d = 2048, s in {512 ... 16k}, d in {64, 128, 256}, causal and not, bf16.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+
+from .flops import attention_flops
+
+DEFAULT_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+DEFAULT_HEAD_DIMS = (64, 128, 256)
+DEFAULT_TOTAL_TOKENS = 16384
+DEFAULT_HIDDEN = 2048
+DTYPES = ("bf16", "fp16")
+# Element size in bytes, for memory estimates (do inputs fit in L2? is sdpa-math too big?).
+DTYPE_BYTES = {"bf16": 2, "fp16": 2}
+
+
+@dataclass(frozen=True)
+class Case:
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads: int
+    heads_kv: int
+    head_dim: int
+    causal: bool = False
+    window: tuple[int, int] = (-1, -1)
+    softcap: float = 0.0
+    dtype: str = "bf16"
+
+    @property
+    def has_window(self) -> bool:
+        return self.window != (-1, -1)
+
+    @property
+    def mask_label(self) -> str:
+        """Short mask description used in tables and plot panel titles."""
+        parts = ["causal" if self.causal else "non-causal"]
+        if self.has_window:
+            parts.append(f"window{self.window[0]},{self.window[1]}")
+        if self.softcap:
+            parts.append(f"softcap{self.softcap:g}")
+        return " ".join(parts)
+
+    def flops(self, direction: str = "fwd") -> float:
+        return attention_flops(self.batch, self.heads, self.seqlen_q, self.seqlen_k,
+                               self.head_dim, self.causal, self.window, direction)
+
+    def input_bytes(self) -> int:
+        """Bytes of q, k, v and the output: what one forward call touches at least once."""
+        elt = DTYPE_BYTES[self.dtype]
+        q_and_o = 2 * self.batch * self.seqlen_q * self.heads * self.head_dim
+        k_and_v = 2 * self.batch * self.seqlen_k * self.heads_kv * self.head_dim
+        return (q_and_o + k_and_v) * elt
+
+    def score_elements(self) -> int:
+        """b*h*sq*sk: the size of the score matrix a naive implementation materializes."""
+        return self.batch * self.heads * self.seqlen_q * self.seqlen_k
+
+    def proxy(self, max_len: int) -> Case:
+        """A cheap stand-in for the reference check: batch 1, lengths scaled to <= max_len.
+
+        Keeps head dim, heads, GQA ratio, mask kind, softcap and dtype (what selects kernels and
+        code paths) and the seqlen_q : seqlen_k ratio (what selects causal alignment).
+        """
+        longest = max(self.seqlen_q, self.seqlen_k)
+        if longest <= max_len:
+            return replace(self, batch=1)
+        scale = max_len / longest
+        return replace(self, batch=1, seqlen_q=max(1, round(self.seqlen_q * scale)),
+                       seqlen_k=max(1, round(self.seqlen_k * scale)))
+
+    def as_dict(self) -> dict[str, object]:
+        fields = asdict(self)
+        fields["window"] = list(self.window)
+        return fields
+
+
+def parse_count(text: str) -> int:
+    """'512' -> 512, '16k' -> 16384, '1m' -> 1048576 (binary multiples, as in the FA papers)."""
+    value = text.strip().lower()
+    factor = 1
+    if value.endswith("k"):
+        factor, value = 1024, value[:-1]
+    elif value.endswith("m"):
+        factor, value = 1024 * 1024, value[:-1]
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"expected an integer such as 512 or 16k, got {text!r}") from None
+    result = number * factor
+    if result != int(result) or result <= 0:
+        raise ValueError(f"expected a positive integer such as 512 or 16k, got {text!r}")
+    return int(result)
+
+
+def parse_window(text: str) -> tuple[int, int]:
+    """'256,0' -> (256, 0); 'none' -> (-1, -1)."""
+    if text.strip().lower() in ("none", "-1,-1", "full"):
+        return (-1, -1)
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise ValueError(f"window must be LEFT,RIGHT (e.g. 256,0; -1 = unbounded), got {text!r}")
+    try:
+        left, right = (int(p) for p in parts)
+    except ValueError:
+        raise ValueError(f"window must be two integers LEFT,RIGHT, got {text!r}") from None
+    return (max(left, -1), max(right, -1))
+
+
+def split_list(values: Sequence[str] | None) -> list[str]:
+    """Flatten ['64,128', '256'] -> ['64', '128', '256'] so both spellings work on the CLI."""
+    out: list[str] = []
+    for value in values or ():
+        out.extend(part for part in value.split(",") if part.strip())
+    return out
+
+
+@dataclass
+class SweepSpec:
+    head_dims: Sequence[int] = DEFAULT_HEAD_DIMS
+    seqlens: Sequence[int] = DEFAULT_SEQLENS
+    seqlens_k: Sequence[int] | None = None  # None: seqlen_k = seqlen_q
+    batch: int | None = None  # None: total_tokens // max(sq, sk)
+    total_tokens: int = DEFAULT_TOTAL_TOKENS
+    heads: int | None = None  # None: hidden // head_dim
+    hidden: int = DEFAULT_HIDDEN
+    kv_heads: int | None = None  # None: heads (or heads // gqa_ratio)
+    gqa_ratio: int = 1
+    causal: str = "both"  # both | on | off
+    windows: Sequence[tuple[int, int]] = ((-1, -1),)
+    softcaps: Sequence[float] = (0.0,)
+    dtypes: Sequence[str] = ("bf16",)
+
+
+def _causal_values(mode: str) -> tuple[bool, ...]:
+    return {"both": (False, True), "on": (True,), "off": (False,)}[mode]
+
+
+def build_case(spec: SweepSpec, dtype: str, window: tuple[int, int], softcap: float,
+               causal: bool, head_dim: int, seqlen_q: int, seqlen_k: int) -> Case:
+    heads = spec.heads if spec.heads else max(1, spec.hidden // head_dim)
+    if spec.kv_heads:
+        heads_kv = spec.kv_heads
+    else:
+        heads_kv = max(1, heads // spec.gqa_ratio)
+    if heads % heads_kv:
+        raise ValueError(f"heads ({heads}) must be a multiple of kv-heads ({heads_kv}) "
+                         f"for head dim {head_dim}")
+    batch = spec.batch if spec.batch else max(1, spec.total_tokens // max(seqlen_q, seqlen_k))
+    return Case(batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads=heads,
+                heads_kv=heads_kv, head_dim=head_dim, causal=causal, window=tuple(window),
+                softcap=float(softcap), dtype=dtype)
+
+
+def expand(spec: SweepSpec) -> list[Case]:
+    """All cases, ordered so that plot panels (dtype, mask, head dim) come out contiguous."""
+    cases = []
+    for dtype, window, softcap, causal, head_dim, seqlen in itertools.product(
+            spec.dtypes, spec.windows, spec.softcaps, _causal_values(spec.causal),
+            spec.head_dims, spec.seqlens):
+        for seqlen_k in (spec.seqlens_k or (seqlen,)):
+            cases.append(build_case(spec, dtype, window, softcap, causal, head_dim, seqlen,
+                                    seqlen_k))
+    return cases
+

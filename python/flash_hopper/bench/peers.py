@@ -1,0 +1,319 @@
+"""Peer backends: PyTorch SDPA (one per kernel), FlexAttention, and installed FA packages.
+
+Layouts: every backend takes and returns (batch, seqlen, heads, head_dim). SDPA and flex want
+(batch, heads, seqlen, head_dim); they get transposed *views*, which is also what their flash
+kernels use internally, so no copy is timed.
+
+Masks: FA's causal is bottom-right aligned when seqlen_q != seqlen_k, SDPA's is_causal is top-left.
+SDPA's flash and cuDNN kernels take no mask, so bottom-right causal and windows are skipped there
+with a reason; the efficient and math kernels get an explicit boolean mask (the kernel name says
+so, since reading the mask costs bandwidth). Flex expresses both as a mask_mod.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+from collections.abc import Sequence
+from typing import Callable
+
+from .backends import Backend
+from .errors import first_line
+from .flops import effective_window
+
+SDPA_KINDS = ("flash", "cudnn", "efficient", "math")
+_SDPA_ENUM = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION",
+              "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
+# sdpa-math materializes b*h*sq*sk scores (plus softmax and grads): 2^28 elements is ~1 GB per
+# bf16 copy; beyond that it is slow enough to dominate a sweep and says nothing new.
+MATH_MAX_SCORE_ELEMENTS = 1 << 28
+
+
+def keep(rel, left: int, right: int):
+    """The visibility rule on rel = j - i - (seqlen_k - seqlen_q): -left <= rel <= right.
+
+    Works on ints and on tensors (flex's mask_mod, explicit SDPA masks). At least one bound must
+    be set; callers skip the mask entirely when neither is.
+    """
+    if left < 0:
+        return rel <= right
+    if right < 0:
+        return rel >= -left
+    return (rel <= right) & (rel >= -left)
+
+
+def needs_mask(case) -> bool:
+    left, right = effective_window(case.causal, case.window)
+    return left >= 0 or right >= 0
+
+
+def visible_mask(seqlen_q: int, seqlen_k: int, causal: bool, window: tuple[int, int],
+                 device=None):
+    """Boolean (seqlen_q, seqlen_k) mask, True where query i may attend to key j."""
+    import torch
+
+    left, right = effective_window(causal, window)
+    rows = torch.arange(seqlen_q, device=device).unsqueeze(1)
+    cols = torch.arange(seqlen_k, device=device).unsqueeze(0)
+    rel = cols - rows - (seqlen_k - seqlen_q)
+    if left < 0 and right < 0:
+        return torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    return keep(rel, left, right)
+
+
+def _to_bhsd(*tensors):
+    return tuple(t.transpose(1, 2) for t in tensors)
+
+
+class SdpaBackend(Backend):
+    origin = "torch"
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.name = f"sdpa-{kind}"
+        self.label = f"SDPA {kind}"
+        self.min_capability = (8, 0) if kind in ("flash", "cudnn") else (5, 0)
+
+    def _enum(self):
+        from torch.nn.attention import SDPBackend
+
+        return getattr(SDPBackend, _SDPA_ENUM[self.kind])
+
+    def software_reason(self) -> str | None:
+        try:
+            import torch
+            from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: F401
+        except ImportError as exc:
+            return f"needs torch.nn.attention.sdpa_kernel (torch >= 2.3): {first_line(exc)}"
+        if not hasattr(SDPBackend, _SDPA_ENUM[self.kind]):
+            return f"torch {torch.__version__} has no SDPBackend.{_SDPA_ENUM[self.kind]}"
+        return None
+
+    def runtime_reason(self) -> str | None:
+        import torch
+
+        if self.kind == "flash" and not torch.backends.cuda.is_flash_attention_available():
+            return f"this torch build ({torch.__version__}) has no flash SDPA kernel"
+        if self.kind == "cudnn" and not torch.backends.cudnn.is_available():
+            return "cuDNN is not available to this torch build"
+        return None
+
+    def version(self) -> str | None:
+        import torch
+
+        if self.kind == "cudnn" and torch.backends.cudnn.is_available():
+            return f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}"
+        return f"torch {torch.__version__}"
+
+    def unsupported(self, case, direction: str | None = None) -> str | None:
+        if case.softcap:
+            return "SDPA has no softcap"
+        if self.kind in ("flash", "cudnn") and needs_mask(case):
+            if case.has_window:
+                return (f"SDPA {self.kind} takes no mask, so no sliding window "
+                        "(sdpa-efficient / sdpa-math run it with an explicit mask)")
+            if case.seqlen_q != case.seqlen_k:
+                return (f"SDPA {self.kind}'s is_causal is top-left aligned for seqlen_q != "
+                        "seqlen_k; FA's bottom-right causal needs an explicit mask")
+        if self.kind == "efficient" and case.heads != case.heads_kv:
+            return "SDPA's efficient kernel has no GQA (enable_gqa runs on flash and math only)"
+        if self.kind == "math" and case.score_elements() > MATH_MAX_SCORE_ELEMENTS:
+            return (f"sdpa-math materializes b*h*sq*sk = {case.score_elements():,} scores; "
+                    f"small sizes only (limit {MATH_MAX_SCORE_ELEMENTS:,})")
+        return None
+
+    @staticmethod
+    def explicit_mask(case) -> bool:
+        """Everything but plain causal with seqlen_q == seqlen_k (is_causal) needs a mask."""
+        plain_causal = case.causal and not case.has_window and case.seqlen_q == case.seqlen_k
+        return needs_mask(case) and not plain_causal
+
+    def make_forward(self, q, k, v, case):
+        import torch.nn.functional as F
+        from torch.nn.attention import sdpa_kernel
+
+        qt, kt, vt = _to_bhsd(q, k, v)
+        mask = None
+        if self.explicit_mask(case):
+            mask = visible_mask(case.seqlen_q, case.seqlen_k, case.causal, case.window, q.device)
+        kwargs = {"attn_mask": mask, "is_causal": case.causal and mask is None}
+        if case.heads != case.heads_kv:
+            kwargs["enable_gqa"] = True  # only passed when needed: older torch lacks the keyword
+        enum = self._enum()
+
+        def run():
+            with sdpa_kernel([enum]):
+                return F.scaled_dot_product_attention(qt, kt, vt, **kwargs).transpose(1, 2)
+
+        return run
+
+    def kernel(self, q, k, v, case) -> tuple[str, str]:
+        if self.explicit_mask(case):
+            return self.name, "explicit boolean mask (bottom-right causal / window)"
+        return self.name, f"forced with sdpa_kernel(SDPBackend.{_SDPA_ENUM[self.kind]})"
+
+
+_COMPILED_FLEX = None
+
+
+def _compiled_flex():
+    """One torch.compile'd flex_attention per process: compiling is the slow part."""
+    global _COMPILED_FLEX
+    if _COMPILED_FLEX is None:
+        import torch
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
+    return _COMPILED_FLEX
+
+
+def make_mask_mod(seqlen_q: int, seqlen_k: int, causal: bool, window: tuple[int, int]):
+    left, right = effective_window(causal, window)
+    offset = seqlen_k - seqlen_q
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return keep(kv_idx - q_idx - offset, left, right)
+
+    return mask_mod
+
+
+def make_softcap_mod(softcap: float):
+    def score_mod(score, b, h, q_idx, kv_idx):
+        import torch
+
+        return softcap * torch.tanh(score / softcap)
+
+    return score_mod
+
+
+class FlexBackend(Backend):
+    name = "flex"
+    label = "FlexAttention"
+    origin = "torch"
+
+    def software_reason(self) -> str | None:
+        try:
+            from torch.nn.attention.flex_attention import (  # noqa: F401
+                create_block_mask,
+                flex_attention,
+            )
+        except ImportError as exc:
+            return f"needs torch.nn.attention.flex_attention (torch >= 2.5): {first_line(exc)}"
+        if importlib.util.find_spec("triton") is None:
+            return "FlexAttention compiles through triton, which is not installed"
+        return None
+
+    def version(self) -> str | None:
+        import torch
+
+        return f"torch {torch.__version__}"
+
+    def make_forward(self, q, k, v, case):
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        flex = _compiled_flex()
+        qt, kt, vt = _to_bhsd(q, k, v)
+        kwargs = {}
+        if needs_mask(case):
+            mask_mod = make_mask_mod(case.seqlen_q, case.seqlen_k, case.causal, case.window)
+            kwargs["block_mask"] = create_block_mask(mask_mod, None, None, case.seqlen_q,
+                                                     case.seqlen_k, device=q.device)
+        if case.softcap:
+            kwargs["score_mod"] = make_softcap_mod(case.softcap)
+        if case.heads != case.heads_kv:
+            kwargs["enable_gqa"] = True
+        return lambda: flex(qt, kt, vt, **kwargs).transpose(1, 2)
+
+    def kernel(self, q, k, v, case) -> tuple[str, str]:
+        return "flex", "torch.compile(flex_attention), triton kernel"
+
+
+class FlashAttnPackage(Backend):
+    """An installed FlashAttention package exposing flash_attn_func in FA's layout."""
+
+    origin = "external"
+
+    def __init__(self, name: str, label: str, modules: Sequence[str],
+                 distributions: Sequence[str], min_capability=(8, 0),
+                 only_major: int | None = None):
+        self.name = name
+        self.label = label
+        self.modules = tuple(modules)
+        self.distributions = tuple(distributions)
+        self.min_capability = min_capability
+        self.only_major = only_major
+        self._func: Callable | None = None
+        self._module_name = ""
+
+    def software_reason(self) -> str | None:
+        failures = []
+        for module_name in self.modules:
+            try:
+                module = importlib.import_module(module_name)
+            except Exception as exc:  # noqa: BLE001 - ImportError, OSError (torch-ABI mismatch)...
+                failures.append(f"{module_name}: {first_line(exc)}")
+                continue
+            func = getattr(module, "flash_attn_func", None)
+            if func is None:
+                failures.append(f"{module_name}: has no flash_attn_func")
+                continue
+            self._func, self._module_name = func, module_name
+            return None
+        return "not importable (" + "; ".join(failures) + ")"
+
+    def version(self) -> str | None:
+        from importlib import metadata
+
+        for dist in self.distributions:
+            try:
+                return f"{dist} {metadata.version(dist)}"
+            except metadata.PackageNotFoundError:
+                continue
+        return None
+
+    def _accepts(self, keyword: str) -> bool:
+        try:
+            return keyword in inspect.signature(self._func).parameters
+        except (TypeError, ValueError):  # builtins without a signature: let the call decide
+            return True
+
+    def unsupported(self, case, direction: str | None = None) -> str | None:
+        if self._func is None and self.software_reason():
+            return "not importable"
+        if case.softcap and not self._accepts("softcap"):
+            return f"{self._module_name}.flash_attn_func has no softcap argument"
+        if case.has_window and not self._accepts("window_size"):
+            return f"{self._module_name}.flash_attn_func has no window_size argument"
+        return None
+
+    def make_forward(self, q, k, v, case):
+        func = self._func
+        kwargs = {"causal": case.causal}
+        if case.has_window:
+            kwargs["window_size"] = tuple(case.window)
+        if case.softcap:
+            kwargs["softcap"] = case.softcap
+
+        def run():
+            out = func(q, k, v, **kwargs)
+            # FA3's beta interface returns (out, lse); FA2 returns out.
+            return out[0] if isinstance(out, (tuple, list)) else out
+
+        return run
+
+    def kernel(self, q, k, v, case) -> tuple[str, str]:
+        return self.name, f"{self._module_name}.flash_attn_func"
+
+
+def external_backends() -> list[Backend]:
+    return [
+        FlashAttnPackage("flash-attn", "flash-attn (FA2)", ["flash_attn"], ["flash-attn",
+                                                                             "flash_attn"]),
+        FlashAttnPackage("flash-attn3", "flash-attn3 (FA3)",
+                         ["flash_attn_interface", "flash_attn_3.flash_attn_interface",
+                          "flash_attn_3"], ["flash_attn_3", "flash-attn-3", "flashattn-hopper"],
+                         only_major=9),
+        FlashAttnPackage("flash-attn-cute", "flash-attn CuTe DSL", ["flash_attn.cute"],
+                         ["flash-attn-cute", "flash-attn"], min_capability=(9, 0)),
+    ]

@@ -1,0 +1,208 @@
+"""Result files (JSON, CSV) and the terminal table.
+
+A result set is {"schema", "meta", "results"}: meta holds the environment (env.collect), the
+options, the ceilings and the repro command; results holds one row per (case, backend,
+direction). The CSV carries the same meta as a JSON comment line above the header, so either file
+alone can be re-plotted or audited.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import io
+import json
+import os
+import re
+from collections.abc import Iterable, Sequence
+
+SCHEMA = "flash-hopper.bench/1"
+_META_PREFIX = "# meta: "
+
+# Column order of the CSV, with the type each column is read back as.
+FIELDS: tuple[tuple[str, type], ...] = (
+    ("backend", str), ("kernel", str), ("direction", str), ("dtype", str), ("batch", int),
+    ("seqlen_q", int), ("seqlen_k", int), ("heads", int), ("heads_kv", int),
+    ("head_dim", int), ("causal", bool), ("window_left", int), ("window_right", int),
+    ("softcap", float), ("mask", str), ("status", str), ("reason", str), ("ms", float),
+    ("ms_p20", float), ("ms_p80", float), ("ms_min", float), ("ms_max", float),
+    ("iters", int), ("flops", float), ("tflops", float), ("pct_peak", float),
+    ("pct_gemm", float), ("check_err", float), ("check_ref_err", float),
+    ("check_tol", float), ("check_pass", bool), ("check_shape", str), ("kernel_reason", str),
+    ("notes", str),
+)
+FIELD_NAMES = tuple(name for name, _ in FIELDS)
+
+
+def result_set(meta: dict[str, object], rows: Sequence[dict[str, object]]) -> dict[str, object]:
+    return {"schema": SCHEMA, "meta": meta, "results": [normalize(r) for r in rows]}
+
+
+def normalize(row: dict[str, object]) -> dict[str, object]:
+    """Every field present (None when not applicable), in FIELDS order."""
+    return {name: row.get(name) for name in FIELD_NAMES}
+
+
+def write_json(path: str, data: dict[str, object]) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=1, sort_keys=False)
+        handle.write("\n")
+
+
+def read_json(path: str) -> dict[str, object]:
+    with open(path, encoding="utf-8") as handle:
+        data = json.load(handle)
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise ValueError(f"{path}: not a flash-hopper bench result (schema {SCHEMA} expected)")
+    return data
+
+
+def write_csv(path: str, data: dict[str, object]) -> None:
+    with open(path, "w", encoding="utf-8", newline="") as handle:
+        handle.write(f"# flash-hopper bench results, schema {SCHEMA}\n")
+        handle.write(_META_PREFIX + json.dumps(data["meta"], sort_keys=True) + "\n")
+        writer = csv.DictWriter(handle, fieldnames=FIELD_NAMES, lineterminator="\n")
+        writer.writeheader()
+        for row in data["results"]:
+            writer.writerow({k: _csv_value(v) for k, v in normalize(row).items()})
+
+
+def _csv_value(value):
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)  # shortest exact round-trip
+    return value
+
+
+def _parse(text: str, kind: type):
+    if text == "":
+        return None
+    if kind is bool:
+        return text.lower() == "true"
+    if kind is int:
+        return int(text)
+    if kind is float:
+        return float(text)
+    return text
+
+
+def read_csv(path: str) -> dict[str, object]:
+    with open(path, encoding="utf-8", newline="") as handle:
+        text = handle.read()
+    meta: dict[str, object] = {}
+    body = []
+    for line in text.splitlines(keepends=True):
+        if line.startswith(_META_PREFIX):
+            meta = json.loads(line[len(_META_PREFIX):])
+        elif not line.startswith("#"):
+            body.append(line)
+    types = dict(FIELDS)
+    rows = [{k: _parse(v, types.get(k, str)) for k, v in record.items()}
+            for record in csv.DictReader(io.StringIO("".join(body)))]
+    return {"schema": SCHEMA, "meta": meta, "results": rows}
+
+
+def read_results(path: str) -> dict[str, object]:
+    return read_csv(path) if path.lower().endswith(".csv") else read_json(path)
+
+
+def timestamped_stem(meta: dict[str, object], now: datetime.datetime | None = None) -> str:
+    """bench-<gpu>-<UTC time>, e.g. bench-nvidia-h200-20250101-120000."""
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    gpu = (meta.get("gpu") or {}).get("name") or "nogpu"
+    slug = re.sub(r"[^a-z0-9]+", "-", str(gpu).lower()).strip("-")
+    return f"bench-{slug}-{now.strftime('%Y%m%d-%H%M%S')}"
+
+
+def out_dir_paths(directory: str, meta: dict[str, object]) -> dict[str, str]:
+    os.makedirs(directory, exist_ok=True)
+    stem = os.path.join(directory, timestamped_stem(meta))
+    return {ext: f"{stem}.{ext}" for ext in ("json", "csv", "png")}
+
+
+# ---- terminal table -------------------------------------------------------------------------
+
+_COLUMNS = ("dir", "dtype", "mask", "d", "seqlen", "b", "h/kv", "backend", "kernel", "ms",
+            "p20-p80 ms", "TFLOP/s", "%peak", "%gemm", "max err", "check")
+_RIGHT = {"d", "seqlen", "b", "h/kv", "ms", "p20-p80 ms", "TFLOP/s", "%peak", "%gemm", "max err"}
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def table_cells(row: dict[str, object]) -> list[str]:
+    seqlen = (str(row["seqlen_q"]) if row["seqlen_q"] == row["seqlen_k"]
+              else f"{row['seqlen_q']}/{row['seqlen_k']}")
+    spread = ("-" if row.get("ms_p20") is None
+              else f"{row['ms_p20']:.3f}-{row['ms_p80']:.3f}")
+    check = {True: "ok", False: "FAIL", None: "-"}[row.get("check_pass")]
+    return [str(row["direction"]), str(row["dtype"]), str(row["mask"]), str(row["head_dim"]),
+            seqlen, str(row["batch"]), f"{row['heads']}/{row['heads_kv']}", str(row["backend"]),
+            str(row.get("kernel") or "-"), _fmt(row.get("ms"), ".3f"), spread,
+            _fmt(row.get("tflops"), ".1f"), _fmt(row.get("pct_peak"), ".1f"),
+            _fmt(row.get("pct_gemm"), ".1f"), _fmt(row.get("check_err"), ".1e"), check]
+
+
+def _table_order(rows: list[dict[str, object]]) -> list[dict[str, object]]:
+    """Grouped by (direction, dtype, mask, head dim), then by lengths; backends keep run order
+    (a stable sort), so each group reads like one panel of the plot."""
+    def rank(field):
+        seen: dict[object, int] = {}
+        for row in rows:
+            seen.setdefault(row[field], len(seen))
+        return seen
+
+    ranks = {f: rank(f) for f in ("direction", "dtype", "mask")}
+    return sorted(rows, key=lambda r: (ranks["direction"][r["direction"]],
+                                       ranks["dtype"][r["dtype"]], ranks["mask"][r["mask"]],
+                                       r["head_dim"], r["seqlen_q"], r["seqlen_k"]))
+
+
+def format_table(rows: Iterable[dict[str, object]]) -> str:
+    timed = [r for r in rows if r.get("status") == "ok"]
+    body = [table_cells(r) for r in _table_order(timed)]
+    if not body:
+        return "(no timed results)"
+    widths = [max(len(c), *(len(r[i]) for r in body)) for i, c in enumerate(_COLUMNS)]
+
+    def line(cells):
+        return "  ".join(c.rjust(w) if name in _RIGHT else c.ljust(w)
+                         for c, w, name in zip(cells, widths, _COLUMNS)).rstrip()
+
+    out = [line(_COLUMNS), line(["-" * w for w in widths])]
+    previous = None
+    for cells in body:
+        group = tuple(cells[:4])  # a blank line between (dir, dtype, mask, d) groups
+        if previous is not None and group != previous:
+            out.append("")
+        previous = group
+        out.append(line(cells))
+    return "\n".join(out)
+
+
+def format_skips(rows: Iterable[dict[str, object]]) -> str:
+    """Skipped and failed rows grouped by (status, backend, direction, reason), with a count."""
+    groups: dict[tuple[str, str, str, str], int] = {}
+    for row in rows:
+        if row.get("status") in ("skipped", "error"):
+            key = (str(row["status"]), str(row["backend"]), str(row["direction"]),
+                   str(row.get("reason")))
+            groups[key] = groups.get(key, 0) + 1
+    lines = [f"{status}: {backend} {direction} ({count} config{'s' * (count != 1)}): {reason}"
+             for (status, backend, direction, reason), count in groups.items()]
+    return "\n".join(lines)
+
+
+def format_kernels(rows: Iterable[dict[str, object]]) -> str:
+    """Which kernel each backend actually ran, and why, once per distinct answer."""
+    seen: dict[tuple[str, str, str], None] = {}
+    for row in rows:
+        if row.get("status") == "ok":
+            key = (str(row["backend"]), str(row.get("kernel") or "-"),
+                   str(row.get("kernel_reason") or ""))
+            seen[key] = None
+    return "\n".join(f"{b}: ran {k}" + (f" ({r})" if r else "") for b, k, r in seen)

@@ -1,0 +1,231 @@
+"""Runs the sweep: for each case, each backend and each direction, one result row.
+
+Order of work per case: allocate inputs once (several sets when they fit in L2), compute the
+references once, then per backend: config check -> first call on the check inputs (compares with
+the references and surfaces setup errors) -> timing per direction. A failure in one backend
+becomes a row with its reason and the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Callable
+
+from . import check as checks
+from .errors import first_line
+from .report import normalize
+
+TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+class SetupError(RuntimeError):
+    """A backend's first call failed; the message is already one readable line."""
+
+
+@dataclass
+class RunOptions:
+    directions: Sequence[str] = ("fwd",)
+    check: str = "auto"  # auto | full | proxy | off
+    peak_tflops: float | None = None
+    gemm_tflops: float | None = None
+    device: str = "cuda"
+    seed: int = 0
+
+
+def base_row(case, backend_name: str, direction: str) -> dict[str, object]:
+    return {
+        "backend": backend_name, "kernel": None, "kernel_reason": None, "direction": direction,
+        "dtype": case.dtype, "batch": case.batch, "seqlen_q": case.seqlen_q,
+        "seqlen_k": case.seqlen_k, "heads": case.heads, "heads_kv": case.heads_kv,
+        "head_dim": case.head_dim, "causal": case.causal, "window_left": case.window[0],
+        "window_right": case.window[1], "softcap": case.softcap, "mask": case.mask_label,
+        "status": None, "reason": None, "flops": case.flops(direction),
+    }
+
+
+def fill_timing(row: dict[str, object], stats, options: RunOptions) -> None:
+    """Times in ms, TFLOP/s from the median, and both ceilings. Unset text fields stay None, so
+    JSON and CSV (where an empty cell reads back as None) agree."""
+    tflops = row["flops"] / (stats.median * 1e-3) / 1e12
+    row.update({
+        "status": "ok", "ms": stats.median, "ms_p20": stats.p20, "ms_p80": stats.p80,
+        "ms_min": stats.min, "ms_max": stats.max, "iters": stats.n, "tflops": tflops,
+        "pct_peak": 100.0 * tflops / options.peak_tflops if options.peak_tflops else None,
+        "pct_gemm": 100.0 * tflops / options.gemm_tflops if options.gemm_tflops else None,
+        "notes": "; ".join(filter(None, [row.get("notes"), *stats.notes])) or None,
+    })
+
+
+def fill_check(row: dict[str, object], result) -> None:
+    if result is None:
+        return
+    row.update({"check_err": result.err, "check_ref_err": result.ref_err,
+                "check_tol": result.tol, "check_pass": result.passed,
+                "check_shape": result.shape})
+
+
+def make_inputs(case, device, generator):
+    import torch
+
+    dtype = getattr(torch, TORCH_DTYPES[case.dtype])
+    shapes = [(case.batch, case.seqlen_q, case.heads, case.head_dim),
+              (case.batch, case.seqlen_k, case.heads_kv, case.head_dim),
+              (case.batch, case.seqlen_k, case.heads_kv, case.head_dim)]
+    return tuple(torch.randn(s, device=device, dtype=dtype, generator=generator) for s in shapes)
+
+
+def _with_grad(inputs):
+    return tuple(t.detach().requires_grad_(True) for t in inputs)
+
+
+def direction_fn(backend, inputs, case, direction: str) -> Callable[[], object]:
+    """The callable to time for one direction.
+
+    bwd re-runs only the backward of one recorded forward (retain_graph), fwd+bwd runs both;
+    autograd.grad (not .backward) so no .grad accumulates and CUDA-graph capture stays legal.
+    """
+    import torch
+
+    if direction == "fwd":
+        return backend.make_forward(*inputs, case)
+    leaves = _with_grad(inputs)
+    forward = backend.make_forward(*leaves, case)
+    out = forward()
+    grad_out = torch.randn_like(out)
+    if direction == "bwd":
+        return lambda: torch.autograd.grad(out, leaves, grad_out, retain_graph=True)
+    return lambda: torch.autograd.grad(forward(), leaves, grad_out)
+
+
+class Runner:
+    def __init__(self, backends, timer, options: RunOptions, progress=None):
+        self.backends = list(backends)
+        self.timer = timer
+        self.options = options
+        self.progress = progress
+        self.rows: list[dict[str, object]] = []  # grows as the sweep runs: kept on interrupt
+
+    def _step(self, message: str) -> None:
+        if self.progress is not None:
+            self.progress.step(message)
+
+    def run(self, cases) -> list[dict[str, object]]:
+        try:
+            for case in cases:
+                self.rows.extend(normalize(row) for row in self.run_case(case))
+        finally:
+            if self.progress is not None:
+                self.progress.finish()
+        return self.rows
+
+    def run_case(self, case) -> list[dict[str, object]]:
+        import torch
+
+        generator = torch.Generator(device=self.options.device).manual_seed(self.options.seed)
+        n_sets = self.timer.sets_for(case.input_bytes())
+        inputs = [make_inputs(case, self.options.device, generator) for _ in range(n_sets)]
+        references, check_inputs, check_case = self._references(case, inputs[0], generator)
+        rows: list[dict[str, object]] = []
+        for backend in self.backends:
+            rows.extend(self._run_backend(backend, case, inputs, check_case, check_inputs,
+                                          references))
+        del inputs, references, check_inputs
+        if self.options.device == "cuda":
+            torch.cuda.empty_cache()
+        return rows
+
+    def _references(self, case, full_inputs, generator):
+        """(References or an error string, inputs to check on, the case they belong to)."""
+        check_case = checks.check_case(case, self.options.check)
+        if check_case is None:
+            return None, None, None
+        check_inputs = full_inputs if check_case == case else make_inputs(
+            check_case, self.options.device, generator)
+        try:
+            return checks.References(*check_inputs, check_case), check_inputs, check_case
+        except Exception as exc:  # noqa: BLE001 - no reference (or OOM) must not stop timing
+            return f"reference unavailable: {first_line(exc)}", check_inputs, check_case
+
+    def _run_backend(self, backend, case, inputs, check_case, check_inputs, references):
+        directions = list(self.options.directions)
+        reason = backend.unsupported(case)
+        if reason:
+            return [self._skip(case, backend, d, reason) for d in directions]
+        try:
+            kernel, kernel_reason = backend.kernel(*inputs[0], case)
+            result = self._first_call(backend, case, inputs, check_case, check_inputs,
+                                      references)
+        except Exception as exc:  # noqa: BLE001 - one backend's failure must not end the sweep
+            # Peers failing to set up are unsupported configs; our own library failing is a bug,
+            # except when it says so itself (UnsupportedError is a NotImplementedError).
+            unsupported = isinstance(exc, NotImplementedError) or isinstance(
+                exc.__cause__, NotImplementedError)
+            status = "error" if backend.origin == "flash-hopper" and not unsupported else "skipped"
+            detail = str(exc) if isinstance(exc, SetupError) else first_line(exc)
+            message = f"failed to run: {detail}"
+            return [self._skip(case, backend, d, message, status) for d in directions]
+        rows = []
+        for direction in directions:
+            row = base_row(case, backend.name, direction)
+            row.update({"kernel": kernel, "kernel_reason": kernel_reason})
+            if isinstance(result, str):
+                row["notes"] = result  # why there is no check
+            else:
+                fill_check(row, result)
+            reason = backend.unsupported(case, direction)
+            if reason:
+                row.update({"status": "skipped", "reason": reason})
+                self._step(f"{backend.name} {direction} {self._label(case)}: skipped ({reason})")
+            else:
+                self._time(row, backend, case, inputs, direction)
+            rows.append(row)
+        return rows
+
+    def _first_call(self, backend, case, inputs, check_case, check_inputs, references):
+        """Run once on the check inputs (or the timing inputs when checks are off) and return a
+        CheckResult, a string saying why there is none, or None. Warnings raised on the way (SDPA
+        explains its kernel choice in warnings) become part of the error message."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                if check_case is None:
+                    backend.make_forward(*inputs[0], case)()
+                    return None
+                out = backend.make_forward(*check_inputs, check_case)()
+            except Exception as exc:
+                details = [str(w.message).strip().splitlines()[0] for w in caught if
+                           str(w.message).strip()]
+                raise SetupError(" | ".join([first_line(exc)] + details[:3])) from exc
+        if isinstance(references, str):
+            return references
+        return references.check(out)
+
+    def _time(self, row, backend, case, inputs, direction: str) -> None:
+        import torch
+
+        try:
+            fns = [direction_fn(backend, s, case, direction) for s in inputs]
+            stats = self.timer.measure(fns)
+            fill_timing(row, stats, self.options)
+            message = f"{row['tflops']:.1f} TFLOP/s"
+        except torch.cuda.OutOfMemoryError:
+            row.update({"status": "error", "reason": "out of memory"})
+            message = "out of memory"
+        except Exception as exc:  # noqa: BLE001 - recorded in the row; the sweep goes on
+            row.update({"status": "error", "reason": first_line(exc)})
+            message = "error"
+        self._step(f"{backend.name} {direction} {self._label(case)}: {message}")
+
+    def _skip(self, case, backend, direction, reason, status="skipped"):
+        row = base_row(case, backend.name, direction)
+        row.update({"status": status, "reason": reason})
+        self._step(f"{backend.name} {direction} {self._label(case)}: {status}")
+        return row
+
+    @staticmethod
+    def _label(case) -> str:
+        seqlen = (str(case.seqlen_q) if case.seqlen_q == case.seqlen_k
+                  else f"{case.seqlen_q}/{case.seqlen_k}")
+        return f"{case.dtype} d={case.head_dim} s={seqlen} {case.mask_label}"

@@ -1,0 +1,474 @@
+"""The `flash-hopper` command: bench, info, demo, plot.
+
+Argument parsing and orchestration only; the work lives in flash_hopper.bench. Heavy imports
+(torch, matplotlib, the kernel library) happen inside the commands, so `--help` is instant and
+`info` works on a machine where some of them are missing. Expected failures (no GPU, no library,
+bad arguments) print one line and exit non-zero; only bugs give a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import shlex
+import sys
+from collections.abc import Sequence
+
+from .bench import cases as sweep
+from .bench.backends import DEFAULT_BACKENDS
+
+PROG = "flash-hopper"
+EXIT_FAILURE = 1  # a check failed, a row errored, or the command cannot run here
+EXIT_USAGE = 2  # argparse's own code for bad arguments
+
+
+class CliError(Exception):
+    """A one-line reason the command cannot run; printed without a traceback."""
+
+
+# ---- parser ---------------------------------------------------------------------------------
+
+def _add_sweep_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("sweep (lists take spaces or commas: -s 512 1k 2k, -d 64,128)")
+    g.add_argument("-d", "--head-dim", nargs="+", default=None, metavar="D",
+                   help="head dims (default: 64 128 256)")
+    g.add_argument("-s", "--seqlen", nargs="+", default=None, metavar="S",
+                   help="query sequence lengths, k suffix = x1024 (default: 512 1k 2k 4k 8k 16k)")
+    g.add_argument("--seqlen-k", nargs="+", default=None, metavar="S",
+                   help="key lengths, crossed with --seqlen (default: = seqlen_q); causal is "
+                        "bottom-right aligned when they differ")
+    g.add_argument("-b", "--batch", type=int, default=None,
+                   help="batch size (default: total tokens // max(seqlen_q, seqlen_k))")
+    g.add_argument("--total-tokens", default="16k", metavar="N",
+                   help="b*s when --batch is not given (default: 16k)")
+    g.add_argument("--heads", type=int, default=None,
+                   help="query heads (default: hidden // head_dim)")
+    g.add_argument("--hidden", type=int, default=sweep.DEFAULT_HIDDEN,
+                   help="h*d when --heads is not given (default: 2048)")
+    kv = g.add_mutually_exclusive_group()
+    kv.add_argument("--kv-heads", type=int, default=None,
+                    help="key/value heads for GQA/MQA (default: = heads)")
+    kv.add_argument("--gqa-ratio", type=int, default=1,
+                    help="heads // kv-heads, applied per head dim (default: 1)")
+    g.add_argument("--causal", choices=("both", "on", "off"), default="both",
+                   help="masking (default: both)")
+    g.add_argument("--window", nargs="+", default=None, metavar="L,R",
+                   help="sliding windows LEFT,RIGHT (-1 = unbounded); each is a sweep point")
+    g.add_argument("--softcap", nargs="+", type=float, default=None, metavar="C",
+                   help="tanh soft-capping values (default: 0 = off)")
+    g.add_argument("--dtype", nargs="+", choices=sweep.DTYPES, default=None,
+                   help="input dtypes (default: bf16)")
+    g.add_argument("--direction", nargs="+", choices=("fwd", "bwd", "fwd+bwd"), default=None,
+                   help="what to time (default: fwd); bwd = 2.5x fwd FLOPs")
+
+
+def _add_backend_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("backends")
+    g.add_argument("--backends", nargs="+", default=None, metavar="NAME",
+                   help="fa3, fa2, fa3 variants the build reports, sdpa-flash, sdpa-cudnn, "
+                        "sdpa-efficient, sdpa-math (small sizes), flex, flash-attn "
+                        "(flash_attn), flash-attn3 (flash_attn_interface / flash_attn_3), "
+                        "flash-attn-cute (flash_attn.cute), or all "
+                        f"(default: {' '.join(DEFAULT_BACKENDS)}); unavailable ones are "
+                        "skipped with the reason")
+    g.add_argument("--list-backends", action="store_true",
+                   help="print every backend with its availability here, then exit")
+
+
+def _add_measure_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("measurement")
+    g.add_argument("--warmup", type=int, default=10, help="untimed calls first (default: 10)")
+    g.add_argument("--repeats", type=int, default=30,
+                   help="timed calls; median and p20/p80 are reported (default: 30)")
+    g.add_argument("--timer", choices=("events", "do_bench"), default="events",
+                   help="CUDA events per call, or triton.testing.do_bench (time-based, flushes "
+                        "L2 itself; ignores --warmup/--repeats) (default: events)")
+    g.add_argument("--flush-l2", action="store_true",
+                   help="zero a buffer larger than L2 before every timed call")
+    g.add_argument("--cuda-graph", action="store_true",
+                   help="time CUDA-graph replays (hides CPU launch overhead)")
+    g.add_argument("--no-rotate", action="store_true",
+                   help="do not cycle through several input sets when one fits in L2")
+    g.add_argument("--check", choices=("auto", "full", "proxy", "off"), default="auto",
+                   help="reference check of each backend's output: at full size, on a batch-1 "
+                        "proxy with lengths <= 1024, or auto = full when cheap (default: auto)")
+    g.add_argument("--peak-tflops", type=float, default=None,
+                   help="dense bf16/fp16 peak for %%peak (default: datasheet value by GPU name)")
+    g.add_argument("--gemm-size", type=int, default=8192,
+                   help="N of the NxNxN matmul measured once as the GEMM ceiling (default: 8192)")
+    g.add_argument("--no-gemm", action="store_true", help="skip the GEMM ceiling measurement")
+    g.add_argument("--seed", type=int, default=0, help="input RNG seed (default: 0)")
+
+
+def _add_output_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("output")
+    g.add_argument("--json", metavar="FILE", help="write results and metadata as JSON")
+    g.add_argument("--csv", metavar="FILE", help="write results as CSV (metadata in a comment)")
+    g.add_argument("--plot", metavar="FILE.png", help="grouped-bar figure like FA3's Figure 5")
+    g.add_argument("--out-dir", metavar="DIR",
+                   help="write JSON, CSV and PNG there with a timestamped name "
+                        "(e.g. bench/results)")
+    g.add_argument("--replot", metavar="RESULTS",
+                   help="no benchmark: re-plot a saved .json/.csv to --plot or --out-dir")
+    g.add_argument("--dry-run", action="store_true",
+                   help="print the planned configurations and exit")
+    g.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    g.add_argument("--no-hostname", action="store_true",
+                   help="leave the hostname out of saved metadata")
+
+
+def _capability(text: str) -> tuple[int, int]:
+    major, _, minor = text.partition(".")
+    try:
+        return int(major), int(minor or 0)
+    except ValueError:
+        message = f"expected MAJOR.MINOR such as 9.0, got {text!r}"
+        raise argparse.ArgumentTypeError(message) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="flash-hopper: FlashAttention-3-class attention kernels.")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="{bench,info,demo,plot}")
+
+    bench = sub.add_parser(
+        "bench", help="benchmark the FA-3/FA-2 paths against SDPA and installed peers",
+        description="Time attention backends over a sweep and check them against an fp32 "
+                    "reference. Defaults reproduce the FA3 paper's forward sweep: bf16, "
+                    "b*s = 16k, h*d = 2048, s = 512..16k, d = 64/128/256, causal and not.",
+        epilog="FLOPs: fwd = 4*b*h*d*(visible pairs), pairs = s^2/2 for plain causal (FA "
+               "convention) and counted exactly otherwise; bwd = 2.5x fwd. The reference check "
+               "compares each backend's forward output. Exit status 1 when a check fails or a "
+               "row errors.")
+    _add_sweep_args(bench)
+    _add_backend_args(bench)
+    _add_measure_args(bench)
+    _add_output_args(bench)
+
+    info = sub.add_parser("info", help="GPU, driver, built kernels, and the path a call takes",
+                          description="Works without a GPU (exit 0).")
+    info.add_argument("-d", "--head-dim", type=int, default=128)
+    info.add_argument("--dtype", choices=sweep.DTYPES, default="bf16")
+    info.add_argument("--backend", choices=("auto", "fa2", "fa3"), default="auto")
+    info.add_argument("--causal", action="store_true")
+    info.add_argument("--capability", metavar="MAJOR.MINOR", type=_capability,
+                      help="show the path for a hypothetical GPU (e.g. 9.0) instead of this one")
+    info.add_argument("--json", action="store_true", help="machine-readable output")
+
+    demo = sub.add_parser("demo", help="one flash_attn_func call: path, error vs fp32, time")
+    demo.add_argument("-b", "--batch", type=int, default=2)
+    demo.add_argument("-s", "--seqlen", type=sweep.parse_count, default=1024)
+    demo.add_argument("--heads", type=int, default=16)
+    demo.add_argument("-d", "--head-dim", type=int, default=128)
+    demo.add_argument("--dtype", choices=sweep.DTYPES, default="bf16")
+    demo.add_argument("--causal", action="store_true")
+    demo.add_argument("--backend", choices=("auto", "fa2", "fa3"), default="auto")
+
+    plot = sub.add_parser("plot", help="plot a saved bench result (.json or .csv)")
+    plot.add_argument("results", help="a file written by bench --json/--csv/--out-dir")
+    plot.add_argument("-o", "--output", help="PNG to write (default: RESULTS with .png)")
+    return parser
+
+
+# ---- bench ----------------------------------------------------------------------------------
+
+def sweep_spec(args: argparse.Namespace) -> sweep.SweepSpec:
+    """SweepSpec from parsed bench arguments; ValueError names the bad value."""
+    spec = sweep.SweepSpec()
+    if args.head_dim:
+        spec.head_dims = [int(sweep.parse_count(d)) for d in sweep.split_list(args.head_dim)]
+    if args.seqlen:
+        spec.seqlens = [sweep.parse_count(s) for s in sweep.split_list(args.seqlen)]
+    if args.seqlen_k:
+        spec.seqlens_k = [sweep.parse_count(s) for s in sweep.split_list(args.seqlen_k)]
+    spec.batch = args.batch
+    spec.total_tokens = sweep.parse_count(args.total_tokens)
+    spec.heads = args.heads
+    spec.hidden = args.hidden
+    spec.kv_heads = args.kv_heads
+    spec.gqa_ratio = args.gqa_ratio
+    spec.causal = args.causal
+    if args.window:
+        spec.windows = [sweep.parse_window(w) for w in args.window]
+    if args.softcap:
+        spec.softcaps = list(args.softcap)
+    if args.dtype:
+        spec.dtypes = list(dict.fromkeys(args.dtype))
+    for name in ("batch", "heads", "kv_heads"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if args.gqa_ratio <= 0:
+        raise ValueError(f"--gqa-ratio must be positive, got {args.gqa_ratio}")
+    return spec
+
+
+def directions(args: argparse.Namespace) -> list[str]:
+    return list(dict.fromkeys(args.direction or ["fwd"]))
+
+
+def backend_names(args: argparse.Namespace) -> list[str]:
+    return sweep.split_list(args.backends) or list(DEFAULT_BACKENDS)
+
+
+def repro_command(argv: Sequence[str]) -> str:
+    return " ".join(shlex.quote(a) for a in [PROG, *argv])
+
+
+def _print_err(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def _replot(args: argparse.Namespace) -> int:
+    from .bench import report
+
+    if not (args.plot or args.out_dir):
+        raise CliError("--replot needs --plot FILE.png or --out-dir DIR")
+    data = _read(args.replot)
+    target = args.plot or report.out_dir_paths(args.out_dir, data.get("meta") or {})["png"]
+    _write_plot(data, target)
+    return 0
+
+
+def _read(path: str):
+    from .bench import report
+
+    try:
+        return report.read_results(path)
+    except (OSError, ValueError) as exc:  # missing file, not JSON, wrong schema
+        raise CliError(f"cannot read {path}: {exc}") from exc
+
+
+def _write_plot(data, path: str) -> bool:
+    from .bench.plot import plot_results
+
+    try:
+        counts = plot_results(data, path)
+    except ImportError as exc:
+        _print_err(f"plot skipped: matplotlib is needed ({exc}); pip install matplotlib")
+        return False
+    except ValueError as exc:  # nothing was timed
+        raise CliError(f"cannot plot: {exc}") from exc
+    print(f"wrote {path} ({counts['panels']} panels, {counts['bars']} bars)")
+    return True
+
+
+def _print_plan(cases, names: Sequence[str], dirs: Sequence[str]) -> None:
+    print(f"{len(cases)} configurations x {len(dirs)} direction(s) x backends {' '.join(names)}")
+    for case in cases:
+        seqlen = (f"{case.seqlen_q}" if case.seqlen_q == case.seqlen_k
+                  else f"{case.seqlen_q}/{case.seqlen_k}")
+        print(f"  {case.dtype} d={case.head_dim} s={seqlen} b={case.batch} "
+              f"h={case.heads}/{case.heads_kv} {case.mask_label}  "
+              f"fwd {case.flops('fwd') / 1e12:.3f} TFLOP")
+
+
+def _list_backends(names: Sequence[str]) -> int:
+    from .bench import backends as registry
+    from .bench import env
+
+    gpu, reason = env.detect_gpu()
+    capability = gpu.capability if gpu else None
+    if gpu is None:
+        print(f"(no GPU: {reason})")
+    for backend in registry.resolve(names):
+        why = backend.probe(capability)
+        print(f"{backend.name:16s} {'available' if why is None else 'unavailable: ' + why}")
+    return 0
+
+
+def _probe_backends(chosen, capability):
+    """Split into runnable backends and {name: status} metadata; print each skip reason."""
+    runnable, status = [], {}
+    for backend in chosen:
+        reason = backend.probe(capability)
+        status[backend.name] = {"available": reason is None, "reason": reason,
+                                "origin": backend.origin,
+                                "version": backend.version() if reason is None else None}
+        if reason is None:
+            runnable.append(backend)
+        else:
+            _print_err(f"skipping backend {backend.name}: {reason}")
+    return runnable, status
+
+
+def run_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    if args.replot:
+        return _replot(args)
+    try:
+        spec = sweep_spec(args)
+        cases = sweep.expand(spec)
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+    names = backend_names(args)
+    dirs = directions(args)
+    from .bench import backends as registry
+
+    try:
+        chosen = registry.resolve(names)
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+    if args.dry_run:
+        _print_plan(cases, [b.name for b in chosen], dirs)
+        return 0
+    if args.list_backends:
+        return _list_backends(names if args.backends else ["all"])
+
+    from .bench import env
+
+    gpu, reason = env.detect_gpu()
+    if gpu is None:
+        raise CliError(f"bench needs a CUDA GPU: {reason} (`flash-hopper info` works without)")
+    if args.repeats < 1 or args.warmup < 0:
+        raise CliError(f"--repeats must be >= 1 and --warmup >= 0, got {args.repeats} and "
+                       f"{args.warmup}")
+    if args.timer == "do_bench" and importlib.util.find_spec("triton") is None:
+        raise CliError("--timer do_bench needs triton, which is not installed")
+    return _bench_on_gpu(args, argv, cases, chosen, dirs, gpu)
+
+
+def _bench_on_gpu(args, argv, cases, chosen, dirs, gpu) -> int:
+    from .bench import env, peak, report
+    from .bench.progress import Progress
+    from .bench.runner import Runner, RunOptions
+    from .bench.timing import Timer, TimerConfig
+
+    runnable, backend_status = _probe_backends(chosen, gpu.capability)
+    if not runnable:
+        raise CliError("no requested backend can run here (reasons above)")
+    timer = Timer(TimerConfig(method=args.timer, warmup=args.warmup, repeats=args.repeats,
+                              flush_l2=args.flush_l2, cuda_graph=args.cuda_graph,
+                              rotate=not args.no_rotate))
+    peak_tflops, peak_source = ((args.peak_tflops, "--peak-tflops") if args.peak_tflops
+                                else peak.lookup_peak(gpu.name))
+    if peak_tflops is None:
+        _print_err(f"note: {peak_source}; %peak left empty")
+    gemm = None if args.no_gemm else _gemm_ceiling(timer, cases[0].dtype, args.gemm_size)
+    options = RunOptions(directions=dirs, check=args.check, peak_tflops=peak_tflops,
+                         gemm_tflops=gemm["tflops"] if gemm else None, seed=args.seed)
+    # Before the sweep: clocks and temperature as the run starts, not after it heated the GPU.
+    meta = env.collect(repro_command(argv), include_hostname=not args.no_hostname)
+    progress = Progress(len(cases) * len(runnable) * len(dirs), enabled=not args.quiet)
+    runner = Runner(runnable, timer, options, progress)
+    interrupted = False
+    try:
+        runner.run(cases)
+    except KeyboardInterrupt:  # keep what a long sweep measured so far
+        interrupted = True
+        _print_err("\ninterrupted: saving the rows measured so far")
+
+    meta.update({"backends": backend_status, "timer": timer.describe(), "check": args.check,
+                 "peak": {"tflops": peak_tflops, "source": peak_source}, "gemm_ceiling": gemm,
+                 "interrupted": interrupted, "options": vars(args)})
+    data = report.result_set(meta, runner.rows)
+    _print_summary(data["results"], backend_status, report)
+    _save(args, data, report)
+    if interrupted:
+        return 130
+    failed = [r for r in data["results"] if r["status"] == "error" or r["check_pass"] is False]
+    if failed:
+        _print_err(f"{len(failed)} row(s) failed a reference check or errored (see above)")
+    return EXIT_FAILURE if failed else 0
+
+
+def _gemm_ceiling(timer, dtype: str, size: int):
+    from .bench import peak
+
+    try:
+        gemm = peak.measure_gemm_ceiling(timer, dtype=dtype, size=size)
+    except RuntimeError as exc:  # e.g. out of memory on a small GPU: the sweep still runs
+        _print_err(f"note: GEMM ceiling not measured ({exc}); %gemm left empty")
+        return None
+    _print_err(f"GEMM ceiling: {gemm['tflops']:.1f} TFLOP/s ({gemm['size']}^3 "
+               f"{gemm['dtype']} torch.mm, median {gemm['ms']:.3f} ms)")
+    return gemm
+
+
+def _print_summary(rows, backend_status, report) -> None:
+    print(report.format_table(rows))
+    kernels = report.format_kernels(rows)
+    if kernels:
+        print("\nkernels:\n" + kernels)
+    skips = report.format_skips(rows)
+    if skips:
+        print("\nnot timed:\n" + skips)
+    unavailable = [f"{name}: {s['reason']}" for name, s in backend_status.items()
+                   if not s["available"]]
+    if unavailable:
+        print("\nunavailable backends:\n" + "\n".join(unavailable))
+
+
+def _save(args, data, report) -> None:
+    targets = {"json": args.json, "csv": args.csv, "png": args.plot}
+    paths = [(kind, path) for kind, path in targets.items() if path]
+    if args.out_dir:
+        paths += list(report.out_dir_paths(args.out_dir, data["meta"]).items())
+    for kind, path in paths:
+        if kind == "json":
+            report.write_json(path, data)
+            print(f"wrote {path}")
+        elif kind == "csv":
+            report.write_csv(path, data)
+            print(f"wrote {path}")
+    for kind, path in paths:  # plots last: a plotting problem must not cost the data
+        if kind == "png":
+            try:
+                _write_plot(data, path)
+            except CliError as exc:
+                _print_err(f"plot skipped: {exc}")
+
+
+# ---- other commands -------------------------------------------------------------------------
+
+def run_plot(args: argparse.Namespace) -> int:
+    data = _read(args.results)
+    output = args.output or args.results.rsplit(".", 1)[0] + ".png"
+    return 0 if _write_plot(data, output) else EXIT_FAILURE
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("flash-hopper")
+    except PackageNotFoundError:
+        return "0+unknown (not installed)"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        print(f"{PROG} {_version()}")
+        return 0
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        if args.command == "bench":
+            return run_bench(args, argv)
+        if args.command == "info":
+            from .bench.info import run_info
+
+            return run_info(args)
+        if args.command == "demo":
+            from .bench.demo import run_demo
+
+            return run_demo(args)
+        return run_plot(args)
+    except KeyboardInterrupt:
+        _print_err(f"{PROG} {args.command}: interrupted")
+        return 130
+    except Exception as exc:
+        from .bench.demo import DemoError
+
+        if isinstance(exc, (CliError, DemoError)):
+            _print_err(f"{PROG} {args.command}: error: {exc}")
+            return EXIT_FAILURE
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

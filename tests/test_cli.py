@@ -1,0 +1,283 @@
+"""The `flash-hopper` command: argument parsing, GPU-less behaviour, re-plotting, and (on a GPU)
+a tiny sweep end to end.
+
+GPU-less subprocess tests hide any GPU with CUDA_VISIBLE_DEVICES="" so they mean the same thing on
+the CPU CI machine and on a GPU box.
+"""
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from flash_hopper import cli
+from flash_hopper.bench import cases as sweep
+from flash_hopper.bench import report
+
+PYTHON_DIR = Path(__file__).resolve().parents[1] / "python"
+
+
+def run_module(*args, hide_gpu=True, timeout=240):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PYTHON_DIR), env.get("PYTHONPATH")]))
+    if hide_gpu:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return subprocess.run([sys.executable, "-m", "flash_hopper", *args], capture_output=True,
+                          text=True, env=env, timeout=timeout, check=False)
+
+
+def parse_bench(*args):
+    parsed = cli.build_parser().parse_args(["bench", *args])
+    return parsed, sweep.expand(cli.sweep_spec(parsed))
+
+
+# ---- parsing --------------------------------------------------------------------------------
+
+def test_defaults_reproduce_fa3_paper_sweep():
+    args, cases = parse_bench()
+    seqlens = (512, 1024, 2048, 4096, 8192, 16384)
+    assert len(cases) == 2 * 3 * 6
+    assert {(c.causal, c.head_dim, c.seqlen_q) for c in cases} == set(
+        itertools.product((False, True), (64, 128, 256), seqlens))
+    for c in cases:
+        assert c.seqlen_q == c.seqlen_k
+        assert c.batch * c.seqlen_q == 16384
+        assert c.heads * c.head_dim == 2048
+        assert c.heads_kv == c.heads
+        assert (c.dtype, c.window, c.softcap) == ("bf16", (-1, -1), 0.0)
+    assert cli.directions(args) == ["fwd"]
+    assert cli.backend_names(args) == ["fa3", "fa2", "sdpa-flash", "sdpa-cudnn"]
+    assert (args.timer, args.check, args.flush_l2, args.cuda_graph) == ("events", "auto",
+                                                                        False, False)
+
+
+def test_lists_suffixes_and_gqa():
+    args, cases = parse_bench("-s", "1k,2k", "4k", "-d", "64", "128", "--causal", "on",
+                              "--gqa-ratio", "4", "--dtype", "fp16", "--direction", "fwd",
+                              "bwd", "--window", "256,0", "--softcap", "30")
+    assert len(cases) == 3 * 2
+    assert {c.seqlen_q for c in cases} == {1024, 2048, 4096}
+    c = next(c for c in cases if c.head_dim == 128)
+    assert (c.heads, c.heads_kv, c.dtype, c.causal) == (16, 4, "fp16", True)
+    assert (c.window, c.softcap) == ((256, 0), 30.0)
+    assert cli.directions(args) == ["fwd", "bwd"]
+
+
+def test_explicit_batch_heads_and_seqlen_k():
+    _, cases = parse_bench("-s", "512", "--seqlen-k", "512", "2k", "-b", "3", "--heads", "8",
+                           "--kv-heads", "2", "-d", "64")
+    assert [(c.seqlen_q, c.seqlen_k) for c in cases] == [(512, 512), (512, 2048)] * 2
+    assert all((c.batch, c.heads, c.heads_kv) == (3, 8, 2) for c in cases)
+    _, cases = parse_bench("-s", "1k", "--seqlen-k", "4k", "-d", "64")
+    assert cases[0].batch == 16384 // 4096  # tokens are counted on the longer side
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--window", "7"], "LEFT,RIGHT"),
+    (["-s", "12x"], "16k"),
+    (["--kv-heads", "5", "-d", "128"], "multiple of kv-heads"),
+    (["--backends", "nope"], "unknown backend 'nope'"),
+    (["--replot", "missing.json"], "--plot"),
+])
+def test_bad_values_give_one_line(capsys, args, message):
+    assert cli.main(["bench", "--dry-run", *args]) == cli.EXIT_FAILURE
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert err.startswith("flash-hopper bench: error:") and message in err
+
+
+def test_argparse_errors_exit_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["bench", "--causal", "maybe"])
+    assert exc.value.code == cli.EXIT_USAGE
+
+
+def test_no_subcommand_prints_help(capsys):
+    assert cli.main([]) == 0
+    out = capsys.readouterr().out
+    assert "usage: flash-hopper" in out and "bench" in out and "info" in out
+
+
+def test_dry_run_lists_plan(capsys):
+    assert cli.main(["bench", "--dry-run", "-s", "512", "-d", "64", "--causal", "off"]) == 0
+    out = capsys.readouterr().out
+    assert "1 configurations x 1 direction(s)" in out
+    assert "d=64 s=512 b=32 h=32/32 non-causal" in out
+
+
+def test_repro_command_quotes():
+    assert cli.repro_command(["bench", "--window", "256,0", "--json", "a b.json"]) == \
+        "flash-hopper bench --window 256,0 --json 'a b.json'"
+
+
+# ---- re-plotting (no GPU needed) ---------------------------------------------------------------
+
+def saved_results(tmp_path):
+    """A minimal result file with synthetic timings (never a measurement)."""
+    from flash_hopper.bench.runner import RunOptions, base_row, fill_timing
+    from flash_hopper.bench.timing import Stats
+
+    rows = []
+    for causal, s in itertools.product((False, True), (512, 1024)):
+        case = sweep.Case(batch=16384 // s, seqlen_q=s, seqlen_k=s, heads=16, heads_kv=16,
+                          head_dim=128, causal=causal)
+        row = base_row(case, "sdpa-flash", "fwd")
+        fill_timing(row, Stats(median=1.0, p20=1.0, p80=1.0, n=1), RunOptions())
+        rows.append(row)
+    path = tmp_path / "results.json"
+    report.write_json(str(path), report.result_set({"gpu": {"name": "Synthetic"}}, rows))
+    return path
+
+
+def test_replot_and_plot_subcommand(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    saved = saved_results(tmp_path)
+    out = tmp_path / "replot.png"
+    assert cli.main(["bench", "--replot", str(saved), "--plot", str(out)]) == 0
+    assert out.stat().st_size > 10_000
+    assert "2 panels" in capsys.readouterr().out
+    assert cli.main(["plot", str(saved)]) == 0
+    assert (tmp_path / "results.png").exists()
+    assert cli.main(["bench", "--replot", str(saved), "--out-dir", str(tmp_path / "d")]) == 0
+    assert len(list((tmp_path / "d").glob("bench-synthetic-*.png"))) == 1
+
+
+def test_plot_of_unreadable_file_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert cli.main(["plot", str(bad)]) == cli.EXIT_FAILURE
+    assert cli.main(["plot", str(tmp_path / "absent.json")]) == cli.EXIT_FAILURE
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and all(line.startswith("flash-hopper plot: error: cannot read")
+                                   for line in lines)
+
+
+# ---- the installed entry points, without a GPU ----------------------------------------------
+
+def test_help_works_without_gpu():
+    result = run_module("bench", "--help")
+    assert result.returncode == 0, result.stderr
+    for flag in ("--head-dim", "--seqlen", "--backends", "--flush-l2", "--cuda-graph",
+                 "--json", "--csv", "--plot", "--out-dir", "--replot", "--peak-tflops"):
+        assert flag in result.stdout
+
+
+def test_info_without_gpu_exits_0_and_says_so():
+    result = run_module("info")
+    assert result.returncode == 0, result.stderr
+    assert "no GPU" in result.stdout
+    assert "path for head_dim=128 dtype=bf16 backend=auto" in result.stdout
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("command", [["bench"], ["bench", "-s", "512", "-d", "64"], ["demo"]])
+def test_gpu_commands_without_gpu_fail_with_one_line(command):
+    result = run_module(*command)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "needs a CUDA GPU" in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+# ---- the whole bench command with the GPU mocked: CPU tensors, a stand-in timer ------------------
+
+class StandInTimer:
+    """Runs each callable once (so failures surface) and reports a fixed, synthetic time."""
+
+    def __init__(self, config, device=None):
+        self.config = config
+
+    def sets_for(self, nbytes):
+        return 1
+
+    def describe(self):
+        return {"method": "stand-in"}
+
+    def measure(self, fns):
+        from flash_hopper.bench.timing import Stats
+
+        for fn in fns:
+            fn()
+        return Stats(median=1.0, p20=0.9, p80=1.1, min=0.8, max=1.2, mean=1.0, n=3)
+
+
+def test_bench_pipeline_with_mocked_gpu(tmp_path, monkeypatch, capsys):
+    import functools
+
+    pytest.importorskip("matplotlib")
+    from flash_hopper.bench import env, runner, timing
+
+    gpu = env.GpuInfo(index=0, name="NVIDIA H200", capability=(9, 0), sm_count=132,
+                      memory_bytes=141 << 30, l2_bytes=60 << 20)
+    monkeypatch.setattr(env, "detect_gpu", lambda index=None: (gpu, ""))
+    monkeypatch.setattr(timing, "Timer", StandInTimer)
+    monkeypatch.setattr(runner, "RunOptions", functools.partial(runner.RunOptions, device="cpu"))
+    out_dir = tmp_path / "results"
+    argv = ["bench", "-s", "64", "128", "-d", "16", "-b", "2", "--hidden", "32", "--backends",
+            "sdpa-math", "sdpa-flash", "--direction", "fwd", "bwd", "--no-gemm", "-q",
+            "--json", str(tmp_path / "r.json"), "--out-dir", str(out_dir)]
+    assert cli.main(argv) == 0
+    captured = capsys.readouterr()
+    assert "skipping backend sdpa-flash" in captured.err
+    assert "unavailable backends:" in captured.out
+    data = report.read_json(str(tmp_path / "r.json"))
+    meta = data["meta"]
+    assert meta["command"] == cli.repro_command(argv)
+    assert meta["peak"] == {"tflops": 989.4, "source": "datasheet H100/H200 SXM dense bf16/fp16"}
+    assert meta["backends"]["sdpa-math"]["available"] is True
+    assert meta["backends"]["sdpa-flash"]["available"] is False
+    rows = data["results"]
+    assert len(rows) == 2 * 2 * 2  # seqlens x causal x directions, one backend
+    assert all(r["status"] == "ok" and r["backend"] == "sdpa-math" for r in rows)
+    assert all(r["check_pass"] is True for r in rows if r["direction"] == "fwd")
+    fwd = next(r for r in rows if r["direction"] == "fwd" and not r["causal"])
+    assert fwd["pct_peak"] == pytest.approx(100 * fwd["tflops"] / 989.4)
+    assert sorted(p.suffix for p in out_dir.iterdir()) == [".csv", ".json", ".png"]
+    assert "fwd  bf16" in captured.out  # the table
+
+
+# ---- on a GPU ---------------------------------------------------------------------------------
+
+def _cuda_available():
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA GPU")
+def test_tiny_sweep_end_to_end(tmp_path):
+    import flash_hopper
+
+    out = tmp_path / "r.json"
+    result = run_module("bench", "-s", "512", "-d", "64", "--causal", "off", "--backends",
+                        "fa2", "sdpa-flash", "--warmup", "2", "--repeats", "5", "--no-gemm",
+                        "--json", str(out), "--csv", str(tmp_path / "r.csv"), "-q",
+                        hide_gpu=False, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads(out.read_text())
+    assert data["schema"] == report.SCHEMA
+    meta = data["meta"]
+    assert meta["gpu"]["name"] and meta["command"].startswith("flash-hopper bench -s 512")
+    rows = {r["backend"]: r for r in data["results"]}
+    expected = {"sdpa-flash"}
+    try:
+        flash_hopper.build_info()
+        expected.add("fa2")
+    except Exception:  # noqa: BLE001 - without a built library fa2 must be skipped, not timed
+        assert meta["backends"]["fa2"]["available"] is False
+    for name in expected:
+        row = rows[name]
+        assert row["status"] == "ok", row
+        assert row["tflops"] > 0 and row["ms"] > 0
+        assert row["check_pass"] is True, row
+        assert (row["seqlen_q"], row["head_dim"], row["batch"], row["heads"]) == (512, 64, 32,
+                                                                                  32)
+    assert report.read_csv(str(tmp_path / "r.csv"))["results"] == data["results"]

@@ -1,0 +1,412 @@
+"""Forward kernels against the reference, on a GPU (every test here is marked ``gpu``).
+
+Tolerance doctrine (FA3's, DESIGN.md):
+- out: ``max|out - ref| <= 2 * max|ref_lowp - ref| + 1e-5`` where ref is the naive attention in
+  float64 of the same (low-precision) inputs and ref_lowp the same math done in the input dtype
+  like a plain PyTorch implementation: the kernel may be at most twice as wrong as the obvious
+  same-precision implementation.
+- lse: the kernels never round scores to the input dtype (S = QK^T accumulates in fp32 and stays
+  there), so the fair same-precision baseline is an fp32 implementation, not a bf16 one:
+  ``max|lse - ref| <= 2 * max|lse_fp32 - ref| + 1e-4 (+ softcap * 2^-10)``. 1e-4 absorbs
+  fast-math exp2/log2 (relative errors ~1e-7 on |lse| < 20) and summation order; the softcap
+  term covers tanh.approx.f32 (relative error <= 2^-11 on a capped score <= softcap; the LSE moves
+  by at most the largest score error). A mask off by one key moves the LSE by ~1/seqlen_k, well
+  above this bound for the lengths used, so the LSE check is the sharp test of masking.
+- rows that see no key: out exactly 0 and lse exactly -inf, compared separately (inf - inf is NaN).
+
+Outputs are poisoned with NaN before every launch (fwd_into with caller buffers), so an element
+the kernel forgets to write fails; inputs are fresh per test (seed fixture: stable per test id).
+
+Grid rationale (~300 cases, a few minutes on an H200; the reference in float64 dominates):
+one axis at a time around a central config (bf16/fp16, hdim 128, GQA 4:2, lengths 113 x 203)
+instead of a full product, which would be ~10^5 cases. Each axis test sweeps its own values
+(sequence lengths, head dims, GQA ratios, windows/softcap, layouts) against both dtypes and both
+backends where the axis plausibly interacts with them. Long lengths (1023, 4097) appear in the
+sequence-length sweep and the fa3-vs-fa2 differential only, with few heads.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from flash_hopper import _validate, flash_attn_func, ops, which_backend
+from flash_hopper._lib import FhBackend, FhDtype
+from flash_hopper.dispatch import head_dim_bucket
+from flash_hopper.reference import attention_ref
+
+pytestmark = pytest.mark.gpu
+
+NEG_INF = float("-inf")
+DTYPES = [torch.bfloat16, torch.float16]
+_ENUM_DTYPE = {torch.float16: FhDtype.FP16, torch.bfloat16: FhDtype.BF16}
+_ENUM_BACKEND = {"fa2": FhBackend.FA2, "fa3": FhBackend.FA3}
+
+
+# --- fixtures and helpers ------------------------------------------------------------------------
+
+
+def _capability() -> tuple[int, int]:
+    return torch.cuda.get_device_capability()
+
+
+def _backend_runs_here(lib, name: str) -> str | None:
+    """None if ``name`` has kernels that can run on this GPU, else why not."""
+    cc = _capability()
+    if name == "fa3" and cc != (9, 0):
+        return f"fa3 needs compute capability 9.0, this GPU is {cc[0]}.{cc[1]}"
+    if name == "fa2" and cc < (8, 0):
+        return f"fa2 needs compute capability >= 8.0, this GPU is {cc[0]}.{cc[1]}"
+    if not any(lib.has_fwd_kernel(_ENUM_BACKEND[name], dt, hd)
+               for dt in _ENUM_DTYPE.values() for hd in (64, 96, 128, 192, 256)):
+        arch = {"fa2": "80", "fa3": "90a"}[name]
+        return f"this build has no {name} kernels (FH_ARCHS without {arch})"
+    return None
+
+
+@pytest.fixture(params=["fa2", "fa3"])
+def backend(request, lib) -> str:
+    """Each backend that can run on this GPU with this build; the others skip with the reason."""
+    why_not = _backend_runs_here(lib, request.param)
+    if why_not:
+        pytest.skip(why_not)
+    return request.param
+
+
+def require_kernel(lib, backend: str, dtype: torch.dtype, head_dim: int) -> None:
+    if not lib.has_fwd_kernel(_ENUM_BACKEND[backend], _ENUM_DTYPE[dtype], head_dim):
+        pytest.skip(f"this build has no {backend} kernel for {dtype} hdim bucket "
+                    f"{head_dim_bucket(head_dim)} (FH_HEAD_DIMS / FH_DTYPES)")
+
+
+@pytest.fixture(autouse=True)
+def _exact_fp32_matmuls():
+    # The fp32 reference must be fp32, not TF32.
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+def make_qkv(b, sq, sk, hq, hkv, d, dtype, layout="contiguous"):
+    """Random q, k, v of FA layout; ``layout`` picks the memory layout behind the views."""
+    def rand(*shape):
+        return torch.randn(*shape, dtype=dtype, device="cuda")
+
+    if layout == "contiguous":
+        return rand(b, sq, hq, d), rand(b, sk, hkv, d), rand(b, sk, hkv, d)
+    if layout == "packed_qkv":  # one (b, s, hq + 2 hkv, d) projection output, split by heads
+        assert sq == sk
+        qkv = rand(b, sq, hq + 2 * hkv, d)
+        return qkv[:, :, :hq], qkv[:, :, hq : hq + hkv], qkv[:, :, hq + hkv :]
+    if layout == "heads_first":  # (b, h, s, d) storage viewed as (b, s, h, d)
+        return (rand(b, hq, sq, d).transpose(1, 2), rand(b, hkv, sk, d).transpose(1, 2),
+                rand(b, hkv, sk, d).transpose(1, 2))
+    if layout == "padded_head_dim":  # rows padded to d + 8 elements, e.g. a larger cache
+        return (rand(b, sq, hq, d + 8)[..., :d], rand(b, sk, hkv, d + 8)[..., :d],
+                rand(b, sk, hkv, d + 8)[..., :d])
+    raise ValueError(layout)
+
+
+def run(q, k, v, backend, causal=False, window_size=(-1, -1), softcap=0.0, softmax_scale=None):
+    """fwd_into with NaN-poisoned outputs; asserts the requested backend is the one that ran."""
+    cfg = _validate.check_fwd_args(q, k, v, softmax_scale, causal, window_size, softcap, backend)
+    b, sq, hq, _ = q.shape
+    out = torch.full(q.shape, float("nan"), dtype=q.dtype, device=q.device)
+    lse = torch.full((b, hq, sq), float("nan"), dtype=torch.float32, device=q.device)
+    used = ops.fwd_into(q, k, v, out, lse, cfg.softmax_scale, cfg.window_left,
+                        cfg.window_right, cfg.softcap, backend)
+    assert used == backend
+    return out, lse
+
+
+def max_abs(a, b) -> float:
+    return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
+
+
+def assert_matches_reference(out, lse, q, k, v, causal=False, window_size=(-1, -1), softcap=0.0,
+                             softmax_scale=None):
+    mask = {"causal": causal, "window_size": window_size, "softcap": softcap,
+                "softmax_scale": softmax_scale}
+    ref_out, ref_lse = attention_ref(q.double(), k.double(), v.double(), **mask)
+    lowp_out, _ = attention_ref(q, k, v, upcast=False, **mask)
+    _, fp32_lse = attention_ref(q.float(), k.float(), v.float(), **mask)
+
+    assert not out.isnan().any(), "out has NaN: an element was not written (or 0/0)"
+    assert not lse.isnan().any(), "lse has NaN: an element was not written"
+    empty = ref_lse == NEG_INF  # (b, hq, sq): rows that see no key
+    assert torch.equal(lse == NEG_INF, empty), "rows with lse = -inf differ from the reference"
+    assert (out[empty.permute(0, 2, 1)] == 0).all(), "rows without keys must give out = 0"
+
+    out_err, out_tol = max_abs(out, ref_out), 2 * max_abs(lowp_out, ref_out) + 1e-5
+    assert out_err <= out_tol, f"out: max error {out_err:.3g} > tolerance {out_tol:.3g}"
+    seen = ~empty
+    lse_err = max_abs(lse[seen], ref_lse[seen])
+    lse_tol = 2 * max_abs(fp32_lse[seen], ref_lse[seen]) + 1e-4 + softcap * 2**-10
+    assert lse_err <= lse_tol, f"lse: max error {lse_err:.3g} > tolerance {lse_tol:.3g}"
+
+
+# --- sequence lengths ----------------------------------------------------------------------------
+
+# Odd lengths (tails in every tile), exact tiles (128), sq != sk both ways (bottom-right causal),
+# decode-like sq = 1, and long ones (many key blocks; 4097 = a tile + 1 past a power of two).
+SEQLENS = [(1, 1), (1, 113), (17, 17), (17, 1023), (113, 113), (113, 203), (203, 113),
+           (128, 128), (1023, 1023), (4097, 4097), (1023, 4097)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("sq", "sk"), SEQLENS)
+def test_seqlens(lib, backend, seed, sq, sk, causal, dtype):
+    require_kernel(lib, backend, dtype, 128)
+    long = sq * sk > 2**20
+    b, hq, hkv = (1, 2, 1) if long else (2, 4, 2)
+    q, k, v = make_qkv(b, sq, sk, hq, hkv, 128, dtype)
+    out, lse = run(q, k, v, backend, causal=causal)
+    assert_matches_reference(out, lse, q, k, v, causal=causal)
+
+
+# --- head dims -----------------------------------------------------------------------------------
+
+# Every bucket exactly (64, 96, 128, 192, 256) and dims that pad up to one (8, 40, 72, 136, 200).
+HEAD_DIMS = [8, 40, 64, 72, 96, 128, 136, 192, 200, 256]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_head_dims(lib, backend, seed, head_dim, causal, dtype):
+    require_kernel(lib, backend, dtype, head_dim)
+    q, k, v = make_qkv(2, 113, 203, 4, 2, head_dim, dtype)
+    out, lse = run(q, k, v, backend, causal=causal)
+    assert_matches_reference(out, lse, q, k, v, causal=causal)
+
+
+# GPUs with 99 KB of opt-in shared memory (sm86/sm89) cannot fit the d-256 FA-2 tile and run a
+# 64 x 64 fallback; FH_DEBUG_SMEM_LIMIT makes the library select it here too.
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [200, 256])
+def test_small_smem_fallback_config(lib, seed, head_dim, causal, monkeypatch):
+    require_kernel(lib, "fa2", torch.bfloat16, head_dim)
+    if _backend_runs_here(lib, "fa2"):
+        pytest.skip(_backend_runs_here(lib, "fa2"))
+    monkeypatch.setenv("FH_DEBUG_SMEM_LIMIT", str(99 * 1024))
+    q, k, v = make_qkv(2, 113, 203, 4, 2, head_dim, torch.bfloat16)
+    out, lse = run(q, k, v, "fa2", causal=causal)
+    assert_matches_reference(out, lse, q, k, v, causal=causal)
+    monkeypatch.setenv("FH_DEBUG_SMEM_LIMIT", str(64 * 1024))  # fits no d-256 config
+    with pytest.raises(NotImplementedError, match="shared memory"):
+        run(q, k, v, "fa2", causal=causal)
+
+
+# --- GQA / MQA -----------------------------------------------------------------------------------
+
+# Ratios 1, 2 and 8 at small and large head counts, incl. MQA (one kv head).
+HEADS = [(1, 1), (2, 1), (6, 3), (8, 1), (16, 2), (16, 8), (16, 16)]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("heads_q", "heads_kv"), HEADS)
+def test_gqa(lib, backend, seed, heads_q, heads_kv, causal):
+    require_kernel(lib, backend, torch.bfloat16, 64)
+    q, k, v = make_qkv(2, 97, 131, heads_q, heads_kv, 64, torch.bfloat16)
+    out, lse = run(q, k, v, backend, causal=causal)
+    assert_matches_reference(out, lse, q, k, v, causal=causal)
+
+
+# --- windows and softcap -------------------------------------------------------------------------
+
+# (window_size, causal, softcap): left-only (sliding window), right-only, both, the diagonal only,
+# causal with a left window, softcap alone and with masks. Softcap values are small because the
+# scores of randn inputs are ~N(0, 1): a cap of 30 would change nothing measurable.
+MASKS = [
+    ((16, 0), False, 0.0),
+    ((0, 16), False, 0.0),
+    ((32, 8), False, 0.0),
+    ((-1, 8), False, 0.0),
+    ((8, -1), False, 0.0),
+    ((0, 0), False, 0.0),
+    ((64, -1), True, 0.0),
+    ((-1, -1), False, 1.5),
+    ((-1, -1), True, 1.5),
+    ((24, 4), False, 5.0),
+]
+
+
+@pytest.mark.parametrize(("sq", "sk"), [(211, 307), (307, 211)])
+@pytest.mark.parametrize(("window_size", "causal", "softcap"), MASKS)
+def test_windows_and_softcap(lib, backend, seed, window_size, causal, softcap, sq, sk):
+    # Alternate the dtype along the grid instead of doubling it.
+    dtype = DTYPES[(MASKS.index((window_size, causal, softcap)) + sq) % 2]
+    require_kernel(lib, backend, dtype, 128)
+    q, k, v = make_qkv(2, sq, sk, 4, 2, 128, dtype)
+    kwargs = {"causal": causal, "window_size": window_size, "softcap": softcap}
+    out, lse = run(q, k, v, backend, **kwargs)
+    assert_matches_reference(out, lse, q, k, v, **kwargs)
+
+
+def test_explicit_softmax_scale(lib, backend, seed):
+    require_kernel(lib, backend, torch.bfloat16, 64)
+    q, k, v = make_qkv(2, 113, 113, 4, 4, 64, torch.bfloat16)
+    out, lse = run(q, k, v, backend, softmax_scale=0.37, causal=True)
+    assert_matches_reference(out, lse, q, k, v, softmax_scale=0.37, causal=True)
+
+
+# --- memory layouts ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["packed_qkv", "heads_first", "padded_head_dim"])
+def test_non_contiguous_inputs(lib, backend, seed, layout, dtype):
+    require_kernel(lib, backend, dtype, 64)
+    q, k, v = make_qkv(2, 173, 173, 8, 2, 64, dtype, layout=layout)
+    assert not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous())
+    out, lse = run(q, k, v, backend, causal=True)
+    assert_matches_reference(out, lse, q, k, v, causal=True)
+    # The same values laid out contiguously give bitwise the same result.
+    out_c, lse_c = run(q.contiguous(), k.contiguous(), v.contiguous(), backend, causal=True)
+    assert torch.equal(out, out_c) and torch.equal(lse, lse_c)
+
+
+# --- rows that see no key ------------------------------------------------------------------------
+
+EMPTY_ROWS = [
+    # (sq, sk, causal, window_size): which rows see nothing
+    (300, 77, True, (-1, -1)),  # sq > sk causal: the first 223 rows
+    (200, 50, False, (0, 0)),  # diagonal-only window shifted left: the first 150 rows
+    (128, 16, False, (4, 0)),  # a window ending before key 0 for the first 112 rows
+]
+
+
+@pytest.mark.parametrize(("sq", "sk", "causal", "window_size"), EMPTY_ROWS)
+def test_rows_without_keys(lib, backend, seed, sq, sk, causal, window_size):
+    require_kernel(lib, backend, torch.bfloat16, 64)
+    q, k, v = make_qkv(2, sq, sk, 4, 2, 64, torch.bfloat16)
+    out, lse = run(q, k, v, backend, causal=causal, window_size=window_size)
+    first_seen = sq - sk  # row i's last visible key is i + sk - sq + right, right = 0 here
+    assert (out[:, :first_seen] == 0).all() and (lse[:, :, :first_seen] == NEG_INF).all()
+    assert (lse[:, :, first_seen:] > NEG_INF).all()
+    assert_matches_reference(out, lse, q, k, v, causal=causal, window_size=window_size)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_seqlen_k_zero(lib, backend, dtype):
+    require_kernel(lib, backend, dtype, 64)
+    q, k, v = make_qkv(2, 17, 0, 4, 2, 64, dtype)
+    out, lse = run(q, k, v, backend)
+    assert (out == 0).all() and (lse == NEG_INF).all()
+
+
+@pytest.mark.parametrize("shape", [(0, 17, 4, 64), (2, 0, 4, 64)])
+def test_empty_batch_or_queries_launch_nothing(shape):
+    q = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(shape[0], 9, 2, 64, dtype=torch.bfloat16, device="cuda")
+    out, lse = flash_attn_func(q, k, k, return_attn_probs=True)
+    assert out.shape == shape and lse.shape == (shape[0], 4, shape[1])
+    assert ops.fwd_into(q, k, k, out, lse, 0.125, -1, -1, 0.0, "auto") == "none"
+
+
+# --- public API, torch.compile, dispatch ---------------------------------------------------------
+
+
+def test_flash_attn_func_equals_fwd_into(lib, backend, seed):
+    require_kernel(lib, backend, torch.float16, 128)
+    q, k, v = make_qkv(2, 113, 203, 8, 2, 128, torch.float16)
+    out, lse = flash_attn_func(q, k, v, causal=True, return_attn_probs=True, backend=backend)
+    assert out.is_contiguous() and out.dtype == torch.float16 and out.shape == q.shape
+    assert lse.is_contiguous() and lse.dtype == torch.float32 and lse.shape == (2, 8, 113)
+    out_into, lse_into = run(q, k, v, backend, causal=True)
+    assert torch.equal(out, out_into) and torch.equal(lse, lse_into)
+    assert torch.equal(flash_attn_func(q, k, v, causal=True, backend=backend), out)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_torch_compile_fullgraph(lib, backend, seed, dynamic):
+    require_kernel(lib, backend, torch.bfloat16, 128)
+
+    def attention(q, k, v):
+        return flash_attn_func(q, k, v, causal=True, window_size=(64, -1), softcap=4.0,
+                               return_attn_probs=True, backend=backend)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(attention, fullgraph=True, dynamic=dynamic)
+    for sq in (113, 241):
+        q, k, v = make_qkv(2, sq, 203, 4, 2, 128, torch.bfloat16)
+        out, lse = compiled(q, k, v)
+        out_eager, lse_eager = attention(q, k, v)
+        assert torch.equal(out, out_eager) and torch.equal(lse, lse_eager)
+
+
+def test_opcheck(lib, backend, seed):
+    require_kernel(lib, backend, torch.bfloat16, 64)
+    q, k, v = make_qkv(2, 65, 97, 4, 2, 64, torch.bfloat16)
+    torch.library.opcheck(
+        torch.ops.flash_hopper.fwd.default, (q, k, v, 0.125, -1, 0, 0.0, backend),
+        test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"),
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dispatch_agrees_with_the_library(lib, dtype):
+    """Python's policy, the backend fwd_into runs and the C side's own choice for AUTO agree."""
+    if _capability() < (8, 0):
+        pytest.skip("needs compute capability >= 8.0")
+    require_kernel(lib, "fa2", dtype, 128)
+    q, k, v = make_qkv(1, 64, 64, 2, 2, 128, dtype)
+    name, reason = which_backend(q, k, v)
+    assert name in ("fa2", "fa3") and reason
+    out = torch.empty_like(q)
+    assert ops.fwd_into(q, k, v, out, None, 0.125, -1, -1, 0.0, "auto") == name
+    cfg = _validate.check_fwd_args(q, k, v)
+    params = ops.make_params(q, k, v, out, None, cfg, "auto")
+    with torch.cuda.device(q.device):
+        assert lib.select_backend(params) == _ENUM_BACKEND[name]
+
+
+def test_backward_is_refused(lib, backend):
+    require_kernel(lib, backend, torch.bfloat16, 64)
+    q, k, v = (t.requires_grad_() for t in make_qkv(1, 17, 17, 2, 2, 64, torch.bfloat16))
+    out = flash_attn_func(q, k, v, backend=backend)
+    with pytest.raises(NotImplementedError, match="backward lands in a later issue"):
+        out.sum().backward()
+
+
+def test_misaligned_input_is_rejected_before_launch(lib):
+    base = torch.randn(17 * 4 * 64 + 8, dtype=torch.bfloat16, device="cuda")
+    q = base[1 : 1 + 17 * 4 * 64].view(1, 17, 4, 64)  # 2 bytes past a 16-byte boundary
+    with pytest.raises(ValueError, match="q: data pointer must be 16-byte aligned"):
+        flash_attn_func(q, q, q)
+
+
+# --- fa3 against fa2, determinism ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("sq", "sk"), [(1, 1), (17, 17), (113, 203), (1023, 113), (4097, 4097)])
+def test_fa3_matches_fa2(lib, seed, sq, sk, causal, dtype):
+    for name in ("fa3", "fa2"):
+        why_not = _backend_runs_here(lib, name)
+        if why_not:
+            pytest.skip(why_not)
+        require_kernel(lib, name, dtype, 128)
+    hq, hkv = (2, 1) if sq * sk > 2**20 else (8, 2)
+    q, k, v = make_qkv(1, sq, sk, hq, hkv, 128, dtype)
+    out3, lse3 = run(q, k, v, "fa3", causal=causal)
+    out2, lse2 = run(q, k, v, "fa2", causal=causal)
+    ref_out, _ = attention_ref(q.double(), k.double(), v.double(), causal=causal)
+    lowp_out, _ = attention_ref(q, k, v, causal=causal, upcast=False)
+    # Two low-precision implementations of the same math: as far apart as the doctrine allows
+    # each from the truth, and with identical rows-without-keys.
+    assert max_abs(out3, out2) <= 2 * max_abs(lowp_out, ref_out) + 1e-5
+    assert torch.equal(lse3 == NEG_INF, lse2 == NEG_INF)
+    seen = lse2 > NEG_INF
+    assert max_abs(lse3[seen], lse2[seen]) <= 2e-4
+
+
+def test_deterministic(lib, backend, seed):
+    require_kernel(lib, backend, torch.bfloat16, 128)
+    q, k, v = make_qkv(2, 1023, 1023, 8, 2, 128, torch.bfloat16)
+    out0, lse0 = run(q, k, v, backend, causal=True)
+    for _ in range(19):
+        out, lse = run(q, k, v, backend, causal=True)
+        assert torch.equal(out, out0) and torch.equal(lse, lse0)

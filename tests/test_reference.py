@@ -1,0 +1,249 @@
+"""The reference implementations against each other and against independent oracles (CPU).
+
+The reference is the oracle of every kernel test, so it gets its own: the tiled online-softmax
+forward must equal the naive one in float64 to rounding, the mask convention is pinned by
+hand-written matrices, naive attention agrees with torch's SDPA where their conventions meet, and
+the recomputation backward equals autograd through the naive forward.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from flash_hopper.reference import (
+    _key_block_range,
+    attention_bwd_ref,
+    attention_ref,
+    attention_tiled_fwd,
+    visible_mask,
+)
+
+NEG_INF = float("-inf")
+
+
+def _qkv(b, sq, sk, hq, hkv, d, dtype=torch.float64):
+    q = torch.randn(b, sq, hq, d, dtype=dtype)
+    k = torch.randn(b, sk, hkv, d, dtype=dtype)
+    v = torch.randn(b, sk, hkv, d, dtype=dtype)
+    return q, k, v
+
+
+def _assert_same_attention(out, lse, out_ref, lse_ref, atol):
+    assert not out.isnan().any() and not lse.isnan().any()
+    torch.testing.assert_close(out, out_ref, atol=atol, rtol=0)
+    empty = lse_ref == NEG_INF
+    assert torch.equal(lse == NEG_INF, empty), "rows without visible keys differ"
+    torch.testing.assert_close(lse[~empty], lse_ref[~empty], atol=atol, rtol=0)
+
+
+# --- the mask convention -------------------------------------------------------------------------
+
+
+def test_mask_causal_is_bottom_right_aligned():
+    # sq < sk: the last query sees every key, the first sees sk - sq + 1 keys.
+    expected = torch.tensor(
+        [
+            [1, 1, 1, 0, 0],
+            [1, 1, 1, 1, 0],
+            [1, 1, 1, 1, 1],
+        ],
+        dtype=torch.bool,
+    )
+    assert torch.equal(visible_mask(3, 5, -1, 0), expected)
+    # sq > sk: the first sq - sk queries see nothing.
+    expected = torch.tensor([[0, 0], [0, 0], [1, 0], [1, 1]], dtype=torch.bool)
+    assert torch.equal(visible_mask(4, 2, -1, 0), expected)
+
+
+def test_mask_sliding_window():
+    # i sees j iff i + sk - sq - left <= j <= i + sk - sq + right; here sk - sq = 1.
+    expected = torch.tensor(
+        [
+            [1, 1, 1, 0, 0],
+            [0, 1, 1, 1, 0],
+            [0, 0, 1, 1, 1],
+            [0, 0, 0, 1, 1],
+        ],
+        dtype=torch.bool,
+    )
+    assert torch.equal(visible_mask(4, 5, 1, 1), expected)
+    # One-sided windows: -1 leaves that side unbounded.
+    assert torch.equal(visible_mask(3, 3, 0, -1), torch.ones(3, 3, dtype=torch.bool).triu())
+    assert torch.equal(visible_mask(3, 3, -1, -1), torch.ones(3, 3, dtype=torch.bool))
+
+
+def test_mask_tile_matches_full_mask():
+    full = visible_mask(37, 53, 5, 3)
+    assert torch.equal(visible_mask(37, 53, 5, 3, rows=(8, 24), cols=(16, 48)), full[8:24, 16:48])
+
+
+# --- naive reference against independent oracles ------------------------------------------------
+
+
+@pytest.mark.parametrize(("sq", "sk"), [(1, 1), (17, 17), (33, 17), (17, 33)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_naive_matches_sdpa(seed, sq, sk, causal):
+    b, hq, hkv, d = 2, 4, 2, 16
+    q, k, v = _qkv(b, sq, sk, hq, hkv, d)
+    out, lse = attention_ref(q, k, v, causal=causal)
+    # SDPA in its (b, h, s, d) layout, GQA by repetition, our bottom-right mask given explicitly.
+    qh = q.transpose(1, 2)
+    kh = k.repeat_interleave(hq // hkv, dim=2).transpose(1, 2)
+    vh = v.repeat_interleave(hq // hkv, dim=2).transpose(1, 2)
+    mask = visible_mask(sq, sk, -1, 0 if causal else -1)
+    empty = ~mask.any(dim=-1)
+    expected = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask).transpose(1, 2)
+    expected[:, empty] = 0  # SDPA gives NaN on rows without keys; the contract is 0
+    torch.testing.assert_close(out, expected, atol=1e-12, rtol=0)
+    scores = (qh @ kh.transpose(-1, -2) / d**0.5).masked_fill(~mask, NEG_INF)
+    torch.testing.assert_close(lse, torch.logsumexp(scores, dim=-1), atol=1e-12, rtol=0)
+
+
+def test_softcap_is_applied_to_the_scaled_score(seed):
+    q, k, v = _qkv(1, 5, 7, 1, 1, 8)
+    scale, cap = 0.7, 1.3
+    out, lse = attention_ref(q, k, v, softmax_scale=scale, softcap=cap)
+    s = cap * torch.tanh(torch.einsum("bqhd,bkhd->bhqk", q, k) * scale / cap)
+    torch.testing.assert_close(lse, torch.logsumexp(s, dim=-1), atol=1e-12, rtol=0)
+    expected = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, dim=-1), v)
+    torch.testing.assert_close(out, expected, atol=1e-12, rtol=0)
+
+
+def test_gqa_maps_query_head_to_kv_head_by_group(seed):
+    # heads_q = 4, heads_kv = 2: query heads 0, 1 use kv head 0 and 2, 3 use kv head 1.
+    q, k, v = _qkv(1, 3, 5, 4, 2, 8)
+    out, _ = attention_ref(q, k, v)
+    for h in range(4):
+        single, _ = attention_ref(q[:, :, h : h + 1], k[:, :, h // 2 : h // 2 + 1],
+                                  v[:, :, h // 2 : h // 2 + 1])
+        torch.testing.assert_close(out[:, :, h : h + 1], single, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_upcast_controls_the_compute_dtype(seed, dtype):
+    q, k, v = _qkv(2, 17, 33, 2, 1, 16, dtype=dtype)
+    out_hi, lse_hi = attention_ref(q, k, v, causal=True)
+    out_lo, lse_lo = attention_ref(q, k, v, causal=True, upcast=False)
+    assert out_hi.dtype == lse_hi.dtype == torch.float32
+    assert out_lo.dtype == lse_lo.dtype == dtype
+    # Same math, low precision: close but not equal (else the tolerance rule would be vacuous).
+    err = (out_lo.float() - out_hi).abs().max().item()
+    assert 0 < err < 0.05
+
+
+# --- fully masked rows ---------------------------------------------------------------------------
+
+EMPTY_ROW_CASES = [
+    # (sq, sk, causal, window, rows that see nothing)
+    (10, 4, True, (-1, -1), range(6)),  # sq > sk causal: the first sq - sk rows
+    (8, 2, False, (1, 0), range(6)),  # a window that ends before key 0 for early rows
+    (6, 0, False, (-1, -1), range(6)),  # no keys at all
+]
+
+
+@pytest.mark.parametrize(("sq", "sk", "causal", "window", "empty_rows"), EMPTY_ROW_CASES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_rows_without_keys_give_zero_and_neg_inf(seed, sq, sk, causal, window, empty_rows, dtype):
+    q, k, v = _qkv(2, sq, sk, 4, 2, 16, dtype=dtype)
+    empty = torch.zeros(sq, dtype=torch.bool)
+    empty[list(empty_rows)] = True
+    results = [
+        attention_ref(q, k, v, causal=causal, window_size=window),
+        attention_ref(q, k, v, causal=causal, window_size=window, upcast=False),
+        attention_tiled_fwd(q, k, v, causal=causal, window_size=window, block_m=4, block_n=2),
+    ]
+    for out, lse in results:
+        assert not out.isnan().any() and not lse.isnan().any()
+        assert (out[:, empty] == 0).all()
+        assert (lse[:, :, empty] == NEG_INF).all()
+        assert (lse[:, :, ~empty] > NEG_INF).all()
+
+
+# --- tiled online softmax == naive ---------------------------------------------------------------
+
+SEQLENS = [(1, 1), (1, 17), (17, 1), (17, 17), (113, 113), (113, 47), (47, 113), (128, 64)]
+MASKS = [
+    {},
+    {"causal": True},
+    {"window_size": (8, 0)},  # left-only window (sliding window attention)
+    {"window_size": (-1, 5)},  # right-only window
+    {"window_size": (3, 7)},
+    {"window_size": (0, 0)},  # the diagonal only
+    {"softcap": 1.5},
+    {"causal": True, "window_size": (16, -1), "softcap": 0.8},
+]
+
+
+def _mask_id(mask):
+    return "-".join(f"{k}={v}" for k, v in mask.items()).replace(" ", "") or "full"
+
+
+# Heads, head dims and tile sizes rotate through the grid instead of multiplying it: every value
+# meets several sequence lengths and masks, and the grid stays at 64 cases of a few ms each.
+HEADS = [(1, 1), (4, 2), (8, 1), (6, 3)]
+HEAD_DIMS = [8, 24, 40]
+BLOCKS = [(64, 64), (16, 32), (32, 16), (1, 7)]
+TILED_CASES = [
+    pytest.param(
+        sq, sk, mask, HEADS[i % 4], HEAD_DIMS[i % 3], BLOCKS[(i // 4) % 4],
+        id=f"sq{sq}-sk{sk}-{_mask_id(mask)}-h{HEADS[i % 4]}-d{HEAD_DIMS[i % 3]}-"
+        f"blk{BLOCKS[(i // 4) % 4]}".replace(" ", ""),
+    )
+    for i, ((sq, sk), mask) in enumerate(itertools.product(SEQLENS, MASKS))
+]
+
+
+@pytest.mark.parametrize(("sq", "sk", "mask", "heads", "d", "blocks"), TILED_CASES)
+def test_tiled_matches_naive(seed, sq, sk, mask, heads, d, blocks):
+    hq, hkv = heads
+    q, k, v = _qkv(2, sq, sk, hq, hkv, d)
+    out_ref, lse_ref = attention_ref(q, k, v, **mask)
+    out, lse = attention_tiled_fwd(q, k, v, **mask, block_m=blocks[0], block_n=blocks[1])
+    assert out.shape == (2, sq, hq, d) and lse.shape == (2, hq, sq)
+    _assert_same_attention(out, lse, out_ref, lse_ref, atol=1e-12)
+
+
+@pytest.mark.parametrize(("sq", "sk"), [(64, 64), (100, 300), (300, 100), (65, 1)])
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (10, 0), (0, 20), (5, 5)])
+def test_tiled_skips_exactly_the_fully_masked_key_blocks(sq, sk, window):
+    block_m, block_n = 32, 16
+    mask = visible_mask(sq, sk, *window)
+    for m0 in range(0, sq, block_m):
+        m1 = min(m0 + block_m, sq)
+        first, last = _key_block_range(m0, m1, sq, sk, *window, block_n)
+        for n_block in range((sk + block_n - 1) // block_n):
+            tile = mask[m0:m1, n_block * block_n : (n_block + 1) * block_n]
+            assert bool(tile.any()) == (first <= n_block < last), (m0, n_block, first, last)
+
+
+# --- backward by recomputation == autograd -------------------------------------------------------
+
+BWD_CASES = [
+    # (sq, sk, hq, hkv, d, mask)
+    (17, 17, 2, 2, 16, {}),
+    (17, 33, 4, 2, 16, {"causal": True}),
+    (33, 17, 4, 1, 8, {"causal": True}),  # rows without keys
+    (40, 40, 4, 2, 24, {"window_size": (5, 3)}),
+    (23, 31, 8, 1, 16, {"window_size": (-1, 2), "softcap": 1.2}),
+    (1, 17, 2, 1, 8, {"softcap": 0.5}),
+    (17, 1, 2, 2, 8, {"causal": True, "softcap": 2.0}),
+]
+
+
+@pytest.mark.parametrize(("sq", "sk", "hq", "hkv", "d", "mask"), BWD_CASES)
+def test_backward_recomputation_matches_autograd(seed, sq, sk, hq, hkv, d, mask):
+    q, k, v = (t.requires_grad_() for t in _qkv(2, sq, sk, hq, hkv, d))
+    out, lse = attention_ref(q, k, v, softmax_scale=0.3, **mask)
+    dout = torch.randn_like(out)
+    dq_ref, dk_ref, dv_ref = torch.autograd.grad(out, (q, k, v), dout)
+    dq, dk, dv = attention_bwd_ref(
+        q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), dout,
+        softmax_scale=0.3, **mask,
+    )
+    for got, expected in ((dq, dq_ref), (dk, dk_ref), (dv, dv_ref)):
+        assert got.shape == expected.shape
+        assert not got.isnan().any()
+        torch.testing.assert_close(got, expected, atol=1e-10, rtol=0)
