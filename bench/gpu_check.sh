@@ -36,7 +36,9 @@ fi
 if ! skipped sanitizer; then
   for tool in memcheck racecheck; do
     step "compute-sanitizer $tool"
-    compute-sanitizer --tool "$tool" --error-exitcode 9 "$py" "$here/bench/sanitizer_case.py" \
+    # --report-api-errors no: cuda-python probes driver entry points that this driver lacks
+    # (cuGetProcAddress errors by design); only device-side errors should fail the check.
+    compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 9 "$py" "$here/bench/sanitizer_case.py" \
       > "$out/sanitizer_$tool.log" 2>&1
     rc=$?
     tail -n 5 "$out/sanitizer_$tool.log"

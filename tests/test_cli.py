@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from flash_hopper import cli
 from flash_hopper.bench import cases as sweep
 from flash_hopper.bench import report
@@ -216,6 +217,8 @@ def test_bench_pipeline_with_mocked_gpu(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(env, "detect_gpu", lambda index=None: (gpu, ""))
     monkeypatch.setattr(timing, "Timer", StandInTimer)
     monkeypatch.setattr(runner, "RunOptions", functools.partial(runner.RunOptions, device="cpu"))
+    # sdpa-flash must be unavailable here whatever torch runs the test (a CUDA build has it).
+    monkeypatch.setattr(torch.backends.cuda, "is_flash_attention_available", lambda: False)
     out_dir = tmp_path / "results"
     argv = ["bench", "-s", "64", "128", "-d", "16", "-b", "2", "--hidden", "32", "--backends",
             "sdpa-math", "sdpa-flash", "--direction", "fwd", "bwd", "--no-gemm", "-q",

@@ -26,21 +26,15 @@ cudaError_t launch_fwd(FwdParams const& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// Picks the primary tile config, or the small-shared-memory fallback where the device's opt-in
-// limit is below the primary's need (returns cudaErrorInvalidConfiguration if neither fits).
+// Launches the tuned config, or returns cudaErrorInvalidConfiguration (reported as unsupported)
+// when the device's opt-in shared memory per block is below its need.
 template <class Element, int kHeadDim>
 cudaError_t run_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t stream) {
-  using Primary = typename FwdTraitsFor<Element, kHeadDim>::type;
-  if (Primary::kSmemBytes <= max_smem_per_block) {
-    return launch_fwd<Primary>(p, stream);
+  using Traits = typename FwdTraitsFor<Element, kHeadDim>::type;
+  if (Traits::kSmemBytes > max_smem_per_block) {
+    return cudaErrorInvalidConfiguration;
   }
-  if constexpr (Primary::kSmemBytes > 96 * 1024) {
-    using Small = typename FwdTraitsFor<Element, kHeadDim, /*kSmallSmem=*/true>::type;
-    if (Small::kSmemBytes <= max_smem_per_block) {
-      return launch_fwd<Small>(p, stream);
-    }
-  }
-  return cudaErrorInvalidConfiguration;
+  return launch_fwd<Traits>(p, stream);
 }
 
 }  // namespace flash_hopper::sm80

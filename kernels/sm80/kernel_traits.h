@@ -75,10 +75,9 @@ struct FwdTraits {
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
 };
 
-template <class Element, int kHeadDim, bool kSmallSmem = false>
+template <class Element, int kHeadDim>
 struct FwdTraitsFor {
-  static constexpr FwdTileConfig kConfig =
-      kSmallSmem ? fwd_tile_config_small_smem(kHeadDim) : fwd_tile_config(kHeadDim);
+  static constexpr FwdTileConfig kConfig = fwd_tile_config(kHeadDim);
   using type = FwdTraits<Element, kHeadDim, kConfig.block_m, kConfig.block_n, kConfig.warps>;
 };
 

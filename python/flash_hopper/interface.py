@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 from . import _validate, ops
 
@@ -49,10 +50,24 @@ def flash_attn_func(
     )
     if not isinstance(return_attn_probs, bool):
         raise TypeError(f"return_attn_probs: expected a bool, got {return_attn_probs!r}")
-    out, lse = ops.fwd(
-        q, k, v, cfg.softmax_scale, cfg.window_left, cfg.window_right, cfg.softcap, cfg.backend
-    )
+    args = (q, k, v, cfg.softmax_scale, cfg.window_left, cfg.window_right, cfg.softcap,
+            cfg.backend)
+    # The custom op is what torch.compile / make_fx trace and what autograd sees; in plain eager
+    # inference on real tensors it only adds dispatch overhead, so call its implementation.
+    if _plain_eager_inference(q, k, v):
+        out, lse = ops.fwd_eager(*args)
+    else:
+        out, lse = ops.fwd(*args)
     return (out, lse) if return_attn_probs else out
+
+
+def _plain_eager_inference(*tensors: torch.Tensor) -> bool:
+    """True when no tracer, tensor subclass, dispatch mode or autograd needs to see the op."""
+    if torch.compiler.is_compiling() or _current_dispatch_mode() is not None:
+        return False
+    if any(type(t) is not torch.Tensor for t in tensors):  # FakeTensor, FunctionalTensor, ...
+        return False
+    return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
 
 
 def which_backend(

@@ -9,8 +9,6 @@
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from . import _device, _lib, _validate, dispatch
@@ -33,17 +31,8 @@ def resolve_backend(
     device: torch.device, dtype: torch.dtype, head_dim: int, requested: str
 ) -> tuple[str, str]:
     """(backend, reason) that serves (dtype, head_dim) on ``device`` with the loaded library."""
-    return _resolve_backend_cached(_device_index(device), dtype, head_dim, requested)
-
-
-# The answer depends only on the device, the build and the arguments: cache it, so a call pays
-# no ctypes round trips for dispatch (per-call host time matters for short sequences).
-@functools.lru_cache(maxsize=256)
-def _resolve_backend_cached(
-    device_index: int, dtype: torch.dtype, head_dim: int, requested: str
-) -> tuple[str, str]:
     lib = _lib.get_library()
-    info = _device.device_info(device_index)
+    info = _device.device_info(_device_index(device))
     enum_dtype = _DTYPES[dtype][1]
 
     def built(backend: str, _dtype: str, bucket: int) -> bool:
@@ -145,6 +134,22 @@ def fwd(
 
     Empty outputs (batch == 0 or seqlen_q == 0) come back without a launch (fwd_into's rule).
     """
+    return fwd_eager(q, k, v, softmax_scale, window_left, window_right, softcap, backend)
+
+
+def fwd_eager(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op's implementation, callable without the custom-op dispatch (which costs ~100 us of
+    host time per call, as much as a short-sequence kernel): flash_attn_func uses it directly in
+    eager mode when no input requires grad, where the op would add nothing."""
     batch, seqlen_q, heads_q, _ = q.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
