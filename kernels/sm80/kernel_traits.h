@@ -75,9 +75,10 @@ struct FwdTraits {
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
 };
 
-template <class Element, int kHeadDim>
+template <class Element, int kHeadDim, bool kNarrow = false>
 struct FwdTraitsFor {
-  static constexpr FwdTileConfig kConfig = fwd_tile_config(kHeadDim);
+  static constexpr FwdTileConfig kConfig =
+      kNarrow ? fwd_tile_config_narrow(kHeadDim) : fwd_tile_config(kHeadDim);
   using type = FwdTraits<Element, kHeadDim, kConfig.block_m, kConfig.block_n, kConfig.warps>;
 };
 
