@@ -8,7 +8,8 @@ the reference implementation, docs); the first call that needs a kernel loads it
 ``get_library()``, which raises ``LibraryNotFoundError`` saying where it looked and how to build.
 
 Search order: ``$FLASH_HOPPER_LIB`` (a file, or a directory holding libflash_hopper.so), then next
-to this package (where the wheel installs it). An explicit ``$FLASH_HOPPER_LIB`` that points at
+to this package (where the wheel installs it), then the file the installed distribution recorded
+(an editable install). An explicit ``$FLASH_HOPPER_LIB`` that points at
 nothing is an error rather than a silent fallback: the user asked for that file.
 """
 
@@ -139,7 +140,28 @@ def candidate_paths() -> list[Path]:
         p = Path(env).expanduser()
         paths.append(p / LIB_NAME if p.is_dir() else p)
     paths.append(Path(__file__).resolve().parent / LIB_NAME)
+    installed = _installed_library()
+    if installed is not None and installed not in paths:
+        paths.append(installed)
     return paths
+
+
+def _installed_library() -> Path | None:
+    """The copy the installed distribution recorded, wherever it went: an editable install
+    (`pip install -e .`) imports the package from the source tree, but the built library lands
+    in site-packages, so "next to this file" does not find it."""
+    try:
+        from importlib.metadata import PackageNotFoundError, files
+    except ImportError:  # pragma: no cover - Python < 3.8
+        return None
+    try:
+        recorded = files("flash-hopper") or []
+    except PackageNotFoundError:
+        return None
+    for f in recorded:
+        if f.name == LIB_NAME:
+            return Path(str(f.locate())).resolve()
+    return None
 
 
 def find_library() -> Path | None:
