@@ -119,8 +119,7 @@ FWD_SCHEMA = (
 )
 
 
-@torch.library.custom_op("flash_hopper::fwd", mutates_args=(), schema=FWD_SCHEMA)
-def fwd(
+def fwd_eager(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -133,28 +132,19 @@ def fwd(
     """(out, lse): out (b, sq, hq, d) in q's dtype, lse fp32 (b, hq, sq), both contiguous.
 
     Empty outputs (batch == 0 or seqlen_q == 0) come back without a launch (fwd_into's rule).
+    This is the ``flash_hopper::fwd`` op's implementation, also callable without the custom-op
+    dispatch (which costs ~100 us of host time per call, as much as a short-sequence kernel):
+    flash_attn_func uses it directly in eager mode when no input requires grad.
     """
-    return fwd_eager(q, k, v, softmax_scale, window_left, window_right, softcap, backend)
-
-
-def fwd_eager(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    softmax_scale: float,
-    window_left: int,
-    window_right: int,
-    softcap: float,
-    backend: str,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The op's implementation, callable without the custom-op dispatch (which costs ~100 us of
-    host time per call, as much as a short-sequence kernel): flash_attn_func uses it directly in
-    eager mode when no input requires grad, where the op would add nothing."""
     batch, seqlen_q, heads_q, _ = q.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
     fwd_into(q, k, v, out, lse, softmax_scale, window_left, window_right, softcap, backend)
     return out, lse
+
+
+# The custom op wraps the same function: torch.compile, make_fx, fake tensors and autograd see it.
+fwd = torch.library.custom_op("flash_hopper::fwd", mutates_args=(), schema=FWD_SCHEMA)(fwd_eager)
 
 
 @fwd.register_fake
