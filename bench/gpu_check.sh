@@ -34,15 +34,20 @@ if ! skipped tests; then
 fi
 
 if ! skipped sanitizer; then
-  for tool in memcheck racecheck; do
-    step "compute-sanitizer $tool"
-    # --report-api-errors no: cuda-python probes driver entry points that this driver lacks
-    # (cuGetProcAddress errors by design); only device-side errors should fail the check.
-    compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 9 "$py" "$here/bench/sanitizer_case.py" \
-      > "$out/sanitizer_$tool.log" 2>&1
-    rc=$?
-    tail -n 5 "$out/sanitizer_$tool.log"
-    [ "$rc" -eq 0 ] || { echo "compute-sanitizer $tool: exit $rc"; status=1; }
+  # synccheck: named-barrier and mbarrier misuse of the warp-specialized FA-3 path. racecheck
+  # does not see TMA / WGMMA (async proxy) traffic: test_deterministic covers those races.
+  for backend in ${FH_SANITIZER_BACKENDS:-fa2 fa3}; do
+    for tool in memcheck racecheck synccheck; do
+      step "compute-sanitizer $tool ($backend)"
+      # --report-api-errors no: cuda-python probes driver entry points that this driver lacks
+      # (cuGetProcAddress errors by design); only device-side errors should fail the check.
+      compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 9 \
+        "$py" "$here/bench/sanitizer_case.py" --backend "$backend" --num-sms 3 \
+        > "$out/sanitizer_${tool}_$backend.log" 2>&1
+      rc=$?
+      tail -n 5 "$out/sanitizer_${tool}_$backend.log"
+      [ "$rc" -eq 0 ] || { echo "compute-sanitizer $tool ($backend): exit $rc"; status=1; }
+    done
   done
 fi
 

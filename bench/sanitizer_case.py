@@ -8,17 +8,23 @@ afford. Exits non-zero if a result is NaN where it must not be.
 import argparse
 import sys
 
-import torch
-
 import flash_hopper
+import torch
+from flash_hopper import _validate, ops
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--backend", default="fa2")
+    ap.add_argument("--backend", default="fa2", help="fa2, fa3 or an fa3 variant")
+    ap.add_argument("--num-sms", type=int, default=0,
+                    help="cap the fa3 persistent grid (3: each CTA walks several tiles)")
     args = ap.parse_args()
 
     info = flash_hopper.build_info()
+    arch = "90" if args.backend.startswith("fa3") else "80"
+    if not any(str(a).lstrip("sm").startswith(arch) for a in info.get("archs", ())):
+        print(f"sanitizer cases run: 0 ({args.backend}: library built without sm{arch} kernels)")
+        return 0
     torch.manual_seed(0)
     cases = 0
     for dtype_name in info["dtypes"]:
@@ -30,13 +36,18 @@ def main() -> int:
                     (113, 17, True, (-1, -1), 0.0),
                     (65, 130, False, (20, 3), 5.0),
                     (1, 1, True, (-1, -1), 0.0),
+                    (300, 300, True, (-1, -1), 0.0),
                 ]:
                     q = torch.randn(2, sq, 4, d, device="cuda", dtype=dtype)
                     k = torch.randn(2, sk, 2, d, device="cuda", dtype=dtype)
                     v = torch.randn(2, sk, 2, d, device="cuda", dtype=dtype)
-                    out, lse = flash_hopper.flash_attn_func(
-                        q, k, v, causal=causal, window_size=window, softcap=softcap,
-                        return_attn_probs=True, backend=args.backend)
+                    cfg = _validate.check_fwd_args(q, k, v, None, causal, window, softcap,
+                                                   args.backend)
+                    out = torch.full_like(q, float("nan"))
+                    lse = torch.empty(2, 4, sq, device="cuda")
+                    ops.fwd_into(q, k, v, out, lse, cfg.softmax_scale, cfg.window_left,
+                                 cfg.window_right, cfg.softcap, args.backend,
+                                 num_sms=args.num_sms)
                     torch.cuda.synchronize()
                     if torch.isnan(out).any():
                         print(f"NaN in output: {dtype_name} d={d} sq={sq} sk={sk}")

@@ -19,7 +19,7 @@
 #include "src/registry.h"
 
 // Declarations of every launcher this build holds, then the dispatch table.
-#define FH_REGISTER_FWD(backend, dtype, head_dim, name) FH_DEFINE_FWD_LAUNCHER(name);
+#define FH_REGISTER_FWD(backend, dtype, head_dim, variant, name) FH_DEFINE_FWD_LAUNCHER(name);
 #include "fh_registry.inc"
 #undef FH_REGISTER_FWD
 
@@ -30,13 +30,15 @@ struct RegistryEntry {
   int32_t backend;
   int32_t dtype;
   int32_t head_dim_bucket;
+  int32_t variant;  // FhVariant: one launcher may serve several (ping-pong is a runtime flag)
   FwdLauncher launch;
 };
 
-#define FH_REGISTER_FWD(backend, dtype, head_dim, name) {backend, dtype, head_dim, &name},
+#define FH_REGISTER_FWD(backend, dtype, head_dim, variant, name) \
+  {backend, dtype, head_dim, variant, &name},
 constexpr RegistryEntry kRegistry[] = {
 #include "fh_registry.inc"
-    {-1, -1, -1, nullptr},  // sentinel: keeps the array non-empty in a build with no kernels
+    {-1, -1, -1, -1, nullptr},  // sentinel: keeps the array non-empty in a build with no kernels
 };
 #undef FH_REGISTER_FWD
 
@@ -70,11 +72,12 @@ int64_t head_dim_bucket(int64_t head_dim) {
   return -1;
 }
 
-const RegistryEntry* find_kernel(int32_t backend, int32_t dtype, int64_t head_dim) {
+const RegistryEntry* find_kernel(int32_t backend, int32_t dtype, int64_t head_dim,
+                                 int32_t variant = FH_VARIANT_TUNED) {
   const int64_t bucket = head_dim_bucket(head_dim);
   for (const RegistryEntry& e : kRegistry) {
     if (e.launch != nullptr && e.backend == backend && e.dtype == dtype &&
-        e.head_dim_bucket == bucket) {
+        e.head_dim_bucket == bucket && e.variant == variant) {
       return &e;
     }
   }
@@ -205,8 +208,11 @@ FhStatus validate(const FhFwdParams* p) {
   FH_CHECK(p->backend == FH_BACKEND_AUTO || p->backend == FH_BACKEND_FA2 ||
                p->backend == FH_BACKEND_FA3,
            "backend: expected FH_BACKEND_AUTO (0), FA2 (1) or FA3 (2), got %d", p->backend);
-  FH_CHECK(p->variant == 0, "variant: expected 0 (no ablation variants in this build), got %d",
-           p->variant);
+  FH_CHECK(p->variant >= FH_VARIANT_TUNED && p->variant <= FH_VARIANT_NO_PINGPONG_NO_OVERLAP,
+           "variant: expected 0 (tuned) .. 3 (FhVariant), got %d", p->variant);
+  FH_CHECK(p->variant == FH_VARIANT_TUNED || p->backend == FH_BACKEND_FA3,
+           "variant: ablation variant %d needs backend FH_BACKEND_FA3 (2), got backend %d",
+           p->variant, p->backend);
   return FH_SUCCESS;
 }
 
@@ -244,7 +250,8 @@ FhStatus query_device(DeviceInfo* info) {
 FhStatus select_backend(const FhFwdParams* p, const DeviceInfo& dev, int32_t* out) {
   const int cc = dev.major * 10 + dev.minor;
   const int64_t bucket = head_dim_bucket(p->head_dim);
-  const bool fa3_ok = cc == 90 && find_kernel(FH_BACKEND_FA3, p->dtype, p->head_dim) != nullptr;
+  const bool fa3_ok =
+      cc == 90 && find_kernel(FH_BACKEND_FA3, p->dtype, p->head_dim, p->variant) != nullptr;
   const bool fa2_ok = cc >= 80 && find_kernel(FH_BACKEND_FA2, p->dtype, p->head_dim) != nullptr;
   switch (p->backend) {
     case FH_BACKEND_AUTO:
@@ -280,6 +287,12 @@ FhStatus select_backend(const FhFwdParams* p, const DeviceInfo& dev, int32_t* ou
     return fail(FH_ERROR_UNSUPPORTED,
                 "device: flash-hopper needs compute capability >= 8.0, this GPU is %d.%d",
                 dev.major, dev.minor);
+  }
+  if (p->variant != FH_VARIANT_TUNED) {
+    return fail(FH_ERROR_UNSUPPORTED,
+                "variant: this build has no fa3 ablation variant %d for dtype %s, head_dim %lld; "
+                "rebuild with it in FH_FA3_ABLATION_DTYPES / FH_FA3_ABLATION_HEAD_DIMS",
+                p->variant, dtype_name(p->dtype), (long long)p->head_dim);
   }
   return fail(FH_ERROR_UNSUPPORTED,
               "backend %s: this build has no kernel for dtype %s, head_dim %lld (bucket %lld); "
@@ -332,6 +345,7 @@ FwdParams derive(const FhFwdParams* p, const DeviceInfo& dev) {
   k.window_left = p->window_left >= p->seqlen_k + p->seqlen_q ? -1 : int(p->window_left);
   k.window_right = p->window_right >= p->seqlen_k + p->seqlen_q ? -1 : int(p->window_right);
   k.num_sms = p->num_sms > 0 ? p->num_sms : dev.sm_count;
+  k.variant = p->variant;
   return k;
 }
 
@@ -378,7 +392,7 @@ FH_EXPORT FhStatus fh_fwd(const FhFwdParams* params, void* stream) {
   if (st != FH_SUCCESS) {
     return st;
   }
-  const RegistryEntry* entry = find_kernel(backend, params->dtype, params->head_dim);
+  const RegistryEntry* entry = find_kernel(backend, params->dtype, params->head_dim, params->variant);
   const FwdParams kparams = derive(params, dev);
   // FH_DEBUG_SMEM_LIMIT (bytes) lowers the shared-memory limit that tile selection sees, so a large
   // GPU can run and test the configs meant for smaller ones (e.g. 101376 = sm86/sm89's opt-in).
@@ -390,6 +404,11 @@ FH_EXPORT FhStatus fh_fwd(const FhFwdParams* params, void* stream) {
     }
   }
   cudaError_t err = entry->launch(kparams, smem_limit, static_cast<cudaStream_t>(stream));
+  if (err == cudaErrorInvalidPitchValue) {
+    return fail(FH_ERROR_UNSUPPORTED,
+                "strides: the fa3 path's TMA needs every q/k/v row, head and batch stride to be a "
+                "positive multiple of 16 bytes below 2^40 bytes");
+  }
   if (err == cudaErrorInvalidConfiguration) {
     return fail(FH_ERROR_UNSUPPORTED,
                 "head_dim %lld: no %s tile config fits this GPU's %d bytes of shared memory per "

@@ -33,7 +33,10 @@ MAX_SEQLEN = 2**31 - 1
 # cp.async (FA-2 path) and TMA (FA-3 path) move 16-byte vectors: base pointers and every
 # non-unit stride must be 16-byte multiples.
 ALIGN_BYTES = 16
-BACKENDS = ("auto", "fa2", "fa3")
+# "fa3-no-*": the FA-3 path's ablation variants (dispatch.FA3_VARIANTS).
+BACKENDS = (
+    "auto", "fa2", "fa3", "fa3-no-pingpong", "fa3-no-overlap", "fa3-no-pingpong-no-overlap",
+)
 _FLOAT32_MAX = 3.4028234663852886e38
 _INT64_MAX = 2**63 - 1
 

@@ -17,7 +17,10 @@ from typing import Callable, Union
 from ._errors import UnsupportedError
 
 HEAD_DIM_BUCKETS = (64, 96, 128, 192, 256)
-BACKENDS = ("auto", "fa2", "fa3")
+# Ablation variants of the FA-3 path (FhVariant in api.h): the same kernels with ping-pong
+# scheduling and/or intra-warpgroup overlap switched off, for the FA3 paper's ablation.
+FA3_VARIANTS = {"fa3-no-pingpong": 1, "fa3-no-overlap": 2, "fa3-no-pingpong-no-overlap": 3}
+BACKENDS = ("auto", "fa2", "fa3", *FA3_VARIANTS)
 
 # Value of the FH_ARCHS build variable that compiles each path's kernels.
 _BUILD_ARCH = {"fa2": "80", "fa3": "90a"}
@@ -69,6 +72,11 @@ def select_backend(
     """
     if requested not in BACKENDS:
         raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {requested!r}")
+    if requested in FA3_VARIANTS:
+        # The variant kernels are fa3 kernels: same device rule; the library checks that this
+        # variant was built for (dtype, head dim) and names FH_FA3_ABLATION_* if not.
+        _name, reason = select_backend("fa3", capability, built, dtype, head_dim)
+        return requested, reason.replace("fa3 requested", f"{requested} requested", 1)
     capability = (int(capability[0]), int(capability[1]))
     has = _as_predicate(built)
     bucket = head_dim_bucket(head_dim)

@@ -71,8 +71,8 @@ def make_params(
     p.softcap = cfg.softcap
     p.window_left, p.window_right = cfg.window_left, cfg.window_right
     p.num_splits = 1
-    p.backend = _BACKEND_ENUM[backend]
-    p.variant = 0
+    p.backend = _BACKEND_ENUM["fa3" if backend in dispatch.FA3_VARIANTS else backend]
+    p.variant = dispatch.FA3_VARIANTS.get(backend, 0)
     p.num_sms = num_sms
     return p
 
@@ -88,8 +88,12 @@ def fwd_into(
     window_right: int,
     softcap: float,
     backend: str = "auto",
+    num_sms: int = 0,
 ) -> str:
     """Run the forward into ``out`` (like q) and ``lse`` (fp32 (b, hq, sq), or None).
+
+    ``num_sms`` > 0 caps the FA-3 path's persistent grid at that many CTAs (tests use 1 to run
+    many tiles per CTA); 0 uses every SM.
 
     Returns the backend that ran ("fa2"/"fa3"), or "none" when there was nothing to compute
     (batch == 0 or seqlen_q == 0). seqlen_k == 0 does launch: the kernel writes out = 0 and
@@ -103,8 +107,9 @@ def fwd_into(
     if cfg.batch == 0 or cfg.seqlen_q == 0:
         return "none"
     name, _reason = resolve_backend(q.device, q.dtype, cfg.head_dim, cfg.backend)
-    sm_count = _device.device_info(_device_index(q.device)).sm_count
-    params = make_params(q, k, v, out, lse, cfg, name, num_sms=sm_count)
+    if num_sms <= 0:
+        num_sms = _device.device_info(_device_index(q.device)).sm_count
+    params = make_params(q, k, v, out, lse, cfg, name, num_sms=num_sms)
     with torch.cuda.device(q.device):
         stream = torch.cuda.current_stream(q.device).cuda_stream
         _lib.get_library().fwd(params, stream)

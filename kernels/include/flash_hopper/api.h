@@ -53,6 +53,14 @@ typedef enum FhBackend {
   FH_BACKEND_FA3 = 2,   // sm90a kernels (TMA + WGMMA, warp specialized)
 } FhBackend;
 
+// Ablation variants of the FA-3 path (the FA3 paper's Table 2): 0 is the tuned kernel.
+typedef enum FhVariant {
+  FH_VARIANT_TUNED = 0,
+  FH_VARIANT_NO_PINGPONG = 1,               // consumer warpgroups not ordered by named barriers
+  FH_VARIANT_NO_OVERLAP = 2,                // no intra-warpgroup softmax / PV GEMM overlap
+  FH_VARIANT_NO_PINGPONG_NO_OVERLAP = 3,
+} FhVariant;
+
 typedef struct FhFwdParams {
   int32_t abi_version;  // must be FH_ABI_VERSION
 
@@ -111,7 +119,7 @@ typedef struct FhFwdParams {
 
   // --- dispatch ---------------------------------------------------------------------------
   int32_t backend;  // FhBackend
-  int32_t variant;  // 0 = tuned kernel; ablation variants of the FA-3 path use other values
+  int32_t variant;  // FhVariant: 0 = tuned kernel; ablation variants of the FA-3 path
   int32_t num_sms;  // 0 = query the device
 } FhFwdParams;
 

@@ -45,6 +45,8 @@ struct FwdParams {
   int window_right;
 
   int num_sms;
+  // Ablation variant of the FA-3 path (FhVariant); 0 = tuned. The FA-2 path ignores it.
+  int variant;
 };
 
 }  // namespace flash_hopper

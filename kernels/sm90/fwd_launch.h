@@ -1,0 +1,99 @@
+// Host launch of the FA-3 path forward kernel: TMA descriptors from FwdParams, persistent grid.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "flash_hopper/fwd_params.h"
+#include "sm90/fwd_kernel.h"
+#include "sm90/kernel_traits.h"
+
+namespace flash_hopper::sm90 {
+
+// TMA needs every global stride to be a multiple of 16 bytes below 2^40; the stride of a mode of
+// extent 1 is never used, so any valid value stands in for it (a broadcast stride of 0 is fine).
+inline int64_t tma_stride(int64_t stride, int extent, int elem_bytes) {
+  return extent == 1 ? 16 / elem_bytes : stride;
+}
+
+inline bool tma_stride_ok(int64_t stride, int elem_bytes) {
+  const int64_t bytes = stride * elem_bytes;
+  return bytes > 0 && bytes % 16 == 0 && bytes < (int64_t(1) << 40);
+}
+
+template <class Traits>
+cudaError_t launch_fwd(FwdParams const& p, bool pingpong, int max_smem_per_block,
+                       cudaStream_t stream) {
+  using Element = typename Traits::Element;
+  constexpr int kSmem = Traits::kSmemBytes;
+  if (kSmem > max_smem_per_block) {
+    return cudaErrorInvalidConfiguration;  // reported as unsupported, nothing launched
+  }
+  constexpr int kElem = sizeof(Element);
+  const int seqlen_k = p.seqlen_k > 0 ? p.seqlen_k : 1;  // no key: every tile is empty
+  const void* k_ptr = p.seqlen_k > 0 ? p.k : p.q;
+  const void* v_ptr = p.seqlen_k > 0 ? p.v : p.q;
+  const int64_t q_strides[3] = {tma_stride(p.q_row_stride, p.seqlen_q, kElem),
+                                tma_stride(p.q_head_stride, p.heads_q, kElem),
+                                tma_stride(p.q_batch_stride, p.batch, kElem)};
+  const int64_t k_strides[3] = {p.seqlen_k > 0 ? tma_stride(p.k_row_stride, seqlen_k, kElem)
+                                               : q_strides[0],
+                                tma_stride(p.k_head_stride, p.heads_kv, kElem),
+                                tma_stride(p.k_batch_stride, p.batch, kElem)};
+  const int64_t v_strides[3] = {p.seqlen_k > 0 ? tma_stride(p.v_row_stride, seqlen_k, kElem)
+                                               : q_strides[0],
+                                tma_stride(p.v_head_stride, p.heads_kv, kElem),
+                                tma_stride(p.v_batch_stride, p.batch, kElem)};
+  for (int i = 0; i < 3; ++i) {
+    if (!tma_stride_ok(q_strides[i], kElem) || !tma_stride_ok(k_strides[i], kElem) ||
+        !tma_stride_ok(v_strides[i], kElem)) {
+      return cudaErrorInvalidPitchValue;  // reported as an unsupported layout, nothing launched
+    }
+  }
+
+  auto gmem = [&](const void* ptr, int seqlen, int heads, const int64_t* s) {
+    return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)),
+                       make_shape(seqlen, p.head_dim, heads, p.batch),
+                       make_stride(s[0], _1{}, s[1], s[2]));
+  };
+  KernelParams<Traits> kp;
+  kp.fwd = p;
+  kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, gmem(p.q, p.seqlen_q, p.heads_q, q_strides),
+                           typename Traits::SmemLayoutQ{},
+                           Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{}, _1{});
+  kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, gmem(k_ptr, seqlen_k, p.heads_kv, k_strides),
+                           take<0, 2>(typename Traits::SmemLayoutK{}),
+                           Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>{}, _1{});
+  kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, gmem(v_ptr, seqlen_k, p.heads_kv, v_strides),
+                           take<0, 2>(typename Traits::SmemLayoutV{}),
+                           Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>{}, _1{});
+  const bool masked = p.window_left >= 0 || p.window_right >= 0;
+  const int64_t kv_bytes = int64_t(seqlen_k) * p.head_dim * 2 * kElem;
+  kp.scheduler = StaticTileScheduler::make(p.seqlen_q, Traits::kBlockM, p.heads_q, p.heads_per_kv,
+                                           p.batch, kv_bytes, /*longest_first=*/masked,
+                                           p.num_sms);
+  kp.pingpong = pingpong;
+  if (kp.scheduler.total_tiles == 0) {
+    return cudaSuccess;
+  }
+
+  auto kernel = fwd_kernel<Traits>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (err != cudaSuccess) {
+    return err;
+  }
+  kernel<<<kp.scheduler.grid, Traits::kThreads, kSmem, stream>>>(kp);
+  return cudaGetLastError();
+}
+
+// variant: FwdParams::variant bit 0 turns ping-pong off (the ablation); the overlap switch is the
+// template argument (kOverlap), one instantiation each.
+template <class Element, int kHeadDim, bool kOverlap>
+cudaError_t run_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t stream) {
+  using Traits = FwdTraits<Element, kHeadDim, kOverlap>;
+  const bool pingpong = Traits::kPingpongDefault && (p.variant & 1) == 0;
+  return launch_fwd<Traits>(p, pingpong, max_smem_per_block, stream);
+}
+
+}  // namespace flash_hopper::sm90

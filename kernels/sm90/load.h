@@ -1,0 +1,123 @@
+// Producer of the FA-3 path: one elected thread of warp 0 issues every TMA load.
+//
+// Per tile with at least one key block (key blocks run from n_max - 1 down to n_min):
+//   K(n_max-1) -> [sync QueryEmpty] Q -> then, with intra-warpgroup overlap, K(n-1) and V(n) for
+//   each following block (the consumers read V one step after K), and V(n_min) last; without it
+//   V(n) follows K(n). Each K / V load first waits until its stage is empty.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "flash_hopper/block_range.h"
+#include "sm90/params.h"
+#include "sm90/pipeline.h"
+
+namespace flash_hopper::sm90 {
+
+using namespace cute;
+
+template <class Traits>
+CUTE_DEVICE void producer_loop(KernelParams<Traits> const& params,
+                               typename Traits::SharedStorage& smem) {
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kStages = Traits::kStages;
+  FwdParams const& p = params.fwd;
+
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});  // (M, D)
+  Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutK{});  // (N, D, PIPE)
+  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutV{});  // (N, D, PIPE)
+  Tensor mQ = params.tma_q.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim, p.heads_q, p.batch));
+  const int seqlen_k_tma = p.seqlen_k > 0 ? p.seqlen_k : 1;
+  Tensor mK = params.tma_k.get_tma_tensor(make_shape(seqlen_k_tma, p.head_dim, p.heads_kv, p.batch));
+  Tensor mV = params.tma_v.get_tma_tensor(make_shape(seqlen_k_tma, p.head_dim, p.heads_kv, p.batch));
+
+  const WindowMask mask{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
+  const StaticTileScheduler& sched = params.scheduler;
+  const bool leader = cute::elect_one_sync();
+  PipelineState<kStages> k_state = producer_start_state<kStages>();
+  PipelineState<kStages> v_state = producer_start_state<kStages>();
+  constexpr int kQueryEmptyThreads = Traits::kConsumerThreads + 32;
+
+#pragma unroll 1
+  for (int round = 0;; ++round) {
+    const int t = sched.index(round, blockIdx.x);
+    if (t >= sched.total_tiles) {
+      break;
+    }
+    const TileCoord tile = sched.coord(t);
+    const BlockRange range = mask.key_blocks(tile.m_block, kBlockM, kBlockN);
+    if (range.n_max <= range.n_min) {
+      continue;  // the consumers write this tile without touching any barrier
+    }
+    const int head_kv = tile.head / p.heads_per_kv;
+    Tensor gQ = local_tile(mQ(_, _, tile.head, tile.batch), Shape<Int<kBlockM>, Int<kHeadDim>>{},
+                           make_coord(tile.m_block, _0{}));  // (M, D)
+    Tensor gK = local_tile(mK(_, _, head_kv, tile.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                           make_coord(_, _0{}));  // (N, D, n)
+    Tensor gV = local_tile(mV(_, _, head_kv, tile.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                           make_coord(_, _0{}));  // (N, D, n)
+    auto q_part = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                                  group_modes<0, 2>(gQ));
+    Tensor tQgQ = get<0>(q_part);  // (TMA, n) or (TMA)
+    Tensor tQsQ = get<1>(q_part);  // (TMA, PIPE) or (TMA)
+    auto k_part = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                                  group_modes<0, 2>(gK));
+    Tensor tKgK = get<0>(k_part);  // (TMA, n) or (TMA)
+    Tensor tKsK = get<1>(k_part);  // (TMA, PIPE) or (TMA)
+    auto v_part = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                                  group_modes<0, 2>(gV));
+    Tensor tVgV = get<0>(v_part);  // (TMA, n) or (TMA)
+    Tensor tVsV = get<1>(v_part);  // (TMA, PIPE) or (TMA)
+
+    auto load_k = [&](int n) {
+      smem.k_empty[k_state.index].wait(k_state.phase);
+      if (leader) {
+        auto& full = smem.k_full[k_state.index];
+        full.arrive_and_expect_tx(Traits::kKVBytes);
+        copy(params.tma_k.with(reinterpret_cast<uint64_t&>(full), 0, TMA::CacheHintSm90::EVICT_LAST),
+             tKgK(_, n), tKsK(_, k_state.index));
+      }
+      k_state.advance();
+    };
+    auto load_v = [&](int n) {
+      smem.v_empty[v_state.index].wait(v_state.phase);
+      if (leader) {
+        auto& full = smem.v_full[v_state.index];
+        full.arrive_and_expect_tx(Traits::kKVBytes);
+        copy(params.tma_v.with(reinterpret_cast<uint64_t&>(full), 0, TMA::CacheHintSm90::EVICT_LAST),
+             tVgV(_, n), tVsV(_, v_state.index));
+      }
+      v_state.advance();
+    };
+
+    const int n_first = range.n_max - 1;
+    load_k(n_first);
+    // sQ is free once every consumer WG finished the previous tile's last QK GEMM.
+    barrier_sync(FwdBarrier::kQueryEmpty, kQueryEmptyThreads);
+    if (leader) {
+      smem.q_full.arrive_and_expect_tx(Traits::kQBytes);
+      copy(params.tma_q.with(reinterpret_cast<uint64_t&>(smem.q_full), 0,
+                             TMA::CacheHintSm90::EVICT_FIRST),
+           tQgQ, tQsQ);
+    }
+    if constexpr (Traits::kOverlap) {
+#pragma unroll 1
+      for (int n = n_first - 1; n >= range.n_min; --n) {
+        load_k(n);
+        load_v(n + 1);
+      }
+      load_v(range.n_min);
+    } else {
+      load_v(n_first);
+#pragma unroll 1
+      for (int n = n_first - 1; n >= range.n_min; --n) {
+        load_k(n);
+        load_v(n);
+      }
+    }
+  }
+}
+
+}  // namespace flash_hopper::sm90

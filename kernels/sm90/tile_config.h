@@ -1,0 +1,70 @@
+// The FA-3 path's tuned-config table: one entry per head-dim bucket, each with its reason.
+//
+// Numbers for H100/H200 SXM: 64 Ki 32-bit registers per SM, 227 KB (232,448 B) opt-in shared memory
+// per block. Every CTA holds one producer warpgroup and `consumer_wgs` consumer warpgroups of 64
+// query rows each, so block_m = 64 * consumer_wgs. A consumer thread of an m64nNk16 WGMMA holds N/2
+// fp32 accumulator registers: O costs d/2, S costs block_n/2, P (bf16/fp16, the A operand of the
+// PV GEMM in registers) block_n/4.
+#pragma once
+
+namespace flash_hopper::sm90 {
+
+// Shared memory a block may opt into on sm_90 (cudaDevAttrMaxSharedMemoryPerBlockOptin).
+inline constexpr int kSmemOptinBytes = 232448;
+inline constexpr int kRegistersPerSm = 65536;
+
+struct FwdConfig {
+  int block_m;       // query rows per CTA tile (64 per consumer warpgroup)
+  int block_n;       // keys per pipeline stage
+  int stages;        // K and V pipeline depth
+  int consumer_wgs;  // consumer warpgroups
+  bool pingpong;     // default of the runtime ping-pong flag (variants can turn it off)
+  bool rescale_o_before_pv;  // O *= scale before issuing the PV GEMM (hides the FMULs under QK)
+};
+
+// Register budget moved by setmaxnreg. The launch gives every thread R0 = floor(65536 / T / 8) * 8
+// registers (T = 128 * (1 + W) threads); the producer warpgroup gives back down to kProducer and
+// the W consumer warpgroups grow to kConsumer, within the CTA's allocation:
+//   128 * kProducer + 128 * W * kConsumer <= T * R0
+// (setmaxnreg.inc blocks until the pool has the registers, so an over-ask hangs: checked below).
+template <int kConsumerWgs>
+struct RegisterBudget {
+  static constexpr int kThreads = 128 * (1 + kConsumerWgs);
+  static constexpr int kLaunch = kRegistersPerSm / kThreads / 8 * 8;
+  // 2 WGs: 24 / 240 (168 at launch); 3 WGs: 32 / 160 (128 at launch). The producer needs only
+  // addressing and loop state; the consumers hold O, S and P.
+  static constexpr int kProducer = kConsumerWgs == 2 ? 24 : 32;
+  static constexpr int kConsumer = kConsumerWgs == 2 ? 240 : 160;
+  static_assert(128 * kProducer + 128 * kConsumerWgs * kConsumer <= kThreads * kLaunch,
+                "setmaxnreg budget exceeds the CTA's register allocation (would hang)");
+  static_assert(kConsumer % 8 == 0 && kProducer % 8 == 0 && kConsumer <= 256 && kProducer >= 24);
+};
+
+constexpr FwdConfig fwd_config(int head_dim) {
+  // d64: GEMM time per score (4d FLOP / 4096 FLOP/clk) equals exp time (1/16 clk per score), so
+  //   three consumer warpgroups ping-pong to keep one WG's softmax under the others' GEMMs;
+  //   O + S + P = 32 + 64 + 32 = 128 of the 160 registers three WGs can have.
+  if (head_dim <= 64) {
+    return {/*block_m=*/192, /*block_n=*/128, /*stages=*/2, /*consumer_wgs=*/3,
+            /*pingpong=*/true, /*rescale_o_before_pv=*/false};
+  }
+  // d96: 3 WGs would leave 160 registers for O + S + P = 48 + 64 + 32 plus addressing (spills);
+  //   two WGs with N = 128: 144 live of 240.
+  if (head_dim <= 96) {
+    return {128, 128, 2, 2, true, false};
+  }
+  // d128: N = 128 keeps to the base WGMMA shapes; O + S + P = 64 + 64 + 32 = 160 of 240.
+  //   smem Q 32 K + K, V 2 x 2 x 32 K = 160 KB.
+  if (head_dim <= 128) {
+    return {128, 128, 2, 2, true, false};
+  }
+  // d192: N = 96: smem 48 K + 2 x 2 x 36 K = 192 KB; O + S + P = 96 + 48 + 24 = 168.
+  if (head_dim <= 192) {
+    return {128, 96, 2, 2, false, true};
+  }
+  // d256: N = 64: smem 64 K + 2 x 2 x 32 K = 192 KB; O + S + P = 128 + 32 + 16 = 176. O is
+  //   rescaled before the PV GEMM so its 128 FMULs per thread run under the QK GEMM.
+  return {128, 64, 2, 2, false, true};
+}
+
+}  // namespace flash_hopper::sm90

@@ -1,0 +1,83 @@
+// Static persistent tile scheduler of the FA-3 path.
+//
+// The grid has min(tiles, SMs) CTAs; every CTA walks its own deterministic sequence of tiles, so
+// the producer warp and the consumer warpgroups iterate it independently (no atomics, no
+// workspace, CUDA-graph safe, bitwise reproducible).
+//
+// Order, from the tile index t:
+// 1. L2 sections: (batch, head) pairs are grouped so that the K/V of one section (heads of one
+//    GQA group are adjacent) fit in ~32 MiB of the 50 MB L2; sections run one after another.
+// 2. Inside a section the query-block rank is major and the (batch, head) pair fastest. With a
+//    causal or local mask the ranks run longest-first (the last query blocks see the most keys
+//    under the bottom-right aligned mask), so the short tiles fill the tail.
+// 3. Snake: CTA c takes index r * G + c in even rounds and r * G + (G - 1 - c) in odd ones, so
+//    with tile sizes decreasing along t no CTA gets the largest tile of every round.
+// Only cute/config.hpp is needed, so the host can unit-test this header.
+#pragma once
+
+#include <cute/config.hpp>
+
+#include <cstdint>
+
+namespace flash_hopper::sm90 {
+
+struct TileCoord {
+  int m_block;
+  int head;
+  int batch;
+};
+
+struct StaticTileScheduler {
+  int num_m_blocks;
+  int heads;
+  int num_hb;         // batch * heads
+  int section_hb;     // (batch, head) pairs per L2 section
+  int total_tiles;
+  int grid;           // CTAs
+  bool longest_first;
+
+  // kv_bytes_per_head: K + V bytes of one KV head (seqlen_k * head_dim * 2 * element size).
+  static StaticTileScheduler make(int seqlen_q, int block_m, int heads, int heads_per_kv,
+                                  int batch, int64_t kv_bytes_per_head, bool longest_first,
+                                  int num_sms) {
+    StaticTileScheduler s;
+    s.num_m_blocks = (seqlen_q + block_m - 1) / block_m;
+    s.heads = heads;
+    s.num_hb = heads * batch;
+    constexpr int64_t kL2Budget = int64_t(32) << 20;
+    int64_t kv_heads = kv_bytes_per_head > 0 ? kL2Budget / kv_bytes_per_head : s.num_hb;
+    kv_heads = kv_heads < 1 ? 1 : kv_heads;
+    const int64_t hb = kv_heads * heads_per_kv;
+    s.section_hb = static_cast<int>(hb < s.num_hb ? hb : s.num_hb);
+    if (s.section_hb < 1) {
+      s.section_hb = 1;
+    }
+    const int64_t total = int64_t(s.num_m_blocks) * s.num_hb;
+    s.total_tiles = static_cast<int>(total);
+    s.grid = s.total_tiles < num_sms ? s.total_tiles : num_sms;
+    s.longest_first = longest_first;
+    return s;
+  }
+
+  // The index of round r for CTA c (snake order).
+  CUTE_HOST_DEVICE int index(int round, int cta) const {
+    return round * grid + ((round & 1) ? grid - 1 - cta : cta);
+  }
+
+  CUTE_HOST_DEVICE TileCoord coord(int t) const {
+    const int section_tiles = section_hb * num_m_blocks;
+    const int section = t / section_tiles;
+    const int within = t - section * section_tiles;
+    const int hb_first = section * section_hb;
+    const int hb_in_section = num_hb - hb_first < section_hb ? num_hb - hb_first : section_hb;
+    const int rank = within / hb_in_section;
+    const int hb = hb_first + (within - rank * hb_in_section);
+    TileCoord c;
+    c.m_block = longest_first ? num_m_blocks - 1 - rank : rank;
+    c.batch = hb / heads;
+    c.head = hb - c.batch * heads;
+    return c;
+  }
+};
+
+}  // namespace flash_hopper::sm90

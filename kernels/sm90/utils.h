@@ -1,0 +1,76 @@
+// Register-level helpers of the FA-3 path: WGMMA issue, accumulator views, conversions.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cute/arch/mma_sm90_gmma.hpp>
+#include <cutlass/array.h>
+#include <cutlass/numeric_conversion.h>
+
+namespace flash_hopper::sm90 {
+
+using namespace cute;
+
+// The m64nN accumulator fragment ((2 cols, 2 rows, N/8), MMA_M, MMA_N) viewed as
+// (rows = (2, MMA_M), cols = (2, N/8, MMA_N)): a thread holds rows r and r + 8 of its warp's 16.
+template <class AccLayout>
+CUTE_HOST_DEVICE constexpr auto acc_rowcol(AccLayout acc) {
+  static_assert(rank(AccLayout{}) == 3 && rank<0>(AccLayout{}) == 3);
+  return make_layout(make_layout(get<0, 1>(acc), get<1>(acc)),
+                     make_layout(get<0, 0>(acc), get<0, 2>(acc), get<2>(acc)));
+}
+
+// The S accumulator re-read as the register A operand of the PV WGMMA (16-bit P): two adjacent n8
+// column groups form one k16 slice. ((2, 2, N/8), MMA_M, MMA_N) -> ((2, 2, 2), MMA_M, N/16 * MMA_N)
+template <class AccLayout>
+CUTE_HOST_DEVICE constexpr auto acc_as_rs_a(AccLayout acc) {
+  static_assert(decltype(size<0, 2>(acc))::value % 2 == 0);
+  auto split = logical_divide(get<0, 2>(acc), cute::Layout<_2>{});  // (2, N/16)
+  return make_layout(make_layout(get<0, 0>(acc), get<0, 1>(acc), get<0>(split)), get<1>(acc),
+                     coalesce(make_layout(get<1>(split), get<2>(acc))));
+}
+
+// dst = convert(src), element-wise with packed conversions (cvt.rn.bf16x2.f32).
+template <class EngineS, class LayoutS, class EngineD, class LayoutD>
+CUTE_DEVICE void convert_into(Tensor<EngineS, LayoutS> const& src, Tensor<EngineD, LayoutD>& dst) {
+  using From = typename EngineS::value_type;
+  using To = typename EngineD::value_type;
+  constexpr int kN = decltype(size(src))::value;
+  static_assert(kN == decltype(size(dst))::value);
+  cutlass::NumericArrayConverter<To, From, kN> convert;
+  *reinterpret_cast<cutlass::Array<To, kN>*>(dst.data()) =
+      convert(*reinterpret_cast<cutlass::Array<From, kN> const*>(src.data()));
+}
+
+// Issues C (+)= A B as one WGMMA batch over the K slices. kZeroInit: C = A B. kWait >= 0 waits
+// until at most kWait batches are in flight; -1 returns with this batch in flight (the caller
+// waits later, which is how softmax overlaps the tensor cores).
+template <bool kZeroInit, int kWait, class TiledMma, class TensorA, class TensorB, class TensorC>
+CUTE_DEVICE void wgmma(TiledMma& tiled_mma, TensorA const& tCrA, TensorB const& tCrB,
+                       TensorC& tCrC) {
+  // RS atoms take A from registers; SS atoms take shared-memory descriptors for both operands.
+  constexpr bool kARegisters =
+      !is_base_of<GMMA::DescriptorIterator, typename TiledMma::FrgTypeA>::value;
+  if constexpr (kARegisters) {
+    warpgroup_fence_operand(const_cast<TensorA&>(tCrA));
+  }
+  warpgroup_fence_operand(tCrC);
+  warpgroup_arrive();
+  if constexpr (kZeroInit) {
+    tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+  }
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(tCrA); ++k) {
+    cute::gemm(tiled_mma, tCrA(_, _, k), tCrB(_, _, k), tCrC);
+    tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  if constexpr (kWait >= 0) {
+    warpgroup_wait<kWait>();
+  }
+  warpgroup_fence_operand(tCrC);
+  if constexpr (kARegisters) {
+    warpgroup_fence_operand(const_cast<TensorA&>(tCrA));
+  }
+}
+
+}  // namespace flash_hopper::sm90
