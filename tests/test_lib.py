@@ -19,7 +19,7 @@ from pathlib import Path
 import flash_hopper
 import pytest
 from flash_hopper import CudaError, InternalError, LibraryNotFoundError, UnsupportedError, _lib
-from flash_hopper._lib import ABI_VERSION, FhBackend, FhDtype, FhFwdParams, FhStatus
+from flash_hopper._lib import ABI_VERSION, FhBackend, FhDtype, FhFwdParams, FhStatus, FhVariant
 from flash_hopper.dispatch import HEAD_DIM_BUCKETS, head_dim_bucket
 
 API_H = Path(__file__).resolve().parents[1] / "kernels" / "include" / "flash_hopper" / "api.h"
@@ -79,7 +79,7 @@ def test_struct_layout_is_the_c_layout():
 @pytest.mark.parametrize(
     ("enum", "c_name", "prefix"),
     [(FhStatus, "FhStatus", "FH_"), (FhDtype, "FhDtype", "FH_DTYPE_"),
-     (FhBackend, "FhBackend", "FH_BACKEND_")],
+     (FhBackend, "FhBackend", "FH_BACKEND_"), (FhVariant, "FhVariant", "FH_VARIANT_")],
 )
 def test_enums_match_api_h(enum, c_name, prefix):
     assert {prefix + m.name: int(m) for m in enum} == _header_enum(c_name)
@@ -192,9 +192,6 @@ def test_has_fwd_kernel_agrees_with_build_info(lib):
             for bucket in HEAD_DIM_BUCKETS:
                 listed = (arch_name in info["archs"] and dtype_name in info["dtypes"]
                           and bucket in info["head_dims"])
-                # FA-3 kernels land in a later issue: sm90a listed does not yet imply kernels.
-                if backend == FhBackend.FA3 and not lib.has_fwd_kernel(backend, dtype, bucket):
-                    continue
                 assert lib.has_fwd_kernel(backend, dtype, bucket) == listed, (
                     backend, dtype_name, bucket)
 
@@ -252,6 +249,8 @@ UNSUPPORTED = {FhStatus.ERROR_UNSUPPORTED}
         ({"page_table": 0x10000}, UNSUPPORTED, r"page_table"),
         ({"q_descale": 0x10000}, UNSUPPORTED, r"q_descale"),
         ({"num_splits": 4}, UNSUPPORTED, r"num_splits"),
+        ({"variant": 7}, INVALID, r"variant"),
+        ({"variant": 1, "backend": FhBackend.FA2}, INVALID, r"variant.*FH_BACKEND_FA3"),
     ],
 )
 def test_c_abi_rejects_bad_params_naming_the_field(lib, fields, statuses, names):

@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Registers::kConsumer>();
-    consumer_loop<Traits>(params, smem, warp_group - 1, threadIdx.x - 128);
+    consumer_loop<Traits>(params, smem);  // warp group 1 + c is consumer c
   }
 }
 

@@ -42,6 +42,7 @@ struct FwdTraits {
   static constexpr bool kOverlap = kOverlap_;  // intra-warpgroup overlap of softmax and PV
   static constexpr bool kRescaleOBeforePv = kConfig.rescale_o_before_pv;
   static constexpr bool kPingpongDefault = kConfig.pingpong;
+  static constexpr bool kMergeTileBoundary = kConfig.merge_tile_boundary;
 
   using Registers = RegisterBudget<kConsumerWgs>;
   static constexpr int kThreads = Registers::kThreads;
@@ -61,6 +62,11 @@ struct FwdTraits {
       GMMA::rs_op_selector<Element, Element, float, TileShapePV, GMMA::Major::K,
                            GMMA::Major::MN>(),
       AtomLayout{}));
+
+  // The selectors fall back to narrower atoms when a shape is missing (e.g. N = 176 without
+  // CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED): insist on one atom spanning the tile.
+  static_assert(decltype(size<1>(typename TiledMmaQK::Shape_MNK{}))::value == kBlockN);
+  static_assert(decltype(size<1>(typename TiledMmaPV::Shape_MNK{}))::value == kHeadDim);
 
   using SmemAtom = decltype(k_major_smem_atom<Element, kHeadDim>());
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));

@@ -40,6 +40,37 @@ CUTE_DEVICE void producer_loop(KernelParams<Traits> const& params,
   PipelineState<kStages> v_state = producer_start_state<kStages>();
   constexpr int kQueryEmptyThreads = Traits::kConsumerThreads + 32;
 
+  // Warms L2 with the Q tile and the first K / V blocks of this CTA's tile in `round`, while the
+  // current tile computes. Q is read by one tile only, so its TMA load would otherwise always wait
+  // on DRAM, and that wait sits between two tiles (the load may start only once the previous
+  // tile's last QK GEMM finished).
+  auto prefetch_next_tile = [&](int round) {
+    const int t = sched.index(round, blockIdx.x);
+    if (!leader || t >= sched.total_tiles) {
+      return;
+    }
+    const TileCoord tile = sched.coord(t);
+    const BlockRange range = mask.key_blocks(tile.m_block, kBlockM, kBlockN);
+    if (range.n_max <= range.n_min) {
+      return;
+    }
+    const int head_kv = tile.head / p.heads_per_kv;
+    Tensor gQ = local_tile(mQ(_, _, tile.head, tile.batch), Shape<Int<kBlockM>, Int<kHeadDim>>{},
+                           make_coord(tile.m_block, _0{}));
+    Tensor gK = local_tile(mK(_, _, head_kv, tile.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                           make_coord(range.n_max - 1, _0{}));
+    Tensor gV = local_tile(mV(_, _, head_kv, tile.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                           make_coord(range.n_max - 1, _0{}));
+    prefetch(params.tma_q, get<0>(tma_partition(params.tma_q, _0{}, Layout<_1>{},
+                                                group_modes<0, 2>(sQ), group_modes<0, 2>(gQ))));
+    prefetch(params.tma_k, get<0>(tma_partition(params.tma_k, _0{}, Layout<_1>{},
+                                                group_modes<0, 2>(sK(_, _, 0)),
+                                                group_modes<0, 2>(gK))));
+    prefetch(params.tma_v, get<0>(tma_partition(params.tma_v, _0{}, Layout<_1>{},
+                                                group_modes<0, 2>(sV(_, _, 0)),
+                                                group_modes<0, 2>(gV))));
+  };
+
 #pragma unroll 1
   for (int round = 0;; ++round) {
     const int t = sched.index(round, blockIdx.x);
@@ -102,6 +133,7 @@ CUTE_DEVICE void producer_loop(KernelParams<Traits> const& params,
                              TMA::CacheHintSm90::EVICT_FIRST),
            tQgQ, tQsQ);
     }
+    prefetch_next_tile(round + 1);
     if constexpr (Traits::kOverlap) {
 #pragma unroll 1
       for (int n = n_first - 1; n >= range.n_min; --n) {

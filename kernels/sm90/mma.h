@@ -1,18 +1,23 @@
 // Consumer warpgroups of the FA-3 path: S = Q K^T and O += P V with WGMMA, online softmax in
-// registers, then the epilogue. Key blocks run from n_max - 1 down to n_min.
+// registers, then the epilogue. Key blocks of a tile run from n_max - 1 down to n_min.
 //
-// With intra-warpgroup overlap (FA3's order), block n's step issues S(n) = Q K(n)^T and
+// With intra-warpgroup overlap (FA3's order), a step issues S(n) = Q K(n)^T and
 // O += P(n+1) V(n+1) back to back, then runs the softmax of S(n) while the PV GEMM is in flight:
 //   wait K(n); [turn] issue S(n); [O *= scale]; wait V(n+1); issue PV(n+1); [pass turn]
 //   wait<1> (S ready) -> release K(n); softcap; mask; max/scale; exp2/sum
 //   wait<0> (PV done) -> release V(n+1); [O *= scale]; P = cvt(S(n))
 // P is converted only after PV(n+1) completed: its registers are that GEMM's A operand.
-// Without overlap: [turn] S(n); [pass]; wait; softmax; O *= scale; [turn] PV(n); [pass]; wait.
+// The steps form one stream across the CTA's tiles: the step that issues the first S of tile
+// t + 1 also issues the last PV of tile t, and tile t's epilogue (O / l, stores) runs while that
+// S is on the tensor cores, so there is no drain-and-refill bubble between tiles.
+// Without overlap (ablation): per tile, [turn] S(n); [pass]; wait; softmax; O *= scale;
+// [turn] PV(n); [pass]; wait.
 // [turn]/[pass] are the ping-pong barriers (pipeline.h), when enabled: one WG's softmax runs
 // while the other WG's GEMMs occupy the tensor cores.
 #pragma once
 
 #include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
 
 #include "flash_hopper/block_range.h"
 #include "sm80/mask.h"  // apply_softcap, apply_window_mask (layout-generic)
@@ -53,186 +58,371 @@ CUTE_DEVICE KeyBlockSplit split_key_blocks(WindowMask const& mask, BlockRange ra
   return {n_left, n_right};
 }
 
+// One consumer warpgroup's view of the CTA: its MMA partitions of the shared-memory stages, the
+// pipeline states and the steps of the algorithm. The loops (below) only sequence these.
 template <class Traits>
-CUTE_DEVICE void consumer_loop(KernelParams<Traits> const& params,
-                               typename Traits::SharedStorage& smem, int wg, int thread_idx) {
+struct Consumer {
   using Element = typename Traits::Element;
-  constexpr int kBlockM = Traits::kBlockM;
-  constexpr int kBlockN = Traits::kBlockN;
-  constexpr int kHeadDim = Traits::kHeadDim;
-  constexpr int kStages = Traits::kStages;
-  FwdParams const& p = params.fwd;
+  static constexpr int kBlockM = Traits::kBlockM;
+  static constexpr int kBlockN = Traits::kBlockN;
+  static constexpr int kHeadDim = Traits::kHeadDim;
+  static constexpr int kStages = Traits::kStages;
+  static constexpr int kQueryEmptyThreads = Traits::kConsumerThreads + 32;
+  using TiledMmaQK = typename Traits::TiledMmaQK;
+  using TiledMmaPV = typename Traits::TiledMmaPV;
+  using SharedStorage = typename Traits::SharedStorage;
 
-  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});    // (M, D)
-  Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutK{});    // (N, D, PIPE)
-  Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutVt{});  // (D, N, PIPE)
+  // A tile with at least one key block.
+  struct Work {
+    TileCoord tile;
+    BlockRange range;
+    KeyBlockSplit split;
+  };
 
-  typename Traits::TiledMmaQK mma_qk;
-  typename Traits::TiledMmaPV mma_pv;
-  auto thr_qk = mma_qk.get_thread_slice(thread_idx);
-  auto thr_pv = mma_pv.get_thread_slice(thread_idx);
-  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);   // (MMA, MMA_M, MMA_K) descriptors
-  Tensor tSrK = thr_qk.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_K, PIPE)
-  Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, PIPE)
-  // Coordinates of this thread's S elements inside the tile, for the mask.
-  Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
-  Tensor tScS_rc = make_tensor(tScS.data(), acc_rowcol(tScS.layout()));
-
-  const WindowMask mask{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
-  const StaticTileScheduler& sched = params.scheduler;
-  const PingPong<Traits::kConsumerWgs> pingpong{params.pingpong, wg};
-  const bool wg_leader = thread_idx % 128 == 0;
-  constexpr int kQueryEmptyThreads = Traits::kConsumerThreads + 32;
+  // Only the pipeline states and a few counters live in registers across the loop: everything
+  // derivable from the (constant-bank) params or the thread index is re-derived where used, which
+  // keeps d256's O + S + P = 188 registers from spilling around them.
+  KernelParams<Traits> const& params;
+  FwdParams const& p;
+  SharedStorage& smem;
+  TiledMmaQK mma_qk;
+  TiledMmaPV mma_pv;
   PipelineState<kStages> k_state;
   PipelineState<kStages> v_state;
-  int tiles_with_keys = 0;
+  int q_loads = 0;  // Q tiles consumed so far: the parity of the next q_full phase
 
-  pingpong.start();
-  barrier_arrive(FwdBarrier::kQueryEmpty, kQueryEmptyThreads);  // sQ starts free
+  CUTE_DEVICE Consumer(KernelParams<Traits> const& params_, SharedStorage& smem_)
+      : params(params_), p(params_.fwd), smem(smem_) {}
 
-#pragma unroll 1
-  for (int round = 0;; ++round) {
-    const int t = sched.index(round, blockIdx.x);
-    if (t >= sched.total_tiles) {
-      break;
+  static CUTE_DEVICE int thread_idx() { return opaque_thread_idx() - 128; }
+  CUTE_DEVICE WindowMask mask() const {
+    return {p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
+  }
+  CUTE_DEVICE PingPong<Traits::kConsumerWgs> pingpong() const {
+    return {params.pingpong, cutlass::canonical_warp_group_idx() - 1};
+  }
+  static CUTE_DEVICE bool wg_leader() { return thread_idx() % 128 == 0; }
+
+  // Shared-memory descriptors depend on the warpgroup only: slicing with its first thread, a
+  // warp-uniform value, lets them live in uniform registers.
+  static CUTE_DEVICE int wg_first_thread() {
+    return (cutlass::canonical_warp_group_idx() - 1) * 128;
+  }
+  CUTE_DEVICE auto tSrQ() {  // (MMA, MMA_M, MMA_K) descriptors
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});
+    return mma_qk.get_thread_slice(wg_first_thread()).partition_fragment_A(sQ);
+  }
+  CUTE_DEVICE auto tSrK() {  // (MMA, MMA_N, MMA_K, PIPE)
+    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutK{});
+    return mma_qk.get_thread_slice(wg_first_thread()).partition_fragment_B(sK);
+  }
+  CUTE_DEVICE auto tOrV() {  // (MMA, MMA_N, MMA_K, PIPE)
+    Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutVt{});
+    return mma_pv.get_thread_slice(wg_first_thread()).partition_fragment_B(sVt);
+  }
+
+  // The next tile with keys at or after `round` of this CTA's schedule; tiles without any
+  // visible key on the way are written here (O = 0, LSE = -inf) and touch no barrier.
+  CUTE_DEVICE bool next_work(int& round, Work& w) {
+    for (;; ++round) {
+      const int t = params.scheduler.index(round, blockIdx.x);
+      if (t >= params.scheduler.total_tiles) {
+        return false;
+      }
+      w.tile = params.scheduler.coord(t);
+      w.range = mask().key_blocks(w.tile.m_block, kBlockM, kBlockN);
+      if (w.range.n_max > w.range.n_min) {
+        w.split = split_key_blocks(mask(), w.range, w.tile.m_block, kBlockM, kBlockN);
+        return true;
+      }
+      store_empty_tile<Traits>(p, mma_pv.get_thread_slice(thread_idx()), w.tile);
     }
-    const TileCoord tile = sched.coord(t);
-    const BlockRange range = mask.key_blocks(tile.m_block, kBlockM, kBlockN);
-    Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // fp32
+  }
+
+  CUTE_DEVICE void wait_q() { smem.q_full.wait(q_loads++ & 1); }
+  CUTE_DEVICE void wait_k() { smem.k_full[k_state.index].wait(k_state.phase); }
+  CUTE_DEVICE void wait_v() { smem.v_full[v_state.index].wait(v_state.phase); }
+  // One arrival per warpgroup, once its WGMMAs reading the stage completed.
+  CUTE_DEVICE void release_k() {
+    if (wg_leader()) {
+      smem.k_empty[k_state.index].arrive();
+    }
+    k_state.advance();
+  }
+  CUTE_DEVICE void release_v() {
+    if (wg_leader()) {
+      smem.v_empty[v_state.index].arrive();
+    }
+    v_state.advance();
+  }
+  // After the tile's last QK GEMM completed: the producer may load the next Q.
+  CUTE_DEVICE void release_q() { barrier_arrive(FwdBarrier::kQueryEmpty, kQueryEmptyThreads); }
+
+  template <class TensorS>
+  CUTE_DEVICE void issue_qk(TensorS& tSrS) {
+    wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_qk, tSrQ(), tSrK()(_, _, _, k_state.index), tSrS);
+  }
+  template <class TensorP, class TensorO>
+  CUTE_DEVICE void issue_pv(TensorP const& tOrP, TensorO& tOrO) {
+    wgmma<false, -1>(mma_pv, tOrP, tOrV()(_, _, _, v_state.index), tOrO);
+  }
+
+  CUTE_DEVICE static bool masked(Work const& w, int n) {
+    return n >= w.split.n_right || n < w.split.n_left;
+  }
+
+  // Softcap (before the mask: a capped -inf would become -softcap), then the window / causal /
+  // sequence-tail mask on masked blocks only.
+  template <bool kMasked, class TensorS>
+  CUTE_DEVICE void transform(TensorS& tSrS, Work const& w, int n) {
+    if (p.softcap != 0.f) {
+      sm80::apply_softcap(tSrS, p.softcap, p.softcap_prescale);
+    }
+    if constexpr (kMasked) {
+      Tensor tScS = mma_qk.get_thread_slice(thread_idx())
+                        .partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+      Tensor tSrS_rc = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
+      sm80::apply_window_mask(tSrS_rc, make_tensor(tScS.data(), acc_rowcol(tScS.layout())), mask(),
+                              w.tile.m_block * kBlockM, n * kBlockN);
+    }
+  }
+
+  template <class TensorO>
+  CUTE_DEVICE void finish(Work const& w, OnlineSoftmax<2>& softmax, TensorO& tOrO) {
     Tensor tOrO_rc = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));
-    clear(tOrO);
-    if (range.n_max <= range.n_min) {
-      // No visible key for any row: O = 0, LSE = -inf; no barrier is touched.
-      const float lse[2] = {-INFINITY, -INFINITY};
-      store_o_lse<Traits>(p, thr_pv, tOrO, lse, tile.m_block, tile.head, tile.batch);
-      continue;
-    }
-    const KeyBlockSplit split = split_key_blocks(mask, range, tile.m_block, kBlockM, kBlockN);
-    const int row0 = tile.m_block * kBlockM;
-    OnlineSoftmax<2> softmax(p.scale_log2);
-    const bool softcap = p.softcap != 0.f;
-
-    Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
-    Tensor tSrS_rc = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
-    Tensor tOrP = make_tensor<Element>(acc_as_rs_a(tSrS.layout()));
-    static_assert(decltype(size<2>(tOrP))::value == kBlockN / 16, "P as the PV A operand");
-
-    auto wait_k = [&]() { smem.k_full[k_state.index].wait(k_state.phase); };
-    auto wait_v = [&]() { smem.v_full[v_state.index].wait(v_state.phase); };
-    auto release_k = [&]() {
-      if (wg_leader) {
-        smem.k_empty[k_state.index].arrive();
-      }
-      k_state.advance();
-    };
-    auto release_v = [&]() {
-      if (wg_leader) {
-        smem.v_empty[v_state.index].arrive();
-      }
-      v_state.advance();
-    };
-    auto transform = [&](int n, auto masked) {
-      if (softcap) {
-        sm80::apply_softcap(tSrS, p.softcap, p.softcap_prescale);
-      }
-      if constexpr (decltype(masked)::value) {
-        sm80::apply_window_mask(tSrS_rc, tScS_rc, mask, row0, n * kBlockN);
-      }
-    };
-
-    smem.q_full.wait(tiles_with_keys & 1);
-    ++tiles_with_keys;
-
-    // Prologue: the first (last-index) block, always masked: it holds the sequence tail.
-    const int n_first = range.n_max - 1;
-    wait_k();
-    pingpong.wait_turn();
-    wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index), tSrS);
-    pingpong.pass_turn();
-    warpgroup_wait<0>();
-    if (range.n_min == n_first) {
-      barrier_arrive(FwdBarrier::kQueryEmpty, kQueryEmptyThreads);  // the tile's last QK is done
-    }
-    release_k();
-    transform(n_first, true_type{});
-    softmax.template update</*kFirst=*/true, /*kCheckInf=*/true>(tSrS_rc);
-    if constexpr (Traits::kOverlap) {
-      convert_into(tSrS, tOrP);
-    }
-
-    auto step = [&](int n, auto masked) __attribute__((always_inline)) {
-      constexpr bool kMasked = decltype(masked)::value;
-      const bool last_qk = n == range.n_min;
-      wait_k();
-      if constexpr (Traits::kOverlap) {
-        pingpong.wait_turn();
-        wgmma<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index), tSrS);
-        if constexpr (Traits::kRescaleOBeforePv) {
-          softmax.rescale_o(tOrO_rc);
-        }
-        wait_v();
-        wgmma<false, -1>(mma_pv, tOrP, tOrV(_, _, _, v_state.index), tOrO);
-        pingpong.pass_turn();
-        warpgroup_wait<1>();
-        if (last_qk) {
-          barrier_arrive(FwdBarrier::kQueryEmpty, kQueryEmptyThreads);
-        }
-        release_k();
-        transform(n, masked);
-        softmax.template update<false, kMasked>(tSrS_rc);
-        warpgroup_wait<0>();
-        release_v();
-        if constexpr (!Traits::kRescaleOBeforePv) {
-          softmax.rescale_o(tOrO_rc);
-        }
-        convert_into(tSrS, tOrP);
-      } else {
-        // Block n + 1's PV first (its P is ready), then S(n): no overlap inside the warpgroup.
-        convert_into(tSrS, tOrP);
-        softmax.rescale_o(tOrO_rc);
-        wait_v();
-        pingpong.wait_turn();
-        wgmma<false, -1>(mma_pv, tOrP, tOrV(_, _, _, v_state.index), tOrO);
-        pingpong.pass_turn();
-        warpgroup_wait<0>();
-        release_v();
-        pingpong.wait_turn();
-        wgmma<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, k_state.index), tSrS);
-        pingpong.pass_turn();
-        warpgroup_wait<0>();
-        if (last_qk) {
-          barrier_arrive(FwdBarrier::kQueryEmpty, kQueryEmptyThreads);
-        }
-        release_k();
-        transform(n, masked);
-        softmax.template update<false, kMasked>(tSrS_rc);
-      }
-    };
-
-#pragma unroll 1
-    for (int n = n_first - 1; n >= range.n_min; --n) {
-      if (n >= split.n_right || n < split.n_left) {
-        step(n, true_type{});
-      } else {
-        step(n, false_type{});
-      }
-    }
-
-    // Tail: the last block's PV.
-    if constexpr (Traits::kOverlap) {
-      if constexpr (Traits::kRescaleOBeforePv) {
-        softmax.rescale_o(tOrO_rc);
-      }
-    } else {
-      convert_into(tSrS, tOrP);
-      softmax.rescale_o(tOrO_rc);
-    }
-    wait_v();
-    wgmma<false, 0>(mma_pv, tOrP, tOrV(_, _, _, v_state.index), tOrO);
-    release_v();
     float lse[2];
     softmax.finalize(tOrO_rc, p.lse_scale, lse);
-    store_o_lse<Traits>(p, thr_pv, tOrO, lse, tile.m_block, tile.head, tile.batch);
+    store_tile<Traits>(p, mma_pv.get_thread_slice(thread_idx()), tOrO, lse, w.tile);
+  }
+
+  // The register state of one tile: S (fp32), P (S converted, the PV GEMM's A operand), O (fp32)
+  // and the row statistics.
+  struct Fragments {
+    decltype(partition_fragment_C(TiledMmaQK{}, Shape<Int<kBlockM>, Int<kBlockN>>{})) s;
+    decltype(make_tensor<Element>(acc_as_rs_a(s.layout()))) p;
+    decltype(partition_fragment_C(TiledMmaPV{}, Shape<Int<kBlockM>, Int<kHeadDim>>{})) o;
+    static_assert(decltype(size<2>(p))::value == kBlockN / 16, "P as the PV A operand");
+
+    CUTE_DEVICE auto s_rc() { return make_tensor(s.data(), acc_rowcol(s.layout())); }
+    CUTE_DEVICE auto o_rc() { return make_tensor(o.data(), acc_rowcol(o.layout())); }
+  };
+
+  // S of a tile's first (last-index) block alone; always masked: it holds the sequence tail.
+  CUTE_DEVICE void first_block(Fragments& f, OnlineSoftmax<2>& softmax, Work const& w) {
+    const int n = w.range.n_max - 1;
+    wait_q();
+    wait_k();
+    pingpong().wait_turn();
+    issue_qk(f.s);
+    pingpong().pass_turn();
+    warpgroup_wait<0>();
+    if (n == w.range.n_min) {
+      release_q();
+    }
+    release_k();
+    transform<true>(f.s, w, n);
+    Tensor s_rc = f.s_rc();
+    softmax.template update</*kFirst=*/true, /*kCheckInf=*/true>(s_rc);
+  }
+
+  // One overlapped step inside tile w: S(n) with PV(n + 1), the softmax of S(n) under the PV.
+  template <bool kMasked>
+  CUTE_DEVICE void overlapped_step(Fragments& f, OnlineSoftmax<2>& softmax, Work const& w,
+                                   int n) {
+    Tensor o_rc = f.o_rc();
+    wait_k();
+    pingpong().wait_turn();
+    issue_qk(f.s);
+    if constexpr (Traits::kRescaleOBeforePv) {
+      softmax.rescale_o(o_rc);
+    }
+    wait_v();
+    issue_pv(f.p, f.o);
+    pingpong().pass_turn();
+    warpgroup_wait<1>();
+    if (n == w.range.n_min) {
+      release_q();
+    }
+    release_k();
+    transform<kMasked>(f.s, w, n);
+    Tensor s_rc = f.s_rc();
+    softmax.template update<false, kMasked>(s_rc);
+    warpgroup_wait<0>();
+    release_v();
+    if constexpr (!Traits::kRescaleOBeforePv) {
+      softmax.rescale_o(o_rc);
+    }
+    convert_into(f.s, f.p);
+  }
+
+  // Tile w's last PV alone (its P is ready), then its epilogue.
+  CUTE_DEVICE void drain(Fragments& f, OnlineSoftmax<2>& softmax, Work const& w) {
+    if constexpr (Traits::kRescaleOBeforePv) {
+      Tensor o_rc = f.o_rc();
+      softmax.rescale_o(o_rc);
+    }
+    wait_v();
+    wgmma<false, 0>(mma_pv, f.p, tOrV()(_, _, _, v_state.index), f.o);
+    release_v();
+    finish(w, softmax, f.o);
+  }
+};
+
+// Tuned kernel (d <= 192): overlapped steps in one stream across the CTA's tiles.
+template <class Traits>
+CUTE_DEVICE void consumer_loop_overlap(Consumer<Traits>& c) {
+  using Work = typename Consumer<Traits>::Work;
+  typename Consumer<Traits>::Fragments f;
+  Tensor s_rc = f.s_rc();
+  int round = 0;
+  Work cur;
+  if (!c.next_work(round, cur)) {
+    return;
+  }
+  OnlineSoftmax<2> softmax(c.p.scale_log2);
+  clear(f.o);
+  c.first_block(f, softmax, cur);
+  convert_into(f.s, f.p);
+  int n = cur.range.n_max - 1;  // the block whose P feeds the next PV
+
+#pragma unroll 1
+  for (;;) {
+    if (n > cur.range.n_min) {
+      --n;
+      if (Consumer<Traits>::masked(cur, n)) {
+        c.template overlapped_step<true>(f, softmax, cur, n);
+      } else {
+        c.template overlapped_step<false>(f, softmax, cur, n);
+      }
+      continue;
+    }
+    int next_round = round + 1;
+    Work next;
+    if (!c.next_work(next_round, next)) {
+      break;
+    }
+    // Tile boundary: S of the next tile's first block with the last PV of this one; this tile's
+    // epilogue runs while that S is consumed.
+    round = next_round;
+    n = next.range.n_max - 1;
+    c.wait_q();
+    c.wait_k();
+    c.pingpong().wait_turn();
+    c.issue_qk(f.s);
+    if constexpr (Traits::kRescaleOBeforePv) {
+      Tensor o_rc = f.o_rc();
+      softmax.rescale_o(o_rc);
+    }
+    c.wait_v();
+    c.issue_pv(f.p, f.o);
+    c.pingpong().pass_turn();
+    warpgroup_wait<1>();
+    if (n == next.range.n_min) {
+      c.release_q();
+    }
+    c.release_k();
+    c.template transform<true>(f.s, next, n);
+    OnlineSoftmax<2> finished = softmax;  // this tile's statistics, for its epilogue
+    softmax = OnlineSoftmax<2>(c.p.scale_log2);
+    softmax.template update<true, true>(s_rc);
+    warpgroup_wait<0>();
+    c.release_v();
+    c.finish(cur, finished, f.o);
+    clear(f.o);
+    convert_into(f.s, f.p);
+    cur = next;
+  }
+  c.drain(f, softmax, cur);
+}
+
+// Tuned kernel where the merged boundary does not fit the registers (d256): the same overlapped
+// steps, each tile with its own first block and drain, all state scoped to the tile.
+template <class Traits>
+CUTE_DEVICE void consumer_loop_overlap_per_tile(Consumer<Traits>& c) {
+  typename Consumer<Traits>::Work w;
+#pragma unroll 1
+  for (int round = 0; c.next_work(round, w); ++round) {
+    typename Consumer<Traits>::Fragments f;
+    OnlineSoftmax<2> softmax(c.p.scale_log2);
+    clear(f.o);
+    c.first_block(f, softmax, w);
+    convert_into(f.s, f.p);
+#pragma unroll 1
+    for (int n = w.range.n_max - 2; n >= w.range.n_min; --n) {
+      if (Consumer<Traits>::masked(w, n)) {
+        c.template overlapped_step<true>(f, softmax, w, n);
+      } else {
+        c.template overlapped_step<false>(f, softmax, w, n);
+      }
+    }
+    c.drain(f, softmax, w);
+  }
+}
+
+// Ablation (no intra-warpgroup overlap): per block, S then softmax then PV, each GEMM waited for.
+template <class Traits>
+CUTE_DEVICE void consumer_loop_sequential(Consumer<Traits>& c) {
+  typename Consumer<Traits>::Work w;
+#pragma unroll 1
+  for (int round = 0; c.next_work(round, w); ++round) {
+    typename Consumer<Traits>::Fragments f;
+    Tensor s_rc = f.s_rc();
+    Tensor o_rc = f.o_rc();
+    OnlineSoftmax<2> softmax(c.p.scale_log2);
+    clear(f.o);
+    c.first_block(f, softmax, w);
+
+    auto pv = [&]() __attribute__((always_inline)) {
+      convert_into(f.s, f.p);
+      c.wait_v();
+      c.pingpong().wait_turn();
+      c.issue_pv(f.p, f.o);
+      c.pingpong().pass_turn();
+      warpgroup_wait<0>();
+      c.release_v();
+    };
+    auto block = [&](int n, auto masked) __attribute__((always_inline)) {
+      constexpr bool kMasked = decltype(masked)::value;
+      c.wait_k();
+      c.pingpong().wait_turn();
+      c.issue_qk(f.s);
+      c.pingpong().pass_turn();
+      warpgroup_wait<0>();
+      if (n == w.range.n_min) {
+        c.release_q();
+      }
+      c.release_k();
+      c.template transform<kMasked>(f.s, w, n);
+      softmax.template update<false, kMasked>(s_rc);
+      softmax.rescale_o(o_rc);
+      pv();
+    };
+
+    pv();
+#pragma unroll 1
+    for (int n = w.range.n_max - 2; n >= w.range.n_min; --n) {
+      if (Consumer<Traits>::masked(w, n)) {
+        block(n, true_type{});
+      } else {
+        block(n, false_type{});
+      }
+    }
+    c.finish(w, softmax, f.o);
+  }
+}
+
+template <class Traits>
+CUTE_DEVICE void consumer_loop(KernelParams<Traits> const& params,
+                               typename Traits::SharedStorage& smem) {
+  Consumer<Traits> c(params, smem);
+  c.pingpong().start();
+  c.release_q();  // sQ starts free
+  if constexpr (Traits::kOverlap && Traits::kMergeTileBoundary) {
+    consumer_loop_overlap(c);
+  } else if constexpr (Traits::kOverlap) {
+    consumer_loop_overlap_per_tile(c);
+  } else {
+    consumer_loop_sequential(c);
   }
 }
 

@@ -20,6 +20,10 @@ struct FwdConfig {
   int consumer_wgs;  // consumer warpgroups
   bool pingpong;     // default of the runtime ping-pong flag (variants can turn it off)
   bool rescale_o_before_pv;  // O *= scale before issuing the PV GEMM (hides the FMULs under QK)
+  // The step at a tile boundary issues the next tile's first S with this tile's last PV and
+  // runs the epilogue under it (mma.h). It holds both tiles' softmax statistics: off where O
+  // is so large that this spills (d256: O alone is 128 registers).
+  bool merge_tile_boundary = true;
 };
 
 // Register budget moved by setmaxnreg. The launch gives every thread R0 = floor(65536 / T / 8) * 8
@@ -53,18 +57,21 @@ constexpr FwdConfig fwd_config(int head_dim) {
   if (head_dim <= 96) {
     return {128, 128, 2, 2, true, false};
   }
-  // d128: N = 128 keeps to the base WGMMA shapes; O + S + P = 64 + 64 + 32 = 160 of 240.
-  //   smem Q 32 K + K, V 2 x 2 x 32 K = 160 KB.
+  // d128: N = 176, the largest N whose K and V stages fit next to Q (32 K + 2 x 2 x 44 K =
+  //   208 KB); O + S + P = 64 + 88 + 44 = 196 of 240 (N = 192 would leave too few for addressing).
   if (head_dim <= 128) {
-    return {128, 128, 2, 2, true, false};
+    return {128, 176, 2, 2, true, false};
   }
-  // d192: N = 96: smem 48 K + 2 x 2 x 36 K = 192 KB; O + S + P = 96 + 48 + 24 = 168.
+  // d192: N = 112: 48 K + 2 x 2 x 42 K = 216 KB (N = 128 would need 240 KB);
+  //   O + S + P = 96 + 56 + 28 = 180.
   if (head_dim <= 192) {
-    return {128, 96, 2, 2, false, true};
+    return {128, 112, 2, 2, false, true};
   }
-  // d256: N = 64: smem 64 K + 2 x 2 x 32 K = 192 KB; O + S + P = 128 + 32 + 16 = 176. O is
-  //   rescaled before the PV GEMM so its 128 FMULs per thread run under the QK GEMM.
-  return {128, 64, 2, 2, false, true};
+  // d256: N = 80: 64 K + 2 x 2 x 40 K = 224 KB, 3 KB left for barriers; O + S + P = 128 + 40 + 20
+  //   = 188. O is rescaled before the PV GEMM so its 128 FMULs per thread run under the QK GEMM.
+  //   The merged tile boundary (both tiles' row statistics live) spilled here: each tile keeps
+  //   its own prologue and drain.
+  return {128, 80, 2, 2, false, true, /*merge_tile_boundary=*/false};
 }
 
 }  // namespace flash_hopper::sm90

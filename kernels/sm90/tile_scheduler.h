@@ -5,19 +5,32 @@
 // workspace, CUDA-graph safe, bitwise reproducible).
 //
 // Order, from the tile index t:
+// Without a mask every tile costs the same: (batch, head) major, query block fastest, so the
+// CTAs running at the same time work on one or two heads and share their K/V in L2.
+// With a causal or local mask, tiles run longest-first (the last query blocks see the most keys
+// under the bottom-right aligned mask) so the short tiles fill the tail:
 // 1. L2 sections: (batch, head) pairs are grouped so that the K/V of one section (heads of one
 //    GQA group are adjacent) fit in ~32 MiB of the 50 MB L2; sections run one after another.
-// 2. Inside a section the query-block rank is major and the (batch, head) pair fastest. With a
-//    causal or local mask the ranks run longest-first (the last query blocks see the most keys
-//    under the bottom-right aligned mask), so the short tiles fill the tail.
+// 2. Inside a section the query-block rank is major (longest first) and the (batch, head) pair
+//    fastest.
 // 3. Snake: CTA c takes index r * G + c in even rounds and r * G + (G - 1 - c) in odd ones, so
 //    with tile sizes decreasing along t no CTA gets the largest tile of every round.
-// Only cute/config.hpp is needed, so the host can unit-test this header.
+// 4. With longest-first, the sections alternate direction (the last one descending): otherwise
+//    the round that crosses from one section's short tiles into the next one's long tiles pairs
+//    long with short and the snake no longer balances (a simulation of d128 causal at s = 16k,
+//    4 sections: 77 % of the ideal balance; alternating: 99.9 %; it measured 460 vs 578 TFLOP/s
+//    causal vs non-causal before the change).
+// No CUDA or CuTe header is needed, so a plain C++ compiler can unit-test this file
+// (tests/cpp/test_tile_scheduler.cpp).
 #pragma once
 
-#include <cute/config.hpp>
-
 #include <cstdint>
+
+#if defined(__CUDACC__)
+#define FH_HOST_DEVICE __host__ __device__
+#else
+#define FH_HOST_DEVICE
+#endif
 
 namespace flash_hopper::sm90 {
 
@@ -32,6 +45,7 @@ struct StaticTileScheduler {
   int heads;
   int num_hb;         // batch * heads
   int section_hb;     // (batch, head) pairs per L2 section
+  int num_sections;
   int total_tiles;
   int grid;           // CTAs
   bool longest_first;
@@ -52,6 +66,7 @@ struct StaticTileScheduler {
     if (s.section_hb < 1) {
       s.section_hb = 1;
     }
+    s.num_sections = (s.num_hb + s.section_hb - 1) / s.section_hb;
     const int64_t total = int64_t(s.num_m_blocks) * s.num_hb;
     s.total_tiles = static_cast<int>(total);
     s.grid = s.total_tiles < num_sms ? s.total_tiles : num_sms;
@@ -60,11 +75,22 @@ struct StaticTileScheduler {
   }
 
   // The index of round r for CTA c (snake order).
-  CUTE_HOST_DEVICE int index(int round, int cta) const {
+  FH_HOST_DEVICE int index(int round, int cta) const {
     return round * grid + ((round & 1) ? grid - 1 - cta : cta);
   }
 
-  CUTE_HOST_DEVICE TileCoord coord(int t) const {
+  FH_HOST_DEVICE TileCoord coord(int t) const {
+    TileCoord c;
+    if (!longest_first) {
+      // Equal tiles: the query blocks of one head are adjacent, so the CTAs running at the same
+      // time share that head's K/V in L2 (at s = 512 the rank-major order re-read K/V from DRAM:
+      // 45 % L2 hits, 1.9 TB/s of DRAM reads, 239 TFLOP/s at d128).
+      const int hb = t / num_m_blocks;
+      c.m_block = t - hb * num_m_blocks;
+      c.batch = hb / heads;
+      c.head = hb - c.batch * heads;
+      return c;
+    }
     const int section_tiles = section_hb * num_m_blocks;
     const int section = t / section_tiles;
     const int within = t - section * section_tiles;
@@ -72,8 +98,8 @@ struct StaticTileScheduler {
     const int hb_in_section = num_hb - hb_first < section_hb ? num_hb - hb_first : section_hb;
     const int rank = within / hb_in_section;
     const int hb = hb_first + (within - rank * hb_in_section);
-    TileCoord c;
-    c.m_block = longest_first ? num_m_blocks - 1 - rank : rank;
+    const bool descending = longest_first && ((num_sections - 1 - section) & 1) == 0;
+    c.m_block = descending ? num_m_blocks - 1 - rank : rank;
     c.batch = hb / heads;
     c.head = hb - c.batch * heads;
     return c;

@@ -29,6 +29,16 @@ CUTE_HOST_DEVICE constexpr auto acc_as_rs_a(AccLayout acc) {
                      coalesce(make_layout(get<1>(split), get<2>(acc))));
 }
 
+// threadIdx.x read through volatile asm: the compiler cannot hoist it out of the persistent tile
+// loop, so values derived from it (fragment coordinates for the mask and the epilogue) are
+// recomputed per tile instead of being kept live across it. With three consumer warpgroups at
+// 160 registers, keeping them live spilled two values to local memory (d64).
+CUTE_DEVICE int opaque_thread_idx() {
+  int tid;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+  return tid;
+}
+
 // dst = convert(src), element-wise with packed conversions (cvt.rn.bf16x2.f32).
 template <class EngineS, class LayoutS, class EngineD, class LayoutD>
 CUTE_DEVICE void convert_into(Tensor<EngineS, LayoutS> const& src, Tensor<EngineD, LayoutD>& dst) {

@@ -59,6 +59,15 @@ class FhBackend(enum.IntEnum):
     FA3 = 2
 
 
+class FhVariant(enum.IntEnum):
+    """Mirror of api.h's FhVariant: ablation variants of the FA-3 path."""
+
+    TUNED = 0
+    NO_PINGPONG = 1
+    NO_OVERLAP = 2
+    NO_PINGPONG_NO_OVERLAP = 3
+
+
 _I32, _I64, _F32, _PTR = ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
 

@@ -19,6 +19,7 @@ from ._errors import UnsupportedError
 HEAD_DIM_BUCKETS = (64, 96, 128, 192, 256)
 # Ablation variants of the FA-3 path (FhVariant in api.h): the same kernels with ping-pong
 # scheduling and/or intra-warpgroup overlap switched off, for the FA3 paper's ablation.
+# Values are FhVariant (api.h).
 FA3_VARIANTS = {"fa3-no-pingpong": 1, "fa3-no-overlap": 2, "fa3-no-pingpong-no-overlap": 3}
 BACKENDS = ("auto", "fa2", "fa3", *FA3_VARIANTS)
 

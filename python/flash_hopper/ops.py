@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from . import _device, _lib, _validate, dispatch
-from ._lib import FhBackend, FhDtype, FhFwdParams
+from ._lib import FhBackend, FhDtype, FhFwdParams, FhVariant
 
 _DTYPES = {torch.float16: ("fp16", FhDtype.FP16), torch.bfloat16: ("bf16", FhDtype.BF16)}
 _BACKEND_ENUM = {"auto": FhBackend.AUTO, "fa2": FhBackend.FA2, "fa3": FhBackend.FA3}
@@ -72,7 +72,7 @@ def make_params(
     p.window_left, p.window_right = cfg.window_left, cfg.window_right
     p.num_splits = 1
     p.backend = _BACKEND_ENUM["fa3" if backend in dispatch.FA3_VARIANTS else backend]
-    p.variant = dispatch.FA3_VARIANTS.get(backend, 0)
+    p.variant = dispatch.FA3_VARIANTS.get(backend, FhVariant.TUNED)
     p.num_sms = num_sms
     return p
 

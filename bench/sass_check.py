@@ -1,0 +1,105 @@
+"""Per-kernel SASS facts of a built libflash_hopper.so: registers, spills, instruction counts.
+
+    python bench/sass_check.py build/dev/libflash_hopper.so [--json OUT.json]
+
+Needs cuobjdump (CUDA toolkit, or the nvidia-cuda-cuobjdump wheel). Reports, for every kernel:
+REG / STACK / LOCAL / SHARED from `cuobjdump -res-usage`, and counts of HGMMA (WGMMA), HMMA
+(mma.sync), UTMALDG (TMA loads), USETMAXREG, LDL / STL (local-memory spills) from
+`cuobjdump -sass`. Exits 1 if an sm90 kernel has no HGMMA or any sm90 kernel touches local memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+
+_COUNTED = ("HGMMA", "HMMA", "UTMALDG", "UTMASTG", "USETMAXREG", "LDL", "STL")
+
+
+def _demangle(names: list[str]) -> dict[str, str]:
+    try:
+        out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True,
+                             check=True).stdout.splitlines()
+        return dict(zip(names, out))
+    except (OSError, subprocess.CalledProcessError):
+        return {n: n for n in names}
+
+
+def kernel_facts(lib: str) -> list[dict]:
+    res = subprocess.run(["cuobjdump", "-res-usage", lib], capture_output=True, text=True,
+                         check=True).stdout
+    facts: dict[tuple[str, str], dict] = {}
+    arch = "?"
+    name = None
+    for line in res.splitlines():
+        m = re.search(r"arch = (sm_\w+)", line)
+        if m:
+            arch = m.group(1)
+        m = re.match(r"\s*Function (\S+):", line)
+        if m:
+            name = m.group(1)
+            continue
+        m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", line)
+        if m and name:
+            facts[(arch, name)] = {"arch": arch, "kernel": name, "registers": int(m.group(1)),
+                                   "stack": int(m.group(2)), "static_shared": int(m.group(3)),
+                                   "local": int(m.group(4))}
+            name = None
+    sass = subprocess.run(["cuobjdump", "-sass", lib], capture_output=True, text=True,
+                          check=True).stdout
+    arch = "?"
+    name = None
+    for line in sass.splitlines():
+        m = re.search(r"arch = (sm_\w+)", line)
+        if m:
+            arch = m.group(1)
+        m = re.match(r"\s*Function : (\S+)", line)
+        if m:
+            name = m.group(1)
+            continue
+        if name and (arch, name) in facts:
+            f = facts[(arch, name)]
+            for op in _COUNTED:
+                if re.search(rf"\b{op}[\s.]", line):
+                    f[op] = f.get(op, 0) + 1
+    names = _demangle([f["kernel"] for f in facts.values()])
+    out = []
+    for f in facts.values():
+        f["kernel"] = names.get(f["kernel"], f["kernel"])
+        for op in _COUNTED:
+            f.setdefault(op, 0)
+        out.append(f)
+    return sorted(out, key=lambda f: (f["arch"], f["kernel"]))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("lib")
+    ap.add_argument("--json", help="write the facts here")
+    args = ap.parse_args()
+    facts = kernel_facts(args.lib)
+    bad = 0
+    for f in facts:
+        sm90 = f["arch"].startswith("sm_90")
+        spills = f["LDL"] + f["STL"] + f["local"]
+        flag = ""
+        if sm90 and "sm90" in f["kernel"] and (f["HGMMA"] == 0 or spills):
+            flag = "  <-- FAIL"
+            bad += 1
+        short = re.sub(r"flash_hopper::|cutlass::|, ?", lambda m: "," if "," in m.group(0) else "",
+                       f["kernel"])[:90]
+        print(f"{f['arch']:7} reg {f['registers']:3} stack {f['stack']:4} local {f['local']:4} "
+              f"HGMMA {f['HGMMA']:4} HMMA {f['HMMA']:4} TMA {f['UTMALDG']:3} "
+              f"SETMAXREG {f['USETMAXREG']} LDL/STL {f['LDL']}/{f['STL']}  {short}{flag}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(facts, fh, indent=1)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
