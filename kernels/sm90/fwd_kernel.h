@@ -8,15 +8,17 @@
 //   WG 1..W, consumers: grow to RegisterBudget::kConsumer registers; WG c computes query rows
 //     [64c, 64c + 64) of each tile (mma.h) and writes O and LSE (epilogue.h).
 // Pipelines (mbarriers in SharedStorage):
-//   q_full           1 arrival (producer expect_tx of kQBytes) per tile; consumers wait with
-//                    parity = (tiles with keys so far) & 1.
+//   q_full[QS]       1 arrival (producer expect_tx of kQBytes) per tile with keys; Q buffers
+//                    are used round-robin over those tiles.
+//   q_empty[QS]      W arrivals, thread 0 of each consumer WG once the tile's last QK GEMM
+//                    completed; the producer waits before loading the buffer again. With
+//                    QS = 2 the next tile's Q loads while the current tile computes.
 //   k_full[S], v_full[S]   1 arrival (expect_tx of kKVBytes); consumers wait.
 //   k_empty[S], v_empty[S] W arrivals, thread 0 of each consumer WG once its WGMMAs reading the
 //                    stage completed; the producer waits before reusing the stage.
 //   K and V have their own stage counters; both advance once per key block.
+//   Producers start every empty barrier at phase 1 (reported complete: buffers start free).
 // Named barriers (pipeline.h):
-//   QueryEmpty   128 W + 32: consumers arrive at start and after each tile's last QK GEMM
-//                completed; the producer warp syncs before each Q load.
 //   PingPong c   256: WG c syncs before issuing its GEMMs, WG c - 1 arrives after issuing its
 //                own; WG 0 arrives once at start (order WG 0, 1, .., W-1, 0, ...).
 // Tiles without a visible key touch no barrier in either role (both derive the same BlockRange).
@@ -52,7 +54,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
     prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
     prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
-    smem.q_full.init(/*arrive_count=*/1);
+    CUTE_UNROLL
+    for (int s = 0; s < Traits::kQStages; ++s) {
+      smem.q_full[s].init(/*arrive_count=*/1);
+      smem.q_empty[s].init(Traits::kConsumerWgs);
+    }
     CUTE_UNROLL
     for (int s = 0; s < Traits::kStages; ++s) {
       smem.k_full[s].init(1);

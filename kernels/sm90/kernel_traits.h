@@ -38,6 +38,7 @@ struct FwdTraits {
   static constexpr int kBlockM = kConfig.block_m;
   static constexpr int kBlockN = kConfig.block_n;
   static constexpr int kStages = kConfig.stages;
+  static constexpr int kQStages = kConfig.q_stages;
   static constexpr int kConsumerWgs = kConfig.consumer_wgs;
   static constexpr bool kOverlap = kOverlap_;  // intra-warpgroup overlap of softmax and PV
   static constexpr bool kRescaleOBeforePv = kConfig.rescale_o_before_pv;
@@ -70,6 +71,8 @@ struct FwdTraits {
 
   using SmemAtom = decltype(k_major_smem_atom<Element, kHeadDim>());
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutQStages = decltype(tile_to_shape(
+      SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kQStages>>{}));  // (M, D, QPIPE)
   using SmemLayoutK = decltype(tile_to_shape(
       SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));  // (N, D, PIPE)
   // V lands like K (rows of D contiguous elements); the PV GEMM reads the same bytes as V^T
@@ -94,14 +97,16 @@ struct FwdTraits {
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
   static_assert(kQBytes == cosize_v<SmemLayoutQ> * sizeof(Element));
+  static_assert(kQBytes * kQStages == cosize_v<SmemLayoutQStages> * sizeof(Element));
   static_assert(kKVBytes * kStages == cosize_v<SmemLayoutK> * sizeof(Element));
 
   struct SharedStorage {
     // 1024-byte alignment: the period of the 128-byte swizzle pattern.
-    array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
+    array_aligned<Element, cosize_v<SmemLayoutQStages>, 1024> q;
     array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
     array_aligned<Element, cosize_v<SmemLayoutV>, 1024> v;
-    cutlass::arch::ClusterTransactionBarrier q_full;
+    cutlass::arch::ClusterTransactionBarrier q_full[kQStages];
+    cutlass::arch::ClusterBarrier q_empty[kQStages];
     cutlass::arch::ClusterTransactionBarrier k_full[kStages];
     cutlass::arch::ClusterTransactionBarrier v_full[kStages];
     cutlass::arch::ClusterBarrier k_empty[kStages];

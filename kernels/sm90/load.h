@@ -1,7 +1,7 @@
 // Producer of the FA-3 path: one elected thread of warp 0 issues every TMA load.
 //
 // Per tile with at least one key block (key blocks run from n_max - 1 down to n_min):
-//   K(n_max-1) -> [sync QueryEmpty] Q -> then, with intra-warpgroup overlap, K(n-1) and V(n) for
+//   K(n_max-1) -> [wait for a free Q buffer] Q -> then, with intra-warpgroup overlap, K(n-1) and V(n) for
 //   each following block (the consumers read V one step after K), and V(n_min) last; without it
 //   V(n) follows K(n). Each K / V load first waits until its stage is empty.
 #pragma once
@@ -25,7 +25,8 @@ CUTE_DEVICE void producer_loop(KernelParams<Traits> const& params,
   constexpr int kStages = Traits::kStages;
   FwdParams const& p = params.fwd;
 
-  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});  // (M, D)
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()),
+                          typename Traits::SmemLayoutQStages{});  // (M, D, QPIPE)
   Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutK{});  // (N, D, PIPE)
   Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutV{});  // (N, D, PIPE)
   Tensor mQ = params.tma_q.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim, p.heads_q, p.batch));
@@ -38,7 +39,7 @@ CUTE_DEVICE void producer_loop(KernelParams<Traits> const& params,
   const bool leader = cute::elect_one_sync();
   PipelineState<kStages> k_state = producer_start_state<kStages>();
   PipelineState<kStages> v_state = producer_start_state<kStages>();
-  constexpr int kQueryEmptyThreads = Traits::kConsumerThreads + 32;
+  PipelineState<Traits::kQStages> q_state = producer_start_state<Traits::kQStages>();
 
   // Warms L2 with the Q tile and the first K / V blocks of this CTA's tile in `round`, while the
   // current tile computes. Q is read by one tile only, so its TMA load would otherwise always wait
@@ -62,7 +63,8 @@ CUTE_DEVICE void producer_loop(KernelParams<Traits> const& params,
     Tensor gV = local_tile(mV(_, _, head_kv, tile.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
                            make_coord(range.n_max - 1, _0{}));
     prefetch(params.tma_q, get<0>(tma_partition(params.tma_q, _0{}, Layout<_1>{},
-                                                group_modes<0, 2>(sQ), group_modes<0, 2>(gQ))));
+                                                group_modes<0, 2>(sQ(_, _, 0)),
+                                                group_modes<0, 2>(gQ))));
     prefetch(params.tma_k, get<0>(tma_partition(params.tma_k, _0{}, Layout<_1>{},
                                                 group_modes<0, 2>(sK(_, _, 0)),
                                                 group_modes<0, 2>(gK))));
@@ -91,16 +93,16 @@ CUTE_DEVICE void producer_loop(KernelParams<Traits> const& params,
                            make_coord(_, _0{}));  // (N, D, n)
     auto q_part = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
                                   group_modes<0, 2>(gQ));
-    Tensor tQgQ = get<0>(q_part);  // (TMA, n) or (TMA)
-    Tensor tQsQ = get<1>(q_part);  // (TMA, PIPE) or (TMA)
+    Tensor tQgQ = get<0>(q_part);  // (TMA)
+    Tensor tQsQ = get<1>(q_part);  // (TMA, QPIPE)
     auto k_part = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
                                   group_modes<0, 2>(gK));
-    Tensor tKgK = get<0>(k_part);  // (TMA, n) or (TMA)
-    Tensor tKsK = get<1>(k_part);  // (TMA, PIPE) or (TMA)
+    Tensor tKgK = get<0>(k_part);  // (TMA, n)
+    Tensor tKsK = get<1>(k_part);  // (TMA, PIPE)
     auto v_part = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
                                   group_modes<0, 2>(gV));
-    Tensor tVgV = get<0>(v_part);  // (TMA, n) or (TMA)
-    Tensor tVsV = get<1>(v_part);  // (TMA, PIPE) or (TMA)
+    Tensor tVgV = get<0>(v_part);  // (TMA, n)
+    Tensor tVsV = get<1>(v_part);  // (TMA, PIPE)
 
     auto load_k = [&](int n) {
       smem.k_empty[k_state.index].wait(k_state.phase);
@@ -125,14 +127,15 @@ CUTE_DEVICE void producer_loop(KernelParams<Traits> const& params,
 
     const int n_first = range.n_max - 1;
     load_k(n_first);
-    // sQ is free once every consumer WG finished the previous tile's last QK GEMM.
-    barrier_sync(FwdBarrier::kQueryEmpty, kQueryEmptyThreads);
+    // A Q buffer is free once every consumer WG finished the last QK GEMM of the tile in it.
+    smem.q_empty[q_state.index].wait(q_state.phase);
     if (leader) {
-      smem.q_full.arrive_and_expect_tx(Traits::kQBytes);
-      copy(params.tma_q.with(reinterpret_cast<uint64_t&>(smem.q_full), 0,
-                             TMA::CacheHintSm90::EVICT_FIRST),
-           tQgQ, tQsQ);
+      auto& full = smem.q_full[q_state.index];
+      full.arrive_and_expect_tx(Traits::kQBytes);
+      copy(params.tma_q.with(reinterpret_cast<uint64_t&>(full), 0, TMA::CacheHintSm90::EVICT_FIRST),
+           tQgQ, tQsQ(_, q_state.index));
     }
+    q_state.advance();
     prefetch_next_tile(round + 1);
     if constexpr (Traits::kOverlap) {
 #pragma unroll 1

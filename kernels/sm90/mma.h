@@ -67,7 +67,6 @@ struct Consumer {
   static constexpr int kBlockN = Traits::kBlockN;
   static constexpr int kHeadDim = Traits::kHeadDim;
   static constexpr int kStages = Traits::kStages;
-  static constexpr int kQueryEmptyThreads = Traits::kConsumerThreads + 32;
   using TiledMmaQK = typename Traits::TiledMmaQK;
   using TiledMmaPV = typename Traits::TiledMmaPV;
   using SharedStorage = typename Traits::SharedStorage;
@@ -89,7 +88,8 @@ struct Consumer {
   TiledMmaPV mma_pv;
   PipelineState<kStages> k_state;
   PipelineState<kStages> v_state;
-  int q_loads = 0;  // Q tiles consumed so far: the parity of the next q_full phase
+  PipelineState<Traits::kQStages> q_state;  // the next Q buffer to wait for
+  int q_read = 0;                           // the Q buffer of the tile being computed
 
   CUTE_DEVICE Consumer(KernelParams<Traits> const& params_, SharedStorage& smem_)
       : params(params_), p(params_.fwd), smem(smem_) {}
@@ -109,8 +109,8 @@ struct Consumer {
     return (cutlass::canonical_warp_group_idx() - 1) * 128;
   }
   CUTE_DEVICE auto tSrQ() {  // (MMA, MMA_M, MMA_K) descriptors
-    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});
-    return mma_qk.get_thread_slice(wg_first_thread()).partition_fragment_A(sQ);
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQStages{});
+    return mma_qk.get_thread_slice(wg_first_thread()).partition_fragment_A(sQ)(_, _, _, q_read);
   }
   CUTE_DEVICE auto tSrK() {  // (MMA, MMA_N, MMA_K, PIPE)
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutK{});
@@ -139,7 +139,11 @@ struct Consumer {
     }
   }
 
-  CUTE_DEVICE void wait_q() { smem.q_full.wait(q_loads++ & 1); }
+  CUTE_DEVICE void wait_q() {
+    smem.q_full[q_state.index].wait(q_state.phase);
+    q_read = q_state.index;
+    q_state.advance();
+  }
   CUTE_DEVICE void wait_k() { smem.k_full[k_state.index].wait(k_state.phase); }
   CUTE_DEVICE void wait_v() { smem.v_full[v_state.index].wait(v_state.phase); }
   // One arrival per warpgroup, once its WGMMAs reading the stage completed.
@@ -155,8 +159,12 @@ struct Consumer {
     }
     v_state.advance();
   }
-  // After the tile's last QK GEMM completed: the producer may load the next Q.
-  CUTE_DEVICE void release_q() { barrier_arrive(FwdBarrier::kQueryEmpty, kQueryEmptyThreads); }
+  // After the tile's last QK GEMM completed: the producer may reuse its Q buffer.
+  CUTE_DEVICE void release_q() {
+    if (wg_leader()) {
+      smem.q_empty[q_read].arrive();
+    }
+  }
 
   template <class TensorS>
   CUTE_DEVICE void issue_qk(TensorS& tSrS) {
@@ -416,7 +424,6 @@ CUTE_DEVICE void consumer_loop(KernelParams<Traits> const& params,
                                typename Traits::SharedStorage& smem) {
   Consumer<Traits> c(params, smem);
   c.pingpong().start();
-  c.release_q();  // sQ starts free
   if constexpr (Traits::kOverlap && Traits::kMergeTileBoundary) {
     consumer_loop_overlap(c);
   } else if constexpr (Traits::kOverlap) {

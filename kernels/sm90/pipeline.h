@@ -34,8 +34,7 @@ CUTE_DEVICE PipelineState<kStages> producer_start_state() {
 
 // Named-barrier ids (CUTLASS adds its ReservedNamedBarrierCount = 8; the hardware has 16).
 enum class FwdBarrier : uint32_t {
-  kQueryEmpty = 0,  // consumers arrive when sQ may be overwritten; the producer warp syncs
-  kPingPong0 = 1,   // kPingPong0 + c: consumer WG c may issue its GEMMs
+  kPingPong0 = 0,  // kPingPong0 + c: consumer WG c may issue its GEMMs
 };
 inline constexpr int kMaxConsumerWgs = 3;
 static_assert(static_cast<uint32_t>(FwdBarrier::kPingPong0) + kMaxConsumerWgs <=

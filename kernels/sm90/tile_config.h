@@ -17,6 +17,7 @@ struct FwdConfig {
   int block_m;       // query rows per CTA tile (64 per consumer warpgroup)
   int block_n;       // keys per pipeline stage
   int stages;        // K and V pipeline depth
+  int q_stages;      // Q buffers: 2 lets the next tile's Q load while this tile computes
   int consumer_wgs;  // consumer warpgroups
   bool pingpong;     // default of the runtime ping-pong flag (variants can turn it off)
   bool rescale_o_before_pv;  // O *= scale before issuing the PV GEMM (hides the FMULs under QK)
@@ -47,31 +48,32 @@ struct RegisterBudget {
 constexpr FwdConfig fwd_config(int head_dim) {
   // d64: GEMM time per score (4d FLOP / 4096 FLOP/clk) equals exp time (1/16 clk per score), so
   //   three consumer warpgroups ping-pong to keep one WG's softmax under the others' GEMMs;
-  //   O + S + P = 32 + 64 + 32 = 128 of the 160 registers three WGs can have.
+  //   O + S + P = 32 + 64 + 32 = 128 of the 160 registers three WGs can have. Shared memory has
+  //   room for two Q buffers (2 x 24 K + 4 x 16 K = 112 KB): the next tile's Q loads early.
   if (head_dim <= 64) {
-    return {/*block_m=*/192, /*block_n=*/128, /*stages=*/2, /*consumer_wgs=*/3,
+    return {/*block_m=*/192, /*block_n=*/128, /*stages=*/2, /*q_stages=*/2, /*consumer_wgs=*/3,
             /*pingpong=*/true, /*rescale_o_before_pv=*/false};
   }
   // d96: 3 WGs would leave 160 registers for O + S + P = 48 + 64 + 32 plus addressing (spills);
-  //   two WGs with N = 128: 144 live of 240.
+  //   two WGs with N = 128: 144 live of 240. Two Q buffers: 2 x 24 K + 4 x 24 K = 144 KB.
   if (head_dim <= 96) {
-    return {128, 128, 2, 2, true, false};
+    return {128, 128, 2, 2, 2, true, false};
   }
   // d128: N = 176, the largest N whose K and V stages fit next to Q (32 K + 2 x 2 x 44 K =
   //   208 KB); O + S + P = 64 + 88 + 44 = 196 of 240 (N = 192 would leave too few for addressing).
   if (head_dim <= 128) {
-    return {128, 176, 2, 2, true, false};
+    return {128, 176, 2, 1, 2, true, false};
   }
   // d192: N = 112: 48 K + 2 x 2 x 42 K = 216 KB (N = 128 would need 240 KB);
   //   O + S + P = 96 + 56 + 28 = 180.
   if (head_dim <= 192) {
-    return {128, 112, 2, 2, false, true};
+    return {128, 112, 2, 1, 2, false, true};
   }
   // d256: N = 80: 64 K + 2 x 2 x 40 K = 224 KB, 3 KB left for barriers; O + S + P = 128 + 40 + 20
   //   = 188. O is rescaled before the PV GEMM so its 128 FMULs per thread run under the QK GEMM.
   //   The merged tile boundary (both tiles' row statistics live) spilled here: each tile keeps
   //   its own prologue and drain.
-  return {128, 80, 2, 2, false, true, /*merge_tile_boundary=*/false};
+  return {128, 80, 2, 1, 2, false, true, /*merge_tile_boundary=*/false};
 }
 
 }  // namespace flash_hopper::sm90
