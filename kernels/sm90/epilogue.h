@@ -1,7 +1,7 @@
 // Consumer epilogue of the FA-3 path: O from the accumulator straight to global memory, LSE fp32.
 //
-// Each thread stores its accumulator's column pairs as 32-bit words (rows < seqlen_q, columns
-// < head_dim). Direct stores need no shared memory, so the O buffer does not alias the K/V stages
+// The 4 threads of a quad exchange their column pairs with shuffles so each stores 16 contiguous
+// bytes per row (rows < seqlen_q, columns < head_dim). Direct stores need no shared memory, so the O buffer does not alias the K/V stages
 // and no barrier orders the epilogue against the producer's next loads; in the tuned kernel they
 // run while the next tile's first QK GEMM is on the tensor cores (mma.h).
 #pragma once
@@ -16,6 +16,23 @@
 namespace flash_hopper::sm90 {
 
 using namespace cute;
+
+// Inside a quad (4 lanes sharing rows), thread q holds words x[i] = (its pair of group i); returns
+// the 4 words of group q from threads 0..3 in order. Register indices must be static, so the
+// runtime lane index picks values with selects.
+CUTE_DEVICE uint4 quad_transpose(uint32_t const (&x)[4], int q) {
+  auto pick = [&](int i) { return i == 0 ? x[0] : i == 1 ? x[1] : i == 2 ? x[2] : x[3]; };
+  // Partner q ^ k sends its word of group q; this thread sends its word of group q ^ k.
+  const uint32_t r1 = __shfl_xor_sync(0xffffffff, pick(q ^ 1), 1);
+  const uint32_t r2 = __shfl_xor_sync(0xffffffff, pick(q ^ 2), 2);
+  const uint32_t r3 = __shfl_xor_sync(0xffffffff, pick(q ^ 3), 3);
+  const uint32_t own = pick(q);
+  auto from = [&](int src) {  // the word that came from thread src of the quad
+    const int k = src ^ q;
+    return k == 0 ? own : k == 1 ? r1 : k == 2 ? r2 : r3;
+  };
+  return make_uint4(from(0), from(1), from(2), from(3));
+}
 
 // Writes one tile's rows: value(r, c) gives the 16-bit O element at (row, column) index (r, c) of
 // the thread's PV-accumulator fragment in its row-column view (acc_rowcol), lse[r] the LSE of the
@@ -32,20 +49,30 @@ CUTE_DEVICE void store_rows(FwdParams const& p, ThrMma const& thr_mma_pv, TileCo
   Element* o = static_cast<Element*>(p.o) + tile.batch * p.o_batch_stride +
                tile.head * p.o_head_stride;
   const int row0 = tile.m_block * kBlockM;
+  const int q = threadIdx.x % 4;  // position in the quad that shares the thread's rows
+  static_assert(kHeadDim % 32 == 0, "quad transposition works on groups of 32 columns");
   CUTE_UNROLL
   for (int r = 0; r < size<0>(tOcO_rc); ++r) {
     const int row = row0 + get<0>(tOcO_rc(r, 0));
-    if (row < p.seqlen_q) {
-      Element* o_row = o + row * p.o_row_stride;
+    Element* o_row = o + row * p.o_row_stride;
+    // Thread q holds columns 8j + 2q, 8j + 2q + 1 of every 8-column group j. A 4 x 4 transposition
+    // of 32-bit pairs inside the quad gives thread q all 8 columns of group 4g + q, so each row
+    // is written in 16-byte pieces that fill whole sectors (pair-wise stores left every 32-byte
+    // sector half written: 2x the write traffic, ncu).
+    CUTE_UNROLL
+    for (int g = 0; g < kHeadDim / 32; ++g) {
+      uint32_t x[4];
       CUTE_UNROLL
-      for (int c = 0; c < size<1>(tOcO_rc); c += 2) {
-        const int col = get<1>(tOcO_rc(r, c));
-        if (col < p.head_dim) {  // head_dim % 8 == 0: both columns of the pair are in or out
-          cutlass::Array<Element, 2> pair;
-          pair[0] = value(r, c);
-          pair[1] = value(r, c + 1);
-          *reinterpret_cast<cutlass::Array<Element, 2>*>(o_row + col) = pair;
-        }
+      for (int i = 0; i < 4; ++i) {
+        cutlass::Array<Element, 2> pair;
+        pair[0] = value(r, 2 * (4 * g + i));
+        pair[1] = value(r, 2 * (4 * g + i) + 1);
+        x[i] = reinterpret_cast<uint32_t const&>(pair);
+      }
+      const uint4 words = quad_transpose(x, q);
+      const int col = 8 * (4 * g + q);
+      if (row < p.seqlen_q && col < p.head_dim) {  // head_dim % 8 == 0: whole groups in or out
+        *reinterpret_cast<uint4*>(o_row + col) = words;
       }
     }
   }
