@@ -28,40 +28,36 @@ def _demangle(names: list[str]) -> dict[str, str]:
         return {n: n for n in names}
 
 
-def kernel_facts(lib: str) -> list[dict]:
-    res = subprocess.run(["cuobjdump", "-res-usage", lib], capture_output=True, text=True,
-                         check=True).stdout
-    facts: dict[tuple[str, str], dict] = {}
-    arch = "?"
-    name = None
-    for line in res.splitlines():
+def _per_function(text: str, header: str):
+    """(arch, function, line) for each line of cuobjdump output after a function header."""
+    arch, name = "?", None
+    for line in text.splitlines():
         m = re.search(r"arch = (sm_\w+)", line)
         if m:
             arch = m.group(1)
-        m = re.match(r"\s*Function (\S+):", line)
+        m = re.match(header, line)
         if m:
             name = m.group(1)
             continue
+        if name:
+            yield arch, name, line
+
+
+def kernel_facts(lib: str) -> list[dict]:
+    def dump(flag: str) -> str:
+        return subprocess.run(["cuobjdump", flag, lib], capture_output=True, text=True,
+                              check=True).stdout
+
+    facts: dict[tuple[str, str], dict] = {}
+    for arch, name, line in _per_function(dump("-res-usage"), r"\s*Function (\S+):"):
         m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", line)
-        if m and name:
+        if m and (arch, name) not in facts:
             facts[(arch, name)] = {"arch": arch, "kernel": name, "registers": int(m.group(1)),
                                    "stack": int(m.group(2)), "static_shared": int(m.group(3)),
                                    "local": int(m.group(4))}
-            name = None
-    sass = subprocess.run(["cuobjdump", "-sass", lib], capture_output=True, text=True,
-                          check=True).stdout
-    arch = "?"
-    name = None
-    for line in sass.splitlines():
-        m = re.search(r"arch = (sm_\w+)", line)
-        if m:
-            arch = m.group(1)
-        m = re.match(r"\s*Function : (\S+)", line)
-        if m:
-            name = m.group(1)
-            continue
-        if name and (arch, name) in facts:
-            f = facts[(arch, name)]
+    for arch, name, line in _per_function(dump("-sass"), r"\s*Function : (\S+)"):
+        f = facts.get((arch, name))
+        if f is not None:
             for op in _COUNTED:
                 if re.search(rf"\b{op}[\s.]", line):
                     f[op] = f.get(op, 0) + 1

@@ -22,7 +22,7 @@
 #include "flash_hopper/block_range.h"
 #include "flash_hopper/fwd_params.h"
 #include "sm80/kernel_traits.h"
-#include "sm80/mask.h"
+#include "flash_hopper/register_ops.h"  // apply_softcap, apply_window_mask
 #include "sm80/softmax.h"
 #include "sm80/utils.h"
 

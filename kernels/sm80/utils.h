@@ -6,6 +6,8 @@
 #include <cutlass/array.h>
 #include <cutlass/numeric_conversion.h>
 
+#include "flash_hopper/register_ops.h"
+
 namespace flash_hopper::sm80 {
 
 using namespace cute;
@@ -30,15 +32,11 @@ CUTE_HOST_DEVICE constexpr auto acc_layout_as_A(Layout acc) {
                      get<1>(split), get<2, 1>(split));
 }
 
-// Element-wise conversion of a register fragment (packed cvt, e.g. cvt.rn.bf16x2.f32).
+// Element-wise conversion of a register fragment into a new one of the same layout.
 template <class To, class Engine, class Layout>
 CUTE_DEVICE auto convert_fragment(Tensor<Engine, Layout> const& src) {
-  using From = typename Engine::value_type;
-  constexpr int kN = decltype(size(src))::value;
   Tensor dst = make_tensor<To>(src.layout());
-  cutlass::NumericArrayConverter<To, From, kN> convert;
-  *reinterpret_cast<cutlass::Array<To, kN>*>(dst.data()) =
-      convert(*reinterpret_cast<cutlass::Array<From, kN> const*>(src.data()));
+  convert_into(src, dst);
   return dst;
 }
 
@@ -125,20 +123,6 @@ CUTE_DEVICE void copy_tile_r2g(TiledCopy const& tiled_copy, TensorR const& tCr, 
       }
     }
   }
-}
-
-// Reduce over the 4 threads of an MMA quad (they hold the same rows, different columns).
-template <class Op>
-CUTE_DEVICE float quad_allreduce(float x, Op op) {
-  x = op(x, __shfl_xor_sync(0xffffffff, x, 2));
-  x = op(x, __shfl_xor_sync(0xffffffff, x, 1));
-  return x;
-}
-
-CUTE_DEVICE float fast_tanh(float x) {
-  float y;
-  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
 }
 
 }  // namespace flash_hopper::sm80

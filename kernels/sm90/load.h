@@ -104,25 +104,23 @@ CUTE_DEVICE void producer_loop(KernelParams<Traits> const& params,
     Tensor tVgV = get<0>(v_part);  // (TMA, n)
     Tensor tVsV = get<1>(v_part);  // (TMA, PIPE)
 
-    auto load_k = [&](int n) {
-      smem.k_empty[k_state.index].wait(k_state.phase);
+    // One K or V block into the next stage of its pipeline, once that stage is empty.
+    auto load_stage = [&](auto const& tma, auto const& tXgX, auto const& tXsX, auto& full,
+                          auto& empty, auto& state, int n) {
+      empty[state.index].wait(state.phase);
       if (leader) {
-        auto& full = smem.k_full[k_state.index];
-        full.arrive_and_expect_tx(Traits::kKVBytes);
-        copy(params.tma_k.with(reinterpret_cast<uint64_t&>(full), 0, TMA::CacheHintSm90::EVICT_LAST),
-             tKgK(_, n), tKsK(_, k_state.index));
+        full[state.index].arrive_and_expect_tx(Traits::kKVBytes);
+        copy(tma.with(reinterpret_cast<uint64_t&>(full[state.index]), 0,
+                      TMA::CacheHintSm90::EVICT_LAST),
+             tXgX(_, n), tXsX(_, state.index));
       }
-      k_state.advance();
+      state.advance();
+    };
+    auto load_k = [&](int n) {
+      load_stage(params.tma_k, tKgK, tKsK, smem.k_full, smem.k_empty, k_state, n);
     };
     auto load_v = [&](int n) {
-      smem.v_empty[v_state.index].wait(v_state.phase);
-      if (leader) {
-        auto& full = smem.v_full[v_state.index];
-        full.arrive_and_expect_tx(Traits::kKVBytes);
-        copy(params.tma_v.with(reinterpret_cast<uint64_t&>(full), 0, TMA::CacheHintSm90::EVICT_LAST),
-             tVgV(_, n), tVsV(_, v_state.index));
-      }
-      v_state.advance();
+      load_stage(params.tma_v, tVgV, tVsV, smem.v_full, smem.v_empty, v_state, n);
     };
 
     const int n_first = range.n_max - 1;

@@ -20,7 +20,7 @@
 #include <cutlass/cutlass.h>
 
 #include "flash_hopper/block_range.h"
-#include "sm80/mask.h"  // apply_softcap, apply_window_mask (layout-generic)
+#include "flash_hopper/register_ops.h"  // apply_softcap, apply_window_mask
 #include "sm90/epilogue.h"
 #include "sm90/params.h"
 #include "sm90/pipeline.h"
@@ -184,13 +184,13 @@ struct Consumer {
   template <bool kMasked, class TensorS>
   CUTE_DEVICE void transform(TensorS& tSrS, Work const& w, int n) {
     if (p.softcap != 0.f) {
-      sm80::apply_softcap(tSrS, p.softcap, p.softcap_prescale);
+      apply_softcap(tSrS, p.softcap, p.softcap_prescale);
     }
     if constexpr (kMasked) {
       Tensor tScS = mma_qk.get_thread_slice(thread_idx())
                         .partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
       Tensor tSrS_rc = make_tensor(tSrS.data(), acc_rowcol(tSrS.layout()));
-      sm80::apply_window_mask(tSrS_rc, make_tensor(tScS.data(), acc_rowcol(tScS.layout())), mask(),
+      apply_window_mask(tSrS_rc, make_tensor(tScS.data(), acc_rowcol(tScS.layout())), mask(),
                               w.tile.m_block * kBlockM, n * kBlockN);
     }
   }

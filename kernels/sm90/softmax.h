@@ -10,12 +10,11 @@
 #include <cmath>
 #include <cute/tensor.hpp>
 
-#include "sm80/utils.h"  // quad_allreduce
+#include "flash_hopper/register_ops.h"
 
 namespace flash_hopper::sm90 {
 
 using namespace cute;
-using sm80::quad_allreduce;
 
 template <int kRows>
 struct OnlineSoftmax {
@@ -77,21 +76,10 @@ struct OnlineSoftmax {
     }
   }
 
-  // O /= l and lse[r] = m * lse_scale + log(l) (natural log); a row with no visible key (l == 0)
-  // gets O = 0 and LSE = -inf.
+  // O /= l and LSE (flash_hopper::finalize_rows).
   template <class TensorO>
   CUTE_DEVICE void finalize(TensorO& acc_o, float lse_scale, float (&lse)[kRows]) {
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      const float sum = quad_allreduce(row_sum[r], [](float a, float b) { return a + b; });
-      const bool empty = sum == 0.f;
-      const float inv = empty ? 0.f : 1.f / sum;
-      lse[r] = empty ? -INFINITY : row_max[r] * lse_scale + __logf(sum);
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(acc_o); ++c) {
-        acc_o(r, c) *= inv;
-      }
-    }
+    finalize_rows(row_max, row_sum, acc_o, lse_scale, lse);
   }
 };
 

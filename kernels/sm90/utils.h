@@ -6,6 +6,8 @@
 #include <cutlass/array.h>
 #include <cutlass/numeric_conversion.h>
 
+#include "flash_hopper/register_ops.h"
+
 namespace flash_hopper::sm90 {
 
 using namespace cute;
@@ -37,18 +39,6 @@ CUTE_DEVICE int opaque_thread_idx() {
   int tid;
   asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
   return tid;
-}
-
-// dst = convert(src), element-wise with packed conversions (cvt.rn.bf16x2.f32).
-template <class EngineS, class LayoutS, class EngineD, class LayoutD>
-CUTE_DEVICE void convert_into(Tensor<EngineS, LayoutS> const& src, Tensor<EngineD, LayoutD>& dst) {
-  using From = typename EngineS::value_type;
-  using To = typename EngineD::value_type;
-  constexpr int kN = decltype(size(src))::value;
-  static_assert(kN == decltype(size(dst))::value);
-  cutlass::NumericArrayConverter<To, From, kN> convert;
-  *reinterpret_cast<cutlass::Array<To, kN>*>(dst.data()) =
-      convert(*reinterpret_cast<cutlass::Array<From, kN> const*>(src.data()));
 }
 
 // Issues C (+)= A B as one WGMMA batch over the K slices. kZeroInit: C = A B. kWait >= 0 waits
