@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from _helpers import raises
-from flash_hopper import UnsupportedError, _device, _lib, dispatch, ops, which_backend
+from flash_hopper import UnsupportedError, _device, _lib, _validate, dispatch, ops, which_backend
 from flash_hopper._lib import FhBackend, FhDtype
 from flash_hopper.dispatch import HEAD_DIM_BUCKETS, head_dim_bucket, select_backend
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -121,6 +121,54 @@ class FakeLibrary:
     def has_fwd_kernel(self, backend, dtype, head_dim):
         self.calls.append((backend, dtype, head_dim))
         return (backend, dtype, head_dim) in self.kernels
+
+
+LAYOUT = "k: stride(2) is 0 on a dimension of size 8"
+
+
+def test_fa3_layout_problem_sends_auto_to_fa2_and_fa3_raises():
+    backend, why = select_backend("auto", (9, 0), ALL, "bf16", 128, LAYOUT)
+    assert backend == "fa2" and why == f"cc 9.0 but {LAYOUT} -> fa2"
+    for requested in ("fa3", "fa3-no-pingpong"):
+        with raises(UnsupportedError, "backend='fa3'", LAYOUT, "backend='fa2' or 'auto'"):
+            select_backend(requested, (9, 0), ALL, "bf16", 128, LAYOUT)
+    assert select_backend("fa2", (9, 0), ALL, "bf16", 128, LAYOUT)[0] == "fa2"
+    # Only the fa3 kernel is built: nothing can run the layout; say why and what to build.
+    fa3_only = ALL - FA2_ONLY
+    with raises(UnsupportedError, LAYOUT, "no fa2 kernel for bf16 hdim 128", "FH_ARCHS including 80"):
+        select_backend("auto", (9, 0), fa3_only, "bf16", 128, LAYOUT)
+    # The layout does not matter where fa3 cannot run anyway.
+    assert select_backend("auto", (8, 0), ALL, "bf16", 128, LAYOUT) == (
+        "fa2", "cc 8.0: fa3 needs cc 9.0 (sm90a) -> fa2")
+
+
+def test_tma_layout_problem_names_the_tensor_dim_and_strides():
+    q = torch.empty(2, 16, 8, 64)
+    k_shared = torch.empty(2, 16, 1, 64).expand(2, 16, 8, 64)  # one K head broadcast to 8
+    assert _validate.tma_layout_problem(q=q, k=q, v=q) is None
+    assert _validate.tma_layout_problem(q=q, k=torch.empty(2, 16, 1, 64), v=q) is None  # size 1
+    problem = _validate.tma_layout_problem(q=q, k=k_shared, v=k_shared)
+    assert problem.startswith("k: stride(2) is 0 on a dimension of size 8")
+    assert str(tuple(k_shared.stride())) in problem and "k.contiguous()" in problem
+    batch_bcast = torch.empty(1, 16, 8, 64).expand(3, 16, 8, 64)
+    assert _validate.tma_layout_problem(q=q, k=q, v=batch_bcast).startswith(
+        "v: stride(0) is 0 on a dimension of size 3")
+
+
+def test_which_backend_passes_the_layout_to_dispatch(fake_h100, monkeypatch):
+    seen = {}
+
+    def select(*args):
+        seen["problem"] = args[-1]
+        raise UnsupportedError("stop here")
+
+    monkeypatch.setattr(dispatch, "select_backend", select)
+    with FakeTensorMode():
+        q = torch.empty(1, 16, 8, 128, dtype=torch.bfloat16, device="cuda")
+        k = torch.empty(1, 16, 1, 128, dtype=torch.bfloat16, device="cuda").expand(1, 16, 8, 128)
+        with raises(UnsupportedError, "stop here"):
+            which_backend(q, k, k)
+    assert seen["problem"].startswith("k: stride(2) is 0")
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from flash_hopper import _validate, flash_attn_func, ops, which_backend
+from flash_hopper import UnsupportedError, _validate, flash_attn_func, ops, which_backend
 from flash_hopper._lib import FhBackend, FhDtype
 from flash_hopper.dispatch import head_dim_bucket
 from flash_hopper.reference import attention_ref
@@ -210,6 +210,46 @@ def test_gqa(lib, backend, seed, heads_q, heads_kv, causal):
     q, k, v = make_qkv(2, 97, 131, heads_q, heads_kv, 64, torch.bfloat16)
     out, lse = run(q, k, v, backend, causal=causal)
     assert_matches_reference(out, lse, q, k, v, causal=causal)
+
+
+# K/V broadcast with expand() (stride 0 over heads or batch): valid torch, readable through
+# pointers (fa2); the fa3 path's TMA needs positive strides, so "auto" runs fa2 there and an
+# explicit "fa3" says which tensor and stride keep it out.
+@pytest.mark.parametrize("bcast", ["heads", "batch"])
+def test_expanded_kv(lib, seed, bcast):
+    require_kernel(lib, "fa2", torch.bfloat16, 64)
+    q, k, v = make_qkv(2, 97, 131, 4, 1, 64, torch.bfloat16)
+    if bcast == "heads":
+        k, v = k.expand(2, 131, 4, 64), v.expand(2, 131, 4, 64)
+    else:
+        k, v = k[:1].expand(2, 131, 1, 64), v[:1].expand(2, 131, 1, 64)
+    fa3_here = (_backend_runs_here(lib, "fa3") is None
+                and lib.has_fwd_kernel(FhBackend.FA3, FhDtype.BF16, 64))
+    assert which_backend(q, k, v)[0] == "fa2"
+    out, lse = run(q, k, v, "fa2")
+    assert_matches_reference(out, lse, q, k, v)
+    out_auto, used = run_auto(q, k, v)
+    assert used == "fa2" and torch.equal(out_auto, out)
+    if fa3_here:
+        with pytest.raises(UnsupportedError, match=r"backend='fa3': k: stride\(\d\) is 0"):
+            run(q, k, v, "fa3")
+        # The C ABI applies the same rule: backend FA3 names the stride field, AUTO runs fa2.
+        field = "k_head_stride" if bcast == "heads" else "k_batch_stride"
+        cfg = _validate.check_fwd_args(q, k, v, None, False, (-1, -1), 0.0, "fa3")
+        out_c = torch.full_like(q, float("nan"))
+        stream = torch.cuda.current_stream().cuda_stream
+        with pytest.raises(UnsupportedError, match=f"{field}: the fa3 path loads q/k/v with TMA"):
+            lib.fwd(ops.make_params(q, k, v, out_c, None, cfg, "fa3"), stream)
+        assert out_c.isnan().all()
+        lib.fwd(ops.make_params(q, k, v, out_c, None, cfg, "auto"), stream)
+        assert torch.equal(out_c, out)
+
+
+def run_auto(q, k, v):
+    cfg = _validate.check_fwd_args(q, k, v, None, False, (-1, -1), 0.0, "auto")
+    out = torch.full_like(q, float("nan"))
+    used = ops.fwd_into(q, k, v, out, None, cfg.softmax_scale, -1, -1, 0.0, "auto")
+    return out, used
 
 
 # --- windows and softcap -------------------------------------------------------------------------

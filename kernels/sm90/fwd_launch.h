@@ -88,12 +88,23 @@ cudaError_t launch_fwd(FwdParams const& p, bool pingpong, int max_smem_per_block
 }
 
 // variant: FwdParams::variant bit 0 turns ping-pong off (the ablation); the overlap switch is the
-// template argument (kOverlap), one instantiation each.
+// template argument (kOverlap), one instantiation each. Masked calls with short key sequences run
+// the bucket's kShortMasked tile where it has one (tile_config.h); the no-overlap ablation kernels
+// keep the default tile.
 template <class Element, int kHeadDim, bool kOverlap>
 cudaError_t run_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t stream) {
+  const bool pingpong_off = (p.variant & 1) != 0;
+  if constexpr (kOverlap && has_short_masked_tile(kHeadDim)) {
+    const bool masked = p.window_left >= 0 || p.window_right >= 0;
+    if (masked && p.seqlen_k <= kShortMaskedMaxSeqlenK) {
+      using Traits = FwdTraits<Element, kHeadDim, kOverlap, TileFamily::kShortMasked>;
+      return launch_fwd<Traits>(p, Traits::kPingpongDefault && !pingpong_off,
+                                max_smem_per_block, stream);
+    }
+  }
   using Traits = FwdTraits<Element, kHeadDim, kOverlap>;
-  const bool pingpong = Traits::kPingpongDefault && (p.variant & 1) == 0;
-  return launch_fwd<Traits>(p, pingpong, max_smem_per_block, stream);
+  return launch_fwd<Traits>(p, Traits::kPingpongDefault && !pingpong_off, max_smem_per_block,
+                            stream);
 }
 
 }  // namespace flash_hopper::sm90

@@ -28,12 +28,13 @@ CUTE_HOST_DEVICE constexpr auto k_major_smem_atom() {
   }
 }
 
-template <class Element_, int kHeadDim_, bool kOverlap_>
+template <class Element_, int kHeadDim_, bool kOverlap_,
+          TileFamily kFamily = TileFamily::kDefault>
 struct FwdTraits {
   using Element = Element_;
   static_assert(sizeof(Element) == 2, "the FA-3 path forward handles fp16 / bf16 inputs");
 
-  static constexpr FwdConfig kConfig = fwd_config(kHeadDim_);
+  static constexpr FwdConfig kConfig = fwd_config(kHeadDim_, kFamily);
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kConfig.block_m;
   static constexpr int kBlockN = kConfig.block_n;

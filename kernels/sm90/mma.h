@@ -70,6 +70,7 @@ struct Consumer {
   using TiledMmaQK = typename Traits::TiledMmaQK;
   using TiledMmaPV = typename Traits::TiledMmaPV;
   using SharedStorage = typename Traits::SharedStorage;
+  using Softmax = OnlineSoftmax</*kRows=*/2>;
 
   // A tile with at least one key block.
   struct Work {
@@ -196,7 +197,7 @@ struct Consumer {
   }
 
   template <class TensorO>
-  CUTE_DEVICE void finish(Work const& w, OnlineSoftmax<2>& softmax, TensorO& tOrO) {
+  CUTE_DEVICE void finish(Work const& w, Softmax& softmax, TensorO& tOrO) {
     Tensor tOrO_rc = make_tensor(tOrO.data(), acc_rowcol(tOrO.layout()));
     float lse[2];
     softmax.finalize(tOrO_rc, p.lse_scale, lse);
@@ -216,7 +217,7 @@ struct Consumer {
   };
 
   // S of a tile's first (last-index) block alone; always masked: it holds the sequence tail.
-  CUTE_DEVICE void first_block(Fragments& f, OnlineSoftmax<2>& softmax, Work const& w) {
+  CUTE_DEVICE void first_block(Fragments& f, Softmax& softmax, Work const& w) {
     const int n = w.range.n_max - 1;
     wait_q();
     wait_k();
@@ -235,8 +236,7 @@ struct Consumer {
 
   // One overlapped step inside tile w: S(n) with PV(n + 1), the softmax of S(n) under the PV.
   template <bool kMasked>
-  CUTE_DEVICE void overlapped_step(Fragments& f, OnlineSoftmax<2>& softmax, Work const& w,
-                                   int n) {
+  CUTE_DEVICE void overlapped_step(Fragments& f, Softmax& softmax, Work const& w, int n) {
     Tensor o_rc = f.o_rc();
     wait_k();
     pingpong().wait_turn();
@@ -264,7 +264,7 @@ struct Consumer {
   }
 
   // Tile w's last PV alone (its P is ready), then its epilogue.
-  CUTE_DEVICE void drain(Fragments& f, OnlineSoftmax<2>& softmax, Work const& w) {
+  CUTE_DEVICE void drain(Fragments& f, Softmax& softmax, Work const& w) {
     if constexpr (Traits::kRescaleOBeforePv) {
       Tensor o_rc = f.o_rc();
       softmax.rescale_o(o_rc);
@@ -279,6 +279,7 @@ struct Consumer {
 // Tuned kernel (d <= 192): overlapped steps in one stream across the CTA's tiles.
 template <class Traits>
 CUTE_DEVICE void consumer_loop_overlap(Consumer<Traits>& c) {
+  using Softmax = typename Consumer<Traits>::Softmax;
   using Work = typename Consumer<Traits>::Work;
   typename Consumer<Traits>::Fragments f;
   Tensor s_rc = f.s_rc();
@@ -287,7 +288,7 @@ CUTE_DEVICE void consumer_loop_overlap(Consumer<Traits>& c) {
   if (!c.next_work(round, cur)) {
     return;
   }
-  OnlineSoftmax<2> softmax(c.p.scale_log2);
+  Softmax softmax(c.p.scale_log2);
   clear(f.o);
   c.first_block(f, softmax, cur);
   convert_into(f.s, f.p);
@@ -330,8 +331,8 @@ CUTE_DEVICE void consumer_loop_overlap(Consumer<Traits>& c) {
     }
     c.release_k();
     c.template transform<true>(f.s, next, n);
-    OnlineSoftmax<2> finished = softmax;  // this tile's statistics, for its epilogue
-    softmax = OnlineSoftmax<2>(c.p.scale_log2);
+    Softmax finished = softmax;  // this tile's statistics, for its epilogue
+    softmax = Softmax(c.p.scale_log2);
     softmax.template update<true, true>(s_rc);
     warpgroup_wait<0>();
     c.release_v();
@@ -347,11 +348,12 @@ CUTE_DEVICE void consumer_loop_overlap(Consumer<Traits>& c) {
 // steps, each tile with its own first block and drain, all state scoped to the tile.
 template <class Traits>
 CUTE_DEVICE void consumer_loop_overlap_per_tile(Consumer<Traits>& c) {
+  using Softmax = typename Consumer<Traits>::Softmax;
   typename Consumer<Traits>::Work w;
 #pragma unroll 1
   for (int round = 0; c.next_work(round, w); ++round) {
     typename Consumer<Traits>::Fragments f;
-    OnlineSoftmax<2> softmax(c.p.scale_log2);
+    Softmax softmax(c.p.scale_log2);
     clear(f.o);
     c.first_block(f, softmax, w);
     convert_into(f.s, f.p);
@@ -370,13 +372,14 @@ CUTE_DEVICE void consumer_loop_overlap_per_tile(Consumer<Traits>& c) {
 // Ablation (no intra-warpgroup overlap): per block, S then softmax then PV, each GEMM waited for.
 template <class Traits>
 CUTE_DEVICE void consumer_loop_sequential(Consumer<Traits>& c) {
+  using Softmax = typename Consumer<Traits>::Softmax;
   typename Consumer<Traits>::Work w;
 #pragma unroll 1
   for (int round = 0; c.next_work(round, w); ++round) {
     typename Consumer<Traits>::Fragments f;
     Tensor s_rc = f.s_rc();
     Tensor o_rc = f.o_rc();
-    OnlineSoftmax<2> softmax(c.p.scale_log2);
+    Softmax softmax(c.p.scale_log2);
     clear(f.o);
     c.first_block(f, softmax, w);
 

@@ -5,6 +5,16 @@
 // A thread holds 2 rows (r, r + 8) of its warp's 16; the 4 threads of a quad share each row, so
 // the max is reduced over the quad every block (all four must agree on the scale) and the sum only
 // once, in finalize. p = exp2(s * scale_log2 - m * scale_log2): one FFMA and one MUFU.EX2.
+//
+// Lazy rescaling: m is the max the exponentials are taken against, not necessarily the true
+// running max. A block moves m only when its own max exceeds m by more than kMaxStaleLog2 (in
+// log2 units); otherwise m stays, the block's p are <= 2^kMaxStaleLog2 = 256 and O and l need no
+// rescale. Exact, not an approximation: O, l and the LSE all use the same m, and
+// O / l = sum(exp2(s - m) v) / sum(exp2(s - m)) for any m. Safe: p <= 256 is far inside bf16 /
+// fp16 range; l <= 256 * seqlen_k and |O| <= 256 * sum |v| are far inside fp32; the smallest
+// p of a row only gets larger (m is never above the true max). With random or trained scores the
+// max rarely jumps by 2^8 after the first block, so most blocks skip the O rescale (d/2 FMULs per
+// thread; 128 at d256) and the exp2 of the scale.
 #pragma once
 
 #include <cmath>
@@ -18,10 +28,13 @@ using namespace cute;
 
 template <int kRows>
 struct OnlineSoftmax {
+  static constexpr float kMaxStaleLog2 = 8.f;
+
   float row_max[kRows];
   float row_sum[kRows];
   float scale[kRows];  // exp2((m_old - m_new) * scale_log2), pending for O
   float scale_log2;
+  bool rescale_pending = false;  // some scale[r] != 1 since the last rescale_o
 
   CUTE_DEVICE explicit OnlineSoftmax(float scale_log2_) : scale_log2(scale_log2_) {
     CUTE_UNROLL
@@ -46,11 +59,20 @@ struct OnlineSoftmax {
         m = fmaxf(m, scores(r, c));
       }
       m = quad_allreduce(m, [](float a, float b) { return fmaxf(a, b); });
-      const float m_scaled = (kCheckInf && m == -INFINITY) ? 0.f : m * scale_log2;
+      float m_scaled = (kCheckInf && m == -INFINITY) ? 0.f : m * scale_log2;
       if constexpr (!kFirst) {
-        // Old max -inf: nothing accumulated yet (O and l are 0); exp2(-inf) = 0 keeps them 0.
-        scale[r] = exp2f(row_max[r] * scale_log2 - m_scaled);
-        row_sum[r] *= scale[r];
+        const float m_old_scaled = row_max[r] * scale_log2;
+        // Keep the old max when the new one is at most kMaxStaleLog2 above it (false for NaN:
+        // an old max of -inf always moves).
+        if (m_scaled - m_old_scaled <= kMaxStaleLog2) {
+          m = row_max[r];
+          m_scaled = m_old_scaled;
+        } else {
+          // Old max -inf: nothing accumulated yet (O and l are 0); exp2(-inf) = 0 keeps them 0.
+          scale[r] = exp2f(m_old_scaled - m_scaled);
+          row_sum[r] *= scale[r];
+          rescale_pending = true;
+        }
       }
       row_max[r] = m;
       float sum = 0.f;
@@ -64,16 +86,22 @@ struct OnlineSoftmax {
     }
   }
 
-  // acc_o: (rows, D) view of O.
+  // acc_o: (rows, D) view of O. Skipped by the whole warp when none of its rows moved its max
+  // (a warp-uniform branch: no divergence around the accumulator registers).
   template <class TensorO>
-  CUTE_DEVICE void rescale_o(TensorO& acc_o) const {
+  CUTE_DEVICE void rescale_o(TensorO& acc_o) {
+    if (!__any_sync(0xffffffffu, rescale_pending)) {
+      return;
+    }
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       CUTE_UNROLL
       for (int c = 0; c < size<1>(acc_o); ++c) {
         acc_o(r, c) *= scale[r];
       }
+      scale[r] = 1.f;
     }
+    rescale_pending = false;
   }
 
   // O /= l and LSE (flash_hopper::finalize_rows).

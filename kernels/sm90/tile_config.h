@@ -45,7 +45,14 @@ struct RegisterBudget {
   static_assert(kConsumer % 8 == 0 && kProducer % 8 == 0 && kConsumer <= 256 && kProducer >= 24);
 };
 
-constexpr FwdConfig fwd_config(int head_dim) {
+// Masked (causal / local) calls with at most kShortMaskedMaxSeqlenK keys run the kShortMasked tile
+// of their bucket where it differs (fwd_launch.h picks at run time): their query tiles hold 1-16
+// key blocks, half of them crossing the diagonal, so a key block wider than the 128-row query tile
+// computes and streams masked columns for nothing.
+enum class TileFamily { kDefault, kShortMasked };
+inline constexpr int kShortMaskedMaxSeqlenK = 2048;
+
+constexpr FwdConfig fwd_config(int head_dim, TileFamily family = TileFamily::kDefault) {
   // d64: GEMM time per score (4d FLOP / 4096 FLOP/clk) equals exp time (1/16 clk per score), so
   //   three consumer warpgroups ping-pong to keep one WG's softmax under the others' GEMMs;
   //   O + S + P = 32 + 64 + 32 = 128 of the 160 registers three WGs can have. Shared memory has
@@ -61,7 +68,13 @@ constexpr FwdConfig fwd_config(int head_dim) {
   }
   // d128: N = 176, the largest N whose K and V stages fit next to Q (32 K + 2 x 2 x 44 K =
   //   208 KB); O + S + P = 64 + 88 + 44 = 196 of 240 (N = 192 would leave too few for addressing).
+  // Short masked: N = 128: at s512 / 1k causal, N = 176 covers 24 % / 15 % more columns; measured
+  //   +13 % / +14 % there, +2 % at 2k, and 1-5 % slower than N = 176 from 4k (interleaved A/B,
+  //   bench/PERFLOG.md, 2026-11-30). Smem 2 x 32 K (two Q buffers) + 4 x 32 K = 192 KB.
   if (head_dim <= 128) {
+    if (family == TileFamily::kShortMasked) {
+      return {128, 128, 2, 2, 2, true, false};
+    }
     return {128, 176, 2, 1, 2, true, false};
   }
   // d192: N = 112: 48 K + 2 x 2 x 42 K = 216 KB (N = 128 would need 240 KB);
@@ -74,6 +87,14 @@ constexpr FwdConfig fwd_config(int head_dim) {
   //   The merged tile boundary (both tiles' row statistics live) spilled here: each tile keeps
   //   its own prologue and drain.
   return {128, 80, 2, 1, 2, false, true, /*merge_tile_boundary=*/false};
+}
+
+// Whether a bucket has its own kShortMasked tile (only where it measured faster).
+constexpr bool has_short_masked_tile(int head_dim) {
+  const FwdConfig a = fwd_config(head_dim);
+  const FwdConfig b = fwd_config(head_dim, TileFamily::kShortMasked);
+  return a.block_m != b.block_m || a.block_n != b.block_n || a.stages != b.stages ||
+         a.q_stages != b.q_stages || a.consumer_wgs != b.consumer_wgs;
 }
 
 }  // namespace flash_hopper::sm90

@@ -247,11 +247,51 @@ FhStatus query_device(DeviceInfo* info) {
   return FH_SUCCESS;
 }
 
+// The fa3 path loads q, k and v with TMA, whose descriptors need a positive stride on every
+// dimension that is stepped along; a broadcast (expand()ed) tensor has stride 0 there and runs on
+// fa2, which reads through pointers. Returns the first offending stride field, or null.
+struct StrideProblem {
+  const char* field;
+  int64_t stride;
+  int64_t extent;
+};
+
+bool fa3_layout_problem(const FhFwdParams* p, StrideProblem* problem) {
+  const StrideProblem checks[] = {
+      {"q_batch_stride", p->q_batch_stride, p->batch},
+      {"q_row_stride", p->q_row_stride, p->seqlen_q},
+      {"q_head_stride", p->q_head_stride, p->heads_q},
+      {"k_batch_stride", p->k_batch_stride, p->batch},
+      {"k_row_stride", p->k_row_stride, p->seqlen_k},
+      {"k_head_stride", p->k_head_stride, p->heads_kv},
+      {"v_batch_stride", p->v_batch_stride, p->batch},
+      {"v_row_stride", p->v_row_stride, p->seqlen_k},
+      {"v_head_stride", p->v_head_stride, p->heads_kv},
+  };
+  for (const StrideProblem& c : checks) {
+    if (c.extent > 1 && c.stride <= 0) {
+      *problem = c;
+      return true;
+    }
+  }
+  return false;
+}
+
+FhStatus fail_fa3_layout(StrideProblem const& layout) {
+  return fail(FH_ERROR_UNSUPPORTED,
+              "%s: the fa3 path loads q/k/v with TMA, which needs a positive stride on every "
+              "dimension of size > 1; got %lld on a dimension of size %lld (a broadcast tensor); "
+              "make it contiguous or use backend fa2 / auto",
+              layout.field, (long long)layout.stride, (long long)layout.extent);
+}
+
 FhStatus select_backend(const FhFwdParams* p, const DeviceInfo& dev, int32_t* out) {
   const int cc = dev.major * 10 + dev.minor;
   const int64_t bucket = head_dim_bucket(p->head_dim);
-  const bool fa3_ok =
-      cc == 90 && find_kernel(FH_BACKEND_FA3, p->dtype, p->head_dim, p->variant) != nullptr;
+  StrideProblem layout{};
+  const bool fa3_layout_bad = fa3_layout_problem(p, &layout);
+  const bool fa3_ok = cc == 90 && !fa3_layout_bad &&
+                      find_kernel(FH_BACKEND_FA3, p->dtype, p->head_dim, p->variant) != nullptr;
   const bool fa2_ok = cc >= 80 && find_kernel(FH_BACKEND_FA2, p->dtype, p->head_dim) != nullptr;
   switch (p->backend) {
     case FH_BACKEND_AUTO:
@@ -270,6 +310,9 @@ FhStatus select_backend(const FhFwdParams* p, const DeviceInfo& dev, int32_t* ou
                     "backend: fa3 needs a compute capability 9.0 GPU (sm90a), this one is %d.%d",
                     dev.major, dev.minor);
       }
+      if (fa3_layout_bad) {
+        return fail_fa3_layout(layout);
+      }
       break;
     case FH_BACKEND_FA2:
       if (fa2_ok) {
@@ -287,6 +330,10 @@ FhStatus select_backend(const FhFwdParams* p, const DeviceInfo& dev, int32_t* ou
     return fail(FH_ERROR_UNSUPPORTED,
                 "device: flash-hopper needs compute capability >= 8.0, this GPU is %d.%d",
                 dev.major, dev.minor);
+  }
+  if (fa3_layout_bad && cc == 90 &&
+      find_kernel(FH_BACKEND_FA3, p->dtype, p->head_dim, p->variant) != nullptr) {
+    return fail_fa3_layout(layout);  // auto: fa3 is built but cannot load it, no fa2 kernel
   }
   if (p->variant != FH_VARIANT_TUNED) {
     return fail(FH_ERROR_UNSUPPORTED,

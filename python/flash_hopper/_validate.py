@@ -158,6 +158,24 @@ def effective_strides(t: torch.Tensor) -> tuple[int, ...]:
     return tuple(strides)
 
 
+def tma_layout_problem(**tensors: torch.Tensor) -> str | None:
+    """Why the FA-3 path cannot load these q/k/v tensors, or None.
+
+    Its TMA descriptors need a positive stride on every dimension that is stepped along; an
+    expand()ed tensor (stride 0 on a dimension of size > 1, e.g. K/V broadcast over heads) is
+    valid for the FA-2 path, which reads through pointers.
+    """
+    for name, t in tensors.items():
+        for dim, (size, stride) in enumerate(zip(t.shape[:-1], t.stride()[:-1])):
+            if size > 1 and stride == 0:
+                return (
+                    f"{name}: stride({dim}) is 0 on a dimension of size {size} (strides "
+                    f"{tuple(t.stride())}, an expand()ed tensor), but the fa3 path loads {name} "
+                    f"with TMA, which needs positive strides; call {name}.contiguous()"
+                )
+    return None
+
+
 def _check_strides(name: str, t: torch.Tensor) -> None:
     if t.shape[-1] > 1 and t.stride(-1) != 1:
         raise ValueError(

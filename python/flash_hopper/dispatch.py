@@ -64,8 +64,12 @@ def select_backend(
     built: Built,
     dtype: str,
     head_dim: int,
+    fa3_layout_problem: str | None = None,
 ) -> tuple[str, str]:
     """Pick "fa2" or "fa3" for (dtype, head_dim) on a GPU of ``capability``.
+
+    ``fa3_layout_problem`` (``_validate.tma_layout_problem``): why the fa3 path cannot load the
+    call's tensors, if it cannot; "auto" then runs fa2 and "fa3" raises with that reason.
 
     Returns (backend, reason); the reason says why, for logs and ``flash-hopper info``.
     Raises ValueError for an unknown ``requested`` name and UnsupportedError (a
@@ -76,7 +80,9 @@ def select_backend(
     if requested in FA3_VARIANTS:
         # The variant kernels are fa3 kernels: same device rule; the library checks that this
         # variant was built for (dtype, head dim) and names FH_FA3_ABLATION_* if not.
-        _name, reason = select_backend("fa3", capability, built, dtype, head_dim)
+        _name, reason = select_backend(
+            "fa3", capability, built, dtype, head_dim, fa3_layout_problem
+        )
         return requested, reason.replace("fa3 requested", f"{requested} requested", 1)
     capability = (int(capability[0]), int(capability[1]))
     has = _as_predicate(built)
@@ -99,6 +105,10 @@ def select_backend(
                 f"backend='fa3': this build has no fa3 kernel for {what}; "
                 f"{_rebuild_hint('fa3', dtype, bucket)}, or use backend='auto'"
             )
+        if fa3_layout_problem:
+            raise UnsupportedError(
+                f"backend='fa3': {fa3_layout_problem}, or use backend='fa2' or 'auto'"
+            )
         return "fa3", f"fa3 requested; cc {cc} and fa3 kernel built for {what}"
 
     if requested == "fa2":
@@ -115,12 +125,17 @@ def select_backend(
         return "fa2", f"fa2 requested; cc {cc} and fa2 kernel built for {what}"
 
     # auto
-    if fa3_runs and fa3_built:
+    if fa3_runs and fa3_built and not fa3_layout_problem:
         return "fa3", f"cc {cc} and fa3 kernel built for {what} -> fa3"
     if not fa2_runs:
         raise UnsupportedError(
             f"flash-hopper needs a GPU of compute capability >= 8.0 (FA-2 path) or 9.0 (FA-3 "
             f"path), this GPU is cc {cc}"
+        )
+    if not fa2_built and fa3_runs and fa3_built:  # only the layout keeps fa3 out
+        raise UnsupportedError(
+            f"{fa3_layout_problem}; this build has no fa2 kernel for {what} to run it instead "
+            f"({_rebuild_hint('fa2', dtype, bucket)})"
         )
     if not fa2_built:
         missing = "fa3 or fa2" if fa3_runs else "fa2"
@@ -128,7 +143,9 @@ def select_backend(
         raise UnsupportedError(
             f"cc {cc}: this build has no {missing} kernel for {what}; {hint}"
         )
-    if fa3_runs:
+    if fa3_runs and fa3_built:
+        why = f"cc {cc} but {fa3_layout_problem}"
+    elif fa3_runs:
         why = f"cc {cc} but this build has no fa3 kernel for {what}"
     else:
         why = f"cc {cc}: fa3 needs cc 9.0 (sm90a)"

@@ -88,4 +88,7 @@ def which_backend(
         q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
         softcap=softcap, backend=backend,
     )
-    return ops.resolve_backend(q.device, cfg.dtype, cfg.head_dim, cfg.backend)
+    return ops.resolve_backend(
+        q.device, cfg.dtype, cfg.head_dim, cfg.backend,
+        _validate.tma_layout_problem(q=q, k=k, v=v),
+    )

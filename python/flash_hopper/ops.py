@@ -28,9 +28,16 @@ def _device_index(device: torch.device) -> int:
 
 
 def resolve_backend(
-    device: torch.device, dtype: torch.dtype, head_dim: int, requested: str
+    device: torch.device,
+    dtype: torch.dtype,
+    head_dim: int,
+    requested: str,
+    fa3_layout_problem: str | None = None,
 ) -> tuple[str, str]:
-    """(backend, reason) that serves (dtype, head_dim) on ``device`` with the loaded library."""
+    """(backend, reason) that serves (dtype, head_dim) on ``device`` with the loaded library.
+
+    ``fa3_layout_problem``: ``_validate.tma_layout_problem`` of the call's q/k/v.
+    """
     lib = _lib.get_library()
     info = _device.device_info(_device_index(device))
     enum_dtype = _DTYPES[dtype][1]
@@ -38,7 +45,9 @@ def resolve_backend(
     def built(backend: str, _dtype: str, bucket: int) -> bool:
         return lib.has_fwd_kernel(_BACKEND_ENUM[backend], enum_dtype, bucket)
 
-    return dispatch.select_backend(requested, info.capability, built, dtype_name(dtype), head_dim)
+    return dispatch.select_backend(
+        requested, info.capability, built, dtype_name(dtype), head_dim, fa3_layout_problem
+    )
 
 
 def make_params(
@@ -106,7 +115,9 @@ def fwd_into(
     _validate.check_alignment(q=q, k=k, v=v, out=out, lse=lse)
     if cfg.batch == 0 or cfg.seqlen_q == 0:
         return "none"
-    name, _reason = resolve_backend(q.device, q.dtype, cfg.head_dim, cfg.backend)
+    name, _reason = resolve_backend(
+        q.device, q.dtype, cfg.head_dim, cfg.backend, _validate.tma_layout_problem(q=q, k=k, v=v)
+    )
     if num_sms <= 0:
         num_sms = _device.device_info(_device_index(q.device)).sm_count
     params = make_params(q, k, v, out, lse, cfg, name, num_sms=num_sms)
