@@ -37,6 +37,9 @@ def main() -> int:
                     (65, 130, False, (20, 3), 5.0),
                     (1, 1, True, (-1, -1), 0.0),
                     (300, 300, True, (-1, -1), 0.0),
+                    # masked with seqlen_k > 2048: the fa3 default tile where a bucket has a
+                    # separate short-masked one (d128)
+                    (40, 2100, True, (-1, -1), 0.0),
                 ]:
                     q = torch.randn(2, sq, 4, d, device="cuda", dtype=dtype)
                     k = torch.randn(2, sk, 2, d, device="cuda", dtype=dtype)

@@ -478,14 +478,27 @@ def run_fa3(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0, num_sms=0,
 @pytest.mark.parametrize(("causal", "window_size"),
                          [(False, (-1, -1)), (True, (-1, -1)), (False, (40, 9))])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_fa3_persistent_grid(lib, seed, num_sms, causal, window_size, head_dim):
+@pytest.mark.parametrize(("sq", "sk"), [(611, 397), (257, 2100)])
+def test_fa3_persistent_grid(lib, seed, num_sms, causal, window_size, head_dim, sq, sk):
     _require_fa3(lib, torch.bfloat16, head_dim)
-    q, k, v = make_qkv(2, 611, 397, 4, 2, head_dim, torch.bfloat16)
+    q, k, v = make_qkv(2, sq, sk, 4, 2, head_dim, torch.bfloat16)
     out, lse = run_fa3(q, k, v, causal=causal, window_size=window_size, num_sms=num_sms)
     assert_matches_reference(out, lse, q, k, v, causal=causal, window_size=window_size)
     out_all, lse_all = run_fa3(q, k, v, causal=causal, window_size=window_size)
     # The grid size changes which CTA runs a tile, not the tile's arithmetic.
     assert torch.equal(out, out_all) and torch.equal(lse, lse_all)
+
+
+# Masked calls with seqlen_k <= 2048 run d128's short-masked tile (N = 128, two Q buffers), longer
+# ones the default (N = 176): both sides of the switch, causal and a window, fp16 and bf16.
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("sk", [2048, 2049])
+@pytest.mark.parametrize(("causal", "window_size"), [(True, (-1, -1)), (False, (300, 40))])
+def test_fa3_short_masked_tile_switch(lib, seed, sk, causal, window_size, dtype):
+    _require_fa3(lib, dtype, 128)
+    q, k, v = make_qkv(1, 700, sk, 4, 4, 128, dtype)
+    out, lse = run(q, k, v, "fa3", causal=causal, window_size=window_size)
+    assert_matches_reference(out, lse, q, k, v, causal=causal, window_size=window_size)
 
 
 @pytest.mark.parametrize("variant", ["fa3-no-pingpong", "fa3-no-overlap",

@@ -96,14 +96,14 @@ def cpu_stand_in(monkeypatch):
     the launch behind the op is replaced, so graph breaks show up here without a GPU.
     """
 
-    def fwd_into(q, k, v, out, lse, scale, left, right, softcap, backend):
-        o, l = attention_ref(q, k, v, softmax_scale=scale, window_size=(left, right),
-                             softcap=softcap)
+    def launch(q, k, v, out, lse, cfg, num_sms=0):
+        o, l = attention_ref(q, k, v, softmax_scale=cfg.softmax_scale,
+                             window_size=(cfg.window_left, cfg.window_right), softcap=cfg.softcap)
         out.copy_(o)
         lse.copy_(l)
         return "fa2"
 
-    monkeypatch.setattr(ops, "fwd_into", fwd_into)
+    monkeypatch.setattr(ops, "_launch", launch)
     monkeypatch.setattr(_validate, "_check_device", lambda name, t, ref: None)
     torch._dynamo.reset()
     yield

@@ -2,7 +2,8 @@
 //
 // Pipeline contract
 // -----------------
-// Roles, T = 128 * (1 + W) threads, W consumer warpgroups (tile_config.h):
+// Roles, T = 128 * (1 + W) threads, W consumer warpgroups (tile_config.h; a bucket may have a
+// second tile for short masked calls, chosen per call in fwd_launch.h, same contract):
 //   WG 0, producer: all four warps drop to RegisterBudget::kProducer registers; warps 1-3 exit;
 //     warp 0 walks the tile schedule and one elected lane issues every TMA load (load.h).
 //   WG 1..W, consumers: grow to RegisterBudget::kConsumer registers; WG c computes query rows

@@ -219,6 +219,7 @@ class Library:
                 f"flash-hopper: {path} lacks a C ABI symbol ({e}); it is not a flash-hopper "
                 "library or is from an incompatible version; rebuild it"
             ) from e
+        self._has_kernel: dict[tuple[int, int, int], bool] = {}
         self.abi_version = int(self._dll.fh_abi_version())
         if self.abi_version != ABI_VERSION:
             raise LibraryNotFoundError(
@@ -269,7 +270,11 @@ class Library:
 
     def has_fwd_kernel(self, backend: int, dtype: int, head_dim: int) -> bool:
         """Whether this build holds a forward kernel for the head-dim bucket of ``head_dim``."""
-        return bool(self._dll.fh_has_fwd_kernel(int(backend), int(dtype), int(head_dim)))
+        key = (int(backend), int(dtype), int(head_dim))
+        found = self._has_kernel.get(key)
+        if found is None:  # a build never changes: ask the library once per key
+            found = self._has_kernel[key] = bool(self._dll.fh_has_fwd_kernel(*key))
+        return found
 
     def check(self, status: int, what: str) -> None:
         """Raise the Python exception that corresponds to an FhStatus (nothing on success)."""

@@ -55,7 +55,7 @@ def flash_attn_func(
     # The custom op is what torch.compile / make_fx trace and what autograd sees; in plain eager
     # inference on real tensors it only adds dispatch overhead, so call its implementation.
     if _plain_eager_inference(q, k, v):
-        out, lse = ops.fwd_eager(*args)
+        out, lse = ops.fwd_validated(q, k, v, cfg)
     else:
         out, lse = ops.fwd(*args)
     return (out, lse) if return_attn_probs else out

@@ -113,17 +113,34 @@ def fwd_into(
     )
     _validate.check_outputs(out, lse, q, cfg)
     _validate.check_alignment(q=q, k=k, v=v, out=out, lse=lse)
+    return _launch(q, k, v, out, lse, cfg, num_sms)
+
+
+def _launch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    cfg: _validate.FwdConfig,
+    num_sms: int = 0,
+) -> str:
+    """fwd_into after validation: pick the backend, fill the params, launch."""
     if cfg.batch == 0 or cfg.seqlen_q == 0:
         return "none"
     name, _reason = resolve_backend(
         q.device, q.dtype, cfg.head_dim, cfg.backend, _validate.tma_layout_problem(q=q, k=k, v=v)
     )
+    index = _device_index(q.device)
     if num_sms <= 0:
-        num_sms = _device.device_info(_device_index(q.device)).sm_count
+        num_sms = _device.device_info(index).sm_count
     params = make_params(q, k, v, out, lse, cfg, name, num_sms=num_sms)
-    with torch.cuda.device(q.device):
-        stream = torch.cuda.current_stream(q.device).cuda_stream
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    if index == torch.cuda.current_device():
         _lib.get_library().fwd(params, stream)
+    else:  # the runtime launches on the current device: make it q's
+        with torch.cuda.device(index):
+            _lib.get_library().fwd(params, stream)
     return name
 
 
@@ -152,10 +169,22 @@ def fwd_eager(
     dispatch (which costs ~100 us of host time per call, as much as a short-sequence kernel):
     flash_attn_func uses it directly in eager mode when no input requires grad.
     """
+    cfg = _validate.check_op_args(
+        q, k, v, softmax_scale, window_left, window_right, softcap, backend
+    )
+    return fwd_validated(q, k, v, cfg)
+
+
+def fwd_validated(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: _validate.FwdConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fwd_eager for q, k, v that ``cfg`` was validated from (check_fwd_args / check_op_args):
+    flash_attn_func's eager path, which would otherwise validate twice (~40 us of host time)."""
+    _validate.check_alignment(q=q, k=k, v=v)
     batch, seqlen_q, heads_q, _ = q.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
-    fwd_into(q, k, v, out, lse, softmax_scale, window_left, window_right, softcap, backend)
+    _launch(q, k, v, out, lse, cfg)
     return out, lse
 
 
