@@ -22,9 +22,9 @@ inline bool tma_stride_ok(int64_t stride, int elem_bytes) {
   return bytes > 0 && bytes % 16 == 0 && bytes < (int64_t(1) << 40);
 }
 
+// FwdParams::variant bit 0 turns ping-pong off (the ablation) where the tile uses it.
 template <class Traits>
-cudaError_t launch_fwd(FwdParams const& p, bool pingpong, int max_smem_per_block,
-                       cudaStream_t stream) {
+cudaError_t launch_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t stream) {
   using Element = typename Traits::Element;
   constexpr int kSmem = Traits::kSmemBytes;
   if (kSmem > max_smem_per_block) {
@@ -73,7 +73,7 @@ cudaError_t launch_fwd(FwdParams const& p, bool pingpong, int max_smem_per_block
   kp.scheduler = StaticTileScheduler::make(p.seqlen_q, Traits::kBlockM, p.heads_q, p.heads_per_kv,
                                            p.batch, kv_bytes, /*longest_first=*/masked,
                                            p.num_sms);
-  kp.pingpong = pingpong;
+  kp.pingpong = Traits::kPingpongDefault && (p.variant & 1) == 0;
   if (kp.scheduler.total_tiles == 0) {
     return cudaSuccess;
   }
@@ -87,24 +87,19 @@ cudaError_t launch_fwd(FwdParams const& p, bool pingpong, int max_smem_per_block
   return cudaGetLastError();
 }
 
-// variant: FwdParams::variant bit 0 turns ping-pong off (the ablation); the overlap switch is the
-// template argument (kOverlap), one instantiation each. Masked calls with short key sequences run
-// the bucket's kShortMasked tile where it has one (tile_config.h); the no-overlap ablation kernels
-// keep the default tile.
+// The overlap switch is the template argument (kOverlap), one instantiation each. Masked calls
+// with short key sequences run the bucket's kShortMasked tile where it has one (tile_config.h);
+// the no-overlap ablation kernels keep the default tile.
 template <class Element, int kHeadDim, bool kOverlap>
 cudaError_t run_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t stream) {
-  const bool pingpong_off = (p.variant & 1) != 0;
   if constexpr (kOverlap && has_short_masked_tile(kHeadDim)) {
     const bool masked = p.window_left >= 0 || p.window_right >= 0;
     if (masked && p.seqlen_k <= kShortMaskedMaxSeqlenK) {
-      using Traits = FwdTraits<Element, kHeadDim, kOverlap, TileFamily::kShortMasked>;
-      return launch_fwd<Traits>(p, Traits::kPingpongDefault && !pingpong_off,
-                                max_smem_per_block, stream);
+      return launch_fwd<FwdTraits<Element, kHeadDim, kOverlap, TileFamily::kShortMasked>>(
+          p, max_smem_per_block, stream);
     }
   }
-  using Traits = FwdTraits<Element, kHeadDim, kOverlap>;
-  return launch_fwd<Traits>(p, Traits::kPingpongDefault && !pingpong_off, max_smem_per_block,
-                            stream);
+  return launch_fwd<FwdTraits<Element, kHeadDim, kOverlap>>(p, max_smem_per_block, stream);
 }
 
 }  // namespace flash_hopper::sm90

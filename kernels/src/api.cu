@@ -290,8 +290,9 @@ FhStatus select_backend(const FhFwdParams* p, const DeviceInfo& dev, int32_t* ou
   const int64_t bucket = head_dim_bucket(p->head_dim);
   StrideProblem layout{};
   const bool fa3_layout_bad = fa3_layout_problem(p, &layout);
-  const bool fa3_ok = cc == 90 && !fa3_layout_bad &&
-                      find_kernel(FH_BACKEND_FA3, p->dtype, p->head_dim, p->variant) != nullptr;
+  const bool fa3_built =
+      cc == 90 && find_kernel(FH_BACKEND_FA3, p->dtype, p->head_dim, p->variant) != nullptr;
+  const bool fa3_ok = fa3_built && !fa3_layout_bad;
   const bool fa2_ok = cc >= 80 && find_kernel(FH_BACKEND_FA2, p->dtype, p->head_dim) != nullptr;
   switch (p->backend) {
     case FH_BACKEND_AUTO:
@@ -331,8 +332,7 @@ FhStatus select_backend(const FhFwdParams* p, const DeviceInfo& dev, int32_t* ou
                 "device: flash-hopper needs compute capability >= 8.0, this GPU is %d.%d",
                 dev.major, dev.minor);
   }
-  if (fa3_layout_bad && cc == 90 &&
-      find_kernel(FH_BACKEND_FA3, p->dtype, p->head_dim, p->variant) != nullptr) {
+  if (fa3_layout_bad && fa3_built) {
     return fail_fa3_layout(layout);  // auto: fa3 is built but cannot load it, no fa2 kernel
   }
   if (p->variant != FH_VARIANT_TUNED) {

@@ -116,16 +116,8 @@ def fwd_into(
     return _launch(q, k, v, out, lse, cfg, num_sms)
 
 
-def _launch(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor | None,
-    cfg: _validate.FwdConfig,
-    num_sms: int = 0,
-) -> str:
-    """fwd_into after validation: pick the backend, fill the params, launch."""
+def _launch(q, k, v, out, lse, cfg: _validate.FwdConfig, num_sms: int = 0) -> str:
+    """fwd_into after validation (same arguments): pick the backend, fill the params, launch."""
     if cfg.batch == 0 or cfg.seqlen_q == 0:
         return "none"
     name, _reason = resolve_backend(
@@ -165,9 +157,9 @@ def fwd_eager(
     """(out, lse): out (b, sq, hq, d) in q's dtype, lse fp32 (b, hq, sq), both contiguous.
 
     Empty outputs (batch == 0 or seqlen_q == 0) come back without a launch (fwd_into's rule).
-    This is the ``flash_hopper::fwd`` op's implementation, also callable without the custom-op
-    dispatch (which costs ~100 us of host time per call, as much as a short-sequence kernel):
-    flash_attn_func uses it directly in eager mode when no input requires grad.
+    This is the ``flash_hopper::fwd`` op's implementation. In eager mode with no input requiring
+    grad, flash_attn_func skips the custom-op dispatch (~100 us of host time per call, as much as
+    a short-sequence kernel) and calls fwd_validated with the arguments it already validated.
     """
     cfg = _validate.check_op_args(
         q, k, v, softmax_scale, window_left, window_right, softcap, backend
@@ -179,7 +171,7 @@ def fwd_validated(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: _validate.FwdConfig
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """fwd_eager for q, k, v that ``cfg`` was validated from (check_fwd_args / check_op_args):
-    flash_attn_func's eager path, which would otherwise validate twice (~40 us of host time)."""
+    flash_attn_func's eager path, which would otherwise validate a second time (~20 us)."""
     _validate.check_alignment(q=q, k=k, v=v)
     batch, seqlen_q, heads_q, _ = q.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
