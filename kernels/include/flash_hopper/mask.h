@@ -1,0 +1,129 @@
+// The attention mask policy: which key columns a query row sees, and, from that one rule, which
+// key blocks a query tile visits and which of them need per-element masking. Both paths use it
+// (sm80/fwd_kernel.h, sm90/schedule.h and the consumers' element mask in register_ops.h), the
+// host tests compile it with g++ (tests/cpp/), and python/flash_hopper/mask.py mirrors it line by
+// line for the reference, the FLOP counter and the benchmark peers (tests/test_mask_policy.py
+// compares the two on random configurations).
+//
+// The rule (DESIGN.md; bottom-right aligned): with diag = seqlen_k - seqlen_q, query row i sees
+// key column j iff
+//   0 <= j < seqlen_k
+//   and (window_left  < 0  or  j >= i + diag - window_left)
+//   and (window_right < 0  or  j <= i + diag + window_right)      causal: window_right = 0
+//   and (chunk <= 0  or  floor((i + diag) / chunk) == floor(j / chunk))
+// `chunk` is FA3's attention_chunk (chunked-local attention: a query sees only keys of the chunk
+// its diagonal falls in); the kernels construct the mask with chunk = 0 until the API exposes it,
+// and the constant folds every chunk term away.
+//
+// Every term bounds j from one side, and both bounds never decrease from one row to the next, so
+// a row's visible columns are one interval [lo, hi) (columns()), a tile's visible columns lie
+// between its first row's lo and its last row's hi (key_blocks()), and a key block needs no
+// per-element mask iff it lies inside every row's interval (unmasked_blocks()).
+//
+// Growth: varlen builds one mask per sequence (its own seqlen_q / seqlen_k), which is why the
+// schedule asks for the mask per tile (sm90/schedule.h). Learnable attention sinks are logits added
+// to the softmax's running max and sum, not a mask. Always-visible sink *tokens* (StreamingLLM)
+// would break the single interval: they would become a second, leading key range.
+#pragma once
+
+#include "flash_hopper/host_device.h"
+
+namespace flash_hopper {
+
+// Key blocks [n_min, n_max) a query tile visits; empty when n_max <= n_min.
+struct KeyBlockRange {
+  int n_min;
+  int n_max;
+
+  FH_HOST_DEVICE bool empty() const { return n_max <= n_min; }
+};
+
+// Key blocks [n_left, n_right) of a tile's range whose every element is visible to every row of
+// the tile: they carry no mask arithmetic. n_min <= n_left <= n_right <= n_max.
+struct KeyBlockSplit {
+  int n_left;
+  int n_right;
+
+  FH_HOST_DEVICE bool masked(int n) const { return n < n_left || n >= n_right; }
+};
+
+// Visible key columns [lo, hi) of one query row. hi <= seqlen_k; lo may be negative (columns are
+// never negative, so that only means "from column 0"); lo >= hi when the row sees no key.
+struct ColumnRange {
+  int lo;
+  int hi;
+};
+
+struct AttentionMask {
+  int seqlen_q;
+  int seqlen_k;
+  int window_left;   // -1: unbounded
+  int window_right;  // -1: unbounded; 0: causal
+  int chunk = 0;     // 0: off (see the header comment)
+
+  // The key column on query row i's diagonal is i + diag().
+  FH_HOST_DEVICE int diag() const { return seqlen_k - seqlen_q; }
+
+  // Start of the chunk that column c falls in (floor division: c may be negative).
+  FH_HOST_DEVICE int chunk_start(int c) const {
+    const int q = c >= 0 ? c / chunk : -((-c + chunk - 1) / chunk);
+    return q * chunk;
+  }
+
+  FH_HOST_DEVICE ColumnRange columns(int row) const {
+    ColumnRange r{0, seqlen_k};
+    if (window_right >= 0) {
+      r.hi = min_(r.hi, row + diag() + window_right + 1);
+    }
+    if (window_left >= 0) {
+      r.lo = row + diag() - window_left;
+    }
+    if (chunk > 0) {
+      const int c0 = chunk_start(row + diag());
+      r.lo = max_(r.lo, c0);
+      r.hi = min_(r.hi, c0 + chunk);
+    }
+    return r;
+  }
+
+  FH_HOST_DEVICE bool visible(int row, int col) const {
+    const ColumnRange r = columns(row);
+    return col >= 0 && col >= r.lo && col < r.hi;
+  }
+
+  // The key blocks query block m_block (rows [m_block * block_m, ...) clipped to seqlen_q) visits:
+  // from the block holding its first row's first visible column to the one holding its last
+  // row's last visible column.
+  FH_HOST_DEVICE KeyBlockRange key_blocks(int m_block, int block_m, int block_n) const {
+    const int first_row = m_block * block_m;
+    const int last_row = min_(first_row + block_m, seqlen_q) - 1;
+    const int key_end = columns(last_row).hi;                  // exclusive
+    const int key_begin = max_(columns(first_row).lo, 0);
+    KeyBlockRange r;
+    r.n_max = key_end <= 0 ? 0 : (key_end + block_n - 1) / block_n;
+    r.n_min = key_begin >= seqlen_k ? r.n_max : key_begin / block_n;
+    return r;
+  }
+
+  // Which blocks of `range` need no element mask. Right side: a block must end at or before the
+  // first row's hi (the right window edge, the chunk end and the sequence tail: a block past
+  // seqlen_k holds zero-filled keys that must become -inf). Left side: it must start at or after
+  // the lo of the tile's last row, counted over all block_m rows (rows past seqlen_q are never
+  // stored, so treating them as real only masks a little more).
+  FH_HOST_DEVICE KeyBlockSplit unmasked_blocks(KeyBlockRange range, int m_block, int block_m,
+                                               int block_n) const {
+    const int right_end = columns(m_block * block_m).hi;
+    const int left_begin = columns((m_block + 1) * block_m - 1).lo;
+    int n_right = right_end <= 0 ? 0 : right_end / block_n;
+    int n_left = left_begin <= 0 ? 0 : (left_begin + block_n - 1) / block_n;
+    n_left = max_(range.n_min, min_(n_left, range.n_max));
+    n_right = max_(n_left, min_(n_right, range.n_max));
+    return {n_left, n_right};
+  }
+
+ private:
+  static FH_HOST_DEVICE int min_(int a, int b) { return a < b ? a : b; }
+  static FH_HOST_DEVICE int max_(int a, int b) { return a > b ? a : b; }
+};
+
+}  // namespace flash_hopper
