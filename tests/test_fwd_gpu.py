@@ -271,14 +271,28 @@ MASKS = [
 ]
 
 
-@pytest.mark.parametrize(("sq", "sk"), [(211, 307), (307, 211)])
+# Every combination in both dtypes, with odd lengths both ways and an exact-tile pair.
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("sq", "sk"), [(211, 307), (307, 211), (256, 384)])
 @pytest.mark.parametrize(("window_size", "causal", "softcap"), MASKS)
-def test_windows_and_softcap(lib, backend, seed, window_size, causal, softcap, sq, sk):
-    # Alternate the dtype along the grid instead of doubling it.
-    dtype = DTYPES[(MASKS.index((window_size, causal, softcap)) + sq) % 2]
+def test_windows_and_softcap(lib, backend, seed, window_size, causal, softcap, sq, sk, dtype):
     require_kernel(lib, backend, dtype, 128)
     q, k, v = make_qkv(2, sq, sk, 4, 2, 128, dtype)
     kwargs = {"causal": causal, "window_size": window_size, "softcap": softcap}
+    out, lse = run(q, k, v, backend, **kwargs)
+    assert_matches_reference(out, lse, q, k, v, **kwargs)
+
+
+# Softcap's value in every head-dim bucket (each bucket is its own kernel with its own tile), with
+# and without a mask, and an explicit scale (softcap divides the scaled score).
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
+@pytest.mark.parametrize(("causal", "softcap", "softmax_scale"),
+                         [(False, 1.5, None), (True, 3.0, 0.3)])
+def test_softcap_head_dims(lib, backend, seed, head_dim, causal, softcap, softmax_scale, dtype):
+    require_kernel(lib, backend, dtype, head_dim)
+    q, k, v = make_qkv(2, 203, 317, 4, 2, head_dim, dtype)
+    kwargs = {"causal": causal, "softcap": softcap, "softmax_scale": softmax_scale}
     out, lse = run(q, k, v, backend, **kwargs)
     assert_matches_reference(out, lse, q, k, v, **kwargs)
 
@@ -496,10 +510,13 @@ def run_fa3(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0, num_sms=0,
 
 # A grid of 1 or 3 CTAs makes each CTA walk many tiles: barrier phases, Q reuse across tiles and
 # tiles without keys in between (window) all cross tile boundaries; longest-first order (masked).
+# Every bucket: each has its own tile and loop (d64 three consumer warpgroups and two Q buffers,
+# d96 two Q buffers, d128 both tiles, d192 the merged tile boundary with the O rescale before
+# the PV GEMM, d256 per-tile drains).
 @pytest.mark.parametrize("num_sms", [1, 3])
 @pytest.mark.parametrize(("causal", "window_size"),
                          [(False, (-1, -1)), (True, (-1, -1)), (False, (40, 9))])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
 @pytest.mark.parametrize(("sq", "sk"), [(611, 397), (257, 2100)])
 def test_fa3_persistent_grid(lib, seed, num_sms, causal, window_size, head_dim, sq, sk):
     _require_fa3(lib, torch.bfloat16, head_dim)

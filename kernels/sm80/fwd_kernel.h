@@ -19,10 +19,10 @@
 
 #include <cute/tensor.hpp>
 
-#include "flash_hopper/block_range.h"
 #include "flash_hopper/fwd_params.h"
+#include "flash_hopper/mask.h"
+#include "flash_hopper/register_ops.h"  // apply_softcap, apply_mask
 #include "sm80/kernel_traits.h"
-#include "flash_hopper/register_ops.h"  // apply_softcap, apply_window_mask
 #include "sm80/softmax.h"
 #include "sm80/utils.h"
 
@@ -67,9 +67,9 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   const int head_kv = head / p.heads_per_kv;
   const int tidx = threadIdx.x;
 
-  const WindowMask mask{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
-  const BlockRange range = mask.key_blocks(m_block, kBlockM, kBlockN);
-  if (range.n_max <= range.n_min) {
+  const AttentionMask mask{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
+  const KeyBlockRange range = mask.key_blocks(m_block, kBlockM, kBlockN);
+  if (range.empty()) {
     write_empty_rows<Traits>(p, m_block, head, batch);
     return;
   }
@@ -164,8 +164,8 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   // ---- Main loop over key blocks, highest first ----
   // One step per key block, in two compiled forms: kTransform applies softcap and the window mask,
   // the other carries no trace of either. As plain runtime branches ptxas if-converted both into
-  // predicated code that every block issued (~1000 extra instructions per block at d 128, 1.7x the
-  // kernel's time); a templated step per loop section spilled instead.
+  // predicated code that every block issued (bench/PERFLOG.md, FA-2 v2); a templated step per
+  // loop section spilled instead.
   const bool softcap_on = p.softcap != 0.f;
   auto step = [&](int n_block, auto transform_tag) __attribute__((always_inline)) {
     constexpr bool kTransform = decltype(transform_tag)::value;
@@ -186,9 +186,8 @@ __global__ void __launch_bounds__(Traits::kNThreads)
       if (softcap_on) {
         apply_softcap(scores, p.softcap, p.softcap_prescale);
       }
-      if (mask.needs_right_mask(m_block, n_block, kBlockM, kBlockN) ||
-          mask.needs_left_mask(m_block, n_block, kBlockM, kBlockN)) {
-        apply_window_mask(scores, tScS_rc, mask, m_block * kBlockM, n_block * kBlockN);
+      if (mask.block_masked(m_block, n_block, kBlockM, kBlockN)) {
+        apply_mask(scores, tScS_rc, mask, m_block * kBlockM, n_block * kBlockN);
       }
     }
 
@@ -212,8 +211,7 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   };
 
   for (; n_block >= range.n_min; --n_block) {
-    if (softcap_on || mask.needs_right_mask(m_block, n_block, kBlockM, kBlockN) ||
-        mask.needs_left_mask(m_block, n_block, kBlockM, kBlockN)) {
+    if (softcap_on || mask.block_masked(m_block, n_block, kBlockM, kBlockN)) {
       step(n_block, cute::true_type{});
     } else {
       step(n_block, cute::false_type{});

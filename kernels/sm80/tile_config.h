@@ -14,18 +14,17 @@ struct FwdTileConfig {
   int warps;
 };
 
-// Tuned on the H200 (bench/PERFLOG.md); every entry also fits the 99 KB opt-in shared memory of
-// sm86/sm89 parts, so one table serves every cc >= 8.0 GPU.
+// Tuned on the H200 (bench/PERFLOG.md has the measurements); every entry also fits the 99 KB
+// opt-in shared memory of sm86/sm89 parts, so one table serves every cc >= 8.0 GPU.
 constexpr FwdTileConfig fwd_tile_config(int head_dim) {
   // d 64: 128 x 128, 4 warps -- O is only 64 regs/thread, so a wide N halves the row-max/rescale
   //        work per key; 48 KB smem. Best for short unmasked sequences (see the narrow variant).
   // d 96: 128 x 64, 4 warps -- 128-wide N would push S + O past ~170 live registers.
   // d 128: 128 x 64, 4 warps -- O 128 + S 64 regs/thread; 64 KB smem, 2 CTAs per SM (registers).
   // d 192: 128 x 64, 8 warps -- 8 warps halve rows per warp so O stays at 96 regs/thread; 96 KB.
-  // d 256: 64 x 64, 4 warps -- O 128 regs/thread, 96 KB smem, 2 independent CTAs per SM. Measured
-  //        against 128 x 64 with 8 warps (one 128 KB CTA per SM): equal at s = 16k non-causal
-  //        (318 vs 320 TFLOP/s), +18 % at s = 512 and +6..13 % causal below 8k (finer query tiles
-  //        balance the causal triangle; two CTAs hide each other's barriers); 64 x 32 lost 8-14 %.
+  // d 256: 64 x 64, 4 warps -- O 128 regs/thread, 96 KB smem, 2 independent CTAs per SM: finer
+  //        query tiles balance the causal triangle and two CTAs hide each other's barriers; it
+  //        beat 128 x 64 with 8 warps and 64 x 32 (bench/PERFLOG.md, FA-2 v3).
   return head_dim <= 64    ? FwdTileConfig{128, 128, 4}
          : head_dim <= 96  ? FwdTileConfig{128, 64, 4}
          : head_dim <= 128 ? FwdTileConfig{128, 64, 4}
@@ -34,10 +33,10 @@ constexpr FwdTileConfig fwd_tile_config(int head_dim) {
 }
 
 // A second, narrower tile where it measured faster; equal to fwd_tile_config where it did not.
-// d 64: 128 x 64 -- the 128 x 128 tile spills ~200 B of row statistics per thread; without them
-//        the narrow tile is +2..+21 % with a causal or window mask (every length) and +2..+4 % on
-//        unmasked keys from 8k on, but -4..-7 % on unmasked sequences of 2k and less, where the
-//        wide tile's fewer row reductions per key win.
+// d 64: 128 x 64 -- the 128 x 128 tile spills row statistics; without them the narrow tile wins
+//        with a causal or window mask and on unmasked keys from 8k on, but loses on shorter
+//        unmasked sequences, where the wide tile's fewer row reductions per key win
+//        (bench/PERFLOG.md, FA-2 v4).
 constexpr FwdTileConfig fwd_tile_config_narrow(int head_dim) {
   return head_dim <= 64 ? FwdTileConfig{128, 64, 4} : fwd_tile_config(head_dim);
 }

@@ -5,24 +5,26 @@
 // Roles, T = 128 * (1 + W) threads, W consumer warpgroups (tile_config.h; a bucket may have a
 // second tile for short masked calls, chosen per call in fwd_launch.h, same contract):
 //   WG 0, producer: all four warps drop to RegisterBudget::kProducer registers; warps 1-3 exit;
-//     warp 0 walks the tile schedule and one elected lane issues every TMA load (load.h).
+//     warp 0 walks the step schedule and one elected lane issues every TMA load (load.h).
 //   WG 1..W, consumers: grow to RegisterBudget::kConsumer registers; WG c computes query rows
 //     [64c, 64c + 64) of each tile (mma.h) and writes O and LSE (epilogue.h).
-// Pipelines (mbarriers in SharedStorage):
-//   q_full[QS]       1 arrival (producer expect_tx of kQBytes) per tile with keys; Q buffers
-//                    are used round-robin over those tiles.
-//   q_empty[QS]      W arrivals, thread 0 of each consumer WG once the tile's last QK GEMM
-//                    completed; the producer waits before loading the buffer again. With
-//                    QS = 2 the next tile's Q loads while the current tile computes.
-//   k_full[S], v_full[S]   1 arrival (expect_tx of kKVBytes); consumers wait.
-//   k_empty[S], v_empty[S] W arrivals, thread 0 of each consumer WG once its WGMMAs reading the
-//                    stage completed; the producer waits before reusing the stage.
-//   K and V have their own stage counters; both advance once per key block.
+// Both roles walk one step schedule (schedule.h: CtaSchedule -> TileWork -> KeyStep; produce() and
+// consume() are the only places that order loads, waits and releases; tests/cpp/
+// test_fwd_schedule.cpp simulates them against the barrier semantics).
+// Pipelines (pipeline.h; mbarriers in SharedStorage, counts in PipelineSpec):
+//   Q   QS buffers, one load per tile with keys (expect_tx kQBytes), round-robin; released by each
+//       consumer WG once the tile's last QK GEMM completed. With QS = 2 the next tile's Q loads
+//       while the current tile computes.
+//   K   S stages, one load per key block (expect_tx kKVBytes); released after the block's QK GEMM.
+//   V   S stages, one load per key block; released after the block's PV GEMM. With overlap the
+//       consumers use V one step after K, so the producer issues V(step i - 1) after K(step i).
+//   full[s]: 1 arrival (the producer's arrive_and_expect_tx; the TMA completes the bytes).
+//   empty[s]: W arrivals, thread 0 of each consumer WG.
 //   Producers start every empty barrier at phase 1 (reported complete: buffers start free).
-// Named barriers (pipeline.h):
+// Named barriers (barriers.h):
 //   PingPong c   256: WG c syncs before issuing its GEMMs, WG c - 1 arrives after issuing its
 //                own; WG 0 arrives once at start (order WG 0, 1, .., W-1, 0, ...).
-// Tiles without a visible key touch no barrier in either role (both derive the same BlockRange).
+// Tiles without a visible key touch no barrier in either role (CtaSchedule::next_with_keys).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -30,6 +32,7 @@
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/cutlass.h>
 
+#include "sm90/barriers.h"
 #include "sm90/kernel_traits.h"
 #include "sm90/load.h"
 #include "sm90/mma.h"
@@ -50,23 +53,24 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   extern __shared__ __align__(1024) char smem_buf[];
   SharedStorage& smem = *reinterpret_cast<SharedStorage*>(smem_buf);
 
+  using QPipe = typename Traits::QPipe;
+  using KVPipe = typename Traits::KVPipe;
+  // Every empty barrier counts one arrival per consumer warpgroup (Consumer::wg_leader), every
+  // full barrier the producer's one arrive_and_expect_tx.
+  static_assert(QPipe::kEmptyArrivals == Traits::kConsumerWgs &&
+                KVPipe::kEmptyArrivals == Traits::kConsumerWgs);
+  static_assert(QPipe::kFullArrivals == 1 && KVPipe::kFullArrivals == 1);
+  static_assert(QPipe::kStages == Traits::kQStages && KVPipe::kStages == Traits::kStages);
+  static_assert(Traits::kThreads == 128 * (1 + Traits::kConsumerWgs));
+
   const int warp_idx = cutlass::canonical_warp_idx_sync();
   if (warp_idx == 0 && cute::elect_one_sync()) {
     prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
     prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
     prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
-    CUTE_UNROLL
-    for (int s = 0; s < Traits::kQStages; ++s) {
-      smem.q_full[s].init(/*arrive_count=*/1);
-      smem.q_empty[s].init(Traits::kConsumerWgs);
-    }
-    CUTE_UNROLL
-    for (int s = 0; s < Traits::kStages; ++s) {
-      smem.k_full[s].init(1);
-      smem.v_full[s].init(1);
-      smem.k_empty[s].init(Traits::kConsumerWgs);
-      smem.v_empty[s].init(Traits::kConsumerWgs);
-    }
+    SmemBarriers<QPipe>{smem.q_full, smem.q_empty}.init();
+    SmemBarriers<KVPipe>{smem.k_full, smem.k_empty}.init();
+    SmemBarriers<KVPipe>{smem.v_full, smem.v_empty}.init();
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();

@@ -8,6 +8,7 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/numeric_types.h>
 
+#include "sm90/pipeline.h"
 #include "sm90/tile_config.h"
 
 namespace flash_hopper::sm90 {
@@ -101,17 +102,21 @@ struct FwdTraits {
   static_assert(kQBytes * kQStages == cosize_v<SmemLayoutQStages> * sizeof(Element));
   static_assert(kKVBytes * kStages == cosize_v<SmemLayoutK> * sizeof(Element));
 
+  // Q buffers and K / V stages between the producer and the consumer warpgroups (pipeline.h).
+  using QPipe = PipelineSpec<kQStages, kConsumerWgs>;
+  using KVPipe = PipelineSpec<kStages, kConsumerWgs>;
+
   struct SharedStorage {
     // 1024-byte alignment: the period of the 128-byte swizzle pattern.
     array_aligned<Element, cosize_v<SmemLayoutQStages>, 1024> q;
     array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
     array_aligned<Element, cosize_v<SmemLayoutV>, 1024> v;
-    cutlass::arch::ClusterTransactionBarrier q_full[kQStages];
-    cutlass::arch::ClusterBarrier q_empty[kQStages];
-    cutlass::arch::ClusterTransactionBarrier k_full[kStages];
-    cutlass::arch::ClusterTransactionBarrier v_full[kStages];
-    cutlass::arch::ClusterBarrier k_empty[kStages];
-    cutlass::arch::ClusterBarrier v_empty[kStages];
+    cutlass::arch::ClusterTransactionBarrier q_full[QPipe::kStages];
+    cutlass::arch::ClusterBarrier q_empty[QPipe::kStages];
+    cutlass::arch::ClusterTransactionBarrier k_full[KVPipe::kStages];
+    cutlass::arch::ClusterTransactionBarrier v_full[KVPipe::kStages];
+    cutlass::arch::ClusterBarrier k_empty[KVPipe::kStages];
+    cutlass::arch::ClusterBarrier v_empty[KVPipe::kStages];
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= kSmemOptinBytes, "tile config exceeds sm_90 shared memory");

@@ -1,16 +1,20 @@
-// Synchronization of the FA-3 path: the K/V stage pipelines (mbarriers) and the named barriers.
+// The FA-3 path's shared-memory pipelines (Q, K, V): stages, arrival counts and the stage / phase
+// bookkeeping of both ends. Plain C++: the kernel instantiates the ends with the mbarriers of
+// barriers.h, the host test (tests/cpp/test_fwd_schedule.cpp) with a recorder, so what the test
+// walks is this code.
 //
-// Counts (asserted where the kernel is assembled, fwd_kernel.h):
-//   full[s]  (ClusterTransactionBarrier): 1 arrival, the producer's arrive_and_expect_tx; the TMA
-//            completes the transaction bytes.
-//   empty[s] (ClusterBarrier): one arrival per consumer warpgroup (thread 0 of the WG, after the
-//            WG's WGMMAs reading the stage completed).
-// Phases: consumers start waiting on parity 0 of full; the producer starts on parity 1 of empty,
-// which an mbarrier reports as already completed, so fresh stages are free.
+// One pipeline of kStages buffers between the producer warp and kConsumerWgs consumer warpgroups:
+//   full[s]   kFullArrivals = 1: the producer's elected thread arrives with the transaction bytes
+//             (arrive_and_expect_tx) and issues the TMA load, which completes the bytes.
+//   empty[s]  kEmptyArrivals = kConsumerWgs: one thread per consumer warpgroup arrives once the
+//             warpgroup's reads of the buffer (its WGMMAs) completed.
+// Phases: consumers first wait on parity 0 of full[s]; the producer starts on parity 1 of
+// empty[s], which an mbarrier reports as already completed, so fresh buffers are free.
 #pragma once
 
-#include <cute/config.hpp>
-#include <cutlass/arch/barrier.h>
+#include <cstdint>
+
+#include "flash_hopper/host_device.h"
 
 namespace flash_hopper::sm90 {
 
@@ -19,7 +23,7 @@ struct PipelineState {
   int index = 0;
   uint32_t phase = 0;
 
-  CUTE_DEVICE void advance() {
+  FH_HOST_DEVICE void advance() {
     if (++index == kStages) {
       index = 0;
       phase ^= 1;
@@ -27,54 +31,52 @@ struct PipelineState {
   }
 };
 
-template <int kStages>
-CUTE_DEVICE PipelineState<kStages> producer_start_state() {
-  return {0, 1};
-}
-
-// Named-barrier ids (CUTLASS adds its ReservedNamedBarrierCount = 8; the hardware has 16).
-enum class FwdBarrier : uint32_t {
-  kPingPong0 = 0,  // kPingPong0 + c: consumer WG c may issue its GEMMs
+template <int kStages_, int kConsumerWgs_>
+struct PipelineSpec {
+  static constexpr int kStages = kStages_;
+  static constexpr int kConsumerWgs = kConsumerWgs_;
+  static constexpr int kFullArrivals = 1;
+  static constexpr int kEmptyArrivals = kConsumerWgs_;
+  static_assert(kStages >= 1 && kConsumerWgs >= 1);
 };
-inline constexpr int kMaxConsumerWgs = 3;
-static_assert(static_cast<uint32_t>(FwdBarrier::kPingPong0) + kMaxConsumerWgs <=
-                  16 - cutlass::arch::NamedBarrier::ReservedNamedBarrierCount,
-              "named barrier ids exceed the hardware's 16");
 
-CUTE_DEVICE void barrier_sync(FwdBarrier id, int num_threads) {
-  cutlass::arch::NamedBarrier::sync(num_threads, static_cast<uint32_t>(id));
-}
-CUTE_DEVICE void barrier_arrive(FwdBarrier id, int num_threads) {
-  cutlass::arch::NamedBarrier::arrive(num_threads, static_cast<uint32_t>(id));
-}
-CUTE_DEVICE FwdBarrier pingpong_barrier(int consumer_wg) {
-  return static_cast<FwdBarrier>(static_cast<uint32_t>(FwdBarrier::kPingPong0) + consumer_wg);
-}
+// Barriers: the four mbarrier operations on stage s of one pipeline (device: barriers.h):
+//   wait_empty(s, phase), arrive_full_tx(s, bytes), wait_full(s, phase), arrive_empty(s).
 
-// Ping-pong of the consumer warpgroups: WG c waits for its turn before issuing its GEMMs and
-// passes the turn to WG (c + 1) % W right after issuing them. Each barrier has 256 participants:
-// the 128 threads of the WG that waits and the 128 of the WG that hands over.
-template <int kConsumerWgs>
-struct PingPong {
-  static constexpr int kThreads = 2 * 128;
-  bool enabled;
-  int wg;
+// The producer's end: acquire the next buffer, announce its bytes and issue its load, advance.
+template <class Spec, class Barriers>
+struct ProducerEnd {
+  Barriers bar;
+  PipelineState<Spec::kStages> state{0, 1};
 
-  CUTE_DEVICE void wait_turn() const {
-    if (enabled) {
-      barrier_sync(pingpong_barrier(wg), kThreads);
+  // Waits until the next buffer is free; then the leader thread announces `bytes` on its full
+  // barrier and calls issue(stage) to start the load that completes them.
+  template <class Issue>
+  FH_HOST_DEVICE void load(bool leader, uint32_t bytes, Issue&& issue) {
+    bar.wait_empty(state.index, state.phase);
+    if (leader) {
+      bar.arrive_full_tx(state.index, bytes);
+      issue(state.index);
     }
+    state.advance();
   }
-  CUTE_DEVICE void pass_turn() const {
-    if (enabled) {
-      barrier_arrive(pingpong_barrier((wg + 1) % kConsumerWgs), kThreads);
+};
+
+// A consumer warpgroup's end: wait until the next buffer is full, read it (stage()), release it.
+// Buffers are released in the order they were waited for, each exactly once.
+template <class Spec, class Barriers>
+struct ConsumerEnd {
+  Barriers bar;
+  PipelineState<Spec::kStages> state{0, 0};
+
+  FH_HOST_DEVICE int stage() const { return state.index; }
+  FH_HOST_DEVICE void wait() { bar.wait_full(state.index, state.phase); }
+  // wg_leader: the one thread of the warpgroup that arrives (kEmptyArrivals counts warpgroups).
+  FH_HOST_DEVICE void release(bool wg_leader) {
+    if (wg_leader) {
+      bar.arrive_empty(state.index);
     }
-  }
-  // WG 0 takes the first turn: it arrives on its own barrier once, so its first wait passes.
-  CUTE_DEVICE void start() const {
-    if (enabled && wg == 0) {
-      barrier_arrive(pingpong_barrier(0), kThreads);
-    }
+    state.advance();
   }
 };
 

@@ -36,6 +36,7 @@ struct OnlineSoftmax {
   float scale_log2;
   bool rescale_pending = false;  // some scale[r] != 1 since the last rescale_o
 
+  OnlineSoftmax() = default;  // assigned before use (Consumer::start_tile)
   CUTE_DEVICE explicit OnlineSoftmax(float scale_log2_) : scale_log2(scale_log2_) {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {

@@ -68,9 +68,10 @@ constexpr FwdConfig fwd_config(int head_dim, TileFamily family = TileFamily::kDe
   }
   // d128: N = 176, the largest N whose K and V stages fit next to Q (32 K + 2 x 2 x 44 K =
   //   208 KB); O + S + P = 64 + 88 + 44 = 196 of 240 (N = 192 would leave too few for addressing).
-  // Short masked: N = 128: at s512 / 1k causal, N = 176 covers 24 % / 15 % more columns; measured
-  //   +13 % / +14 % there, +2 % at 2k, and 1-5 % slower than N = 176 from 4k (interleaved A/B,
-  //   bench/PERFLOG.md, 2026-11-30). Smem 2 x 32 K (two Q buffers) + 4 x 32 K = 192 KB.
+  // Short masked: N = 128: at s512 / 1k causal, N = 176 covers 24 % / 15 % more columns (the
+  //   diagonal blocks' masked part); faster up to 2k keys, slower from 4k (interleaved A/B in
+  //   bench/PERFLOG.md, session 3 v5b, hence kShortMaskedMaxSeqlenK). Smem 2 x 32 K (two Q
+  //   buffers) + 4 x 32 K = 192 KB.
   if (head_dim <= 128) {
     if (family == TileFamily::kShortMasked) {
       return {128, 128, 2, 2, 2, true, false};

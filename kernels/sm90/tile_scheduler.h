@@ -17,20 +17,15 @@
 //    with tile sizes decreasing along t no CTA gets the largest tile of every round.
 // 4. With longest-first, the sections alternate direction (the last one descending): otherwise
 //    the round that crosses from one section's short tiles into the next one's long tiles pairs
-//    long with short and the snake no longer balances (a simulation of d128 causal at s = 16k,
-//    4 sections: 77 % of the ideal balance; alternating: 99.9 %; it measured 460 vs 578 TFLOP/s
-//    causal vs non-causal before the change).
+//    long with short and the snake no longer balances (simulated and measured: bench/PERFLOG.md,
+//    FA-3 v1; tests/cpp/test_tile_scheduler.cpp asserts the balance).
 // No CUDA or CuTe header is needed, so a plain C++ compiler can unit-test this file
 // (tests/cpp/test_tile_scheduler.cpp).
 #pragma once
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define FH_HOST_DEVICE __host__ __device__
-#else
-#define FH_HOST_DEVICE
-#endif
+#include "flash_hopper/host_device.h"
 
 namespace flash_hopper::sm90 {
 
@@ -83,8 +78,8 @@ struct StaticTileScheduler {
     TileCoord c;
     if (!longest_first) {
       // Equal tiles: the query blocks of one head are adjacent, so the CTAs running at the same
-      // time share that head's K/V in L2 (at s = 512 the rank-major order re-read K/V from DRAM:
-      // 45 % L2 hits, 1.9 TB/s of DRAM reads, 239 TFLOP/s at d128).
+      // time share that head's K/V in L2 (the rank-major order re-read K/V from DRAM at short
+      // lengths: bench/PERFLOG.md, FA-3 v2).
       const int hb = t / num_m_blocks;
       c.m_block = t - hb * num_m_blocks;
       c.batch = hb / heads;

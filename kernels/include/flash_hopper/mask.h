@@ -97,8 +97,20 @@ struct AttentionMask {
   FH_HOST_DEVICE KeyBlockRange key_blocks(int m_block, int block_m, int block_n) const {
     const int first_row = m_block * block_m;
     const int last_row = min_(first_row + block_m, seqlen_q) - 1;
-    const int key_end = columns(last_row).hi;                  // exclusive
-    const int key_begin = max_(columns(first_row).lo, 0);
+    // The last row's hi and the first row's lo (columns(), clipped to column 0), spelled out:
+    // through columns() ptxas spilled 100 more bytes in the FA-2 d64 kernel on sm_80.
+    int key_end = seqlen_k;  // exclusive
+    if (window_right >= 0) {
+      key_end = min_(key_end, last_row + diag() + window_right + 1);
+    }
+    int key_begin = 0;
+    if (window_left >= 0) {
+      key_begin = max_(key_begin, first_row + diag() - window_left);
+    }
+    if (chunk > 0) {
+      key_begin = max_(key_begin, chunk_start(first_row + diag()));
+      key_end = min_(key_end, chunk_start(last_row + diag()) + chunk);
+    }
     KeyBlockRange r;
     r.n_max = key_end <= 0 ? 0 : (key_end + block_n - 1) / block_n;
     r.n_min = key_begin >= seqlen_k ? r.n_max : key_begin / block_n;
@@ -119,6 +131,15 @@ struct AttentionMask {
     n_left = max_(range.n_min, min_(n_left, range.n_max));
     n_right = max_(n_left, min_(n_right, range.n_max));
     return {n_left, n_right};
+  }
+
+  // unmasked_blocks' answer for one block n of the range, computed from scratch: for a kernel that
+  // would rather recompute it per block than keep the split live (the FA-2 path, whose d64 tile
+  // already spills). The two agree on every block of the range (tests/cpp/test_fwd_schedule.cpp).
+  FH_HOST_DEVICE bool block_masked(int m_block, int n, int block_m, int block_n) const {
+    const int first_col = n * block_n;
+    return first_col + block_n > columns(m_block * block_m).hi ||
+           first_col < columns((m_block + 1) * block_m - 1).lo;
   }
 
  private:

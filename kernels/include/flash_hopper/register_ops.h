@@ -1,5 +1,6 @@
 // Register-level operations shared by the FA-2 (sm80) and FA-3 (sm90) paths: quad reductions,
-// fragment conversion, the score transforms (softcap, window mask) and the softmax epilogue.
+// fragment conversion, the score transforms (softcap, the mask policy's element mask) and the
+// softmax epilogue.
 // Both paths hold an accumulator's rows across the 4 threads of a quad and view fragments as
 // (rows, cols) tensors, so these work on either path's layouts.
 #pragma once
@@ -9,7 +10,7 @@
 #include <cutlass/array.h>
 #include <cutlass/numeric_conversion.h>
 
-#include "flash_hopper/block_range.h"
+#include "flash_hopper/mask.h"
 
 namespace flash_hopper {
 
@@ -50,26 +51,22 @@ CUTE_DEVICE void apply_softcap(TensorS& scores, float softcap, float prescale) {
   }
 }
 
-// Sets invisible scores to -inf. scores and coords are the same (rows, cols) fragment view;
-// coords holds each element's (row, col) inside the tile, offset by the tile origin here.
-// The visible range is computed once per row relative to this thread's first column, so each
-// element compares a compile-time column offset: nothing per element stays live across blocks
-// (per-element limits hoisted out of the loop cost ~100 registers of spills).
+// Sets the scores the mask policy hides to -inf. scores and coords are the same (rows, cols)
+// fragment view; coords holds each element's (row, col) inside the tile, offset by the tile origin
+// (row0, col0) here. A row's visible columns (AttentionMask::columns) are computed once, relative
+// to this thread's first column, so each element compares a compile-time column offset: nothing
+// per element stays live across blocks (per-element limits hoisted out of the loop cost ~100
+// registers of spills).
 template <class TensorS, class TensorC>
-CUTE_DEVICE void apply_window_mask(TensorS& scores, TensorC const& coords, WindowMask const& mask,
-                                   int row0, int col0) {
+CUTE_DEVICE void apply_mask(TensorS& scores, TensorC const& coords, AttentionMask const& mask,
+                            int row0, int col0) {
   const int col_first = get<1>(coords(0, 0));
   const int col_base = col0 + col_first;
   CUTE_UNROLL
   for (int r = 0; r < size<0>(scores); ++r) {
-    const int row = row0 + get<0>(coords(r, 0));
-    int hi = mask.seqlen_k;  // exclusive
-    if (mask.window_right >= 0) {
-      hi = min(hi, row + mask.diag() + mask.window_right + 1);
-    }
-    hi -= col_base;
-    const int lo = mask.window_left >= 0 ? row + mask.diag() - mask.window_left - col_base
-                                         : -col_base;  // inclusive
+    const ColumnRange visible = mask.columns(row0 + get<0>(coords(r, 0)));
+    const int hi = visible.hi - col_base;  // exclusive
+    const int lo = visible.lo - col_base;  // inclusive
     CUTE_UNROLL
     for (int c = 0; c < size<1>(scores); ++c) {
       const int col = get<1>(coords(r, c)) - col_first;  // compile-time offset

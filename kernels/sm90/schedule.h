@@ -1,0 +1,361 @@
+// The step schedule of the FA-3 path: which tiles a CTA computes, which key blocks each visits
+// (masked or not), and in which order the producer loads them and the consumers use them.
+// Both roles walk it; neither derives the order on its own, so they cannot disagree (a
+// disagreement would hang the GPU rather than fail a test).
+//
+// Plain C++: the kernel instantiates the role loops below with its device operations (load.h,
+// mma.h), the host test (tests/cpp/test_fwd_schedule.cpp) with recorders, and simulates the
+// recorded barrier traffic against the mbarrier and named-barrier semantics over random problems.
+//
+//   CtaSchedule      tile order (tile_scheduler.h) + mask policy (flash_hopper/mask.h) -> TileWork
+//   TileWork         one tile: its key-block range, unmasked split, steps 0 .. num_steps() - 1
+//   KeyStep          step i visits key block n = n_max - 1 - i (diagonal / tail blocks first)
+//   produce()        the producer's load order
+//   consume()        the consumer warpgroups' order of waits, GEMMs, softmax and releases
+//
+// Load order per tile with keys (kVLag = 1 with intra-warpgroup overlap, else 0):
+//   K(step 0), Q, then for i = 1 .. steps - 1 + kVLag: K(step i) if i < steps, V(step i - kVLag).
+// The consumers use V one step after K with overlap (PV(i - 1) is issued with S(i)). Tiles without
+// a visible key touch no barrier in either role: the consumers write them (O = 0, LSE = -inf).
+#pragma once
+
+#include "flash_hopper/host_device.h"
+#include "flash_hopper/mask.h"
+#include "sm90/tile_scheduler.h"
+
+// The role loops run on the device only (or on the host in the test): FH_ROLE, not FH_HOST_DEVICE,
+// so they may call the kernel's device-only operations.
+#if defined(__CUDACC__)
+#define FH_NO_UNROLL _Pragma("unroll 1")
+#define FH_ROLE __forceinline__ __device__
+#else
+#define FH_NO_UNROLL
+#define FH_ROLE inline
+#endif
+
+namespace flash_hopper::sm90 {
+
+struct KeyStep {
+  int n;        // key block
+  bool masked;  // needs the element mask (crosses a window edge, the diagonal or the tail)
+  bool last;    // the tile's last step: its QK GEMM is the last reader of the tile's Q
+};
+
+struct TileWork {
+  TileCoord tile;
+  KeyBlockRange range;
+  KeyBlockSplit split;
+
+  FH_HOST_DEVICE bool has_keys() const { return !range.empty(); }
+  FH_HOST_DEVICE int num_steps() const { return range.n_max - range.n_min; }
+  FH_HOST_DEVICE KeyStep step(int i) const {
+    const int n = range.n_max - 1 - i;
+    return {n, split.masked(n), n == range.n_min};
+  }
+};
+
+// One CTA's walk over the tile order, with the mask applied per tile (varlen will build the mask
+// of the tile's sequence here).
+template <int kBlockM, int kBlockN>
+struct CtaSchedule {
+  StaticTileScheduler const& tiles;
+  AttentionMask mask;
+  int cta;
+
+  // The tile of `round`, or false past the CTA's last round.
+  FH_HOST_DEVICE bool work(int round, TileWork& w) const {
+    const int t = tiles.index(round, cta);
+    if (t >= tiles.total_tiles) {
+      return false;
+    }
+    w.tile = tiles.coord(t);
+    w.range = mask.key_blocks(w.tile.m_block, kBlockM, kBlockN);
+    w.split = mask.unmasked_blocks(w.range, w.tile.m_block, kBlockM, kBlockN);
+    return true;
+  }
+
+  // From `round` on, the next tile with keys (round is left on it); keyless tiles on the way go
+  // to on_keyless(w). Both roles find their tiles with this one function.
+  template <class OnKeyless>
+  FH_HOST_DEVICE bool next_with_keys(int& round, TileWork& w, OnKeyless&& on_keyless) const {
+    FH_NO_UNROLL
+    for (;; ++round) {
+      if (!work(round, w)) {
+        return false;
+      }
+      if (w.has_keys()) {
+        return true;
+      }
+      on_keyless(w);
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Producer. Ops: auto tile(TileWork) -> per-tile view; q(view, TileWork); k(view, KeyStep);
+// v(view, KeyStep); prefetch(TileWork) (L2 warm-up of a later tile, no barrier).
+// ---------------------------------------------------------------------------------------------
+template <bool kOverlap, class Schedule, class Ops>
+FH_ROLE void produce(Schedule const& sched, Ops& ops) {
+  TileWork w;
+  FH_NO_UNROLL
+  for (int round = 0; sched.next_with_keys(round, w, [](TileWork const&) {}); ++round) {
+    auto view = ops.tile(w);
+    const int steps = w.num_steps();
+    ops.k(view, w.step(0));
+    ops.q(view, w);
+    TileWork next;
+    if (sched.work(round + 1, next) && next.has_keys()) {
+      ops.prefetch(next);
+    }
+    if constexpr (kOverlap) {
+      FH_NO_UNROLL
+      for (int i = 1; i < steps; ++i) {
+        ops.k(view, w.step(i));
+        ops.v(view, w.step(i - 1));
+      }
+      ops.v(view, w.step(steps - 1));
+    } else {
+      ops.v(view, w.step(0));
+      FH_NO_UNROLL
+      for (int i = 1; i < steps; ++i) {
+        ops.k(view, w.step(i));
+        ops.v(view, w.step(i));
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Consumers. Each consumer warpgroup walks the same steps (WG c holds query rows [64c, 64c + 64)).
+// Ops (mma.h; the host test's recorder):
+//   pipelines   wait_q(w) / release_q(w), wait_k(w, step) / release_k, wait_v(w, step) / release_v
+//   ping-pong   turn_start(), turn_wait(), turn_pass()
+//   GEMMs       issue_qk(f), issue_pv(f), issue_pv_and_wait(f), wait_gemms<kInFlight>()
+//   softmax     transform<kMasked>(f, w, step) (softcap, then the element mask),
+//               softmax<kFirst, kCheckInf>(f), rescale_o(f), convert_p(f)
+//   tiles       start_tile(f) (fresh statistics, O = 0), begin_next_tile(f) (keep the finishing
+//               tile's statistics aside), finish<kPrevious>(f, w) (O / l, LSE, stores),
+//               clear_o(f), store_empty(w)
+// f is the register state of the tile(s) in flight (Ops::TileState).
+// ---------------------------------------------------------------------------------------------
+// Cfg (the kernel's Traits; a plain struct in the host test) chooses the loop:
+//   kOverlap            intra-warpgroup overlap: S(i) issued with PV(i - 1)
+//   kMergeTileBoundary  one step stream across tiles (tile_config.h)
+//   kRescaleOBeforePv   O *= scale before issuing the PV GEMM, else after it completed
+
+namespace detail {
+
+// After the QK GEMM of `step` completed: its K buffer is free, and after the tile's last step its
+// Q buffer too.
+template <class Ops>
+FH_ROLE void qk_done(Ops& ops, TileWork const& w, KeyStep step) {
+  if (step.last) {
+    ops.release_q(w);
+  }
+  ops.release_k(w, step);
+}
+
+// S of a tile's first block alone (always masked: it holds the sequence tail or the diagonal).
+template <class Ops, class State>
+FH_ROLE void first_step(Ops& ops, State& f, TileWork const& w) {
+  const KeyStep step = w.step(0);
+  ops.wait_q(w);
+  ops.wait_k(w, step);
+  ops.turn_wait();
+  ops.issue_qk(f);
+  ops.turn_pass();
+  ops.template wait_gemms<0>();
+  qk_done(ops, w, step);
+  ops.template transform<true>(f, w, step);
+  ops.template softmax</*kFirst=*/true, /*kCheckInf=*/true>(f);
+}
+
+// One overlapped step: S(step) of tile w issued with the PV GEMM of (pv_tile, pv_step), the
+// previous step, and the softmax of S under that PV. At a tile boundary (kBoundary) `step` is the
+// first step of tile w, the PV is the last of pv_tile, and pv_tile's epilogue runs once it is done.
+// P is converted only after the PV completed: its registers are that GEMM's A operand.
+template <bool kMasked, bool kBoundary, class Cfg, class Ops, class State>
+FH_ROLE void overlapped_step(Ops& ops, State& f, TileWork const& w, KeyStep step,
+                                    TileWork const& pv_tile, KeyStep pv_step) {
+  if constexpr (kBoundary) {
+    ops.wait_q(w);
+  }
+  ops.wait_k(w, step);
+  ops.turn_wait();
+  ops.issue_qk(f);
+  if constexpr (Cfg::kRescaleOBeforePv) {
+    ops.rescale_o(f);
+  }
+  ops.wait_v(pv_tile, pv_step);
+  ops.issue_pv(f);
+  ops.turn_pass();
+  ops.template wait_gemms<1>();  // S done, PV in flight
+  qk_done(ops, w, step);
+  ops.template transform<kMasked>(f, w, step);
+  if constexpr (kBoundary) {
+    ops.begin_next_tile(f);
+    ops.template softmax<true, true>(f);
+  } else {
+    ops.template softmax<false, kMasked>(f);
+  }
+  ops.template wait_gemms<0>();
+  ops.release_v(pv_tile, pv_step);
+  if constexpr (kBoundary) {
+    ops.template finish</*kPrevious=*/true>(f, pv_tile);
+    ops.clear_o(f);
+  } else if constexpr (!Cfg::kRescaleOBeforePv) {
+    ops.rescale_o(f);
+  }
+  ops.convert_p(f);
+}
+
+template <class Cfg, class Ops, class State>
+FH_ROLE void overlapped_steps_after_first(Ops& ops, State& f, TileWork const& w) {
+  FH_NO_UNROLL
+  for (int i = 1; i < w.num_steps(); ++i) {
+    const KeyStep step = w.step(i);
+    if (step.masked) {
+      overlapped_step<true, false, Cfg>(ops, f, w, step, w, w.step(i - 1));
+    } else {
+      overlapped_step<false, false, Cfg>(ops, f, w, step, w, w.step(i - 1));
+    }
+  }
+}
+
+// A tile's last PV alone (its P is ready), then its epilogue.
+template <class Cfg, class Ops, class State>
+FH_ROLE void drain(Ops& ops, State& f, TileWork const& w) {
+  const KeyStep last = w.step(w.num_steps() - 1);
+  if constexpr (Cfg::kRescaleOBeforePv) {
+    ops.rescale_o(f);
+  }
+  ops.wait_v(w, last);
+  ops.issue_pv_and_wait(f);
+  ops.release_v(w, last);
+  ops.template finish<false>(f, w);
+}
+
+// Tuned kernel (d <= 192): overlapped steps in one stream across the CTA's tiles. The step that
+// issues the first S of the next tile also issues the last PV of this one, and this tile's
+// epilogue runs while that S is on the tensor cores: no drain-and-refill bubble between tiles.
+template <class Cfg, class Schedule, class Ops>
+FH_ROLE void consume_merged(Schedule const& sched, Ops& ops) {
+  auto on_keyless = [&](TileWork const& w) { ops.store_empty(w); };
+  typename Ops::TileState f;
+  int round = 0;
+  TileWork cur;
+  if (!sched.next_with_keys(round, cur, on_keyless)) {
+    return;
+  }
+  ops.start_tile(f);
+  first_step(ops, f, cur);
+  ops.convert_p(f);
+  int i = 1;  // the next step of cur
+  FH_NO_UNROLL
+  for (;;) {
+    if (i < cur.num_steps()) {
+      const KeyStep step = cur.step(i);
+      if (step.masked) {
+        overlapped_step<true, false, Cfg>(ops, f, cur, step, cur, cur.step(i - 1));
+      } else {
+        overlapped_step<false, false, Cfg>(ops, f, cur, step, cur, cur.step(i - 1));
+      }
+      ++i;
+      continue;
+    }
+    int next_round = round + 1;
+    TileWork next;
+    if (!sched.next_with_keys(next_round, next, on_keyless)) {
+      break;
+    }
+    round = next_round;
+    overlapped_step<true, true, Cfg>(ops, f, next, next.step(0), cur,
+                                      cur.step(cur.num_steps() - 1));
+    cur = next;
+    i = 1;
+  }
+  drain<Cfg>(ops, f, cur);
+}
+
+// Tuned kernel where the merged boundary does not fit the registers (d256): the same overlapped
+// steps, each tile with its own first step and drain, all state scoped to the tile.
+template <class Cfg, class Schedule, class Ops>
+FH_ROLE void consume_per_tile(Schedule const& sched, Ops& ops) {
+  auto on_keyless = [&](TileWork const& w) { ops.store_empty(w); };
+  TileWork w;
+  FH_NO_UNROLL
+  for (int round = 0; sched.next_with_keys(round, w, on_keyless); ++round) {
+    typename Ops::TileState f;
+    ops.start_tile(f);
+    first_step(ops, f, w);
+    ops.convert_p(f);
+    overlapped_steps_after_first<Cfg>(ops, f, w);
+    drain<Cfg>(ops, f, w);
+  }
+}
+
+// Ablation (no intra-warpgroup overlap): per block S, softmax, then PV, each GEMM waited for.
+template <class Ops, class State>
+FH_ROLE void sequential_pv(Ops& ops, State& f, TileWork const& w, KeyStep step) {
+  ops.convert_p(f);
+  ops.wait_v(w, step);
+  ops.turn_wait();
+  ops.issue_pv(f);
+  ops.turn_pass();
+  ops.template wait_gemms<0>();
+  ops.release_v(w, step);
+}
+
+template <bool kMasked, class Ops, class State>
+FH_ROLE void sequential_step(Ops& ops, State& f, TileWork const& w, KeyStep step) {
+  ops.wait_k(w, step);
+  ops.turn_wait();
+  ops.issue_qk(f);
+  ops.turn_pass();
+  ops.template wait_gemms<0>();
+  qk_done(ops, w, step);
+  ops.template transform<kMasked>(f, w, step);
+  ops.template softmax<false, kMasked>(f);
+  ops.rescale_o(f);
+  sequential_pv(ops, f, w, step);
+}
+
+template <class Schedule, class Ops>
+FH_ROLE void consume_sequential(Schedule const& sched, Ops& ops) {
+  auto on_keyless = [&](TileWork const& w) { ops.store_empty(w); };
+  TileWork w;
+  FH_NO_UNROLL
+  for (int round = 0; sched.next_with_keys(round, w, on_keyless); ++round) {
+    typename Ops::TileState f;
+    ops.start_tile(f);
+    first_step(ops, f, w);
+    sequential_pv(ops, f, w, w.step(0));
+    FH_NO_UNROLL
+    for (int i = 1; i < w.num_steps(); ++i) {
+      const KeyStep step = w.step(i);
+      if (step.masked) {
+        sequential_step<true>(ops, f, w, step);
+      } else {
+        sequential_step<false>(ops, f, w, step);
+      }
+    }
+    ops.template finish<false>(f, w);
+  }
+}
+
+}  // namespace detail
+
+template <class Cfg, class Schedule, class Ops>
+FH_ROLE void consume(Schedule const& sched, Ops& ops) {
+  ops.turn_start();
+  if constexpr (Cfg::kOverlap && Cfg::kMergeTileBoundary) {
+    detail::consume_merged<Cfg>(sched, ops);
+  } else if constexpr (Cfg::kOverlap) {
+    detail::consume_per_tile<Cfg>(sched, ops);
+  } else {
+    detail::consume_sequential(sched, ops);
+  }
+}
+
+}  // namespace flash_hopper::sm90
