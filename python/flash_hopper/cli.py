@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from .bench import cases as sweep
-from .bench.backends import DEFAULT_BACKENDS
+from .bench.registry import DEFAULT_BACKENDS
 
 PROG = "flash-hopper"
 EXIT_FAILURE = 1  # a check failed, a row errored, or the command cannot run here
@@ -265,8 +265,7 @@ def _print_plan(cases, names: Sequence[str], dirs: Sequence[str]) -> None:
 
 
 def _list_backends(names: Sequence[str]) -> int:
-    from .bench import backends as registry
-    from .bench import env
+    from .bench import env, registry
 
     gpu, reason = env.detect_gpu()
     capability = gpu.capability if gpu else None
@@ -303,7 +302,7 @@ def run_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
         raise CliError(str(exc)) from exc
     names = backend_names(args)
     dirs = directions(args)
-    from .bench import backends as registry
+    from .bench import registry
 
     try:
         chosen = registry.resolve(names)

@@ -10,6 +10,8 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
+from flash_hopper.mask import AttentionMask
+
 from .flops import attention_flops
 
 DEFAULT_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
@@ -47,6 +49,9 @@ class Case:
         if self.softcap:
             parts.append(f"softcap{self.softcap:g}")
         return " ".join(parts)
+
+    def attention_mask(self) -> AttentionMask:
+        return AttentionMask.from_args(self.seqlen_q, self.seqlen_k, self.causal, self.window)
 
     def flops(self, direction: str = "fwd") -> float:
         return attention_flops(self.batch, self.heads, self.seqlen_q, self.seqlen_k,
