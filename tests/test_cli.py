@@ -51,8 +51,8 @@ def test_defaults_reproduce_fa3_paper_sweep():
         assert (c.dtype, c.window, c.softcap) == ("bf16", (-1, -1), 0.0)
     assert cli.directions(args) == ["fwd"]
     assert cli.backend_names(args) == ["fa3", "fa2", "sdpa-flash", "sdpa-cudnn"]
-    assert (args.timer, args.check, args.flush_l2, args.cuda_graph) == ("events", "auto",
-                                                                        False, False)
+    assert (args.timer, args.check, args.flush_l2, args.cuda_graph) == (
+        "events", "on", False, False)
 
 
 def test_lists_suffixes_and_gqa():
