@@ -7,9 +7,6 @@ from __future__ import annotations
 from .base import Backend
 from .errors import first_line
 
-_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "bf16": "bf16",
-                "fp16": "fp16"}
-
 
 class FlashHopperBackend(Backend):
     """flash_hopper.flash_attn_func with a forced path: "fa3", "fa2" or an fa3 ablation variant.
@@ -61,7 +58,7 @@ class FlashHopperBackend(Backend):
 
     def unsupported(self, case, direction: str | None = None) -> str | None:
         info = self.build_info()
-        dtypes = {_DTYPE_NAMES.get(str(d), str(d)) for d in info.get("dtypes", ())}
+        dtypes = {str(d) for d in info.get("dtypes", ())}  # FH_DTYPES spelling: bf16, fp16
         if dtypes and case.dtype not in dtypes:
             return f"library built without {case.dtype} (dtypes: {', '.join(sorted(dtypes))})"
         bucket_reason = self._head_dim_reason(info, case.head_dim)
@@ -131,6 +128,5 @@ def arch_digits(arch: str) -> str:
 
 
 def variant_names(info: dict) -> list[str]:
-    """fa3 ablation variants reported by the build (a list or a name -> description dict)."""
-    raw = info.get("fa3_variants") or ()
-    return [str(v) for v in raw]
+    """fa3 ablation variants reported by the build (build_info()["fa3_variants"])."""
+    return [str(v) for v in info.get("fa3_variants") or ()]
