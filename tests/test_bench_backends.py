@@ -214,19 +214,24 @@ def test_unmasked_case_needs_no_mask():
     assert not peers.SdpaBackend.explicit_mask(case())
 
 
-@pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (False, (3, 1)), (True, (2, -1))])
-def test_sdpa_with_explicit_mask_runs_on_cpu(causal, window):
-    # sdpa-math on CPU with the policy's mask equals the flash-hopper reference.
+@pytest.mark.parametrize("sk,causal,window,explicit", [
+    (9, True, (-1, -1), True), (9, False, (3, 1), True), (9, True, (2, -1), True),
+    (5, False, (3, 1), True),
+    (5, True, (-1, -1), False), (5, False, (-1, 0), False),  # square plain causal: is_causal
+    (5, False, (-1, -1), False),
+])
+def test_sdpa_math_runs_the_policy_on_cpu(sk, causal, window, explicit):
+    # sdpa-math on CPU with the policy's mask (or is_causal) equals the flash-hopper reference.
     from flash_hopper import reference
 
-    c = case(batch=1, seqlen_q=5, seqlen_k=9, heads=2, heads_kv=2, head_dim=16, causal=causal,
+    c = case(batch=1, seqlen_q=5, seqlen_k=sk, heads=2, heads_kv=2, head_dim=16, causal=causal,
              window=window, dtype="bf16")
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(1, 5, 2, 16, generator=gen, dtype=torch.float32)
-    k = torch.randn(1, 9, 2, 16, generator=gen, dtype=torch.float32)
-    v = torch.randn(1, 9, 2, 16, generator=gen, dtype=torch.float32)
+    k = torch.randn(1, sk, 2, 16, generator=gen, dtype=torch.float32)
+    v = torch.randn(1, sk, 2, 16, generator=gen, dtype=torch.float32)
     backend = peers.SdpaBackend("math")
-    assert backend.kernel(q, k, v, c)[1].startswith("explicit boolean mask")
+    assert backend.kernel(q, k, v, c)[1].startswith("explicit boolean mask") == explicit
     out = backend.make_forward(q, k, v, c)()
     ref = reference.attention_ref(q, k, v, causal=causal, window_size=window)[0]
     assert out.shape == q.shape

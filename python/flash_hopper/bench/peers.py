@@ -111,7 +111,9 @@ class SdpaBackend(Backend):
         mask = None
         if self.explicit_mask(case):
             mask = case.attention_mask().dense(device=q.device)
-        kwargs = {"attn_mask": mask, "is_causal": case.causal and mask is None}
+        # No explicit mask but a mask needed: plain causal on a square, which is_causal means
+        # (also when spelled as window (-1, 0) without causal=True).
+        kwargs = {"attn_mask": mask, "is_causal": mask is None and needs_mask(case)}
         if case.heads != case.heads_kv:
             kwargs["enable_gqa"] = True  # only passed when needed: older torch lacks the keyword
         enum = self._enum()
