@@ -90,6 +90,15 @@ def test_bad_values_give_one_line(capsys, args, message):
     assert err.startswith("flash-hopper bench: error:") and message in err
 
 
+def test_check_is_on_or_off():
+    # The check always runs on the timed configuration: no proxy or size-dependent mode remains.
+    assert parse_bench("--check", "off")[0].check == "off"
+    for retired in ("auto", "full", "proxy"):
+        with pytest.raises(SystemExit) as exc:
+            cli.build_parser().parse_args(["bench", "--check", retired])
+        assert exc.value.code == cli.EXIT_USAGE
+
+
 def test_argparse_errors_exit_2(capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["bench", "--causal", "maybe"])
