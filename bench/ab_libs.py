@@ -6,21 +6,32 @@
 A change worth a few percent is invisible between two `flash-hopper bench` runs: the same kernel
 moves 5-10 % from run to run (clocks under the power limit). Here every library is loaded at once
 (each its own ctypes handle) and, per config and round, each one runs a burst of ~25 ms in
-rotating order; the median over rounds is reported with its spread (max - min over median) and
-each library's largest output difference to the first. b * s = 16k, h * d = 2048 (the FA3 paper's
-sweep), no L2 flush; for relative comparisons, not for the record of absolute speed.
+rotating order; the median over rounds is reported with its spread (max - min over median).
+b * s = 16k, h * d = 2048 (the FA3 paper's sweep), no L2 flush; for relative comparisons, not for
+the record of absolute speed.
+
+Every library's result is checked against an fp32 reference of the config (the benchmark's rule
+and chunked reference, flash_hopper/bench/check.py), output and LSE, not against another
+library's: the shared output buffers are NaN-filled before each library's checked run, so a
+library that writes nothing fails instead of reporting the previous library's result. The exit
+status is 1 when any check fails. The largest output difference to the first library is reported
+too (0 between builds that should be bitwise identical).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from flash_hopper import _lib, _validate, ops
+from flash_hopper.bench.cases import Case
+from flash_hopper.bench.check import CheckResult, References
 
 
 def time_burst(lib, params, stream, iters: int) -> float:
@@ -31,6 +42,21 @@ def time_burst(lib, params, stream, iters: int) -> float:
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / iters
+
+
+def check_libraries(runs: dict[str, Callable[[], None]], out: torch.Tensor, lse: torch.Tensor,
+                    references: References) -> tuple[dict[str, CheckResult],
+                                                     dict[str, torch.Tensor]]:
+    """Run each library once into the shared ``out`` / ``lse`` (NaN-filled first) and check it:
+    (check result, copy of its output) per library name."""
+    results, outputs = {}, {}
+    for name, run in runs.items():
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        run()
+        results[name] = references.check(out, lse)
+        outputs[name] = out.clone()
+    return results, outputs
 
 
 def main() -> int:
@@ -67,38 +93,49 @@ def main() -> int:
                 lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
                 cfg = _validate.check_fwd_args(q, k, v, None, causal, (-1, -1), 0.0, "fa3")
                 params = ops.make_params(q, k, v, out, lse, cfg, "fa3", num_sms=sms)
-                outs = {}
-                for name, lib in libs.items():
-                    for _ in range(3):  # warm-up
-                        lib.fwd(params, stream)
-                    outs[name] = out.clone()
+                case = Case(batch=b, seqlen_q=s, seqlen_k=s, heads=h, heads_kv=h, head_dim=d,
+                            causal=causal)
+                references = References(q, k, v, case)
+                checks, outs = check_libraries(
+                    {n: functools.partial(lib.fwd, params, stream) for n, lib in libs.items()},
+                    out, lse, references)
+                del references
                 diff = {n: (outs[n].float() - outs[names[0]].float()).abs().max().item()
                         for n in names}
+                del outs
+                for lib in libs.values():
+                    for _ in range(3):  # warm-up
+                        lib.fwd(params, stream)
                 once = time_burst(libs[names[0]], params, stream, 1)
                 iters = max(2, int(args.burst_ms / max(once, 1e-3)))
                 times = {n: [] for n in names}
                 for r in range(args.rounds):
                     for n in names[r % len(names):] + names[:r % len(names)]:
                         times[n].append(time_burst(libs[n], params, stream, iters))
-                flops = 4 * b * s * s * h * d / (2 if causal else 1)
+                flops = case.flops()
                 med = {n: statistics.median(times[n]) for n in names}
                 row = {"head_dim": d, "seqlen": s, "causal": causal, "batch": b, "heads": h,
                        "iters": iters, "rounds": args.rounds,
                        "tflops": {n: flops / med[n] / 1e9 for n in names},
                        "spread": {n: (max(times[n]) - min(times[n])) / med[n] for n in names},
+                       "check": {n: vars(checks[n]) for n in names},
                        "max_abs_diff_vs_first": diff}
                 rows.append(row)
                 base = row["tflops"][names[0]]
                 print(f"d{d:<4}{'c' if causal else 'n'} s{s:<6}" + " ".join(
                     f"{n}={row['tflops'][n]:5.0f} ({row['tflops'][n] / base - 1:+5.1%})"
-                    for n in names), flush=True)
+                    + ("" if checks[n].passed else " CHECK FAILED") for n in names), flush=True)
     if args.json:
         args.json.write_text(json.dumps({
             "gpu": torch.cuda.get_device_name(0),
             "libs": {n: {"path": str(libs[n].path), "build_info": libs[n].build_info()}
                      for n in names},
             "rows": rows}, indent=1))
-    return 0
+    failed = [(r["head_dim"], r["seqlen"], r["causal"], n) for r in rows
+              for n, c in r["check"].items() if not c["passed"]]
+    for d, s, causal, name in failed:
+        print(f"check failed: {name} d{d} s{s} causal={causal}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

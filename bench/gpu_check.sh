@@ -1,63 +1,93 @@
 #!/usr/bin/env bash
-# Pre-merge check on a GPU machine: the GPU test suite, compute-sanitizer on small cases, and a
-# quick benchmark, with logs and JSON under one folder.
+# Pre-merge check on a GPU machine: the test suite with the kernel library required, compute-
+# sanitizer memcheck / racecheck / synccheck on small cases, and a quick benchmark whose reference
+# checks run on the timed configurations.
 #
 #   bash bench/gpu_check.sh [OUT_DIR]
 #
-# Uses the installed flash_hopper, or the source tree's python/ with FLASH_HOPPER_LIB pointing at a
-# built libflash_hopper.so (a file or its folder). FH_CHECK_SKIP may list steps to skip
-# (tests, sanitizer, bench). Exits non-zero if any step failed; every step runs regardless.
-set -u
+# Logs and results go to OUT_DIR, else to $OUT when it is set (the device runner brings that folder
+# back), else to bench/results/gpu_check. Uses the installed flash_hopper, or the source tree's
+# python/ with FLASH_HOPPER_LIB pointing at a built libflash_hopper.so (a file or its folder).
+# PYTHON picks the interpreter; FH_CHECK_SKIP may list steps to skip (tests, sanitizer, bench);
+# FH_SANITIZER_BACKENDS the paths the sanitizer runs (default: fa2 fa3).
+#
+# Every step runs even after one failed (one run shows every problem), and any failure fails the
+# script: each step's exit status is taken from the command itself, never from a pipe's last stage.
+set -euo pipefail
+
 here="$(cd "$(dirname "$0")/.." && pwd)"
 out="${1:-${OUT:-$here/bench/results/gpu_check}}"
 mkdir -p "$out"
 export PYTHONPATH="$here/python${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
-skip="${FH_CHECK_SKIP:-}"
+# Without it a missing or unloadable library turns every kernel test into a skip and the suite
+# "passes" (tests/conftest.py).
+export FLASH_HOPPER_REQUIRE_LIB=1
+skip=" ${FH_CHECK_SKIP:-} "
 py="${PYTHON:-python3}"
-status=0
+failed=()
 
-step() { echo; echo "=== $1 ($(date +%T))"; }
-skipped() { [[ " $skip " == *" $1 "* ]]; }
+# run_step NAME LOG COMMAND...: COMMAND's output goes to $out/LOG (its tail to the console); a
+# non-zero exit records NAME as failed. `|| rc=$?` keeps set -e from ending the script there.
+run_step() {
+  local name="$1" log="$out/$2"
+  shift 2
+  echo
+  echo "=== $name ($(date +%T))"
+  local rc=0
+  "$@" >"$log" 2>&1 || rc=$?
+  tail -n 30 "$log"
+  if [ "$rc" -ne 0 ]; then
+    echo "=== $name: FAILED (exit $rc, log $log)"
+    failed+=("$name")
+  fi
+}
 
-step "environment"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv \
-  | tee "$out/nvidia_smi.csv"
-"$py" -c "import flash_hopper, json; print(json.dumps(flash_hopper.build_info()))" \
-  | tee "$out/build_info.json" || status=1
+skipped() {
+  if [[ "$skip" == *" $1 "* ]]; then
+    echo
+    echo "=== $1: skipped (FH_CHECK_SKIP)"
+    return 0
+  fi
+  return 1
+}
+
+run_step "nvidia-smi" nvidia_smi.csv nvidia-smi \
+  --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv
+run_step "build info" build_info.json "$py" -c \
+  "import flash_hopper, json; print(json.dumps(flash_hopper.build_info()))"
 
 if ! skipped tests; then
-  step "pytest (CPU and GPU tests)"
-  "$py" -m pytest -q -rs -p no:cacheprovider "$here/tests" --junitxml="$out/pytest.xml" \
-    2>&1 | tee "$out/pytest.log" | tail -n 40
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  run_step "pytest" pytest.log "$py" -m pytest -q -rs -p no:cacheprovider "$here/tests" \
+    --junitxml="$out/pytest.xml"
 fi
 
 if ! skipped sanitizer; then
-  # synccheck: named-barrier and mbarrier misuse of the warp-specialized FA-3 path. racecheck
-  # does not see TMA / WGMMA (async proxy) traffic: test_deterministic covers those races.
+  # memcheck: out-of-bounds and misaligned accesses of the predicated tail paths. racecheck:
+  # shared-memory hazards of ordinary loads and stores (it does not see TMA / WGMMA async-proxy
+  # traffic: test_deterministic covers those). synccheck: named-barrier and mbarrier misuse of
+  # the warp-specialized FA-3 path. --report-api-errors no: cuda-python probes driver entry points
+  # this driver lacks (cuGetProcAddress errors by design); only device-side errors count.
   for backend in ${FH_SANITIZER_BACKENDS:-fa2 fa3}; do
     for tool in memcheck racecheck synccheck; do
-      step "compute-sanitizer $tool ($backend)"
-      # --report-api-errors no: cuda-python probes driver entry points that this driver lacks
-      # (cuGetProcAddress errors by design); only device-side errors should fail the check.
-      compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 9 \
-        "$py" "$here/bench/sanitizer_case.py" --backend "$backend" --num-sms 3 \
-        > "$out/sanitizer_${tool}_$backend.log" 2>&1
-      rc=$?
-      tail -n 5 "$out/sanitizer_${tool}_$backend.log"
-      [ "$rc" -eq 0 ] || { echo "compute-sanitizer $tool ($backend): exit $rc"; status=1; }
+      run_step "compute-sanitizer $tool ($backend)" "sanitizer_${tool}_$backend.log" \
+        compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 9 \
+        "$py" "$here/bench/sanitizer_case.py" --backend "$backend" --num-sms 3
     done
   done
 fi
 
 if ! skipped bench; then
-  step "quick benchmark"
-  "$py" -m flash_hopper bench --seqlen 1024 4096 --head-dim 64 128 --json "$out/bench.json" \
-    2>&1 | tee "$out/bench.log" | tail -n 30
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  # 4k at d128 times (and checks) the 128 x 176 tile, 1k the short-masked 128 x 128 one.
+  run_step "quick benchmark" bench.log "$py" -m flash_hopper bench --seqlen 1024 4096 \
+    --head-dim 64 128 --json "$out/bench.json"
 fi
 
 echo
-echo "gpu_check: $([ $status -eq 0 ] && echo PASS || echo FAIL) (logs in $out)"
-exit $status
+if [ "${#failed[@]}" -eq 0 ]; then
+  echo "gpu_check: PASS (logs in $out)"
+  exit 0
+fi
+echo "gpu_check: FAIL: ${#failed[@]} step(s) failed (logs in $out):"
+printf '  %s\n' "${failed[@]}"
+exit 1

@@ -1,8 +1,10 @@
-"""Small forward cases for compute-sanitizer (memcheck / racecheck / initcheck).
+"""Small forward cases for compute-sanitizer (memcheck / racecheck / synccheck).
 
 Odd lengths, a partial head dim, GQA, causal, window and softcap on every built head-dim bucket:
 every predicated load/store path of the kernels runs at least once, at sizes the sanitizer can
-afford. Exits non-zero if a result is NaN where it must not be.
+afford. Outputs and LSE are NaN-filled before each launch; exits non-zero if one is left NaN (an
+element not written), or if no case ran at all (a sanitizer step that checked nothing must not
+pass: a build without the requested path fails here instead).
 """
 
 import argparse
@@ -23,8 +25,9 @@ def main() -> int:
     info = flash_hopper.build_info()
     arch = "90" if args.backend.startswith("fa3") else "80"
     if not any(str(a).lstrip("sm").startswith(arch) for a in info.get("archs", ())):
-        print(f"sanitizer cases run: 0 ({args.backend}: library built without sm{arch} kernels)")
-        return 0
+        print(f"sanitizer cases run: 0 ({args.backend}: library built without sm{arch} kernels; "
+              "choose the paths with FH_SANITIZER_BACKENDS)")
+        return 1
     torch.manual_seed(0)
     cases = 0
     for dtype_name in info["dtypes"]:
@@ -47,17 +50,17 @@ def main() -> int:
                     cfg = _validate.check_fwd_args(q, k, v, None, causal, window, softcap,
                                                    args.backend)
                     out = torch.full_like(q, float("nan"))
-                    lse = torch.empty(2, 4, sq, device="cuda")
+                    lse = torch.full((2, 4, sq), float("nan"), device="cuda")
                     ops.fwd_into(q, k, v, out, lse, cfg.softmax_scale, cfg.window_left,
                                  cfg.window_right, cfg.softcap, args.backend,
                                  num_sms=args.num_sms)
                     torch.cuda.synchronize()
-                    if torch.isnan(out).any():
-                        print(f"NaN in output: {dtype_name} d={d} sq={sq} sk={sk}")
+                    if torch.isnan(out).any() or torch.isnan(lse).any():
+                        print(f"NaN left in out or lse: {dtype_name} d={d} sq={sq} sk={sk}")
                         return 1
                     cases += 1
     print(f"sanitizer cases run: {cases}")
-    return 0
+    return 0 if cases else 1
 
 
 if __name__ == "__main__":

@@ -3,14 +3,16 @@
 Every "no" must come with a reason: these tests pin the reasons' content, not just their presence.
 """
 
+import ast
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
-from flash_hopper.bench import backends, peers
+from flash_hopper.bench import backends, peers, registry
 from flash_hopper.bench.cases import Case
-from flash_hopper.bench.flops import visible_pairs_exact
+from flash_hopper.mask import AttentionMask
 
 H100 = (9, 0)
 A100 = (8, 0)
@@ -39,7 +41,7 @@ def fake_flash_attn(name="flash_attn", with_softcap=True):
 
 def test_external_backend_found_when_importable(monkeypatch):
     monkeypatch.setitem(sys.modules, "flash_attn", fake_flash_attn())
-    backend = backends.registry(include_variants=False)["flash-attn"]
+    backend = registry.known_backends(include_variants=False)["flash-attn"]
     assert backend.probe(H100) is None
     assert backend.probe(None) == "no CUDA GPU visible"
     assert backend.probe((7, 5)).startswith("needs compute capability >= 8.0")
@@ -51,7 +53,7 @@ def test_external_backend_found_when_importable(monkeypatch):
 
 def test_external_backend_missing_says_why(monkeypatch):
     monkeypatch.setitem(sys.modules, "flash_attn", None)  # makes `import flash_attn` fail
-    backend = backends.registry(include_variants=False)["flash-attn"]
+    backend = registry.known_backends(include_variants=False)["flash-attn"]
     reason = backend.probe(H100)
     assert reason.startswith("not importable")
     assert "flash_attn" in reason
@@ -59,7 +61,7 @@ def test_external_backend_missing_says_why(monkeypatch):
 
 def test_external_backend_without_softcap_argument(monkeypatch):
     monkeypatch.setitem(sys.modules, "flash_attn", fake_flash_attn(with_softcap=False))
-    backend = backends.registry(include_variants=False)["flash-attn"]
+    backend = registry.known_backends(include_variants=False)["flash-attn"]
     assert backend.probe(H100) is None
     assert "softcap" in backend.unsupported(case(softcap=30.0))
     assert "window_size" in backend.unsupported(case(window=(128, 0)))
@@ -72,8 +74,8 @@ def test_fa3_package_tries_each_module_name(monkeypatch):
     monkeypatch.setitem(sys.modules, "flash_attn_3", package)
     monkeypatch.setitem(sys.modules, "flash_attn_3.flash_attn_interface",
                         fake_flash_attn("flash_attn_3.flash_attn_interface"))
-    backend = backends.resolve(["flash_attn_interface"],
-                               backends.registry(include_variants=False))[0]
+    backend = registry.resolve(["flash_attn_interface"],
+                               registry.known_backends(include_variants=False))[0]
     assert backend.name == "flash-attn3"
     assert backend.probe(H100) is None
     assert backend.probe(A100) == "needs an sm9x GPU; this one is sm80"
@@ -88,7 +90,7 @@ def test_cute_backend_needs_the_submodule(monkeypatch):
     parent.__path__ = []
     monkeypatch.setitem(sys.modules, "flash_attn", parent)
     monkeypatch.setitem(sys.modules, "flash_attn.cute", None)
-    backend = backends.registry(include_variants=False)["flash-attn-cute"]
+    backend = registry.known_backends(include_variants=False)["flash-attn-cute"]
     assert "flash_attn.cute" in backend.probe(H100)
 
 
@@ -110,7 +112,7 @@ SM80_BUILD = {"version": "0.1.0", "commit": "abc", "archs": ["sm80"], "head_dims
 
 def test_our_paths_follow_build_info(monkeypatch):
     fake_library(monkeypatch, SM80_BUILD)
-    known = backends.registry()
+    known = registry.known_backends()
     assert known["fa2"].probe(H100) is None
     assert known["fa2"].probe(A100) is None
     assert known["fa3"].probe(H100) == "library built without sm90 kernels (archs: sm80)"
@@ -124,7 +126,7 @@ def test_our_paths_follow_build_info(monkeypatch):
 
 def test_fa3_needs_hopper(monkeypatch):
     fake_library(monkeypatch, dict(SM80_BUILD, archs=["sm80", "sm90a"]))
-    fa3 = backends.registry()["fa3"]
+    fa3 = registry.known_backends()["fa3"]
     assert fa3.probe(H100) is None
     assert fa3.probe(A100) == "needs an sm9x GPU; this one is sm80"
     assert fa3.probe((10, 0)) == "needs an sm9x GPU; this one is sm100"
@@ -132,7 +134,7 @@ def test_fa3_needs_hopper(monkeypatch):
 
 def test_library_missing_is_a_reason(monkeypatch):
     fake_library(monkeypatch, OSError("libflash_hopper.so: cannot open shared object file"))
-    known = backends.registry()
+    known = registry.known_backends()
     for name in ("fa3", "fa2"):
         reason = known[name].probe(H100)
         assert reason.startswith("flash-hopper library not loadable: OSError")
@@ -141,24 +143,24 @@ def test_library_missing_is_a_reason(monkeypatch):
 def test_fa3_variants_from_build_info(monkeypatch):
     info = dict(SM80_BUILD, archs=["sm80", "sm90a"], fa3_variants=["fa3-no-pingpong"])
     fake_library(monkeypatch, info)
-    known = backends.registry()
+    known = registry.known_backends()
     assert "fa3-no-pingpong" in known
     assert known["fa3-no-pingpong"].probe(H100) is None
     assert known["fa3-no-pingpong"].path == "fa3-no-pingpong"
-    chosen = backends.resolve(["all"], known)
+    chosen = registry.resolve(["all"], known)
     assert "fa3-no-pingpong" in [b.name for b in chosen]
     # A variant this build does not have is kept and explains itself instead of crashing.
-    missing = backends.resolve(["fa3-no-overlap"], known)[0]
+    missing = registry.resolve(["fa3-no-overlap"], known)[0]
     assert "fa3-no-pingpong" in missing.probe(H100)
 
 
 def test_resolve_aliases_order_and_errors():
-    known = backends.registry(include_variants=False)
-    names = [b.name for b in backends.resolve(["sdpa-cudnn", "flash_attn", "fa2", "fa2"], known)]
+    known = registry.known_backends(include_variants=False)
+    names = [b.name for b in registry.resolve(["sdpa-cudnn", "flash_attn", "fa2", "fa2"], known)]
     assert names == ["sdpa-cudnn", "flash-attn", "fa2"]
     with pytest.raises(ValueError, match="unknown backend 'nope'"):
-        backends.resolve(["nope"], known)
-    assert backends.DEFAULT_BACKENDS == ("fa3", "fa2", "sdpa-flash", "sdpa-cudnn")
+        registry.resolve(["nope"], known)
+    assert registry.DEFAULT_BACKENDS == ("fa3", "fa2", "sdpa-flash", "sdpa-cudnn")
 
 
 def test_sdpa_support_rules():
@@ -186,31 +188,136 @@ def test_flex_without_triton(monkeypatch):
     assert "triton" in peers.FlexBackend().probe(H100)
 
 
-@pytest.mark.parametrize("sq,sk", [(7, 7), (5, 11), (11, 5)])
-@pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (False, (3, 0)), (False, (2, 4)),
-                                           (True, (4, -1)), (False, (-1, 2))])
-def test_masks_match_flop_counting(sq, sk, causal, window):
-    mask = peers.visible_mask(sq, sk, causal, window)
-    assert int(mask.sum()) == visible_pairs_exact(sq, sk, causal, window)
-    mask_mod = peers.make_mask_mod(sq, sk, causal, window)
-    rows = torch.arange(sq).view(-1, 1)
-    cols = torch.arange(sk).view(1, -1)
-    assert torch.equal(mask_mod(0, 0, rows, cols), mask)
+MASKED_CASES = [  # (sq, sk, causal, window): bottom-right causal both ways, windows, one-sided
+    (7, 7, True, (-1, -1)), (5, 11, True, (-1, -1)), (11, 5, True, (-1, -1)),
+    (11, 5, False, (3, 0)), (7, 7, False, (2, 4)), (5, 11, True, (4, -1)), (11, 5, False, (-1, 2)),
+]
 
 
-def test_sdpa_with_explicit_mask_runs_on_cpu():
-    # sdpa-math on CPU with a bottom-right causal mask equals the flash-hopper reference.
+@pytest.mark.parametrize("sq,sk,causal,window", MASKED_CASES)
+def test_peer_masks_are_the_policy(sq, sk, causal, window):
+    c = case(seqlen_q=sq, seqlen_k=sk, causal=causal, window=window)
+    mask = c.attention_mask()
+    assert mask == AttentionMask.from_args(sq, sk, causal, window)
+    rows, cols = torch.arange(sq).view(-1, 1), torch.arange(sk).view(1, -1)
+    assert torch.equal(peers.flex_mask_mod(mask)(0, 0, rows, cols), mask.dense())
+    # flex builds its mask by vmapping mask_mod over scalar indices: that must trace too.
+    flex = pytest.importorskip("torch.nn.attention.flex_attention")
+    made = flex.create_mask(peers.flex_mask_mod(mask), None, None, sq, sk, device="cpu")
+    assert torch.equal(made[0, 0], mask.dense())
+    assert peers.needs_mask(c)
+    assert peers.SdpaBackend.explicit_mask(c) == (not (causal and window == (-1, -1) and sq == sk))
+
+
+def test_unmasked_case_needs_no_mask():
+    assert not peers.needs_mask(case())
+    assert not peers.SdpaBackend.explicit_mask(case())
+
+
+@pytest.mark.parametrize("sk,causal,window,explicit", [
+    (9, True, (-1, -1), True), (9, False, (3, 1), True), (9, True, (2, -1), True),
+    (5, False, (3, 1), True),
+    (5, True, (-1, -1), False), (5, False, (-1, 0), False),  # square plain causal: is_causal
+    (5, False, (-1, -1), False),
+])
+def test_sdpa_math_runs_the_policy_on_cpu(sk, causal, window, explicit):
+    # sdpa-math on CPU with the policy's mask (or is_causal) equals the flash-hopper reference.
     from flash_hopper import reference
 
-    c = case(batch=1, seqlen_q=5, seqlen_k=9, heads=2, heads_kv=2, head_dim=16, causal=True,
-             dtype="bf16")
+    c = case(batch=1, seqlen_q=5, seqlen_k=sk, heads=2, heads_kv=2, head_dim=16, causal=causal,
+             window=window, dtype="bf16")
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(1, 5, 2, 16, generator=gen, dtype=torch.float32)
-    k = torch.randn(1, 9, 2, 16, generator=gen, dtype=torch.float32)
-    v = torch.randn(1, 9, 2, 16, generator=gen, dtype=torch.float32)
+    k = torch.randn(1, sk, 2, 16, generator=gen, dtype=torch.float32)
+    v = torch.randn(1, sk, 2, 16, generator=gen, dtype=torch.float32)
     backend = peers.SdpaBackend("math")
-    assert backend.kernel(q, k, v, c)[1].startswith("explicit boolean mask")
+    assert backend.kernel(q, k, v, c)[1].startswith("explicit boolean mask") == explicit
     out = backend.make_forward(q, k, v, c)()
-    ref = reference.attention_ref(q, k, v, causal=True)[0]
+    ref = reference.attention_ref(q, k, v, causal=causal, window_size=window)[0]
     assert out.shape == q.shape
     assert torch.allclose(out, ref, atol=1e-5)
+
+
+# ---- the reference-check call ------------------------------------------------------------------
+
+
+def test_our_check_call_poisons_buffers_and_runs_the_timed_path(monkeypatch):
+    from flash_hopper import ops
+
+    seen = {}
+
+    def fake_fwd_into(q, k, v, out, lse, scale, left, right, softcap, backend, num_sms=0):
+        seen.update(out_nan=bool(out.isnan().all()), lse_nan=bool(lse.isnan().all()),
+                    lse_shape=tuple(lse.shape), args=(scale, left, right, softcap, backend))
+        out.zero_()
+        lse.zero_()
+        return backend
+
+    monkeypatch.setattr(ops, "fwd_into", fake_fwd_into)
+    fa2 = backends.FlashHopperBackend("fa2", "fa2")
+    q = torch.zeros(2, 5, 4, 64, dtype=torch.bfloat16)
+    k = torch.zeros(2, 9, 2, 64, dtype=torch.bfloat16)
+    c = case(seqlen_q=5, seqlen_k=9, heads=4, heads_kv=2, head_dim=64, causal=True,
+             window=(3, 7), softcap=2.0)
+    out, lse = fa2.run_checked(q, k, k, c)
+    assert seen == {"out_nan": True, "lse_nan": True, "lse_shape": (2, 4, 5),
+                    "args": (0.125, 3, 0, 2.0, "fa2")}  # causal: right bound 0
+    assert out.shape == q.shape and lse.dtype == torch.float32
+
+    monkeypatch.setattr(ops, "fwd_into", lambda *args, **kwargs: "fa3")
+    with pytest.raises(RuntimeError, match="the check ran path 'fa3', but 'fa2' is timed"):
+        fa2.run_checked(q, k, k, c)
+
+
+def test_external_check_call_keeps_an_lse_of_our_layout(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flash_attn", fake_flash_attn())
+    backend = registry.known_backends(include_variants=False)["flash-attn"]
+    assert backend.probe(H100) is None
+    q = torch.zeros(2, 5, 4, 8)
+    lse = torch.zeros(2, 4, 5)
+    assert backend.run_checked(q, q, q, case()) == (q, None)
+    backend._func = lambda q, k, v, **kw: (q, lse)
+    out, got = backend.run_checked(q, q, q, case())
+    assert out is q and got is lse
+    backend._func = lambda q, k, v, **kw: (q, torch.zeros(3))  # not an LSE: not checked
+    assert backend.run_checked(q, q, q, case())[1] is None
+
+
+# ---- module layout -------------------------------------------------------------------------------
+
+
+def _bench_imports() -> dict[str, set[str]]:
+    """{module: bench modules it imports}, at any depth of its code (lazy imports count too)."""
+    package = Path(backends.__file__).parent
+    graph = {}
+    for path in package.glob("*.py"):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                names |= {node.module} if node.module else {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module == "flash_hopper.bench":
+                names |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                    "flash_hopper.bench."):
+                names.add(node.module.rsplit(".", 1)[1])
+        graph[path.stem] = {n.split(".")[0] for n in names}
+    return graph
+
+
+def test_bench_modules_import_without_cycles():
+    graph = _bench_imports()
+    assert graph["base"] == set(), "base.py is the leaf every backend module may import"
+    assert {"base"} <= graph["backends"] and {"base"} <= graph["peers"]
+    assert {"backends", "peers"} <= graph["registry"]
+
+    def reachable(start):
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph.get(todo.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    cycles = sorted(m for m in graph if m in reachable(m))
+    assert cycles == []

@@ -1,15 +1,20 @@
 """The GPU-side scripts in bench/ (run on the GPU machine, not by pytest) at least import and parse
-their arguments here, so a refactor of the package cannot break them unnoticed until device time."""
+their arguments here, so a refactor of the package cannot break them unnoticed until device time;
+the parts of their logic that need no GPU run here too: ab_libs' per-library check on a poisoned
+buffer, and gpu_check.sh's failure handling with the GPU tools replaced by recording stand-ins."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import flash_hopper
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,3 +38,124 @@ def test_bench_script_help(script):
 def test_ab_libs_requires_a_library():
     done = _run("ab_libs.py")
     assert done.returncode == 2 and "--lib" in done.stderr
+
+
+# ---- ab_libs: every library checked against the reference, on a poisoned buffer ------------------
+
+
+def _load_script(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_ab_libs_checks_each_library_on_a_poisoned_buffer():
+    from flash_hopper.bench.cases import Case
+    from flash_hopper.bench.check import References
+    from flash_hopper.reference import attention_ref
+
+    ab_libs = _load_script("ab_libs")
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 40, 4, 16, generator=gen).to(torch.bfloat16) for _ in range(3))
+    case = Case(batch=2, seqlen_q=40, seqlen_k=40, heads=4, heads_kv=4, head_dim=16, causal=True)
+    good_out = attention_ref(q, k, v, causal=True, upcast=False)[0]
+    good_lse = attention_ref(q, k, v, causal=True)[1]  # the kernels' LSE is fp32-accurate
+    out, lse = torch.empty_like(q), torch.empty(2, 4, 40)
+
+    def good():
+        out.copy_(good_out)
+        lse.copy_(good_lse)
+
+    def wrong_lse():
+        good()
+        lse.add_(1e-2)
+
+    runs = {"good": good, "writes-nothing": lambda: None, "wrong-lse": wrong_lse,
+            "zeros": lambda: (out.zero_(), lse.zero_())}
+    results, outputs = ab_libs.check_libraries(runs, out, lse, References(q, k, v, case))
+    # "writes-nothing" runs right after "good" left a correct result in the shared buffer.
+    assert {name: r.passed for name, r in results.items()} == {
+        "good": True, "writes-nothing": False, "wrong-lse": False, "zeros": False}
+    assert outputs["writes-nothing"].isnan().all()
+    assert torch.equal(outputs["good"], good_out)
+
+
+# ---- gpu_check.sh: with the GPU tools replaced by recording stand-ins ---------------------------
+
+
+FAKE_TOOL = """#!/usr/bin/env bash
+echo "$(basename "$0") REQUIRE_LIB=${FLASH_HOPPER_REQUIRE_LIB:-unset} $*" >> "$FAKE_RECORD"
+if [[ -n "${FAKE_FAIL:-}" && "$(basename "$0") $*" == *"$FAKE_FAIL"* ]]; then
+  echo "failing on purpose: $FAKE_FAIL"
+  exit 3
+fi
+echo "ok"
+"""
+
+
+def _run_pre_merge_script(tmp_path, fail="", tools=("nvidia-smi", "compute-sanitizer", "python")):
+    """Run gpu_check.sh with stand-ins for the GPU tools and the interpreter; each records its
+    arguments and fails when its command line contains ``fail``. Returns (result, recorded
+    lines)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for tool in tools:
+        path = bin_dir / tool
+        path.write_text(FAKE_TOOL)
+        path.chmod(0o755)
+    record = tmp_path / "record.txt"
+    record.write_text("")
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "OUT": str(tmp_path / "out"),
+           "PYTHON": str(bin_dir / "python"), "FAKE_RECORD": str(record), "FAKE_FAIL": fail,
+           "HOME": str(tmp_path)}
+    done = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh")], env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+    return done, record.read_text().splitlines()
+
+
+needs_bash = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+
+
+@needs_bash
+def test_pre_merge_script_runs_every_step_with_the_library_required(tmp_path):
+    done, calls = _run_pre_merge_script(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "gpu_check: PASS" in done.stdout
+    python_calls = [c for c in calls if c.startswith("python ")]
+    assert python_calls and all("REQUIRE_LIB=1" in c for c in python_calls)
+    assert any("-m pytest" in c for c in python_calls)
+    assert any("-m flash_hopper bench" in c for c in python_calls)
+    sanitizer = [c for c in calls if c.startswith("compute-sanitizer")]
+    for backend in ("fa2", "fa3"):
+        for tool in ("memcheck", "racecheck", "synccheck"):
+            assert any(f"--tool {tool}" in c and f"--backend {backend}" in c for c in sanitizer)
+    logs = {p.name for p in (tmp_path / "out").iterdir()}
+    assert {"pytest.log", "bench.log", "build_info.json", "sanitizer_synccheck_fa3.log"} <= logs
+
+
+@needs_bash
+@pytest.mark.parametrize("fail,steps", [
+    ("-m pytest", ["pytest"]),
+    ("--tool racecheck", ["compute-sanitizer racecheck (fa2)", "compute-sanitizer racecheck (fa3)"]),
+    ("--backend fa3", [f"compute-sanitizer {t} (fa3)" for t in ("memcheck", "racecheck",
+                                                                 "synccheck")]),
+    ("build_info", ["build info"]),
+    ("nvidia-smi", ["nvidia-smi"]),
+    ("--head-dim 64 128", ["quick benchmark"]),
+])
+def test_pre_merge_script_fails_when_any_step_fails(tmp_path, fail, steps):
+    done, calls = _run_pre_merge_script(tmp_path, fail=fail)
+    assert done.returncode == 1, done.stdout + done.stderr
+    summary = done.stdout.split("gpu_check: FAIL", 1)[1].splitlines()[1:]
+    assert summary == [f"  {step}" for step in steps]
+    # The other steps still ran: one run shows every problem.
+    assert any("-m flash_hopper bench" in c for c in calls)
+    assert any("--tool synccheck" in c for c in calls)
+
+
+@needs_bash
+def test_pre_merge_script_fails_without_the_sanitizer(tmp_path):
+    done, _ = _run_pre_merge_script(tmp_path, tools=("nvidia-smi", "python"))
+    assert done.returncode == 1
+    assert "compute-sanitizer memcheck (fa2)" in done.stdout.split("gpu_check: FAIL", 1)[1]

@@ -51,8 +51,8 @@ def test_defaults_reproduce_fa3_paper_sweep():
         assert (c.dtype, c.window, c.softcap) == ("bf16", (-1, -1), 0.0)
     assert cli.directions(args) == ["fwd"]
     assert cli.backend_names(args) == ["fa3", "fa2", "sdpa-flash", "sdpa-cudnn"]
-    assert (args.timer, args.check, args.flush_l2, args.cuda_graph) == ("events", "auto",
-                                                                        False, False)
+    assert (args.timer, args.check, args.flush_l2, args.cuda_graph) == (
+        "events", "on", False, False)
 
 
 def test_lists_suffixes_and_gqa():
@@ -88,6 +88,15 @@ def test_bad_values_give_one_line(capsys, args, message):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert err.startswith("flash-hopper bench: error:") and message in err
+
+
+def test_check_is_on_or_off():
+    # The check always runs on the timed configuration: no proxy or size-dependent mode remains.
+    assert parse_bench("--check", "off")[0].check == "off"
+    for retired in ("auto", "full", "proxy"):
+        with pytest.raises(SystemExit) as exc:
+            cli.build_parser().parse_args(["bench", "--check", retired])
+        assert exc.value.code == cli.EXIT_USAGE
 
 
 def test_argparse_errors_exit_2(capsys):

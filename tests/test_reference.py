@@ -3,7 +3,8 @@
 The reference is the oracle of every kernel test, so it gets its own: the tiled online-softmax
 forward must equal the naive one in float64 to rounding, the mask convention is pinned by
 hand-written matrices, naive attention agrees with torch's SDPA where their conventions meet, and
-the recomputation backward equals autograd through the naive forward.
+the recomputation backward equals autograd through the naive forward. The chunked reference (the
+benchmark's full-size oracle) equals the naive one, in both precisions.
 """
 
 from __future__ import annotations
@@ -13,15 +14,19 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
+from flash_hopper.mask import AttentionMask, KeyBlockSplit
 from flash_hopper.reference import (
-    _key_block_range,
     attention_bwd_ref,
     attention_ref,
+    attention_ref_chunked,
     attention_tiled_fwd,
-    visible_mask,
 )
 
 NEG_INF = float("-inf")
+
+
+def visible_mask(seqlen_q, seqlen_k, left=-1, right=-1, chunk=0):
+    return AttentionMask(seqlen_q, seqlen_k, left, right, chunk).dense()
 
 
 def _qkv(b, sq, sk, hq, hkv, d, dtype=torch.float64):
@@ -75,9 +80,26 @@ def test_mask_sliding_window():
     assert torch.equal(visible_mask(3, 3, -1, -1), torch.ones(3, 3, dtype=torch.bool))
 
 
+def test_mask_chunked_local_attention():
+    # attention_chunk = 3, sk - sq = 1: row i's diagonal key is i + 1; it sees the keys of that
+    # key's chunk up to the diagonal (causal), so rows 2..4 restart at keys 3 and 6.
+    expected = torch.tensor(
+        [
+            [1, 1, 0, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0, 0],
+            [0, 0, 0, 1, 0, 0, 0],
+            [0, 0, 0, 1, 1, 0, 0],
+            [0, 0, 0, 1, 1, 1, 0],
+            [0, 0, 0, 0, 0, 0, 1],
+        ],
+        dtype=torch.bool,
+    )
+    assert torch.equal(visible_mask(6, 7, -1, 0, chunk=3), expected)
+
+
 def test_mask_tile_matches_full_mask():
-    full = visible_mask(37, 53, 5, 3)
-    assert torch.equal(visible_mask(37, 53, 5, 3, rows=(8, 24), cols=(16, 48)), full[8:24, 16:48])
+    mask = AttentionMask(37, 53, 5, 3, 11)
+    assert torch.equal(mask.dense(rows=(8, 24), cols=(16, 48)), mask.dense()[8:24, 16:48])
 
 
 # --- naive reference against independent oracles ------------------------------------------------
@@ -174,6 +196,8 @@ MASKS = [
     {"window_size": (0, 0)},  # the diagonal only
     {"softcap": 1.5},
     {"causal": True, "window_size": (16, -1), "softcap": 0.8},
+    {"causal": True, "attention_chunk": 24},  # chunked-local (FA3's attention_chunk)
+    {"window_size": (5, 40), "attention_chunk": 7},
 ]
 
 
@@ -206,17 +230,44 @@ def test_tiled_matches_naive(seed, sq, sk, mask, heads, d, blocks):
     _assert_same_attention(out, lse, out_ref, lse_ref, atol=1e-12)
 
 
-@pytest.mark.parametrize(("sq", "sk"), [(64, 64), (100, 300), (300, 100), (65, 1)])
-@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (10, 0), (0, 20), (5, 5)])
-def test_tiled_skips_exactly_the_fully_masked_key_blocks(sq, sk, window):
-    block_m, block_n = 32, 16
-    mask = visible_mask(sq, sk, *window)
-    for m0 in range(0, sq, block_m):
-        m1 = min(m0 + block_m, sq)
-        first, last = _key_block_range(m0, m1, sq, sk, *window, block_n)
-        for n_block in range((sk + block_n - 1) // block_n):
-            tile = mask[m0:m1, n_block * block_n : (n_block + 1) * block_n]
-            assert bool(tile.any()) == (first <= n_block < last), (m0, n_block, first, last)
+def test_tiled_walks_the_kernels_blocks(monkeypatch):
+    # The tiled forward asks the mask policy for its blocks; a policy that calls a partially
+    # visible block unmasked must make it differ from the naive reference (so the tiled tests
+    # above do check the split, not just the online softmax).
+    q, k, v = _qkv(1, 40, 70, 1, 1, 8)
+    out_ref, _ = attention_ref(q, k, v, causal=True)
+
+    def too_wide(self, block_range, m_block, block_m, block_n):
+        return KeyBlockSplit(block_range.n_min, block_range.n_max)
+
+    monkeypatch.setattr(AttentionMask, "unmasked_blocks", too_wide)
+    out, _ = attention_tiled_fwd(q, k, v, causal=True, block_m=16, block_n=16)
+    assert (out - out_ref).abs().max() > 1e-3
+
+
+# --- the chunked reference == naive --------------------------------------------------------------
+
+CHUNKED_CASES = [
+    # (sq, sk, mask, max_scores): budgets of one row, a few rows, and more than the whole matrix
+    (37, 53, {"causal": True}, 1),
+    (53, 37, {"causal": True, "window_size": (7, -1)}, 2 * 4 * 37 * 5),
+    (64, 64, {"window_size": (3, 9), "softcap": 1.5}, 1 << 20),
+    (29, 41, {"attention_chunk": 8}, 2 * 4 * 41 * 3),
+    (17, 0, {}, 100),  # no keys: rows give 0 and -inf
+]
+
+
+@pytest.mark.parametrize(("sq", "sk", "mask", "max_scores"), CHUNKED_CASES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_chunked_matches_naive(seed, sq, sk, mask, max_scores, dtype):
+    q, k, v = _qkv(2, sq, sk, 4, 2, 16, dtype=dtype)
+    for upcast in (True, False):
+        out_ref, lse_ref = attention_ref(q, k, v, upcast=upcast, **mask)
+        out, lse = attention_ref_chunked(q, k, v, upcast=upcast, max_scores=max_scores, **mask)
+        assert out.dtype == out_ref.dtype and lse.dtype == lse_ref.dtype
+        # Same operations on the same rows; a matmul of fewer rows may sum in another order.
+        atol = {torch.float64: 1e-12, torch.float32: 1e-6}.get(out_ref.dtype, 1e-2)
+        _assert_same_attention(out, lse, out_ref, lse_ref, atol=atol)
 
 
 # --- backward by recomputation == autograd -------------------------------------------------------
@@ -230,6 +281,7 @@ BWD_CASES = [
     (23, 31, 8, 1, 16, {"window_size": (-1, 2), "softcap": 1.2}),
     (1, 17, 2, 1, 8, {"softcap": 0.5}),
     (17, 1, 2, 2, 8, {"causal": True, "softcap": 2.0}),
+    (31, 31, 2, 1, 8, {"causal": True, "attention_chunk": 6}),
 ]
 
 

@@ -2,17 +2,20 @@
 
 - ``attention_ref``: naive softmax(Q K^T) V; with ``upcast=False`` it computes in the input dtype
   like a same-precision PyTorch implementation (the low-precision side of FA3's tolerance rule).
+- ``attention_ref_chunked``: the same, a block of query rows at a time, so the (rows, seqlen_k)
+  scores stay under a memory budget: the benchmark checks full-size timed calls with it on the GPU.
 - ``attention_tiled_fwd``: the online-softmax forward exactly as the FlashAttention papers derive
   it (blocks of queries, a loop over key blocks with running max / sum and a rescaled
-  accumulator). It is what the kernels implement, written to be read.
+  accumulator). It is what the kernels implement, written to be read, and it walks key blocks with
+  the kernels' own policy (which blocks, which of them masked).
 - ``attention_bwd_ref``: the backward by recomputation from the LSE, as the kernels will do it.
 
 Conventions, shared with the kernels (api.h): layout (batch, seqlen, heads, head_dim); GQA maps
 query head h to kv head h // (heads_q // heads_kv); scores are scaled by softmax_scale, then soft-
-capped (score = softcap * tanh(score / softcap)); the mask is bottom-right aligned: query i sees
-key j iff i + sk - sq - left <= j <= i + sk - sq + right, a negative bound meaning unbounded;
-causal is right = 0. A query row that sees no key gets out 0 and lse -inf, never NaN.
-LSE is natural-log, shape (batch, heads_q, seqlen_q).
+capped (score = softcap * tanh(score / softcap)); which keys a query sees is flash_hopper.mask's
+AttentionMask (bottom-right aligned causal and windows, FA3's attention_chunk), the mirror of the
+kernels' mask.h. A query row that sees no key gets out 0 and lse -inf, never NaN. LSE is
+natural-log, shape (batch, heads_q, seqlen_q).
 """
 
 from __future__ import annotations
@@ -22,38 +25,18 @@ from collections.abc import Sequence
 
 import torch
 
+from .mask import AttentionMask
+
 Tensor = torch.Tensor
+NEG_INF = float("-inf")
+# attention_ref_chunked's default budget: scores per chunk (2^26 fp32 = 256 MB; the softmax holds
+# about three such temporaries at once).
+CHUNK_SCORES = 1 << 26
 
 
-def _window(causal: bool, window_size: Sequence[int]) -> tuple[int, int]:
-    left, right = int(window_size[0]), int(window_size[1])
-    return (left, 0) if causal else (left, right)
-
-
-def visible_mask(
-    seqlen_q: int,
-    seqlen_k: int,
-    window_left: int = -1,
-    window_right: int = -1,
-    device: torch.device | None = None,
-    rows: tuple[int, int] | None = None,
-    cols: tuple[int, int] | None = None,
-) -> Tensor:
-    """Bool (rows, cols) mask, True where query i may see key j (bottom-right aligned window).
-
-    ``rows``/``cols`` = (start, stop) select a tile of the full (seqlen_q, seqlen_k) mask.
-    """
-    r0, r1 = rows if rows is not None else (0, seqlen_q)
-    c0, c1 = cols if cols is not None else (0, seqlen_k)
-    i = torch.arange(r0, r1, device=device).unsqueeze(1)
-    j = torch.arange(c0, c1, device=device).unsqueeze(0)
-    diagonal = i + (seqlen_k - seqlen_q)  # the key a query is aligned with
-    mask = torch.ones(r1 - r0, c1 - c0, dtype=torch.bool, device=device)
-    if window_left >= 0:
-        mask &= j >= diagonal - window_left
-    if window_right >= 0:
-        mask &= j <= diagonal + window_right
-    return mask
+def _mask(q: Tensor, k: Tensor, causal: bool, window_size: Sequence[int],
+          attention_chunk: int) -> AttentionMask:
+    return AttentionMask.from_args(q.shape[1], k.shape[1], causal, window_size, attention_chunk)
 
 
 def _compute_dtype(dtype: torch.dtype, upcast: bool) -> torch.dtype:
@@ -76,6 +59,28 @@ def _capped(scores: Tensor, softcap: float) -> Tensor:
     return softcap * torch.tanh(scores / softcap) if softcap > 0 else scores
 
 
+def _attend(qh: Tensor, kh: Tensor, vh: Tensor, visible: Tensor | None, scale: float,
+            softcap: float) -> tuple[Tensor, Tensor]:
+    """Naive attention of (b, h, rows, d) queries on (b, h, sk, d) keys and values, in their dtype:
+    (out (b, h, rows, d), lse (b, h, rows)). ``visible``: bool (rows, sk), None when all keys are."""
+    scores = _capped(qh @ kh.transpose(-1, -2) * scale, softcap)
+    if visible is not None:
+        scores = scores.masked_fill(~visible, NEG_INF)
+    # Subtract the row max for stability; a fully masked row has max -inf: use 0 there so that
+    # exp(-inf - 0) = 0 instead of exp(-inf + inf) = NaN.
+    if kh.shape[-2] > 0:
+        row_max = scores.amax(dim=-1, keepdim=True)
+    else:  # no keys at all (amax of an empty row is an error)
+        row_max = scores.new_full((*scores.shape[:-1], 1), NEG_INF)
+    row_max = torch.where(row_max == NEG_INF, torch.zeros_like(row_max), row_max)
+    expd = torch.exp(scores - row_max)
+    row_sum = expd.sum(dim=-1, keepdim=True)
+    empty = row_sum == 0
+    probs = expd / torch.where(empty, torch.ones_like(row_sum), row_sum)
+    lse = torch.where(empty, torch.full_like(row_sum, NEG_INF), row_max + row_sum.log())
+    return probs @ vh, lse.squeeze(-1)
+
+
 def attention_ref(
     q: Tensor,
     k: Tensor,
@@ -85,6 +90,7 @@ def attention_ref(
     window_size: Sequence[int] = (-1, -1),
     softcap: float = 0.0,
     upcast: bool = True,
+    attention_chunk: int = 0,
 ) -> tuple[Tensor, Tensor]:
     """Naive attention: (out (b, sq, hq, d), lse (b, hq, sq)).
 
@@ -93,44 +99,48 @@ def attention_ref(
     """
     dtype = _compute_dtype(q.dtype, upcast)
     heads_q, head_dim = q.shape[2], q.shape[3]
-    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
-    left, right = _window(causal, window_size)
+    mask = _mask(q, k, causal, window_size, attention_chunk)
     qh = q.to(dtype).transpose(1, 2)
     kh, vh = _heads_first(k, heads_q, dtype), _heads_first(v, heads_q, dtype)
-
-    scores = _capped(qh @ kh.transpose(-1, -2) * _scale(softmax_scale, head_dim), softcap)
-    mask = visible_mask(seqlen_q, seqlen_k, left, right, device=q.device)
-    scores = scores.masked_fill(~mask, float("-inf"))
-    # Subtract the row max for stability; a fully masked row has max -inf: use 0 there so that
-    # exp(-inf - 0) = 0 instead of exp(-inf + inf) = NaN.
-    if seqlen_k > 0:
-        row_max = scores.amax(dim=-1, keepdim=True)
-    else:  # no keys at all (amax of an empty row is an error)
-        row_max = scores.new_full((*scores.shape[:-1], 1), float("-inf"))
-    row_max = torch.where(row_max == float("-inf"), torch.zeros_like(row_max), row_max)
-    expd = torch.exp(scores - row_max)
-    row_sum = expd.sum(dim=-1, keepdim=True)
-    empty = row_sum == 0
-    probs = expd / torch.where(empty, torch.ones_like(row_sum), row_sum)
-    out = (probs @ vh).transpose(1, 2)
-    lse = torch.where(empty, torch.full_like(row_sum, float("-inf")), row_max + row_sum.log())
-    return out, lse.squeeze(-1)
+    visible = None if mask.is_full else mask.dense(device=q.device)
+    out, lse = _attend(qh, kh, vh, visible, _scale(softmax_scale, head_dim), softcap)
+    return out.transpose(1, 2), lse
 
 
-def _key_block_range(
-    m0: int, m1: int, seqlen_q: int, seqlen_k: int, left: int, right: int, block_n: int
-) -> tuple[int, int]:
-    """[first, last) key blocks holding a key visible to some query in rows [m0, m1).
+@torch.no_grad()
+def attention_ref_chunked(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: Sequence[int] = (-1, -1),
+    softcap: float = 0.0,
+    upcast: bool = True,
+    attention_chunk: int = 0,
+    max_scores: int = CHUNK_SCORES,
+) -> tuple[Tensor, Tensor]:
+    """attention_ref a block of query rows at a time (not differentiable).
 
-    Row i sees a contiguous key interval that slides by one per row, so the rows of a block
-    together see one contiguous interval [lo, hi]: every other key block is entirely masked.
+    Each row's softmax runs over all its keys, so chunking rows changes no arithmetic: only the
+    memory, about batch * heads_q * rows * seqlen_k scores (at most ``max_scores``, and at least
+    one row) plus q, k and v in the compute dtype (k and v repeated per query head for GQA).
     """
-    offset = seqlen_k - seqlen_q
-    lo = max(m0 + offset - left, 0) if left >= 0 else 0
-    hi = min(m1 - 1 + offset + right, seqlen_k - 1) if right >= 0 else seqlen_k - 1
-    if lo > hi:
-        return 0, 0
-    return lo // block_n, hi // block_n + 1
+    dtype = _compute_dtype(q.dtype, upcast)
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    mask = _mask(q, k, causal, window_size, attention_chunk)
+    scale = _scale(softmax_scale, head_dim)
+    qh = q.to(dtype).transpose(1, 2)
+    kh, vh = _heads_first(k, heads_q, dtype), _heads_first(v, heads_q, dtype)
+    out = torch.empty(batch, heads_q, seqlen_q, v.shape[3], dtype=dtype, device=q.device)
+    lse = torch.empty(batch, heads_q, seqlen_q, dtype=dtype, device=q.device)
+    rows = max(1, max_scores // max(1, batch * heads_q * k.shape[1]))
+    for r0 in range(0, seqlen_q, rows):
+        r1 = min(r0 + rows, seqlen_q)
+        visible = None if mask.is_full else mask.dense(rows=(r0, r1), device=q.device)
+        out[:, :, r0:r1], lse[:, :, r0:r1] = _attend(qh[:, :, r0:r1], kh, vh, visible, scale,
+                                                     softcap)
+    return out.transpose(1, 2), lse
 
 
 def attention_tiled_fwd(
@@ -143,6 +153,7 @@ def attention_tiled_fwd(
     softcap: float = 0.0,
     block_m: int = 64,
     block_n: int = 64,
+    attention_chunk: int = 0,
 ) -> tuple[Tensor, Tensor]:
     """Online-softmax forward (FlashAttention, Alg. 1 of FA2): (out, lse) like attention_ref.
 
@@ -152,31 +163,38 @@ def attention_tiled_fwd(
         l = alpha * l + rowsum(P);  acc = alpha * acc + P V_j;  m = m_new
     then out = acc / l and lse = m + log(l). A row that has seen only masked keys keeps
     m = -inf; it is shifted by 0 instead (no -inf - -inf), so P = 0, l = 0, out 0, lse -inf.
+
+    The blocks and their order are the kernels': AttentionMask.key_blocks gives the range, visited
+    from n_max - 1 down, and only the blocks AttentionMask.unmasked_blocks leaves out get the
+    element mask. A policy that calls a block unmasked when it is not makes this differ from
+    attention_ref, which masks every element.
     """
     dtype = _compute_dtype(q.dtype, True)
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k = k.shape[1]
-    left, right = _window(causal, window_size)
+    mask = _mask(q, k, causal, window_size, attention_chunk)
     scale = _scale(softmax_scale, head_dim)
     qh = q.to(dtype).transpose(1, 2)
     kh, vh = _heads_first(k, heads_q, dtype), _heads_first(v, heads_q, dtype)
     out = torch.zeros(batch, heads_q, seqlen_q, v.shape[3], dtype=dtype, device=q.device)
-    lse = torch.full((batch, heads_q, seqlen_q), float("-inf"), dtype=dtype, device=q.device)
+    lse = torch.full((batch, heads_q, seqlen_q), NEG_INF, dtype=dtype, device=q.device)
 
-    for m0 in range(0, seqlen_q, block_m):
-        m1 = min(m0 + block_m, seqlen_q)
+    for m_block in range(-(-seqlen_q // block_m)):
+        m0, m1 = m_block * block_m, min((m_block + 1) * block_m, seqlen_q)
         q_tile = qh[:, :, m0:m1]  # (b, h, BLK_M, d)
-        row_max = torch.full((batch, heads_q, m1 - m0), float("-inf"), dtype=dtype, device=q.device)
+        row_max = torch.full((batch, heads_q, m1 - m0), NEG_INF, dtype=dtype, device=q.device)
         row_sum = torch.zeros_like(row_max)
         acc = torch.zeros(batch, heads_q, m1 - m0, v.shape[3], dtype=dtype, device=q.device)
-        first, last = _key_block_range(m0, m1, seqlen_q, seqlen_k, left, right, block_n)
-        for n_block in range(first, last):
+        blocks = mask.key_blocks(m_block, block_m, block_n)
+        split = mask.unmasked_blocks(blocks, m_block, block_m, block_n)
+        for n_block in reversed(range(blocks.n_min, blocks.n_max)):
             n0, n1 = n_block * block_n, min((n_block + 1) * block_n, seqlen_k)
             s = _capped(q_tile @ kh[:, :, n0:n1].transpose(-1, -2) * scale, softcap)
-            tile_mask = visible_mask(seqlen_q, seqlen_k, left, right, q.device, (m0, m1), (n0, n1))
-            s = s.masked_fill(~tile_mask, float("-inf"))  # (b, h, BLK_M, BLK_N)
+            if split.masked(n_block):
+                tile_mask = mask.dense(rows=(m0, m1), cols=(n0, n1), device=q.device)
+                s = s.masked_fill(~tile_mask, NEG_INF)  # (b, h, BLK_M, BLK_N)
             new_max = torch.maximum(row_max, s.amax(dim=-1))
-            shift = torch.where(new_max == float("-inf"), torch.zeros_like(new_max), new_max)
+            shift = torch.where(new_max == NEG_INF, torch.zeros_like(new_max), new_max)
             p = torch.exp(s - shift.unsqueeze(-1))
             alpha = torch.exp(row_max - shift)  # rescales what was accumulated so far
             row_sum = alpha * row_sum + p.sum(dim=-1)
@@ -200,6 +218,7 @@ def attention_bwd_ref(
     causal: bool = False,
     window_size: Sequence[int] = (-1, -1),
     softcap: float = 0.0,
+    attention_chunk: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Backward by recomputation from the LSE (FlashAttention): (dq, dk, dv) in q/k/v layouts.
 
@@ -211,9 +230,9 @@ def attention_bwd_ref(
     With GQA, dK and dV of the query heads that share a kv head are summed.
     """
     dtype = _compute_dtype(q.dtype, True)
-    batch, seqlen_q, heads_q, head_dim = q.shape
+    batch, _, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
-    left, right = _window(causal, window_size)
+    mask = _mask(q, k, causal, window_size, attention_chunk)
     scale = _scale(softmax_scale, head_dim)
     qh = q.to(dtype).transpose(1, 2)
     kh, vh = _heads_first(k, heads_q, dtype), _heads_first(v, heads_q, dtype)
@@ -226,10 +245,10 @@ def attention_bwd_ref(
         s = softcap * tanh
     else:
         s = raw
-    mask = visible_mask(seqlen_q, seqlen_k, left, right, device=q.device)
-    s = s.masked_fill(~mask, float("-inf"))
+    if not mask.is_full:
+        s = s.masked_fill(~mask.dense(device=q.device), NEG_INF)
     # Rows with lse = -inf saw no key: all their scores are -inf, shift by 0 so P = 0 there.
-    shift = torch.where(lse == float("-inf"), torch.zeros_like(lse), lse)
+    shift = torch.where(lse == NEG_INF, torch.zeros_like(lse), lse)
     p = torch.exp(s - shift.unsqueeze(-1))
 
     dv = p.transpose(-1, -2) @ doh

@@ -1,81 +1,11 @@
-"""Benchmark backends: the interface, flash-hopper's own paths, and the registry.
-
-A backend answers, in this order: can it run in this process at all (`probe`: importable, built,
-right GPU), can it run this configuration (`unsupported`), and then builds a zero-argument callable
-for one configuration (`make_forward`) and names the kernel that actually runs (`kernel`). Every
-"no" comes with a reason that the CLI prints and the result files record: nothing is skipped
-silently. Torch and third-party backends live in peers.py.
+"""flash-hopper's own paths as benchmark backends: "fa3", "fa2" and the fa3 ablation variants the
+build reports. The interface is base.py's; peers.py holds the others and registry.py lists them all.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Callable, Optional
-
+from .base import Backend
 from .errors import first_line
-
-Capability = Optional[tuple[int, int]]
-
-DEFAULT_BACKENDS = ("fa3", "fa2", "sdpa-flash", "sdpa-cudnn")
-# Module-style spellings people will type, mapped to backend names.
-ALIASES = {
-    "flash_attn": "flash-attn",
-    "flash-attn2": "flash-attn",
-    "flash_attn_interface": "flash-attn3",
-    "flash_attn_3": "flash-attn3",
-    "flash_attn.cute": "flash-attn-cute",
-    "sdpa": "sdpa-flash",
-    "cudnn": "sdpa-cudnn",
-}
-_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "bf16": "bf16",
-                "fp16": "fp16"}
-
-
-class Backend:
-    name = ""
-    label = ""  # plot legend
-    origin = ""  # flash-hopper | torch | external
-    min_capability: tuple[int, int] = (8, 0)
-    # Set when the backend only runs on one architecture family (FA3-style sm90 kernels).
-    only_major: int | None = None
-
-    def software_reason(self) -> str | None:
-        """Why this backend cannot run in this process regardless of the GPU, or None."""
-        return None
-
-    def runtime_reason(self) -> str | None:
-        """Checks that need the GPU runtime (e.g. torch's kernel availability), or None."""
-        return None
-
-    def probe(self, capability: Capability) -> str | None:
-        reason = self.software_reason()
-        if reason:
-            return reason
-        if capability is None:
-            return "no CUDA GPU visible"
-        if self.only_major is not None and capability[0] != self.only_major:
-            return (f"needs an sm{self.only_major}x GPU; this one is "
-                    f"sm{capability[0]}{capability[1]}")
-        if tuple(capability) < self.min_capability:
-            return (f"needs compute capability >= {self.min_capability[0]}."
-                    f"{self.min_capability[1]}; this GPU has {capability[0]}.{capability[1]}")
-        return self.runtime_reason()
-
-    def version(self) -> str | None:
-        return None
-
-    def unsupported(self, case, direction: str | None = None) -> str | None:
-        """Why this configuration (and direction, when given) cannot be timed, or None."""
-        return None
-
-    def make_forward(self, q, k, v, case) -> Callable[[], object]:
-        """A callable computing attention on (batch, seqlen, heads, head_dim) tensors; it returns
-        the output in the same layout."""
-        raise NotImplementedError
-
-    def kernel(self, q, k, v, case) -> tuple[str, str]:
-        """(kernel name, why) for what actually runs."""
-        return self.name, ""
 
 
 class FlashHopperBackend(Backend):
@@ -128,7 +58,7 @@ class FlashHopperBackend(Backend):
 
     def unsupported(self, case, direction: str | None = None) -> str | None:
         info = self.build_info()
-        dtypes = {_DTYPE_NAMES.get(str(d), str(d)) for d in info.get("dtypes", ())}
+        dtypes = {str(d) for d in info.get("dtypes", ())}  # FH_DTYPES spelling: bf16, fp16
         if dtypes and case.dtype not in dtypes:
             return f"library built without {case.dtype} (dtypes: {', '.join(sorted(dtypes))})"
         bucket_reason = self._head_dim_reason(info, case.head_dim)
@@ -143,11 +73,11 @@ class FlashHopperBackend(Backend):
         built = [int(d) for d in info.get("head_dims", ())]
         if not built:
             return None
-        try:
-            from flash_hopper.dispatch import head_dim_bucket
+        from flash_hopper.dispatch import head_dim_bucket
 
+        try:
             bucket = head_dim_bucket(head_dim)
-        except (ImportError, ValueError):  # no dispatch module, or d > 256: the call decides
+        except ValueError:  # d > 256: the call itself says why
             return None
         if bucket not in built:
             return (f"library built without head-dim bucket {bucket} for d={head_dim} "
@@ -164,14 +94,31 @@ class FlashHopperBackend(Backend):
         kwargs = self._call_kwargs(case)
         return lambda: flash_attn_func(q, k, v, **kwargs)
 
+    def run_checked(self, q, k, v, case):
+        """The timed call's kernel through ops.fwd_into, into NaN-filled buffers (an element the
+        kernel does not write fails the check). flash_attn_func (what is timed) and fwd_into run
+        the same dispatch and launch; the path that ran must be the one asked for."""
+        import math
+
+        import torch
+
+        from flash_hopper import ops
+        from flash_hopper.mask import AttentionMask
+
+        mask = AttentionMask.from_args(case.seqlen_q, case.seqlen_k, case.causal, case.window)
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("nan"), dtype=torch.float32,
+                         device=q.device)
+        ran = ops.fwd_into(q, k, v, out, lse, 1.0 / math.sqrt(q.shape[3]), mask.window_left,
+                           mask.window_right, case.softcap, self.path)
+        if ran != self.path:
+            raise RuntimeError(f"the check ran path {ran!r}, but {self.path!r} is timed")
+        return out, lse
+
     def kernel(self, q, k, v, case) -> tuple[str, str]:
         from flash_hopper import which_backend
 
-        kwargs = self._call_kwargs(case)
-        try:
-            name, reason = which_backend(q, k, v, **kwargs)
-        except TypeError:  # an older which_backend taking only `backend`
-            name, reason = which_backend(q, k, v, backend=self.path)
+        name, reason = which_backend(q, k, v, **self._call_kwargs(case))
         return str(name), str(reason)
 
 
@@ -181,67 +128,5 @@ def arch_digits(arch: str) -> str:
 
 
 def variant_names(info: dict) -> list[str]:
-    """fa3 ablation variants reported by the build (a list or a name -> description dict)."""
-    raw = info.get("fa3_variants") or ()
-    return [str(v) for v in raw]
-
-
-def _builtin_backends() -> dict[str, Backend]:
-    from . import peers
-
-    backends: dict[str, Backend] = {
-        "fa3": FlashHopperBackend("fa3", "fa3"),
-        "fa2": FlashHopperBackend("fa2", "fa2"),
-    }
-    for kind in peers.SDPA_KINDS:
-        backend = peers.SdpaBackend(kind)
-        backends[backend.name] = backend
-    backends["flex"] = peers.FlexBackend()
-    for backend in peers.external_backends():
-        backends[backend.name] = backend
-    return backends
-
-
-def registry(include_variants: bool = True) -> dict[str, Backend]:
-    """All known backends by name, plus the fa3 variants the loaded library reports."""
-    backends = _builtin_backends()
-    if include_variants:
-        try:
-            import flash_hopper
-
-            info = dict(flash_hopper.build_info())
-        except Exception:  # noqa: BLE001 - no library: no variants; fa3/fa2 report why
-            info = {}
-        for variant in variant_names(info):
-            backends[variant] = FlashHopperBackend(variant, variant, variant=True)
-    return backends
-
-
-def canonical_name(name: str) -> str:
-    return ALIASES.get(name, name)
-
-
-def resolve(names: Sequence[str], known: dict[str, Backend] | None = None) -> list[Backend]:
-    """Backends for CLI names, in the given order; 'all' expands to every known backend.
-
-    An unknown name starting with 'fa3' is kept as a variant (it then probes as unavailable, with
-    the build's variant list as the reason) so a script asking for an ablation does not crash on
-    a build without it; any other unknown name is a usage error.
-    """
-    known = registry() if known is None else known
-    chosen: list[Backend] = []
-    for raw in names:
-        if raw == "all":
-            candidates = list(known.values())
-        else:
-            name = canonical_name(raw)
-            if name in known:
-                candidates = [known[name]]
-            elif name.startswith("fa3"):
-                candidates = [FlashHopperBackend(name, name, variant=True)]
-            else:
-                raise ValueError(f"unknown backend {raw!r}; known: {', '.join(known)}, all")
-        for backend in candidates:
-            if all(b.name != backend.name for b in chosen):
-                chosen.append(backend)
-    return chosen
+    """fa3 ablation variants reported by the build (build_info()["fa3_variants"])."""
+    return [str(v) for v in info.get("fa3_variants") or ()]

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
+
+from flash_hopper.mask import AttentionMask
 
 from .flops import attention_flops
 
@@ -48,6 +50,9 @@ class Case:
             parts.append(f"softcap{self.softcap:g}")
         return " ".join(parts)
 
+    def attention_mask(self) -> AttentionMask:
+        return AttentionMask.from_args(self.seqlen_q, self.seqlen_k, self.causal, self.window)
+
     def flops(self, direction: str = "fwd") -> float:
         return attention_flops(self.batch, self.heads, self.seqlen_q, self.seqlen_k,
                                self.head_dim, self.causal, self.window, direction)
@@ -62,19 +67,6 @@ class Case:
     def score_elements(self) -> int:
         """b*h*sq*sk: the size of the score matrix a naive implementation materializes."""
         return self.batch * self.heads * self.seqlen_q * self.seqlen_k
-
-    def proxy(self, max_len: int) -> Case:
-        """A cheap stand-in for the reference check: batch 1, lengths scaled to <= max_len.
-
-        Keeps head dim, heads, GQA ratio, mask kind, softcap and dtype (what selects kernels and
-        code paths) and the seqlen_q : seqlen_k ratio (what selects causal alignment).
-        """
-        longest = max(self.seqlen_q, self.seqlen_k)
-        if longest <= max_len:
-            return replace(self, batch=1)
-        scale = max_len / longest
-        return replace(self, batch=1, seqlen_q=max(1, round(self.seqlen_q * scale)),
-                       seqlen_k=max(1, round(self.seqlen_k * scale)))
 
     def as_dict(self) -> dict[str, object]:
         fields = asdict(self)

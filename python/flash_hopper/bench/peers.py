@@ -4,10 +4,11 @@ Layouts: every backend takes and returns (batch, seqlen, heads, head_dim). SDPA 
 (batch, heads, seqlen, head_dim); they get transposed *views*, which is also what their flash
 kernels use internally, so no copy is timed.
 
-Masks: FA's causal is bottom-right aligned when seqlen_q != seqlen_k, SDPA's is_causal is top-left.
-SDPA's flash and cuDNN kernels take no mask, so bottom-right causal and windows are skipped there
-with a reason; the efficient and math kernels get an explicit boolean mask (the kernel name says
-so, since reading the mask costs bandwidth). Flex expresses both as a mask_mod.
+Masks come from flash_hopper.mask (the mirror of the kernels' policy). FA's causal is bottom-right
+aligned when seqlen_q != seqlen_k, SDPA's is_causal is top-left. SDPA's flash and cuDNN kernels take
+no mask, so bottom-right causal and windows are skipped there with a reason; the efficient and math
+kernels get an explicit boolean mask (the kernel name says so, since reading the mask costs
+bandwidth). Flex gets the policy's elementwise visible() as its mask_mod.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ import inspect
 from collections.abc import Sequence
 from typing import Callable
 
-from .backends import Backend
+from flash_hopper.mask import AttentionMask
+
+from .base import Backend
 from .errors import first_line
-from .flops import effective_window
 
 SDPA_KINDS = ("flash", "cudnn", "efficient", "math")
 _SDPA_ENUM = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION",
@@ -30,36 +32,8 @@ _SDPA_ENUM = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION",
 MATH_MAX_SCORE_ELEMENTS = 1 << 28
 
 
-def keep(rel, left: int, right: int):
-    """The visibility rule on rel = j - i - (seqlen_k - seqlen_q): -left <= rel <= right.
-
-    Works on ints and on tensors (flex's mask_mod, explicit SDPA masks). At least one bound must
-    be set; callers skip the mask entirely when neither is.
-    """
-    if left < 0:
-        return rel <= right
-    if right < 0:
-        return rel >= -left
-    return (rel <= right) & (rel >= -left)
-
-
 def needs_mask(case) -> bool:
-    left, right = effective_window(case.causal, case.window)
-    return left >= 0 or right >= 0
-
-
-def visible_mask(seqlen_q: int, seqlen_k: int, causal: bool, window: tuple[int, int],
-                 device=None):
-    """Boolean (seqlen_q, seqlen_k) mask, True where query i may attend to key j."""
-    import torch
-
-    left, right = effective_window(causal, window)
-    rows = torch.arange(seqlen_q, device=device).unsqueeze(1)
-    cols = torch.arange(seqlen_k, device=device).unsqueeze(0)
-    rel = cols - rows - (seqlen_k - seqlen_q)
-    if left < 0 and right < 0:
-        return torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
-    return keep(rel, left, right)
+    return not case.attention_mask().is_full
 
 
 def _to_bhsd(*tensors):
@@ -126,8 +100,8 @@ class SdpaBackend(Backend):
     @staticmethod
     def explicit_mask(case) -> bool:
         """Everything but plain causal with seqlen_q == seqlen_k (is_causal) needs a mask."""
-        plain_causal = case.causal and not case.has_window and case.seqlen_q == case.seqlen_k
-        return needs_mask(case) and not plain_causal
+        mask = case.attention_mask()
+        return not mask.is_full and not (mask.is_plain_causal and case.seqlen_q == case.seqlen_k)
 
     def make_forward(self, q, k, v, case):
         import torch.nn.functional as F
@@ -136,8 +110,10 @@ class SdpaBackend(Backend):
         qt, kt, vt = _to_bhsd(q, k, v)
         mask = None
         if self.explicit_mask(case):
-            mask = visible_mask(case.seqlen_q, case.seqlen_k, case.causal, case.window, q.device)
-        kwargs = {"attn_mask": mask, "is_causal": case.causal and mask is None}
+            mask = case.attention_mask().dense(device=q.device)
+        # No explicit mask but a mask needed: plain causal on a square, which is_causal means
+        # (also when spelled as window (-1, 0) without causal=True).
+        kwargs = {"attn_mask": mask, "is_causal": mask is None and needs_mask(case)}
         if case.heads != case.heads_kv:
             kwargs["enable_gqa"] = True  # only passed when needed: older torch lacks the keyword
         enum = self._enum()
@@ -168,12 +144,10 @@ def _compiled_flex():
     return _COMPILED_FLEX
 
 
-def make_mask_mod(seqlen_q: int, seqlen_k: int, causal: bool, window: tuple[int, int]):
-    left, right = effective_window(causal, window)
-    offset = seqlen_k - seqlen_q
-
+def flex_mask_mod(mask: AttentionMask):
+    """FlexAttention's mask_mod for ``mask``: index tensors in, a bool tensor out."""
     def mask_mod(b, h, q_idx, kv_idx):
-        return keep(kv_idx - q_idx - offset, left, right)
+        return mask.visible(q_idx, kv_idx)
 
     return mask_mod
 
@@ -216,7 +190,7 @@ class FlexBackend(Backend):
         qt, kt, vt = _to_bhsd(q, k, v)
         kwargs = {}
         if needs_mask(case):
-            mask_mod = make_mask_mod(case.seqlen_q, case.seqlen_k, case.causal, case.window)
+            mask_mod = flex_mask_mod(case.attention_mask())
             kwargs["block_mask"] = create_block_mask(mask_mod, None, None, case.seqlen_q,
                                                      case.seqlen_k, device=q.device)
         if case.softcap:
@@ -287,20 +261,33 @@ class FlashAttnPackage(Backend):
             return f"{self._module_name}.flash_attn_func has no window_size argument"
         return None
 
-    def make_forward(self, q, k, v, case):
+    def _call(self, q, k, v, case) -> Callable[[], object]:
         func = self._func
         kwargs = {"causal": case.causal}
         if case.has_window:
             kwargs["window_size"] = tuple(case.window)
         if case.softcap:
             kwargs["softcap"] = case.softcap
+        return lambda: func(q, k, v, **kwargs)
+
+    def make_forward(self, q, k, v, case):
+        call = self._call(q, k, v, case)
 
         def run():
-            out = func(q, k, v, **kwargs)
+            out = call()
             # FA3's beta interface returns (out, lse); FA2 returns out.
             return out[0] if isinstance(out, (tuple, list)) else out
 
         return run
+
+    def run_checked(self, q, k, v, case):
+        result = self._call(q, k, v, case)()
+        if not isinstance(result, (tuple, list)):
+            return result, None
+        # (out, lse) from FA3's interface: check the LSE too when it has our (b, h, sq) layout.
+        lse = result[1] if len(result) > 1 else None
+        lse_shape = (q.shape[0], q.shape[2], q.shape[1])
+        return result[0], lse if getattr(lse, "shape", None) == lse_shape else None
 
     def kernel(self, q, k, v, case) -> tuple[str, str]:
         return self.name, f"{self._module_name}.flash_attn_func"

@@ -28,8 +28,8 @@ FIELDS: tuple[tuple[str, type], ...] = (
     ("ms_p20", float), ("ms_p80", float), ("ms_min", float), ("ms_max", float),
     ("iters", int), ("flops", float), ("tflops", float), ("pct_peak", float),
     ("pct_gemm", float), ("check_err", float), ("check_ref_err", float),
-    ("check_tol", float), ("check_pass", bool), ("check_shape", str), ("kernel_reason", str),
-    ("notes", str),
+    ("check_tol", float), ("check_lse_err", float), ("check_lse_tol", float),
+    ("check_pass", bool), ("check_shape", str), ("kernel_reason", str), ("notes", str),
 )
 FIELD_NAMES = tuple(name for name, _ in FIELDS)
 

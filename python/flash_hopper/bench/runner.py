@@ -1,9 +1,10 @@
 """Runs the sweep: for each case, each backend and each direction, one result row.
 
-Order of work per case: allocate inputs once (several sets when they fit in L2), compute the
-references once, then per backend: config check -> first call on the check inputs (compares with
-the references and surfaces setup errors) -> timing per direction. A failure in one backend
-becomes a row with its reason and the sweep goes on.
+Order of work per case: allocate inputs once (several sets when they fit in L2), compute the fp32
+reference once on the first set (full size, chunked: check.py), then per backend: config check ->
+first call on that set (the reference check of exactly what is timed; it also surfaces setup
+errors) -> timing per direction. A failure in one backend becomes a row with its reason and the
+sweep goes on.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ class SetupError(RuntimeError):
 @dataclass
 class RunOptions:
     directions: Sequence[str] = ("fwd",)
-    check: str = "auto"  # auto | full | proxy | off
+    check: str = "on"  # on | off
     peak_tflops: float | None = None
     gemm_tflops: float | None = None
     device: str = "cuda"
@@ -62,7 +63,8 @@ def fill_check(row: dict[str, object], result) -> None:
     if result is None:
         return
     row.update({"check_err": result.err, "check_ref_err": result.ref_err,
-                "check_tol": result.tol, "check_pass": result.passed,
+                "check_tol": result.tol, "check_lse_err": result.lse_err,
+                "check_lse_tol": result.lse_tol, "check_pass": result.passed,
                 "check_shape": result.shape})
 
 
@@ -126,37 +128,33 @@ class Runner:
         generator = torch.Generator(device=self.options.device).manual_seed(self.options.seed)
         n_sets = self.timer.sets_for(case.input_bytes())
         inputs = [make_inputs(case, self.options.device, generator) for _ in range(n_sets)]
-        references, check_inputs, check_case = self._references(case, inputs[0], generator)
+        references = self._references(case, inputs[0])
         rows: list[dict[str, object]] = []
         for backend in self.backends:
-            rows.extend(self._run_backend(backend, case, inputs, check_case, check_inputs,
-                                          references))
-        del inputs, references, check_inputs
+            rows.extend(self._run_backend(backend, case, inputs, references))
+        del inputs, references
         if self.options.device == "cuda":
             torch.cuda.empty_cache()
         return rows
 
-    def _references(self, case, full_inputs, generator):
-        """(References or an error string, inputs to check on, the case they belong to)."""
-        check_case = checks.check_case(case, self.options.check)
-        if check_case is None:
-            return None, None, None
-        check_inputs = full_inputs if check_case == case else make_inputs(
-            check_case, self.options.device, generator)
+    def _references(self, case, inputs):
+        """check.References for the timed inputs, a string saying why there are none, or None
+        when checks are off."""
+        if self.options.check == "off":
+            return None
         try:
-            return checks.References(*check_inputs, check_case), check_inputs, check_case
+            return checks.References(*inputs, case)
         except Exception as exc:  # noqa: BLE001 - no reference (or OOM) must not stop timing
-            return f"reference unavailable: {first_line(exc)}", check_inputs, check_case
+            return f"reference unavailable: {first_line(exc)}"
 
-    def _run_backend(self, backend, case, inputs, check_case, check_inputs, references):
+    def _run_backend(self, backend, case, inputs, references):
         directions = list(self.options.directions)
         reason = backend.unsupported(case)
         if reason:
             return [self._skip(case, backend, d, reason) for d in directions]
         try:
             kernel, kernel_reason = backend.kernel(*inputs[0], case)
-            result = self._first_call(backend, case, inputs, check_case, check_inputs,
-                                      references)
+            result = self._first_call(backend, case, inputs[0], references)
         except Exception as exc:  # noqa: BLE001 - one backend's failure must not end the sweep
             # Peers failing to set up are unsupported configs; our own library failing is a bug,
             # except when it says so itself (UnsupportedError is a NotImplementedError).
@@ -183,24 +181,24 @@ class Runner:
             rows.append(row)
         return rows
 
-    def _first_call(self, backend, case, inputs, check_case, check_inputs, references):
-        """Run once on the check inputs (or the timing inputs when checks are off) and return a
-        CheckResult, a string saying why there is none, or None. Warnings raised on the way (SDPA
-        explains its kernel choice in warnings) become part of the error message."""
+    def _first_call(self, backend, case, inputs, references):
+        """Run once on the timed inputs (the check of what is timed when checks are on) and return
+        a CheckResult, a string saying why there is none, or None. Warnings raised on the way
+        (SDPA explains its kernel choice in warnings) become part of the error message."""
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                if check_case is None:
-                    backend.make_forward(*inputs[0], case)()
+                if references is None:
+                    backend.make_forward(*inputs, case)()
                     return None
-                out = backend.make_forward(*check_inputs, check_case)()
+                out, lse = backend.run_checked(*inputs, case)
             except Exception as exc:
                 details = [str(w.message).strip().splitlines()[0] for w in caught if
                            str(w.message).strip()]
                 raise SetupError(" | ".join([first_line(exc)] + details[:3])) from exc
         if isinstance(references, str):
             return references
-        return references.check(out)
+        return references.check(out, lse)
 
     def _time(self, row, backend, case, inputs, direction: str) -> None:
         import torch

@@ -1,0 +1,74 @@
+"""The interface every benchmark backend implements: a leaf module (it imports nothing of the
+package), so flash-hopper's own backends (backends.py), the peers (peers.py) and the registry that
+lists them all (registry.py) can each import it without importing one another.
+
+A backend answers, in this order: can it run in this process at all (`probe`: importable, built,
+right GPU), can it run this configuration (`unsupported`), and then builds a zero-argument callable
+for one configuration (`make_forward`) and names the kernel that actually runs (`kernel`). Every
+"no" comes with a reason that the CLI prints and the result files record: nothing is skipped
+silently. `run_checked` is the one call the reference check compares (see check.py).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+# (major, minor) compute capability of the GPU, or None without one.
+Capability = Optional[tuple[int, int]]
+
+
+class Backend:
+    name = ""
+    label = ""  # plot legend
+    origin = ""  # flash-hopper | torch | external
+    min_capability: tuple[int, int] = (8, 0)
+    # Set when the backend only runs on one architecture family (FA3-style sm90 kernels).
+    only_major: int | None = None
+
+    def software_reason(self) -> str | None:
+        """Why this backend cannot run in this process regardless of the GPU, or None."""
+        return None
+
+    def runtime_reason(self) -> str | None:
+        """Checks that need the GPU runtime (e.g. torch's kernel availability), or None."""
+        return None
+
+    def probe(self, capability: Capability) -> str | None:
+        reason = self.software_reason()
+        if reason:
+            return reason
+        if capability is None:
+            return "no CUDA GPU visible"
+        if self.only_major is not None and capability[0] != self.only_major:
+            return (f"needs an sm{self.only_major}x GPU; this one is "
+                    f"sm{capability[0]}{capability[1]}")
+        if tuple(capability) < self.min_capability:
+            return (f"needs compute capability >= {self.min_capability[0]}."
+                    f"{self.min_capability[1]}; this GPU has {capability[0]}.{capability[1]}")
+        return self.runtime_reason()
+
+    def version(self) -> str | None:
+        return None
+
+    def unsupported(self, case, direction: str | None = None) -> str | None:
+        """Why this configuration (and direction, when given) cannot be timed, or None."""
+        return None
+
+    def make_forward(self, q, k, v, case) -> Callable[[], object]:
+        """A callable computing attention on (batch, seqlen, heads, head_dim) tensors; it returns
+        the output in the same layout."""
+        raise NotImplementedError
+
+    def run_checked(self, q, k, v, case) -> tuple[object, object | None]:
+        """One forward of exactly what is timed, for the reference check: (out, lse or None).
+
+        The default runs the timed callable once and has no LSE. A backend that can write into
+        caller buffers should override this and fill them with NaN first: a freshly allocated
+        output may reuse memory that still holds another backend's correct result, and a kernel
+        that writes nothing would then pass.
+        """
+        return self.make_forward(q, k, v, case)(), None
+
+    def kernel(self, q, k, v, case) -> tuple[str, str]:
+        """(kernel name, why) for what actually runs."""
+        return self.name, ""
