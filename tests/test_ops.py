@@ -11,7 +11,11 @@ the library, so each test sees exactly which structs reach fh_fwd, and that bad 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +25,8 @@ from flash_hopper._lib import FhBackend, FhDtype, FhFwdParams, FhVariant
 from flash_hopper.reference import attention_ref
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -419,3 +425,43 @@ def test_launch_switches_to_the_tensors_device(host, monkeypatch):
     q, k, v = qkv()
     flash_attn_func(q, k, v)
     assert entered == [None] and len(host.launches) == 1  # q's device (index None on CPU)
+
+
+# --- bench/host_path.py: the GPU measurement script imports and parses here --------------------
+
+
+def _run_script(*args: str, **env: str) -> subprocess.CompletedProcess:
+    package_root = str(Path(_fwd.__file__).resolve().parents[1])
+    environ = dict(os.environ, **env)
+    environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)
+    return subprocess.run([sys.executable, str(ROOT / "bench" / "host_path.py"), *args],
+                          env=environ, capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_host_path_script_dry_run():
+    if not (ROOT / "bench" / "host_path.py").is_file():
+        pytest.skip("bench/ not present (tests run outside the source tree)")
+    done = _run_script("--dry", "-d", "64", "128", "--causal", "both")
+    assert done.returncode == 0, done.stderr
+    cases = [line for line in done.stdout.splitlines() if line.startswith("case:")]
+    assert len(cases) == 4 and '"head_dim": 128' in cases[-1]
+    bad = _run_script("--calls", "0")
+    assert bad.returncode == 2 and "--calls: expected >= 1, got 0" in bad.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU proxy refuses to run on a GPU")
+def test_host_path_script_cpu_proxy(lib, tmp_path):
+    if not (ROOT / "bench" / "host_path.py").is_file():
+        pytest.skip("bench/ not present (tests run outside the source tree)")
+    out = tmp_path / "proxy.json"
+    done = _run_script("--cpu-proxy", "-d", "64", "--calls", "20", "--rounds", "2",
+                       "--warmup", "2", "--json", str(out), FLASH_HOPPER_LIB=str(lib.path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    import json
+
+    result = json.loads(out.read_text())
+    assert result["mode"] == "cpu-proxy" and result["schema"] == "flash-hopper-host-path/1"
+    assert result["library"]["kernels"]
+    for row in result["results"]:
+        assert row["host_us"]["median"] > 0
