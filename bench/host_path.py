@@ -242,20 +242,20 @@ def stub_device_for_cpu_proxy() -> None:
 
 def run_cpu_proxy(args) -> dict:
     import torch
-    from flash_hopper import flash_attn_func
+    from flash_hopper import _fwd, flash_attn_func
 
     stub_device_for_cpu_proxy()
     rows = []
     for case in cases(args):
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[case["dtype"]]
-        q, k, v = (torch.randn(case["batch"], case["seqlen"], case["heads"], case["head_dim"],
-                               dtype=dtype) for _ in range(3))
+        b, s, h, d = case["batch"], case["seqlen"], case["heads"], case["head_dim"]
+        q, k, v = (torch.randn(b, s, h, d, dtype=dtype) for _ in range(3))
         causal = case["causal"]
         try:
             for _ in range(args.warmup):
                 flash_attn_func(q, k, v, causal=causal)
         except NotImplementedError as exc:  # no kernel for this head dim in this build
-            print(f"d={case['head_dim']}: skipped ({exc})")
+            print(f"d={d}: skipped ({exc})")
             continue
         host = []
         for _ in range(args.rounds):
@@ -263,10 +263,21 @@ def run_cpu_proxy(args) -> dict:
             for _ in range(args.calls):
                 flash_attn_func(q, k, v, causal=causal)
             host.append((time.perf_counter() - t0) / args.calls * 1e6)
-        rows.append(dict(case, backend="flash_attn_func", host_us=summary(host)))
-        print(f"d={case['head_dim']:>3} causal={causal!s:5} flash_attn_func (CPU proxy) "
+        # A new call signature every call (more query lengths than the plan cache holds): the
+        # cost of a miss, paid once per step by a server whose sequence grows each step.
+        queries = [torch.randn(b, s + i, h, d, dtype=dtype) for i in range(_fwd._MAX_PLANS + 1)]
+        uncached = []
+        for _ in range(args.rounds):
+            t0 = time.perf_counter()
+            for query in queries:
+                flash_attn_func(query, k, v, causal=causal)
+            uncached.append((time.perf_counter() - t0) / len(queries) * 1e6)
+        rows.append(dict(case, backend="flash_attn_func", host_us=summary(host),
+                         host_us_uncached=summary(uncached)))
+        print(f"d={d:>3} causal={causal!s:5} flash_attn_func (CPU proxy) "
               f"{rows[-1]['host_us']['median']:6.2f} us per call (min "
-              f"{rows[-1]['host_us']['min']:.2f})", flush=True)
+              f"{rows[-1]['host_us']['min']:.2f}); new signature every call "
+              f"{rows[-1]['host_us_uncached']['median']:6.2f} us", flush=True)
     return {"cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
             "results": rows}
 

@@ -79,13 +79,15 @@ BACKENDS: dict[str, tuple[FhBackend, FhVariant]] = {
 }
 BACKEND_NAMES = tuple(BACKENDS)
 FA3_VARIANT_NAMES = {variant_name(v): v for v in FhVariant}  # "fa3" included (variant 0)
+_RUNNING_NAMES = {
+    **{(int(FhBackend.FA3), int(v)): name for name, v in FA3_VARIANT_NAMES.items()},
+    **{(int(b), 0): b.name.lower() for b in FhBackend if b != FhBackend.FA3},
+}
 
 
 def backend_name(backend: int, variant: int = FhVariant.TUNED) -> str:
     """The name of what runs: 'fa2', or the FA-3 variant's name ('fa3', 'fa3-no-pingpong', ...)."""
-    if backend == FhBackend.FA3:
-        return variant_name(variant)
-    return FhBackend(backend).name.lower()
+    return _RUNNING_NAMES[int(backend), int(variant) if backend == FhBackend.FA3 else 0]
 
 
 # --- agreement with a built library --------------------------------------------------------------
