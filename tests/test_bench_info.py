@@ -1,11 +1,9 @@
-"""`flash-hopper info` logic without a GPU: hypothetical paths from build_info and dispatch."""
+"""`flash-hopper info` without a GPU: hypothetical paths from the library's own policy."""
 
 import flash_hopper
 import pytest
+from flash_hopper import dispatch
 from flash_hopper.bench import env, info
-
-SM80_BUILD = {"version": "0.1.0", "commit": "abc", "archs": ["sm80"], "head_dims": [64, 128],
-              "dtypes": ["bf16", "fp16"], "cuda": "12.8"}
 
 
 @pytest.fixture
@@ -13,57 +11,64 @@ def no_gpu(monkeypatch):
     monkeypatch.setattr(env, "detect_gpu", lambda index=None: (None, "mocked: no device"))
 
 
-def with_build(monkeypatch, build):
-    def build_info():
-        if isinstance(build, Exception):
-            raise build
-        return dict(build)
+def _answer(capability, head_dim, dtype="bf16", backend="auto"):
+    """What the library's policy says, as info shows it: (path, reason) or ("error", message)."""
+    try:
+        return dispatch.hypothetical(capability, dtype, head_dim, backend)
+    except NotImplementedError as exc:
+        return "error", str(exc)
 
-    monkeypatch.setattr(flash_hopper, "build_info", build_info)
 
-
-def test_paths_for_example_gpus_from_build_info(monkeypatch, no_gpu):
-    with_build(monkeypatch, SM80_BUILD)
-    report = info.gather(head_dim=128, dtype="bf16", backend="auto", causal=False)
+def test_paths_for_example_gpus_come_from_the_library(lib, no_gpu):
+    report = info.gather(head_dim=64, dtype="bf16", backend="auto", causal=False)
     assert report["gpu"] is None
     where = {entry["where"].split(" (")[0]: entry for entry in report["paths"]}
-    assert where["a cc 9.0 GPU"]["path"] == "fa2"
-    assert "no fa3 kernel" in where["a cc 9.0 GPU"]["reason"]
-    assert where["a cc 8.0 GPU"]["path"] == "fa2"
+    assert set(where) == {"a cc 9.0 GPU", "a cc 8.0 GPU"}
+    for capability in ((9, 0), (8, 0)):
+        entry = where[f"a cc {capability[0]}.{capability[1]} GPU"]
+        path, reason = _answer(capability, 64)
+        if path == "error":
+            assert entry["error"].endswith(reason)
+        else:
+            assert (entry["path"], entry["reason"]) == (path, reason)
     text = info.render(report)
     assert "no GPU (mocked: no device)" in text
-    assert "archs sm80" in text
-    assert "head dims 64 128" in text
+    assert "(hypothetical: the library's policy)" in text
+    build = lib.build_info()
+    assert f"archs {' '.join(build['archs'])}" in text
+    for kernel in build["kernels"]:  # one line per path and dtype lists the built head dims
+        assert f"{kernel['backend']} {kernel['dtype']}: head dims" in text
 
 
-def test_path_with_fa3_built_and_forced_backend(monkeypatch, no_gpu):
-    with_build(monkeypatch, dict(SM80_BUILD, archs=["sm80", "sm90a"]))
-    report = info.gather(128, "bf16", "fa3", False, capability=(9, 0))
+def test_forced_backend_on_a_given_capability(lib, no_gpu):
+    report = info.gather(64, "bf16", "fa3", False, capability=(8, 6))
     (entry,) = report["paths"]
-    assert entry["path"] == "fa3"
-    report = info.gather(128, "bf16", "fa3", False, capability=(8, 6))
-    (entry,) = report["paths"]
-    assert "compute capability 9.0" in entry["error"]
+    assert "compute capability 9.0" in entry["error"] and "cc 8.6" in entry["error"]
     assert "none:" in info.render(report)
+    report = info.gather(64, "bf16", "fa3", False, capability=(9, 0))
+    (entry,) = report["paths"]
+    if lib.has_fwd_kernel(flash_hopper._lib.FhBackend.FA3, flash_hopper._lib.FhDtype.BF16, 64):
+        assert entry["path"] == "fa3"
+        assert entry["reason"] == "fa3 requested; cc 9.0 and fa3 kernel built for bf16 hdim 64"
+    else:
+        assert "FH_ARCHS including 90a" in entry["error"]
 
 
-def test_unbuilt_head_dim(monkeypatch, no_gpu):
-    with_build(monkeypatch, SM80_BUILD)
-    report = info.gather(256, "bf16", "auto", False, capability=(8, 0))
-    assert "FH_HEAD_DIMS" in report["paths"][0]["error"]
+def test_an_unbuilt_head_dim_names_the_build_variable(lib, no_gpu):
+    built = set(lib.build_info()["head_dims"])
+    missing = [d for d in (64, 96, 128, 192, 256) if d not in built]
+    if not missing:
+        pytest.skip("this build has every head-dim bucket")
+    report = info.gather(missing[0], "bf16", "auto", False, capability=(8, 0))
+    assert f"FH_HEAD_DIMS including {missing[0]}" in report["paths"][0]["error"]
 
 
 def test_library_missing(monkeypatch, no_gpu):
-    with_build(monkeypatch, OSError("libflash_hopper.so not found"))
+    def build_info():
+        raise OSError("libflash_hopper.so not found")
+
+    monkeypatch.setattr(flash_hopper, "build_info", build_info)
     report = info.gather(128, "bf16", "auto", False)
     text = info.render(report)
     assert "library : not loadable: OSError: libflash_hopper.so not found" in text
     assert report["paths"][0]["error"].startswith("library not loadable")
-
-
-def test_built_predicate():
-    built = info.built_predicate(dict(SM80_BUILD, archs=["sm80", "sm_90a"]))
-    assert built("fa3", "bf16", 128)
-    assert built("fa2", "fp16", 64)
-    assert not built("fa2", "bf16", 256)
-    assert not built("fa2", "fp8", 64)

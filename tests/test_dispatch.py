@@ -1,20 +1,32 @@
-"""Backend policy with mocked GPUs and builds (CPU), and its plumbing in ops / which_backend."""
+"""The backend policy: the library's own (api.cu), asked with mocked GPUs on CPU, and its plumbing.
+
+Python no longer carries a copy of the policy, so these tests call the real library's
+fh_fwd_select_backend over a grid of compute capabilities, dtypes, head dims, layouts and backend
+requests, and compare each answer with the rules as documented (dispatch.py's docstring), using
+the build's own kernel list. Whatever the build (CI's reduced one, a developer's), every cell is
+checked: a request for a kernel the build lacks must fail and name the build variables.
+"""
 
 from __future__ import annotations
 
+import itertools
 import types
-from pathlib import Path
 
 import pytest
 import torch
 from _helpers import raises
-from flash_hopper import UnsupportedError, _device, _lib, _validate, dispatch, ops, which_backend
-from flash_hopper._lib import FhBackend, FhDtype
-from flash_hopper.dispatch import HEAD_DIM_BUCKETS, head_dim_bucket, select_backend
+from flash_hopper import (
+    UnsupportedError,
+    _device,
+    _fwd,
+    _tables,
+    _validate,
+    dispatch,
+    which_backend,
+)
+from flash_hopper._lib import FhBackend, FhVariant
+from flash_hopper.dispatch import head_dim_bucket
 from torch._subclasses.fake_tensor import FakeTensorMode
-
-ALL = {(b, dt, hd) for b in ("fa2", "fa3") for dt in ("fp16", "bf16") for hd in HEAD_DIM_BUCKETS}
-FA2_ONLY = {kernel for kernel in ALL if kernel[0] == "fa2"}
 
 
 @pytest.mark.parametrize(
@@ -31,174 +43,234 @@ def test_head_dim_bucket_above_256():
         head_dim_bucket(264)
 
 
-@pytest.mark.parametrize(
-    ("capability", "built", "expected", "reason"),
-    [
-        ((9, 0), ALL, "fa3", "cc 9.0 and fa3 kernel built for bf16 hdim 128 -> fa3"),
-        ((9, 0), FA2_ONLY, "fa2", "cc 9.0 but this build has no fa3 kernel for bf16 hdim 128"),
-        ((8, 0), ALL, "fa2", "cc 8.0: fa3 needs cc 9.0"),
-        ((8, 6), ALL, "fa2", "cc 8.6"),
-        ((8, 9), FA2_ONLY, "fa2", "cc 8.9"),
-        ((10, 0), ALL, "fa2", "cc 10.0: fa3 needs cc 9.0"),  # sm90a code does not run on 10.x
-        ((12, 0), ALL, "fa2", "cc 12.0"),
-    ],
-)
-def test_auto(capability, built, expected, reason):
-    backend, why = select_backend("auto", capability, built, "bf16", 128)
-    assert backend == expected
-    assert reason in why
+# --- the grid ------------------------------------------------------------------------------------
+
+# Capabilities: pre-Ampere, the 8.x family, Hopper, and later GPUs (which run fa2's PTX, never
+# sm90a code). Head dims: bucket edges and a padded one. Layouts: contiguous, and K/V broadcast
+# over heads with expand() (stride 0: TMA cannot load it, fa2 can).
+CAPABILITIES = [(7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)]
+DTYPES = ["fp16", "bf16"]
+HEAD_DIMS = [64, 72, 128, 256]
+LAYOUTS = ["contiguous", "kv_broadcast"]
 
 
-def test_auto_on_pre_ampere_names_the_capability():
-    with raises(UnsupportedError, "compute capability >= 8.0", "this GPU is cc 7.5"):
-        select_backend("auto", (7, 5), ALL, "fp16", 64)
-
-
-def test_auto_without_any_kernel_for_the_request_names_the_build_variables():
-    built = {k for k in ALL if k[2] != 96}
-    with raises(UnsupportedError, "no fa3 or fa2 kernel for fp16 hdim 72 (bucket 96)",
-                "FH_ARCHS including 90a", "FH_HEAD_DIMS including 96", "FH_DTYPES including fp16"):
-        select_backend("auto", (9, 0), built, "fp16", 72)
-    with raises(UnsupportedError, "no fa2 kernel for fp16 hdim 72 (bucket 96)",
-                "FH_ARCHS including 80"):
-        select_backend("auto", (8, 0), built, "fp16", 72)
-
-
-@pytest.mark.parametrize("capability", [(8, 0), (8, 6), (7, 5), (10, 0)])
-def test_forced_fa3_needs_cc_9_0(capability):
-    cc = f"{capability[0]}.{capability[1]}"
-    with raises(UnsupportedError, "backend='fa3'", "compute capability 9.0", f"cc {cc}"):
-        select_backend("fa3", capability, ALL, "bf16", 128)
-
-
-def test_forced_fa3_needs_the_kernel():
-    with raises(UnsupportedError, "backend='fa3'", "no fa3 kernel for bf16 hdim 128",
-                "FH_ARCHS including 90a", "FH_HEAD_DIMS including 128", "FH_DTYPES including bf16"):
-        select_backend("fa3", (9, 0), FA2_ONLY, "bf16", 128)
-    assert select_backend("fa3", (9, 0), ALL, "bf16", 128)[0] == "fa3"
-
-
-@pytest.mark.parametrize("capability", [(8, 0), (8, 6), (9, 0), (10, 0)])
-def test_forced_fa2_runs_on_every_ampere_or_newer(capability):
-    assert select_backend("fa2", capability, ALL, "fp16", 256)[0] == "fa2"
-
-
-def test_forced_fa2_errors():
-    with raises(UnsupportedError, "backend='fa2'", "compute capability >= 8.0", "cc 7.5"):
-        select_backend("fa2", (7, 5), ALL, "fp16", 64)
-    fp16_only = {k for k in ALL if k[1] == "fp16"}
-    with raises(UnsupportedError, "no fa2 kernel for bf16 hdim 64", "FH_DTYPES including bf16"):
-        select_backend("fa2", (8, 0), fp16_only, "bf16", 64)
-
-
-@pytest.mark.parametrize("requested", ["FA2", "fa4", "", "flash"])
-def test_unknown_backend_name(requested):
-    with raises(ValueError, "backend", repr(requested)):
-        select_backend(requested, (9, 0), ALL, "bf16", 128)
-
-
-def test_built_may_be_a_callable_and_is_asked_for_the_bucket():
-    asked = []
-
-    def built(backend, dtype, bucket):
-        asked.append((backend, dtype, bucket))
-        return backend == "fa2"
-
-    assert select_backend("auto", (9, 0), built, "fp16", 40)[0] == "fa2"
-    assert ("fa3", "fp16", 64) in asked and ("fa2", "fp16", 64) in asked
-
-
-# --- plumbing: the real device/library facts reach the policy -----------------------------------
-
-
-class FakeLibrary:
-    """Stands in for _lib.Library: answers has_fwd_kernel from a set of enum triples."""
-
-    def __init__(self, kernels):
-        self.kernels = kernels
-        self.calls = []
-
-    def has_fwd_kernel(self, backend, dtype, head_dim):
-        self.calls.append((backend, dtype, head_dim))
-        return (backend, dtype, head_dim) in self.kernels
-
-
-LAYOUT = "k: stride(2) is 0 on a dimension of size 8"
-
-
-def test_fa3_layout_problem_sends_auto_to_fa2_and_fa3_raises():
-    backend, why = select_backend("auto", (9, 0), ALL, "bf16", 128, LAYOUT)
-    assert backend == "fa2" and why == f"cc 9.0 but {LAYOUT} -> fa2"
-    for requested in ("fa3", "fa3-no-pingpong"):
-        with raises(UnsupportedError, "backend='fa3'", LAYOUT, "backend='fa2' or 'auto'"):
-            select_backend(requested, (9, 0), ALL, "bf16", 128, LAYOUT)
-    assert select_backend("fa2", (9, 0), ALL, "bf16", 128, LAYOUT)[0] == "fa2"
-    # Only the fa3 kernel is built: nothing can run the layout; say why and what to build.
-    fa3_only = ALL - FA2_ONLY
-    with raises(UnsupportedError, LAYOUT, "no fa2 kernel for bf16 hdim 128", "FH_ARCHS including 80"):
-        select_backend("auto", (9, 0), fa3_only, "bf16", 128, LAYOUT)
-    # The layout does not matter where fa3 cannot run anyway.
-    assert select_backend("auto", (8, 0), ALL, "bf16", 128, LAYOUT) == (
-        "fa2", "cc 8.0: fa3 needs cc 9.0 (sm90a) -> fa2")
-
-
-def test_tma_layout_problem_names_the_tensor_dim_and_strides():
-    q = torch.empty(2, 16, 8, 64)
-    k_shared = torch.empty(2, 16, 1, 64).expand(2, 16, 8, 64)  # one K head broadcast to 8
-    assert _validate.tma_layout_problem(q=q, k=q, v=q) is None
-    assert _validate.tma_layout_problem(q=q, k=torch.empty(2, 16, 1, 64), v=q) is None  # size 1
-    problem = _validate.tma_layout_problem(q=q, k=k_shared, v=k_shared)
-    assert problem.startswith("k: stride(2) is 0 on a dimension of size 8")
-    assert str(tuple(k_shared.stride())) in problem and "k.contiguous()" in problem
-    batch_bcast = torch.empty(1, 16, 8, 64).expand(3, 16, 8, 64)
-    assert _validate.tma_layout_problem(q=q, k=q, v=batch_bcast).startswith(
-        "v: stride(0) is 0 on a dimension of size 3")
-
-
-def test_which_backend_passes_the_layout_to_dispatch(fake_h100, monkeypatch):
-    seen = {}
-
-    def select(*args):
-        seen["problem"] = args[-1]
-        raise UnsupportedError("stop here")
-
-    monkeypatch.setattr(dispatch, "select_backend", select)
+def params_for(dtype: str, head_dim: int, requested: str, layout: str = "contiguous"):
+    """The FhFwdParams the host path fills for q (2, 64, 8, d) and k/v (2, 80, 2 or 8, d)."""
     with FakeTensorMode():
-        q = torch.empty(1, 16, 8, 128, dtype=torch.bfloat16, device="cuda")
-        k = torch.empty(1, 16, 1, 128, dtype=torch.bfloat16, device="cuda").expand(1, 16, 8, 128)
-        with raises(UnsupportedError, "stop here"):
-            which_backend(q, k, k)
-    assert seen["problem"].startswith("k: stride(2) is 0")
+        torch_dtype = _tables.DTYPE_NAMES[dtype]
+        q = torch.empty(2, 64, 8, head_dim, dtype=torch_dtype, device="cuda")
+        if layout == "contiguous":
+            k = torch.empty(2, 80, 2, head_dim, dtype=torch_dtype, device="cuda")
+        else:
+            k = torch.empty(2, 80, 1, head_dim, dtype=torch_dtype, device="cuda").expand(
+                2, 80, 8, head_dim)
+        cfg = _validate.check_fwd_args(q, k, k, backend=requested)
+        effective = _validate.effective_strides
+        return _fwd.fill_params(cfg, effective(q), effective(k), effective(k), effective(q),
+                                None, requested)
+
+
+def expected(capability, dtype, head_dim, requested, layout, kernels) -> str | None:
+    """The documented rules (dispatch.py): the name that runs, or None when nothing can."""
+    backend, variant = _tables.BACKENDS[requested]
+    bucket = head_dim_bucket(head_dim)
+    fa3_ok = (capability == (9, 0) and ("fa3", dtype, bucket, variant) in kernels
+              and layout == "contiguous")
+    fa2_ok = capability >= (8, 0) and ("fa2", dtype, bucket, 0) in kernels
+    if backend == FhBackend.FA3:
+        return requested if fa3_ok else None
+    if backend == FhBackend.FA2:
+        return "fa2" if fa2_ok else None
+    return "fa3" if fa3_ok else "fa2" if fa2_ok else None
+
+
+@pytest.fixture(scope="module")
+def kernels(request):
+    from conftest import load_library_or_skip
+
+    info = load_library_or_skip().build_info()
+    return {(k["backend"], k["dtype"], k["head_dim"], v)
+            for k in info["kernels"] for v in k["variants"]}
+
+
+@pytest.mark.parametrize("capability", CAPABILITIES, ids=lambda c: f"cc{c[0]}{c[1]}")
+def test_the_library_policy_over_the_grid(lib, kernels, capability):
+    for dtype, head_dim, requested, layout in itertools.product(
+            DTYPES, HEAD_DIMS, _tables.BACKEND_NAMES, LAYOUTS):
+        cell = (capability, dtype, head_dim, requested, layout)
+        params = params_for(dtype, head_dim, requested, layout)
+        want = expected(capability, dtype, head_dim, requested, layout, kernels)
+        if want is None:
+            with pytest.raises(UnsupportedError) as info:
+                dispatch.choose(params, capability)
+            message = str(info.value)
+            assert f"cc {capability[0]}.{capability[1]}" in message or "FH_" in message \
+                or "stride(2) is 0" in message, (cell, message)
+        else:
+            name, reason, backend = dispatch.choose(params, capability)
+            assert (name, backend == FhBackend.FA3) == (want, want.startswith("fa3")), cell
+            assert f"cc {capability[0]}.{capability[1]}" in reason, (cell, reason)
+
+
+def test_the_grid_sees_both_outcomes_in_every_build(lib, kernels):
+    # Guard against a vacuous grid: some cells run and some fail, whatever was built.
+    outcomes = {expected(c, d, h, r, lay, kernels) is None for c, d, h, r, lay in itertools.product(
+        CAPABILITIES, DTYPES, HEAD_DIMS, _tables.BACKEND_NAMES, LAYOUTS)}
+    assert outcomes == {True, False}
+
+
+# --- the messages: they say why and what to change -----------------------------------------------
+
+
+def _built(kernels, backend, dtype="bf16", bucket=64, variant=0) -> bool:
+    return (backend, dtype, bucket, variant) in kernels
+
+
+def test_reasons_name_the_capability_and_the_kernel(lib, kernels):
+    if not _built(kernels, "fa2"):
+        pytest.skip("needs the fa2 bf16 hdim 64 kernel (every CI build has it)")
+    params = params_for("bf16", 64, "auto")
+    assert dispatch.choose(params, (8, 0))[:2] == ("fa2", "cc 8.0: fa3 needs cc 9.0 (sm90a) -> fa2")
+    assert dispatch.choose(params, (10, 0))[1] == "cc 10.0: fa3 needs cc 9.0 (sm90a) -> fa2"
+    if _built(kernels, "fa3"):
+        assert dispatch.choose(params, (9, 0))[:2] == (
+            "fa3", "cc 9.0 and fa3 kernel built for bf16 hdim 64 -> fa3")
+        bcast = dispatch.choose(params_for("bf16", 64, "auto", "kv_broadcast"), (9, 0))
+        assert bcast[0] == "fa2"
+        assert bcast[1].startswith("cc 9.0 but k: stride(2) is 0 on a dimension of size 8 "
+                                   "(k_head_stride: the fa3 path loads q/k/v with TMA")
+    else:
+        assert dispatch.choose(params, (9, 0))[:2] == (
+            "fa2", "cc 9.0 but this build has no fa3 kernel for bf16 hdim 64 -> fa2")
+    assert dispatch.choose(params_for("bf16", 56, "fa2"), (8, 6))[1] == (
+        "fa2 requested; cc 8.6 and fa2 kernel built for bf16 hdim 56 (bucket 64)")
+
+
+def test_errors_name_the_gpu(lib):
+    with raises(UnsupportedError, "compute capability >= 8.0", "this GPU is cc 7.5"):
+        dispatch.choose(params_for("bf16", 64, "auto"), (7, 5))
+    with raises(UnsupportedError, "backend='fa2' needs a GPU of compute capability >= 8.0",
+                "cc 7.5"):
+        dispatch.choose(params_for("bf16", 64, "fa2"), (7, 5))
+    for requested in ("fa3", "fa3-no-pingpong"):
+        for capability in ((8, 0), (8, 6), (10, 0)):
+            cc = f"{capability[0]}.{capability[1]}"
+            with raises(UnsupportedError, f"backend='{requested}' needs a GPU of compute "
+                        "capability 9.0", f"this GPU is cc {cc}", "use backend='fa2' or 'auto'"):
+                dispatch.choose(params_for("bf16", 64, requested), capability)
+
+
+def test_missing_kernels_name_the_build_variables(lib, kernels):
+    missing = [(d, h) for d in DTYPES for h in (64, 96, 128, 192, 256)
+               if not _built(kernels, "fa2", d, h) and not _built(kernels, "fa3", d, h)]
+    if not missing:
+        pytest.skip("this build has every kernel")
+    dtype, bucket = missing[0]
+    with raises(UnsupportedError, f"cc 9.0: this build has no fa3 or fa2 kernel for {dtype} hdim "
+                f"{bucket}", "FH_ARCHS including 90a", f"FH_HEAD_DIMS including {bucket}",
+                f"FH_DTYPES including {dtype}"):
+        dispatch.choose(params_for(dtype, bucket, "auto"), (9, 0))
+    with raises(UnsupportedError, f"cc 8.0: this build has no fa2 kernel for {dtype} hdim {bucket}",
+                "FH_ARCHS including 80"):
+        dispatch.choose(params_for(dtype, bucket, "auto"), (8, 0))
+    with raises(UnsupportedError, f"backend='fa2': this build has no fa2 kernel for {dtype}",
+                "FH_ARCHS including 80"):
+        dispatch.choose(params_for(dtype, bucket, "fa2"), (8, 0))
+    with raises(UnsupportedError, f"backend='fa3': this build has no fa3 kernel for {dtype}",
+                "FH_ARCHS including 90a", "or use backend='auto'"):
+        dispatch.choose(params_for(dtype, bucket, "fa3"), (9, 0))
+    with raises(UnsupportedError, f"hdim {bucket - 8} (bucket {bucket})"):
+        dispatch.choose(params_for(dtype, bucket - 8, "auto"), (9, 0))
+
+
+def test_an_ablation_kernel_names_its_own_build_variables(lib, kernels):
+    cells = [(d, h) for d in DTYPES for h in _tables.HEAD_DIM_BUCKETS
+             if _built(kernels, "fa3", d, h) and not _built(kernels, "fa3", d, h, 2)]
+    if not cells:
+        pytest.skip("needs an fa3 kernel without its no-overlap ablation (CI's build)")
+    dtype, bucket = cells[0]
+    for requested in ("fa3-no-overlap", "fa3-no-pingpong-no-overlap"):
+        with raises(UnsupportedError, f"backend='{requested}': this build has no {requested} "
+                    f"kernel for {dtype} hdim {bucket}",
+                    f"FH_FA3_ABLATION_DTYPES including {dtype}",
+                    f"FH_FA3_ABLATION_HEAD_DIMS including {bucket}"):
+            dispatch.choose(params_for(dtype, bucket, requested), (9, 0))
+    # Ping-pong is a runtime switch: the tuned kernel serves it.
+    name, reason, _ = dispatch.choose(params_for(dtype, bucket, "fa3-no-pingpong"), (9, 0))
+    assert name == "fa3-no-pingpong"
+    assert reason.startswith("fa3-no-pingpong requested; cc 9.0")
+
+
+def test_a_broadcast_layout_names_the_tensor_and_the_field(lib, kernels):
+    if not _built(kernels, "fa3"):
+        pytest.skip("needs the fa3 bf16 hdim 64 kernel (CI's build)")
+    with raises(UnsupportedError, "backend='fa3': k: stride(2) is 0 on a dimension of size 8",
+                "k_head_stride: the fa3 path loads q/k/v with TMA", "call k.contiguous()",
+                "or use backend='fa2' or 'auto'"):
+        dispatch.choose(params_for("bf16", 64, "fa3", "kv_broadcast"), (9, 0))
+    # fa2 reads through pointers: the layout does not matter there.
+    if _built(kernels, "fa2"):
+        assert dispatch.choose(params_for("bf16", 64, "fa2", "kv_broadcast"), (9, 0))[0] == "fa2"
+
+
+def test_hypothetical_needs_no_gpu(lib, kernels):
+    want = expected((9, 0), "bf16", 64, "auto", "contiguous", kernels)
+    if want is None:
+        with raises(UnsupportedError, "FH_"):
+            dispatch.hypothetical((9, 0), "bf16", 64)
+    else:
+        assert dispatch.hypothetical((9, 0), "bf16", 64)[0] == want
+    with raises(ValueError, "backend: expected one of auto, fa2, fa3", "'fa4'"):
+        dispatch.hypothetical((9, 0), "bf16", 64, "fa4")
+    with raises(ValueError, "dtype: expected one of fp16, bf16", "'fp8'"):
+        dispatch.hypothetical((9, 0), "fp8", 64)
+
+
+# --- plumbing: the device's facts reach the library's policy --------------------------------------
 
 
 @pytest.fixture
-def fake_h100(monkeypatch):
-    lib = FakeLibrary({(FhBackend.FA3, FhDtype.BF16, 128), (FhBackend.FA2, FhDtype.BF16, 128)})
+def h100(monkeypatch):
+    """A cc 9.0 device for the host path (the library stays real); a fresh plan cache."""
     info = types.SimpleNamespace(capability=(9, 0), sm_count=132)
-    monkeypatch.setattr(_lib, "get_library", lambda: lib)
     monkeypatch.setattr(_device, "device_info", lambda index: info)
-    return lib
+    _fwd.clear_plans()
+    yield info
+    _fwd.clear_plans()
 
 
-def test_resolve_backend_passes_enums_and_buckets(fake_h100):
-    backend, _ = ops.resolve_backend(torch.device("cuda", 0), torch.bfloat16, 112, "auto")
-    assert backend == "fa3"
-    assert (FhBackend.FA3, FhDtype.BF16, 128) in fake_h100.calls
-    with raises(UnsupportedError, "fa3", "fp16"):
-        ops.resolve_backend(torch.device("cuda", 0), torch.float16, 128, "fa3")
-
-
-def test_which_backend(fake_h100):
+def test_which_backend_asks_the_library_with_the_device_capability(lib, kernels, h100):
     with FakeTensorMode():
-        q = torch.empty(2, 17, 8, 128, dtype=torch.bfloat16, device="cuda")
-        k = torch.empty(2, 33, 2, 128, dtype=torch.bfloat16, device="cuda")
-    assert which_backend(q, k, k) == ("fa3", "cc 9.0 and fa3 kernel built for bf16 hdim 128 -> fa3")
-    assert which_backend(q, k, k, backend="fa2")[0] == "fa2"
-    with raises(ValueError, "backend"):
+        q = torch.empty(2, 17, 8, 64, dtype=torch.bfloat16, device="cuda")
+        k = torch.empty(2, 33, 2, 64, dtype=torch.bfloat16, device="cuda")
+        shared = torch.empty(2, 33, 1, 64, dtype=torch.bfloat16, device="cuda").expand(
+            2, 33, 8, 64)
+    for requested in ("auto", "fa2", "fa3"):
+        want = expected((9, 0), "bf16", 64, requested, "contiguous", kernels)
+        if want is None:
+            with pytest.raises(UnsupportedError):
+                which_backend(q, k, k, backend=requested)
+        else:
+            name, reason = which_backend(q, k, k, backend=requested)
+            assert name == want and "cc 9.0" in reason
+    h100.capability = (8, 0)
+    _fwd.clear_plans()
+    if _built(kernels, "fa2"):
+        assert which_backend(q, k, k)[0] == "fa2"
+        assert which_backend(q, shared, shared) == (
+            "fa2", "cc 8.0: fa3 needs cc 9.0 (sm90a) -> fa2")
+    with raises(ValueError, "backend", "'fa1'"):
         which_backend(q, k, k, backend="fa1")
 
 
-def test_dispatch_module_is_pure():
-    # The policy must stay importable and testable without torch, ctypes or a device.
-    source = Path(dispatch.__file__).read_text()
-    assert "import torch" not in source and "ctypes" not in source
+def test_which_backend_of_an_empty_problem(h100):
+    with FakeTensorMode():
+        q = torch.empty(0, 17, 8, 64, dtype=torch.bfloat16, device="cuda")
+    assert which_backend(q, q, q) == ("none", "nothing to compute: batch or seqlen_q is 0")
+
+
+def test_variants_keep_their_name_through_the_policy(lib, kernels, h100):
+    params = params_for("bf16", 64, "fa3-no-pingpong")
+    assert params.backend == FhBackend.FA3 and params.variant == FhVariant.NO_PINGPONG
+    if _built(kernels, "fa3", variant=1):
+        assert dispatch.choose(params, (9, 0))[0] == "fa3-no-pingpong"

@@ -1,8 +1,10 @@
-"""The ctypes binding against api.h, library loading, and the C ABI's argument checks (CPU).
+"""The ctypes binding against api.h, the tables, library loading, and the C ABI's checks (CPU).
 
-The struct/enum tests parse api.h itself, so Python and C cannot drift apart silently. The tests
-that call into the library use the ``lib`` fixture (skipped only when it was never built); they
-need no GPU: the C side validates its parameters before it touches CUDA.
+The struct/enum tests parse api.h itself and the table tests kernels/src/tables.cmake, so Python
+and C cannot drift apart silently. The tests that call into the library use the ``lib`` fixture
+(skipped only when it was never built); they need no GPU: the C side validates its parameters
+before it touches CUDA, and fh_fwd_select_backend never touches it. Every validation rule has its
+own case with the exact status and the message's field, expected and given value.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import ctypes
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -18,20 +21,43 @@ from pathlib import Path
 
 import flash_hopper
 import pytest
-from flash_hopper import CudaError, InternalError, LibraryNotFoundError, UnsupportedError, _lib
-from flash_hopper._lib import ABI_VERSION, FhBackend, FhDtype, FhFwdParams, FhStatus, FhVariant
-from flash_hopper.dispatch import HEAD_DIM_BUCKETS, head_dim_bucket
+import torch
+from flash_hopper import (
+    CudaError,
+    InternalError,
+    LibraryNotFoundError,
+    UnsupportedError,
+    _lib,
+    _tables,
+)
+from flash_hopper._lib import (
+    ABI_VERSION,
+    FhBackend,
+    FhDtype,
+    FhFwdParams,
+    FhStatus,
+    FhVariant,
+    FhVariantFlag,
+)
+from flash_hopper.dispatch import head_dim_bucket
 
-API_H = Path(__file__).resolve().parents[1] / "kernels" / "include" / "flash_hopper" / "api.h"
+ROOT = Path(__file__).resolve().parents[1]
+API_H = ROOT / "kernels" / "include" / "flash_hopper" / "api.h"
+TABLES_CMAKE = ROOT / "kernels" / "src" / "tables.cmake"
 C_TYPES = {"int32_t": ctypes.c_int32, "int64_t": ctypes.c_int64, "float": ctypes.c_float}
 # sizeof(FhFwdParams) per ABI version: a layout change without an FH_ABI_VERSION bump is a bug.
-SIZEOF_BY_ABI = {1: 376}
+# (Version 2 changed fh_fwd_select_backend's signature, not the struct.)
+SIZEOF_BY_ABI = {1: 376, 2: 376}
+
+
+def _source(path: Path) -> str:
+    if not path.is_file():
+        pytest.skip(f"{path} not present (tests run outside the source tree)")
+    return path.read_text()
 
 
 def _header() -> str:
-    if not API_H.is_file():
-        pytest.skip(f"{API_H} not present (tests run outside the source tree)")
-    text = re.sub(r"/\*.*?\*/", "", API_H.read_text(), flags=re.DOTALL)
+    text = re.sub(r"/\*.*?\*/", "", _source(API_H), flags=re.DOTALL)
     return re.sub(r"//[^\n]*", "", text)
 
 
@@ -51,9 +77,30 @@ def _header_fields() -> list[tuple[str, type]]:
     return fields
 
 
+def _header_enums() -> dict[str, int]:
+    """Every enumerator of api.h with its value; values may be numbers or `A | B` of earlier
+    enumerators (FhVariant is written in FhVariantFlag bits)."""
+    values: dict[str, int] = {}
+    for body in re.findall(r"typedef enum \w+ \{(.*?)\}", _header(), re.DOTALL):
+        for name, expr in re.findall(r"(\w+)\s*=\s*([^,]+),", body):
+            values[name] = 0
+            for term in expr.split("|"):
+                term = term.strip()
+                values[name] |= int(term) if term.isdigit() else values[term]
+    return values
+
+
 def _header_enum(name: str) -> dict[str, int]:
     body = re.search(rf"typedef enum {name} \{{(.*?)\}} {name};", _header(), re.DOTALL).group(1)
-    return {m.group(1): int(m.group(2)) for m in re.finditer(r"(\w+)\s*=\s*(\d+)", body)}
+    every = _header_enums()
+    return {n: every[n] for n in re.findall(r"(\w+)\s*=", body)}
+
+
+def _cmake_list(name: str) -> list[str]:
+    """The items of `set(<name> ...)` in tables.cmake (quoted or bare, comments dropped)."""
+    text = re.sub(r"#[^\n]*", "", _source(TABLES_CMAKE))
+    body = re.search(rf"set\({name}\s+(.*?)\)", text, re.DOTALL).group(1)
+    return [item.strip('"') for item in body.split()]
 
 
 # --- the binding mirrors api.h -------------------------------------------------------------------
@@ -79,7 +126,8 @@ def test_struct_layout_is_the_c_layout():
 @pytest.mark.parametrize(
     ("enum", "c_name", "prefix"),
     [(FhStatus, "FhStatus", "FH_"), (FhDtype, "FhDtype", "FH_DTYPE_"),
-     (FhBackend, "FhBackend", "FH_BACKEND_"), (FhVariant, "FhVariant", "FH_VARIANT_")],
+     (FhBackend, "FhBackend", "FH_BACKEND_"), (FhVariant, "FhVariant", "FH_VARIANT_"),
+     (FhVariantFlag, "FhVariantFlag", "FH_VARIANT_FLAG_")],
 )
 def test_enums_match_api_h(enum, c_name, prefix):
     assert {prefix + m.name: int(m) for m in enum} == _header_enum(c_name)
@@ -110,6 +158,68 @@ def test_status_to_exception(status, kind):
     assert type(error) is kind
     assert "head_dim: expected <= 256, got 512" in str(error)
     assert isinstance(_lib.status_error(FhStatus.ERROR_UNSUPPORTED, ""), NotImplementedError)
+
+
+# --- one table per axis: api.h, tables.cmake and _tables.py agree --------------------------------
+
+
+def test_variant_enumerators_are_named_after_their_flags():
+    # FH_VARIANT_NO_PINGPONG_NO_OVERLAP = FLAG_NO_PINGPONG | FLAG_NO_OVERLAP, and so on: the
+    # name says which bits are set, in bit order, and every set of flags has its variant.
+    for variant in FhVariant:
+        flags = [f.name for f in FhVariantFlag if variant & f]
+        assert variant.name == ("_".join(flags) if flags else "TUNED")
+    assert len(FhVariant) == 2 ** len(FhVariantFlag)
+
+
+def test_backend_names_derive_from_the_enums():
+    assert _tables.BACKEND_NAMES == (
+        "auto", "fa2", "fa3", "fa3-no-pingpong", "fa3-no-overlap", "fa3-no-pingpong-no-overlap")
+    assert _tables.BACKENDS["fa3-no-overlap"] == (FhBackend.FA3, FhVariant.NO_OVERLAP)
+    assert _tables.backend_name(FhBackend.FA3, FhVariant.NO_PINGPONG) == "fa3-no-pingpong"
+    assert _tables.backend_name(FhBackend.FA2) == "fa2"
+
+
+def test_tables_cmake_variant_table_agrees_with_api_h():
+    rows = [row.split("|") for row in _cmake_list("FH_FA3_VARIANT_TABLE")]
+    assert {name: int(value) for name, value, _ in rows} == {
+        name: int(v) for name, v in _tables.FA3_VARIANT_NAMES.items()}
+    assert [int(value) for _, value, _ in rows] == list(range(len(rows)))  # row i has value i
+    # The serving kernel is the variant without its runtime flags (ping-pong is a kernel argument;
+    # overlap a template parameter).
+    runtime_flags = FhVariantFlag.NO_PINGPONG
+    for _name, value, kernel in rows:
+        assert int(kernel) == int(value) & ~runtime_flags
+
+
+def test_tables_cmake_dtypes_buckets_and_archs_agree_with_python():
+    rows = [row.split("|") for row in _cmake_list("FH_DTYPE_TABLE")]
+    assert {name: enum for name, enum, _ in rows} == {
+        _tables.dtype_name(d): f"FH_DTYPE_{FhDtype(d).name}" for d in _tables.TORCH_DTYPES.values()}
+    assert tuple(int(d) for d in _cmake_list("FH_HEAD_DIM_TABLE")) == _tables.HEAD_DIM_BUCKETS
+    rows = [row.split("|") for row in _cmake_list("FH_ARCH_TABLE")]
+    assert {f"FH_BACKEND_{b.name}": arch for b, arch in _tables.ARCHS.items()} == {
+        backend: (value, name) for value, name, backend in rows}
+    for value, name, backend in rows:
+        assert _tables.arch_backend(value) == _tables.arch_backend(name) == FhBackend[
+            backend.removeprefix("FH_BACKEND_")]
+
+
+def test_dtype_maps():
+    assert _tables.dtype_name(torch.bfloat16) == _tables.dtype_name(FhDtype.BF16) == "bf16"
+    assert _tables.DTYPE_NAMES == {"fp16": torch.float16, "bf16": torch.bfloat16}
+    assert _tables.arch_backend("sm_90a") == FhBackend.FA3
+    assert _tables.arch_backend("sm100") is None
+
+
+def test_build_info_mismatch_names_what_differs():
+    info = {"variants": {n: int(v) for n, v in _tables.FA3_VARIANT_NAMES.items()},
+            "head_dim_buckets": list(_tables.HEAD_DIM_BUCKETS), "dtypes": ["bf16"]}
+    assert _tables.build_info_mismatch(info) is None
+    assert "FA-3 variants" in _tables.build_info_mismatch(dict(info, variants={"fa3": 0}))
+    assert "head-dim buckets" in _tables.build_info_mismatch(dict(info, head_dim_buckets=[64]))
+    assert "['e4m3']" in _tables.build_info_mismatch(dict(info, dtypes=["e4m3"]))
+
 
 
 # --- finding and loading the library -------------------------------------------------------------
@@ -166,34 +276,78 @@ def test_import_needs_no_library(tmp_path):
 # --- the loaded library (built by CI; skipped in a checkout that never built it) -----------------
 
 
+
+
+# --- the loaded library (built by CI; skipped in a checkout that never built it) -----------------
+
+
 def test_abi_version_of_the_library(lib):
     assert lib.abi_version == ABI_VERSION
+
+
+def test_a_library_with_other_tables_is_refused(lib, monkeypatch):
+    info = lib.build_info()
+    monkeypatch.setattr(_lib.Library, "build_info",
+                        lambda self: dict(info, head_dim_buckets=[64, 128]))
+    with pytest.raises(LibraryNotFoundError, match="head-dim buckets are .64, 128."):
+        _lib.Library(lib.path)
+
+
+def _kernels(info) -> set[tuple[str, str, int, int]]:
+    return {(k["backend"], k["dtype"], k["head_dim"], v)
+            for k in info["kernels"] for v in k["variants"]}
 
 
 def test_build_info(lib):
     info = flash_hopper.build_info()
     assert info == json.loads(lib._dll.fh_build_info().decode())
-    for key in ("version", "commit", "archs", "head_dims", "dtypes"):
+    for key in ("version", "commit", "cuda", "archs", "head_dims", "dtypes", "kernels",
+                "variants", "head_dim_buckets", "fa3_variants"):
         assert key in info, key
-    assert set(info["archs"]) <= {"sm80", "sm90a"}
-    assert set(info["head_dims"]) <= set(HEAD_DIM_BUCKETS)
-    assert set(info["dtypes"]) <= {"fp16", "bf16"}
-    assert info["head_dims"] and info["dtypes"]
+    assert _tables.build_info_mismatch(info) is None
+    # A build with no kernels serves nothing: CMake refuses it, and this test would too.
+    assert info["archs"] and info["head_dims"] and info["dtypes"] and info["kernels"]
+    # The sets are exactly what the kernel list holds.
+    kernels = _kernels(info)
+    assert {_tables.ARCHS[FhBackend[b.upper()]][1] for b, *_ in kernels} == set(info["archs"])
+    assert {d for _, d, _, _ in kernels} == set(info["dtypes"])
+    assert {h for _, _, h, _ in kernels} == set(info["head_dims"])
+    assert set(info["fa3_variants"]) == {
+        _tables.variant_name(v) for b, _, _, v in kernels if b == "fa3" and v}
+    assert {v for b, _, _, v in kernels if b == "fa2"} <= {0}  # the FA-2 path has no variants
     if flash_hopper.__version__ != "0+unknown":  # an installed package: same version as the build
         assert info["version"] == flash_hopper.__version__
 
 
-def test_has_fwd_kernel_agrees_with_build_info(lib):
+def _env_list(name: str) -> list[str] | None:
+    value = os.environ.get(name, "").strip()
+    return [v for v in value.replace(",", ";").split(";") if v] if value else None
+
+
+@pytest.mark.skipif(os.environ.get("FLASH_HOPPER_REQUIRE_LIB", "") in ("", "0"),
+                    reason="CI only: FLASH_HOPPER_REQUIRE_LIB says the FH_* variables built it")
+def test_build_info_is_the_requested_build(lib):
+    # CI exports the FH_* variables it builds with: the library must hold exactly that set.
     info = lib.build_info()
-    arch = {FhBackend.FA2: "sm80", FhBackend.FA3: "sm90a"}
-    dtypes = {FhDtype.FP16: "fp16", FhDtype.BF16: "bf16"}
-    for backend, arch_name in arch.items():
-        for dtype, dtype_name in dtypes.items():
-            for bucket in HEAD_DIM_BUCKETS:
-                listed = (arch_name in info["archs"] and dtype_name in info["dtypes"]
-                          and bucket in info["head_dims"])
+    archs = _env_list("FH_ARCHS")
+    if archs is not None:
+        assert set(info["archs"]) == {_tables.ARCHS[_tables.arch_backend(a)][1] for a in archs}
+    head_dims = _env_list("FH_HEAD_DIMS")
+    if head_dims is not None:
+        assert set(info["head_dims"]) == {int(d) for d in head_dims}
+    dtypes = _env_list("FH_DTYPES")
+    if dtypes is not None:
+        assert set(info["dtypes"]) == set(dtypes)
+
+
+def test_has_fwd_kernel_agrees_with_the_kernel_list(lib):
+    kernels = _kernels(lib.build_info())
+    for backend in (FhBackend.FA2, FhBackend.FA3):
+        for dtype in (FhDtype.FP16, FhDtype.BF16):
+            for bucket in _tables.HEAD_DIM_BUCKETS:
+                listed = (backend.name.lower(), _tables.dtype_name(dtype), bucket, 0) in kernels
                 assert lib.has_fwd_kernel(backend, dtype, bucket) == listed, (
-                    backend, dtype_name, bucket)
+                    backend, dtype, bucket)
 
 
 def test_library_buckets_head_dims_like_python(lib):
@@ -204,17 +358,18 @@ def test_library_buckets_head_dims_like_python(lib):
                     backend, dtype, head_dim_bucket(d)), (backend, dtype, d)
 
 
-def _valid_params() -> FhFwdParams:
-    """Params fh_fwd would accept up to the device checks.
+# --- C ABI validation: one case per rule, exact status, the message names field and values ------
 
-    The pointers are fake: every test below breaks one field that the C side checks (abi_version,
-    dtype, shapes, head_dim, heads, null pointers, reserved fields, in that order) before it
-    touches memory or CUDA, so nothing is dereferenced and no GPU is needed.
-    """
-    b, sq, sk, hq, hkv, d = 2, 128, 128, 8, 2, 128
+
+ADDR = 0x10000  # a fake, 16-byte aligned address: nothing below ever dereferences it
+
+
+def _valid_params() -> FhFwdParams:
+    """Params that pass every check (the policy accepts them on any GPU with a kernel)."""
+    b, sq, sk, hq, hkv, d = 2, 128, 128, 8, 2, 64
     p = FhFwdParams()
     p.abi_version = ABI_VERSION
-    p.q = p.k = p.v = p.o = 0x10000
+    p.q = p.k = p.v = p.o = p.lse = ADDR
     p.dtype = p.out_dtype = FhDtype.BF16
     p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv = b, sq, sk, hq, hkv
     p.head_dim = p.head_dim_v = d
@@ -229,52 +384,240 @@ def _valid_params() -> FhFwdParams:
     return p
 
 
-INVALID = {FhStatus.ERROR_INVALID_ARGUMENT}
-INVALID_OR_UNSUPPORTED = {FhStatus.ERROR_INVALID_ARGUMENT, FhStatus.ERROR_UNSUPPORTED}
-UNSUPPORTED = {FhStatus.ERROR_UNSUPPORTED}
-
-
-@pytest.mark.parametrize(
-    ("fields", "statuses", "names"),
-    [
-        ({"abi_version": ABI_VERSION + 1}, INVALID_OR_UNSUPPORTED, r"abi_version"),
-        ({"dtype": 7}, INVALID, r"dtype"),
-        ({"head_dim": 12, "head_dim_v": 12}, INVALID, r"head_dim"),
-        ({"head_dim": 264, "head_dim_v": 264}, INVALID_OR_UNSUPPORTED, r"head_dim"),
-        ({"heads_q": 6, "heads_kv": 4}, INVALID, r"heads"),
-        ({"q": None}, INVALID, r"\bq\b"),
-        ({"k": None}, INVALID, r"\bk\b"),
-        ({"o": None}, INVALID, r"\bo\b"),
-        ({"cu_seqlens_q": 0x10000}, UNSUPPORTED, r"cu_seqlens_q"),
-        ({"page_table": 0x10000}, UNSUPPORTED, r"page_table"),
-        ({"q_descale": 0x10000}, UNSUPPORTED, r"q_descale"),
-        ({"num_splits": 4}, UNSUPPORTED, r"num_splits"),
-        ({"variant": 7}, INVALID, r"variant"),
-        ({"variant": 1, "backend": FhBackend.FA2}, INVALID, r"variant.*FH_BACKEND_FA3"),
-    ],
-)
-def test_c_abi_rejects_bad_params_naming_the_field(lib, fields, statuses, names):
+def _with(**fields) -> FhFwdParams:
     params = _valid_params()
     for name, value in fields.items():
         setattr(params, name, value)
-    status = lib.fwd_status(params, None)
-    assert status in statuses
-    assert re.search(names, lib.last_error()), lib.last_error()
-    # The checked wrappers raise the mapped exception with the same text.
-    kind = ValueError if status == FhStatus.ERROR_INVALID_ARGUMENT else UnsupportedError
-    with pytest.raises(kind, match=names):
+    return params
+
+
+INVALID, UNSUPPORTED = FhStatus.ERROR_INVALID_ARGUMENT, FhStatus.ERROR_UNSUPPORTED
+STRIDES = [f"{t}_{s}_stride" for t in "qkvo" for s in ("batch", "row", "head")]
+
+# (fields, status, message): every rule of api.cu's validate() except the data pointers.
+SHAPE_RULES = [
+    ({"abi_version": ABI_VERSION + 1}, INVALID,
+     f"abi_version: expected {ABI_VERSION} (this library's FH_ABI_VERSION), got {ABI_VERSION + 1}"),
+    ({"dtype": 7}, INVALID,
+     "dtype: expected FH_DTYPE_FP16 (0, fp16) or FH_DTYPE_BF16 (1, bf16), got 7"),
+    ({"dtype": FhDtype.E4M3, "out_dtype": FhDtype.E4M3}, INVALID,
+     "dtype: expected FH_DTYPE_FP16 (0, fp16) or FH_DTYPE_BF16 (1, bf16), got 2"),
+    ({"out_dtype": FhDtype.FP16}, INVALID, "out_dtype: expected 1 (bf16, same as dtype), got 0"),
+    ({"out_dtype": FhDtype.FP32}, INVALID, "out_dtype: expected 1 (bf16, same as dtype), got 3"),
+    ({"batch": -1}, INVALID, "batch: expected 0..65535, got -1"),
+    ({"batch": 65536}, INVALID, "batch: expected 0..65535, got 65536"),
+    ({"seqlen_q": -1}, INVALID, "seqlen_q: expected 0..2147483647, got -1"),
+    ({"seqlen_k": 2**31}, INVALID, "seqlen_k: expected 0..2147483647, got 2147483648"),
+    ({"heads_q": 0}, INVALID, "heads_q: expected 1..65535, got 0"),
+    ({"heads_kv": 0}, INVALID, "heads_kv: expected 1..heads_q (8), got 0"),
+    ({"heads_kv": 16}, INVALID, "heads_kv: expected 1..heads_q (8), got 16"),  # > heads_q
+    ({"heads_q": 6, "heads_kv": 4}, INVALID,
+     "heads_kv: expected a divisor of heads_q (6) for GQA/MQA, got 4"),
+    ({"head_dim": 12, "head_dim_v": 12}, INVALID,
+     "head_dim: expected a multiple of 8 in 8..256, got 12"),
+    ({"head_dim": 264, "head_dim_v": 264}, INVALID,
+     "head_dim: expected a multiple of 8 in 8..256, got 264"),
+    ({"head_dim": 0, "head_dim_v": 0}, INVALID,
+     "head_dim: expected a multiple of 8 in 8..256, got 0"),
+    ({"head_dim_v": 128}, INVALID,
+     "head_dim_v: expected 64 (== head_dim; asymmetric head dims are not supported yet), got 128"),
+    ({"softmax_scale": float("nan")}, INVALID,
+     "softmax_scale: expected a finite positive float, got nan"),
+    ({"softmax_scale": float("inf")}, INVALID,
+     "softmax_scale: expected a finite positive float, got inf"),
+    ({"softmax_scale": 0.0}, INVALID, "softmax_scale: expected a finite positive float, got 0"),
+    ({"softmax_scale": -0.125}, INVALID,
+     "softmax_scale: expected a finite positive float, got -0.125"),
+    ({"softcap": -1.0}, INVALID, "softcap: expected a finite float >= 0 (0 = off), got -1"),
+    ({"softcap": float("nan")}, INVALID,
+     "softcap: expected a finite float >= 0 (0 = off), got nan"),
+    ({"softcap": float("inf")}, INVALID,
+     "softcap: expected a finite float >= 0 (0 = off), got inf"),
+    ({"window_left": -2}, INVALID, "window_left: expected -1 (unbounded) or >= 0, got -2"),
+    ({"window_right": -5}, INVALID, "window_right: expected -1 (unbounded) or >= 0, got -5"),
+    *[({name: getattr(_valid_params(), name) + 4}, INVALID,
+       (f"{name}: expected a multiple of 8 elements (16-byte aligned rows), got "
+       f"{getattr(_valid_params(), name) + 4}")) for name in STRIDES],
+    ({"cu_seqlens_q": ADDR}, UNSUPPORTED, "cu_seqlens_q/cu_seqlens_k/seqused_k: expected null"),
+    ({"cu_seqlens_k": ADDR}, UNSUPPORTED, "cu_seqlens_q/cu_seqlens_k/seqused_k: expected null"),
+    ({"seqused_k": ADDR}, UNSUPPORTED, "cu_seqlens_q/cu_seqlens_k/seqused_k: expected null"),
+    ({"page_table": ADDR}, UNSUPPORTED, "page_table/page_size: expected null/0"),
+    ({"page_size": 16}, UNSUPPORTED, ("page_table/page_size: expected null/0 (paged KV is not "
+                                     "implemented yet), got page_size 16")),
+    ({"page_table_batch_stride": 8}, UNSUPPORTED, "page_table/page_size: expected null/0"),
+    ({"q_descale": ADDR}, UNSUPPORTED, "q_descale/k_descale/v_descale: expected null"),
+    ({"k_descale": ADDR}, UNSUPPORTED, "q_descale/k_descale/v_descale: expected null"),
+    ({"v_descale": ADDR}, UNSUPPORTED, "q_descale/k_descale/v_descale: expected null"),
+    ({"num_splits": 4}, UNSUPPORTED, ("num_splits: expected 0 or 1 (split-KV is not implemented "
+                                     "yet), got 4")),
+    ({"o_accum": ADDR}, UNSUPPORTED, "num_splits: expected 0 or 1"),
+    ({"lse_accum": ADDR}, UNSUPPORTED, "num_splits: expected 0 or 1"),
+    ({"backend": 7}, INVALID, "backend: expected FH_BACKEND_AUTO (0), FA2 (1) or FA3 (2), got 7"),
+    ({"variant": 4, "backend": FhBackend.FA3}, INVALID,
+     "variant: expected an FhVariant 0 (tuned) .. 3 (fa3-no-pingpong-no-overlap), got 4"),
+    ({"variant": -1}, INVALID,
+     "variant: expected an FhVariant 0 (tuned) .. 3 (fa3-no-pingpong-no-overlap), got -1"),
+    ({"variant": 1, "backend": FhBackend.FA2}, INVALID,
+     ("variant: 1 (fa3-no-pingpong) is a variant of the fa3 path and needs backend "
+     "FH_BACKEND_FA3 (2), got backend 1 (fa2)")),
+    ({"variant": 2, "backend": FhBackend.AUTO}, INVALID,
+     ("variant: 2 (fa3-no-overlap) is a variant of the fa3 path and needs backend "
+     "FH_BACKEND_FA3 (2), got backend 0 (auto)")),
+    ({"num_sms": -1}, INVALID, "num_sms: expected 0 (every SM) or a positive cap, got -1"),
+]
+
+# The data pointers: fh_fwd checks them, the policy alone does not read them.
+DATA_RULES = [
+    *[({name: None}, INVALID, f"{name}: expected a device pointer, got null")
+      for name in ("q", "k", "v", "o")],
+    *[({name: ADDR + 2}, INVALID, f"{name}: expected a 16-byte aligned pointer, got 0x10002")
+      for name in ("q", "k", "v", "o")],
+    ({"q": ADDR + 8}, INVALID, "q: expected a 16-byte aligned pointer, got 0x10008"),
+    ({"lse": ADDR + 2}, INVALID,
+     "lse: expected a 4-byte aligned pointer (float) or null, got 0x10002"),
+]
+
+
+def _rule_id(rule) -> str:
+    return ",".join(f"{k}={v}" for k, v in rule[0].items())
+
+
+@pytest.mark.parametrize(("fields", "status", "message"), SHAPE_RULES + DATA_RULES,
+                         ids=[_rule_id(r) for r in SHAPE_RULES + DATA_RULES])
+def test_fh_fwd_rejects_each_bad_field(lib, fields, status, message):
+    params = _with(**fields)
+    assert lib.fwd_status(params, None) == status  # nothing launched: it returned before CUDA
+    assert lib.last_error() == message or lib.last_error().startswith(message), lib.last_error()
+    kind = ValueError if status == INVALID else UnsupportedError
+    with pytest.raises(kind, match=re.escape(message)):  # the checked wrapper: same text
         lib.fwd(params, None)
-    with pytest.raises(kind, match=names):
-        lib.select_backend(params)
+
+
+@pytest.mark.parametrize(("fields", "status", "message"), SHAPE_RULES,
+                         ids=[_rule_id(r) for r in SHAPE_RULES])
+def test_the_policy_validates_like_fh_fwd(lib, fields, status, message):
+    out = ctypes.c_int32(-1)
+    got = lib._dll.fh_fwd_select_backend(ctypes.byref(_with(**fields)), 9, 0, ctypes.byref(out),
+                                         None, 0)
+    assert (got, lib.last_error()[:len(message)]) == (status, message)
+    assert out.value == -1  # nothing written on failure
+
+
+@pytest.mark.parametrize(("fields", "status", "message"), DATA_RULES,
+                         ids=[_rule_id(r) for r in DATA_RULES])
+def test_the_policy_does_not_read_data_pointers(lib, fields, status, message):
+    params = _with(**fields)
+    if lib.has_fwd_kernel(FhBackend.FA2, FhDtype.BF16, 64):
+        assert lib.policy(params, (8, 0))[0] == FhBackend.FA2
+    else:  # a build without that kernel: the answer is about the kernel, not the pointer
+        with pytest.raises(UnsupportedError, match="no fa2 kernel for bf16 hdim 64"):
+            lib.policy(params, (8, 0))
+
+
+def test_null_params_and_outputs(lib):
+    assert lib._dll.fh_fwd(None, None) == INVALID
+    assert lib.last_error() == "params: expected a non-null FhFwdParams pointer, got null"
+    st = lib._dll.fh_fwd_select_backend(ctypes.byref(_valid_params()), 9, 0, None, None, 0)
+    assert (st, lib.last_error()) == (INVALID, "backend_out: expected a non-null pointer, got null")
+    out = ctypes.c_int32()
+    st = lib._dll.fh_fwd_select_backend(ctypes.byref(_valid_params()), -1, 0, ctypes.byref(out),
+                                        None, 0)
+    assert (st, lib.last_error()) == (
+        INVALID, "cc_major/cc_minor: expected a compute capability such as 9.0, got -1.0")
+
+
+def test_nothing_to_compute_needs_no_pointers(lib):
+    # batch == 0 or seqlen_q == 0: fh_fwd returns before the device, pointers may be null.
+    for fields in ({"batch": 0}, {"seqlen_q": 0}):
+        params = _with(q=None, k=None, v=None, o=None, lse=None, **fields)
+        assert lib.fwd_status(params, None) == FhStatus.SUCCESS, lib.last_error()
+        assert lib.last_error() == ""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason="fh_fwd would launch on a GPU; on CPU it stops at cudaGetDevice")
+def test_valid_params_pass_validation_and_fail_at_the_device(lib):
+    # Without a GPU a valid call gets as far as the device query: a CUDA status, its message
+    # names the runtime call. seqlen_k == 0 lets k and v be null.
+    for params in (_valid_params(), _with(seqlen_k=0, k=None, v=None), _with(lse=None)):
+        assert lib.fwd_status(params, None) == FhStatus.ERROR_CUDA
+        assert lib.last_error().startswith("cudaGetDevice failed: ")
+        with pytest.raises(CudaError, match="cudaGetDevice"):
+            lib.fwd(params, None)
+
+
+def test_reason_buffer_is_cut_to_its_length(lib):
+    params = _valid_params()
+    params.backend = FhBackend.FA2
+    if not lib.has_fwd_kernel(FhBackend.FA2, FhDtype.BF16, 64):
+        pytest.skip("this build has no fa2 bf16 hdim 64 kernel")
+    reason = ctypes.create_string_buffer(b"x" * 16)
+    out = ctypes.c_int32()
+    st = lib._dll.fh_fwd_select_backend(ctypes.byref(params), 8, 0, ctypes.byref(out), reason, 8)
+    assert st == FhStatus.SUCCESS and out.value == FhBackend.FA2
+    assert reason.raw[:8] == b"fa2 req\0" and reason.raw[8:16] == b"x" * 8
 
 
 def test_last_error_is_per_thread(lib):
     params = _valid_params()
     params.q = None
-    assert lib.fwd_status(params, None) != FhStatus.SUCCESS
+    assert lib.fwd_status(params, None) == INVALID
     assert lib.last_error()
     seen = []
     thread = threading.Thread(target=lambda: seen.append(lib.last_error()))
     thread.start()
     thread.join()
     assert seen == [""]
+
+
+# --- launch results: the library's own status, never a CUDA code read as a decision -------------
+
+LAUNCH_RESULT_TEST = r"""
+#include <cstdio>
+#include "src/launch_result.h"
+using flash_hopper::LaunchResult;
+static void show(const char* kind, LaunchResult r) {
+  char msg[512];
+  const FhStatus st = flash_hopper::describe_launch(r, "fa2", 256, 65536, msg, sizeof(msg));
+  std::printf("%s|%d|%s\n", kind, int(st), msg);
+}
+int main() {
+  show("ok", LaunchResult::ok());
+  show("cuda_success", LaunchResult::cuda(cudaSuccess));
+  show("no_tile", LaunchResult::no_tile_fits(98304));
+  show("layout", LaunchResult::layout_not_loadable("k_row_stride", 1LL << 40));
+  // The codes launchers once returned for those two decisions, now genuine CUDA failures:
+  show("cuda_config", LaunchResult::cuda(cudaErrorInvalidConfiguration));
+  show("cuda_pitch", LaunchResult::cuda(cudaErrorInvalidPitchValue));
+  LaunchResult bogus;
+  bogus.status = static_cast<flash_hopper::LaunchStatus>(42);
+  show("unknown", bogus);
+  return 0;
+}
+"""
+
+
+def test_launch_results_map_to_their_own_status(tmp_path):
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("no nvcc on PATH (the mapping is host code, but needs cuda_runtime.h)")
+    source = tmp_path / "launch_result_test.cu"
+    source.write_text(LAUNCH_RESULT_TEST)
+    exe = tmp_path / "launch_result_test"
+    subprocess.run([nvcc, "-std=c++17", f"-I{ROOT / 'kernels'}", f"-I{ROOT / 'kernels/include'}",
+                    "-o", str(exe), str(source)], check=True, capture_output=True)
+    lines = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    got = {kind: (int(status), msg) for kind, status, msg in
+           (line.split("|", 2) for line in lines.splitlines())}
+    assert got["ok"] == got["cuda_success"] == (FhStatus.SUCCESS, "")
+    assert got["no_tile"] == (UNSUPPORTED, ("head_dim 256: no fa2 tile config fits this GPU's "
+                                           "65536 bytes of shared memory per block (the tile "
+                                           "needs 98304)"))
+    assert got["layout"][0] == UNSUPPORTED
+    assert got["layout"][1].startswith("k_row_stride: the fa2 path's TMA needs")
+    assert got["layout"][1].endswith("got 1099511627776 elements")
+    assert got["cuda_config"] == (FhStatus.ERROR_CUDA, ("kernel launch failed: invalid "
+                                  "configuration argument (cudaErrorInvalidConfiguration)"))
+    assert got["cuda_pitch"][0] == FhStatus.ERROR_CUDA
+    assert "cudaErrorInvalidPitchValue" in got["cuda_pitch"][1]
+    assert got["unknown"] == (FhStatus.ERROR_INTERNAL, "launcher returned unknown LaunchStatus 42")

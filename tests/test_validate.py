@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 from _helpers import raises
-from flash_hopper import _lib, _validate, flash_attn_func, ops
+from flash_hopper import _device, _fwd, _lib, _validate, flash_attn_func, ops, which_backend
 from flash_hopper._validate import check_alignment, check_fwd_args, check_op_args, check_outputs
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -33,13 +33,15 @@ def fake_cuda_qkv(**kwargs):
 
 @pytest.fixture(autouse=True)
 def _no_library(monkeypatch):
-    """Validation must never need the kernel library or a device query."""
+    """Validation must never need the kernel library or a device query (and no plan cached by
+    another test may stand in for it)."""
 
     def forbidden(*args, **kwargs):
         raise AssertionError("validation touched the library or the device")
 
     monkeypatch.setattr(_lib, "get_library", forbidden)
-    monkeypatch.setattr(ops._device, "device_info", forbidden)
+    monkeypatch.setattr(_device, "device_info", forbidden)
+    _fwd.clear_plans()
 
 
 # --- q / k / v tensors ---------------------------------------------------------------------------
@@ -326,3 +328,13 @@ def test_fwd_into_validates_before_touching_library_or_device():
         ops.fwd_into(q, k, v, out, lse, 0.1, -1, -1, 0.0, "auto")
     with raises(ValueError, "backend", "'fa9'"):
         ops.fwd_into(*fake_cuda_qkv(), out, lse, 0.1, -1, -1, 0.0, "fa9")
+
+
+def test_which_backend_validates_before_asking_anything():
+    q, k, v = fake_cuda_qkv()
+    with raises(TypeError, "q: expected a torch.Tensor", "list"):
+        which_backend([[1.0]], k, v)
+    with raises(TypeError, "window_size: expected a pair"):
+        which_backend(q, k, v, window_size=(1, 2, 3))
+    with raises(ValueError, "backend: expected one of auto, fa2, fa3", "'fa9'"):
+        which_backend(q, k, v, backend="fa9")

@@ -8,46 +8,44 @@
 #include "flash_hopper/fwd_params.h"
 #include "sm80/fwd_kernel.h"
 #include "sm80/kernel_traits.h"
+#include "src/registry.h"
 
 namespace flash_hopper::sm80 {
 
+// Checks the tile against the device's shared memory first: a tile that does not fit is reported
+// as such (api.cu: FH_ERROR_UNSUPPORTED naming the limit), never launched to fail in CUDA.
 template <class Traits>
-cudaError_t launch_fwd(FwdParams const& p, cudaStream_t stream) {
-  auto kernel = fwd_kernel<Traits>;
+LaunchResult launch_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t stream) {
   constexpr int kSmem = Traits::kSmemBytes;
+  if (kSmem > max_smem_per_block) {
+    return LaunchResult::no_tile_fits(kSmem);
+  }
+  auto kernel = fwd_kernel<Traits>;
   if constexpr (kSmem > 48 * 1024) {
-    cudaError_t err =
+    const cudaError_t err =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (err != cudaSuccess) {
-      return err;
+      return LaunchResult::cuda(err);
     }
   }
   const int m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
   dim3 grid(m_blocks, p.heads_q, p.batch);
   kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(p);
-  return cudaGetLastError();
-}
-
-template <class Traits>
-cudaError_t launch_fwd_checked(FwdParams const& p, int max_smem_per_block, cudaStream_t stream) {
-  if (Traits::kSmemBytes > max_smem_per_block) {
-    return cudaErrorInvalidConfiguration;  // reported as unsupported, nothing launched
-  }
-  return launch_fwd<Traits>(p, stream);
+  return LaunchResult::cuda(cudaGetLastError());
 }
 
 // Launches the tuned config for this call: the narrow tile where the table says it wins.
 template <class Element, int kHeadDim>
-cudaError_t run_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t stream) {
+LaunchResult run_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t stream) {
   using Wide = typename FwdTraitsFor<Element, kHeadDim>::type;
   using Narrow = typename FwdTraitsFor<Element, kHeadDim, /*kNarrow=*/true>::type;
   if constexpr (!std::is_same_v<Wide, Narrow>) {
     const bool masked = p.window_left >= 0 || p.window_right >= 0;
     if (use_narrow_tile(masked, p.seqlen_k)) {
-      return launch_fwd_checked<Narrow>(p, max_smem_per_block, stream);
+      return launch_fwd<Narrow>(p, max_smem_per_block, stream);
     }
   }
-  return launch_fwd_checked<Wide>(p, max_smem_per_block, stream);
+  return launch_fwd<Wide>(p, max_smem_per_block, stream);
 }
 
 }  // namespace flash_hopper::sm80

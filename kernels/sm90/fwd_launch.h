@@ -5,9 +5,11 @@
 
 #include <cstdint>
 
+#include "flash_hopper/api.h"
 #include "flash_hopper/fwd_params.h"
 #include "sm90/fwd_kernel.h"
 #include "sm90/kernel_traits.h"
+#include "src/registry.h"
 
 namespace flash_hopper::sm90 {
 
@@ -22,13 +24,14 @@ inline bool tma_stride_ok(int64_t stride, int elem_bytes) {
   return bytes > 0 && bytes % 16 == 0 && bytes < (int64_t(1) << 40);
 }
 
-// FwdParams::variant bit 0 turns ping-pong off (the ablation) where the tile uses it.
+// FH_VARIANT_FLAG_NO_PINGPONG in FwdParams::variant turns ping-pong off (the ablation) where the
+// tile uses it; the other flags are template parameters (run_fwd).
 template <class Traits>
-cudaError_t launch_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t stream) {
+LaunchResult launch_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t stream) {
   using Element = typename Traits::Element;
   constexpr int kSmem = Traits::kSmemBytes;
   if (kSmem > max_smem_per_block) {
-    return cudaErrorInvalidConfiguration;  // reported as unsupported, nothing launched
+    return LaunchResult::no_tile_fits(kSmem);  // api.cu reports it; nothing launched
   }
   constexpr int kElem = sizeof(Element);
   const int seqlen_k = p.seqlen_k > 0 ? p.seqlen_k : 1;  // no key: every tile is empty
@@ -45,10 +48,20 @@ cudaError_t launch_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t 
                                                : q_strides[0],
                                 tma_stride(p.v_head_stride, p.heads_kv, kElem),
                                 tma_stride(p.v_batch_stride, p.batch, kElem)};
-  for (int i = 0; i < 3; ++i) {
-    if (!tma_stride_ok(q_strides[i], kElem) || !tma_stride_ok(k_strides[i], kElem) ||
-        !tma_stride_ok(v_strides[i], kElem)) {
-      return cudaErrorInvalidPitchValue;  // reported as an unsupported layout, nothing launched
+  // Order of the checks: row, head, batch stride of q, then k, then v (the FhFwdParams names).
+  const struct {
+    const char* field;
+    int64_t stride;
+  } tma_strides[] = {
+      {"q_row_stride", q_strides[0]}, {"q_head_stride", q_strides[1]},
+      {"q_batch_stride", q_strides[2]}, {"k_row_stride", k_strides[0]},
+      {"k_head_stride", k_strides[1]}, {"k_batch_stride", k_strides[2]},
+      {"v_row_stride", v_strides[0]}, {"v_head_stride", v_strides[1]},
+      {"v_batch_stride", v_strides[2]},
+  };
+  for (const auto& s : tma_strides) {
+    if (!tma_stride_ok(s.stride, kElem)) {
+      return LaunchResult::layout_not_loadable(s.field, s.stride);  // nothing launched
     }
   }
 
@@ -73,25 +86,31 @@ cudaError_t launch_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t 
   kp.scheduler = StaticTileScheduler::make(p.seqlen_q, Traits::kBlockM, p.heads_q, p.heads_per_kv,
                                            p.batch, kv_bytes, /*longest_first=*/masked,
                                            p.num_sms);
-  kp.pingpong = Traits::kPingpongDefault && (p.variant & 1) == 0;
+  kp.pingpong = Traits::kPingpongDefault && (p.variant & FH_VARIANT_FLAG_NO_PINGPONG) == 0;
   if (kp.scheduler.total_tiles == 0) {
-    return cudaSuccess;
+    return LaunchResult::ok();
   }
 
   auto kernel = fwd_kernel<Traits>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  const cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) {
-    return err;
+    return LaunchResult::cuda(err);
   }
   kernel<<<kp.scheduler.grid, Traits::kThreads, kSmem, stream>>>(kp);
-  return cudaGetLastError();
+  return LaunchResult::cuda(cudaGetLastError());
 }
 
-// The overlap switch is the template argument (kOverlap), one instantiation each. Masked calls
-// with short key sequences run the bucket's kShortMasked tile where it has one (tile_config.h);
-// the no-overlap ablation kernels keep the default tile.
-template <class Element, int kHeadDim, bool kOverlap>
-cudaError_t run_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t stream) {
+// One instantiation per kernel of kernels/src/tables.cmake's variant table: kKernelVariant is the
+// FhVariant whose template flags it compiles in (FH_VARIANT_FLAG_NO_OVERLAP -> kOverlap = false);
+// the runtime flags (FH_VARIANT_FLAG_NO_PINGPONG) arrive in p.variant. Masked calls with short key
+// sequences run the bucket's kShortMasked tile where it has one (tile_config.h); the no-overlap
+// ablation kernels keep the default tile.
+template <class Element, int kHeadDim, int kKernelVariant>
+LaunchResult run_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t stream) {
+  static_assert((kKernelVariant & FH_VARIANT_FLAG_NO_PINGPONG) == 0,
+                "ping-pong is a runtime switch: the kernel without the flag serves it");
+  constexpr bool kOverlap = (kKernelVariant & FH_VARIANT_FLAG_NO_OVERLAP) == 0;
   if constexpr (kOverlap && has_short_masked_tile(kHeadDim)) {
     const bool masked = p.window_left >= 0 || p.window_right >= 0;
     if (masked && p.seqlen_k <= kShortMaskedMaxSeqlenK) {

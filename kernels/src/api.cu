@@ -1,9 +1,16 @@
-// The C ABI: validate FhFwdParams, derive the kernel-side FwdParams, pick a backend, launch.
+// The C ABI: validate FhFwdParams, choose the backend, derive the kernel-side FwdParams, launch.
 //
 // Validation runs entirely on the host before any CUDA call, so a bad argument is reported with
 // the field's name, the expected and the given value, and nothing is launched. Python validates
-// the same things first (python/flash_hopper/_validate.py) with tensor-level messages; this layer
-// protects every other caller of the ABI.
+// tensors first (python/flash_hopper/_validate.py, tensor-level messages, once per call signature);
+// this layer protects every other caller of the ABI.
+//
+// The backend policy lives here and only here (select_backend). fh_fwd applies it to the current
+// device; fh_fwd_select_backend exposes it for any compute capability, which is how Python's
+// which_backend, its plan cache and `flash-hopper info` ask it instead of re-implementing it.
+//
+// The tables (head-dim buckets, dtype names, FA-3 variant names, arch names) come from
+// kernels/src/tables.cmake through the generated fh_tables.inc; the launchers from fh_registry.inc.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -15,7 +22,7 @@
 
 #include "flash_hopper/api.h"
 #include "flash_hopper/fwd_params.h"
-#include "fh_build_info.inc"
+#include "fh_tables.inc"
 #include "src/registry.h"
 
 // Declarations of every launcher this build holds, then the dispatch table.
@@ -30,7 +37,7 @@ struct RegistryEntry {
   int32_t backend;
   int32_t dtype;
   int32_t head_dim_bucket;
-  int32_t variant;  // FhVariant: one launcher may serve several (ping-pong is a runtime flag)
+  int32_t variant;  // FhVariant: one launcher may serve several (runtime flags)
   FwdLauncher launch;
 };
 
@@ -42,19 +49,41 @@ constexpr RegistryEntry kRegistry[] = {
 };
 #undef FH_REGISTER_FWD
 
-constexpr int64_t kHeadDimBuckets[] = {64, 96, 128, 192, 256};
-constexpr int64_t kMaxGridYZ = 65535;  // heads and batch map to gridDim.y / gridDim.z
+constexpr int64_t kHeadDimBuckets[] = {FH_HEAD_DIM_BUCKETS};
+constexpr int kNumBuckets = sizeof(kHeadDimBuckets) / sizeof(kHeadDimBuckets[0]);
+constexpr int64_t kMaxHeadDim = kHeadDimBuckets[kNumBuckets - 1];
+constexpr int64_t kHeadDimMultiple = 8;  // 16-byte rows of 2-byte elements
+constexpr int64_t kMaxGridYZ = 65535;    // heads and batch map to gridDim.y / gridDim.z
 constexpr int64_t kMaxSeqlen = INT32_MAX;
+
+constexpr const char* kVariantNames[] = {FH_FA3_VARIANT_NAMES};
+constexpr int kNumVariants = sizeof(kVariantNames) / sizeof(kVariantNames[0]);
+static_assert(kNumVariants == (FH_VARIANT_FLAG_NO_PINGPONG | FH_VARIANT_FLAG_NO_OVERLAP) + 1,
+              "kernels/src/tables.cmake must list one FA-3 variant per set of FH_VARIANT_FLAG_*");
+static_assert(FH_VARIANT_NO_PINGPONG_NO_OVERLAP == kNumVariants - 1,
+              "FhVariant (api.h) and the variant table disagree");
 
 thread_local std::string g_last_error;
 
-FhStatus fail(FhStatus status, const char* fmt, ...) {
+std::string vformat(const char* fmt, va_list args) {
   char buf[1024];
+  vsnprintf(buf, sizeof(buf), fmt, args);
+  return buf;
+}
+
+std::string format(const char* fmt, ...) {
   va_list args;
   va_start(args, fmt);
-  vsnprintf(buf, sizeof(buf), fmt, args);
+  std::string s = vformat(fmt, args);
   va_end(args);
-  g_last_error = buf;
+  return s;
+}
+
+FhStatus fail(FhStatus status, const char* fmt, ...) {
+  va_list args;
+  va_start(args, fmt);
+  g_last_error = vformat(fmt, args);
+  va_end(args);
   return status;
 }
 
@@ -73,7 +102,7 @@ int64_t head_dim_bucket(int64_t head_dim) {
 }
 
 const RegistryEntry* find_kernel(int32_t backend, int32_t dtype, int64_t head_dim,
-                                 int32_t variant = FH_VARIANT_TUNED) {
+                                 int32_t variant) {
   const int64_t bucket = head_dim_bucket(head_dim);
   for (const RegistryEntry& e : kRegistry) {
     if (e.launch != nullptr && e.backend == backend && e.dtype == dtype &&
@@ -84,14 +113,39 @@ const RegistryEntry* find_kernel(int32_t backend, int32_t dtype, int64_t head_di
   return nullptr;
 }
 
+// The dtype's FH_DTYPES name, or null for an FhDtype without kernels.
 const char* dtype_name(int32_t dtype) {
-  switch (dtype) {
-    case FH_DTYPE_FP16: return "fp16";
-    case FH_DTYPE_BF16: return "bf16";
-    case FH_DTYPE_E4M3: return "e4m3";
-    case FH_DTYPE_FP32: return "fp32";
-    default: return "unknown";
+#define FH_DTYPE_NAME(value, name) \
+  if (dtype == value) {            \
+    return name;                   \
   }
+  FH_DTYPE_TABLE(FH_DTYPE_NAME)
+#undef FH_DTYPE_NAME
+  return nullptr;
+}
+
+// "FH_DTYPE_FP16 (0, fp16) or FH_DTYPE_BF16 (1, bf16)", for messages.
+const std::string& dtype_choices() {
+  static const std::string choices = [] {
+    std::string s;
+#define FH_DTYPE_CHOICE(value, name) \
+  s += format("%s%s (%d, %s)", s.empty() ? "" : " or ", #value, int(value), name);
+    FH_DTYPE_TABLE(FH_DTYPE_CHOICE)
+#undef FH_DTYPE_CHOICE
+    return s;
+  }();
+  return choices;
+}
+
+// The FH_ARCHS value that builds a backend's kernels ("80", "90a").
+const char* build_arch(int32_t backend) {
+#define FH_ARCH_VALUE(value, arch, name) \
+  if (backend == value) {                \
+    return arch;                         \
+  }
+  FH_ARCH_TABLE(FH_ARCH_VALUE)
+#undef FH_ARCH_VALUE
+  return "?";
 }
 
 const char* backend_name(int32_t backend) {
@@ -103,6 +157,11 @@ const char* backend_name(int32_t backend) {
   }
 }
 
+// What the caller asked for, as Python spells it: "auto", "fa2", "fa3", "fa3-no-pingpong", ...
+const char* request_name(const FhFwdParams* p) {
+  return p->backend == FH_BACKEND_FA3 ? kVariantNames[p->variant] : backend_name(p->backend);
+}
+
 #define FH_CHECK(cond, ...)                                \
   do {                                                     \
     if (!(cond)) {                                         \
@@ -110,20 +169,21 @@ const char* backend_name(int32_t backend) {
     }                                                      \
   } while (0)
 
-bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
+bool aligned(const void* ptr, uintptr_t bytes) {
+  return (reinterpret_cast<uintptr_t>(ptr) & (bytes - 1)) == 0;
+}
 
-// Host-only checks, in the order documented in api.h's users' tests: ABI, dtype, shapes, head dim,
-// heads, mask/scale, strides, pointers, reserved fields.
-FhStatus validate(const FhFwdParams* p) {
+// Host-only checks: ABI, dtype, shapes, head dim, heads, scale/mask, strides, pointers (only with
+// check_data: the policy alone does not read them), reserved fields, dispatch fields.
+FhStatus validate(const FhFwdParams* p, bool check_data) {
   FH_CHECK(p != nullptr, "params: expected a non-null FhFwdParams pointer, got null");
   FH_CHECK(p->abi_version == FH_ABI_VERSION,
            "abi_version: expected %d (this library's FH_ABI_VERSION), got %d", FH_ABI_VERSION,
            p->abi_version);
-  FH_CHECK(p->dtype == FH_DTYPE_FP16 || p->dtype == FH_DTYPE_BF16,
-           "dtype: expected FH_DTYPE_FP16 (0) or FH_DTYPE_BF16 (1), got %d (%s)", p->dtype,
-           dtype_name(p->dtype));
-  FH_CHECK(p->out_dtype == p->dtype, "out_dtype: expected %d (%s, same as dtype), got %d (%s)",
-           p->dtype, dtype_name(p->dtype), p->out_dtype, dtype_name(p->out_dtype));
+  const char* dtype = dtype_name(p->dtype);
+  FH_CHECK(dtype != nullptr, "dtype: expected %s, got %d", dtype_choices().c_str(), p->dtype);
+  FH_CHECK(p->out_dtype == p->dtype, "out_dtype: expected %d (%s, same as dtype), got %d",
+           p->dtype, dtype, p->out_dtype);
 
   FH_CHECK(p->batch >= 0 && p->batch <= kMaxGridYZ, "batch: expected 0..%lld, got %lld",
            (long long)kMaxGridYZ, (long long)p->batch);
@@ -139,8 +199,11 @@ FhStatus validate(const FhFwdParams* p) {
   FH_CHECK(p->heads_q % p->heads_kv == 0,
            "heads_kv: expected a divisor of heads_q (%lld) for GQA/MQA, got %lld",
            (long long)p->heads_q, (long long)p->heads_kv);
-  FH_CHECK(p->head_dim >= 8 && p->head_dim <= 256 && p->head_dim % 8 == 0,
-           "head_dim: expected a multiple of 8 in 8..256, got %lld", (long long)p->head_dim);
+  FH_CHECK(p->head_dim >= kHeadDimMultiple && p->head_dim <= kMaxHeadDim &&
+               p->head_dim % kHeadDimMultiple == 0,
+           "head_dim: expected a multiple of %lld in %lld..%lld, got %lld",
+           (long long)kHeadDimMultiple, (long long)kHeadDimMultiple, (long long)kMaxHeadDim,
+           (long long)p->head_dim);
   FH_CHECK(p->head_dim_v == p->head_dim,
            "head_dim_v: expected %lld (== head_dim; asymmetric head dims are not supported yet), "
            "got %lld",
@@ -156,32 +219,38 @@ FhStatus validate(const FhFwdParams* p) {
            (long long)p->window_right);
 
   // cp.async and TMA move 16-byte vectors: every row and head start must be 16-byte aligned.
-  const int64_t strides[] = {p->q_batch_stride, p->q_row_stride, p->q_head_stride,
-                             p->k_batch_stride, p->k_row_stride, p->k_head_stride,
-                             p->v_batch_stride, p->v_row_stride, p->v_head_stride,
-                             p->o_batch_stride, p->o_row_stride, p->o_head_stride};
-  const char* stride_names[] = {"q_batch_stride", "q_row_stride", "q_head_stride",
-                                "k_batch_stride", "k_row_stride", "k_head_stride",
-                                "v_batch_stride", "v_row_stride", "v_head_stride",
-                                "o_batch_stride", "o_row_stride", "o_head_stride"};
-  for (int i = 0; i < 12; ++i) {
-    FH_CHECK(strides[i] % 8 == 0,
-             "%s: expected a multiple of 8 elements (16-byte aligned rows), got %lld",
-             stride_names[i], (long long)strides[i]);
+  const struct {
+    const char* name;
+    int64_t stride;
+  } strides[] = {
+      {"q_batch_stride", p->q_batch_stride}, {"q_row_stride", p->q_row_stride},
+      {"q_head_stride", p->q_head_stride},   {"k_batch_stride", p->k_batch_stride},
+      {"k_row_stride", p->k_row_stride},     {"k_head_stride", p->k_head_stride},
+      {"v_batch_stride", p->v_batch_stride}, {"v_row_stride", p->v_row_stride},
+      {"v_head_stride", p->v_head_stride},   {"o_batch_stride", p->o_batch_stride},
+      {"o_row_stride", p->o_row_stride},     {"o_head_stride", p->o_head_stride},
+  };
+  for (const auto& s : strides) {
+    FH_CHECK(s.stride % 8 == 0,
+             "%s: expected a multiple of 8 elements (16-byte aligned rows), got %lld", s.name,
+             (long long)s.stride);
   }
 
   const bool empty = p->batch == 0 || p->seqlen_q == 0;
-  if (!empty) {
+  if (check_data && !empty) {
     FH_CHECK(p->q != nullptr, "q: expected a device pointer, got null");
     FH_CHECK(p->o != nullptr, "o: expected a device pointer, got null");
-    FH_CHECK(aligned16(p->q), "q: expected a 16-byte aligned pointer, got %p", p->q);
-    FH_CHECK(aligned16(p->o), "o: expected a 16-byte aligned pointer, got %p", p->o);
+    FH_CHECK(aligned(p->q, 16), "q: expected a 16-byte aligned pointer, got %p", p->q);
+    FH_CHECK(aligned(p->o, 16), "o: expected a 16-byte aligned pointer, got %p", p->o);
     if (p->seqlen_k > 0) {
       FH_CHECK(p->k != nullptr, "k: expected a device pointer, got null");
       FH_CHECK(p->v != nullptr, "v: expected a device pointer, got null");
-      FH_CHECK(aligned16(p->k), "k: expected a 16-byte aligned pointer, got %p", p->k);
-      FH_CHECK(aligned16(p->v), "v: expected a 16-byte aligned pointer, got %p", p->v);
+      FH_CHECK(aligned(p->k, 16), "k: expected a 16-byte aligned pointer, got %p", p->k);
+      FH_CHECK(aligned(p->v, 16), "v: expected a 16-byte aligned pointer, got %p", p->v);
     }
+    FH_CHECK(aligned(p->lse, alignof(float)),
+             "lse: expected a %d-byte aligned pointer (float) or null, got %p",
+             int(alignof(float)), static_cast<const void*>(p->lse));
   }
 
   if (p->cu_seqlens_q || p->cu_seqlens_k || p->seqused_k) {
@@ -208,13 +277,200 @@ FhStatus validate(const FhFwdParams* p) {
   FH_CHECK(p->backend == FH_BACKEND_AUTO || p->backend == FH_BACKEND_FA2 ||
                p->backend == FH_BACKEND_FA3,
            "backend: expected FH_BACKEND_AUTO (0), FA2 (1) or FA3 (2), got %d", p->backend);
-  FH_CHECK(p->variant >= FH_VARIANT_TUNED && p->variant <= FH_VARIANT_NO_PINGPONG_NO_OVERLAP,
-           "variant: expected 0 (tuned) .. 3 (FhVariant), got %d", p->variant);
+  FH_CHECK(p->variant >= 0 && p->variant < kNumVariants,
+           "variant: expected an FhVariant 0 (tuned) .. %d (%s), got %d", kNumVariants - 1,
+           kVariantNames[kNumVariants - 1], p->variant);
   FH_CHECK(p->variant == FH_VARIANT_TUNED || p->backend == FH_BACKEND_FA3,
-           "variant: ablation variant %d needs backend FH_BACKEND_FA3 (2), got backend %d",
-           p->variant, p->backend);
+           "variant: %d (%s) is a variant of the fa3 path and needs backend FH_BACKEND_FA3 (2), "
+           "got backend %d (%s)",
+           p->variant, kVariantNames[p->variant], p->backend, backend_name(p->backend));
+  FH_CHECK(p->num_sms >= 0, "num_sms: expected 0 (every SM) or a positive cap, got %d",
+           p->num_sms);
   return FH_SUCCESS;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Backend policy
+// ---------------------------------------------------------------------------------------------
+
+// "bf16 hdim 72 (bucket 96)": the request as messages name it.
+std::string request_what(const FhFwdParams* p) {
+  const int64_t bucket = head_dim_bucket(p->head_dim);
+  std::string what = format("%s hdim %lld", dtype_name(p->dtype), (long long)p->head_dim);
+  if (bucket != p->head_dim) {
+    what += format(" (bucket %lld)", (long long)bucket);
+  }
+  return what;
+}
+
+std::string rebuild_hint(int32_t backend, const FhFwdParams* p) {
+  return format("rebuild with FH_ARCHS including %s, FH_HEAD_DIMS including %lld and FH_DTYPES "
+                "including %s",
+                build_arch(backend), (long long)head_dim_bucket(p->head_dim),
+                dtype_name(p->dtype));
+}
+
+// The fa3 path loads q, k and v with TMA, whose descriptors need a positive stride on every
+// dimension that is stepped along; a broadcast (expand()ed) tensor has stride 0 there and runs on
+// fa2, which reads through pointers. Dims are those of the FA layout (batch, seqlen, heads, d).
+struct LayoutProblem {
+  const char* tensor;
+  int dim;
+  const char* field;
+  int64_t stride;
+  int64_t extent;
+};
+
+bool fa3_layout_problem(const FhFwdParams* p, LayoutProblem* problem) {
+  const LayoutProblem checks[] = {
+      {"q", 0, "q_batch_stride", p->q_batch_stride, p->batch},
+      {"q", 1, "q_row_stride", p->q_row_stride, p->seqlen_q},
+      {"q", 2, "q_head_stride", p->q_head_stride, p->heads_q},
+      {"k", 0, "k_batch_stride", p->k_batch_stride, p->batch},
+      {"k", 1, "k_row_stride", p->k_row_stride, p->seqlen_k},
+      {"k", 2, "k_head_stride", p->k_head_stride, p->heads_kv},
+      {"v", 0, "v_batch_stride", p->v_batch_stride, p->batch},
+      {"v", 1, "v_row_stride", p->v_row_stride, p->seqlen_k},
+      {"v", 2, "v_head_stride", p->v_head_stride, p->heads_kv},
+  };
+  for (const LayoutProblem& c : checks) {
+    if (c.extent > 1 && c.stride <= 0) {
+      *problem = c;
+      return true;
+    }
+  }
+  return false;
+}
+
+// Names the tensor dimension (as Python users see it) and the field (as C callers see it).
+std::string describe(LayoutProblem const& l) {
+  return format("%s: stride(%d) is %lld on a dimension of size %lld (%s: the fa3 path loads "
+                "q/k/v with TMA, which needs a positive stride on every dimension of size > 1; "
+                "an expand()ed tensor has 0 there)",
+                l.tensor, l.dim, (long long)l.stride, (long long)l.extent, l.field);
+}
+
+struct Choice {
+  int32_t backend = FH_BACKEND_AUTO;
+  const RegistryEntry* kernel = nullptr;
+};
+
+// Which kernel serves p on a GPU of compute capability cc_major.cc_minor, for validated p. Fills
+// *why (if not null) with the reason on success; fails with FH_ERROR_UNSUPPORTED and a message
+// that names the GPU, the build variables or the layout otherwise. The launch path passes no
+// `why`, so it formats nothing on success.
+FhStatus select_backend(const FhFwdParams* p, int cc_major, int cc_minor, Choice* out,
+                        std::string* why) {
+  // sm90a SASS runs on exactly cc 9.0; sm80 code runs on every cc >= 8.0 (SASS for 8.x and 9.0,
+  // PTX JIT-compiled on later GPUs).
+  const bool fa3_runs = cc_major == 9 && cc_minor == 0;
+  const bool fa2_runs = cc_major >= 8;
+  const RegistryEntry* fa3 = find_kernel(FH_BACKEND_FA3, p->dtype, p->head_dim, p->variant);
+  const RegistryEntry* fa2 = find_kernel(FH_BACKEND_FA2, p->dtype, p->head_dim, FH_VARIANT_TUNED);
+  LayoutProblem layout{};
+  const bool layout_bad = fa3_layout_problem(p, &layout);
+  const std::string what = request_what(p);
+  auto choose = [&](int32_t backend, const RegistryEntry* kernel, std::string const& reason) {
+    out->backend = backend;
+    out->kernel = kernel;
+    if (why != nullptr) {
+      *why = reason;
+    }
+    return FH_SUCCESS;
+  };
+
+  if (p->backend == FH_BACKEND_FA3) {
+    const char* name = request_name(p);
+    if (!fa3_runs) {
+      return fail(FH_ERROR_UNSUPPORTED,
+                  "backend='%s' needs a GPU of compute capability 9.0 (H100/H200: sm90a code "
+                  "runs on 9.0 only), this GPU is cc %d.%d; use backend='fa2' or 'auto'",
+                  name, cc_major, cc_minor);
+    }
+    if (fa3 == nullptr) {
+      if (p->variant != FH_VARIANT_TUNED &&
+          find_kernel(FH_BACKEND_FA3, p->dtype, p->head_dim, FH_VARIANT_TUNED) != nullptr) {
+        return fail(FH_ERROR_UNSUPPORTED,
+                    "backend='%s': this build has no %s kernel for %s; rebuild with "
+                    "FH_FA3_ABLATION_DTYPES including %s and FH_FA3_ABLATION_HEAD_DIMS "
+                    "including %lld",
+                    name, name, what.c_str(), dtype_name(p->dtype),
+                    (long long)head_dim_bucket(p->head_dim));
+      }
+      return fail(FH_ERROR_UNSUPPORTED,
+                  "backend='%s': this build has no fa3 kernel for %s; %s, or use backend='auto'",
+                  name, what.c_str(), rebuild_hint(FH_BACKEND_FA3, p).c_str());
+    }
+    if (layout_bad) {
+      return fail(FH_ERROR_UNSUPPORTED,
+                  "backend='%s': %s; call %s.contiguous(), or use backend='fa2' or 'auto'", name,
+                  describe(layout).c_str(), layout.tensor);
+    }
+    return choose(FH_BACKEND_FA3, fa3,
+                  why ? format("%s requested; cc %d.%d and %s kernel built for %s", name,
+                               cc_major, cc_minor, name, what.c_str())
+                      : std::string());
+  }
+
+  if (p->backend == FH_BACKEND_FA2) {
+    if (!fa2_runs) {
+      return fail(FH_ERROR_UNSUPPORTED,
+                  "backend='fa2' needs a GPU of compute capability >= 8.0 (sm80 code), this GPU "
+                  "is cc %d.%d",
+                  cc_major, cc_minor);
+    }
+    if (fa2 == nullptr) {
+      return fail(FH_ERROR_UNSUPPORTED, "backend='fa2': this build has no fa2 kernel for %s; %s",
+                  what.c_str(), rebuild_hint(FH_BACKEND_FA2, p).c_str());
+    }
+    return choose(FH_BACKEND_FA2, fa2,
+                  why ? format("fa2 requested; cc %d.%d and fa2 kernel built for %s", cc_major,
+                               cc_minor, what.c_str())
+                      : std::string());
+  }
+
+  // auto: the FA-3 path where it runs, is built and can load the tensors; else the FA-2 path.
+  if (fa3_runs && fa3 != nullptr && !layout_bad) {
+    return choose(FH_BACKEND_FA3, fa3,
+                  why ? format("cc %d.%d and fa3 kernel built for %s -> fa3", cc_major, cc_minor,
+                               what.c_str())
+                      : std::string());
+  }
+  if (!fa2_runs) {
+    return fail(FH_ERROR_UNSUPPORTED,
+                "flash-hopper needs a GPU of compute capability >= 8.0 (FA-2 path) or 9.0 (FA-3 "
+                "path), this GPU is cc %d.%d",
+                cc_major, cc_minor);
+  }
+  if (fa2 == nullptr) {
+    if (fa3_runs && fa3 != nullptr) {  // only the layout keeps fa3 out
+      return fail(FH_ERROR_UNSUPPORTED,
+                  "%s; this build has no fa2 kernel for %s to run it instead (%s)",
+                  describe(layout).c_str(), what.c_str(),
+                  rebuild_hint(FH_BACKEND_FA2, p).c_str());
+    }
+    return fail(FH_ERROR_UNSUPPORTED, "cc %d.%d: this build has no %s kernel for %s; %s",
+                cc_major, cc_minor, fa3_runs ? "fa3 or fa2" : "fa2", what.c_str(),
+                rebuild_hint(fa3_runs ? FH_BACKEND_FA3 : FH_BACKEND_FA2, p).c_str());
+  }
+  if (why == nullptr) {
+    return choose(FH_BACKEND_FA2, fa2, std::string());
+  }
+  std::string reason;
+  if (fa3_runs && fa3 != nullptr) {
+    reason = format("cc %d.%d but %s -> fa2", cc_major, cc_minor, describe(layout).c_str());
+  } else if (fa3_runs) {
+    reason = format("cc %d.%d but this build has no fa3 kernel for %s -> fa2", cc_major, cc_minor,
+                    what.c_str());
+  } else {
+    reason = format("cc %d.%d: fa3 needs cc 9.0 (sm90a) -> fa2", cc_major, cc_minor);
+  }
+  return choose(FH_BACKEND_FA2, fa2, reason);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Device facts and kernel parameters
+// ---------------------------------------------------------------------------------------------
 
 struct DeviceInfo {
   int major = 0;
@@ -245,107 +501,6 @@ FhStatus query_device(DeviceInfo* info) {
     }
   }
   return FH_SUCCESS;
-}
-
-// The fa3 path loads q, k and v with TMA, whose descriptors need a positive stride on every
-// dimension that is stepped along; a broadcast (expand()ed) tensor has stride 0 there and runs on
-// fa2, which reads through pointers. Returns the first offending stride field, or null.
-struct StrideProblem {
-  const char* field;
-  int64_t stride;
-  int64_t extent;
-};
-
-bool fa3_layout_problem(const FhFwdParams* p, StrideProblem* problem) {
-  const StrideProblem checks[] = {
-      {"q_batch_stride", p->q_batch_stride, p->batch},
-      {"q_row_stride", p->q_row_stride, p->seqlen_q},
-      {"q_head_stride", p->q_head_stride, p->heads_q},
-      {"k_batch_stride", p->k_batch_stride, p->batch},
-      {"k_row_stride", p->k_row_stride, p->seqlen_k},
-      {"k_head_stride", p->k_head_stride, p->heads_kv},
-      {"v_batch_stride", p->v_batch_stride, p->batch},
-      {"v_row_stride", p->v_row_stride, p->seqlen_k},
-      {"v_head_stride", p->v_head_stride, p->heads_kv},
-  };
-  for (const StrideProblem& c : checks) {
-    if (c.extent > 1 && c.stride <= 0) {
-      *problem = c;
-      return true;
-    }
-  }
-  return false;
-}
-
-FhStatus fail_fa3_layout(StrideProblem const& layout) {
-  return fail(FH_ERROR_UNSUPPORTED,
-              "%s: the fa3 path loads q/k/v with TMA, which needs a positive stride on every "
-              "dimension of size > 1; got %lld on a dimension of size %lld (a broadcast tensor); "
-              "make it contiguous or use backend fa2 / auto",
-              layout.field, (long long)layout.stride, (long long)layout.extent);
-}
-
-FhStatus select_backend(const FhFwdParams* p, const DeviceInfo& dev, int32_t* out) {
-  const int cc = dev.major * 10 + dev.minor;
-  const int64_t bucket = head_dim_bucket(p->head_dim);
-  StrideProblem layout{};
-  const bool fa3_layout_bad = fa3_layout_problem(p, &layout);
-  const bool fa3_built =
-      cc == 90 && find_kernel(FH_BACKEND_FA3, p->dtype, p->head_dim, p->variant) != nullptr;
-  const bool fa3_ok = fa3_built && !fa3_layout_bad;
-  const bool fa2_ok = cc >= 80 && find_kernel(FH_BACKEND_FA2, p->dtype, p->head_dim) != nullptr;
-  switch (p->backend) {
-    case FH_BACKEND_AUTO:
-      if (fa3_ok || fa2_ok) {
-        *out = fa3_ok ? FH_BACKEND_FA3 : FH_BACKEND_FA2;
-        return FH_SUCCESS;
-      }
-      break;
-    case FH_BACKEND_FA3:
-      if (fa3_ok) {
-        *out = FH_BACKEND_FA3;
-        return FH_SUCCESS;
-      }
-      if (cc != 90) {
-        return fail(FH_ERROR_UNSUPPORTED,
-                    "backend: fa3 needs a compute capability 9.0 GPU (sm90a), this one is %d.%d",
-                    dev.major, dev.minor);
-      }
-      if (fa3_layout_bad) {
-        return fail_fa3_layout(layout);
-      }
-      break;
-    case FH_BACKEND_FA2:
-      if (fa2_ok) {
-        *out = FH_BACKEND_FA2;
-        return FH_SUCCESS;
-      }
-      if (cc < 80) {
-        return fail(FH_ERROR_UNSUPPORTED,
-                    "backend: fa2 needs compute capability >= 8.0, this GPU is %d.%d", dev.major,
-                    dev.minor);
-      }
-      break;
-  }
-  if (cc < 80) {
-    return fail(FH_ERROR_UNSUPPORTED,
-                "device: flash-hopper needs compute capability >= 8.0, this GPU is %d.%d",
-                dev.major, dev.minor);
-  }
-  if (fa3_layout_bad && fa3_built) {
-    return fail_fa3_layout(layout);  // auto: fa3 is built but cannot load it, no fa2 kernel
-  }
-  if (p->variant != FH_VARIANT_TUNED) {
-    return fail(FH_ERROR_UNSUPPORTED,
-                "variant: this build has no fa3 ablation variant %d for dtype %s, head_dim %lld; "
-                "rebuild with it in FH_FA3_ABLATION_DTYPES / FH_FA3_ABLATION_HEAD_DIMS",
-                p->variant, dtype_name(p->dtype), (long long)p->head_dim);
-  }
-  return fail(FH_ERROR_UNSUPPORTED,
-              "backend %s: this build has no kernel for dtype %s, head_dim %lld (bucket %lld); "
-              "rebuild with it in FH_DTYPES / FH_HEAD_DIMS / FH_ARCHS",
-              backend_name(p->backend), dtype_name(p->dtype), (long long)p->head_dim,
-              (long long)bucket);
 }
 
 FwdParams derive(const FhFwdParams* p, const DeviceInfo& dev) {
@@ -396,6 +551,20 @@ FwdParams derive(const FhFwdParams* p, const DeviceInfo& dev) {
   return k;
 }
 
+// The shared-memory limit tile selection sees: the device's opt-in limit, or FH_DEBUG_SMEM_LIMIT
+// (bytes) when lower, so a large GPU can run and test the configs meant for smaller ones (e.g.
+// 101376 = sm86/sm89's opt-in). Read per call: tests change it between calls.
+int smem_limit(const DeviceInfo& dev) {
+  int limit = dev.max_smem_optin;
+  if (const char* env = std::getenv("FH_DEBUG_SMEM_LIMIT")) {
+    const int v = std::atoi(env);
+    if (v > 0 && v < limit) {
+      limit = v;
+    }
+  }
+  return limit;
+}
+
 }  // namespace
 }  // namespace flash_hopper
 
@@ -403,26 +572,38 @@ using namespace flash_hopper;
 
 extern "C" {
 
-FH_EXPORT FhStatus fh_fwd_select_backend(const FhFwdParams* params, int32_t* backend_out) {
+FH_EXPORT FhStatus fh_fwd_select_backend(const FhFwdParams* params, int32_t cc_major,
+                                         int32_t cc_minor, int32_t* backend_out, char* reason,
+                                         size_t reason_len) {
   g_last_error.clear();
-  FhStatus st = validate(params);
+  FhStatus st = validate(params, /*check_data=*/false);
   if (st != FH_SUCCESS) {
     return st;
   }
   if (backend_out == nullptr) {
     return fail(FH_ERROR_INVALID_ARGUMENT, "backend_out: expected a non-null pointer, got null");
   }
-  DeviceInfo dev;
-  st = query_device(&dev);
+  if (cc_major < 0 || cc_minor < 0) {
+    return fail(FH_ERROR_INVALID_ARGUMENT,
+                "cc_major/cc_minor: expected a compute capability such as 9.0, got %d.%d",
+                cc_major, cc_minor);
+  }
+  Choice choice;
+  std::string why;
+  st = select_backend(params, cc_major, cc_minor, &choice, reason != nullptr ? &why : nullptr);
   if (st != FH_SUCCESS) {
     return st;
   }
-  return select_backend(params, dev, backend_out);
+  *backend_out = choice.backend;
+  if (reason != nullptr && reason_len > 0) {
+    snprintf(reason, reason_len, "%s", why.c_str());
+  }
+  return FH_SUCCESS;
 }
 
 FH_EXPORT FhStatus fh_fwd(const FhFwdParams* params, void* stream) {
   g_last_error.clear();
-  FhStatus st = validate(params);
+  FhStatus st = validate(params, /*check_data=*/true);
   if (st != FH_SUCCESS) {
     return st;
   }
@@ -434,38 +615,21 @@ FH_EXPORT FhStatus fh_fwd(const FhFwdParams* params, void* stream) {
   if (st != FH_SUCCESS) {
     return st;
   }
-  int32_t backend = FH_BACKEND_AUTO;
-  st = select_backend(params, dev, &backend);
+  Choice choice;
+  st = select_backend(params, dev.major, dev.minor, &choice, /*why=*/nullptr);
   if (st != FH_SUCCESS) {
     return st;
   }
-  const RegistryEntry* entry = find_kernel(backend, params->dtype, params->head_dim, params->variant);
-  const FwdParams kparams = derive(params, dev);
-  // FH_DEBUG_SMEM_LIMIT (bytes) lowers the shared-memory limit that tile selection sees, so a large
-  // GPU can run and test the configs meant for smaller ones (e.g. 101376 = sm86/sm89's opt-in).
-  int smem_limit = dev.max_smem_optin;
-  if (const char* env = std::getenv("FH_DEBUG_SMEM_LIMIT")) {
-    const int v = std::atoi(env);
-    if (v > 0 && v < smem_limit) {
-      smem_limit = v;
-    }
+  const int limit = smem_limit(dev);
+  const LaunchResult result =
+      choice.kernel->launch(derive(params, dev), limit, static_cast<cudaStream_t>(stream));
+  char message[1024];
+  st = describe_launch(result, backend_name(choice.backend), params->head_dim, limit, message,
+                       sizeof(message));
+  if (st != FH_SUCCESS) {
+    g_last_error = message;
   }
-  cudaError_t err = entry->launch(kparams, smem_limit, static_cast<cudaStream_t>(stream));
-  if (err == cudaErrorInvalidPitchValue) {
-    return fail(FH_ERROR_UNSUPPORTED,
-                "strides: the fa3 path's TMA needs every q/k/v row, head and batch stride to be a "
-                "positive multiple of 16 bytes below 2^40 bytes");
-  }
-  if (err == cudaErrorInvalidConfiguration) {
-    return fail(FH_ERROR_UNSUPPORTED,
-                "head_dim %lld: no %s tile config fits this GPU's %d bytes of shared memory per "
-                "block",
-                (long long)params->head_dim, backend_name(backend), smem_limit);
-  }
-  if (err != cudaSuccess) {
-    return fail_cuda(err, "kernel launch");
-  }
-  return FH_SUCCESS;
+  return st;
 }
 
 FH_EXPORT const char* fh_last_error(void) { return g_last_error.c_str(); }
@@ -475,7 +639,7 @@ FH_EXPORT int32_t fh_abi_version(void) { return FH_ABI_VERSION; }
 FH_EXPORT const char* fh_build_info(void) { return FH_BUILD_INFO_JSON; }
 
 FH_EXPORT int32_t fh_has_fwd_kernel(int32_t backend, int32_t dtype, int64_t head_dim) {
-  return find_kernel(backend, dtype, head_dim) != nullptr ? 1 : 0;
+  return find_kernel(backend, dtype, head_dim, FH_VARIANT_TUNED) != nullptr ? 1 : 0;
 }
 
 }  // extern "C"

@@ -27,7 +27,10 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 
 
 def build_info() -> dict[str, Any]:
-    """The library's build description (version, commit, archs, head_dims, dtypes, cuda).
+    """The library's build description: what was compiled ("kernels": one {backend, dtype,
+    head_dim, variants} entry per kernel; "archs", "head_dims", "dtypes" as sets; "fa3_variants",
+    the ablation backends it serves), the tables it was built with ("head_dim_buckets",
+    "variants": FA-3 variant name -> FhVariant value) and version, commit, cuda.
 
     Raises LibraryNotFoundError when the library cannot be loaded.
     """

@@ -20,6 +20,7 @@ import enum
 import json
 import os
 import threading
+from importlib.metadata import PackageNotFoundError, files
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ LIB_NAME = "libflash_hopper.so"
 ENV_VAR = "FLASH_HOPPER_LIB"
 
 # Must equal FH_ABI_VERSION in api.h; the library reports its own through fh_abi_version().
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 
 class FhStatus(enum.IntEnum):
@@ -59,13 +60,20 @@ class FhBackend(enum.IntEnum):
     FA3 = 2
 
 
-class FhVariant(enum.IntEnum):
-    """Mirror of api.h's FhVariant: ablation variants of the FA-3 path."""
+class FhVariantFlag(enum.IntFlag):
+    """Mirror of api.h's FhVariantFlag: each bit switches one FA-3 optimization off."""
 
-    TUNED = 0
     NO_PINGPONG = 1
     NO_OVERLAP = 2
-    NO_PINGPONG_NO_OVERLAP = 3
+
+
+class FhVariant(enum.IntEnum):
+    """Mirror of api.h's FhVariant: variants of the FA-3 path, sets of FhVariantFlag bits."""
+
+    TUNED = 0
+    NO_PINGPONG = FhVariantFlag.NO_PINGPONG
+    NO_OVERLAP = FhVariantFlag.NO_OVERLAP
+    NO_PINGPONG_NO_OVERLAP = FhVariantFlag.NO_PINGPONG | FhVariantFlag.NO_OVERLAP
 
 
 _I32, _I64, _F32, _PTR = ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
@@ -160,10 +168,6 @@ def _installed_library() -> Path | None:
     (`pip install -e .`) imports the package from the source tree, but the built library lands
     in site-packages, so "next to this file" does not find it."""
     try:
-        from importlib.metadata import PackageNotFoundError, files
-    except ImportError:  # pragma: no cover - Python < 3.8
-        return None
-    try:
         recorded = files("flash-hopper") or []
     except PackageNotFoundError:
         return None
@@ -201,7 +205,12 @@ def _not_found_message() -> str:
 
 
 class Library:
-    """The loaded library with typed wrappers; one instance per process (see get_library)."""
+    """The loaded library with typed wrappers; one instance per process (see get_library).
+
+    Loading checks the ABI version and that the library's tables (variant names, head-dim
+    buckets: fh_build_info) are the ones this package derives (_tables.py): a library built from
+    another checkout fails here instead of mislabelling kernels later.
+    """
 
     def __init__(self, path: Path):
         self.path = path
@@ -226,13 +235,26 @@ class Library:
                 f"flash-hopper: {path} has C ABI version {self.abi_version}, this Python package "
                 f"expects {ABI_VERSION}; rebuild the library from the same checkout as the package"
             )
+        from . import _tables  # here, not at the top: _tables imports this module's enums
+
+        mismatch = _tables.build_info_mismatch(self.build_info())
+        if mismatch:
+            raise LibraryNotFoundError(
+                f"flash-hopper: {path} does not match this Python package: {mismatch}; rebuild "
+                "the library from the same checkout as the package"
+            )
+        # The launch entry point itself: the host path calls it without a wrapper frame.
+        self.fh_fwd = self._dll.fh_fwd
 
     def _bind(self) -> None:
         d = self._dll
         params_p = ctypes.POINTER(FhFwdParams)
         d.fh_fwd.argtypes = [params_p, ctypes.c_void_p]
         d.fh_fwd.restype = ctypes.c_int
-        d.fh_fwd_select_backend.argtypes = [params_p, ctypes.POINTER(ctypes.c_int32)]
+        d.fh_fwd_select_backend.argtypes = [
+            params_p, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32),
+            ctypes.c_char_p, ctypes.c_size_t,
+        ]
         d.fh_fwd_select_backend.restype = ctypes.c_int
         d.fh_last_error.argtypes = []
         d.fh_last_error.restype = ctypes.c_char_p
@@ -256,15 +278,37 @@ class Library:
         """Launch the forward on ``stream`` (a cudaStream_t as int; None = legacy default)."""
         self.check(self.fwd_status(params, stream), "fh_fwd")
 
-    def select_backend(self, params: FhFwdParams) -> FhBackend:
-        """The backend fh_fwd would run for ``params`` on the current device (no launch)."""
+    def policy(self, params: FhFwdParams, capability: tuple[int, int]) -> tuple[FhBackend, str]:
+        """(backend, reason) fh_fwd would run for ``params`` on a GPU of ``capability``.
+
+        The library's own policy (fh_fwd_select_backend): no GPU is touched, the data pointers
+        are not read. Raises like fh_fwd for params nothing can serve.
+        """
         out = ctypes.c_int32(-1)
-        status = self._dll.fh_fwd_select_backend(ctypes.byref(params), ctypes.byref(out))
-        self.check(int(status), "fh_fwd_select_backend")
-        return FhBackend(out.value)
+        reason = ctypes.create_string_buffer(_REASON_BYTES)
+        status = self._dll.fh_fwd_select_backend(
+            ctypes.byref(params), int(capability[0]), int(capability[1]), ctypes.byref(out),
+            reason, _REASON_BYTES,
+        )
+        if status != FhStatus.SUCCESS:  # the message names the field or the reason: no prefix
+            raise status_error(int(status), self.last_error() or "(no message)")
+        return FhBackend(out.value), reason.value.decode("utf-8", "replace")
+
+    def select_backend(
+        self, params: FhFwdParams, capability: tuple[int, int] | None = None
+    ) -> FhBackend:
+        """The backend fh_fwd would run for ``params`` on ``capability`` (default: the current
+        CUDA device's), without launching."""
+        if capability is None:
+            import torch
+
+            from . import _device
+
+            capability = _device.device_info(torch.cuda.current_device()).capability
+        return self.policy(params, capability)[0]
 
     def build_info(self) -> dict[str, Any]:
-        """fh_build_info() parsed: version, commit, archs, head_dims, dtypes, cuda."""
+        """fh_build_info() parsed (api.h lists the keys)."""
         raw = self._dll.fh_build_info()
         return json.loads(raw.decode("utf-8")) if raw else {}
 
@@ -282,6 +326,10 @@ class Library:
             return
         text = self.last_error() or "(no message)"
         raise status_error(status, f"{what}: {text}")
+
+
+# Room for fh_fwd_select_backend's reason: the longest is about 400 bytes (a layout problem).
+_REASON_BYTES = 1024
 
 
 def status_error(status: int, message: str) -> Exception:
@@ -310,6 +358,9 @@ def loaded_path() -> Path | None:
 def get_library() -> Library:
     """The process-wide Library, loaded on first use; raises LibraryNotFoundError if absent."""
     global _library
+    loaded = _library
+    if loaded is not None:  # every forward asks: no lock once loaded
+        return loaded
     with _lock:
         if _library is None:
             path = find_library()

@@ -7,8 +7,11 @@ error. Two levels:
   tensor *metadata* only, so they run unchanged on FakeTensors while torch.compile traces (no
   data_ptr, no ctypes, no device query), and on CPU or meta tensors in tests. Shape, dtype and
   stride checks come before the device check, so a CPU tensor with a bad shape reports the shape.
-- ``check_alignment``: data pointers 16-byte aligned; needs real storage, so only the op's real
-  implementation (ops.fwd_into) calls it.
+  The host path (_fwd.py) runs them once per call signature and caches the result.
+- ``check_alignment``: data pointers 16-byte aligned; needs real storage, so it runs per call.
+
+Which kernel path can serve a valid request is not decided here: that is the library's policy
+(api.cu), which the host path asks (dispatch.py).
 
 Errors are TypeError for a wrong Python type, NotImplementedError for valid requests not
 supported yet, ValueError for everything else.
@@ -22,10 +25,9 @@ from typing import Any, NamedTuple
 
 import torch
 
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
-MIN_HEAD_DIM = 8
-MAX_HEAD_DIM = 256
-HEAD_DIM_MULTIPLE = 8
+from ._tables import BACKEND_NAMES, HEAD_DIM_MULTIPLE, MAX_HEAD_DIM, MIN_HEAD_DIM, TORCH_DTYPES
+
+SUPPORTED_DTYPES = tuple(TORCH_DTYPES)
 # The kernels put batch and heads on grid.z / grid.y, whose hardware limit is 65535.
 MAX_GRID_DIM = 65535
 # Sequence positions are 32-bit inside the kernels (offsets are 64-bit).
@@ -33,10 +35,6 @@ MAX_SEQLEN = 2**31 - 1
 # cp.async (FA-2 path) and TMA (FA-3 path) move 16-byte vectors: base pointers and every
 # non-unit stride must be 16-byte multiples.
 ALIGN_BYTES = 16
-# "fa3-no-*": the FA-3 path's ablation variants (dispatch.FA3_VARIANTS).
-BACKENDS = (
-    "auto", "fa2", "fa3", "fa3-no-pingpong", "fa3-no-overlap", "fa3-no-pingpong-no-overlap",
-)
 _FLOAT32_MAX = 3.4028234663852886e38
 _INT64_MAX = 2**63 - 1
 
@@ -116,10 +114,11 @@ def _check_window(window_size: Any, causal: Any) -> tuple[int, int]:
 
 
 def _check_backend(backend: Any) -> str:
+    names = ", ".join(BACKEND_NAMES)
     if not isinstance(backend, str):
-        raise TypeError(f"backend: expected a str, one of {', '.join(BACKENDS)}, got {backend!r}")
-    if backend not in BACKENDS:
-        raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
+        raise TypeError(f"backend: expected a str, one of {names}, got {backend!r}")
+    if backend not in BACKEND_NAMES:
+        raise ValueError(f"backend: expected one of {names}, got {backend!r}")
     return backend
 
 
@@ -158,22 +157,12 @@ def effective_strides(t: torch.Tensor) -> tuple[int, ...]:
     return tuple(strides)
 
 
-def tma_layout_problem(**tensors: torch.Tensor) -> str | None:
-    """Why the FA-3 path cannot load these q/k/v tensors, or None.
-
-    Its TMA descriptors need a positive stride on every dimension that is stepped along; an
-    expand()ed tensor (stride 0 on a dimension of size > 1, e.g. K/V broadcast over heads) is
-    valid for the FA-2 path, which reads through pointers.
-    """
-    for name, t in tensors.items():
-        for dim, (size, stride) in enumerate(zip(t.shape[:-1], t.stride()[:-1])):
-            if size > 1 and stride == 0:
-                return (
-                    f"{name}: stride({dim}) is 0 on a dimension of size {size} (strides "
-                    f"{tuple(t.stride())}, an expand()ed tensor), but the fa3 path loads {name} "
-                    f"with TMA, which needs positive strides; call {name}.contiguous()"
-                )
-    return None
+def packed_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides of a contiguous tensor of ``shape`` (torch.empty's), which are effective."""
+    strides = [1] * len(shape)
+    for i in reversed(range(len(shape) - 1)):
+        strides[i] = strides[i + 1] * max(shape[i + 1], 1)
+    return tuple(strides)
 
 
 def _check_strides(name: str, t: torch.Tensor) -> None:

@@ -1,8 +1,11 @@
 """Public API, FlashAttention-3 compatible: flash_attn_func and which_backend.
 
-flash_attn_func validates (metadata only) and calls the ``flash_hopper::fwd`` custom op, so
-``torch.compile(flash_attn_func, fullgraph=True)`` traces it without graph breaks: no ctypes,
-device query or data-dependent Python runs until the op's real implementation.
+Two ways down, one host path (_fwd.py):
+- plain eager inference (real tensors, no tracer, no autograd): straight to ``_fwd.eager``, which
+  validates once per call signature, asks the library's policy, fills the parameters and launches;
+- anything torch must see (torch.compile, make_fx, FakeTensors, autograd): validate here (metadata
+  only) and call the ``flash_hopper::fwd`` custom op, so ``torch.compile(flash_attn_func,
+  fullgraph=True)`` traces it without graph breaks; its implementation is ``_fwd.op``.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from collections.abc import Sequence
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
-from . import _validate, ops
+from . import _fwd, _validate, ops
 
 
 def flash_attn_func(
@@ -39,35 +42,38 @@ def flash_attn_func(
     softcap: if > 0, score = softcap * tanh(score / softcap).
     return_attn_probs: also return lse, fp32 (batch, heads_q, seqlen_q), natural log (FA3 returns
     the LSE here, not the probabilities).
-    backend: "auto" (FA-3 path on cc 9.0 when built, else FA-2 path), "fa2" or "fa3".
+    backend: "auto" (FA-3 path on cc 9.0 when built, else FA-2 path), "fa2", "fa3", or an FA-3
+    ablation variant ("fa3-no-pingpong", ...; build_info()["fa3_variants"] lists the built ones).
 
     Pass the arguments after v by keyword: FA3's positional order has extra parameters.
     Forward only for now: backward raises NotImplementedError.
     """
-    cfg = _validate.check_fwd_args(
-        q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-        softcap=softcap, backend=backend,
-    )
-    if not isinstance(return_attn_probs, bool):
+    if return_attn_probs is not True and return_attn_probs is not False:
         raise TypeError(f"return_attn_probs: expected a bool, got {return_attn_probs!r}")
-    args = (q, k, v, cfg.softmax_scale, cfg.window_left, cfg.window_right, cfg.softcap,
-            cfg.backend)
     # The custom op is what torch.compile / make_fx trace and what autograd sees; in plain eager
-    # inference on real tensors it only adds dispatch overhead, so call its implementation.
+    # inference on real tensors it only adds dispatch overhead, so take the host path directly.
     if _plain_eager_inference(q, k, v):
-        out, lse = ops.fwd_validated(q, k, v, cfg)
+        out, lse = _fwd.eager(q, k, v, softmax_scale, causal, window_size, softcap, backend)
     else:
-        out, lse = ops.fwd(*args)
+        cfg = _validate.check_fwd_args(q, k, v, softmax_scale, causal, window_size, softcap,
+                                       backend)
+        out, lse = ops.fwd(q, k, v, cfg.softmax_scale, cfg.window_left, cfg.window_right,
+                           cfg.softcap, cfg.backend)
     return (out, lse) if return_attn_probs else out
 
 
-def _plain_eager_inference(*tensors: torch.Tensor) -> bool:
-    """True when no tracer, tensor subclass, dispatch mode or autograd needs to see the op."""
+def _plain_eager_inference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """True when no tracer, tensor subclass, dispatch mode or autograd needs to see the op.
+
+    Spelled out without generators: it runs on every eager call.
+    """
     if torch.compiler.is_compiling() or _current_dispatch_mode() is not None:
         return False
-    if any(type(t) is not torch.Tensor for t in tensors):  # FakeTensor, FunctionalTensor, ...
-        return False
-    return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+    tensor = torch.Tensor
+    if type(q) is not tensor or type(k) is not tensor or type(v) is not tensor:
+        return False  # FakeTensor, FunctionalTensor, other subclasses, or not a tensor at all
+    return not (torch.is_grad_enabled()
+                and (q.requires_grad or k.requires_grad or v.requires_grad))
 
 
 def which_backend(
@@ -80,15 +86,10 @@ def which_backend(
     window_size: Sequence[int] = (-1, -1),
     softcap: float = 0.0,
 ) -> tuple[str, str]:
-    """(backend, reason) flash_attn_func would use for these arguments, without launching.
+    """(backend, reason) flash_attn_func would use for these arguments, without launching: the
+    library's own policy on q's device ("none" when there is nothing to compute).
 
     Raises like flash_attn_func would (invalid arguments, no kernel for this GPU/build).
     """
-    cfg = _validate.check_fwd_args(
-        q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-        softcap=softcap, backend=backend,
-    )
-    return ops.resolve_backend(
-        q.device, cfg.dtype, cfg.head_dim, cfg.backend,
-        _validate.tma_layout_problem(q=q, k=k, v=v),
-    )
+    plan = _fwd.plan_eager(q, k, v, softmax_scale, causal, window_size, softcap, backend)
+    return plan.backend, plan.reason

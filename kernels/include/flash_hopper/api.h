@@ -1,8 +1,9 @@
 // flash-hopper C ABI.
 //
 // The one boundary between the kernels and any host language. Plain C: no torch, no CUTLASS,
-// no C++ types. Python loads the shared library with ctypes and fills FhFwdParams field by field
-// (python/flash_hopper/_lib.py mirrors this struct; keep both in the same order).
+// no C++ types. Python loads the shared library with ctypes, fills FhFwdParams once per call
+// signature and reuses it with new data pointers (python/flash_hopper/_lib.py mirrors this struct
+// and the enums; keep both in the same order, tests/test_lib.py checks them).
 //
 // Conventions
 // - Every shape, stride and offset is int64_t and counted in elements, not bytes.
@@ -14,9 +15,13 @@
 //   them is rejected with FH_ERROR_UNSUPPORTED, never silently ignored.
 // - Functions return FhStatus; on error fh_last_error() returns a message naming the argument,
 //   what was expected and what was given (thread-local, valid until the next call on that thread).
+//   Nothing is launched on any error.
+// - The library reads FhFwdParams during the call only and keeps no pointer to it: one struct
+//   may be filled once per problem shape and reused with new data pointers, from any thread.
 #ifndef FLASH_HOPPER_API_H
 #define FLASH_HOPPER_API_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -30,14 +35,23 @@ extern "C" {
 #endif
 
 // Bumped whenever FhFwdParams or a function signature changes; Python refuses a mismatch.
-#define FH_ABI_VERSION 1
+#define FH_ABI_VERSION 2
 
+// The library's own status; the message (fh_last_error) tells the cases of one status apart.
 typedef enum FhStatus {
   FH_SUCCESS = 0,
-  FH_ERROR_INVALID_ARGUMENT = 1,  // a shape, stride, pointer or flag is wrong
-  FH_ERROR_UNSUPPORTED = 2,       // valid request, but no kernel in this build serves it
-  FH_ERROR_CUDA = 3,              // a CUDA runtime call failed (message has the CUDA error string)
-  FH_ERROR_INTERNAL = 4,
+  // A field is wrong: abi_version, dtype, a shape, stride, pointer, alignment, scale, window,
+  // backend or variant. The message names the field, the expected and the given value.
+  FH_ERROR_INVALID_ARGUMENT = 1,
+  // A valid request this build or this GPU cannot serve: no kernel for the dtype / head dim /
+  // variant (the message names the FH_* build variables to change), a compute capability the path
+  // does not run on, no tile config that fits the GPU's shared memory, a layout the path cannot
+  // load (TMA strides), or a reserved feature that is not implemented yet.
+  FH_ERROR_UNSUPPORTED = 2,
+  // A CUDA runtime call failed; the message has the CUDA error's name and string. Only the CUDA
+  // runtime's own failures map here, never one of the decisions above.
+  FH_ERROR_CUDA = 3,
+  FH_ERROR_INTERNAL = 4,  // a bug in flash-hopper
 } FhStatus;
 
 typedef enum FhDtype {
@@ -53,12 +67,24 @@ typedef enum FhBackend {
   FH_BACKEND_FA3 = 2,   // sm90a kernels (TMA + WGMMA, warp specialized)
 } FhBackend;
 
-// Ablation variants of the FA-3 path (the FA3 paper's Table 2): 0 is the tuned kernel.
+// Each bit switches one FA-3 optimization off (the FA3 paper's ablation, Table 2). A variant is
+// a set of these bits; its backend name is "fa3" plus "-<flag>" per set bit in bit order
+// ("fa3-no-pingpong-no-overlap"), kernels/src/tables.cmake lists them.
+typedef enum FhVariantFlag {
+  // Consumer warpgroups not ordered by named barriers: a runtime switch of the tuned kernel.
+  FH_VARIANT_FLAG_NO_PINGPONG = 1,
+  // No intra-warpgroup softmax / PV GEMM overlap: a template parameter, so a kernel of its own
+  // (built for FH_FA3_ABLATION_DTYPES x FH_FA3_ABLATION_HEAD_DIMS only).
+  FH_VARIANT_FLAG_NO_OVERLAP = 2,
+} FhVariantFlag;
+
+// Variants of the FA-3 path; 0 is the tuned kernel. Values are fixed by the ABI and the names
+// of recorded benchmarks: a new flag adds values, it never renumbers these.
 typedef enum FhVariant {
   FH_VARIANT_TUNED = 0,
-  FH_VARIANT_NO_PINGPONG = 1,               // consumer warpgroups not ordered by named barriers
-  FH_VARIANT_NO_OVERLAP = 2,                // no intra-warpgroup softmax / PV GEMM overlap
-  FH_VARIANT_NO_PINGPONG_NO_OVERLAP = 3,
+  FH_VARIANT_NO_PINGPONG = FH_VARIANT_FLAG_NO_PINGPONG,
+  FH_VARIANT_NO_OVERLAP = FH_VARIANT_FLAG_NO_OVERLAP,
+  FH_VARIANT_NO_PINGPONG_NO_OVERLAP = FH_VARIANT_FLAG_NO_PINGPONG | FH_VARIANT_FLAG_NO_OVERLAP,
 } FhVariant;
 
 typedef struct FhFwdParams {
@@ -119,23 +145,35 @@ typedef struct FhFwdParams {
 
   // --- dispatch ---------------------------------------------------------------------------
   int32_t backend;  // FhBackend
-  int32_t variant;  // FhVariant: 0 = tuned kernel; ablation variants of the FA-3 path
+  int32_t variant;  // FhVariant: 0 = tuned kernel; other values need backend FH_BACKEND_FA3
   int32_t num_sms;  // 0 = query the device
 } FhFwdParams;
 
-// Forward attention on `stream` (a cudaStream_t; null = legacy default stream).
+// Forward attention on `stream` (a cudaStream_t; null = legacy default stream) on the current
+// device: validate, choose the backend (the policy of fh_fwd_select_backend on this device's
+// compute capability), launch.
 FH_EXPORT FhStatus fh_fwd(const FhFwdParams* params, void* stream);
 
-// Which backend fh_fwd would run for these params on the current device, without launching:
-// writes FhBackend into *backend_out. Errors like fh_fwd for unservable params.
-FH_EXPORT FhStatus fh_fwd_select_backend(const FhFwdParams* params, int32_t* backend_out);
+// The backend policy alone, for a GPU of compute capability cc_major.cc_minor: touches no GPU,
+// so it answers on machines without one and for hypothetical GPUs. Validates params like fh_fwd
+// except the data pointers, which it does not read (they may be null). On success writes the
+// FhBackend fh_fwd would run into *backend_out and, when reason is not null, why (e.g. "cc 9.0
+// and fa3 kernel built for bf16 hdim 128 -> fa3"), NUL-terminated and cut to reason_len bytes.
+// When nothing can serve the request it returns FH_ERROR_UNSUPPORTED and fh_last_error() says
+// why and what to rebuild or change.
+FH_EXPORT FhStatus fh_fwd_select_backend(const FhFwdParams* params, int32_t cc_major,
+                                         int32_t cc_minor, int32_t* backend_out, char* reason,
+                                         size_t reason_len);
 
 // Message of the last failing call on this thread ("" if none).
 FH_EXPORT const char* fh_last_error(void);
 
 FH_EXPORT int32_t fh_abi_version(void);
 
-// JSON object describing the build: version, commit, archs, head-dim buckets, dtypes, variants.
+// JSON object describing the build: version, commit, cuda; archs, head_dims and dtypes built;
+// head_dim_buckets (all buckets); variants (every FA-3 variant name -> FhVariant value);
+// fa3_variants (the ablation names some kernel serves); kernels (one {backend, dtype, head_dim,
+// variants} entry per compiled (path, dtype, bucket), variants as FhVariant values).
 FH_EXPORT const char* fh_build_info(void);
 
 // 1 if this build holds a forward kernel for (backend, dtype, head-dim bucket of head_dim).

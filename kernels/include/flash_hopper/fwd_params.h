@@ -45,7 +45,8 @@ struct FwdParams {
   int window_right;
 
   int num_sms;
-  // Ablation variant of the FA-3 path (FhVariant); 0 = tuned. The FA-2 path ignores it.
+  // FA-3 variant (FhVariant: a set of FH_VARIANT_FLAG_* bits, api.h); 0 = tuned. The launcher
+  // reads the runtime flags from it (NO_PINGPONG); the FA-2 path ignores it.
   int variant;
 };
 

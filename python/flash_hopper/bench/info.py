@@ -2,36 +2,19 @@
 
 Works without a GPU and without the kernel library: each part says what it could not find and
 why, and the command still exits 0 (it is the first thing to run when something does not work).
+The path and its reason come from the library's own policy (api.cu), asked for this GPU
+(which_backend) or for a hypothetical one (dispatch.hypothetical: no GPU needed).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Callable
 
 from . import env
-from .backends import arch_digits
 from .errors import first_line
 
 # Hypothetical GPUs shown when there is no GPU to ask: one per path.
 EXAMPLE_CAPABILITIES = ((9, 0), (8, 0))
-
-
-def built_predicate(info: dict) -> Callable[[str, str, int], bool]:
-    """dispatch.select_backend's `built` from build_info's lists (archs x dtypes x head dims).
-
-    build_info does not say which (path, dtype, bucket) triples exist, only the sets, so this is
-    an upper bound; on a GPU, which_backend asks the library itself.
-    """
-    archs = {arch_digits(a)[:2] for a in info.get("archs", ())}
-    dtypes = {str(d) for d in info.get("dtypes", ())}
-    head_dims = {int(d) for d in info.get("head_dims", ())}
-    path_arch = {"fa3": "90", "fa2": "80"}
-
-    def built(backend: str, dtype: str, bucket: int) -> bool:
-        return path_arch[backend] in archs and dtype in dtypes and bucket in head_dims
-
-    return built
 
 
 def path_on_gpu(head_dim: int, dtype: str, backend: str, causal: bool) -> tuple[str, str]:
@@ -46,11 +29,12 @@ def path_on_gpu(head_dim: int, dtype: str, backend: str, causal: bool) -> tuple[
     return str(name), str(reason)
 
 
-def path_hypothetical(info: dict, capability, head_dim: int, dtype: str,
-                      backend: str) -> tuple[str, str]:
-    from flash_hopper.dispatch import select_backend
+def path_hypothetical(capability, head_dim: int, dtype: str, backend: str,
+                      causal: bool) -> tuple[str, str]:
+    """(path, reason) the library's policy gives on a GPU of ``capability``, without a GPU."""
+    from flash_hopper import dispatch
 
-    return select_backend(backend, capability, built_predicate(info), dtype, head_dim)
+    return dispatch.hypothetical(tuple(capability), dtype, head_dim, backend, causal)
 
 
 def gather(head_dim: int, dtype: str, backend: str, causal: bool,
@@ -97,9 +81,10 @@ def _paths(report, gpu, head_dim, dtype, backend, causal, capability) -> list[di
             entry["error"] = first_line(exc)
         paths.append(entry)
     for cap in targets:
-        entry = {"where": f"a cc {cap[0]}.{cap[1]} GPU (hypothetical, from build_info)"}
+        entry = {"where": f"a cc {cap[0]}.{cap[1]} GPU (hypothetical: the library's policy)"}
         try:
-            entry["path"], entry["reason"] = path_hypothetical(lib, cap, head_dim, dtype, backend)
+            entry["path"], entry["reason"] = path_hypothetical(cap, head_dim, dtype, backend,
+                                                               causal)
         except Exception as exc:  # noqa: BLE001 - the reason no path serves it is the answer
             entry["error"] = first_line(exc)
         paths.append(entry)
@@ -120,9 +105,13 @@ def render(report: dict[str, object]) -> str:
                      f"CUDA {lib.get('cuda')}")
         lines.append(f"            kernels: archs {_join(lib.get('archs'))}; head dims "
                      f"{_join(lib.get('head_dims'))}; dtypes {_join(lib.get('dtypes'))}")
+        for path_dtype, head_dims in _kernels_by_path(lib).items():
+            lines.append(f"            {path_dtype}: head dims {_join(head_dims)}")
         for key in ("fa3_variants", "backward"):
             if key in lib:
-                lines.append(f"            {key}: {lib[key]}")
+                value = lib[key]
+                lines.append(f"            {key}: "
+                             f"{_join(value) if isinstance(value, list) else value}")
     lines.append(f"  torch   : {report.get('torch')} (CUDA {report.get('torch_cuda') or 'none'})")
     gpu = report.get("gpu")
     if gpu is None:
@@ -145,6 +134,14 @@ def render(report: dict[str, object]) -> str:
         else:
             lines.append(f"    on {entry['where']}: {entry['path']} ({entry['reason']})")
     return "\n".join(lines)
+
+
+def _kernels_by_path(lib: dict) -> dict[str, list[int]]:
+    """'fa3 bf16' -> head dims with a kernel, from build_info's exact kernel list."""
+    grouped: dict[str, list[int]] = {}
+    for kernel in lib.get("kernels") or ():
+        grouped.setdefault(f"{kernel['backend']} {kernel['dtype']}", []).append(kernel["head_dim"])
+    return grouped
 
 
 def _join(values) -> str:

@@ -1,0 +1,37 @@
+# The build's tables, once on the C side: head-dim buckets, dtypes and the FA-3 path's variants.
+#
+# CMakeLists.txt turns them into the instantiation list (one generated .cu per kernel), the
+# launcher registry (fh_registry.inc), api.cu's constants and messages, and fh_build_info()'s
+# JSON (fh_tables.inc). Python keeps its own copy in python/flash_hopper/_tables.py (derived from
+# the api.h enum mirror, so torch.compile can trace validation without loading the library);
+# tests/test_lib.py checks that copy against api.h and against the built library's build_info,
+# and the library refuses to load when they disagree.
+
+# Kernel paths: FH_ARCHS value | arch name (build_info "archs") | FhBackend enumerator (api.h).
+# "80" builds the FA-2 path (SASS for sm80 and sm90, PTX for later GPUs); "90a" the FA-3 path.
+set(FH_ARCH_TABLE
+  "80|sm80|FH_BACKEND_FA2"
+  "90a|sm90a|FH_BACKEND_FA3")
+
+# Head-dim buckets: a kernel serves every head_dim % 8 == 0 up to its bucket (TMA / predicated
+# loads zero-fill the columns above head_dim). Ascending; the last one is the largest head_dim.
+set(FH_HEAD_DIM_TABLE 64 96 128 192 256)
+
+# Input dtypes that have kernels: name (FH_DTYPES, build_info) | FhDtype enumerator (api.h) |
+# CUTLASS element type of the instantiation.
+set(FH_DTYPE_TABLE
+  "fp16|FH_DTYPE_FP16|cutlass::half_t"
+  "bf16|FH_DTYPE_BF16|cutlass::bfloat16_t")
+
+# Variants of the FA-3 path (the FA3 paper's ablation): backend name | FhVariant value | the
+# variant whose kernel serves it. A value is a set of api.h's FH_VARIANT_FLAG_* bits; the name is
+# "fa3" plus "-<flag>" per set bit in bit order (Python derives the same names from the enum).
+# - NO_PINGPONG (1) is a runtime switch (kernel argument), so the kernel without it serves it.
+# - NO_OVERLAP (2) is a template parameter (kOverlap), so it needs a kernel of its own; those
+#   kernels are built only for FH_FA3_ABLATION_DTYPES x FH_FA3_ABLATION_HEAD_DIMS.
+# Row i must have value i (api.cu indexes the names by value, and static_asserts the count).
+set(FH_FA3_VARIANT_TABLE
+  "fa3|0|0"
+  "fa3-no-pingpong|1|0"
+  "fa3-no-overlap|2|2"
+  "fa3-no-pingpong-no-overlap|3|2")

@@ -1,0 +1,268 @@
+"""The forward's host path, one pass down: validate once -> choose the path -> fill the
+parameters -> launch.
+
+Every forward entry point runs through here: flash_attn_func in plain eager mode (``eager``), the
+``flash_hopper::fwd`` custom op's implementation (``op``: what torch.compile graphs and autograd
+call), ``fwd_into`` with caller buffers (``into``) and which_backend (``plan_eager``, no launch).
+The entry points for varlen and the KV cache are meant to reuse the same four steps.
+
+1. validate: ``_validate.check_fwd_args`` / ``check_op_args`` (tensor metadata and scalars).
+2. choose the path: the library's own policy for the device's compute capability
+   (``dispatch.choose``; Python does not re-implement it).
+3. fill: an FhFwdParams with everything but the five data pointers, its backend pinned to the
+   choice so that fh_fwd runs exactly what the plan names; kept as bytes (``Plan``).
+4. launch: copy the bytes into a fresh struct, write the data pointers, call fh_fwd on torch's
+   current stream of the tensors' device. The C side validates again (for its other callers,
+   in well under a microsecond) and nothing is launched on any error.
+
+Steps 1-3 read metadata only, so ``eager`` and ``op`` keep their result per call signature: the
+shapes, strides, dtypes and devices of q/k/v and the other arguments with their types (so True
+never passes where 1 was validated). A repeated call then costs a dict lookup, the alignment check
+of the data pointers, the output allocation and the launch (bench/host_path.py measures it). Only
+successful plans are kept, so a bad call fails the same way every time. Inference servers call
+attention once per layer per step with one shape per step: the cache hits for every layer but the
+first even while the sequence grows; it is bounded, oldest plans dropped first.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, NamedTuple
+
+import torch
+
+from . import _device, _lib, _validate, dispatch
+from ._lib import FhFwdParams
+from ._tables import BACKENDS, TORCH_DTYPES
+
+_MAX_PLANS = 256
+
+
+class Plan(NamedTuple):
+    """Steps 1-3 for one call signature; immutable, shared between threads."""
+
+    cfg: _validate.FwdConfig
+    backend: str  # what runs: "fa2", "fa3", an FA-3 variant name, or "none" (nothing to compute)
+    reason: str
+    template: bytes | None  # FhFwdParams without data pointers; None when nothing is launched
+    device: torch.device
+    out_shape: tuple[int, ...]
+    lse_shape: tuple[int, ...]
+    lib: _lib.Library | None
+
+
+# Raw accessors where torch has them (what inductor's generated code uses): a Stream object per
+# call costs microseconds. CPU-only torch builds lack them; the public API stands in there.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+    lambda index: torch.cuda.current_stream(index).cuda_stream
+)
+_current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+
+_plans: dict[tuple, Plan] = {}
+_plans_lock = threading.Lock()
+
+
+# --- steps 2 and 3 -------------------------------------------------------------------------------
+
+
+def fill_params(
+    cfg: _validate.FwdConfig,
+    q_strides: tuple[int, ...],
+    k_strides: tuple[int, ...],
+    v_strides: tuple[int, ...],
+    o_strides: tuple[int, ...],
+    lse_strides: tuple[int, ...] | None,
+    backend: str,
+    num_sms: int = 0,
+) -> FhFwdParams:
+    """FhFwdParams for a validated request, data pointers null. Strides are effective strides in
+    elements (``_validate.effective_strides``); the head_dim stride is 1 and not stored."""
+    p = FhFwdParams()
+    p.abi_version = _lib.ABI_VERSION
+    p.dtype = p.out_dtype = TORCH_DTYPES[cfg.dtype]
+    p.batch, p.seqlen_q, p.seqlen_k = cfg.batch, cfg.seqlen_q, cfg.seqlen_k
+    p.heads_q, p.heads_kv = cfg.heads_q, cfg.heads_kv
+    p.head_dim = p.head_dim_v = cfg.head_dim
+    p.q_batch_stride, p.q_row_stride, p.q_head_stride = q_strides[:3]
+    p.k_batch_stride, p.k_row_stride, p.k_head_stride = k_strides[:3]
+    p.v_batch_stride, p.v_row_stride, p.v_head_stride = v_strides[:3]
+    p.o_batch_stride, p.o_row_stride, p.o_head_stride = o_strides[:3]
+    if lse_strides is not None:
+        p.lse_batch_stride, p.lse_head_stride = lse_strides[:2]
+    p.softmax_scale = cfg.softmax_scale
+    p.softcap = cfg.softcap
+    p.window_left, p.window_right = cfg.window_left, cfg.window_right
+    p.num_splits = 1
+    p.backend, p.variant = BACKENDS[backend]
+    p.num_sms = num_sms
+    return p
+
+
+def make_plan(
+    cfg: _validate.FwdConfig,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    with_lse: bool = True,
+    num_sms: int = 0,
+) -> Plan:
+    """Choose the path and fill the template for validated tensors (metadata only). ``out`` /
+    ``lse``: caller buffers (fwd_into), or None for fresh contiguous ones (``with_lse``: one is
+    allocated)."""
+    out_shape = (cfg.batch, cfg.seqlen_q, cfg.heads_q, cfg.head_dim)
+    lse_shape = (cfg.batch, cfg.heads_q, cfg.seqlen_q)
+    if cfg.batch == 0 or cfg.seqlen_q == 0:
+        return Plan(cfg, "none", "nothing to compute: batch or seqlen_q is 0", None, q.device,
+                    out_shape, lse_shape, None)
+    effective, packed = _validate.effective_strides, _validate.packed_strides
+    if lse is not None:
+        lse_strides = effective(lse)
+    else:
+        lse_strides = packed(lse_shape) if with_lse else None
+    params = fill_params(
+        cfg, effective(q), effective(k), effective(v),
+        effective(out) if out is not None else packed(out_shape), lse_strides, cfg.backend,
+        num_sms,
+    )
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    name, reason, backend = dispatch.choose(params, _device.device_info(index).capability)
+    params.backend = backend  # pinned: fh_fwd runs what the plan names (fwd_into reports it)
+    return Plan(cfg, name, reason, bytes(params), q.device, out_shape, lse_shape,
+                _lib.get_library())
+
+
+def _remember(key: tuple, plan: Plan) -> None:
+    with _plans_lock:
+        if len(_plans) >= _MAX_PLANS:
+            del _plans[next(iter(_plans))]  # the oldest: dicts keep insertion order
+        try:
+            _plans[key] = plan
+        except TypeError:  # an unhashable argument that validation accepted: not cached
+            pass
+
+
+def clear_plans() -> None:
+    """Forget every cached plan (tests; a process that rebuilt the library)."""
+    with _plans_lock:
+        _plans.clear()
+
+
+# --- step 4 --------------------------------------------------------------------------------------
+
+
+def _launch(plan: Plan, q_ptr: int, k_ptr: int, v_ptr: int, o_ptr: int, lse_ptr: int) -> None:
+    """fh_fwd for the plan's template with these data pointers (0: null)."""
+    p = FhFwdParams.from_buffer_copy(plan.template)
+    p.q, p.k, p.v, p.o, p.lse = q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr
+    index = plan.device.index
+    if _current_device() == index:
+        status = plan.lib.fh_fwd(p, _raw_stream(index))
+    else:  # the runtime launches on the current device: make it the tensors'
+        with torch.cuda.device(index):
+            status = plan.lib.fh_fwd(p, _raw_stream(index))
+    if status:
+        plan.lib.check(status, "fh_fwd")
+
+
+def _run_new_outputs(plan: Plan, q: torch.Tensor, k: torch.Tensor,
+                     v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if plan.template is not None:
+        q_ptr, k_ptr, v_ptr = q.data_ptr(), k.data_ptr(), v.data_ptr()
+        if (q_ptr | k_ptr | v_ptr) & (_validate.ALIGN_BYTES - 1):
+            _validate.check_alignment(q=q, k=k, v=v)  # raises, naming the tensor
+    out = torch.empty(plan.out_shape, dtype=q.dtype, device=plan.device)
+    lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=plan.device)
+    if plan.template is not None:
+        _launch(plan, q_ptr, k_ptr, v_ptr, out.data_ptr(), lse.data_ptr())
+    return out, lse
+
+
+# --- entry points --------------------------------------------------------------------------------
+
+
+# The cache keys: tensor metadata, and each scalar with its type, because 1 == True == 1.0 in a
+# dict while validation accepts only some of them. Spelled out (no loops, no *args): they run on
+# every call.
+
+
+def _eager_key(q: Any, k: Any, v: Any, softmax_scale: Any, causal: Any, window_size: Any,
+               softcap: Any, backend: Any) -> tuple | None:
+    if type(window_size) not in (tuple, list) or len(window_size) != 2:
+        return None  # validation says what is wrong with it
+    left, right = window_size
+    try:
+        return ("eager", q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype,
+                k.device, v.shape, v.stride(), v.dtype, v.device, type(softmax_scale),
+                softmax_scale, type(causal), causal, type(left), left, type(right), right,
+                type(softcap), softcap, type(backend), backend)
+    except AttributeError:  # not a tensor (which_backend): validation says so
+        return None
+
+
+def _op_key(q: Any, k: Any, v: Any, softmax_scale: Any, window_left: Any, window_right: Any,
+            softcap: Any, backend: Any) -> tuple:
+    return ("op", q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device,
+            v.shape, v.stride(), v.dtype, v.device, type(softmax_scale), softmax_scale,
+            type(window_left), window_left, type(window_right), window_right, type(softcap),
+            softcap, type(backend), backend)
+
+
+def _cached(key: tuple | None) -> Plan | None:
+    if key is None:
+        return None
+    try:
+        return _plans.get(key)
+    except TypeError:  # an unhashable argument: validation says what is wrong with it
+        return None
+
+
+def plan_eager(q: Any, k: Any, v: Any, softmax_scale: Any, causal: Any, window_size: Any,
+               softcap: Any, backend: Any) -> Plan:
+    """The plan of flash_attn_func's arguments: cached, or validated and made (then cached)."""
+    key = _eager_key(q, k, v, softmax_scale, causal, window_size, softcap, backend)
+    plan = _cached(key)
+    if plan is None:
+        cfg = _validate.check_fwd_args(q, k, v, softmax_scale, causal, window_size, softcap,
+                                       backend)
+        plan = make_plan(cfg, q, k, v)
+        if key is not None:
+            _remember(key, plan)
+    return plan
+
+
+def eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Any, causal: Any,
+          window_size: Any, softcap: Any, backend: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """flash_attn_func's plain eager path: (out, lse), fresh contiguous tensors."""
+    plan = plan_eager(q, k, v, softmax_scale, causal, window_size, softcap, backend)
+    return _run_new_outputs(plan, q, k, v)
+
+
+def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, window_left: int,
+       window_right: int, softcap: float, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The custom op's implementation (window resolved, scale explicit): (out, lse)."""
+    key = _op_key(q, k, v, softmax_scale, window_left, window_right, softcap, backend)
+    plan = _cached(key)
+    if plan is None:
+        cfg = _validate.check_op_args(
+            q, k, v, softmax_scale, window_left, window_right, softcap, backend
+        )
+        plan = make_plan(cfg, q, k, v)
+        _remember(key, plan)
+    return _run_new_outputs(plan, q, k, v)
+
+
+def into(q: Any, k: Any, v: Any, out: Any, lse: Any, softmax_scale: Any, window_left: Any,
+         window_right: Any, softcap: Any, backend: Any, num_sms: int = 0) -> str:
+    """fwd_into: validate everything (caller buffers too), plan, launch; the backend that ran."""
+    cfg = _validate.check_op_args(
+        q, k, v, softmax_scale, window_left, window_right, softcap, backend
+    )
+    _validate.check_outputs(out, lse, q, cfg)
+    _validate.check_alignment(q=q, k=k, v=v, out=out, lse=lse)
+    plan = make_plan(cfg, q, k, v, out=out, lse=lse, with_lse=lse is not None, num_sms=num_sms)
+    if plan.template is not None:
+        _launch(plan, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                lse.data_ptr() if lse is not None else 0)
+    return plan.backend

@@ -1,0 +1,107 @@
+"""The C side's tables, once on the Python side: head-dim buckets, dtypes, backend names, archs.
+
+The C side defines them once too: api.h's enums and kernels/src/tables.cmake, from which CMake
+generates the instantiations, the registry and fh_build_info(). Here everything is derived from
+the api.h enum mirror in _lib.py rather than read from the library at call time, so validation
+stays traceable by torch.compile (no ctypes while tracing) and works on machines without the
+kernels. Agreement is checked twice: tests/test_lib.py compares these tables with api.h and with
+the built library's build_info, and loading a library whose tables differ fails
+(``build_info_mismatch``), so a mismatch cannot go unnoticed at run time either.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ._lib import FhBackend, FhDtype, FhVariant, FhVariantFlag
+
+# --- head dims -----------------------------------------------------------------------------------
+
+# Kernels exist per bucket; a head_dim % 8 == 0 runs in the smallest bucket >= head_dim.
+HEAD_DIM_BUCKETS = (64, 96, 128, 192, 256)
+HEAD_DIM_MULTIPLE = 8  # 16-byte rows of 2-byte elements
+MIN_HEAD_DIM = HEAD_DIM_MULTIPLE
+MAX_HEAD_DIM = HEAD_DIM_BUCKETS[-1]
+
+
+def head_dim_bucket(head_dim: int) -> int:
+    """Smallest head-dim bucket >= head_dim (a kernel pads d up to its bucket)."""
+    for bucket in HEAD_DIM_BUCKETS:
+        if head_dim <= bucket:
+            return bucket
+    raise ValueError(f"head_dim: expected at most {MAX_HEAD_DIM}, got {head_dim}")
+
+
+# --- dtypes: torch.dtype <-> FhDtype <-> name ("bf16", as FH_DTYPES and build_info spell it) ------
+
+TORCH_DTYPES = {torch.float16: FhDtype.FP16, torch.bfloat16: FhDtype.BF16}
+
+
+def dtype_name(dtype: FhDtype | torch.dtype) -> str:
+    """'fp16' / 'bf16' for an FhDtype or a supported torch dtype (the enum name, lower case)."""
+    return FhDtype(TORCH_DTYPES.get(dtype, dtype)).name.lower()
+
+
+DTYPE_NAMES = {dtype_name(d): d for d in TORCH_DTYPES}  # "bf16" -> torch.bfloat16
+
+# --- kernel paths and archs ----------------------------------------------------------------------
+
+# Per path: the FH_ARCHS value that builds it and build_info's arch name.
+ARCHS = {FhBackend.FA2: ("80", "sm80"), FhBackend.FA3: ("90a", "sm90a")}
+
+
+def arch_backend(arch: str) -> FhBackend | None:
+    """The path an arch spelling builds ('sm90a', 'sm_90a', '90a', '80', ...), or None."""
+    digits = str(arch).lower().replace("sm_", "").replace("sm", "")
+    for backend, (value, _name) in ARCHS.items():
+        if digits == value:
+            return backend
+    return None
+
+
+# --- backend names: "auto", "fa2", "fa3" and the FA-3 variants -----------------------------------
+
+
+def variant_name(variant: int) -> str:
+    """'fa3' plus '-<flag>' per set FhVariantFlag bit, in bit order (api.h's naming rule;
+    kernels/src/tables.cmake spells the same names): 3 -> 'fa3-no-pingpong-no-overlap'."""
+    flags = [f.name.lower().replace("_", "-") for f in FhVariantFlag if variant & f]
+    return "-".join(["fa3", *flags])
+
+
+# name -> (FhBackend, FhVariant) of the request; the order is the one messages list them in.
+BACKENDS: dict[str, tuple[FhBackend, FhVariant]] = {
+    "auto": (FhBackend.AUTO, FhVariant.TUNED),
+    "fa2": (FhBackend.FA2, FhVariant.TUNED),
+    **{variant_name(v): (FhBackend.FA3, v) for v in FhVariant},
+}
+BACKEND_NAMES = tuple(BACKENDS)
+FA3_VARIANT_NAMES = {variant_name(v): v for v in FhVariant}  # "fa3" included (variant 0)
+_RUNNING_NAMES = {
+    **{(int(FhBackend.FA3), int(v)): name for name, v in FA3_VARIANT_NAMES.items()},
+    **{(int(b), 0): b.name.lower() for b in FhBackend if b != FhBackend.FA3},
+}
+
+
+def backend_name(backend: int, variant: int = FhVariant.TUNED) -> str:
+    """The name of what runs: 'fa2', or the FA-3 variant's name ('fa3', 'fa3-no-pingpong', ...)."""
+    return _RUNNING_NAMES[int(backend), int(variant) if backend == FhBackend.FA3 else 0]
+
+
+# --- agreement with a built library --------------------------------------------------------------
+
+
+def build_info_mismatch(info: dict[str, Any]) -> str | None:
+    """Why a library's build_info disagrees with these tables, or None when it agrees."""
+    variants = {name: FhVariant(v) for name, v in FA3_VARIANT_NAMES.items()}
+    if info.get("variants") != {name: int(v) for name, v in variants.items()}:
+        return f"its FA-3 variants are {info.get('variants')}, this package has {variants}"
+    if tuple(info.get("head_dim_buckets", ())) != HEAD_DIM_BUCKETS:
+        return (f"its head-dim buckets are {info.get('head_dim_buckets')}, this package has "
+                f"{HEAD_DIM_BUCKETS}")
+    unknown = [d for d in info.get("dtypes", ()) if d not in DTYPE_NAMES]
+    if unknown:
+        return f"it has kernels for dtypes {unknown} this package does not know"
+    return None
