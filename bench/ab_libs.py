@@ -21,6 +21,7 @@ too (0 between builds that should be bitwise identical).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import functools
 import json
 import statistics
@@ -32,6 +33,47 @@ import torch
 from flash_hopper import _lib, _validate, ops
 from flash_hopper.bench.cases import Case
 from flash_hopper.bench.check import CheckResult, References
+
+# ABI versions whose FhFwdParams has this package's layout: a library of such a version can be
+# timed against the current one (ABI 2 changed only fh_fwd_select_backend's signature).
+SAME_PARAMS_LAYOUT = {1, _lib.ABI_VERSION}
+
+
+class BaselineLibrary:
+    """fh_fwd of a library built before an ABI bump that kept FhFwdParams' layout (e.g. the tree
+    a structural change started from): loaded with plain ctypes, called with this package's struct
+    carrying the library's own abi_version."""
+
+    def __init__(self, path: Path, abi_version: int):
+        self.path = path
+        self._dll = ctypes.CDLL(str(path))
+        self._dll.fh_fwd.argtypes = [ctypes.POINTER(_lib.FhFwdParams), ctypes.c_void_p]
+        self._dll.fh_fwd.restype = ctypes.c_int
+        self._dll.fh_last_error.restype = ctypes.c_char_p
+        self._dll.fh_build_info.restype = ctypes.c_char_p
+        self.abi_version = abi_version
+
+    def fwd(self, params, stream) -> None:
+        own = _lib.FhFwdParams.from_buffer_copy(params)
+        own.abi_version = self.abi_version
+        status = self._dll.fh_fwd(ctypes.byref(own), stream)
+        if status != 0:
+            raise RuntimeError(f"{self.path}: fh_fwd: {self._dll.fh_last_error().decode()}")
+
+    def build_info(self) -> dict:
+        return json.loads(self._dll.fh_build_info().decode())
+
+
+def load(path: Path):
+    """The library at ``path``: a full Library when it has this package's ABI, else a
+    BaselineLibrary when its parameter struct has the same layout."""
+    abi = int(ctypes.CDLL(str(path)).fh_abi_version())
+    if abi == _lib.ABI_VERSION:
+        return _lib.Library(path)
+    if abi in SAME_PARAMS_LAYOUT:
+        return BaselineLibrary(path, abi)
+    raise SystemExit(f"{path}: C ABI {abi} has another FhFwdParams layout than this package's "
+                     f"({_lib.ABI_VERSION}); time it with the checkout it was built from")
 
 
 def time_burst(lib, params, stream, iters: int) -> float:
@@ -76,7 +118,7 @@ def main() -> int:
     libs = {}
     for spec in args.lib:
         name, _, path = spec.partition("=")
-        libs[name] = _lib.Library(Path(path))
+        libs[name] = load(Path(path))
     names = list(libs)
     causals = {"both": [False, True], "on": [True], "off": [False]}[args.causal]
     sms = torch.cuda.get_device_properties(0).multi_processor_count

@@ -28,7 +28,8 @@ def _run(script: str, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120, check=False)
 
 
-@pytest.mark.parametrize("script", ["ab_libs.py", "sanitizer_case.py", "sass_check.py"])
+@pytest.mark.parametrize("script", ["ab_libs.py", "sanitizer_case.py", "sass_check.py",
+                                    "host_path.py"])
 def test_bench_script_help(script):
     done = _run(script, "--help")
     assert done.returncode == 0, done.stderr
