@@ -143,6 +143,22 @@ def test_every_exported_function_is_bound():
     assert exported == bound
 
 
+def test_library_exports_only_its_c_abi(lib):
+    """The dynamic symbol table holds api.h's functions and nothing else of ours: in particular
+    the library's own cuTensorMapEncodeTiled (a forward to the driver, api.cu) stays hidden, so it
+    can never interpose on the driver's for another library in the process."""
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm (binutils) not on PATH")
+    listing = subprocess.run([nm, "-D", "--defined-only", str(lib.path)], capture_output=True,
+                             text=True, check=True).stdout
+    defined = {line.split()[-1] for line in listing.splitlines() if line.strip()}
+    exported = set(re.findall(r"FH_EXPORT [\w\s\*]+?\b(fh_\w+)\(", _header()))
+    assert exported <= defined
+    assert "cuTensorMapEncodeTiled" not in defined
+    assert not {name for name in defined if name.startswith("cu")}, sorted(defined)
+
+
 @pytest.mark.parametrize(
     ("status", "kind"),
     [

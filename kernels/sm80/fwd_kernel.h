@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   const int head_kv = head / p.heads_per_kv;
   const int tidx = threadIdx.x;
 
-  const AttentionMask mask{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
+  const AttentionMask mask = attention_mask(p);
   const KeyBlockRange range = mask.key_blocks(m_block, kBlockM, kBlockN);
   if (range.empty()) {
     write_empty_rows<Traits>(p, m_block, head, batch);

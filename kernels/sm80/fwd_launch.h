@@ -3,6 +3,8 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstdint>
 #include <type_traits>
 
 #include "flash_hopper/fwd_params.h"
@@ -22,8 +24,10 @@ LaunchResult launch_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t
   }
   auto kernel = fwd_kernel<Traits>;
   if constexpr (kSmem > 48 * 1024) {
-    const cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    static std::atomic<uint64_t> smem_set_on_devices{0};
+    const cudaError_t err = once_per_device(smem_set_on_devices, [&] {
+      return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    });
     if (err != cudaSuccess) {
       return LaunchResult::cuda(err);
     }

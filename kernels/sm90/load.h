@@ -125,11 +125,7 @@ template <class Traits>
 CUTE_DEVICE void producer_loop(KernelParams<Traits> const& params,
                                typename Traits::SharedStorage& smem) {
   Producer<Traits> producer(params, smem);
-  FwdParams const& p = params.fwd;
-  const CtaSchedule<Traits::kBlockM, Traits::kBlockN> sched{
-      params.scheduler, {p.seqlen_q, p.seqlen_k, p.window_left, p.window_right},
-      int(blockIdx.x)};
-  produce<Traits::kOverlap>(sched, producer);
+  produce<Traits::kOverlap>(cta_schedule(params), producer);
 }
 
 }  // namespace flash_hopper::sm90

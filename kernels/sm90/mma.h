@@ -139,8 +139,7 @@ struct Consumer {
       Tensor tScS = mma_qk.get_thread_slice(thread_idx())
                         .partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
       Tensor s_rc = f.s_rc();
-      const AttentionMask mask{p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
-      apply_mask(s_rc, make_tensor(tScS.data(), acc_rowcol(tScS.layout())), mask,
+      apply_mask(s_rc, make_tensor(tScS.data(), acc_rowcol(tScS.layout())), attention_mask(p),
                  w.tile.m_block * kBlockM, step.n * kBlockN);
     }
   }
@@ -182,11 +181,7 @@ template <class Traits>
 CUTE_DEVICE void consumer_loop(KernelParams<Traits> const& params,
                                typename Traits::SharedStorage& smem) {
   Consumer<Traits> consumer(params, smem);
-  FwdParams const& p = params.fwd;
-  const CtaSchedule<Traits::kBlockM, Traits::kBlockN> sched{
-      params.scheduler, {p.seqlen_q, p.seqlen_k, p.window_left, p.window_right},
-      int(blockIdx.x)};
-  consume<Traits>(sched, consumer);
+  consume<Traits>(cta_schedule(params), consumer);
 }
 
 }  // namespace flash_hopper::sm90

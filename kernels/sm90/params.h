@@ -1,8 +1,11 @@
 // Kernel parameters of the FA-3 path, passed by value as a __grid_constant__: the derived
-// FwdParams, the TMA descriptors (encoded on the host per call) and the tile scheduler.
+// FwdParams, the TMA descriptors (encoded on the host, fwd_launch.h) and the tile scheduler.
 #pragma once
 
+#include <cute/config.hpp>
+
 #include "flash_hopper/fwd_params.h"
+#include "sm90/schedule.h"
 #include "sm90/tile_scheduler.h"
 
 namespace flash_hopper::sm90 {
@@ -16,5 +19,13 @@ struct KernelParams {
   StaticTileScheduler scheduler;
   bool pingpong;
 };
+
+// This CTA's walk over its tiles under the call's mask: what the producer and the consumers
+// iterate (schedule.h).
+template <class Traits>
+CUTE_DEVICE CtaSchedule<Traits::kBlockM, Traits::kBlockN> cta_schedule(
+    KernelParams<Traits> const& params) {
+  return {params.scheduler, attention_mask(params.fwd), int(blockIdx.x)};
+}
 
 }  // namespace flash_hopper::sm90

@@ -12,12 +12,15 @@
 // The tables (head-dim buckets, dtype names, FA-3 variant names, arch names) come from
 // kernels/src/tables.cmake through the generated fh_tables.inc; the launchers from fh_registry.inc.
 #include <cuda_runtime.h>
+#include <cudaTypedefs.h>  // cuda.h's driver types and PFN_cuTensorMapEncodeTiled_v12000
 
+#include <atomic>
 #include <cmath>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 
 #include "flash_hopper/api.h"
@@ -479,11 +482,26 @@ struct DeviceInfo {
   int max_smem_optin = 0;
 };
 
+// A device's attributes never change: they are queried once per device ordinal and read from here
+// afterwards (four cudaDeviceGetAttribute calls per launch were host time for nothing).
+constexpr int kCachedDevices = 64;
+struct CachedDevice {
+  std::atomic<bool> ready{false};
+  DeviceInfo info;
+};
+CachedDevice g_device_cache[kCachedDevices];
+std::mutex g_device_cache_mutex;
+
 FhStatus query_device(DeviceInfo* info) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) {
     return fail_cuda(err, "cudaGetDevice");
+  }
+  CachedDevice* cached = dev >= 0 && dev < kCachedDevices ? &g_device_cache[dev] : nullptr;
+  if (cached != nullptr && cached->ready.load(std::memory_order_acquire)) {
+    *info = cached->info;
+    return FH_SUCCESS;
   }
   const struct {
     cudaDeviceAttr attr;
@@ -498,6 +516,13 @@ FhStatus query_device(DeviceInfo* info) {
     err = cudaDeviceGetAttribute(q.out, q.attr, dev);
     if (err != cudaSuccess) {
       return fail_cuda(err, "cudaDeviceGetAttribute");
+    }
+  }
+  if (cached != nullptr) {
+    std::lock_guard<std::mutex> lock(g_device_cache_mutex);
+    if (!cached->ready.load(std::memory_order_relaxed)) {
+      cached->info = *info;
+      cached->ready.store(true, std::memory_order_release);
     }
   }
   return FH_SUCCESS;
@@ -569,6 +594,36 @@ int smem_limit(const DeviceInfo& dev) {
 }  // namespace flash_hopper
 
 using namespace flash_hopper;
+
+// The FA-3 launchers encode their TMA descriptors with CuTe's make_tma_copy, which calls the
+// driver's cuTensorMapEncodeTiled. Unless CUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL is defined,
+// CUTLASS looks that function up with cudaGetDriverEntryPointByVersion on every call (three per
+// launch, a large share of the FA-3 path's host time: bench/PERFLOG.md, session 4); with it
+// defined, CUTLASS calls the function by name, which would tie this library to libcuda at link
+// time. The sm90 instantiations define it (fwd_sm90_inst.cu.in), and the name resolves here: a
+// hidden forward to the entry point looked up once per process. The driver stays a run-time
+// dependency, so the library still loads on a machine without one (the CPU tests need that).
+extern "C" __attribute__((visibility("hidden"))) CUresult CUDAAPI cuTensorMapEncodeTiled(
+    CUtensorMap* tensor_map, CUtensorMapDataType data_type, cuuint32_t rank, void* global_address,
+    const cuuint64_t* global_dim, const cuuint64_t* global_strides, const cuuint32_t* box_dim,
+    const cuuint32_t* element_strides, CUtensorMapInterleave interleave,
+    CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2_promotion,
+    CUtensorMapFloatOOBfill oob_fill) {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    const cudaError_t err = cudaGetDriverEntryPointByVersion(
+        "cuTensorMapEncodeTiled", &fn, /*cudaVersion=*/12000, cudaEnableDefault, &found);
+    return err == cudaSuccess && found == cudaDriverEntryPointSuccess
+               ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)
+               : nullptr;
+  }();
+  if (encode == nullptr) {
+    return CUDA_ERROR_NOT_FOUND;
+  }
+  return encode(tensor_map, data_type, rank, global_address, global_dim, global_strides, box_dim,
+                element_strides, interleave, swizzle, l2_promotion, oob_fill);
+}
 
 extern "C" {
 

@@ -10,6 +10,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -56,6 +57,27 @@ struct LaunchResult {
     return r;
   }
 };
+
+// Runs set(), a setting that sticks to a kernel on the current device (cudaFuncSetAttribute), once
+// per device: `done` is the caller's set of device ordinals already set up (one per kernel). Per
+// launch it would cost host time on every call for nothing. Devices past 63 are set up each time.
+template <class Set>
+cudaError_t once_per_device(std::atomic<uint64_t>& done, Set&& set) {
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) {
+    return err;
+  }
+  const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t(1) << dev : 0;
+  if (bit != 0 && (done.load(std::memory_order_acquire) & bit) != 0) {
+    return cudaSuccess;
+  }
+  err = set();
+  if (err == cudaSuccess && bit != 0) {
+    done.fetch_or(bit, std::memory_order_release);
+  }
+  return err;
+}
 
 // The FhStatus of a launch and, for a failure, its message in msg (NUL-terminated, cut to
 // msg_len). `backend` ("fa2" / "fa3"), `head_dim` and `smem_limit` (bytes per block the launcher

@@ -166,16 +166,18 @@ def _launch(plan: Plan, q_ptr: int, k_ptr: int, v_ptr: int, o_ptr: int, lse_ptr:
         plan.lib.check(status, "fh_fwd")
 
 
-def _run_new_outputs(plan: Plan, q: torch.Tensor, k: torch.Tensor,
-                     v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _run_new_outputs(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     need_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(out, lse) in fresh tensors; without need_lse the kernel writes no LSE (lse is None): an
+    inference call that returns only out saves an allocation and the LSE stores."""
     if plan.template is not None:
         q_ptr, k_ptr, v_ptr = q.data_ptr(), k.data_ptr(), v.data_ptr()
         if (q_ptr | k_ptr | v_ptr) & (_validate.ALIGN_BYTES - 1):
             _validate.check_alignment(q=q, k=k, v=v)  # raises, naming the tensor
     out = torch.empty(plan.out_shape, dtype=q.dtype, device=plan.device)
-    lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=plan.device)
+    lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=plan.device) if need_lse else None
     if plan.template is not None:
-        _launch(plan, q_ptr, k_ptr, v_ptr, out.data_ptr(), lse.data_ptr())
+        _launch(plan, q_ptr, k_ptr, v_ptr, out.data_ptr(), lse.data_ptr() if need_lse else 0)
     return out, lse
 
 
@@ -233,10 +235,12 @@ def plan_eager(q: Any, k: Any, v: Any, softmax_scale: Any, causal: Any, window_s
 
 
 def eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Any, causal: Any,
-          window_size: Any, softcap: Any, backend: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """flash_attn_func's plain eager path: (out, lse), fresh contiguous tensors."""
+          window_size: Any, softcap: Any, backend: Any,
+          need_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """flash_attn_func's plain eager path: (out, lse), fresh contiguous tensors (lse None when
+    not needed)."""
     plan = plan_eager(q, k, v, softmax_scale, causal, window_size, softcap, backend)
-    return _run_new_outputs(plan, q, k, v)
+    return _run_new_outputs(plan, q, k, v, need_lse)
 
 
 def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, window_left: int,

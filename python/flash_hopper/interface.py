@@ -53,7 +53,8 @@ def flash_attn_func(
     # The custom op is what torch.compile / make_fx trace and what autograd sees; in plain eager
     # inference on real tensors it only adds dispatch overhead, so take the host path directly.
     if _plain_eager_inference(q, k, v):
-        out, lse = _fwd.eager(q, k, v, softmax_scale, causal, window_size, softcap, backend)
+        out, lse = _fwd.eager(q, k, v, softmax_scale, causal, window_size, softcap, backend,
+                              need_lse=return_attn_probs)
     else:
         cfg = _validate.check_fwd_args(q, k, v, softmax_scale, causal, window_size, softcap,
                                        backend)

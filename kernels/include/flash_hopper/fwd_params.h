@@ -8,6 +8,9 @@
 
 #include <cstdint>
 
+#include "flash_hopper/host_device.h"
+#include "flash_hopper/mask.h"
+
 namespace flash_hopper {
 
 struct FwdParams {
@@ -49,5 +52,11 @@ struct FwdParams {
   // reads the runtime flags from it (NO_PINGPONG); the FA-2 path ignores it.
   int variant;
 };
+
+// The call's mask policy. Every kernel builds its mask here and nowhere else (attention_chunk
+// will join the window when the API has it; varlen will build one per sequence).
+FH_HOST_DEVICE AttentionMask attention_mask(FwdParams const& p) {
+  return {p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
+}
 
 }  // namespace flash_hopper
