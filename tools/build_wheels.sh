@@ -53,6 +53,17 @@ if [[ ! -x "$tools_venv/bin/auditwheel" ]]; then
   "$tools_venv/bin/python" -m pip install -q "auditwheel>=6.1"
 fi
 
+# One CUTLASS folder for every build: pip's isolated build environments live at random paths, and
+# a CUTLASS include path that changed would recompile every kernel on the next run (CI does the
+# same). The version is the one build-system.requires pins.
+if [[ -z "${CUTLASS_DIR:-}" ]]; then
+  cutlass_pin="$(grep -o 'nvidia-cutlass==[0-9.]*' pyproject.toml | head -n 1)"
+  "$tools_venv/bin/python" -m pip install -q "$cutlass_pin"
+  CUTLASS_DIR="$("$tools_venv/bin/python" -c 'import cutlass_library as c, os
+print(os.path.join(os.path.dirname(c.__file__), "source"))')"
+  export CUTLASS_DIR
+fi
+
 if [[ $reduced == 1 ]]; then
   export FH_ARCHS="${FH_ARCHS:-80;90a}" FH_HEAD_DIMS="${FH_HEAD_DIMS:-64}"
   export FH_DTYPES="${FH_DTYPES:-bf16}"
