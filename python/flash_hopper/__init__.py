@@ -18,12 +18,7 @@ from ._errors import (
 )
 from .interface import flash_attn_func, which_backend
 
-try:
-    from importlib.metadata import PackageNotFoundError, version
-
-    __version__ = version("flash-hopper")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0+unknown"
+__version__ = _lib.installed_version() or "0+unknown"  # unknown: a source tree never installed
 
 
 def build_info() -> dict[str, Any]:

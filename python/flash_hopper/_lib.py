@@ -11,6 +11,10 @@ Search order: ``$FLASH_HOPPER_LIB`` (a file, or a directory holding libflash_hop
 to this package (where the wheel installs it), then the file the installed distribution recorded
 (an editable install). An explicit ``$FLASH_HOPPER_LIB`` that points at
 nothing is an error rather than a silent fallback: the user asked for that file.
+
+The installed distribution is ``flash-hopper`` (built from source) or one of the binary wheels'
+``flash-hopper-cu13`` / ``flash-hopper-cu12`` (DISTRIBUTIONS): one import package, ``flash_hopper``,
+whichever of them installed it.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import enum
 import json
 import os
 import threading
-from importlib.metadata import PackageNotFoundError, files
+from importlib.metadata import PackageNotFoundError, files, version
 from pathlib import Path
 from typing import Any
 
@@ -163,15 +167,36 @@ def candidate_paths() -> list[Path]:
     return paths
 
 
+# Distributions that install this package: the source build's name and the CUDA flavours of the
+# binary wheels (tools/wheel_flavour.py renames a wheel to one of those), first match wins.
+DISTRIBUTIONS = ("flash-hopper", "flash-hopper-cu13", "flash-hopper-cu12")
+
+
+def installed_distribution() -> str | None:
+    """The name of the installed distribution that provides flash_hopper, or None."""
+    for name in DISTRIBUTIONS:
+        try:
+            version(name)
+        except PackageNotFoundError:
+            continue
+        return name
+    return None
+
+
+def installed_version() -> str | None:
+    """The installed distribution's version, or None for a source tree never installed."""
+    name = installed_distribution()
+    return version(name) if name is not None else None
+
+
 def _installed_library() -> Path | None:
     """The copy the installed distribution recorded, wherever it went: an editable install
     (`pip install -e .`) imports the package from the source tree, but the built library lands
     in site-packages, so "next to this file" does not find it."""
-    try:
-        recorded = files("flash-hopper") or []
-    except PackageNotFoundError:
+    name = installed_distribution()
+    if name is None:
         return None
-    for f in recorded:
+    for f in files(name) or []:
         if f.name == LIB_NAME:
             return Path(str(f.locate())).resolve()
     return None

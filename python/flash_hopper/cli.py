@@ -428,12 +428,9 @@ def run_plot(args: argparse.Namespace) -> int:
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from ._lib import installed_version  # flash-hopper, or a wheel's flash-hopper-cu12/-cu13
 
-    try:
-        return version("flash-hopper")
-    except PackageNotFoundError:
-        return "0+unknown (not installed)"
+    return installed_version() or "0+unknown (not installed)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
