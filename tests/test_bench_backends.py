@@ -185,7 +185,9 @@ def test_sdpa_probe_without_gpu():
 
 def test_flex_without_triton(monkeypatch):
     monkeypatch.setattr(peers.importlib.util, "find_spec", lambda name: None)
-    assert "triton" in peers.FlexBackend().probe(H100)
+    reason = peers.FlexBackend().probe(H100)
+    # torch < 2.5 has no flex_attention at all, which is reported first.
+    assert "triton" in reason or "torch >= 2.5" in reason
 
 
 MASKED_CASES = [  # (sq, sk, causal, window): bottom-right causal both ways, windows, one-sided

@@ -38,6 +38,9 @@ def test_paths_for_example_gpus_come_from_the_library(lib, no_gpu):
     assert f"archs {' '.join(build['archs'])}" in text
     for kernel in build["kernels"]:  # one line per path and dtype lists the built head dims
         assert f"{kernel['backend']} {kernel['dtype']}: head dims" in text
+    if "sm80" in build["archs"]:  # the FA-2 path's PTX runs newer GPUs by JIT: info says so
+        assert "PTX compute_80 (the driver JIT-compiles it for newer GPUs" in text
+    assert f"link {build['link']}" in text
 
 
 def test_forced_backend_on_a_given_capability(lib, no_gpu):

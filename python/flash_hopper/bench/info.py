@@ -105,6 +105,9 @@ def render(report: dict[str, object]) -> str:
                      f"CUDA {lib.get('cuda')}")
         lines.append(f"            kernels: archs {_join(lib.get('archs'))}; head dims "
                      f"{_join(lib.get('head_dims'))}; dtypes {_join(lib.get('dtypes'))}")
+        if lib.get("gpu_code"):
+            lines.append(f"            GPU code: {_gpu_code_text(lib['gpu_code'])}; link "
+                         f"{lib.get('link', '?')}")
         for path_dtype, head_dims in _kernels_by_path(lib).items():
             lines.append(f"            {path_dtype}: head dims {_join(head_dims)}")
         for key in ("fa3_variants", "backward"):
@@ -142,6 +145,17 @@ def _kernels_by_path(lib: dict) -> dict[str, list[int]]:
     for kernel in lib.get("kernels") or ():
         grouped.setdefault(f"{kernel['backend']} {kernel['dtype']}", []).append(kernel["head_dim"])
     return grouped
+
+
+def _gpu_code_text(codes) -> str:
+    """build_info's gpu_code in words: SASS runs on its own family, PTX by JIT on later GPUs."""
+    sass = [c for c in codes if c.startswith("sm_")]
+    ptx = [c for c in codes if c.startswith("compute_")]
+    text = f"SASS {_join(sass)}" if sass else "no SASS"
+    if ptx:
+        text += (f", PTX {_join(ptx)} (the driver JIT-compiles it for newer GPUs, e.g. cc 10.x / "
+                 "12.x run the FA-2 path that way)")
+    return text
 
 
 def _join(values) -> str:

@@ -67,7 +67,9 @@ class SdpaBackend(Backend):
     def runtime_reason(self) -> str | None:
         import torch
 
-        if self.kind == "flash" and not torch.backends.cuda.is_flash_attention_available():
+        # is_flash_attention_available exists from torch 2.5; before it, a CUDA build has the kernel.
+        flash_available = getattr(torch.backends.cuda, "is_flash_attention_available", None)
+        if self.kind == "flash" and flash_available is not None and not flash_available():
             return f"this torch build ({torch.__version__}) has no flash SDPA kernel"
         if self.kind == "cudnn" and not torch.backends.cudnn.is_available():
             return "cuDNN is not available to this torch build"
