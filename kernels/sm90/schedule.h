@@ -17,6 +17,14 @@
 //   K(step 0), Q, then for i = 1 .. steps - 1 + kVLag: K(step i) if i < steps, V(step i - kVLag).
 // The consumers use V one step after K with overlap (PV(i - 1) is issued with S(i)). Tiles without
 // a visible key touch no barrier in either role: the consumers write them (O = 0, LSE = -inf).
+//
+// A consumer warpgroup's overlapped step i ([turn] / [pass]: the ping-pong barriers, when on):
+//   wait K(i); [turn] issue S(i) = Q K(i)^T; [O *= scale]; wait V(i-1); issue O += P(i-1) V(i-1);
+//   [pass]; wait until S(i) is done -> release K(i) (and Q after the tile's last step); softcap,
+//   mask, row max, exp2, row sum of S(i) while the PV GEMM runs; wait until it is done -> release
+//   V(i-1); [O *= scale]; P(i) = convert(S(i)) (only now: P's registers were that GEMM's operand).
+// At a tile boundary S is the next tile's first block and the PV the finishing tile's last; the
+// finishing tile's epilogue (O / l, LSE, stores) runs after that PV, under the next tile's S.
 #pragma once
 
 #include "flash_hopper/host_device.h"
