@@ -677,8 +677,13 @@ extern "C" __attribute__((visibility("hidden"))) CUresult CUDAAPI cuTensorMapEnc
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050  // ByVersion from CUDA 12.5; 13.x has only it
     const cudaError_t err = cudaGetDriverEntryPointByVersion(
         "cuTensorMapEncodeTiled", &fn, /*cudaVersion=*/12000, cudaEnableDefault, &found);
+#else
+    const cudaError_t err =
+        cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &found);
+#endif
     return err == cudaSuccess && found == cudaDriverEntryPointSuccess
                ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)
                : nullptr;
