@@ -13,8 +13,15 @@
 # CUB, Thrust: CUTLASS includes cuda/std) comes from the nvidia-cuda-cccl-cu12 wheel of the same
 # release.
 #
+# ptxas comes from a newer CUDA 12 than the rest: the nvidia-cuda-nvcc-cu12 wheel of --ptxas
+# (12.9) does carry ptxas, and the FA-3 kernels need it. 12.4's ptxas schedules them with 200-300
+# more instructions each (MOV / ISETP / DEPBAR) and they ran 10 % (d64), 1-2 % (d128) and 22-25 %
+# (d256) slower on the H200 (bench/PERFLOG.md, session 4); 12.9's SASS matches CUDA 13.0's within
+# 1 %. nvcc 12.4's front end (cicc) still writes the PTX, and SASS from any CUDA 12 ptxas loads on
+# every CUDA 12 driver (>= 525.60.13, minor-version compatibility), so the driver floor stays.
+#
 # Usage: tools/cuda12_toolkit.sh --prefix DIR [--suite trixie] [--version 12.4.131~12.4.1-2]
-#          [--cccl 12.4.127] [--mirror URI] [--work DIR]
+#          [--cccl 12.4.127] [--ptxas 12.9.86] [--mirror URI] [--work DIR]
 # Then:  CUDACXX=DIR/bin/nvcc pip wheel .   (or tools/build_wheels.sh --flavour cu12 --cuda12 DIR)
 set -euo pipefail
 
@@ -24,10 +31,11 @@ version="12.4.131~12.4.1-2"      # nvidia-cuda-toolkit's version there (nvcc 12.
 dev_version="12.4.127~12.4.1-2"  # nvidia-cuda-dev's (cudart 12.4.127)
 cccl="12.4.127.post1"            # nvidia-cuda-cccl-cu12 of the same release (12.4.127 itself
                                  # is yanked: it lacks libcu++)
+ptxas="12.9.86"                  # nvidia-cuda-nvcc-cu12 whose ptxas replaces 12.4's (above)
 mirror=""
 work=""
 
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --prefix) prefix="$2"; shift 2 ;;
@@ -35,6 +43,7 @@ while [[ $# -gt 0 ]]; do
     --version) version="$2"; shift 2 ;;
     --dev-version) dev_version="$2"; shift 2 ;;
     --cccl) cccl="$2"; shift 2 ;;
+    --ptxas) ptxas="$2"; shift 2 ;;
     --mirror) mirror="$2"; shift 2 ;;
     --work) work="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
@@ -127,6 +136,24 @@ with zipfile.ZipFile(wheel) as z:
         with z.open(name) as src, open(os.path.join(dest, rel), "wb") as out:
             out.write(src.read())
 EOF
+
+# ptxas of --ptxas from its wheel, in place of the toolkit's (see the header).
+python3 -m pip download -q --no-deps --only-binary=:all: -d "$work/ptxas" \
+  "nvidia-cuda-nvcc-cu12==$ptxas"
+python3 - "$work"/ptxas/nvidia_cuda_nvcc_cu12-*.whl "$prefix/bin/ptxas" <<'EOF'
+import os
+import sys
+import zipfile
+
+wheel, dest = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(wheel) as z, z.open("nvidia/cuda_nvcc/bin/ptxas") as src:
+    data = src.read()
+with open(dest + ".new", "wb") as out:
+    out.write(data)
+os.chmod(dest + ".new", 0o755)
+os.replace(dest + ".new", dest)
+EOF
+"$prefix/bin/ptxas" --version | tail -n 1
 
 rm -rf "${u:?}"  # the unpacked packages; the downloaded .debs stay in --work for a re-run
 "$prefix/bin/nvcc" --version | tail -n 2
