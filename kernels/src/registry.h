@@ -1,10 +1,11 @@
-// The forward launchers this build holds. Each generated instantiation defines one launcher;
+// The forward and backward launchers this build holds. Each generated instantiation defines one launcher;
 // api.cu builds its dispatch table from the generated fh_registry.inc, so the table always lists
 // exactly what was compiled (kernels/src/tables.cmake says what that is).
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include "flash_hopper/bwd_params.h"
 #include "flash_hopper/fwd_params.h"
 #include "src/launch_result.h"
 
@@ -15,8 +16,18 @@ namespace flash_hopper {
 using FwdLauncher = LaunchResult (*)(FwdParams const& p, int max_smem_per_block,
                                      cudaStream_t stream);
 
+// Launches the instantiation's main backward kernel (dk, dv written, dq accumulated into
+// p.dq_accum) for p on stream; api.cu runs the preprocess before it and the postprocess after it
+// (bwd_common.h). Same contract as FwdLauncher.
+using BwdLauncher = LaunchResult (*)(BwdParams const& p, int max_smem_per_block,
+                                     cudaStream_t stream);
+
 }  // namespace flash_hopper
 
 #define FH_DEFINE_FWD_LAUNCHER(name)                                                         \
   flash_hopper::LaunchResult name(flash_hopper::FwdParams const& params, int max_smem_per_block, \
+                                  cudaStream_t stream)
+
+#define FH_DEFINE_BWD_LAUNCHER(name)                                                         \
+  flash_hopper::LaunchResult name(flash_hopper::BwdParams const& params, int max_smem_per_block, \
                                   cudaStream_t stream)

@@ -34,8 +34,9 @@ extern "C" {
 #define FH_EXPORT __attribute__((visibility("default")))
 #endif
 
-// Bumped whenever FhFwdParams or a function signature changes; Python refuses a mismatch.
-#define FH_ABI_VERSION 2
+// Bumped whenever FhFwdParams, FhBwdParams or a function signature changes; Python refuses a
+// mismatch. 3: the backward (FhBwdParams, fh_bwd*); FhFwdParams is unchanged since 2.
+#define FH_ABI_VERSION 3
 
 // The library's own status; the message (fh_last_error) tells the cases of one status apart.
 typedef enum FhStatus {
@@ -178,6 +179,111 @@ FH_EXPORT const char* fh_build_info(void);
 
 // 1 if this build holds a forward kernel for (backend, dtype, head-dim bucket of head_dim).
 FH_EXPORT int32_t fh_has_fwd_kernel(int32_t backend, int32_t dtype, int64_t head_dim);
+
+// ---------------------------------------------------------------------------------------------
+// Backward (ABI 3)
+// ---------------------------------------------------------------------------------------------
+//
+// dq, dk, dv of attention by recomputation from the forward's LSE (FlashAttention-2/3):
+//   P = exp(score - lse)   dV = P^T dO   dP = dO V^T   D = rowsum(dO * O) - dlse
+//   dS = P * (dP - D) (* (1 - tanh^2) with softcap)   dQ = dS K * scale   dK = dS^T Q * scale
+// with the forward's mask, softcap and GQA grouping (dk/dv summed over the query heads of a kv
+// head). Three launches on `stream`, no host synchronization: a preprocess (D, the LSE in base 2,
+// clearing the fp32 dQ accumulator and the semaphores), the main kernel (dk, dv written; dq
+// accumulated in fp32), a postprocess (dq = scale * accumulator in the input dtype).
+//
+// The caller allocates the workspace: fh_bwd_workspace_size gives its size for a problem. Its
+// layout (each region 256-byte aligned, rows padded to seqlen_q_rounded = round_up(seqlen_q, 128),
+// head_dim padded to the kernel's bucket):
+//   dq_accum   fp32 (batch, heads_q, seqlen_q_rounded, bucket)
+//   lse_log2   fp32 (batch, heads_q, seqlen_q_rounded)
+//   dpsum (D)  fp32 (batch, heads_q, seqlen_q_rounded)
+//   semaphores int32 (batch, heads_q, seqlen_q_rounded / 64)   (deterministic mode)
+// Nothing in it needs initialising: the preprocess writes every byte the kernels read.
+//
+// deterministic = 1 makes dq bitwise reproducible (dk and dv always are): the contributions of
+// the key blocks to each dq block are added in a fixed order (semaphores in the workspace).
+typedef struct FhBwdParams {
+  int32_t abi_version;  // must be FH_ABI_VERSION
+
+  // --- data -------------------------------------------------------------------------------
+  const void* q;  // forward inputs, layouts as in FhFwdParams
+  const void* k;
+  const void* v;
+  const void* o;       // forward output, like q
+  const float* lse;    // forward LSE, fp32 (batch, heads_q, seqlen_q), natural log
+  const void* dout;    // dL/dout, like o
+  const float* dlse;   // dL/dlse, like lse; null = 0 (only return_attn_probs users need it)
+  void* dq;            // outputs, like q / k / v (written, never read)
+  void* dk;
+  void* dv;
+  void* workspace;          // >= fh_bwd_workspace_size bytes, 256-byte aligned
+  int64_t workspace_bytes;  // its size
+
+  int32_t dtype;          // FhDtype of q/k/v/o/dout/dq/dk/dv (fp16 or bf16)
+  int32_t deterministic;  // 0 or 1 (see above)
+
+  // --- shapes (as FhFwdParams) --------------------------------------------------------------
+  int64_t batch;
+  int64_t seqlen_q;
+  int64_t seqlen_k;
+  int64_t heads_q;
+  int64_t heads_kv;
+  int64_t head_dim;
+  int64_t head_dim_v;  // == head_dim
+
+  // --- strides (elements); the head_dim stride is 1 and not stored ---------------------
+  int64_t q_batch_stride, q_row_stride, q_head_stride;
+  int64_t k_batch_stride, k_row_stride, k_head_stride;
+  int64_t v_batch_stride, v_row_stride, v_head_stride;
+  int64_t o_batch_stride, o_row_stride, o_head_stride;
+  int64_t dout_batch_stride, dout_row_stride, dout_head_stride;
+  int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
+  int64_t dk_batch_stride, dk_row_stride, dk_head_stride;
+  int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
+  int64_t lse_batch_stride, lse_head_stride;    // row stride 1
+  int64_t dlse_batch_stride, dlse_head_stride;  // row stride 1
+
+  // --- score transform and mask: exactly the forward's ------------------------------------
+  float softmax_scale;
+  float softcap;
+  int64_t window_left;
+  int64_t window_right;
+
+  // --- reserved: varlen, chunked-local attention, sinks (later issues) --------------------
+  const int32_t* cu_seqlens_q;
+  const int32_t* cu_seqlens_k;
+  const int32_t* seqused_q;
+  const int32_t* seqused_k;
+  int64_t max_seqlen_q;
+  int64_t max_seqlen_k;
+  int64_t attention_chunk;
+  const float* sinks;
+  float* dsinks;
+
+  // --- dispatch ---------------------------------------------------------------------------
+  int32_t backend;  // FhBackend
+  int32_t variant;  // 0 (FA-3 ablation variants have no backward of their own)
+  int32_t num_sms;  // 0 = query the device
+} FhBwdParams;
+
+// Backward on `stream` on the current device: validate, choose the backend
+// (fh_bwd_select_backend's policy on this device), launch the three kernels. batch == 0 returns
+// at once; seqlen_q == 0 writes dk = dv = 0; seqlen_k == 0 writes dq = 0.
+FH_EXPORT FhStatus fh_bwd(const FhBwdParams* params, void* stream);
+
+// Bytes of workspace fh_bwd needs for params (data pointers, workspace and backend not read:
+// the size does not depend on them). Pure host arithmetic.
+FH_EXPORT FhStatus fh_bwd_workspace_size(const FhBwdParams* params, int64_t* bytes);
+
+// The backward's backend policy for a GPU of compute capability cc_major.cc_minor, as
+// fh_fwd_select_backend for the forward.
+FH_EXPORT FhStatus fh_bwd_select_backend(const FhBwdParams* params, int32_t cc_major,
+                                         int32_t cc_minor, int32_t* backend_out, char* reason,
+                                         size_t reason_len);
+
+// 1 if this build holds a backward kernel for (backend, dtype, head-dim bucket of head_dim).
+FH_EXPORT int32_t fh_has_bwd_kernel(int32_t backend, int32_t dtype, int64_t head_dim);
 
 #ifdef __cplusplus
 }  // extern "C"
