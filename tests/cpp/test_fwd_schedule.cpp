@@ -716,11 +716,53 @@ static void block_masked_agrees(std::mt19937& rng, int problems) {
   }
 }
 
+// AttentionMask::query_blocks (the backward's loop over query blocks per key block) is exactly the
+// transpose of key_blocks: n in key_blocks(m) <=> m in query_blocks(n), checked against the
+// brute-force set for every key block (and one past the last) of random problems, chunks and
+// empty rows included; plus the per-element check that every visible (row, col) lies in a visited
+// (m, n) pair.
+static void query_blocks_is_transpose(std::mt19937& rng, int problems) {
+  const int tiles[][2] = {{128, 128}, {64, 128}, {64, 64}, {128, 64}, {192, 128}, {128, 80}};
+  for (int i = 0; i < problems * 20; ++i) {
+    const int sq = int(rng() % 700), sk = int(rng() % 700);
+    const int wl = int(rng() % 3) == 0 ? -1 : int(rng() % 300);
+    const int wr = int(rng() % 3) == 0 ? -1 : int(rng() % 300);
+    const int chunk = rng() % 4 == 0 ? 1 + int(rng() % 300) : 0;
+    const AttentionMask mask{sq, sk, wl, wr, chunk};
+    const int bm = tiles[i % 6][0], bn = tiles[i % 6][1];
+    const int num_m = (sq + bm - 1) / bm, num_n = (sk + bn - 1) / bn;
+    for (int n = 0; n <= num_n; ++n) {
+      const QueryBlockRange range = mask.query_blocks(n, bm, bn);
+      for (int m = 0; m < num_m; ++m) {
+        const KeyBlockRange keys = mask.key_blocks(m, bm, bn);
+        const bool expected = n >= keys.n_min && n < keys.n_max;
+        const bool got = m >= range.m_min && m < range.m_max;
+        CHECK(expected == got,
+              "query_blocks(%d) = [%d, %d) but key_blocks(%d) = [%d, %d) (sq %d sk %d wl %d wr %d "
+              "chunk %d, %dx%d)",
+              n, range.m_min, range.m_max, m, keys.n_min, keys.n_max, sq, sk, wl, wr, chunk, bm,
+              bn);
+      }
+    }
+    for (int row = 0; row < sq; row += 1 + int(rng() % 7)) {
+      for (int col = 0; col < sk; col += 1 + int(rng() % 7)) {
+        if (mask.visible(row, col)) {
+          const QueryBlockRange range = mask.query_blocks(col / bn, bm, bn);
+          CHECK(row / bm >= range.m_min && row / bm < range.m_max,
+                "visible (%d, %d) not in a visited block (sq %d sk %d wl %d wr %d chunk %d)", row,
+                col, sq, sk, wl, wr, chunk);
+        }
+      }
+    }
+  }
+}
+
 int main(int argc, char** argv) {
   const int problems = argc > 1 ? std::atoi(argv[1]) : 60;
   std::mt19937 rng(12345);
   context = "mask";
   block_masked_agrees(rng, problems);
+  query_blocks_is_transpose(rng, problems);
   // The shapes of tile_config.h (d64, d96 / d128 short-masked, d128, d192, d256) and the
   // no-overlap ablation.
   using Merged = CfgT<true, true, false>;

@@ -47,6 +47,15 @@ struct KeyBlockSplit {
   FH_HOST_DEVICE bool masked(int n) const { return n < n_left || n >= n_right; }
 };
 
+// Query blocks [m_min, m_max) that visit one key block (the backward's loop); empty when
+// m_max <= m_min.
+struct QueryBlockRange {
+  int m_min;
+  int m_max;
+
+  FH_HOST_DEVICE bool empty() const { return m_max <= m_min; }
+};
+
 // Visible key columns [lo, hi) of one query row. hi <= seqlen_k; lo may be negative (columns are
 // never negative, so that only means "from column 0"); lo >= hi when the row sees no key.
 struct ColumnRange {
@@ -131,6 +140,38 @@ struct AttentionMask {
     n_left = max_(range.n_min, min_(n_left, range.n_max));
     n_right = max_(n_left, min_(n_right, range.n_max));
     return {n_left, n_right};
+  }
+
+  // The transpose of key_blocks: exactly the query blocks m with n_block in key_blocks(m). Both
+  // ends of key_blocks(m) never decrease with m (nor does n_min across the switch to an empty
+  // range, which sets n_min = n_max = ceil(seqlen_k / block_n)), so "n_block < n_max(m)" turns
+  // true once and "n_min(m) <= n_block" false once: two binary searches over key_blocks itself
+  // (no second formula to keep in step; ~2 log2(query blocks) evaluations, once per backward
+  // tile). The backward's deterministic dq order relies on this being exact: the contributors of
+  // query block m are precisely the key blocks of key_blocks(m) (tests/cpp/test_fwd_schedule.cpp).
+  FH_HOST_DEVICE QueryBlockRange query_blocks(int n_block, int block_m, int block_n) const {
+    const int num_m = (seqlen_q + block_m - 1) / block_m;
+    int lo = 0;
+    int hi = num_m;
+    while (lo < hi) {  // first m with n_block < n_max(m)
+      const int mid = (lo + hi) / 2;
+      if (n_block < key_blocks(mid, block_m, block_n).n_max) {
+        hi = mid;
+      } else {
+        lo = mid + 1;
+      }
+    }
+    const int m_min = lo;
+    hi = num_m;
+    while (lo < hi) {  // first m >= m_min with n_min(m) > n_block
+      const int mid = (lo + hi) / 2;
+      if (key_blocks(mid, block_m, block_n).n_min > n_block) {
+        hi = mid;
+      } else {
+        lo = mid + 1;
+      }
+    }
+    return {m_min, lo};
   }
 
   // unmasked_blocks' answer for one block n of the range, computed from scratch: for a kernel that

@@ -1,0 +1,394 @@
+// FA-2 path backward kernel (sm80: cp.async + mma.sync), one CTA per (key block, kv head, batch).
+//
+// Algorithm (FlashAttention-2, Dao 2023, backward by recomputation), for the key block K_n, V_n
+// held in shared memory, dK and dV accumulating in registers:
+//   for g in the kv head's query heads (GQA group), for m in query_blocks(n):
+//     S  = Q_m K_n^T ; softcap ; element mask on blocks that need it
+//     P  = exp2(S * scale_log2 - lse_log2)           (lse_log2 from the preprocess, +inf = no key)
+//     dP = dO_m V_n^T ;  dS = P * (dP - D)  (* (1 - tanh^2) with softcap)
+//     P, dS -> shared memory (input dtype)
+//     dV += P^T dO_m ;  dK += dS^T Q_m ;  dQacc_m += dS K_n   (fp32, global: atomics, or ordered)
+//   dK *= softmax_scale; dK, dV stored (zeros for a key block no query sees)
+// The GQA group's dK / dV are summed in registers (fp32, one conversion): no dK / dV workspace.
+//
+// Copy pipeline (kStages = 2): Q and dO of the next step stream into the other buffer while this
+// step computes:
+//   wait Q/dO(i); sync | issue Q/dO(i+1) | lse, D rows | S, dP | P, dS -> smem; sync | dV, dQ, dK
+// The first sync also guarantees every warp finished step i-1 (its reads of buffer (i+1) % 2 and
+// of sP / sdS) before anything overwrites them. kStages = 1 loads at the top of each step.
+//
+// dQ: dQacc (workspace, fp32 (b, h, seqlen_q_rounded, bucket)) is cleared by the preprocess and
+// converted by the postprocess. Default mode: atomicAdd from registers. Deterministic mode: the
+// contributions to query block m arrive in key-block-descending order: the CTA of key block n
+// waits until m's semaphore equals its rank n_max(m) - 1 - n, adds with plain loads and stores
+// (it owns the block now), and releases. The grid runs n descending in blockIdx.x, so every CTA
+// waits only on CTAs of its (kv head, batch) with a smaller block index; the GPU dispatches blocks
+// in index order, so those are running or done (FlashAttention-2/3 rely on the same).
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "flash_hopper/bwd_params.h"
+#include "flash_hopper/mask.h"
+#include "flash_hopper/register_ops.h"  // apply_softcap, apply_mask
+#include "sm80/bwd_kernel_traits.h"
+#include "sm80/utils.h"
+
+namespace flash_hopper::sm80 {
+
+using namespace cute;
+
+// The same tensor with its data pointer moved by `offset` elements (a stage of a multi-buffer).
+template <class Engine, class Layout>
+CUTE_DEVICE auto shifted(Tensor<Engine, Layout> const& t, int offset) {
+  return make_tensor(t.data() + offset, t.layout());
+}
+
+CUTE_DEVICE int load_acquire(int const* ptr) {
+  int value;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(value) : "l"(ptr) : "memory");
+  return value;
+}
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kNThreads)
+    bwd_kernel(__grid_constant__ const BwdParams p) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kQElems = Traits::kQElems;
+  using SharedStorage = typename Traits::SharedStorage;
+
+  const bool deterministic = p.deterministic != 0;
+  const int n_block = deterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int head_kv = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int tidx = threadIdx.x;
+
+  const AttentionMask mask = attention_mask(p);
+  const QueryBlockRange range = mask.query_blocks(n_block, kBlockM, kBlockN);
+  const int blocks_per_head = range.empty() ? 0 : range.m_max - range.m_min;
+  const int num_steps = blocks_per_head * p.heads_per_kv;
+
+  extern __shared__ char smem_buf[];
+  SharedStorage& smem = *reinterpret_cast<SharedStorage*>(smem_buf);
+
+  // ---- Shared-memory tensors (stage 0; shifted() selects stage 1) ----
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});      // (M,d)
+  Tensor sQt = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQt{});    // (d,M)
+  Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutQ{});  // (M,d)
+  Tensor sdOt = make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutQt{});
+  Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKV{});     // (N,d)
+  Tensor sKt = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKt{});    // (d,N)
+  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutKV{});     // (N,d)
+  Tensor sP = make_tensor(make_smem_ptr(smem.p.data()), typename Traits::SmemLayoutPdS{});    // (M,N)
+  Tensor sPt = make_tensor(make_smem_ptr(smem.p.data()), typename Traits::SmemLayoutPdSt{});  // (N,M)
+  Tensor sdS = make_tensor(make_smem_ptr(smem.ds.data()), typename Traits::SmemLayoutPdS{});
+  Tensor sdSt = make_tensor(make_smem_ptr(smem.ds.data()), typename Traits::SmemLayoutPdSt{});
+
+  // ---- Global -> shared copies ----
+  auto tile_q = Shape<Int<kBlockM>, Int<kHeadDim>>{};
+  auto tile_kv = Shape<Int<kBlockN>, Int<kHeadDim>>{};
+  typename Traits::GmemTiledCopy gmem_tiled_copy;
+  auto gmem_thr_copy = gmem_tiled_copy.get_thread_slice(tidx);
+  Tensor tQsQ = gmem_thr_copy.partition_D(sQ);    // (CPY,CPY_M,CPY_D)
+  Tensor tQsdO = gmem_thr_copy.partition_D(sdO);
+  Tensor tKsK = gmem_thr_copy.partition_D(sK);    // (CPY,CPY_N,CPY_D)
+  Tensor tKsV = gmem_thr_copy.partition_D(sV);
+  Tensor tQcQ = gmem_thr_copy.partition_S(make_identity_tensor(tile_q));
+  Tensor tKcK = gmem_thr_copy.partition_S(make_identity_tensor(tile_kv));
+  const bool full_d = p.head_dim == kHeadDim;
+  const int kv_rows = p.seqlen_k - n_block * kBlockN;
+
+  // Q / dO rows of query block m of query head h, into stage `stage`.
+  auto load_q_do = [&](int h, int m, int stage) {
+    const int64_t row0 = int64_t(m) * kBlockM;
+    Tensor gQ = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.q) +
+                                          batch * p.q_batch_stride + h * p.q_head_stride +
+                                          row0 * p.q_row_stride),
+                            tile_q, make_stride(p.q_row_stride, _1{}));
+    Tensor gdO = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.dout) +
+                                           batch * p.dout_batch_stride + h * p.dout_head_stride +
+                                           row0 * p.dout_row_stride),
+                             tile_q, make_stride(p.dout_row_stride, _1{}));
+    const int rows = p.seqlen_q - int(row0);
+    const bool full = full_d && rows >= kBlockM;
+    Tensor tQsQ_s = shifted(tQsQ, stage * kQElems);
+    Tensor tQsdO_s = shifted(tQsdO, stage * kQElems);
+    copy_tile_g2s(gmem_tiled_copy, gmem_thr_copy.partition_S(gQ), tQsQ_s, tQcQ, rows, p.head_dim,
+                  full);
+    copy_tile_g2s(gmem_tiled_copy, gmem_thr_copy.partition_S(gdO), tQsdO_s, tQcQ, rows,
+                  p.head_dim, full);
+    cp_async_fence();
+  };
+
+  // ---- MMA partitions ----
+  typename Traits::TiledMmaSdP tiled_mma_sdp;
+  auto thr_mma_sdp = tiled_mma_sdp.get_thread_slice(tidx);
+  Tensor tSrQ = thr_mma_sdp.partition_fragment_A(sQ);    // (MMA,MMA_M,MMA_K)
+  Tensor tSrK = thr_mma_sdp.partition_fragment_B(sK);    // (MMA,MMA_N,MMA_K)
+  Tensor tdPrdO = thr_mma_sdp.partition_fragment_A(sdO);
+  Tensor tdPrV = thr_mma_sdp.partition_fragment_B(sV);
+
+  typename Traits::TiledMmadKV tiled_mma_dkv;
+  auto thr_mma_dkv = tiled_mma_dkv.get_thread_slice(tidx);
+  Tensor tdVrPt = thr_mma_dkv.partition_fragment_A(sPt);   // (MMA,MMA_N,MMA_M)
+  Tensor tdVrdOt = thr_mma_dkv.partition_fragment_B(sdOt); // (MMA,MMA_D,MMA_M)
+  Tensor tdKrdSt = thr_mma_dkv.partition_fragment_A(sdSt);
+  Tensor tdKrQt = thr_mma_dkv.partition_fragment_B(sQt);
+
+  typename Traits::TiledMmadQ tiled_mma_dq;
+  auto thr_mma_dq = tiled_mma_dq.get_thread_slice(tidx);
+  Tensor tdQrdS = thr_mma_dq.partition_fragment_A(sdS);   // (MMA,MMA_M,MMA_N)
+  Tensor tdQrKt = thr_mma_dq.partition_fragment_B(sKt);   // (MMA,MMA_D,MMA_N)
+
+  // ldmatrix copies, one per operand view.
+  using LdsmN = typename Traits::SmemCopyAtom;
+  using LdsmT = typename Traits::SmemCopyAtomTransposed;
+  auto copy_sdp_a = make_tiled_copy_A(LdsmN{}, tiled_mma_sdp);
+  auto thr_copy_sdp_a = copy_sdp_a.get_thread_slice(tidx);
+  Tensor tSsQ = thr_copy_sdp_a.partition_S(sQ);
+  Tensor tdPsdO = thr_copy_sdp_a.partition_S(sdO);
+  auto copy_sdp_b = make_tiled_copy_B(LdsmN{}, tiled_mma_sdp);
+  auto thr_copy_sdp_b = copy_sdp_b.get_thread_slice(tidx);
+  Tensor tSsK = thr_copy_sdp_b.partition_S(sK);
+  Tensor tdPsV = thr_copy_sdp_b.partition_S(sV);
+
+  auto copy_dkv_a = make_tiled_copy_A(LdsmT{}, tiled_mma_dkv);
+  auto thr_copy_dkv_a = copy_dkv_a.get_thread_slice(tidx);
+  Tensor tdVsPt = thr_copy_dkv_a.partition_S(sPt);
+  Tensor tdKsdSt = thr_copy_dkv_a.partition_S(sdSt);
+  auto copy_dkv_b = make_tiled_copy_B(LdsmT{}, tiled_mma_dkv);
+  auto thr_copy_dkv_b = copy_dkv_b.get_thread_slice(tidx);
+  Tensor tdVsdOt = thr_copy_dkv_b.partition_S(sdOt);
+  Tensor tdKsQt = thr_copy_dkv_b.partition_S(sQt);
+
+  auto copy_dq_a = make_tiled_copy_A(LdsmN{}, tiled_mma_dq);
+  auto thr_copy_dq_a = copy_dq_a.get_thread_slice(tidx);
+  Tensor tdQsdS = thr_copy_dq_a.partition_S(sdS);
+  auto copy_dq_b = make_tiled_copy_B(LdsmT{}, tiled_mma_dq);
+  auto thr_copy_dq_b = copy_dq_b.get_thread_slice(tidx);
+  Tensor tdQsKt = thr_copy_dq_b.partition_S(sKt);
+
+  // P and dS: registers -> shared memory.
+  auto copy_pds = make_tiled_copy_C(typename Traits::SmemCopyAtomStore{}, tiled_mma_sdp);
+  auto thr_copy_pds = copy_pds.get_thread_slice(tidx);
+  Tensor tPsP = thr_copy_pds.partition_D(sP);
+  Tensor tdSsdS = thr_copy_pds.partition_D(sdS);
+
+  Tensor acc_dk = partition_fragment_C(tiled_mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+  Tensor acc_dv = partition_fragment_C(tiled_mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+  clear(acc_dk);
+  clear(acc_dv);
+
+  // Each S element's (row, col) in the tile, in the scores' (rows, cols) view.
+  Tensor tScS = thr_mma_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  Tensor tScS_rc = make_tensor(tScS.data(), acc_layout_rowcol(tScS.layout()));
+  constexpr int kRows = decltype(size<0>(tScS_rc))::value;
+  // dQ elements' (row, col), for the accumulator addresses.
+  Tensor tdQcdQ = thr_mma_dq.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+
+  const bool softcap_on = p.softcap != 0.f;
+  const float inv_softcap = softcap_on ? 1.f / p.softcap : 0.f;
+
+  auto step = [&](int h, int m, int stage, auto transform_tag) __attribute__((always_inline)) {
+    constexpr bool kTransform = decltype(transform_tag)::value;
+    const int q_off = stage * kQElems;
+
+    // The rows' lse_log2 and D, read early: their latency hides under the GEMMs.
+    const int64_t row_base = p.row_offset(batch, h) + int64_t(m) * kBlockM;
+    float lse[kRows];
+    float dpsum[kRows];
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const int row = get<0>(tScS_rc(r, 0));
+      lse[r] = p.lse_log2[row_base + row];
+      dpsum[r] = p.dpsum[row_base + row];
+    }
+
+    Tensor acc_s = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    Tensor acc_dp = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    clear(acc_s);
+    clear(acc_dp);
+    gemm_ss(tiled_mma_sdp, acc_s, tSrQ, tSrK, shifted(tSsQ, q_off), tSsK, copy_sdp_a, copy_sdp_b,
+            thr_copy_sdp_a, thr_copy_sdp_b);
+    gemm_ss(tiled_mma_sdp, acc_dp, tdPrdO, tdPrV, shifted(tdPsdO, q_off), tdPsV, copy_sdp_a,
+            copy_sdp_b, thr_copy_sdp_a, thr_copy_sdp_b);
+
+    Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));  // (ROWS,COLS)
+    Tensor dp = make_tensor(acc_dp.data(), acc_layout_rowcol(acc_dp.layout()));    // (ROWS,COLS)
+    // With softcap the score is softcap * t, t = tanh(s * prescale), and dS picks up
+    // d(score)/ds / softmax_scale = 1 - t^2, taken from the score before the mask hides it (a
+    // masked element has P = 0, so its finite factor contributes 0). Unused without kTransform.
+    Tensor dtanh = make_tensor_like(scores);
+    if constexpr (kTransform) {
+      if (softcap_on) {
+        apply_softcap(scores, p.softcap, p.softcap_prescale);
+        CUTE_UNROLL
+        for (int i = 0; i < size(scores); ++i) {
+          const float t = scores(i) * inv_softcap;
+          dtanh(i) = 1.f - t * t;
+        }
+      }
+      if (mask.block_masked(m, n_block, kBlockM, kBlockN)) {
+        apply_mask(scores, tScS_rc, mask, m * kBlockM, n_block * kBlockN);
+      }
+    }
+    // P = exp2(score * scale_log2 - lse_log2) in place; dS = P (dP - D) (1 - t^2) in dp's place.
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(scores); ++c) {
+        const float prob = exp2f(scores(r, c) * p.scale_log2 - lse[r]);
+        scores(r, c) = prob;
+        float ds = prob * (dp(r, c) - dpsum[r]);
+        if constexpr (kTransform) {
+          if (softcap_on) {
+            ds *= dtanh(r, c);
+          }
+        }
+        dp(r, c) = ds;
+      }
+    }
+
+    // P and dS to shared memory in the input dtype: the A / B operands of the transposed GEMMs.
+    Tensor rP = convert_fragment<Element>(acc_s);
+    Tensor rdS = convert_fragment<Element>(acc_dp);
+    copy(copy_pds, thr_copy_pds.retile_S(rP), tPsP);
+    copy(copy_pds, thr_copy_pds.retile_S(rdS), tdSsdS);
+    __syncthreads();
+
+    gemm_ss(tiled_mma_dkv, acc_dv, tdVrPt, tdVrdOt, tdVsPt, shifted(tdVsdOt, q_off), copy_dkv_a,
+            copy_dkv_b, thr_copy_dkv_a, thr_copy_dkv_b);
+
+    Tensor acc_dq = partition_fragment_C(tiled_mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+    clear(acc_dq);
+    gemm_ss(tiled_mma_dq, acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, copy_dq_a, copy_dq_b,
+            thr_copy_dq_a, thr_copy_dq_b);
+    // dQacc rows of this block: whole tiles, no predicates (rows < seqlen_q_rounded, columns <
+    // the bucket; padded rows and columns add exact zeros).
+    float* dq_accum = p.dq_accum + p.dq_accum_offset(batch, h) +
+                      int64_t(m) * kBlockM * p.head_dim_rounded;
+    if (!deterministic) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_dq); ++i) {
+        atomicAdd(dq_accum + get<0>(tdQcdQ(i)) * p.head_dim_rounded + get<1>(tdQcdQ(i)),
+                  acc_dq(i));
+      }
+    } else {
+      int* semaphore = p.semaphores + p.semaphore_offset(batch, h) +
+                       m * (kBlockM / kBwdSemaphoreRows);
+      const int rank = mask.key_blocks(m, kBlockM, kBlockN).n_max - 1 - n_block;
+      if (tidx == 0) {
+        while (load_acquire(semaphore) != rank) {
+        }
+      }
+      __syncthreads();
+      // This CTA owns the block until it releases it. L2 loads and stores (.cg): another CTA on
+      // this SM may have read these lines into L1 before the previous contributor wrote them.
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_dq); ++i) {
+        float* addr = dq_accum + get<0>(tdQcdQ(i)) * p.head_dim_rounded + get<1>(tdQcdQ(i));
+        __stcg(addr, __ldcg(addr) + acc_dq(i));
+      }
+      __threadfence();
+      __syncthreads();
+      if (tidx == 0) {
+        atomicAdd(semaphore, 1);
+      }
+    }
+
+    gemm_ss(tiled_mma_dkv, acc_dk, tdKrdSt, tdKrQt, tdKsdSt, shifted(tdKsQt, q_off), copy_dkv_a,
+            copy_dkv_b, thr_copy_dkv_a, thr_copy_dkv_b);
+  };
+
+  // ---- Prologue: K, V and the first step's Q, dO ----
+  if (num_steps > 0) {
+    Tensor gK = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.k) +
+                                          batch * p.k_batch_stride + head_kv * p.k_head_stride +
+                                          int64_t(n_block) * kBlockN * p.k_row_stride),
+                            tile_kv, make_stride(p.k_row_stride, _1{}));
+    Tensor gV = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.v) +
+                                          batch * p.v_batch_stride + head_kv * p.v_head_stride +
+                                          int64_t(n_block) * kBlockN * p.v_row_stride),
+                            tile_kv, make_stride(p.v_row_stride, _1{}));
+    const bool kv_full = full_d && kv_rows >= kBlockN;
+    copy_tile_g2s(gmem_tiled_copy, gmem_thr_copy.partition_S(gK), tKsK, tKcK, kv_rows, p.head_dim,
+                  kv_full);
+    copy_tile_g2s(gmem_tiled_copy, gmem_thr_copy.partition_S(gV), tKsV, tKcK, kv_rows, p.head_dim,
+                  kv_full);
+    load_q_do(head_kv * p.heads_per_kv, range.m_min, 0);
+  }
+
+  // ---- Main loop: (query head of the group, query block), m fastest ----
+  int g = 0;
+  int m = range.m_min;
+  for (int i = 0; i < num_steps; ++i) {
+    const int stage = Traits::kStages == 2 ? (i & 1) : 0;
+    const int h = head_kv * p.heads_per_kv + g;
+    int next_g = g;
+    int next_m = m + 1;
+    if (next_m == range.m_max) {
+      next_m = range.m_min;
+      ++next_g;
+    }
+    if constexpr (Traits::kStages == 1) {
+      if (i > 0) {
+        __syncthreads();  // every warp is done with step i-1's Q / dO
+        load_q_do(h, m, 0);
+      }
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    if constexpr (Traits::kStages == 2) {
+      if (i + 1 < num_steps) {
+        load_q_do(head_kv * p.heads_per_kv + next_g, next_m, stage ^ 1);
+      }
+    }
+    if (softcap_on || mask.block_masked(m, n_block, kBlockM, kBlockN)) {
+      step(h, m, stage, cute::true_type{});
+    } else {
+      step(h, m, stage, cute::false_type{});
+    }
+    g = next_g;
+    m = next_m;
+  }
+
+  // ---- Epilogue: dK * scale and dV through shared memory (K / V's buffers) to global ----
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dk); ++i) {
+    acc_dk(i) *= p.softmax_scale;
+  }
+  Tensor rdK = convert_fragment<Element>(acc_dk);
+  Tensor rdV = convert_fragment<Element>(acc_dv);
+  __syncthreads();  // every warp is done reading K and V
+  auto copy_dkv_store = make_tiled_copy_C(typename Traits::SmemCopyAtomStore{}, tiled_mma_dkv);
+  auto thr_copy_dkv_store = copy_dkv_store.get_thread_slice(tidx);
+  copy(copy_dkv_store, thr_copy_dkv_store.retile_S(rdK), thr_copy_dkv_store.partition_D(sK));
+  copy(copy_dkv_store, thr_copy_dkv_store.retile_S(rdV), thr_copy_dkv_store.partition_D(sV));
+  __syncthreads();
+
+  Tensor gdK = make_tensor(make_gmem_ptr(static_cast<Element*>(p.dk) + batch * p.dk_batch_stride +
+                                         head_kv * p.dk_head_stride +
+                                         int64_t(n_block) * kBlockN * p.dk_row_stride),
+                           tile_kv, make_stride(p.dk_row_stride, _1{}));
+  Tensor gdV = make_tensor(make_gmem_ptr(static_cast<Element*>(p.dv) + batch * p.dv_batch_stride +
+                                         head_kv * p.dv_head_stride +
+                                         int64_t(n_block) * kBlockN * p.dv_row_stride),
+                           tile_kv, make_stride(p.dv_row_stride, _1{}));
+  typename Traits::GmemTiledCopyStore gmem_tiled_store;
+  auto gmem_thr_store = gmem_tiled_store.get_thread_slice(tidx);
+  Tensor tKgdK = gmem_thr_store.partition_D(gdK);
+  Tensor tKgdV = gmem_thr_store.partition_D(gdV);
+  Tensor tKrdK = make_tensor<Element>(shape(tKgdK));
+  Tensor tKrdV = make_tensor<Element>(shape(tKgdV));
+  copy(gmem_tiled_store, gmem_thr_store.partition_S(sK), tKrdK);
+  copy(gmem_tiled_store, gmem_thr_store.partition_S(sV), tKrdV);
+  Tensor tKcdK = gmem_thr_store.partition_D(make_identity_tensor(tile_kv));
+  const bool kv_full = full_d && kv_rows >= kBlockN;
+  copy_tile_r2g(gmem_tiled_store, tKrdK, tKgdK, tKcdK, kv_rows, p.head_dim, kv_full);
+  copy_tile_r2g(gmem_tiled_store, tKrdV, tKgdV, tKcdK, kv_rows, p.head_dim, kv_full);
+}
+
+}  // namespace flash_hopper::sm80
