@@ -119,9 +119,25 @@ def test_our_paths_follow_build_info(monkeypatch):
     fa2 = known["fa2"]
     assert fa2.unsupported(case(head_dim=64)) is None
     assert "bucket 256" in fa2.unsupported(case(head_dim=256))
-    assert fa2.unsupported(case(), "bwd") == "backward not available in flash-hopper yet"
-    assert fa2.unsupported(case(), "fwd+bwd") == "backward not available in flash-hopper yet"
+    # A library before ABI 3 (no "backward" key) has no backward.
+    no_bwd = "library built without backward kernels (build_info backward: false)"
+    assert fa2.unsupported(case(), "bwd") == no_bwd
+    assert fa2.unsupported(case(), "fwd+bwd") == no_bwd
     assert fa2.version() == "0.1.0 (abc)"
+
+
+def test_backward_rows_follow_the_backward_kernel_list(monkeypatch):
+    kernels = [{"backend": "fa2", "direction": "fwd", "dtype": "bf16", "head_dim": 64},
+               {"backend": "fa2", "direction": "bwd", "dtype": "bf16", "head_dim": 64}]
+    fake_library(monkeypatch, dict(SM80_BUILD, archs=["sm80", "sm90a"], backward=True,
+                                   directions=["fwd", "bwd"], kernels=kernels))
+    known = registry.known_backends()
+    assert known["fa2"].unsupported(case(head_dim=64), "bwd") is None
+    assert known["fa2"].unsupported(case(head_dim=64), "fwd") is None
+    assert known["fa2"].unsupported(case(head_dim=128), "fwd+bwd") == (
+        "library built without a fa2 backward kernel for bf16 head-dim bucket 128")
+    assert known["fa3"].unsupported(case(head_dim=64), "bwd") == (
+        "library built without a fa3 backward kernel for bf16 head-dim bucket 64")
 
 
 def test_fa3_needs_hopper(monkeypatch):

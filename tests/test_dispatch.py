@@ -90,7 +90,7 @@ def kernels(request):
 
     info = load_library_or_skip().build_info()
     return {(k["backend"], k["dtype"], k["head_dim"], v)
-            for k in info["kernels"] for v in k["variants"]}
+            for k in _tables.kernel_entries(info) for v in k["variants"]}
 
 
 @pytest.mark.parametrize("capability", CAPABILITIES, ids=lambda c: f"cc{c[0]}{c[1]}")

@@ -415,7 +415,7 @@ def test_opcheck(lib, backend, seed):
     require_kernel(lib, backend, torch.bfloat16, 64)
     q, k, v = make_qkv(2, 65, 97, 4, 2, 64, torch.bfloat16)
     torch.library.opcheck(
-        torch.ops.flash_hopper.fwd.default, (q, k, v, 0.125, -1, 0, 0.0, backend),
+        torch.ops.flash_hopper.fwd.default, (q, k, v, 0.125, -1, 0, 0.0, backend, False),
         test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"),
     )
 
@@ -435,14 +435,6 @@ def test_dispatch_agrees_with_the_library(lib, dtype):
     params = ops.make_params(q, k, v, out, None, cfg, "auto")
     with torch.cuda.device(q.device):
         assert lib.select_backend(params) == _ENUM_BACKEND[name]
-
-
-def test_backward_is_refused(lib, backend):
-    require_kernel(lib, backend, torch.bfloat16, 64)
-    q, k, v = (t.requires_grad_() for t in make_qkv(1, 17, 17, 2, 2, 64, torch.bfloat16))
-    out = flash_attn_func(q, k, v, backend=backend)
-    with pytest.raises(NotImplementedError, match="backward lands in a later issue"):
-        out.sum().backward()
 
 
 def test_misaligned_input_is_rejected_before_launch(lib):

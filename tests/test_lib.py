@@ -33,6 +33,7 @@ from flash_hopper import (
 from flash_hopper._lib import (
     ABI_VERSION,
     FhBackend,
+    FhBwdParams,
     FhDtype,
     FhFwdParams,
     FhStatus,
@@ -46,8 +47,11 @@ API_H = ROOT / "kernels" / "include" / "flash_hopper" / "api.h"
 TABLES_CMAKE = ROOT / "kernels" / "src" / "tables.cmake"
 C_TYPES = {"int32_t": ctypes.c_int32, "int64_t": ctypes.c_int64, "float": ctypes.c_float}
 # sizeof(FhFwdParams) per ABI version: a layout change without an FH_ABI_VERSION bump is a bug.
-# (Version 2 changed fh_fwd_select_backend's signature, not the struct.)
-SIZEOF_BY_ABI = {1: 376, 2: 376}
+# (Version 2 changed fh_fwd_select_backend's signature, version 3 added the backward: neither
+# changed the struct, which bench/ab_libs.py relies on to time older libraries.)
+SIZEOF_BY_ABI = {1: 376, 2: 376, 3: 376}
+# sizeof(FhBwdParams) per ABI version (it appeared in 3).
+SIZEOF_BWD_BY_ABI = {3: 504}
 
 
 def _source(path: Path) -> str:
@@ -61,8 +65,8 @@ def _header() -> str:
     return re.sub(r"//[^\n]*", "", text)
 
 
-def _header_fields() -> list[tuple[str, type]]:
-    body = re.search(r"typedef struct FhFwdParams \{(.*?)\} FhFwdParams;", _header(), re.DOTALL)
+def _header_fields(struct: str = "FhFwdParams") -> list[tuple[str, type]]:
+    body = re.search(rf"typedef struct {struct} \{{(.*?)\}} {struct};", _header(), re.DOTALL)
     fields = []
     for decl in body.group(1).split(";"):
         decl = " ".join(decl.split())
@@ -106,21 +110,27 @@ def _cmake_list(name: str) -> list[str]:
 # --- the binding mirrors api.h -------------------------------------------------------------------
 
 
-def test_struct_fields_match_api_h():
-    assert [(n, t) for n, t in FhFwdParams._fields_] == _header_fields()
+STRUCTS = [(FhFwdParams, "FhFwdParams", SIZEOF_BY_ABI, 50),
+           (FhBwdParams, "FhBwdParams", SIZEOF_BWD_BY_ABI, 66)]
 
 
-def test_struct_layout_is_the_c_layout():
+@pytest.mark.parametrize(("mirror", "c_name", "sizes", "count"), STRUCTS, ids=["fwd", "bwd"])
+def test_struct_fields_match_api_h(mirror, c_name, sizes, count):
+    assert [(n, t) for n, t in mirror._fields_] == _header_fields(c_name)
+
+
+@pytest.mark.parametrize(("mirror", "c_name", "sizes", "count"), STRUCTS, ids=["fwd", "bwd"])
+def test_struct_layout_is_the_c_layout(mirror, c_name, sizes, count):
     # LP64 C layout: each field at the next multiple of its own size; the struct padded to 8.
     offset = 0
-    for name, ctype in _header_fields():
+    for name, ctype in _header_fields(c_name):
         size = ctypes.sizeof(ctype)
         offset = (offset + size - 1) // size * size
-        assert getattr(FhFwdParams, name).offset == offset, name
+        assert getattr(mirror, name).offset == offset, name
         offset += size
-    assert ctypes.sizeof(FhFwdParams) == (offset + 7) // 8 * 8
-    assert ctypes.sizeof(FhFwdParams) == SIZEOF_BY_ABI[ABI_VERSION]
-    assert len(FhFwdParams._fields_) == 50
+    assert ctypes.sizeof(mirror) == (offset + 7) // 8 * 8
+    assert ctypes.sizeof(mirror) == sizes[ABI_VERSION]
+    assert len(mirror._fields_) == count
 
 
 @pytest.mark.parametrize(
@@ -309,9 +319,22 @@ def test_a_library_with_other_tables_is_refused(lib, monkeypatch):
         _lib.Library(lib.path)
 
 
-def _kernels(info) -> set[tuple[str, str, int, int]]:
+def _kernels(info, direction="fwd") -> set[tuple[str, str, int, int]]:
+    # Backward entries may carry no variants (the FA-3 ablations have no backward): variant 0.
     return {(k["backend"], k["dtype"], k["head_dim"], v)
-            for k in info["kernels"] for v in k["variants"]}
+            for k in _tables.kernel_entries(info, direction) for v in k.get("variants", [0])}
+
+
+def test_kernel_entries_read_old_and_new_build_info():
+    old = {"kernels": [{"backend": "fa2", "dtype": "bf16", "head_dim": 64, "variants": [0]}]}
+    new = {"directions": ["fwd", "bwd"], "backward": True, "kernels": [
+        {"backend": "fa2", "direction": "fwd", "dtype": "bf16", "head_dim": 64, "variants": [0]},
+        {"backend": "fa2", "direction": "bwd", "dtype": "bf16", "head_dim": 128}]}
+    assert _tables.kernel_entries(old) == old["kernels"]
+    assert _tables.kernel_entries(old, "bwd") == [] and not _tables.has_backward(old)
+    assert [k["head_dim"] for k in _tables.kernel_entries(new)] == [64]
+    assert [k["head_dim"] for k in _tables.kernel_entries(new, "bwd")] == [128]
+    assert _tables.has_backward(new)
 
 
 def test_build_info(lib):
@@ -331,6 +354,11 @@ def test_build_info(lib):
     assert set(info["fa3_variants"]) == {
         _tables.variant_name(v) for b, _, _, v in kernels if b == "fa3" and v}
     assert {v for b, _, _, v in kernels if b == "fa2"} <= {0}  # the FA-2 path has no variants
+    # ABI 3: the backward's keys; "backward" says whether any backward kernel was built.
+    assert set(info["directions"]) <= set(_tables.DIRECTIONS)
+    assert _tables.has_backward(info) == bool(_kernels(info, "bwd"))
+    assert ("bwd" in info["directions"]) or not _tables.has_backward(info)
+    assert {v for *_, v in _kernels(info, "bwd")} == ({0} if _kernels(info, "bwd") else set())
     if flash_hopper.__version__ != "0+unknown":  # an installed package: same version as the build
         assert info["version"] == flash_hopper.__version__
 
@@ -364,6 +392,16 @@ def test_has_fwd_kernel_agrees_with_the_kernel_list(lib):
                 listed = (backend.name.lower(), _tables.dtype_name(dtype), bucket, 0) in kernels
                 assert lib.has_fwd_kernel(backend, dtype, bucket) == listed, (
                     backend, dtype, bucket)
+
+
+def test_has_bwd_kernel_agrees_with_the_kernel_list(lib):
+    kernels = _kernels(lib.build_info(), "bwd")
+    for backend in (FhBackend.FA2, FhBackend.FA3):
+        for dtype in (FhDtype.FP16, FhDtype.BF16):
+            for d in range(8, 257, 8):
+                listed = (backend.name.lower(), _tables.dtype_name(dtype), head_dim_bucket(d),
+                          0) in kernels
+                assert lib.has_bwd_kernel(backend, dtype, d) == listed, (backend, dtype, d)
 
 
 def test_library_buckets_head_dims_like_python(lib):

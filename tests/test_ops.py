@@ -50,7 +50,7 @@ def test_schema():
     schema = str(torch.ops.flash_hopper.fwd.default._schema)
     assert schema == (
         "flash_hopper::fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, int window_left, "
-        "int window_right, float softcap, str backend) -> (Tensor, Tensor)"
+        "int window_right, float softcap, str backend, bool deterministic) -> (Tensor, Tensor)"
     )
 
 
@@ -61,7 +61,7 @@ def test_schema():
 def test_fake_kernel_shapes_on_meta(b, sq, sk, hq, hkv, d, dtype):
     q = torch.empty(b, sq, hq, d, dtype=dtype, device="meta")
     k = torch.empty(b, sk, hkv, d, dtype=dtype, device="meta")
-    out, lse = torch.ops.flash_hopper.fwd(q, k, k, 0.125, -1, 0, 0.0, "auto")
+    out, lse = torch.ops.flash_hopper.fwd(q, k, k, 0.125, -1, 0, 0.0, "auto", False)
     assert out.shape == (b, sq, hq, d) and out.dtype == dtype and out.is_contiguous()
     assert lse.shape == (b, hq, sq) and lse.dtype == torch.float32 and lse.is_contiguous()
     assert out.device.type == lse.device.type == "meta"
@@ -70,17 +70,9 @@ def test_fake_kernel_shapes_on_meta(b, sq, sk, hq, hkv, d, dtype):
 def test_fake_kernel_on_a_transposed_layout():
     # (b, h, s, d) storage viewed as (b, s, h, d): the outputs are still fresh contiguous tensors.
     q = torch.empty(2, 8, 33, 64, dtype=torch.bfloat16, device="meta").transpose(1, 2)
-    out, lse = torch.ops.flash_hopper.fwd(q, q, q, 0.125, -1, -1, 0.0, "fa2")
+    out, lse = torch.ops.flash_hopper.fwd(q, q, q, 0.125, -1, -1, 0.0, "fa2", False)
     assert out.shape == (2, 33, 8, 64) and out.is_contiguous()
     assert lse.shape == (2, 8, 33)
-
-
-def test_backward_refuses_instead_of_faking_a_gradient():
-    q = torch.randn(1, 4, 2, 64, dtype=torch.bfloat16, device="meta", requires_grad=True)
-    out, _ = torch.ops.flash_hopper.fwd(q, q, q, 0.125, -1, -1, 0.0, "auto")
-    assert out.requires_grad
-    with pytest.raises(NotImplementedError, match="backward lands in a later issue"):
-        out.sum().backward()
 
 
 def test_flash_attn_func_on_fake_cuda_tensors_touches_no_library(no_library):
@@ -106,7 +98,7 @@ def test_traced_graph_is_one_op_with_resolved_arguments(no_library):
     fwd_calls = [n for n in calls if n.target is torch.ops.flash_hopper.fwd.default]
     assert len(fwd_calls) == 1
     # causal=True folded into window_right = 0; default scale 1/sqrt(64).
-    assert fwd_calls[0].args[3:] == (0.125, 32, 0, 5.0, "auto")
+    assert fwd_calls[0].args[3:] == (0.125, 32, 0, 5.0, "auto", False)
 
 
 @pytest.fixture
@@ -373,8 +365,8 @@ def test_the_plan_cache_is_bounded(host, monkeypatch):
 def test_the_op_and_the_eager_path_fill_the_same_struct(host):
     q, k, v = qkv()
     flash_attn_func(q, k, v, causal=True, window_size=(16, -1), softcap=3.0)
-    torch.ops.flash_hopper.fwd(q, k, v, 64**-0.5, 16, 0, 3.0, "auto")  # the op's real impl
-    torch.ops.flash_hopper.fwd(q, k, v, 64**-0.5, 16, 0, 3.0, "auto")
+    torch.ops.flash_hopper.fwd(q, k, v, 64**-0.5, 16, 0, 3.0, "auto", False)  # the real impl
+    torch.ops.flash_hopper.fwd(q, k, v, 64**-0.5, 16, 0, 3.0, "auto", False)
     eager, op, op_again = (bytes(_with_pointers(p, 0)) for p, _ in host.launches)
     assert eager == op == op_again
     assert len(host.policy_calls) == 2  # one plan per entry point's signature

@@ -273,7 +273,7 @@ def test_chunked_matches_naive(seed, sq, sk, mask, max_scores, dtype):
 # --- backward by recomputation == autograd -------------------------------------------------------
 
 BWD_CASES = [
-    # (sq, sk, hq, hkv, d, mask)
+    # (sq, sk, hq, hkv, d, mask): causal, windows, softcap, GQA / MQA, sq != sk both ways
     (17, 17, 2, 2, 16, {}),
     (17, 33, 4, 2, 16, {"causal": True}),
     (33, 17, 4, 1, 8, {"causal": True}),  # rows without keys
@@ -282,20 +282,67 @@ BWD_CASES = [
     (1, 17, 2, 1, 8, {"softcap": 0.5}),
     (17, 1, 2, 2, 8, {"causal": True, "softcap": 2.0}),
     (31, 31, 2, 1, 8, {"causal": True, "attention_chunk": 6}),
+    (30, 20, 4, 2, 8, {"window_size": (1, 0)}),  # rows 0-9 see no key
+    (20, 30, 4, 2, 8, {"window_size": (2, 0), "softcap": 1.5}),  # keys 0-7 seen by no query
+    (9, 0, 2, 1, 8, {}),  # no keys at all
 ]
 
 
-@pytest.mark.parametrize(("sq", "sk", "hq", "hkv", "d", "mask"), BWD_CASES)
-def test_backward_recomputation_matches_autograd(seed, sq, sk, hq, hkv, d, mask):
+def _case_id(case):
+    sq, sk, hq, hkv, d, mask = case
+    return f"sq{sq}-sk{sk}-h{hq}:{hkv}-d{d}-{_mask_id(mask)}".replace(" ", "")
+
+
+@pytest.mark.parametrize("with_dlse", [False, True], ids=["no-dlse", "dlse"])
+@pytest.mark.parametrize(("sq", "sk", "hq", "hkv", "d", "mask"), BWD_CASES,
+                         ids=[_case_id(c) for c in BWD_CASES])
+def test_backward_recomputation_matches_autograd(seed, sq, sk, hq, hkv, d, mask, with_dlse):
     q, k, v = (t.requires_grad_() for t in _qkv(2, sq, sk, hq, hkv, d))
     out, lse = attention_ref(q, k, v, softmax_scale=0.3, **mask)
     dout = torch.randn_like(out)
-    dq_ref, dk_ref, dv_ref = torch.autograd.grad(out, (q, k, v), dout)
+    # The gradient of the returned lse (return_attn_probs users who backprop through it); on
+    # every row, also those with lse = -inf, where it must change nothing.
+    dlse = torch.randn_like(lse) if with_dlse else None
+    outputs, grads = ((out, lse), (dout, dlse)) if with_dlse else ((out,), (dout,))
+    dq_ref, dk_ref, dv_ref = torch.autograd.grad(outputs, (q, k, v), grads, allow_unused=True)
+    dq_ref, dk_ref, dv_ref = (torch.zeros_like(t) if g is None else g
+                              for g, t in ((dq_ref, q), (dk_ref, k), (dv_ref, v)))
     dq, dk, dv = attention_bwd_ref(
         q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), dout,
-        softmax_scale=0.3, **mask,
+        softmax_scale=0.3, dlse=dlse, **mask,
     )
     for got, expected in ((dq, dq_ref), (dk, dk_ref), (dv, dv_ref)):
-        assert got.shape == expected.shape
-        assert not got.isnan().any()
+        assert got.shape == expected.shape and got.dtype == expected.dtype
+        assert not got.isnan().any() and not expected.isnan().any()
         torch.testing.assert_close(got, expected, atol=1e-10, rtol=0)
+
+    # Rows that see no key and keys no query sees get gradients of exactly 0.
+    visible = AttentionMask.from_args(sq, sk, mask.get("causal", False),
+                                      mask.get("window_size", (-1, -1)),
+                                      mask.get("attention_chunk", 0)).dense()
+    empty_rows, empty_keys = ~visible.any(dim=1), ~visible.any(dim=0)
+    assert (dq[:, empty_rows] == 0).all()
+    assert (dk[:, empty_keys] == 0).all() and (dv[:, empty_keys] == 0).all()
+
+
+def test_the_grids_rows_and_keys_that_see_nothing():
+    # The grid above must hold both kinds of empty line, or its exact-zero checks check nothing.
+    rows = AttentionMask.from_args(30, 20, False, (1, 0), 0).dense()
+    keys = AttentionMask.from_args(20, 30, False, (2, 0), 0).dense()
+    assert (~rows.any(dim=1)).nonzero().flatten().tolist() == list(range(10))
+    assert (~keys.any(dim=0)).nonzero().flatten().tolist() == list(range(8))
+
+
+def test_dlse_changes_the_gradients_as_p_times_dlse(seed):
+    # dlse enters as D - dlse: with dO = 0 the whole gradient is the lse's, dS = P * dlse, so
+    # dV = 0 and dQ = scale * (P * dlse) K, which pins the sign and the scale.
+    q, k, v = _qkv(1, 5, 7, 1, 1, 8)
+    out, lse = attention_ref(q, k, v, softmax_scale=0.5)
+    dlse = torch.randn_like(lse)
+    dq, dk, dv = attention_bwd_ref(q, k, v, out, lse, torch.zeros_like(out), softmax_scale=0.5,
+                                   dlse=dlse)
+    p = torch.softmax(q[0, :, 0] @ k[0, :, 0].T * 0.5, dim=-1)  # (sq, sk)
+    ds = p * dlse[0, 0].unsqueeze(-1)
+    torch.testing.assert_close(dq[0, :, 0], ds @ k[0, :, 0] * 0.5, atol=1e-12, rtol=0)
+    torch.testing.assert_close(dk[0, :, 0], ds.T @ q[0, :, 0] * 0.5, atol=1e-12, rtol=0)
+    assert (dv == 0).all()

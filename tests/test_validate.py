@@ -338,3 +338,125 @@ def test_which_backend_validates_before_asking_anything():
         which_backend(q, k, v, window_size=(1, 2, 3))
     with raises(ValueError, "backend: expected one of auto, fa2, fa3", "'fa9'"):
         which_backend(q, k, v, backend="fa9")
+
+
+# --- the backward's arguments --------------------------------------------------------------------
+
+
+def bwd_args(device="cpu", **changes):
+    """check_bwd_args' arguments for a valid (2, 8, 4:2, 64) problem, some replaced."""
+    q, k, v = make_qkv(device=device)
+    args = {
+        "dout": torch.zeros_like(q), "q": q, "k": k, "v": v, "out": torch.zeros_like(q),
+        "lse": torch.zeros(2, 4, 8, device=device), "dlse": None, "softmax_scale": 0.125,
+        "window_left": -1, "window_right": 0, "softcap": 0.0, "backend": "auto",
+        "deterministic": False,
+    }
+    args.update(changes)
+    return args
+
+
+def test_valid_bwd_args_pass_on_fake_cuda_tensors():
+    with FakeTensorMode():
+        dlse = torch.zeros(2, 4, 8, device="cuda")
+        cfg = _validate.check_bwd_args(**bwd_args(device="cuda", dlse=dlse, deterministic=True))
+    assert cfg.deterministic is True and cfg.has_dlse
+    assert (cfg.fwd.batch, cfg.fwd.seqlen_q, cfg.fwd.heads_q, cfg.fwd.heads_kv) == (2, 8, 4, 2)
+    assert (cfg.fwd.window_left, cfg.fwd.window_right, cfg.fwd.softmax_scale) == (-1, 0, 0.125)
+
+
+def test_valid_cpu_bwd_args_fail_only_on_the_device():
+    with raises(ValueError, "q: must be a CUDA tensor", "cpu"):
+        _validate.check_bwd_args(**bwd_args())
+
+
+Q_SHAPE = (2, 8, 4, 64)
+
+
+@pytest.mark.parametrize(
+    ("changes", "exc", "fragments"),
+    [
+        ({"dout": torch.zeros(2, 8, 4, 32, dtype=BF16)}, ValueError,
+         ("dout: expected shape (2, 8, 4, 64) (out's shape), got (2, 8, 4, 32)",)),
+        ({"dout": torch.zeros(Q_SHAPE, dtype=torch.half)}, ValueError,
+         ("dout: expected dtype torch.bfloat16 (out's dtype), got torch.float16",)),
+        ({"dout": torch.zeros(2, 8, 4)}, ValueError, ("dout: expected rank 4", "(2, 8, 4)")),
+        ({"dout": [1.0]}, TypeError, ("dout: expected a torch.Tensor", "list")),
+        ({"out": torch.zeros(2, 7, 4, 64, dtype=BF16)}, ValueError,
+         ("out: expected shape (2, 8, 4, 64) (q's shape), got (2, 7, 4, 64)",)),
+        ({"out": torch.zeros(Q_SHAPE, dtype=torch.half)}, ValueError,
+         ("out: expected dtype torch.bfloat16 (q's dtype), got torch.float16",)),
+        ({"out": torch.zeros(2, 8, 4, 128, dtype=BF16)[..., ::2]}, ValueError,
+         ("out: must be contiguous in the last dimension", "out.contiguous()")),
+        ({"lse": torch.zeros(2, 8, 4)}, ValueError,
+         ("lse: expected shape (2, 4, 8) (batch, heads_q, seqlen_q), got (2, 8, 4)",)),
+        ({"lse": torch.zeros(2, 4, 8, dtype=BF16)}, ValueError,
+         ("lse: expected dtype torch.float32, got torch.bfloat16",)),
+        ({"lse": torch.zeros(2, 8, 4).transpose(1, 2)}, ValueError,
+         ("lse: must be contiguous in the last dimension (stride 1)", "(32, 1, 4)")),
+        ({"lse": None}, TypeError, ("lse: expected a torch.Tensor, got NoneType",)),
+        ({"dlse": torch.zeros(2, 4, 9)}, ValueError,
+         ("dlse: expected shape (2, 4, 8)", "got (2, 4, 9)")),
+        ({"dlse": torch.zeros(2, 4, 8, dtype=torch.float64)}, ValueError,
+         ("dlse: expected dtype torch.float32, got torch.float64",)),
+        ({"dlse": torch.zeros(2, 8, 4).transpose(1, 2)}, ValueError,
+         ("dlse: must be contiguous in the last dimension (stride 1)",)),
+        ({"deterministic": 1}, TypeError, ("deterministic: expected a bool, got int 1",)),
+        ({"deterministic": None}, TypeError, ("deterministic: expected a bool", "None")),
+        ({"backend": "fa9"}, ValueError, ("backend: expected one of", "'fa9'")),
+        ({"window_left": -2}, ValueError, ("window_left", "-2")),
+        ({"softcap": -1.0}, ValueError, ("softcap: expected a float >= 0", "-1.0")),
+        ({"softmax_scale": None}, TypeError, ("softmax_scale: expected a float, got None",)),
+        ({"q": torch.zeros(2, 8, 3, 64, dtype=BF16)}, ValueError,
+         ("k: heads_kv (dim 2) must divide q's heads_q 3",)),
+    ],
+)
+def test_bwd_arg_messages(changes, exc, fragments):
+    # CPU tensors: every metadata check comes before the device check.
+    with raises(exc, *fragments):
+        _validate.check_bwd_args(**bwd_args(**changes))
+
+
+def test_bwd_devices_are_named():
+    with FakeTensorMode():
+        args = bwd_args(device="cuda")
+        for name in ("dout", "out", "lse"):
+            bad = dict(args, **{name: args[name].to("cpu")})
+            with raises(ValueError, f"{name}: must be on q's device cuda", "got device cpu"):
+                _validate.check_bwd_args(**bad)
+        bad = dict(args, dlse=torch.zeros(2, 4, 8))
+        with raises(ValueError, "dlse: must be on q's device cuda", "got device cpu"):
+            _validate.check_bwd_args(**bad)
+
+
+@pytest.mark.parametrize(
+    ("dout", "needs_copy"),
+    [
+        (torch.zeros(Q_SHAPE, dtype=BF16), False),
+        (torch.zeros(2, 4, 8, 64, dtype=BF16).transpose(1, 2), False),  # (b, h, s, d) storage
+        (torch.zeros(2, 8, 4, 128, dtype=BF16)[..., ::2], True),  # last stride 2
+        (torch.zeros(2, 8, 64, 4, dtype=BF16).transpose(2, 3), True),  # last stride 4
+        (torch.zeros(2, 8, 4, 68, dtype=BF16)[..., :64], True),  # rows of 136 bytes
+        (torch.zeros(2, 8, 1, 64, dtype=BF16).expand(2, 8, 4, 64), True),  # stride 0 heads
+        (torch.zeros(1, 1, 1, 64, dtype=BF16).as_strided((1, 1, 1, 64), (3, 3, 3, 1)), False),
+    ],
+)
+def test_dout_layouts_the_kernels_cannot_load_are_copied(dout, needs_copy):
+    assert _validate.dout_needs_copy(dout) is needs_copy
+
+
+@pytest.mark.parametrize(
+    ("which", "bad", "fragment"),
+    [
+        ("dq", torch.zeros(2, 8, 4, 32, dtype=BF16), "dq: expected shape (2, 8, 4, 64) (q's"),
+        ("dk", torch.zeros(2, 8, 2, 64, dtype=torch.half), "dk: expected dtype torch.bfloat16"),
+        ("dv", torch.zeros(2, 8, 2, 128, dtype=BF16)[..., ::2], "dv: must be contiguous"),
+        ("dv", torch.zeros(2, 8, 4, 64, dtype=BF16), "dv: expected shape (2, 8, 2, 64) (v's"),
+    ],
+)
+def test_caller_gradients(which, bad, fragment):
+    q, k, v = make_qkv()
+    grads = {"dq": torch.zeros_like(q), "dk": torch.zeros_like(k), "dv": torch.zeros_like(v)}
+    grads[which] = bad
+    with raises(ValueError, fragment):
+        _validate.check_grads(grads["dq"], grads["dk"], grads["dv"], q, k, v)

@@ -68,7 +68,8 @@ def test_library_needs_only_glibc_2_28(lib):
     assert check_wheel.elf_problems(report, "2.28") == []
     assert set(report.exports) == {
         "fh_fwd", "fh_fwd_select_backend", "fh_last_error", "fh_abi_version", "fh_build_info",
-        "fh_has_fwd_kernel"}
+        "fh_has_fwd_kernel", "fh_bwd", "fh_bwd_workspace_size", "fh_bwd_select_backend",
+        "fh_has_bwd_kernel"}
 
 
 def test_build_info_names_the_cuda_and_gpu_code(lib):

@@ -244,8 +244,12 @@ def eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Any,
 
 
 def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, window_left: int,
-       window_right: int, softcap: float, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The custom op's implementation (window resolved, scale explicit): (out, lse)."""
+       window_right: int, softcap: float, backend: str,
+       deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The custom op's implementation (window resolved, scale explicit): (out, lse).
+
+    ``deterministic`` does not change the forward (it always is); it is an input of the op so
+    that the op's registered backward, which sees only the op's inputs, can pass it on."""
     key = _op_key(q, k, v, softmax_scale, window_left, window_right, softcap, backend)
     plan = _cached(key)
     if plan is None:

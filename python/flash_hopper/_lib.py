@@ -34,7 +34,7 @@ LIB_NAME = "libflash_hopper.so"
 ENV_VAR = "FLASH_HOPPER_LIB"
 
 # Must equal FH_ABI_VERSION in api.h; the library reports its own through fh_abi_version().
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 
 class FhStatus(enum.IntEnum):
@@ -153,6 +153,63 @@ class FhFwdParams(ctypes.Structure):
     ]
 
 
+class FhBwdParams(ctypes.Structure):
+    """Mirror of api.h's FhBwdParams (ABI 3), checked against api.h like FhFwdParams."""
+
+    _fields_ = [
+        ("abi_version", _I32),
+        # data
+        ("q", _PTR),
+        ("k", _PTR),
+        ("v", _PTR),
+        ("o", _PTR),
+        ("lse", _PTR),
+        ("dout", _PTR),
+        ("dlse", _PTR),
+        ("dq", _PTR),
+        ("dk", _PTR),
+        ("dv", _PTR),
+        ("workspace", _PTR),
+        ("workspace_bytes", _I64),
+        ("dtype", _I32),
+        ("deterministic", _I32),
+        # shapes
+        ("batch", _I64),
+        ("seqlen_q", _I64),
+        ("seqlen_k", _I64),
+        ("heads_q", _I64),
+        ("heads_kv", _I64),
+        ("head_dim", _I64),
+        ("head_dim_v", _I64),
+        # strides in elements; the head_dim stride is 1 and not stored
+        *[(f"{t}_{s}_stride", _I64) for t in ("q", "k", "v", "o", "dout", "dq", "dk", "dv")
+          for s in ("batch", "row", "head")],
+        ("lse_batch_stride", _I64),
+        ("lse_head_stride", _I64),
+        ("dlse_batch_stride", _I64),
+        ("dlse_head_stride", _I64),
+        # score transform and mask: the forward's
+        ("softmax_scale", _F32),
+        ("softcap", _F32),
+        ("window_left", _I64),
+        ("window_right", _I64),
+        # reserved: varlen, chunked-local attention, sinks
+        ("cu_seqlens_q", _PTR),
+        ("cu_seqlens_k", _PTR),
+        ("seqused_q", _PTR),
+        ("seqused_k", _PTR),
+        ("max_seqlen_q", _I64),
+        ("max_seqlen_k", _I64),
+        ("attention_chunk", _I64),
+        ("sinks", _PTR),
+        ("dsinks", _PTR),
+        # dispatch
+        ("backend", _I32),
+        ("variant", _I32),
+        ("num_sms", _I32),
+    ]
+
+
 def candidate_paths() -> list[Path]:
     """Where the library is looked for, in order (see the module docstring)."""
     paths = []
@@ -254,6 +311,7 @@ class Library:
                 "library or is from an incompatible version; rebuild it"
             ) from e
         self._has_kernel: dict[tuple[int, int, int], bool] = {}
+        self._has_bwd_kernel: dict[tuple[int, int, int], bool] = {}
         self.abi_version = int(self._dll.fh_abi_version())
         if self.abi_version != ABI_VERSION:
             raise LibraryNotFoundError(
@@ -268,8 +326,9 @@ class Library:
                 f"flash-hopper: {path} does not match this Python package: {mismatch}; rebuild "
                 "the library from the same checkout as the package"
             )
-        # The launch entry point itself: the host path calls it without a wrapper frame.
+        # The launch entry points themselves: the host paths call them without a wrapper frame.
         self.fh_fwd = self._dll.fh_fwd
+        self.fh_bwd = self._dll.fh_bwd
 
     def _bind(self) -> None:
         d = self._dll
@@ -289,6 +348,18 @@ class Library:
         d.fh_build_info.restype = ctypes.c_char_p
         d.fh_has_fwd_kernel.argtypes = [ctypes.c_int32, ctypes.c_int32, ctypes.c_int64]
         d.fh_has_fwd_kernel.restype = ctypes.c_int32
+        bwd_p = ctypes.POINTER(FhBwdParams)
+        d.fh_bwd.argtypes = [bwd_p, ctypes.c_void_p]
+        d.fh_bwd.restype = ctypes.c_int
+        d.fh_bwd_workspace_size.argtypes = [bwd_p, ctypes.POINTER(ctypes.c_int64)]
+        d.fh_bwd_workspace_size.restype = ctypes.c_int
+        d.fh_bwd_select_backend.argtypes = [
+            bwd_p, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32),
+            ctypes.c_char_p, ctypes.c_size_t,
+        ]
+        d.fh_bwd_select_backend.restype = ctypes.c_int
+        d.fh_has_bwd_kernel.argtypes = [ctypes.c_int32, ctypes.c_int32, ctypes.c_int64]
+        d.fh_has_bwd_kernel.restype = ctypes.c_int32
 
     # --- raw calls (status codes), for tests of the ABI itself ---------------------------------
     def fwd_status(self, params: FhFwdParams, stream: int | None) -> int:
@@ -303,15 +374,20 @@ class Library:
         """Launch the forward on ``stream`` (a cudaStream_t as int; None = legacy default)."""
         self.check(self.fwd_status(params, stream), "fh_fwd")
 
-    def policy(self, params: FhFwdParams, capability: tuple[int, int]) -> tuple[FhBackend, str]:
-        """(backend, reason) fh_fwd would run for ``params`` on a GPU of ``capability``.
+    def policy(self, params: FhFwdParams | FhBwdParams,
+               capability: tuple[int, int]) -> tuple[FhBackend, str]:
+        """(backend, reason) fh_fwd (for FhFwdParams) or fh_bwd (for FhBwdParams) would run for
+        ``params`` on a GPU of ``capability``.
 
-        The library's own policy (fh_fwd_select_backend): no GPU is touched, the data pointers
-        are not read. Raises like fh_fwd for params nothing can serve.
+        The library's own policy (fh_fwd_select_backend / fh_bwd_select_backend): no GPU is
+        touched, the data pointers are not read. Raises like fh_fwd / fh_bwd for params nothing
+        can serve.
         """
+        select = (self._dll.fh_bwd_select_backend if isinstance(params, FhBwdParams)
+                  else self._dll.fh_fwd_select_backend)
         out = ctypes.c_int32(-1)
         reason = ctypes.create_string_buffer(_REASON_BYTES)
-        status = self._dll.fh_fwd_select_backend(
+        status = select(
             ctypes.byref(params), int(capability[0]), int(capability[1]), ctypes.byref(out),
             reason, _REASON_BYTES,
         )
@@ -345,6 +421,30 @@ class Library:
             found = self._has_kernel[key] = bool(self._dll.fh_has_fwd_kernel(*key))
         return found
 
+    def has_bwd_kernel(self, backend: int, dtype: int, head_dim: int) -> bool:
+        """Whether this build holds a backward kernel for the head-dim bucket of ``head_dim``."""
+        key = (int(backend), int(dtype), int(head_dim))
+        found = self._has_bwd_kernel.get(key)
+        if found is None:
+            found = self._has_bwd_kernel[key] = bool(self._dll.fh_has_bwd_kernel(*key))
+        return found
+
+    def bwd_status(self, params: FhBwdParams, stream: int | None) -> int:
+        return int(self._dll.fh_bwd(ctypes.byref(params), stream))
+
+    def bwd(self, params: FhBwdParams, stream: int | None) -> None:
+        """Launch the backward on ``stream`` (a cudaStream_t as int; None = legacy default)."""
+        self.check(self.bwd_status(params, stream), "fh_bwd")
+
+    def bwd_workspace_size(self, params: FhBwdParams) -> int:
+        """Bytes of workspace fh_bwd needs for ``params`` (pure host arithmetic: no GPU, data
+        pointers and workspace not read). Raises like fh_bwd for invalid params."""
+        size = ctypes.c_int64(-1)
+        status = self._dll.fh_bwd_workspace_size(ctypes.byref(params), ctypes.byref(size))
+        if status != FhStatus.SUCCESS:
+            raise status_error(int(status), self.last_error() or "(no message)")
+        return int(size.value)
+
     def check(self, status: int, what: str) -> None:
         """Raise the Python exception that corresponds to an FhStatus (nothing on success)."""
         if status == FhStatus.SUCCESS:
@@ -353,7 +453,7 @@ class Library:
         raise status_error(status, f"{what}: {text}")
 
 
-# Room for fh_fwd_select_backend's reason: the longest is about 400 bytes (a layout problem).
+# Room for fh_fwd_select_backend's / fh_bwd_select_backend's reason: the longest is about 400 bytes (a layout problem).
 _REASON_BYTES = 1024
 
 

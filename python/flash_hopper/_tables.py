@@ -90,6 +90,22 @@ def backend_name(backend: int, variant: int = FhVariant.TUNED) -> str:
     return _RUNNING_NAMES[int(backend), int(variant) if backend == FhBackend.FA3 else 0]
 
 
+# --- build_info's kernel list, by direction -----------------------------------------------------
+
+DIRECTIONS = ("fwd", "bwd")
+
+
+def kernel_entries(info: dict[str, Any], direction: str = "fwd") -> list[dict[str, Any]]:
+    """build_info's "kernels" entries of one direction. Libraries before ABI 3 list forward
+    kernels only and have no "direction" key: an entry without one is a forward kernel."""
+    return [k for k in info.get("kernels") or () if k.get("direction", "fwd") == direction]
+
+
+def has_backward(info: dict[str, Any]) -> bool:
+    """Whether a build holds backward kernels (build_info "backward"; False before ABI 3)."""
+    return bool(info.get("backward", False))
+
+
 # --- agreement with a built library --------------------------------------------------------------
 
 

@@ -1,9 +1,10 @@
-"""All argument validation of the forward, in one place.
+"""All argument validation of the forward and the backward, in one place.
 
 Every error names the argument, what was expected and what was given; nothing is launched after an
 error. Two levels:
 
-- ``check_fwd_args`` / ``check_op_args``: shapes, dtypes, strides, device and scalars. They read
+- ``check_fwd_args`` / ``check_op_args`` / ``check_bwd_args``: shapes, dtypes, strides, device
+  and scalars. They read
   tensor *metadata* only, so they run unchanged on FakeTensors while torch.compile traces (no
   data_ptr, no ctypes, no device query), and on CPU or meta tensors in tests. Shape, dtype and
   stride checks come before the device check, so a CPU tensor with a bad shape reports the shape.
@@ -189,8 +190,11 @@ def _check_device(name: str, t: torch.Tensor, ref: torch.Tensor | None) -> None:
         raise ValueError(f"{name}: must be on q's device {ref.device}, got device {t.device}")
 
 
-def check_qkv(q: Any, k: Any, v: Any) -> tuple[int, int, int, int, int, int]:
-    """Check q/k/v metadata; returns (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim)."""
+def check_qkv(q: Any, k: Any, v: Any,
+              devices: bool = True) -> tuple[int, int, int, int, int, int]:
+    """Check q/k/v metadata; returns (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim).
+    ``devices=False`` leaves the device checks to the caller (which has more tensors to check
+    before them)."""
     _check_tensor("q", q, 4, "(batch, seqlen_q, heads_q, head_dim)")
     _check_tensor("k", k, 4, "(batch, seqlen_k, heads_kv, head_dim)")
     _check_tensor("v", v, 4, "(batch, seqlen_k, heads_kv, head_dim)")
@@ -243,14 +247,15 @@ def check_qkv(q: Any, k: Any, v: Any) -> tuple[int, int, int, int, int, int]:
 
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_strides(name, t)
-    _check_device("q", q, None)
-    _check_device("k", k, q)
-    _check_device("v", v, q)
+    if devices:
+        _check_device("q", q, None)
+        _check_device("k", k, q)
+        _check_device("v", v, q)
     return batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim
 
 
-def _config(q, k, v, softmax_scale, left, right, softcap, backend) -> FwdConfig:
-    batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim = check_qkv(q, k, v)
+def _config(q, k, v, softmax_scale, left, right, softcap, backend, devices=True) -> FwdConfig:
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim = check_qkv(q, k, v, devices)
     if softmax_scale is None:
         scale = head_dim**-0.5  # ours, no need to check it (and symbolic under torch.compile)
     else:
@@ -301,13 +306,120 @@ def check_op_args(
     window_right: Any,
     softcap: Any,
     backend: Any,
+    devices: bool = True,
 ) -> FwdConfig:
     """Validate the custom op's arguments (the window is already resolved, scale explicit)."""
     left = _check_window_bound("window_left", window_left)
     right = _check_window_bound("window_right", window_right)
     if softmax_scale is None:
         raise TypeError("softmax_scale: expected a float, got None")
-    return _config(q, k, v, softmax_scale, left, right, softcap, backend)
+    return _config(q, k, v, softmax_scale, left, right, softcap, backend, devices)
+
+
+class BwdConfig(NamedTuple):
+    """The validated backward request: the forward's (``fwd``), the mode, and whether a dlse
+    takes part."""
+
+    fwd: FwdConfig
+    deterministic: bool
+    has_dlse: bool
+
+
+def _check_lse_like(name: str, t: Any, expected: tuple[int, int, int]) -> None:
+    _check_tensor(name, t, 3, "(batch, heads_q, seqlen_q)")
+    if _shape(t) != expected:
+        raise ValueError(f"{name}: expected shape {expected} (batch, heads_q, seqlen_q), got "
+                         f"{_shape(t)}")
+    if t.dtype != torch.float32:
+        raise ValueError(f"{name}: expected dtype torch.float32, got {t.dtype}")
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(
+            f"{name}: must be contiguous in the last dimension (stride 1), got strides "
+            f"{tuple(t.stride())}; call {name}.contiguous()"
+        )
+
+
+def check_bwd_args(
+    dout: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    dlse: Any,
+    softmax_scale: Any,
+    window_left: Any,
+    window_right: Any,
+    softcap: Any,
+    backend: Any,
+    deterministic: Any,
+) -> BwdConfig:
+    """Validate the backward op's arguments (metadata only, like the forward's).
+
+    q/k/v and the scalars as the forward op's; out like q (the forward's output); dout like out
+    in shape, dtype and device (its strides are the host path's business: it copies a dout the
+    kernels cannot load, see ``dout_needs_copy``); lse fp32 (batch, heads_q, seqlen_q) with row
+    stride 1; dlse None or like lse.
+    """
+    cfg = check_op_args(q, k, v, softmax_scale, window_left, window_right, softcap, backend,
+                        devices=False)
+    if not isinstance(deterministic, bool):
+        raise TypeError(
+            f"deterministic: expected a bool, got {type(deterministic).__name__} "
+            f"{deterministic!r}"
+        )
+    _check_tensor("out", out, 4, "(batch, seqlen_q, heads_q, head_dim)")
+    if _shape(out) != _shape(q):
+        raise ValueError(f"out: expected shape {_shape(q)} (q's shape), got {_shape(out)}")
+    if out.dtype != q.dtype:
+        raise ValueError(f"out: expected dtype {q.dtype} (q's dtype), got {out.dtype}")
+    _check_strides("out", out)
+    _check_tensor("dout", dout, 4, "(batch, seqlen_q, heads_q, head_dim)")
+    if _shape(dout) != _shape(out):
+        raise ValueError(f"dout: expected shape {_shape(out)} (out's shape), got {_shape(dout)}")
+    if dout.dtype != out.dtype:
+        raise ValueError(f"dout: expected dtype {out.dtype} (out's dtype), got {dout.dtype}")
+    lse_shape = (cfg.batch, cfg.heads_q, cfg.seqlen_q)
+    _check_lse_like("lse", lse, lse_shape)
+    if dlse is not None:
+        _check_lse_like("dlse", dlse, lse_shape)
+    _check_device("q", q, None)
+    for name, t in (("k", k), ("v", v), ("out", out), ("dout", dout), ("lse", lse),
+                    ("dlse", dlse)):
+        if t is not None:
+            _check_device(name, t, q)
+    return BwdConfig(cfg, deterministic, dlse is not None)
+
+
+def dout_needs_copy(dout: torch.Tensor) -> bool:
+    """Whether dout's layout is one the kernels cannot load: a non-unit last stride, a stride
+    that is not a 16-byte multiple, or a broadcast (stride 0, which TMA cannot describe; what
+    ``out.sum().backward()`` passes is all broadcast). The host path then passes
+    dout.contiguous() instead, as FA3 does. Metadata only; a misaligned data pointer is checked
+    per call."""
+    if dout.shape[-1] > 1 and dout.stride(-1) != 1:
+        return True
+    multiple = ALIGN_BYTES // dout.element_size()
+    for size, stride in zip(dout.shape[:-1], dout.stride()[:-1]):
+        if size > 1 and (stride <= 0 or stride % multiple != 0):
+            return True
+    return False
+
+
+def check_grads(dq: Any, dk: Any, dv: Any, q: torch.Tensor, k: torch.Tensor,
+                v: torch.Tensor) -> None:
+    """Check caller-provided gradients of bwd_into: each shaped, typed and placed like its input,
+    with the inputs' stride rules."""
+    for name, t, like, src in (("dq", dq, q, "q"), ("dk", dk, k, "k"), ("dv", dv, v, "v")):
+        _check_tensor(name, t, 4, f"{src}'s layout")
+        if _shape(t) != _shape(like):
+            raise ValueError(f"{name}: expected shape {_shape(like)} ({src}'s shape), got "
+                             f"{_shape(t)}")
+        if t.dtype != like.dtype:
+            raise ValueError(f"{name}: expected dtype {like.dtype} ({src}'s dtype), got "
+                             f"{t.dtype}")
+        _check_strides(name, t)
+        _check_device(name, t, q)
 
 
 def check_outputs(out: Any, lse: Any | None, q: torch.Tensor, cfg: FwdConfig) -> None:
@@ -340,7 +452,7 @@ def check_alignment(**tensors: torch.Tensor | None) -> None:
     for name, t in tensors.items():
         if t is None or t.numel() == 0:
             continue
-        align = 4 if name == "lse" else ALIGN_BYTES
+        align = 4 if name in ("lse", "dlse") else ALIGN_BYTES
         ptr = t.data_ptr()
         if ptr % align != 0:
             raise ValueError(

@@ -1,4 +1,5 @@
-"""Which kernel path serves a forward, and why: the library's policy, asked, not re-implemented.
+"""Which kernel path serves a forward or a backward, and why: the library's policy, asked, not
+re-implemented.
 
 The policy lives in C (api.cu ``select_backend``): fh_fwd applies it to the current device, and
 fh_fwd_select_backend answers for any compute capability without touching a GPU. Python asks the
@@ -7,6 +8,8 @@ second one with the facts it knows:
 - ``choose(params, capability)``: for a filled request (FhFwdParams, data pointers not needed);
   the host path (_fwd.py) asks once per call signature and pins the answer in its plan, so the
   backend fwd_into reports is the one that ran.
+- ``choose_bwd(params, capability)``: the same for the backward (FhBwdParams,
+  fh_bwd_select_backend); the backward's host path (_bwd.py) pins it in its plan.
 - ``hypothetical(capability, dtype, head_dim, backend, causal)``: for a GPU that is not here
   (``flash-hopper info --capability 9.0``, or any info on a machine without a GPU).
 
@@ -20,10 +23,10 @@ build variables to change or the stride at fault.
 from __future__ import annotations
 
 from . import _lib, _tables
-from ._lib import FhFwdParams
+from ._lib import FhBwdParams, FhFwdParams
 from ._tables import head_dim_bucket  # re-exported: bench/backends.py imports it from here
 
-__all__ = ["choose", "head_dim_bucket", "hypothetical"]
+__all__ = ["choose", "choose_bwd", "head_dim_bucket", "hypothetical"]
 
 
 def choose(params: FhFwdParams, capability: tuple[int, int]) -> tuple[str, str, _lib.FhBackend]:
@@ -35,6 +38,16 @@ def choose(params: FhFwdParams, capability: tuple[int, int]) -> tuple[str, str, 
     """
     backend, reason = _lib.get_library().policy(params, capability)
     return _tables.backend_name(backend, params.variant), reason, backend
+
+
+def choose_bwd(params: FhBwdParams,
+               capability: tuple[int, int]) -> tuple[str, str, _lib.FhBackend]:
+    """(name, reason, FhBackend) of the library's backward policy for ``params`` on a GPU of
+    ``capability``: "fa2" or "fa3" (the FA-3 ablation variants train with the tuned backward).
+    Raises like choose(): a backward nothing in this build can serve (today: any "fa3" request)
+    is an UnsupportedError whose message says so."""
+    backend, reason = _lib.get_library().policy(params, capability)
+    return _tables.backend_name(backend), reason, backend
 
 
 def hypothetical(

@@ -1,11 +1,16 @@
 """Public API, FlashAttention-3 compatible: flash_attn_func and which_backend.
 
-Two ways down, one host path (_fwd.py):
-- plain eager inference (real tensors, no tracer, no autograd): straight to ``_fwd.eager``, which
-  validates once per call signature, asks the library's policy, fills the parameters and launches;
-- anything torch must see (torch.compile, make_fx, FakeTensors, autograd): validate here (metadata
-  only) and call the ``flash_hopper::fwd`` custom op, so ``torch.compile(flash_attn_func,
-  fullgraph=True)`` traces it without graph breaks; its implementation is ``_fwd.op``.
+Three ways down, one host path per direction (_fwd.py, _bwd.py):
+- plain eager inference (real tensors, no tracer, no input that needs a gradient): straight to
+  ``_fwd.eager``, which validates once per call signature, asks the library's policy, fills the
+  parameters and launches; no LSE is allocated unless it is returned;
+- plain eager training (real tensors, no tracer, grad enabled and some input requiring grad):
+  ``_autograd.FlashAttnFunction``, a torch.autograd.Function over the same host paths (no
+  custom-op dispatch);
+- anything torch must see (torch.compile, make_fx, FakeTensors, dispatch modes): validate here
+  (metadata only) and call the ``flash_hopper::fwd`` custom op, so ``torch.compile(
+  flash_attn_func, fullgraph=True)`` traces it without graph breaks; its registered autograd
+  puts ``flash_hopper::bwd`` in the backward graph.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from collections.abc import Sequence
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
-from . import _fwd, _validate, ops
+from . import _autograd, _fwd, _validate, ops
 
 
 def flash_attn_func(
@@ -26,10 +31,11 @@ def flash_attn_func(
     causal: bool = False,
     window_size: Sequence[int] = (-1, -1),
     softcap: float = 0.0,
+    deterministic: bool = False,
     return_attn_probs: bool = False,
     backend: str = "auto",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Scaled dot-product attention, forward.
+    """Scaled dot-product attention, differentiable with respect to q, k and v.
 
     q: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim), fp16 or
     bf16 on one CUDA device, head_dim a multiple of 8 up to 256, heads_q % heads_kv == 0 (GQA/MQA).
@@ -40,41 +46,53 @@ def flash_attn_func(
     (bottom-right aligned; -1 = unbounded); causal=True is right = 0. A row that sees no key gets
     out 0 and lse -inf.
     softcap: if > 0, score = softcap * tanh(score / softcap).
+    deterministic: make the backward's dq bitwise reproducible (dk and dv always are), at a small
+    cost in backward speed; the forward is deterministic either way.
     return_attn_probs: also return lse, fp32 (batch, heads_q, seqlen_q), natural log (FA3 returns
-    the LSE here, not the probabilities).
+    the LSE here, not the probabilities); a loss that uses it gets its gradient too.
     backend: "auto" (FA-3 path on cc 9.0 when built, else FA-2 path), "fa2", "fa3", or an FA-3
     ablation variant ("fa3-no-pingpong", ...; build_info()["fa3_variants"] lists the built ones).
+    The backward runs on the backend asked for ("auto": the backward's own choice; the FA-3
+    ablation variants train with the tuned FA-3 backward). Today only the FA-2 path has a
+    backward: "auto" trains on it, an explicit "fa3" raises when the backward runs.
+
+    Gradients: dq, dk, dv in q/k/v's dtypes (fresh contiguous tensors, summed over the query heads
+    of a kv head for GQA); rows that see no key and keys no query sees get exact zeros.
 
     Pass the arguments after v by keyword: FA3's positional order has extra parameters.
-    Forward only for now: backward raises NotImplementedError.
     """
     if return_attn_probs is not True and return_attn_probs is not False:
         raise TypeError(f"return_attn_probs: expected a bool, got {return_attn_probs!r}")
-    # The custom op is what torch.compile / make_fx trace and what autograd sees; in plain eager
-    # inference on real tensors it only adds dispatch overhead, so take the host path directly.
-    if _plain_eager_inference(q, k, v):
-        out, lse = _fwd.eager(q, k, v, softmax_scale, causal, window_size, softcap, backend,
-                              need_lse=return_attn_probs)
+    if deterministic is not True and deterministic is not False:
+        raise TypeError(f"deterministic: expected a bool, got {deterministic!r}")
+    # The custom ops are what torch.compile / make_fx trace; on real tensors in plain eager mode
+    # they only add dispatch overhead, so take the host paths directly.
+    if _plain_eager(q, k, v):
+        if not (torch.is_grad_enabled()
+                and (q.requires_grad or k.requires_grad or v.requires_grad)):
+            out, lse = _fwd.eager(q, k, v, softmax_scale, causal, window_size, softcap, backend,
+                                  need_lse=return_attn_probs)
+        else:
+            out, lse = _autograd.FlashAttnFunction.apply(
+                q, k, v, softmax_scale, causal, window_size, softcap, backend, deterministic)
     else:
         cfg = _validate.check_fwd_args(q, k, v, softmax_scale, causal, window_size, softcap,
                                        backend)
         out, lse = ops.fwd(q, k, v, cfg.softmax_scale, cfg.window_left, cfg.window_right,
-                           cfg.softcap, cfg.backend)
+                           cfg.softcap, cfg.backend, deterministic)
     return (out, lse) if return_attn_probs else out
 
 
-def _plain_eager_inference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """True when no tracer, tensor subclass, dispatch mode or autograd needs to see the op.
+def _plain_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """True when no tracer, tensor subclass or dispatch mode needs to see the ops.
 
     Spelled out without generators: it runs on every eager call.
     """
     if torch.compiler.is_compiling() or _current_dispatch_mode() is not None:
         return False
     tensor = torch.Tensor
-    if type(q) is not tensor or type(k) is not tensor or type(v) is not tensor:
-        return False  # FakeTensor, FunctionalTensor, other subclasses, or not a tensor at all
-    return not (torch.is_grad_enabled()
-                and (q.requires_grad or k.requires_grad or v.requires_grad))
+    # FakeTensor, FunctionalTensor, other subclasses, or not a tensor at all (validation says so)
+    return type(q) is tensor and type(k) is tensor and type(v) is tensor
 
 
 def which_backend(

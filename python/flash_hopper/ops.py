@@ -1,11 +1,16 @@
-"""The forward as a torch custom op, and the lower-level entry points tests and benchmarks use.
+"""Forward and backward as torch custom ops, and the lower-level entry points tests and
+benchmarks use.
 
 - ``flash_hopper::fwd`` (``fwd``) is the ``torch.library.custom_op`` that flash_attn_func calls
-  whenever torch needs to see the op (torch.compile, make_fx, FakeTensors, autograd): opaque to
+  whenever torch needs to see the op (torch.compile, make_fx, FakeTensors): opaque to
   torch.compile (no graph break, no tracing into ctypes), with a fake implementation for shape
-  propagation and an autograd registration that refuses backward loudly. Its real implementation
-  is the host path's ``_fwd.op``.
-- ``fwd_into`` launches into caller-provided buffers (tests poison them with NaN first).
+  propagation. Its real implementation is the host path's ``_fwd.op``. Its registered autograd
+  saves q, k, v, out and lse and calls ``flash_hopper::bwd``, so compiled training graphs hold
+  both ops.
+- ``flash_hopper::bwd`` (``bwd``): dq, dk, dv by recomputation from the LSE; implementation
+  ``_bwd.op``. It has no derivative of its own: a double backward raises, naming the op.
+- ``fwd_into`` / ``bwd_into`` launch into caller-provided buffers (tests poison them with NaN
+  first).
 - ``make_params`` fills the C ABI struct for validated tensors (tests and bench/ab_libs.py call
   the library with it directly).
 """
@@ -14,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _fwd, _validate
+from . import _bwd, _fwd, _validate
 from ._lib import FhFwdParams
 
 
@@ -44,6 +49,39 @@ def fwd_into(
                      backend, num_sms)
 
 
+def bwd_into(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    dq: torch.Tensor,
+    dk: torch.Tensor,
+    dv: torch.Tensor,
+    softmax_scale: float,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    backend: str = "auto",
+    deterministic: bool = False,
+    dlse: torch.Tensor | None = None,
+    num_sms: int = 0,
+) -> str:
+    """Run the backward into ``dq``, ``dk``, ``dv`` (like q, k, v; written, never read).
+
+    ``out`` and ``lse`` are the forward's (lse fp32 (b, hq, sq)); ``dlse`` the gradient of the
+    lse or None for 0; ``deterministic`` makes dq bitwise reproducible; ``num_sms`` > 0 caps the
+    persistent grid (tests use it to run many tiles per CTA), 0 uses every SM.
+
+    Returns the backend that ran ("fa2", "fa3"), or "none" when batch == 0. seqlen_q == 0
+    launches and writes dk = dv = 0, seqlen_k == 0 writes dq = 0. The launch is on torch's
+    current stream of q's device; the workspace comes from torch's caching allocator.
+    """
+    return _bwd.into(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, window_left,
+                     window_right, softcap, backend, deterministic, dlse, num_sms)
+
+
 def make_params(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -66,32 +104,78 @@ def make_params(
     return p
 
 
-# The schema is spelled out rather than inferred from annotations: it is the op's contract, and it
-# does not depend on how a given torch version evaluates postponed (string) annotations.
+# The schemas are spelled out rather than inferred from annotations: they are the ops' contract,
+# and they do not depend on how a given torch version evaluates postponed (string) annotations.
+# ``deterministic`` changes only the backward; the forward op carries it so that its registered
+# autograd, which sees only the op's inputs, can pass it on.
 FWD_SCHEMA = (
     "(Tensor q, Tensor k, Tensor v, float softmax_scale, int window_left, int window_right, "
-    "float softcap, str backend) -> (Tensor, Tensor)"
+    "float softcap, str backend, bool deterministic) -> (Tensor, Tensor)"
+)
+BWD_SCHEMA = (
+    "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? dlse, "
+    "float softmax_scale, int window_left, int window_right, float softcap, str backend, "
+    "bool deterministic) -> (Tensor, Tensor, Tensor)"
 )
 
-# torch.compile, make_fx, fake tensors and autograd see the op; its implementation is the host
-# path's (validation cached per call signature, like the eager path).
+# torch.compile, make_fx, fake tensors and autograd see the ops; their implementations are the
+# host paths' (validation cached per call signature, like the eager path).
 fwd = torch.library.custom_op("flash_hopper::fwd", mutates_args=(), schema=FWD_SCHEMA)(_fwd.op)
+bwd = torch.library.custom_op("flash_hopper::bwd", mutates_args=(), schema=BWD_SCHEMA)(_bwd.op)
 
 
 @fwd.register_fake
-def _fwd_fake(q, k, v, softmax_scale, window_left, window_right, softcap, backend):
+def _fwd_fake(q, k, v, softmax_scale, window_left, window_right, softcap, backend, deterministic):
     batch, seqlen_q, heads_q, _ = q.shape
     out = q.new_empty((batch, seqlen_q, heads_q, v.shape[-1]))
     lse = q.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)
     return out, lse
 
 
-def _fwd_backward(ctx, grad_out, grad_lse):
+@bwd.register_fake
+def _bwd_fake(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap,
+              backend, deterministic):
+    # Fresh contiguous gradients shaped like their inputs, whatever the inputs' layouts.
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape))
+
+
+def _fwd_setup_context(ctx, inputs, output):
+    q, k, v, softmax_scale, window_left, window_right, softcap, backend, deterministic = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.bwd_args = (softmax_scale, window_left, window_right, softcap, backend, deterministic)
+    # A gradient of None (not zeros) for an output the loss does not use: the lse usually.
+    ctx.set_materialize_grads(False)
+
+
+def _fwd_backward(ctx, dout, dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dout, dlse = loadable_grads(out, dout, dlse)
+    dq, dk, dv = bwd(dout, q, k, v, out, lse, dlse, *ctx.bwd_args)
+    return dq, dk, dv, None, None, None, None, None, None
+
+
+def loadable_grads(out: torch.Tensor, dout: torch.Tensor | None,
+                   dlse: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The output gradients autograd hands the backward, as the bwd op takes them: a dout of
+    None (only the lse was used) becomes zeros; a dlse that is not contiguous (``lse.sum()``
+    gives a broadcast) is made so. dout's layout is the host path's business (_bwd.py)."""
+    if dout is None:
+        dout = torch.zeros_like(out)
+    if dlse is not None and not dlse.is_contiguous():
+        dlse = dlse.contiguous()
+    return dout, dlse
+
+
+fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
+
+
+def _bwd_backward(ctx, grad_dq, grad_dk, grad_dv):
     raise NotImplementedError(
-        "flash_hopper::fwd: backward lands in a later issue (the FA-2/FA-3 backward kernels); "
-        "until then flash_attn_func is forward-only: call it under torch.no_grad() or on "
-        "tensors that do not require grad"
+        "flash_hopper::bwd: double backward (a gradient of the attention backward, e.g. "
+        "torch.autograd.grad(..., create_graph=True) followed by another backward) is not "
+        "supported"
     )
 
 
-fwd.register_autograd(_fwd_backward)
+bwd.register_autograd(_bwd_backward)

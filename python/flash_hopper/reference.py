@@ -8,7 +8,8 @@
   it (blocks of queries, a loop over key blocks with running max / sum and a rescaled
   accumulator). It is what the kernels implement, written to be read, and it walks key blocks with
   the kernels' own policy (which blocks, which of them masked).
-- ``attention_bwd_ref``: the backward by recomputation from the LSE, as the kernels will do it.
+- ``attention_bwd_ref``: the backward by recomputation from the LSE, as the kernels do it,
+  including the gradient of the returned LSE (``dlse``).
 
 Conventions, shared with the kernels (api.h): layout (batch, seqlen, heads, head_dim); GQA maps
 query head h to kv head h // (heads_q // heads_kv); scores are scaled by softmax_scale, then soft-
@@ -219,15 +220,19 @@ def attention_bwd_ref(
     window_size: Sequence[int] = (-1, -1),
     softcap: float = 0.0,
     attention_chunk: int = 0,
+    dlse: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Backward by recomputation from the LSE (FlashAttention): (dq, dk, dv) in q/k/v layouts.
 
         P  = exp(S - lse)              (S scaled, softcapped, masked: the forward's scores)
-        dV = P^T dO                    D  = rowsum(dO * O)
+        dV = P^T dO                    D  = rowsum(dO * O) - dlse
         dP = dO V^T                    dS = P * (dP - D)
         dS_raw = dS * (1 - tanh^2)     (through the softcap; identity without it)
         dQ = dS_raw K * scale          dK = dS_raw^T Q * scale
     With GQA, dK and dV of the query heads that share a kv head are summed.
+
+    ``dlse``: the gradient of the returned lse, (b, hq, sq), or None for 0. Since
+    d lse_i / d S_ij = P_ij, it adds P * dlse to dS, which is the same as subtracting it from D.
     """
     dtype = _compute_dtype(q.dtype, True)
     batch, _, heads_q, head_dim = q.shape
@@ -254,6 +259,8 @@ def attention_bwd_ref(
     dv = p.transpose(-1, -2) @ doh
     dp = doh @ vh.transpose(-1, -2)
     delta = (doh * oh).sum(dim=-1, keepdim=True)
+    if dlse is not None:
+        delta = delta - dlse.to(dtype).unsqueeze(-1)
     ds = p * (dp - delta)
     if softcap > 0:
         ds = ds * (1 - tanh * tanh)

@@ -64,8 +64,28 @@ class FlashHopperBackend(Backend):
         bucket_reason = self._head_dim_reason(info, case.head_dim)
         if bucket_reason:
             return bucket_reason
-        if direction and "bwd" in direction and not info.get("backward"):
-            return "backward not available in flash-hopper yet"
+        if direction and "bwd" in direction:
+            return self._backward_reason(info, case)
+        return None
+
+    def _backward_reason(self, info: dict, case) -> str | None:
+        """Why this build cannot run the backward of ``case`` on this path, or None. Libraries
+        before ABI 3 have no "backward" key (no backward); the FA-3 ablation variants train with
+        the tuned FA-3 backward, so they need its kernel."""
+        from flash_hopper import _tables
+
+        if not _tables.has_backward(info):
+            return "library built without backward kernels (build_info backward: false)"
+        path = "fa3" if self.name.startswith("fa3") else "fa2"
+        try:
+            bucket = _tables.head_dim_bucket(case.head_dim)
+        except ValueError:  # d > 256: the call itself says why
+            return None
+        built = {(k.get("backend"), k.get("dtype"), k.get("head_dim"))
+                 for k in _tables.kernel_entries(info, "bwd")}
+        if (path, case.dtype, bucket) not in built:
+            return (f"library built without a {path} backward kernel for {case.dtype} head-dim "
+                    f"bucket {bucket}")
         return None
 
     @staticmethod

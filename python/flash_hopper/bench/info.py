@@ -140,10 +140,13 @@ def render(report: dict[str, object]) -> str:
 
 
 def _kernels_by_path(lib: dict) -> dict[str, list[int]]:
-    """'fa3 bf16' -> head dims with a kernel, from build_info's exact kernel list."""
+    """'fa3 bf16' (forward) / 'fa2 bf16 bwd' -> head dims with a kernel, from build_info's exact
+    kernel list (entries without a "direction", from libraries before ABI 3, are forward)."""
     grouped: dict[str, list[int]] = {}
     for kernel in lib.get("kernels") or ():
-        grouped.setdefault(f"{kernel['backend']} {kernel['dtype']}", []).append(kernel["head_dim"])
+        suffix = " bwd" if kernel.get("direction", "fwd") == "bwd" else ""
+        grouped.setdefault(f"{kernel['backend']} {kernel['dtype']}{suffix}", []).append(
+            kernel["head_dim"])
     return grouped
 
 

@@ -1,0 +1,46 @@
+"""Plain eager training: flash_attn_func as a torch.autograd.Function over the host paths.
+
+Why not the custom ops' registered autograd: a custom op call costs a dispatcher round trip and
+its Python wrapper (about half of a small forward's host time in the forward's history, PERFLOG
+FA-2 v3); in plain eager mode nothing needs to see the op, so this Function calls the forward's
+plan cache (``_fwd.plan_eager``: flash_attn_func's own arguments, validated once per signature)
+and ``_bwd.op`` directly. Anything traced (torch.compile, make_fx, FakeTensors, dispatch modes)
+goes through ``ops.fwd`` instead, whose registered autograd does the same through
+``flash_hopper::bwd``.
+
+The backward runs the backend the forward was asked for: "auto" asks the backward's policy
+again (today that is the FA-2 path), an explicit "fa3" raises until the FA-3 backward exists.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import _bwd, _fwd, ops
+
+
+class FlashAttnFunction(torch.autograd.Function):
+    """(out, lse) = attention(q, k, v); gradients for q, k, v from dout and (when the lse was
+    used) dlse."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Any,
+                causal: Any, window_size: Any, softcap: Any, backend: Any,
+                deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        plan = _fwd.plan_eager(q, k, v, softmax_scale, causal, window_size, softcap, backend)
+        out, lse = _fwd._run_new_outputs(plan, q, k, v)  # the backward needs the lse
+        ctx.save_for_backward(q, k, v, out, lse)
+        cfg = plan.cfg  # resolved: scale, window with causal folded in
+        ctx.bwd_args = (cfg.softmax_scale, cfg.window_left, cfg.window_right, cfg.softcap,
+                        cfg.backend, deterministic)
+        ctx.set_materialize_grads(False)  # an unused lse gets None, not a zeros tensor
+        return out, lse
+
+    @staticmethod
+    def backward(ctx: Any, dout: torch.Tensor | None, dlse: torch.Tensor | None):
+        q, k, v, out, lse = ctx.saved_tensors
+        dout, dlse = ops.loadable_grads(out, dout, dlse)
+        dq, dk, dv = _bwd.op(dout, q, k, v, out, lse, dlse, *ctx.bwd_args)
+        return dq, dk, dv, None, None, None, None, None, None

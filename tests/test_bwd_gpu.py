@@ -1,0 +1,447 @@
+"""Backward kernels against the reference, on a GPU (every test here is marked ``gpu``).
+
+Tolerance doctrine (FA3's rule, kernels/BWD_PLAN.md §10.1), for g in dq, dk, dv:
+    max|g - g_ref| <= 2 * max|g_lowp - g_ref| + atol      (3 x with softcap)
+g_ref: autograd of the naive attention_ref in float64 on the same (low-precision) inputs; g_lowp:
+the same autograd with every step in the input dtype (upcast=False), a plain same-precision
+PyTorch implementation; atol: FA3's rounding scale of the reference in the input dtype,
+2 * max|fl(g_ref + 0.3) - 0.3 - g_ref|, floored at 1e-4. Rows that see no key (dq) and keys that
+no query sees (dk, dv) are compared exactly: their gradients are 0, not small.
+
+Gradients come from flash_attn_func(...) through autograd (the eager route: the autograd
+Function over the host paths), or from ops.bwd_into into NaN-poisoned caller buffers, so an
+element the kernels forget to write fails.
+
+Grid rationale (a few minutes with -n 8 on an H200; the float64 reference dominates): one axis at
+a time around a central case (bf16, hdim 128, GQA 4:2, lengths 113 x 203) instead of a product.
+Today only the FA-2 path has a backward ("auto" runs it); an explicit "fa3" backward is refused
+with an error naming it (test_fa3_backward_is_refused), while the fa3 forward keeps working.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from flash_hopper import UnsupportedError, _validate, flash_attn_func, ops
+from flash_hopper._lib import FhBackend, FhDtype
+from flash_hopper.dispatch import head_dim_bucket
+from flash_hopper.mask import AttentionMask
+from flash_hopper.reference import attention_ref
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [torch.bfloat16, torch.float16]
+BUCKETS = [64, 96, 128, 192, 256]
+_ENUM_DTYPE = {torch.float16: FhDtype.FP16, torch.bfloat16: FhDtype.BF16}
+CENTRAL = (2, 113, 203, 4, 2, 128)  # (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim)
+
+
+# --- fixtures and helpers ------------------------------------------------------------------------
+
+
+def require_bwd(lib, dtype: torch.dtype, head_dim: int) -> None:
+    """Skip unless this GPU and build can run the FA-2 backward for dtype / head_dim."""
+    cc = torch.cuda.get_device_capability()
+    if cc < (8, 0):
+        pytest.skip(f"the backward needs compute capability >= 8.0, this GPU is {cc[0]}.{cc[1]}")
+    if not lib.has_bwd_kernel(FhBackend.FA2, _ENUM_DTYPE[dtype], head_dim):
+        pytest.skip(f"this build has no fa2 backward kernel for {dtype} hdim bucket "
+                    f"{head_dim_bucket(head_dim)} (FH_DIRECTIONS / FH_HEAD_DIMS / FH_DTYPES)")
+    if not lib.has_fwd_kernel(FhBackend.FA2, _ENUM_DTYPE[dtype], head_dim):
+        pytest.skip(f"this build has no fa2 forward kernel for {dtype} hdim {head_dim}")
+
+
+@pytest.fixture(autouse=True)
+def _exact_fp32_matmuls():
+    # The references must be what they say (fp32 not TF32).
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+def make_qkv(b, sq, sk, hq, hkv, d, dtype, layout="contiguous"):
+    def rand(*shape):
+        return torch.randn(*shape, dtype=dtype, device="cuda")
+
+    if layout == "contiguous":
+        return rand(b, sq, hq, d), rand(b, sk, hkv, d), rand(b, sk, hkv, d)
+    if layout == "packed_qkv":  # one (b, s, hq + 2 hkv, d) projection output, split by heads
+        qkv = rand(b, sq, hq + 2 * hkv, d)
+        return qkv[:, :, :hq], qkv[:, :, hq : hq + hkv], qkv[:, :, hq + hkv :]
+    if layout == "heads_first":  # (b, h, s, d) storage viewed as (b, s, h, d)
+        return (rand(b, hq, sq, d).transpose(1, 2), rand(b, hkv, sk, d).transpose(1, 2),
+                rand(b, hkv, sk, d).transpose(1, 2))
+    raise ValueError(layout)
+
+
+def max_abs(a, b) -> float:
+    return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
+
+
+def flash_grads(q, k, v, dout, dlse=None, deterministic=False, **mask):
+    """(dq, dk, dv) of flash_attn_func through autograd (fresh leaves, so q/k/v may be views)."""
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out, lse = flash_attn_func(*leaves, deterministic=deterministic, return_attn_probs=True,
+                               **mask)
+    outputs, grads = ([out, lse], [dout, dlse]) if dlse is not None else ([out], [dout])
+    return torch.autograd.grad(outputs, leaves, grads)
+
+
+def reference_grads(q, k, v, dout, dlse=None, upcast_to=torch.float64, **mask):
+    """Autograd of attention_ref: in ``upcast_to`` (float64: g_ref), or None for the input
+    dtype with every step in it (upcast=False: g_lowp)."""
+    dtype = upcast_to or q.dtype
+    leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+    out, lse = attention_ref(*leaves, upcast=upcast_to is not None, **mask)
+    outputs, grads = [out], [dout.to(out.dtype)]
+    if dlse is not None:
+        outputs.append(lse)
+        grads.append(dlse.to(lse.dtype))
+    got = torch.autograd.grad(outputs, leaves, grads, allow_unused=True)
+    return [torch.zeros_like(t) if g is None else g for g, t in zip(got, leaves)]
+
+
+def assert_grads_match(got, q, k, v, dout, dlse=None, **mask):
+    """FA3's rule for each gradient, and exact zeros where nothing is seen."""
+    ref = reference_grads(q, k, v, dout, dlse, **mask)
+    lowp = reference_grads(q, k, v, dout, dlse, upcast_to=None, **mask)
+    factor = 3 if mask.get("softcap", 0.0) else 2
+    for name, g, r, lp, like in zip(("dq", "dk", "dv"), got, ref, lowp, (q, k, v)):
+        assert g.shape == like.shape and g.dtype == like.dtype, name
+        assert not g.isnan().any(), f"{name} has NaN: an element was not written (or 0/0)"
+        r_lowp = r.to(g.dtype)
+        rounding = 2 * max_abs(r_lowp + 0.3 - 0.3, r_lowp)
+        tol = factor * max_abs(lp, r) + max(rounding, 1e-4)
+        err = max_abs(g, r)
+        assert err <= tol, f"{name}: max error {err:.3g} > tolerance {tol:.3g}"
+    sq, sk = q.shape[1], k.shape[1]
+    visible = AttentionMask.from_args(sq, sk, mask.get("causal", False),
+                                      mask.get("window_size", (-1, -1))).dense(device=q.device)
+    empty_rows, empty_keys = ~visible.any(dim=1), ~visible.any(dim=0)
+    assert (got[0][:, empty_rows] == 0).all(), "dq of rows that see no key must be exactly 0"
+    assert (got[1][:, empty_keys] == 0).all(), "dk of keys no query sees must be exactly 0"
+    assert (got[2][:, empty_keys] == 0).all(), "dv of keys no query sees must be exactly 0"
+
+
+def check(lib, shape, dtype=torch.bfloat16, layout="contiguous", with_dlse=False, **mask):
+    b, sq, sk, hq, hkv, d = shape
+    require_bwd(lib, dtype, d)
+    q, k, v = make_qkv(b, sq, sk, hq, hkv, d, dtype, layout)
+    dout = torch.randn(b, sq, hq, d, dtype=dtype, device="cuda")
+    dlse = torch.randn(b, hq, sq, device="cuda") if with_dlse else None
+    got = flash_grads(q, k, v, dout, dlse, **mask)
+    assert_grads_match(got, q, k, v, dout, dlse, **mask)
+
+
+# --- one axis at a time around the central case --------------------------------------------------
+
+# Odd lengths (tails in every tile), decode-like 1, sq != sk both ways (bottom-right causal: the
+# first sq - sk rows see nothing), a long one (many key blocks adding into each dq row).
+SEQLENS = [(1, 1), (1, 113), (17, 17), (113, 113), (113, 203), (203, 113), (17, 1023),
+           (1023, 17), (1023, 1023)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("sq", "sk"), SEQLENS)
+def test_seqlens(lib, seed, sq, sk, causal, dtype):
+    check(lib, (2, sq, sk, 4, 2, 128), dtype, causal=causal)
+
+
+# Every bucket, and a head dim below each (d % 8 == 0, zero-padded to the bucket).
+HEAD_DIMS = [64, 96, 128, 192, 256, 40, 72, 120, 184, 248]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_head_dims(lib, seed, head_dim, causal, dtype):
+    check(lib, (2, 113, 203, 4, 2, head_dim), dtype, causal=causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("heads_q", "heads_kv"), [(1, 1), (4, 2), (8, 1), (6, 3)])
+def test_gqa(lib, seed, heads_q, heads_kv, causal):
+    # dk / dv are summed over the query heads of each kv head.
+    check(lib, (2, 113, 203, heads_q, heads_kv, 128), causal=causal)
+
+
+MASKS = [
+    # (window_size, causal, softcap)
+    ((-1, -1), False, 30.0),
+    ((-1, -1), True, 30.0),
+    ((64, 0), False, 0.0),  # sliding window
+    ((17, 33), False, 0.0),
+    ((-1, 5), False, 0.0),  # right-only
+    ((0, 0), False, 0.0),  # the diagonal only
+    ((40, 8), False, 30.0),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("window_size", "causal", "softcap"), MASKS)
+def test_windows_and_softcap(lib, seed, window_size, causal, softcap, dtype):
+    check(lib, CENTRAL, dtype, window_size=window_size, causal=causal, softcap=softcap)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", BUCKETS)
+def test_softcap_head_dims(lib, seed, head_dim, causal):
+    check(lib, (2, 113, 203, 4, 2, head_dim), causal=causal, softcap=30.0)
+
+
+# Windows that leave rows seeing no key (sq > sk: offset < 0) and keys no query sees (sk > sq),
+# and causal with sq > sk: those gradients are exactly 0 (checked in assert_grads_match).
+EMPTY = [
+    ((300, 200), (1, 0), False),  # rows 0-99 see nothing
+    ((200, 300), (2, 0), False),  # keys 0-97 are seen by no query
+    ((203, 113), (-1, -1), True),  # the first 90 rows see nothing
+    ((113, 203), (3, 3), False),  # a band: keys outside it see nothing
+]
+
+
+@pytest.mark.parametrize(("lengths", "window_size", "causal"), EMPTY)
+def test_rows_and_keys_that_see_nothing(lib, seed, lengths, window_size, causal):
+    sq, sk = lengths
+    visible = AttentionMask.from_args(sq, sk, causal, window_size).dense()
+    assert (~visible.any(dim=1)).any() or (~visible.any(dim=0)).any()  # the case has some
+    check(lib, (2, sq, sk, 4, 2, 128), window_size=window_size, causal=causal)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["packed_qkv", "heads_first"])
+def test_non_contiguous_inputs(lib, seed, layout, dtype):
+    check(lib, (2, 151, 151, 4, 2, 128), dtype, layout=layout, causal=True)
+
+
+@pytest.mark.parametrize("kind", ["transposed", "broadcast", "last_dim_strided", "misaligned"])
+def test_dout_layouts(lib, seed, kind):
+    # dout as losses produce it: the kernels get a loadable copy where they need one.
+    b, sq, sk, hq, hkv, d = CENTRAL
+    require_bwd(lib, torch.bfloat16, d)
+    q, k, v = make_qkv(b, sq, sk, hq, hkv, d, torch.bfloat16)
+    if kind == "transposed":
+        dout = torch.randn(b, hq, sq, d, dtype=torch.bfloat16, device="cuda").transpose(1, 2)
+    elif kind == "broadcast":  # what out.sum().backward() hands the backward
+        dout = torch.ones(1, 1, 1, 1, dtype=torch.bfloat16, device="cuda").expand(b, sq, hq, d)
+    elif kind == "last_dim_strided":
+        dout = torch.randn(b, sq, hq, 2 * d, dtype=torch.bfloat16, device="cuda")[..., ::2]
+    else:  # 2 bytes past a 16-byte boundary
+        n = b * sq * hq * d
+        dout = torch.randn(n + 8, dtype=torch.bfloat16, device="cuda")[1 : 1 + n].view(
+            b, sq, hq, d)
+    got = flash_grads(q, k, v, dout, causal=True)
+    assert_grads_match(got, q, k, v, dout, causal=True)
+    # The same values in a contiguous dout give the same gradients, bit for bit.
+    again = flash_grads(q, k, v, dout.contiguous(), causal=True, deterministic=True)
+    ours = flash_grads(q, k, v, dout, causal=True, deterministic=True)
+    assert all(torch.equal(a, o) for a, o in zip(again, ours))
+
+
+@pytest.mark.parametrize("only_lse", [False, True])
+def test_lse_gradient(lib, seed, only_lse):
+    # return_attn_probs=True and a loss that uses the lse: its gradient (dlse) flows.
+    b, sq, sk, hq, hkv, d = CENTRAL
+    require_bwd(lib, torch.bfloat16, d)
+    q, k, v = make_qkv(b, sq, sk, hq, hkv, d, torch.bfloat16)
+    dlse = torch.randn(b, hq, sq, device="cuda")
+    dout = torch.zeros(b, sq, hq, d, dtype=torch.bfloat16, device="cuda")
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out, lse = flash_attn_func(*leaves, causal=True, return_attn_probs=True)
+    if only_lse:
+        got = torch.autograd.grad(lse, leaves, dlse)
+    else:
+        dout = torch.randn_like(dout)
+        got = torch.autograd.grad((out, lse), leaves, (dout, dlse))
+    assert_grads_match(got, q, k, v, dout, dlse, causal=True)
+
+
+def test_central_case_with_dlse_and_window(lib, seed):
+    check(lib, CENTRAL, with_dlse=True, window_size=(50, 10), softcap=30.0)
+
+
+# --- empty problems ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_seqlen_k_zero_gives_zero_dq(lib, dtype):
+    require_bwd(lib, dtype, 64)
+    q, k, v = make_qkv(2, 17, 0, 4, 2, 64, dtype)
+    dq, dk, dv = flash_grads(q, k, v, torch.randn_like(q))
+    assert (dq == 0).all() and dk.shape == k.shape and dv.shape == v.shape
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_seqlen_q_zero_gives_zero_dk_dv(lib, dtype):
+    require_bwd(lib, dtype, 64)
+    q, k, v = make_qkv(2, 0, 33, 4, 2, 64, dtype)
+    dq, dk, dv = flash_grads(q, k, v, torch.randn_like(q))
+    assert dq.shape == q.shape and (dk == 0).all() and (dv == 0).all()
+
+
+def test_batch_zero(lib):
+    require_bwd(lib, torch.bfloat16, 64)
+    q, k, v = make_qkv(0, 17, 33, 4, 2, 64, torch.bfloat16)
+    dq, dk, dv = flash_grads(q, k, v, torch.randn_like(q))
+    assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+    out, lse = torch.empty_like(q), torch.empty(0, 4, 17, device="cuda")
+    assert ops.bwd_into(q, q, k, v, out, lse, dq, dk, dv, 0.125, -1, -1, 0.0) == "none"
+
+
+# --- caller buffers, the persistent grid ---------------------------------------------------------
+
+
+def bwd_into_poisoned(q, k, v, dout, dlse=None, deterministic=False, num_sms=0, backend="auto",
+                      **mask):
+    """The forward by flash_attn_func, the backward by ops.bwd_into into NaN-filled dq/dk/dv;
+    returns (backend that ran, (dq, dk, dv))."""
+    out, lse = flash_attn_func(q, k, v, return_attn_probs=True, **mask)
+    cfg = _validate.check_fwd_args(q, k, v, None, mask.get("causal", False),
+                                   mask.get("window_size", (-1, -1)), mask.get("softcap", 0.0))
+    grads = [torch.full_like(t, float("nan"), memory_format=torch.contiguous_format)
+             for t in (q, k, v)]
+    ran = ops.bwd_into(dout, q, k, v, out, lse, *grads, cfg.softmax_scale, cfg.window_left,
+                       cfg.window_right, cfg.softcap, backend=backend,
+                       deterministic=deterministic, dlse=dlse, num_sms=num_sms)
+    return ran, grads
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("num_sms", [0, 1, 3])
+@pytest.mark.parametrize(("causal", "window_size"), [(False, (-1, -1)), (True, (-1, -1)),
+                                                      (False, (100, 20))])
+def test_bwd_into_nan_poisoned(lib, seed, num_sms, deterministic, causal, window_size):
+    # num_sms caps the persistent grid: 1 and 3 CTAs walk many tiles each.
+    b, sq, sk, hq, hkv, d = 2, 611, 397, 4, 2, 128
+    require_bwd(lib, torch.bfloat16, d)
+    q, k, v = make_qkv(b, sq, sk, hq, hkv, d, torch.bfloat16)
+    dout = torch.randn_like(q)
+    dlse = torch.randn(b, hq, sq, device="cuda")
+    ran, got = bwd_into_poisoned(q, k, v, dout, dlse, deterministic, num_sms, causal=causal,
+                                 window_size=window_size)
+    assert ran == "fa2"
+    assert_grads_match(got, q, k, v, dout, dlse, causal=causal, window_size=window_size)
+
+
+def test_flash_attn_func_equals_bwd_into(lib, seed):
+    b, sq, sk, hq, hkv, d = CENTRAL
+    require_bwd(lib, torch.bfloat16, d)
+    q, k, v = make_qkv(b, sq, sk, hq, hkv, d, torch.bfloat16)
+    dout = torch.randn_like(q)
+    via_autograd = flash_grads(q, k, v, dout, causal=True, deterministic=True)
+    _, via_into = bwd_into_poisoned(q, k, v, dout, deterministic=True, causal=True)
+    assert all(torch.equal(a, b) for a, b in zip(via_autograd, via_into))
+
+
+# --- deterministic mode --------------------------------------------------------------------------
+
+DETERMINISM = [(d, hq, hkv, causal) for d in BUCKETS for causal in (False, True)
+               for hq, hkv in ((4, 2),)] + [(128, 8, 2, False), (128, 8, 2, True)]  # GQA 4:1
+
+
+@pytest.mark.parametrize(("head_dim", "heads_q", "heads_kv", "causal"), DETERMINISM)
+def test_deterministic_is_bitwise_reproducible(lib, seed, head_dim, heads_q, heads_kv, causal):
+    # Lengths with many key blocks per dq row, where atomic adds would reorder.
+    b, sq, sk = 2, 509, 1021
+    require_bwd(lib, torch.bfloat16, head_dim)
+    q, k, v = make_qkv(b, sq, sk, heads_q, heads_kv, head_dim, torch.bfloat16)
+    dout = torch.randn_like(q)
+    out, lse = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    scale = head_dim**-0.5
+    right = 0 if causal else -1
+    first = None
+    for _ in range(100):
+        grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+        ops.bwd_into(dout, q, k, v, out, lse, *grads, scale, -1, right, 0.0, deterministic=True)
+        if first is None:
+            first = grads
+            assert not any(g.isnan().any() for g in grads)
+        else:
+            for name, a, g in zip(("dq", "dk", "dv"), first, grads):
+                assert torch.equal(a, g), f"{name} differs between deterministic runs"
+
+
+def test_default_mode_dk_dv_are_reproducible(lib, seed):
+    # dk and dv have one writer per element in every mode; only dq may vary by default.
+    b, sq, sk, hq, hkv, d = 2, 509, 1021, 8, 2, 128
+    require_bwd(lib, torch.bfloat16, d)
+    q, k, v = make_qkv(b, sq, sk, hq, hkv, d, torch.bfloat16)
+    dout = torch.randn_like(q)
+    runs = [flash_grads(q, k, v, dout, causal=True) for _ in range(10)]
+    for dq, dk, dv in runs[1:]:
+        assert torch.equal(dk, runs[0][1]) and torch.equal(dv, runs[0][2])
+        assert not dq.isnan().any()
+
+
+# --- torch integration ---------------------------------------------------------------------------
+
+
+def test_opcheck_fwd_with_grad(lib, seed):
+    require_bwd(lib, torch.bfloat16, 64)
+    q, k, v = (t.requires_grad_() for t in make_qkv(2, 65, 97, 4, 2, 64, torch.bfloat16))
+    torch.library.opcheck(torch.ops.flash_hopper.fwd.default,
+                          (q, k, v, 0.125, -1, 0, 0.0, "auto", True))
+
+
+@pytest.mark.parametrize("with_dlse", [False, True])
+def test_opcheck_bwd(lib, seed, with_dlse):
+    require_bwd(lib, torch.bfloat16, 64)
+    q, k, v = make_qkv(2, 65, 97, 4, 2, 64, torch.bfloat16)
+    out, lse = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    dlse = torch.randn_like(lse) if with_dlse else None
+    torch.library.opcheck(
+        torch.ops.flash_hopper.bwd.default,
+        (torch.randn_like(out), q, k, v, out, lse, dlse, 0.125, -1, 0, 0.0, "auto", True),
+        test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"),
+    )
+
+
+def _loss(q, k, v, w):
+    out = flash_attn_func(q, k, v, causal=True, deterministic=True)
+    return ((out.float().flatten(2) @ w) ** 2).mean()
+
+
+def test_torch_compile_training_step_equals_eager(lib, seed):
+    require_bwd(lib, torch.bfloat16, 128)
+    torch._dynamo.reset()
+    base = [t.float() for t in make_qkv(2, 113, 113, 4, 2, 128, torch.bfloat16)]
+    w0 = torch.randn(4 * 128, 64, device="cuda") / 16
+
+    def train(loss_fn):
+        q, k, v = (t.to(torch.bfloat16).requires_grad_() for t in base)
+        w = w0.clone().requires_grad_()
+        losses = []
+        for _ in range(2):  # two SGD steps
+            loss = loss_fn(q, k, v, w)
+            loss.backward()
+            losses.append(loss.detach())
+            with torch.no_grad():
+                for t in (q, k, v, w):
+                    t -= 0.5 * t.grad.to(t.dtype)
+                    t.grad = None
+        return losses + [q.detach(), k.detach(), v.detach(), w.detach()]
+
+    eager = train(_loss)
+    compiled = train(torch.compile(_loss, fullgraph=True))
+    for a, b in zip(eager, compiled):
+        torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2e-2)
+    assert not torch.equal(eager[2], base[0].to(torch.bfloat16))  # the steps moved q
+
+
+def test_fa3_backward_is_refused(lib, seed):
+    # Today only the FA-2 path has backward kernels: a backward asked of fa3 says so, while the
+    # fa3 forward works and "auto" trains on fa2.
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the fa3 forward needs compute capability 9.0")
+    if not lib.has_fwd_kernel(FhBackend.FA3, FhDtype.BF16, 128):
+        pytest.skip("this build has no fa3 bf16 hdim 128 forward kernel")
+    q, k, v = (t.requires_grad_() for t in make_qkv(2, 113, 203, 4, 2, 128, torch.bfloat16))
+    out = flash_attn_func(q, k, v, backend="fa3")
+    assert not out.isnan().any()
+    with pytest.raises(UnsupportedError, match=r"(?i)fa3[\s\S]*backward|backward[\s\S]*fa3"):
+        out.float().sum().backward()
+    if lib.has_bwd_kernel(FhBackend.FA2, FhDtype.BF16, 128):
+        ran, _ = bwd_into_poisoned(q.detach(), k.detach(), v.detach(),
+                                   torch.randn_like(q).detach())
+        assert ran == "fa2"
