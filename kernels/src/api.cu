@@ -45,6 +45,18 @@
 #undef FH_REGISTER_BWD
 
 namespace flash_hopper {
+
+#if !FH_BWD_COMMON_BUILT
+// A build without FH_DIRECTIONS bwd has no backward kernel, so the policy never selects one and
+// these never run; they stand in for bwd_common.cu so that the library links.
+LaunchResult launch_bwd_preprocess(BwdParams const&, int32_t, cudaStream_t) {
+  return LaunchResult::internal("backward preprocess in a build without FH_DIRECTIONS bwd");
+}
+LaunchResult launch_bwd_postprocess(BwdParams const&, int32_t, cudaStream_t) {
+  return LaunchResult::internal("backward postprocess in a build without FH_DIRECTIONS bwd");
+}
+#endif
+
 namespace {
 
 struct RegistryEntry {
@@ -1159,7 +1171,6 @@ int smem_limit(const DeviceInfo& dev) {
 // already ran wrote only the caller's workspace and outputs, which a failed call leaves undefined).
 FhStatus launch_bwd(const FhBwdParams* params, BwdChoice const& choice, const DeviceInfo& dev,
                     cudaStream_t stream) {
-#if FH_BWD_COMMON_BUILT
   const BwdParams p = derive_bwd(params, dev);
   const int limit = smem_limit(dev);
   const char* backend = backend_name(choice.backend);
@@ -1184,11 +1195,6 @@ FhStatus launch_bwd(const FhBwdParams* params, BwdChoice const& choice, const De
     FH_TRY(report(launch_bwd_postprocess(p, params->dtype, stream), "backward postprocess"));
   }
   return FH_SUCCESS;
-#else
-  (void)params, (void)choice, (void)dev, (void)stream;
-  return fail(FH_ERROR_INTERNAL, "a backward kernel was selected in a build without FH_DIRECTIONS "
-                                 "bwd (no preprocess/postprocess)");
-#endif
 }
 
 // fh_fwd_select_backend's argument checks, shared by the backward's.
