@@ -1,13 +1,18 @@
-// The C ABI: validate FhFwdParams, choose the backend, derive the kernel-side FwdParams, launch.
+// The C ABI: validate FhFwdParams / FhBwdParams, choose the backend, derive the kernel-side
+// FwdParams / BwdParams, launch.
 //
 // Validation runs entirely on the host before any CUDA call, so a bad argument is reported with
 // the field's name, the expected and the given value, and nothing is launched. Python validates
 // tensors first (python/flash_hopper/_validate.py, tensor-level messages, once per call signature);
 // this layer protects every other caller of the ABI.
 //
-// The backend policy lives here and only here (select_backend). fh_fwd applies it to the current
-// device; fh_fwd_select_backend exposes it for any compute capability, which is how Python's
-// which_backend, its plan cache and `flash-hopper info` ask it instead of re-implementing it.
+// The backend policy lives here and only here (select_backend, select_bwd_backend). fh_fwd and
+// fh_bwd apply it to the current device; fh_fwd_select_backend and fh_bwd_select_backend expose it
+// for any compute capability, which is how Python's which_backend, its plan cache and
+// `flash-hopper info` ask it instead of re-implementing it.
+//
+// The backward's workspace layout (api.h) is computed in one place, bwd_workspace(), which both
+// fh_bwd_workspace_size and the carving of BwdParams' workspace pointers use.
 //
 // The tables (head-dim buckets, dtype names, FA-3 variant names, arch names) come from
 // kernels/src/tables.cmake through the generated fh_tables.inc; the launchers from fh_registry.inc.
@@ -25,16 +30,33 @@
 #include <string>
 
 #include "flash_hopper/api.h"
+#include "flash_hopper/bwd_params.h"
 #include "flash_hopper/fwd_params.h"
 #include "fh_tables.inc"
+#include "src/bwd_common.h"
 #include "src/registry.h"
 
-// Declarations of every launcher this build holds, then the dispatch table.
+// Declarations of every launcher this build holds, then the dispatch tables. Each inclusion of
+// fh_registry.inc defines both row macros (the one a table does not want as empty).
 #define FH_REGISTER_FWD(backend, dtype, head_dim, variant, name) FH_DEFINE_FWD_LAUNCHER(name);
+#define FH_REGISTER_BWD(backend, dtype, head_dim, name) FH_DEFINE_BWD_LAUNCHER(name);
 #include "fh_registry.inc"
 #undef FH_REGISTER_FWD
+#undef FH_REGISTER_BWD
 
 namespace flash_hopper {
+
+#if !FH_BWD_COMMON_BUILT
+// A build without FH_DIRECTIONS bwd has no backward kernel, so the policy never selects one and
+// these never run; they stand in for bwd_common.cu so that the library links.
+LaunchResult launch_bwd_preprocess(BwdParams const&, int32_t, cudaStream_t) {
+  return LaunchResult::internal("backward preprocess in a build without FH_DIRECTIONS bwd");
+}
+LaunchResult launch_bwd_postprocess(BwdParams const&, int32_t, cudaStream_t) {
+  return LaunchResult::internal("backward postprocess in a build without FH_DIRECTIONS bwd");
+}
+#endif
+
 namespace {
 
 struct RegistryEntry {
@@ -47,11 +69,29 @@ struct RegistryEntry {
 
 #define FH_REGISTER_FWD(backend, dtype, head_dim, variant, name) \
   {backend, dtype, head_dim, variant, &name},
+#define FH_REGISTER_BWD(backend, dtype, head_dim, name)
 constexpr RegistryEntry kRegistry[] = {
 #include "fh_registry.inc"
     {-1, -1, -1, -1, nullptr},  // sentinel: keeps the array non-empty in a build with no kernels
 };
 #undef FH_REGISTER_FWD
+#undef FH_REGISTER_BWD
+
+struct BwdRegistryEntry {
+  int32_t backend;
+  int32_t dtype;
+  int32_t head_dim_bucket;
+  BwdLauncher launch;
+};
+
+#define FH_REGISTER_FWD(backend, dtype, head_dim, variant, name)
+#define FH_REGISTER_BWD(backend, dtype, head_dim, name) {backend, dtype, head_dim, &name},
+constexpr BwdRegistryEntry kBwdRegistry[] = {
+#include "fh_registry.inc"
+    {-1, -1, -1, nullptr},  // sentinel, as above (a build without backward kernels)
+};
+#undef FH_REGISTER_FWD
+#undef FH_REGISTER_BWD
 
 constexpr int64_t kHeadDimBuckets[] = {FH_HEAD_DIM_BUCKETS};
 constexpr int kNumBuckets = sizeof(kHeadDimBuckets) / sizeof(kHeadDimBuckets[0]);
@@ -181,6 +221,29 @@ const RegistryEntry* find_kernel(int32_t backend, int32_t dtype, int64_t head_di
   return nullptr;
 }
 
+const BwdRegistryEntry* find_bwd_kernel(int32_t backend, int32_t dtype, int64_t head_dim) {
+  const int64_t bucket = head_dim_bucket(head_dim);
+  for (const BwdRegistryEntry& e : kBwdRegistry) {
+    if (e.launch != nullptr && e.backend == backend && e.dtype == dtype &&
+        e.head_dim_bucket == bucket) {
+      return &e;
+    }
+  }
+  return nullptr;
+}
+
+// Whether the source tree has a backward for the path at all (tables.cmake's direction table), as
+// opposed to this build leaving it out: decides between "not implemented" and "rebuild with".
+bool path_has_backward(int32_t backend) {
+#define FH_BWD_PATH(value) \
+  if (backend == value) {  \
+    return true;           \
+  }
+  FH_BWD_PATHS(FH_BWD_PATH)
+#undef FH_BWD_PATH
+  return false;
+}
+
 // The dtype's FH_DTYPES name, or null for an FhDtype without kernels.
 const char* dtype_name(int32_t dtype) {
 #define FH_DTYPE_NAME(value, name) \
@@ -237,22 +300,22 @@ const char* request_name(const FhFwdParams* p) {
     }                                                      \
   } while (0)
 
+// Returns a helper's failure from the calling function.
+#define FH_TRY(expr)                  \
+  do {                                \
+    const FhStatus fh_try_ = (expr);  \
+    if (fh_try_ != FH_SUCCESS) {      \
+      return fh_try_;                 \
+    }                                 \
+  } while (0)
+
 bool aligned(const void* ptr, uintptr_t bytes) {
   return (reinterpret_cast<uintptr_t>(ptr) & (bytes - 1)) == 0;
 }
 
-// Host-only checks: ABI, dtype, shapes, head dim, heads, scale/mask, strides, pointers (only with
-// check_data: the policy alone does not read them), reserved fields, dispatch fields.
-FhStatus validate(const FhFwdParams* p, bool check_data) {
-  FH_CHECK(p != nullptr, "params: expected a non-null FhFwdParams pointer, got null");
-  FH_CHECK(p->abi_version == FH_ABI_VERSION,
-           "abi_version: expected %d (this library's FH_ABI_VERSION), got %d", FH_ABI_VERSION,
-           p->abi_version);
-  const char* dtype = dtype_name(p->dtype);
-  FH_CHECK(dtype != nullptr, "dtype: expected %s, got %d", dtype_choices().c_str(), p->dtype);
-  FH_CHECK(p->out_dtype == p->dtype, "out_dtype: expected %d (%s, same as dtype), got %d",
-           p->dtype, dtype, p->out_dtype);
-
+// Shapes, heads and head dim: the same rules for FhFwdParams and FhBwdParams (same field names).
+template <class Params>
+FhStatus validate_shapes(const Params* p) {
   FH_CHECK(p->batch >= 0 && p->batch <= kMaxGridYZ, "batch: expected 0..%lld, got %lld",
            (long long)kMaxGridYZ, (long long)p->batch);
   FH_CHECK(p->seqlen_q >= 0 && p->seqlen_q <= kMaxSeqlen, "seqlen_q: expected 0..%lld, got %lld",
@@ -276,7 +339,12 @@ FhStatus validate(const FhFwdParams* p, bool check_data) {
            "head_dim_v: expected %lld (== head_dim; asymmetric head dims are not supported yet), "
            "got %lld",
            (long long)p->head_dim, (long long)p->head_dim_v);
+  return FH_SUCCESS;
+}
 
+// Score transform and mask: the same rules for both directions.
+template <class Params>
+FhStatus validate_score(const Params* p) {
   FH_CHECK(std::isfinite(p->softmax_scale) && p->softmax_scale > 0.f,
            "softmax_scale: expected a finite positive float, got %g", (double)p->softmax_scale);
   FH_CHECK(std::isfinite(p->softcap) && p->softcap >= 0.f,
@@ -285,12 +353,46 @@ FhStatus validate(const FhFwdParams* p, bool check_data) {
            (long long)p->window_left);
   FH_CHECK(p->window_right >= -1, "window_right: expected -1 (unbounded) or >= 0, got %lld",
            (long long)p->window_right);
+  return FH_SUCCESS;
+}
 
-  // cp.async and TMA move 16-byte vectors: every row and head start must be 16-byte aligned.
-  const struct {
-    const char* name;
-    int64_t stride;
-  } strides[] = {
+struct NamedStride {
+  const char* name;
+  int64_t stride;
+};
+
+// cp.async and TMA move 16-byte vectors: every row and head start must be 16-byte aligned.
+template <size_t N>
+FhStatus validate_strides(const NamedStride (&strides)[N]) {
+  for (const NamedStride& s : strides) {
+    FH_CHECK(s.stride % 8 == 0,
+             "%s: expected a multiple of 8 elements (16-byte aligned rows), got %lld", s.name,
+             (long long)s.stride);
+  }
+  return FH_SUCCESS;
+}
+
+// A 2-byte-element tensor the kernels read or write with 16-byte vectors.
+FhStatus validate_tensor(const void* ptr, const char* name) {
+  FH_CHECK(ptr != nullptr, "%s: expected a device pointer, got null", name);
+  FH_CHECK(aligned(ptr, 16), "%s: expected a 16-byte aligned pointer, got %p", name, ptr);
+  return FH_SUCCESS;
+}
+
+// Host-only checks: ABI, dtype, shapes, head dim, heads, scale/mask, strides, pointers (only with
+// check_data: the policy alone does not read them), reserved fields, dispatch fields.
+FhStatus validate(const FhFwdParams* p, bool check_data) {
+  FH_CHECK(p != nullptr, "params: expected a non-null FhFwdParams pointer, got null");
+  FH_CHECK(p->abi_version == FH_ABI_VERSION,
+           "abi_version: expected %d (this library's FH_ABI_VERSION), got %d", FH_ABI_VERSION,
+           p->abi_version);
+  const char* dtype = dtype_name(p->dtype);
+  FH_CHECK(dtype != nullptr, "dtype: expected %s, got %d", dtype_choices().c_str(), p->dtype);
+  FH_CHECK(p->out_dtype == p->dtype, "out_dtype: expected %d (%s, same as dtype), got %d",
+           p->dtype, dtype, p->out_dtype);
+  FH_TRY(validate_shapes(p));
+  FH_TRY(validate_score(p));
+  const NamedStride strides[] = {
       {"q_batch_stride", p->q_batch_stride}, {"q_row_stride", p->q_row_stride},
       {"q_head_stride", p->q_head_stride},   {"k_batch_stride", p->k_batch_stride},
       {"k_row_stride", p->k_row_stride},     {"k_head_stride", p->k_head_stride},
@@ -298,23 +400,15 @@ FhStatus validate(const FhFwdParams* p, bool check_data) {
       {"v_head_stride", p->v_head_stride},   {"o_batch_stride", p->o_batch_stride},
       {"o_row_stride", p->o_row_stride},     {"o_head_stride", p->o_head_stride},
   };
-  for (const auto& s : strides) {
-    FH_CHECK(s.stride % 8 == 0,
-             "%s: expected a multiple of 8 elements (16-byte aligned rows), got %lld", s.name,
-             (long long)s.stride);
-  }
+  FH_TRY(validate_strides(strides));
 
   const bool empty = p->batch == 0 || p->seqlen_q == 0;
   if (check_data && !empty) {
-    FH_CHECK(p->q != nullptr, "q: expected a device pointer, got null");
-    FH_CHECK(p->o != nullptr, "o: expected a device pointer, got null");
-    FH_CHECK(aligned(p->q, 16), "q: expected a 16-byte aligned pointer, got %p", p->q);
-    FH_CHECK(aligned(p->o, 16), "o: expected a 16-byte aligned pointer, got %p", p->o);
+    FH_TRY(validate_tensor(p->q, "q"));
+    FH_TRY(validate_tensor(p->o, "o"));
     if (p->seqlen_k > 0) {
-      FH_CHECK(p->k != nullptr, "k: expected a device pointer, got null");
-      FH_CHECK(p->v != nullptr, "v: expected a device pointer, got null");
-      FH_CHECK(aligned(p->k, 16), "k: expected a 16-byte aligned pointer, got %p", p->k);
-      FH_CHECK(aligned(p->v, 16), "v: expected a 16-byte aligned pointer, got %p", p->v);
+      FH_TRY(validate_tensor(p->k, "k"));
+      FH_TRY(validate_tensor(p->v, "v"));
     }
     FH_CHECK(aligned(p->lse, alignof(float)),
              "lse: expected a %d-byte aligned pointer (float) or null, got %p",
@@ -357,30 +451,216 @@ FhStatus validate(const FhFwdParams* p, bool check_data) {
   return FH_SUCCESS;
 }
 
+// The backward's workspace for a validated FhBwdParams: byte offsets of the four regions api.h
+// documents (bwd_params.h names them) from the workspace's start, and its size. The one place
+// that knows the layout: fh_bwd_workspace_size reports `bytes`, derive_bwd carves the pointers.
+struct BwdWorkspace {
+  int64_t seqlen_q_rounded = 0;  // round_up(seqlen_q, kBwdRowPad)
+  int64_t head_dim_rounded = 0;  // the head-dim bucket
+  int64_t dq_accum = 0;          // fp32 (batch, heads_q, seqlen_q_rounded, head_dim_rounded)
+  int64_t lse_log2 = 0;          // fp32 (batch, heads_q, seqlen_q_rounded)
+  int64_t dpsum = 0;             // fp32 (batch, heads_q, seqlen_q_rounded)
+  int64_t semaphores = 0;        // int32 (batch, heads_q, seqlen_q_rounded / kBwdSemaphoreRows)
+  int64_t bytes = 0;             // the end of the last region
+};
+
+// Every region starts 256-byte aligned: the kernels' widest accesses (bulk copies, float4) and
+// the caller's allocator (torch's blocks are 512-byte aligned) both agree with that.
+constexpr int64_t kWorkspaceAlign = 256;
+
+int64_t round_up(int64_t x, int64_t multiple) { return (x + multiple - 1) / multiple * multiple; }
+
+// False when a size overflows int64 (a problem far larger than any GPU's memory).
+bool bwd_workspace(const FhBwdParams* p, BwdWorkspace* ws) {
+  ws->seqlen_q_rounded = round_up(p->seqlen_q, kBwdRowPad);
+  ws->head_dim_rounded = head_dim_bucket(p->head_dim);
+  int64_t rows = 0;  // batch * heads_q * seqlen_q_rounded
+  int64_t accum_bytes = 0;
+  if (__builtin_mul_overflow(p->batch * p->heads_q, ws->seqlen_q_rounded, &rows) ||
+      __builtin_mul_overflow(rows, ws->head_dim_rounded * 4, &accum_bytes)) {
+    return false;
+  }
+  // Sizes in bytes; rows * 4 cannot overflow where accum_bytes did not.
+  const int64_t region_bytes[] = {
+      accum_bytes,                   // dq_accum
+      rows * 4,                      // lse_log2
+      rows * 4,                      // dpsum
+      rows / kBwdSemaphoreRows * 4,  // semaphores
+  };
+  int64_t* const starts[] = {&ws->dq_accum, &ws->lse_log2, &ws->dpsum, &ws->semaphores};
+  int64_t offset = 0;
+  for (int i = 0; i < 4; ++i) {
+    offset = round_up(offset, kWorkspaceAlign);
+    *starts[i] = offset;
+    if (__builtin_add_overflow(offset, region_bytes[i], &offset) ||
+        offset > INT64_MAX - kWorkspaceAlign) {
+      return false;
+    }
+  }
+  ws->bytes = offset;
+  return true;
+}
+
+// The reserved fields of FhBwdParams (api.h): each is rejected by name until its feature lands.
+FhStatus validate_bwd_reserved(const FhBwdParams* p) {
+  const struct {
+    const char* name;
+    bool set;
+    const char* feature;
+  } reserved[] = {
+      {"cu_seqlens_q", p->cu_seqlens_q != nullptr, "varlen"},
+      {"cu_seqlens_k", p->cu_seqlens_k != nullptr, "varlen"},
+      {"seqused_q", p->seqused_q != nullptr, "varlen"},
+      {"seqused_k", p->seqused_k != nullptr, "varlen"},
+      {"sinks", p->sinks != nullptr, "attention sinks"},
+      {"dsinks", p->dsinks != nullptr, "attention sinks"},
+  };
+  for (const auto& r : reserved) {
+    if (r.set) {
+      return fail(FH_ERROR_UNSUPPORTED,
+                  "%s: expected null (%s is not implemented yet in the backward), got a pointer",
+                  r.name, r.feature);
+    }
+  }
+  const struct {
+    const char* name;
+    int64_t value;
+    const char* feature;
+  } reserved_values[] = {
+      {"max_seqlen_q", p->max_seqlen_q, "varlen"},
+      {"max_seqlen_k", p->max_seqlen_k, "varlen"},
+      {"attention_chunk", p->attention_chunk, "chunked-local attention"},
+  };
+  for (const auto& r : reserved_values) {
+    if (r.value != 0) {
+      return fail(FH_ERROR_UNSUPPORTED,
+                  "%s: expected 0 (%s is not implemented yet in the backward), got %lld", r.name,
+                  r.feature, (long long)r.value);
+    }
+  }
+  return FH_SUCCESS;
+}
+
+// The backward's host-only checks, in the forward's order: ABI, dtype, mode, shapes, scale/mask,
+// strides, workspace size, pointers and workspace (only with check_data: the policy and the
+// workspace size do not read them), reserved fields, dispatch fields.
+FhStatus validate(const FhBwdParams* p, bool check_data) {
+  FH_CHECK(p != nullptr, "params: expected a non-null FhBwdParams pointer, got null");
+  FH_CHECK(p->abi_version == FH_ABI_VERSION,
+           "abi_version: expected %d (this library's FH_ABI_VERSION), got %d", FH_ABI_VERSION,
+           p->abi_version);
+  FH_CHECK(dtype_name(p->dtype) != nullptr, "dtype: expected %s, got %d",
+           dtype_choices().c_str(), p->dtype);
+  FH_CHECK(p->deterministic == 0 || p->deterministic == 1,
+           "deterministic: expected 0 or 1 (bitwise-reproducible dq), got %d", p->deterministic);
+  FH_TRY(validate_shapes(p));
+  // BwdParams counts the padded rows in int32.
+  constexpr int64_t kMaxBwdSeqlenQ = kMaxSeqlen / kBwdRowPad * kBwdRowPad;
+  FH_CHECK(p->seqlen_q <= kMaxBwdSeqlenQ,
+           "seqlen_q: expected 0..%lld for the backward (rounded up to a multiple of %d it must "
+           "fit int32), got %lld",
+           (long long)kMaxBwdSeqlenQ, kBwdRowPad, (long long)p->seqlen_q);
+  FH_TRY(validate_score(p));
+  const NamedStride strides[] = {
+      {"q_batch_stride", p->q_batch_stride},       {"q_row_stride", p->q_row_stride},
+      {"q_head_stride", p->q_head_stride},         {"k_batch_stride", p->k_batch_stride},
+      {"k_row_stride", p->k_row_stride},           {"k_head_stride", p->k_head_stride},
+      {"v_batch_stride", p->v_batch_stride},       {"v_row_stride", p->v_row_stride},
+      {"v_head_stride", p->v_head_stride},         {"o_batch_stride", p->o_batch_stride},
+      {"o_row_stride", p->o_row_stride},           {"o_head_stride", p->o_head_stride},
+      {"dout_batch_stride", p->dout_batch_stride}, {"dout_row_stride", p->dout_row_stride},
+      {"dout_head_stride", p->dout_head_stride},   {"dq_batch_stride", p->dq_batch_stride},
+      {"dq_row_stride", p->dq_row_stride},         {"dq_head_stride", p->dq_head_stride},
+      {"dk_batch_stride", p->dk_batch_stride},     {"dk_row_stride", p->dk_row_stride},
+      {"dk_head_stride", p->dk_head_stride},       {"dv_batch_stride", p->dv_batch_stride},
+      {"dv_row_stride", p->dv_row_stride},         {"dv_head_stride", p->dv_head_stride},
+  };
+  FH_TRY(validate_strides(strides));
+  BwdWorkspace ws;
+  FH_CHECK(bwd_workspace(p, &ws),
+           "batch/heads_q/seqlen_q: the backward's workspace for batch %lld x heads_q %lld x "
+           "seqlen_q %lld (head_dim bucket %lld) exceeds 2^63 bytes",
+           (long long)p->batch, (long long)p->heads_q, (long long)p->seqlen_q,
+           (long long)head_dim_bucket(p->head_dim));
+
+  // What each launch touches: rows of the query side when seqlen_q > 0 (the preprocess, the main
+  // kernel, the postprocess), the key side when seqlen_k > 0 (the main kernel writes dk, dv even
+  // when seqlen_q == 0: zeros).
+  if (check_data && p->batch > 0) {
+    if (p->seqlen_q > 0) {
+      FH_TRY(validate_tensor(p->q, "q"));
+      FH_TRY(validate_tensor(p->o, "o"));
+      FH_TRY(validate_tensor(p->dout, "dout"));
+      FH_TRY(validate_tensor(p->dq, "dq"));
+      FH_CHECK(p->lse != nullptr, "lse: expected a device pointer (the forward's LSE), got null");
+      FH_CHECK(aligned(p->lse, alignof(float)),
+               "lse: expected a %d-byte aligned pointer (float), got %p", int(alignof(float)),
+               static_cast<const void*>(p->lse));
+      FH_CHECK(aligned(p->dlse, alignof(float)),
+               "dlse: expected a %d-byte aligned pointer (float) or null, got %p",
+               int(alignof(float)), static_cast<const void*>(p->dlse));
+    }
+    if (p->seqlen_k > 0) {
+      FH_TRY(validate_tensor(p->k, "k"));
+      FH_TRY(validate_tensor(p->v, "v"));
+      FH_TRY(validate_tensor(p->dk, "dk"));
+      FH_TRY(validate_tensor(p->dv, "dv"));
+    }
+    if (ws.bytes > 0) {
+      FH_CHECK(p->workspace != nullptr,
+               "workspace: expected a device pointer to %lld bytes (fh_bwd_workspace_size), got "
+               "null",
+               (long long)ws.bytes);
+      FH_CHECK(aligned(p->workspace, kWorkspaceAlign),
+               "workspace: expected a %lld-byte aligned pointer, got %p",
+               (long long)kWorkspaceAlign, p->workspace);
+      FH_CHECK(p->workspace_bytes >= ws.bytes,
+               "workspace_bytes: expected >= %lld bytes for this problem (call "
+               "fh_bwd_workspace_size), got %lld",
+               (long long)ws.bytes, (long long)p->workspace_bytes);
+    }
+  }
+
+  FH_TRY(validate_bwd_reserved(p));
+  FH_CHECK(p->backend == FH_BACKEND_AUTO || p->backend == FH_BACKEND_FA2 ||
+               p->backend == FH_BACKEND_FA3,
+           "backend: expected FH_BACKEND_AUTO (0), FA2 (1) or FA3 (2), got %d", p->backend);
+  FH_CHECK(p->variant == FH_VARIANT_TUNED,
+           "variant: expected 0 (FA-3 ablation variants have no backward; the tuned kernel's "
+           "backward serves their forwards), got %d",
+           p->variant);
+  FH_CHECK(p->num_sms >= 0, "num_sms: expected 0 (every SM) or a positive cap, got %d",
+           p->num_sms);
+  return FH_SUCCESS;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Backend policy
 // ---------------------------------------------------------------------------------------------
 
 // "bf16 hdim 72 (bucket 96)": the request as messages name it.
-std::string request_what(const FhFwdParams* p) {
-  const int64_t bucket = head_dim_bucket(p->head_dim);
-  std::string what = format("%s hdim %lld", dtype_name(p->dtype), (long long)p->head_dim);
-  if (bucket != p->head_dim) {
+std::string request_what(int32_t dtype, int64_t head_dim) {
+  const int64_t bucket = head_dim_bucket(head_dim);
+  std::string what = format("%s hdim %lld", dtype_name(dtype), (long long)head_dim);
+  if (bucket != head_dim) {
     what += format(" (bucket %lld)", (long long)bucket);
   }
   return what;
 }
 
-std::string rebuild_hint(int32_t backend, const FhFwdParams* p) {
-  return format("rebuild with FH_ARCHS including %s, FH_HEAD_DIMS including %lld and FH_DTYPES "
+// The FH_* build variables that add the kernel; a backward kernel also needs FH_DIRECTIONS.
+std::string rebuild_hint(int32_t backend, int32_t dtype, int64_t head_dim,
+                         bool backward = false) {
+  return format("rebuild with %sFH_ARCHS including %s, FH_HEAD_DIMS including %lld and FH_DTYPES "
                 "including %s",
-                build_arch(backend), (long long)head_dim_bucket(p->head_dim),
-                dtype_name(p->dtype));
+                backward ? "FH_DIRECTIONS including bwd, " : "", build_arch(backend),
+                (long long)head_dim_bucket(head_dim), dtype_name(dtype));
 }
 
-// The fa3 path loads q, k and v with TMA, whose descriptors need a positive stride on every
-// dimension that is stepped along; a broadcast (expand()ed) tensor has stride 0 there and runs on
-// fa2, which reads through pointers. Dims are those of the FA layout (batch, seqlen, heads, d).
+// The fa3 path loads q, k and v (the backward also dout) with TMA, whose descriptors need a
+// positive stride on every dimension that is stepped along; a broadcast (expand()ed) tensor has
+// stride 0 there and runs on fa2, which reads through pointers. Dims are those of the FA layout
+// (batch, seqlen, heads, d).
 struct LayoutProblem {
   const char* tensor;
   int dim;
@@ -388,6 +668,17 @@ struct LayoutProblem {
   int64_t stride;
   int64_t extent;
 };
+
+template <size_t N>
+bool first_layout_problem(const LayoutProblem (&checks)[N], LayoutProblem* problem) {
+  for (const LayoutProblem& c : checks) {
+    if (c.extent > 1 && c.stride <= 0) {
+      *problem = c;
+      return true;
+    }
+  }
+  return false;
+}
 
 bool fa3_layout_problem(const FhFwdParams* p, LayoutProblem* problem) {
   const LayoutProblem checks[] = {
@@ -401,21 +692,37 @@ bool fa3_layout_problem(const FhFwdParams* p, LayoutProblem* problem) {
       {"v", 1, "v_row_stride", p->v_row_stride, p->seqlen_k},
       {"v", 2, "v_head_stride", p->v_head_stride, p->heads_kv},
   };
-  for (const LayoutProblem& c : checks) {
-    if (c.extent > 1 && c.stride <= 0) {
-      *problem = c;
-      return true;
-    }
-  }
-  return false;
+  return first_layout_problem(checks, problem);
 }
 
-// Names the tensor dimension (as Python users see it) and the field (as C callers see it).
-std::string describe(LayoutProblem const& l) {
+constexpr const char* kFwdTmaTensors = "q/k/v";
+constexpr const char* kBwdTmaTensors = "q/k/v/dout";
+
+bool fa3_layout_problem(const FhBwdParams* p, LayoutProblem* problem) {
+  const LayoutProblem checks[] = {
+      {"q", 0, "q_batch_stride", p->q_batch_stride, p->batch},
+      {"q", 1, "q_row_stride", p->q_row_stride, p->seqlen_q},
+      {"q", 2, "q_head_stride", p->q_head_stride, p->heads_q},
+      {"k", 0, "k_batch_stride", p->k_batch_stride, p->batch},
+      {"k", 1, "k_row_stride", p->k_row_stride, p->seqlen_k},
+      {"k", 2, "k_head_stride", p->k_head_stride, p->heads_kv},
+      {"v", 0, "v_batch_stride", p->v_batch_stride, p->batch},
+      {"v", 1, "v_row_stride", p->v_row_stride, p->seqlen_k},
+      {"v", 2, "v_head_stride", p->v_head_stride, p->heads_kv},
+      {"dout", 0, "dout_batch_stride", p->dout_batch_stride, p->batch},
+      {"dout", 1, "dout_row_stride", p->dout_row_stride, p->seqlen_q},
+      {"dout", 2, "dout_head_stride", p->dout_head_stride, p->heads_q},
+  };
+  return first_layout_problem(checks, problem);
+}
+
+// Names the tensor dimension (as Python users see it) and the field (as C callers see it);
+// `tensors`: what the path loads with TMA.
+std::string describe(LayoutProblem const& l, const char* tensors = kFwdTmaTensors) {
   return format("%s: stride(%d) is %lld on a dimension of size %lld (%s: the fa3 path loads "
-                "q/k/v with TMA, which needs a positive stride on every dimension of size > 1; "
+                "%s with TMA, which needs a positive stride on every dimension of size > 1; "
                 "an expand()ed tensor has 0 there)",
-                l.tensor, l.dim, (long long)l.stride, (long long)l.extent, l.field);
+                l.tensor, l.dim, (long long)l.stride, (long long)l.extent, l.field, tensors);
 }
 
 struct Choice {
@@ -437,7 +744,7 @@ FhStatus select_backend(const FhFwdParams* p, int cc_major, int cc_minor, Choice
   const RegistryEntry* fa2 = find_kernel(FH_BACKEND_FA2, p->dtype, p->head_dim, FH_VARIANT_TUNED);
   LayoutProblem layout{};
   const bool layout_bad = fa3_layout_problem(p, &layout);
-  const std::string what = request_what(p);
+  const std::string what = request_what(p->dtype, p->head_dim);
   auto choose = [&](int32_t backend, const RegistryEntry* kernel, std::string const& reason) {
     out->backend = backend;
     out->kernel = kernel;
@@ -467,7 +774,7 @@ FhStatus select_backend(const FhFwdParams* p, int cc_major, int cc_minor, Choice
       }
       return fail(FH_ERROR_UNSUPPORTED,
                   "backend='%s': this build has no fa3 kernel for %s; %s, or use backend='auto'",
-                  name, what.c_str(), rebuild_hint(FH_BACKEND_FA3, p).c_str());
+                  name, what.c_str(), rebuild_hint(FH_BACKEND_FA3, p->dtype, p->head_dim).c_str());
     }
     if (layout_bad) {
       return fail(FH_ERROR_UNSUPPORTED,
@@ -489,7 +796,7 @@ FhStatus select_backend(const FhFwdParams* p, int cc_major, int cc_minor, Choice
     }
     if (fa2 == nullptr) {
       return fail(FH_ERROR_UNSUPPORTED, "backend='fa2': this build has no fa2 kernel for %s; %s",
-                  what.c_str(), rebuild_hint(FH_BACKEND_FA2, p).c_str());
+                  what.c_str(), rebuild_hint(FH_BACKEND_FA2, p->dtype, p->head_dim).c_str());
     }
     return choose(FH_BACKEND_FA2, fa2,
                   why ? format("fa2 requested; cc %d.%d and fa2 kernel built for %s", cc_major,
@@ -515,11 +822,11 @@ FhStatus select_backend(const FhFwdParams* p, int cc_major, int cc_minor, Choice
       return fail(FH_ERROR_UNSUPPORTED,
                   "%s; this build has no fa2 kernel for %s to run it instead (%s)",
                   describe(layout).c_str(), what.c_str(),
-                  rebuild_hint(FH_BACKEND_FA2, p).c_str());
+                  rebuild_hint(FH_BACKEND_FA2, p->dtype, p->head_dim).c_str());
     }
     return fail(FH_ERROR_UNSUPPORTED, "cc %d.%d: this build has no %s kernel for %s; %s",
                 cc_major, cc_minor, fa3_runs ? "fa3 or fa2" : "fa2", what.c_str(),
-                rebuild_hint(fa3_runs ? FH_BACKEND_FA3 : FH_BACKEND_FA2, p).c_str());
+                rebuild_hint(fa3_runs ? FH_BACKEND_FA3 : FH_BACKEND_FA2, p->dtype, p->head_dim).c_str());
   }
   if (why == nullptr) {
     return choose(FH_BACKEND_FA2, fa2, std::string());
@@ -530,6 +837,129 @@ FhStatus select_backend(const FhFwdParams* p, int cc_major, int cc_minor, Choice
   } else if (fa3_runs) {
     reason = format("cc %d.%d but this build has no fa3 kernel for %s -> fa2", cc_major, cc_minor,
                     what.c_str());
+  } else {
+    reason = format("cc %d.%d: fa3 needs cc 9.0 (sm90a) -> fa2", cc_major, cc_minor);
+  }
+  return choose(FH_BACKEND_FA2, fa2, reason);
+}
+
+struct BwdChoice {
+  int32_t backend = FH_BACKEND_AUTO;
+  const BwdRegistryEntry* kernel = nullptr;
+};
+
+// The backward's policy, select_backend's rules on the backward's registry: the FA-3 path where
+// it runs (cc 9.0), has a kernel and can load q, k, v and dout with TMA; else the FA-2 path. A
+// path without any backward in the source tree (tables.cmake's direction table) is reported as
+// not implemented rather than as a build to redo; a fa3 backward plugs in by registration alone.
+FhStatus select_bwd_backend(const FhBwdParams* p, int cc_major, int cc_minor, BwdChoice* out,
+                            std::string* why) {
+  const bool fa3_runs = cc_major == 9 && cc_minor == 0;
+  const bool fa2_runs = cc_major >= 8;
+  const bool fa3_written = path_has_backward(FH_BACKEND_FA3);
+  const BwdRegistryEntry* fa3 = find_bwd_kernel(FH_BACKEND_FA3, p->dtype, p->head_dim);
+  const BwdRegistryEntry* fa2 = find_bwd_kernel(FH_BACKEND_FA2, p->dtype, p->head_dim);
+  LayoutProblem layout{};
+  const bool layout_bad = fa3_layout_problem(p, &layout);
+  const std::string what = request_what(p->dtype, p->head_dim);
+  auto hint = [&](int32_t backend) {
+    return rebuild_hint(backend, p->dtype, p->head_dim, /*backward=*/true);
+  };
+  auto choose = [&](int32_t backend, const BwdRegistryEntry* kernel, std::string const& reason) {
+    out->backend = backend;
+    out->kernel = kernel;
+    if (why != nullptr) {
+      *why = reason;
+    }
+    return FH_SUCCESS;
+  };
+
+  if (p->backend == FH_BACKEND_FA3) {
+    if (fa3 == nullptr && !fa3_written) {  // whatever the GPU: no build has one
+      return fail(FH_ERROR_UNSUPPORTED,
+                  "backend='fa3': this build has no fa3 backward kernel for %s (the FA-3 path's "
+                  "backward is not implemented yet); use backend='fa2' or 'auto'",
+                  what.c_str());
+    }
+    if (!fa3_runs) {
+      return fail(FH_ERROR_UNSUPPORTED,
+                  "backend='fa3' needs a GPU of compute capability 9.0 (H100/H200: sm90a code "
+                  "runs on 9.0 only), this GPU is cc %d.%d; use backend='fa2' or 'auto'",
+                  cc_major, cc_minor);
+    }
+    if (fa3 == nullptr) {
+      return fail(FH_ERROR_UNSUPPORTED,
+                  "backend='fa3': this build has no fa3 backward kernel for %s; %s, or use "
+                  "backend='auto'",
+                  what.c_str(), hint(FH_BACKEND_FA3).c_str());
+    }
+    if (layout_bad) {
+      return fail(FH_ERROR_UNSUPPORTED,
+                  "backend='fa3': %s; call %s.contiguous(), or use backend='fa2' or 'auto'",
+                  describe(layout, kBwdTmaTensors).c_str(), layout.tensor);
+    }
+    return choose(FH_BACKEND_FA3, fa3,
+                  why ? format("fa3 requested; cc %d.%d and fa3 backward kernel built for %s",
+                               cc_major, cc_minor, what.c_str())
+                      : std::string());
+  }
+
+  if (p->backend == FH_BACKEND_FA2) {
+    if (!fa2_runs) {
+      return fail(FH_ERROR_UNSUPPORTED,
+                  "backend='fa2' needs a GPU of compute capability >= 8.0 (sm80 code), this GPU "
+                  "is cc %d.%d",
+                  cc_major, cc_minor);
+    }
+    if (fa2 == nullptr) {
+      return fail(FH_ERROR_UNSUPPORTED,
+                  "backend='fa2': this build has no fa2 backward kernel for %s; %s", what.c_str(),
+                  hint(FH_BACKEND_FA2).c_str());
+    }
+    return choose(FH_BACKEND_FA2, fa2,
+                  why ? format("fa2 requested; cc %d.%d and fa2 backward kernel built for %s",
+                               cc_major, cc_minor, what.c_str())
+                      : std::string());
+  }
+
+  // auto
+  if (fa3_runs && fa3 != nullptr && !layout_bad) {
+    return choose(FH_BACKEND_FA3, fa3,
+                  why ? format("cc %d.%d and fa3 backward kernel built for %s -> fa3", cc_major,
+                               cc_minor, what.c_str())
+                      : std::string());
+  }
+  if (!fa2_runs) {
+    return fail(FH_ERROR_UNSUPPORTED,
+                "flash-hopper needs a GPU of compute capability >= 8.0 (FA-2 path) or 9.0 (FA-3 "
+                "path), this GPU is cc %d.%d",
+                cc_major, cc_minor);
+  }
+  if (fa2 == nullptr) {
+    if (fa3_runs && fa3 != nullptr) {  // only the layout keeps fa3 out
+      return fail(FH_ERROR_UNSUPPORTED,
+                  "%s; this build has no fa2 backward kernel for %s to run it instead (%s)",
+                  describe(layout, kBwdTmaTensors).c_str(), what.c_str(),
+                  hint(FH_BACKEND_FA2).c_str());
+    }
+    const bool fa3_possible = fa3_runs && fa3_written;
+    return fail(FH_ERROR_UNSUPPORTED, "cc %d.%d: this build has no %s backward kernel for %s; %s",
+                cc_major, cc_minor, fa3_possible ? "fa3 or fa2" : "fa2", what.c_str(),
+                hint(fa3_possible ? FH_BACKEND_FA3 : FH_BACKEND_FA2).c_str());
+  }
+  if (why == nullptr) {
+    return choose(FH_BACKEND_FA2, fa2, std::string());
+  }
+  std::string reason;
+  if (fa3_runs && fa3 != nullptr) {
+    reason = format("cc %d.%d but %s -> fa2", cc_major, cc_minor,
+                    describe(layout, kBwdTmaTensors).c_str());
+  } else if (fa3_runs && !fa3_written) {
+    reason = format("cc %d.%d but the FA-3 path's backward is not implemented yet -> fa2",
+                    cc_major, cc_minor);
+  } else if (fa3_runs) {
+    reason = format("cc %d.%d but this build has no fa3 backward kernel for %s -> fa2", cc_major,
+                    cc_minor, what.c_str());
   } else {
     reason = format("cc %d.%d: fa3 needs cc 9.0 (sm90a) -> fa2", cc_major, cc_minor);
   }
@@ -593,8 +1023,30 @@ FhStatus query_device(DeviceInfo* info) {
   return FH_SUCCESS;
 }
 
+constexpr float kLog2e = 1.4426950408889634f;
+
+// The score transform's kernel constants, the same for both directions (fwd_params.h says how the
+// kernels use them): with softcap the exponent's scale is log2(e) alone (the scale is applied
+// before tanh), without it softmax_scale * log2(e).
+template <class KernelParams>
+void set_score_transform(KernelParams& k, float softmax_scale, float softcap) {
+  if (softcap > 0.f) {
+    k.softcap = softcap;
+    k.softcap_prescale = softmax_scale / softcap;
+    k.scale_log2 = kLog2e;
+  } else {
+    k.softcap = 0.f;
+    k.softcap_prescale = 0.f;
+    k.scale_log2 = softmax_scale * kLog2e;
+  }
+}
+
+// A window wider than the sequence is the same as no bound: keep the int32 math overflow-free.
+int clamp_window(int64_t window, int64_t seqlen_q, int64_t seqlen_k) {
+  return window >= seqlen_k + seqlen_q ? -1 : int(window);
+}
+
 FwdParams derive(const FhFwdParams* p, const DeviceInfo& dev) {
-  constexpr float kLog2e = 1.4426950408889634f;
   FwdParams k{};
   k.q = p->q;
   k.k = p->k;
@@ -622,22 +1074,82 @@ FwdParams derive(const FhFwdParams* p, const DeviceInfo& dev) {
   k.o_head_stride = p->o_head_stride;
   k.lse_batch_stride = p->lse_batch_stride;
   k.lse_head_stride = p->lse_head_stride;
-  if (p->softcap > 0.f) {
-    k.softcap = p->softcap;
-    k.softcap_prescale = p->softmax_scale / p->softcap;
-    k.scale_log2 = kLog2e;
-    k.lse_scale = 1.f;
-  } else {
-    k.softcap = 0.f;
-    k.softcap_prescale = 0.f;
-    k.scale_log2 = p->softmax_scale * kLog2e;
-    k.lse_scale = p->softmax_scale;
-  }
-  // A window wider than the sequence is the same as no bound: keep the int32 math overflow-free.
-  k.window_left = p->window_left >= p->seqlen_k + p->seqlen_q ? -1 : int(p->window_left);
-  k.window_right = p->window_right >= p->seqlen_k + p->seqlen_q ? -1 : int(p->window_right);
+  set_score_transform(k, p->softmax_scale, p->softcap);
+  k.lse_scale = p->softcap > 0.f ? 1.f : p->softmax_scale;
+  k.window_left = clamp_window(p->window_left, p->seqlen_q, p->seqlen_k);
+  k.window_right = clamp_window(p->window_right, p->seqlen_q, p->seqlen_k);
   k.num_sms = p->num_sms > 0 ? p->num_sms : dev.sm_count;
   k.variant = p->variant;
+  return k;
+}
+
+// For validated p (bwd_workspace succeeded in validate): the workspace pointers are carved with
+// bwd_workspace's offsets, the one description of the layout. A zero-byte workspace (seqlen_q ==
+// 0) leaves them null: no kernel reads a query row then.
+BwdParams derive_bwd(const FhBwdParams* p, const DeviceInfo& dev) {
+  BwdWorkspace ws;
+  bwd_workspace(p, &ws);
+  BwdParams k{};
+  k.q = p->q;
+  k.k = p->k;
+  k.v = p->v;
+  k.o = p->o;
+  k.dout = p->dout;
+  k.lse = p->lse;
+  k.dlse = p->dlse;
+  k.dq = p->dq;
+  k.dk = p->dk;
+  k.dv = p->dv;
+  if (ws.bytes > 0) {
+    char* base = static_cast<char*>(p->workspace);
+    k.dq_accum = reinterpret_cast<float*>(base + ws.dq_accum);
+    k.lse_log2 = reinterpret_cast<float*>(base + ws.lse_log2);
+    k.dpsum = reinterpret_cast<float*>(base + ws.dpsum);
+    k.semaphores = reinterpret_cast<int*>(base + ws.semaphores);
+  }
+  k.batch = int(p->batch);
+  k.seqlen_q = int(p->seqlen_q);
+  k.seqlen_k = int(p->seqlen_k);
+  k.heads_q = int(p->heads_q);
+  k.heads_kv = int(p->heads_kv);
+  k.heads_per_kv = int(p->heads_q / p->heads_kv);
+  k.head_dim = int(p->head_dim);
+  k.seqlen_q_rounded = int(ws.seqlen_q_rounded);
+  k.head_dim_rounded = int(ws.head_dim_rounded);
+  k.q_batch_stride = p->q_batch_stride;
+  k.q_row_stride = p->q_row_stride;
+  k.q_head_stride = p->q_head_stride;
+  k.k_batch_stride = p->k_batch_stride;
+  k.k_row_stride = p->k_row_stride;
+  k.k_head_stride = p->k_head_stride;
+  k.v_batch_stride = p->v_batch_stride;
+  k.v_row_stride = p->v_row_stride;
+  k.v_head_stride = p->v_head_stride;
+  k.o_batch_stride = p->o_batch_stride;
+  k.o_row_stride = p->o_row_stride;
+  k.o_head_stride = p->o_head_stride;
+  k.dout_batch_stride = p->dout_batch_stride;
+  k.dout_row_stride = p->dout_row_stride;
+  k.dout_head_stride = p->dout_head_stride;
+  k.dq_batch_stride = p->dq_batch_stride;
+  k.dq_row_stride = p->dq_row_stride;
+  k.dq_head_stride = p->dq_head_stride;
+  k.dk_batch_stride = p->dk_batch_stride;
+  k.dk_row_stride = p->dk_row_stride;
+  k.dk_head_stride = p->dk_head_stride;
+  k.dv_batch_stride = p->dv_batch_stride;
+  k.dv_row_stride = p->dv_row_stride;
+  k.dv_head_stride = p->dv_head_stride;
+  k.lse_batch_stride = p->lse_batch_stride;
+  k.lse_head_stride = p->lse_head_stride;
+  k.dlse_batch_stride = p->dlse_batch_stride;
+  k.dlse_head_stride = p->dlse_head_stride;
+  k.softmax_scale = p->softmax_scale;
+  set_score_transform(k, p->softmax_scale, p->softcap);
+  k.window_left = clamp_window(p->window_left, p->seqlen_q, p->seqlen_k);
+  k.window_right = clamp_window(p->window_right, p->seqlen_q, p->seqlen_k);
+  k.deterministic = p->deterministic;
+  k.num_sms = p->num_sms > 0 ? p->num_sms : dev.sm_count;
   return k;
 }
 
@@ -653,6 +1165,49 @@ int smem_limit(const DeviceInfo& dev) {
     }
   }
   return limit;
+}
+
+// The three launches of a backward on `stream`, in stream order; the first failure stops it (what
+// already ran wrote only the caller's workspace and outputs, which a failed call leaves undefined).
+FhStatus launch_bwd(const FhBwdParams* params, BwdChoice const& choice, const DeviceInfo& dev,
+                    cudaStream_t stream) {
+  const BwdParams p = derive_bwd(params, dev);
+  const int limit = smem_limit(dev);
+  const char* backend = backend_name(choice.backend);
+  char message[1024];
+  auto report = [&](LaunchResult const& r, const char* stage) {
+    const FhStatus st = describe_launch(r, backend, params->head_dim, limit, message,
+                                        sizeof(message), kBwdTmaTensors);
+    if (st != FH_SUCCESS) {
+      g_last_error = format("%s: %s", stage, message);
+    }
+    return st;
+  };
+  // seqlen_q == 0: no query row to prepare or convert, but the main kernel still writes dk = dv = 0.
+  // seqlen_k == 0: no key to visit (dk, dv are empty); dq = 0 from the cleared accumulator.
+  if (params->seqlen_q > 0) {
+    FH_TRY(report(launch_bwd_preprocess(p, params->dtype, stream), "backward preprocess"));
+  }
+  if (params->seqlen_k > 0) {
+    FH_TRY(report(choice.kernel->launch(p, limit, stream), "backward"));
+  }
+  if (params->seqlen_q > 0) {
+    FH_TRY(report(launch_bwd_postprocess(p, params->dtype, stream), "backward postprocess"));
+  }
+  return FH_SUCCESS;
+}
+
+// fh_fwd_select_backend's argument checks, shared by the backward's.
+FhStatus check_select_args(int32_t cc_major, int32_t cc_minor, const int32_t* backend_out) {
+  if (backend_out == nullptr) {
+    return fail(FH_ERROR_INVALID_ARGUMENT, "backend_out: expected a non-null pointer, got null");
+  }
+  if (cc_major < 0 || cc_minor < 0) {
+    return fail(FH_ERROR_INVALID_ARGUMENT,
+                "cc_major/cc_minor: expected a compute capability such as 9.0, got %d.%d",
+                cc_major, cc_minor);
+  }
+  return FH_SUCCESS;
 }
 
 }  // namespace
@@ -705,13 +1260,9 @@ FH_EXPORT FhStatus fh_fwd_select_backend(const FhFwdParams* params, int32_t cc_m
   if (st != FH_SUCCESS) {
     return st;
   }
-  if (backend_out == nullptr) {
-    return fail(FH_ERROR_INVALID_ARGUMENT, "backend_out: expected a non-null pointer, got null");
-  }
-  if (cc_major < 0 || cc_minor < 0) {
-    return fail(FH_ERROR_INVALID_ARGUMENT,
-                "cc_major/cc_minor: expected a compute capability such as 9.0, got %d.%d",
-                cc_major, cc_minor);
+  st = check_select_args(cc_major, cc_minor, backend_out);
+  if (st != FH_SUCCESS) {
+    return st;
   }
   Choice choice;
   std::string why;
@@ -757,6 +1308,69 @@ FH_EXPORT FhStatus fh_fwd(const FhFwdParams* params, void* stream) {
   return st;
 }
 
+FH_EXPORT FhStatus fh_bwd_select_backend(const FhBwdParams* params, int32_t cc_major,
+                                         int32_t cc_minor, int32_t* backend_out, char* reason,
+                                         size_t reason_len) {
+  g_last_error.clear();
+  FhStatus st = validate(params, /*check_data=*/false);
+  if (st != FH_SUCCESS) {
+    return st;
+  }
+  st = check_select_args(cc_major, cc_minor, backend_out);
+  if (st != FH_SUCCESS) {
+    return st;
+  }
+  BwdChoice choice;
+  std::string why;
+  st = select_bwd_backend(params, cc_major, cc_minor, &choice,
+                          reason != nullptr ? &why : nullptr);
+  if (st != FH_SUCCESS) {
+    return st;
+  }
+  *backend_out = choice.backend;
+  if (reason != nullptr && reason_len > 0) {
+    snprintf(reason, reason_len, "%s", why.c_str());
+  }
+  return FH_SUCCESS;
+}
+
+FH_EXPORT FhStatus fh_bwd_workspace_size(const FhBwdParams* params, int64_t* bytes) {
+  g_last_error.clear();
+  const FhStatus st = validate(params, /*check_data=*/false);
+  if (st != FH_SUCCESS) {
+    return st;
+  }
+  if (bytes == nullptr) {
+    return fail(FH_ERROR_INVALID_ARGUMENT, "bytes: expected a non-null pointer, got null");
+  }
+  BwdWorkspace ws;
+  bwd_workspace(params, &ws);  // validate checked that it fits
+  *bytes = ws.bytes;
+  return FH_SUCCESS;
+}
+
+FH_EXPORT FhStatus fh_bwd(const FhBwdParams* params, void* stream) {
+  g_last_error.clear();
+  FhStatus st = validate(params, /*check_data=*/true);
+  if (st != FH_SUCCESS) {
+    return st;
+  }
+  if (params->batch == 0) {
+    return FH_SUCCESS;  // nothing to compute
+  }
+  DeviceInfo dev;
+  st = query_device(&dev);
+  if (st != FH_SUCCESS) {
+    return st;
+  }
+  BwdChoice choice;
+  st = select_bwd_backend(params, dev.major, dev.minor, &choice, /*why=*/nullptr);
+  if (st != FH_SUCCESS) {
+    return st;
+  }
+  return launch_bwd(params, choice, dev, static_cast<cudaStream_t>(stream));
+}
+
 FH_EXPORT const char* fh_last_error(void) { return g_last_error.c_str(); }
 
 FH_EXPORT int32_t fh_abi_version(void) { return FH_ABI_VERSION; }
@@ -765,6 +1379,10 @@ FH_EXPORT const char* fh_build_info(void) { return FH_BUILD_INFO_JSON; }
 
 FH_EXPORT int32_t fh_has_fwd_kernel(int32_t backend, int32_t dtype, int64_t head_dim) {
   return find_kernel(backend, dtype, head_dim, FH_VARIANT_TUNED) != nullptr ? 1 : 0;
+}
+
+FH_EXPORT int32_t fh_has_bwd_kernel(int32_t backend, int32_t dtype, int64_t head_dim) {
+  return find_bwd_kernel(backend, dtype, head_dim) != nullptr ? 1 : 0;
 }
 
 }  // extern "C"

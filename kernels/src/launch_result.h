@@ -1,4 +1,4 @@
-// What a forward launcher reports back, and how api.cu turns that into an FhStatus and a message.
+// What a launcher (forward, backward, the backward's pre/postprocess) reports back, and how api.cu turns that into an FhStatus and a message.
 //
 // Launchers return a LaunchResult, the library's own status, instead of a cudaError_t: "no tile
 // fits this GPU's shared memory" and "TMA cannot encode this layout" are decisions the launcher
@@ -24,14 +24,16 @@ enum class LaunchStatus : int {
   kNoTileFitsSmem,     // the tile the call needs takes more shared memory than the GPU allows
   kLayoutNotLoadable,  // a q/k/v stride TMA cannot encode (FA-3 path)
   kCudaError,          // a CUDA runtime call failed; cuda_error says which
+  kInternalError,      // a request the caller should have refused (a bug); `what` says which
 };
 
 struct LaunchResult {
   LaunchStatus status = LaunchStatus::kOk;
   cudaError_t cuda_error = cudaSuccess;  // kCudaError
   int smem_bytes = 0;                    // kNoTileFitsSmem: what the tile needs
-  const char* field = nullptr;           // kLayoutNotLoadable: the FhFwdParams stride field
-  int64_t stride = 0;                    // kLayoutNotLoadable: its value (elements)
+  const char* field = nullptr;  // kLayoutNotLoadable: the FhFwdParams / FhBwdParams stride field
+  int64_t stride = 0;           // kLayoutNotLoadable: its value (elements)
+  const char* what = nullptr;   // kInternalError: what was wrong
 
   static LaunchResult ok() { return {}; }
   // cudaSuccess gives ok: launchers pass every runtime return value through here.
@@ -54,6 +56,12 @@ struct LaunchResult {
     r.status = LaunchStatus::kLayoutNotLoadable;
     r.field = field;
     r.stride = stride;
+    return r;
+  }
+  static LaunchResult internal(const char* what) {
+    LaunchResult r;
+    r.status = LaunchStatus::kInternalError;
+    r.what = what;
     return r;
   }
 };
@@ -80,10 +88,12 @@ cudaError_t once_per_device(std::atomic<uint64_t>& done, Set&& set) {
 }
 
 // The FhStatus of a launch and, for a failure, its message in msg (NUL-terminated, cut to
-// msg_len). `backend` ("fa2" / "fa3"), `head_dim` and `smem_limit` (bytes per block the launcher
-// was allowed) only fill the message.
+// msg_len). `backend` ("fa2" / "fa3"), `head_dim`, `smem_limit` (bytes per block the launcher
+// was allowed) and `tma_tensors` (the tensors the path loads with TMA: "q/k/v" for the forward,
+// "q/k/v/dout" for the backward) only fill the message.
 inline FhStatus describe_launch(LaunchResult const& r, const char* backend, int64_t head_dim,
-                                int smem_limit, char* msg, size_t msg_len) {
+                                int smem_limit, char* msg, size_t msg_len,
+                                const char* tma_tensors = "q/k/v") {
   switch (r.status) {
     case LaunchStatus::kOk:
       if (msg_len > 0) {
@@ -98,10 +108,14 @@ inline FhStatus describe_launch(LaunchResult const& r, const char* backend, int6
       return FH_ERROR_UNSUPPORTED;
     case LaunchStatus::kLayoutNotLoadable:
       snprintf(msg, msg_len,
-               "%s: the %s path's TMA needs every q/k/v row, head and batch stride to be a "
+               "%s: the %s path's TMA needs every %s row, head and batch stride to be a "
                "positive multiple of 16 bytes below 2^40 bytes, got %lld elements",
-               r.field ? r.field : "strides", backend, (long long)r.stride);
+               r.field ? r.field : "strides", backend, tma_tensors, (long long)r.stride);
       return FH_ERROR_UNSUPPORTED;
+    case LaunchStatus::kInternalError:
+      snprintf(msg, msg_len, "internal error in the %s launcher: %s", backend,
+               r.what ? r.what : "unknown");
+      return FH_ERROR_INTERNAL;
     case LaunchStatus::kCudaError:
       snprintf(msg, msg_len, "kernel launch failed: %s (%s)", cudaGetErrorString(r.cuda_error),
                cudaGetErrorName(r.cuda_error));

@@ -1,4 +1,5 @@
-# The build's tables, once on the C side: head-dim buckets, dtypes and the FA-3 path's variants.
+# The build's tables, once on the C side: directions, head-dim buckets, dtypes and the FA-3 path's
+# variants.
 #
 # CMakeLists.txt turns them into the instantiation list (one generated .cu per kernel), the
 # launcher registry (fh_registry.inc), api.cu's constants and messages, and fh_build_info()'s
@@ -6,6 +7,15 @@
 # the api.h enum mirror, so torch.compile can trace validation without loading the library);
 # tests/test_lib.py checks that copy against api.h and against the built library's build_info,
 # and the library refuses to load when they disagree.
+
+# Directions: FH_DIRECTIONS value | the fh_registry.inc row macro of its launchers | the FH_ARCHS
+# paths that implement it (comma-separated). A direction's instantiations come from
+# kernels/src/<direction>_<arch>_inst.cu.in; "bwd" also builds kernels/src/bwd_common.cu once (the
+# preprocess and postprocess both paths share). The FA-3 path's backward is not written yet: when
+# it is, "90a" joins the bwd row and api.cu's messages stop calling it unimplemented.
+set(FH_DIRECTION_TABLE
+  "fwd|FH_REGISTER_FWD|80,90a"
+  "bwd|FH_REGISTER_BWD|80")
 
 # Kernel paths: FH_ARCHS value | arch name (build_info "archs") | FhBackend enumerator (api.h).
 # "80" builds the FA-2 path (SASS for sm80 and sm90, PTX for later GPUs); "90a" the FA-3 path.

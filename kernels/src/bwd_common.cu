@@ -1,0 +1,201 @@
+// The backward's preprocess and postprocess (contract in bwd_common.h), shared by both paths.
+//
+// Both are memory-bound streams over (batch, head_q, query row): plain CUDA, 16-byte vector
+// accesses, one CTA per block of kRowsPerCta query rows of one (batch, head_q) on grid (x, y, z) =
+// (row block, head_q, batch), like the forward kernels (api.cu validates heads_q and batch <= 65535).
+// What makes 16-byte vectors legal everywhere: api.cu validates that head_dim and every row / head
+// / batch stride of o, dout and dq are multiples of 8 elements and their pointers 16-byte aligned;
+// the workspace is 256-byte aligned with 256-byte aligned regions, and head_dim_rounded (a bucket)
+// is a multiple of 32 floats.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "flash_hopper/api.h"
+#include "flash_hopper/bwd_params.h"
+#include "src/bwd_common.h"
+
+namespace flash_hopper {
+namespace {
+
+// 128 rows: one kBwdRowPad block, so the preprocess grid tiles seqlen_q_rounded exactly and each
+// CTA owns whole semaphores (kBwdSemaphoreRows divides it).
+constexpr int kRowsPerCta = kBwdRowPad;
+constexpr int kThreads = 256;
+// Preprocess: a row's dot product is split over kThreadsPerRow threads, each taking 16-byte
+// chunks kThreadsPerRow apart, so 8 threads read 128 contiguous bytes of a row per step.
+constexpr int kThreadsPerRow = 8;
+constexpr int kRowsPerPass = kThreads / kThreadsPerRow;
+constexpr int kElemsPerChunk = 8;  // 2-byte elements per 16-byte vector
+constexpr float kLog2e = 1.4426950408889634f;
+
+static_assert(kRowsPerCta % kBwdSemaphoreRows == 0, "a CTA must own whole semaphores");
+static_assert(kRowsPerCta % kRowsPerPass == 0, "passes must tile the CTA's rows");
+static_assert((kThreadsPerRow & (kThreadsPerRow - 1)) == 0 && kThreadsPerRow <= 32,
+              "a row's threads reduce by xor shuffles inside one warp");
+
+// Two-element vector conversions of the input dtype.
+template <class Element>
+struct Pair;
+
+template <>
+struct Pair<__half> {
+  using Type = __half2;
+  static __device__ float2 to_float2(Type v) { return __half22float2(v); }
+  static __device__ Type from_float2(float2 v) { return __float22half2_rn(v); }
+};
+
+template <>
+struct Pair<__nv_bfloat16> {
+  using Type = __nv_bfloat162;
+  static __device__ float2 to_float2(Type v) { return __bfloat1622float2(v); }
+  static __device__ Type from_float2(float2 v) { return __float22bfloat162_rn(v); }
+};
+
+// sum(a[i] * b[i]) over the 8 elements of two 16-byte vectors, in fp32.
+template <class Element>
+__device__ float dot8(uint4 a, uint4 b) {
+  using P = Pair<Element>;
+  const auto* pa = reinterpret_cast<const typename P::Type*>(&a);
+  const auto* pb = reinterpret_cast<const typename P::Type*>(&b);
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 x = P::to_float2(pa[i]);
+    const float2 y = P::to_float2(pb[i]);
+    sum = fmaf(x.x, y.x, sum);
+    sum = fmaf(x.y, y.y, sum);
+  }
+  return sum;
+}
+
+// Grid (seqlen_q_rounded / kRowsPerCta, heads_q, batch).
+template <class Element>
+__global__ void __launch_bounds__(kThreads) bwd_preprocess_kernel(const BwdParams p) {
+  const int m_block = blockIdx.x;
+  const int h = blockIdx.y;
+  const int b = blockIdx.z;
+  const int row0 = m_block * kRowsPerCta;
+  const int64_t ws_row0 = p.row_offset(b, h) + row0;
+
+  // D and lse_log2: a row per kThreadsPerRow neighbouring threads.
+  const int sub = threadIdx.x % kThreadsPerRow;
+  const int chunks = p.head_dim / kElemsPerChunk;
+  for (int r = threadIdx.x / kThreadsPerRow; r < kRowsPerCta; r += kRowsPerPass) {
+    const int row = row0 + r;
+    float d = 0.f;
+    if (row < p.seqlen_q) {
+      const auto* o = reinterpret_cast<const uint4*>(
+          static_cast<const Element*>(p.o) + b * p.o_batch_stride + row * p.o_row_stride +
+          h * p.o_head_stride);
+      const auto* dout = reinterpret_cast<const uint4*>(
+          static_cast<const Element*>(p.dout) + b * p.dout_batch_stride +
+          row * p.dout_row_stride + h * p.dout_head_stride);
+      for (int c = sub; c < chunks; c += kThreadsPerRow) {
+        d += dot8<Element>(o[c], dout[c]);
+      }
+    }
+#pragma unroll
+    for (int offset = kThreadsPerRow / 2; offset > 0; offset /= 2) {
+      d += __shfl_xor_sync(0xffffffffu, d, offset);
+    }
+    if (sub == 0) {
+      float lse_log2 = INFINITY;  // padded rows: P = exp2(s - inf) = 0, and D = 0
+      if (row < p.seqlen_q) {
+        const float lse = p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + row];
+        // lse = -inf: the row sees no key (its forward output is 0); +inf keeps its P at 0
+        // instead of exp2(-inf - -inf) = NaN.
+        lse_log2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
+        if (p.dlse != nullptr) {
+          d -= p.dlse[b * p.dlse_batch_stride + h * p.dlse_head_stride + row];
+        }
+      }
+      p.lse_log2[ws_row0 + r] = lse_log2;
+      p.dpsum[ws_row0 + r] = d;
+    }
+  }
+
+  // Clear the CTA's rows of dq_accum: kRowsPerCta * head_dim_rounded contiguous floats.
+  float4* acc = reinterpret_cast<float4*>(p.dq_accum + ws_row0 * p.head_dim_rounded);
+  const int vectors = kRowsPerCta * p.head_dim_rounded / 4;
+  for (int i = threadIdx.x; i < vectors; i += kThreads) {
+    acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  constexpr int kSemaphores = kRowsPerCta / kBwdSemaphoreRows;
+  if (threadIdx.x < kSemaphores) {
+    p.semaphores[p.semaphore_offset(b, h) + row0 / kBwdSemaphoreRows + threadIdx.x] = 0;
+  }
+}
+
+// Grid (ceil(seqlen_q / kRowsPerCta), heads_q, batch): each thread converts 8 columns of a row
+// (two float4 loads, one 16-byte store); consecutive threads walk a row's chunks, then the rows.
+template <class Element>
+__global__ void __launch_bounds__(kThreads) bwd_postprocess_kernel(const BwdParams p) {
+  using P = Pair<Element>;
+  const int row0 = blockIdx.x * kRowsPerCta;
+  const int h = blockIdx.y;
+  const int b = blockIdx.z;
+  const int chunks = p.head_dim / kElemsPerChunk;
+  const int rows = min(kRowsPerCta, p.seqlen_q - row0);
+  const float* acc0 = p.dq_accum + (p.row_offset(b, h) + row0) * p.head_dim_rounded;
+  Element* dq0 = static_cast<Element*>(p.dq) + b * p.dq_batch_stride + row0 * p.dq_row_stride +
+                 h * p.dq_head_stride;
+  for (int i = threadIdx.x; i < rows * chunks; i += kThreads) {
+    const int r = i / chunks;
+    const int c = i - r * chunks;
+    const auto* src = reinterpret_cast<const float4*>(acc0 + r * p.head_dim_rounded +
+                                                      c * kElemsPerChunk);
+    const float4 lo = src[0];
+    const float4 hi = src[1];
+    const float s = p.softmax_scale;
+    typename P::Type out[4] = {
+        P::from_float2(make_float2(lo.x * s, lo.y * s)),
+        P::from_float2(make_float2(lo.z * s, lo.w * s)),
+        P::from_float2(make_float2(hi.x * s, hi.y * s)),
+        P::from_float2(make_float2(hi.z * s, hi.w * s)),
+    };
+    *reinterpret_cast<uint4*>(dq0 + r * p.dq_row_stride + c * kElemsPerChunk) =
+        *reinterpret_cast<const uint4*>(out);
+  }
+}
+
+// launch(Element{}) for the FhDtype's element type.
+template <class Launch>
+LaunchResult dispatch_dtype(int32_t dtype, Launch&& launch) {
+  switch (dtype) {
+    case FH_DTYPE_FP16: return launch(__half{});
+    case FH_DTYPE_BF16: return launch(__nv_bfloat16{});
+    default: return LaunchResult::internal("bwd pre/postprocess: dtype is not fp16 or bf16");
+  }
+}
+
+}  // namespace
+
+LaunchResult launch_bwd_preprocess(BwdParams const& p, int32_t dtype, cudaStream_t stream) {
+  const dim3 grid(p.seqlen_q_rounded / kRowsPerCta, p.heads_q, p.batch);
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) {
+    return LaunchResult::ok();
+  }
+  return dispatch_dtype(dtype, [&](auto element) {
+    using Element = decltype(element);
+    bwd_preprocess_kernel<Element><<<grid, kThreads, 0, stream>>>(p);
+    return LaunchResult::cuda(cudaGetLastError());
+  });
+}
+
+LaunchResult launch_bwd_postprocess(BwdParams const& p, int32_t dtype, cudaStream_t stream) {
+  const dim3 grid((p.seqlen_q + kRowsPerCta - 1) / kRowsPerCta, p.heads_q, p.batch);
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) {
+    return LaunchResult::ok();
+  }
+  return dispatch_dtype(dtype, [&](auto element) {
+    using Element = decltype(element);
+    bwd_postprocess_kernel<Element><<<grid, kThreads, 0, stream>>>(p);
+    return LaunchResult::cuda(cudaGetLastError());
+  });
+}
+
+}  // namespace flash_hopper
