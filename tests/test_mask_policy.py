@@ -130,7 +130,8 @@ def _compiler() -> str:
 
 @pytest.fixture(scope="module")
 def cpp_dump(tmp_path_factory) -> dict[int, dict]:
-    """{config index: {"m": [(m, n_min, n_max, n_left, n_right)], "r": [(row, lo, hi)],
+    """{config index: {"m": [(m, n_min, n_max, n_left, n_right)], "n": [(n, m_min, m_max)],
+    "r": [(row, lo, hi)],
     "pairs": count}} from mask_dump.cpp."""
     exe = tmp_path_factory.mktemp("mask") / "mask_dump"
     subprocess.run([_compiler(), "-std=c++17", "-O1", "-Wall", "-Werror",
@@ -144,7 +145,7 @@ def cpp_dump(tmp_path_factory) -> dict[int, dict]:
         kind, *values = line.split()
         numbers = tuple(int(v) for v in values)
         if kind == "config":
-            current = dump[numbers[0]] = {"m": [], "r": []}
+            current = dump[numbers[0]] = {"m": [], "n": [], "r": []}
         elif kind == "pairs":
             current["pairs"] = numbers[0]
         else:
@@ -161,16 +162,21 @@ def python_dump(config) -> dict:
         r = mask.key_blocks(m, block_m, block_n)
         s = mask.unmasked_blocks(r, m, block_m, block_n)
         tiles.append((m, r.n_min, r.n_max, s.n_left, s.n_right))
+    n_blocks = -(-mask.seqlen_k // block_n)
+    key_tiles = []
+    for n in range(n_blocks + 1):
+        q = mask.query_blocks(n, block_m, block_n)
+        key_tiles.append((n, q.m_min, q.m_max))
     columns = [mask.columns(row) for row in range(m_blocks * block_m)]
     rows = [(row, c.lo, c.hi) for row, c in enumerate(columns)]
-    return {"m": tiles, "r": rows, "pairs": mask.visible_pairs()}
+    return {"m": tiles, "n": key_tiles, "r": rows, "pairs": mask.visible_pairs()}
 
 
 def test_cpp_header_equals_python_mirror(cpp_dump):
     mismatches = []
     for index, config in enumerate(CONFIGS):
         expected, got = cpp_dump[index], python_dump(config)
-        for key in ("m", "r", "pairs"):
+        for key in ("m", "n", "r", "pairs"):
             if expected[key] != got[key]:
                 first = next((e, g) for e, g in zip(expected[key], got[key]) if e != g) \
                     if key != "pairs" else (expected[key], got[key])
@@ -233,6 +239,20 @@ def test_mirror_tiles_are_consistent_with_the_rule(config):
                 full_block = (n + 1) * block_n <= seqlen_k
                 assert full_block and bool(truth[padded, cols].all()), (
                     f"{where}: block {n} is unmasked but not fully visible")
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=_id)
+def test_query_blocks_is_the_transpose_of_key_blocks(config):
+    """The backward's loop (query blocks per key block) visits exactly the pairs the forward's
+    does, so each dq block's contributors are the key blocks of its key_blocks range."""
+    mask, (block_m, block_n) = _mask(config), config[5:]
+    m_blocks, n_blocks = -(-mask.seqlen_q // block_m), -(-mask.seqlen_k // block_n)
+    for n in range(n_blocks + 1):
+        q = mask.query_blocks(n, block_m, block_n)
+        expected = [m for m in range(m_blocks)
+                    if mask.key_blocks(m, block_m, block_n).n_min <= n
+                    < mask.key_blocks(m, block_m, block_n).n_max]
+        assert list(range(q.m_min, max(q.m_min, q.m_max))) == expected, (_id(config), n)
 
 
 def test_named_results_mirror_the_header():

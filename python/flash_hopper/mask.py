@@ -53,6 +53,18 @@ class KeyBlockSplit:
 
 
 @dataclass(frozen=True)
+class QueryBlockRange:
+    """Query blocks [m_min, m_max) that visit one key block (the backward); empty when
+    m_max <= m_min."""
+
+    m_min: int
+    m_max: int
+
+    def empty(self) -> bool:
+        return self.m_max <= self.m_min
+
+
+@dataclass(frozen=True)
 class ColumnRange:
     """Visible key columns [lo, hi) of a row (or of each row, for a tensor of rows).
 
@@ -157,6 +169,25 @@ class AttentionMask:
         n_left = max(block_range.n_min, min(n_left, block_range.n_max))
         n_right = max(n_left, min(n_right, block_range.n_max))
         return KeyBlockSplit(n_left, n_right)
+
+    def query_blocks(self, n_block: int, block_m: int, block_n: int) -> QueryBlockRange:
+        """The transpose of key_blocks, by the header's two binary searches over it."""
+        num_m = -(-self.seqlen_q // block_m)
+        lo, hi = 0, num_m
+        while lo < hi:  # first m with n_block < n_max(m)
+            mid = (lo + hi) // 2
+            if n_block < self.key_blocks(mid, block_m, block_n).n_max:
+                hi = mid
+            else:
+                lo = mid + 1
+        m_min, hi = lo, num_m
+        while lo < hi:  # first m >= m_min with n_min(m) > n_block
+            mid = (lo + hi) // 2
+            if self.key_blocks(mid, block_m, block_n).n_min > n_block:
+                hi = mid
+            else:
+                lo = mid + 1
+        return QueryBlockRange(m_min, lo)
 
     # ---- vectorized helpers --------------------------------------------------------------------
 

@@ -5,6 +5,7 @@
 // block_n". stdout, per configuration:
 //   config <index>
 //   m <m_block> <n_min> <n_max> <n_left> <n_right>     every query tile
+//   n <n_block> <m_min> <m_max>                         every key tile (and one past the last)
 //   r <row> <lo> <hi>                                   every row of every tile, padding included
 //   pairs <count>                                       visible() summed over the full matrix
 // Every value comes from the header's own methods; the counting loop is the only logic here.
@@ -25,6 +26,11 @@ int main() {
       const flash_hopper::KeyBlockSplit split = mask.unmasked_blocks(range, m, block_m, block_n);
       std::printf("m %d %d %d %d %d\n", m, range.n_min, range.n_max, split.n_left,
                   split.n_right);
+    }
+    const int n_blocks = (seqlen_k + block_n - 1) / block_n;
+    for (int n = 0; n <= n_blocks; ++n) {
+      const flash_hopper::QueryBlockRange range = mask.query_blocks(n, block_m, block_n);
+      std::printf("n %d %d %d\n", n, range.m_min, range.m_max);
     }
     // Rows past seqlen_q too: unmasked_blocks() reads the lo of a tile's last padded row.
     for (int row = 0; row < m_blocks * block_m; ++row) {
