@@ -9,7 +9,8 @@
 # back), else to bench/results/gpu_check. Uses the installed flash_hopper, or the source tree's
 # python/ with FLASH_HOPPER_LIB pointing at a built libflash_hopper.so (a file or its folder).
 # PYTHON picks the interpreter; FH_CHECK_SKIP may list steps to skip (tests, sanitizer, bench);
-# FH_SANITIZER_BACKENDS the paths the sanitizer runs (default: fa2 fa3).
+# FH_SANITIZER_BACKENDS the paths the sanitizer runs (default: fa2 fa3), FH_SANITIZER_BWD_BACKENDS
+# those it runs the backward on (default: fa2).
 #
 # Every step runs even after one failed (one run shows every problem), and any failure fails the
 # script: each step's exit status is taken from the command itself, never from a pipe's last stage.
@@ -73,6 +74,14 @@ if ! skipped sanitizer; then
       run_step "compute-sanitizer $tool ($backend)" "sanitizer_${tool}_$backend.log" \
         compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 9 \
         "$py" "$here/bench/sanitizer_case.py" --backend "$backend" --num-sms 3
+    done
+  done
+  # The backward (its forward too), default and deterministic mode, on the paths that have one.
+  for backend in ${FH_SANITIZER_BWD_BACKENDS:-fa2}; do
+    for tool in memcheck racecheck synccheck; do
+      run_step "compute-sanitizer $tool bwd ($backend)" "sanitizer_${tool}_bwd_$backend.log" \
+        compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 9 \
+        "$py" "$here/bench/sanitizer_case.py" --backend "$backend" --num-sms 3 --direction bwd
     done
   done
 fi

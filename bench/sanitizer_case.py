@@ -1,10 +1,11 @@
-"""Small forward cases for compute-sanitizer (memcheck / racecheck / synccheck).
+"""Small cases for compute-sanitizer (memcheck / racecheck / synccheck), forward or backward.
 
 Odd lengths, a partial head dim, GQA, causal, window and softcap on every built head-dim bucket:
 every predicated load/store path of the kernels runs at least once, at sizes the sanitizer can
-afford. Outputs and LSE are NaN-filled before each launch; exits non-zero if one is left NaN (an
-element not written), or if no case ran at all (a sanitizer step that checked nothing must not
-pass: a build without the requested path fails here instead).
+afford. Outputs and LSE (backward: dq, dk, dv, in both the default and the deterministic mode)
+are NaN-filled before each launch; exits non-zero if one is left NaN (an element not written),
+or if no case ran at all (a sanitizer step that checked nothing must not pass: a build without
+the requested path fails here instead).
 """
 
 import argparse
@@ -20,6 +21,7 @@ def main() -> int:
     ap.add_argument("--backend", default="fa2", help="fa2, fa3 or an fa3 variant")
     ap.add_argument("--num-sms", type=int, default=0,
                     help="cap the fa3 persistent grid (3: each CTA walks several tiles)")
+    ap.add_argument("--direction", choices=("fwd", "bwd"), default="fwd")
     args = ap.parse_args()
 
     info = flash_hopper.build_info()
@@ -58,6 +60,18 @@ def main() -> int:
                     if torch.isnan(out).any() or torch.isnan(lse).any():
                         print(f"NaN left in out or lse: {dtype_name} d={d} sq={sq} sk={sk}")
                         return 1
+                    if args.direction == "bwd":
+                        dout = torch.randn_like(out)
+                        for deterministic in (False, True):
+                            grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+                            ops.bwd_into(dout, q, k, v, out, lse, *grads, cfg.softmax_scale,
+                                         cfg.window_left, cfg.window_right, cfg.softcap,
+                                         args.backend, deterministic, num_sms=args.num_sms)
+                            torch.cuda.synchronize()
+                            if any(torch.isnan(g).any() for g in grads):
+                                print(f"NaN left in dq/dk/dv: {dtype_name} d={d} sq={sq} "
+                                      f"sk={sk} deterministic={deterministic}")
+                                return 1
                     cases += 1
     print(f"sanitizer cases run: {cases}")
     return 0 if cases else 1

@@ -130,15 +130,24 @@ def test_pre_merge_script_runs_every_step_with_the_library_required(tmp_path):
     sanitizer = [c for c in calls if c.startswith("compute-sanitizer")]
     for backend in ("fa2", "fa3"):
         for tool in ("memcheck", "racecheck", "synccheck"):
-            assert any(f"--tool {tool}" in c and f"--backend {backend}" in c for c in sanitizer)
+            assert any(f"--tool {tool}" in c and f"--backend {backend}" in c
+                       and "--direction bwd" not in c for c in sanitizer)
+    # The backward's cases on the paths that have one (fa2).
+    for tool in ("memcheck", "racecheck", "synccheck"):
+        assert any(f"--tool {tool}" in c and "--backend fa2" in c and "--direction bwd" in c
+                   for c in sanitizer)
     logs = {p.name for p in (tmp_path / "out").iterdir()}
-    assert {"pytest.log", "bench.log", "build_info.json", "sanitizer_synccheck_fa3.log"} <= logs
+    assert {"pytest.log", "bench.log", "build_info.json", "sanitizer_synccheck_fa3.log",
+            "sanitizer_racecheck_bwd_fa2.log"} <= logs
 
 
 @needs_bash
 @pytest.mark.parametrize("fail,steps", [
     ("-m pytest", ["pytest"]),
-    ("--tool racecheck", ["compute-sanitizer racecheck (fa2)", "compute-sanitizer racecheck (fa3)"]),
+    ("--tool racecheck", ["compute-sanitizer racecheck (fa2)", "compute-sanitizer racecheck (fa3)",
+                          "compute-sanitizer racecheck bwd (fa2)"]),
+    ("--direction bwd", [f"compute-sanitizer {t} bwd (fa2)" for t in ("memcheck", "racecheck",
+                                                                       "synccheck")]),
     ("--backend fa3", [f"compute-sanitizer {t} (fa3)" for t in ("memcheck", "racecheck",
                                                                  "synccheck")]),
     ("build_info", ["build info"]),

@@ -11,19 +11,24 @@
 //   dK *= softmax_scale; dK, dV stored (zeros for a key block no query sees)
 // The GQA group's dK / dV are summed in registers (fp32, one conversion): no dK / dV workspace.
 //
-// Copy pipeline (kStages = 2): Q and dO of the next step stream into the other buffer while this
-// step computes:
-//   wait Q/dO(i); sync | issue Q/dO(i+1) | lse, D rows | S, dP | P, dS -> smem; sync | dV, dQ, dK
+// Copy pipeline: Q (with its rows' lse_log2) and dO (with D) of the next step stream into the
+// other buffer while this step computes (kQStages = kDoStages = 2):
+//   wait Q/dO(i); sync | issue Q/dO(i+1) | S, dP | P, dS -> smem; sync | dV | dQ | dK
 // The first sync also guarantees every warp finished step i-1 (its reads of buffer (i+1) % 2 and
-// of sP / sdS) before anything overwrites them. kStages = 1 loads at the top of each step.
+// of sP / sdS) before anything overwrites them. With one buffer, the next dO is issued after this
+// step's dV GEMM (its last reader) and the next Q after the dK GEMM, each behind a sync. lse_log2
+// and D come through shared memory, not registers: kept in registers across the GEMMs they made
+// the d128 kernel spill in its main loop (29 M local-memory requests per call at s16k).
 //
-// dQ: dQacc (workspace, fp32 (b, h, seqlen_q_rounded, bucket)) is cleared by the preprocess and
-// converted by the postprocess. Default mode: atomicAdd from registers. Deterministic mode: the
+// dQ: dQacc (workspace, fp32, a (b, h, seqlen_q_rounded, bucket) region holding each query block
+// in fragment order) is cleared by the preprocess and converted by bwd_postprocess.h's kernel.
+// Default mode: atomicAdd from registers. Deterministic mode: the
 // contributions to query block m arrive in key-block-descending order: the CTA of key block n
 // waits until m's semaphore equals its rank n_max(m) - 1 - n, adds with plain loads and stores
-// (it owns the block now), and releases. The grid runs n descending in blockIdx.x, so every CTA
-// waits only on CTAs of its (kv head, batch) with a smaller block index; the GPU dispatches blocks
-// in index order, so those are running or done (FlashAttention-2/3 rely on the same).
+// (it owns the block now), and releases. The 1-D grid runs each (batch, kv head)'s key blocks in
+// descending n, so every CTA waits only on CTAs with a smaller block index; the GPU dispatches
+// blocks in index order, so those are running or done (FlashAttention-2/3 rely on the same).
+// The key blocks of one (batch, kv head) are interleaved with the other heads' in that order.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -61,9 +66,22 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   using SharedStorage = typename Traits::SharedStorage;
 
   const bool deterministic = p.deterministic != 0;
-  const int n_block = deterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  const int head_kv = blockIdx.y;
-  const int batch = blockIdx.z;
+  const int n_blocks = (p.seqlen_k + kBlockN - 1) / kBlockN;
+  int n_block, head_kv, batch;
+  if (!deterministic) {  // grid (key blocks, kv heads, batch): one head's CTAs run together
+    n_block = blockIdx.x;
+    head_kv = blockIdx.y;
+    batch = blockIdx.z;
+  } else {
+    // 1-D grid, key blocks descending per (batch, kv head) and the heads interleaved: the CTAs
+    // that run together belong to as many heads as possible, so fewer of them wait on each
+    // other's dQ hand-offs (the wait chain per head is only as long as its CTAs in flight).
+    const int heads = p.heads_kv * p.batch;
+    const int bh = blockIdx.x % heads;
+    n_block = n_blocks - 1 - int(blockIdx.x / heads);
+    head_kv = bh % p.heads_kv;
+    batch = bh / p.heads_kv;
+  }
   const int tidx = threadIdx.x;
 
   const AttentionMask mask = attention_mask(p);
@@ -101,26 +119,39 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   const bool full_d = p.head_dim == kHeadDim;
   const int kv_rows = p.seqlen_k - n_block * kBlockN;
 
-  // Q / dO rows of query block m of query head h, into stage `stage`.
-  auto load_q_do = [&](int h, int m, int stage) {
+  // The rows' lse_log2 (with Q) or D (with dO) of query block m of head h: kBlockM floats, one
+  // 16-byte cp.async per thread of the first kBlockM / 4 (the workspace rows are padded).
+  auto load_rows = [&](float const* region, int h, int m, float* dst) {
+    if (tidx < kBlockM / 4) {
+      float const* src = region + p.row_offset(batch, h) + int64_t(m) * kBlockM + 4 * tidx;
+      SM80_CP_ASYNC_CACHEGLOBAL<uint128_t>::copy(*reinterpret_cast<uint128_t const*>(src),
+                                                 *reinterpret_cast<uint128_t*>(dst + 4 * tidx));
+    }
+  };
+  // Q (and lse_log2) / dO (and D) of query block m of query head h into buffer `stage`.
+  auto load_q = [&](int h, int m, int stage) {
     const int64_t row0 = int64_t(m) * kBlockM;
     Tensor gQ = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.q) +
                                           batch * p.q_batch_stride + h * p.q_head_stride +
                                           row0 * p.q_row_stride),
                             tile_q, make_stride(p.q_row_stride, _1{}));
+    const int rows = p.seqlen_q - int(row0);
+    Tensor tQsQ_s = shifted(tQsQ, stage * kQElems);
+    copy_tile_g2s(gmem_tiled_copy, gmem_thr_copy.partition_S(gQ), tQsQ_s, tQcQ, rows, p.head_dim,
+                  full_d && rows >= kBlockM);
+    load_rows(p.lse_log2, h, m, smem.lse.data() + stage * kBlockM);
+  };
+  auto load_do = [&](int h, int m, int stage) {
+    const int64_t row0 = int64_t(m) * kBlockM;
     Tensor gdO = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.dout) +
                                            batch * p.dout_batch_stride + h * p.dout_head_stride +
                                            row0 * p.dout_row_stride),
                              tile_q, make_stride(p.dout_row_stride, _1{}));
     const int rows = p.seqlen_q - int(row0);
-    const bool full = full_d && rows >= kBlockM;
-    Tensor tQsQ_s = shifted(tQsQ, stage * kQElems);
     Tensor tQsdO_s = shifted(tQsdO, stage * kQElems);
-    copy_tile_g2s(gmem_tiled_copy, gmem_thr_copy.partition_S(gQ), tQsQ_s, tQcQ, rows, p.head_dim,
-                  full);
     copy_tile_g2s(gmem_tiled_copy, gmem_thr_copy.partition_S(gdO), tQsdO_s, tQcQ, rows,
-                  p.head_dim, full);
-    cp_async_fence();
+                  p.head_dim, full_d && rows >= kBlockM);
+    load_rows(p.dpsum, h, m, smem.dpsum.data() + stage * kBlockM);
   };
 
   // ---- MMA partitions ----
@@ -186,26 +217,19 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   Tensor tScS = thr_mma_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
   Tensor tScS_rc = make_tensor(tScS.data(), acc_layout_rowcol(tScS.layout()));
   constexpr int kRows = decltype(size<0>(tScS_rc))::value;
-  // dQ elements' (row, col), for the accumulator addresses.
-  Tensor tdQcdQ = thr_mma_dq.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
 
   const bool softcap_on = p.softcap != 0.f;
   const float inv_softcap = softcap_on ? 1.f / p.softcap : 0.f;
 
-  auto step = [&](int h, int m, int stage, auto transform_tag) __attribute__((always_inline)) {
+  // One step: (h, m) with its Q in buffer q_stage and dO in do_stage; (next_h, next_m) is the
+  // next step's (has_next), loaded here into single buffers once their last reader is done.
+  auto step = [&](int h, int m, int q_stage, int do_stage, bool has_next, int next_h, int next_m,
+                  auto transform_tag) __attribute__((always_inline)) {
     constexpr bool kTransform = decltype(transform_tag)::value;
-    const int q_off = stage * kQElems;
-
-    // The rows' lse_log2 and D, read early: their latency hides under the GEMMs.
-    const int64_t row_base = p.row_offset(batch, h) + int64_t(m) * kBlockM;
-    float lse[kRows];
-    float dpsum[kRows];
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      const int row = get<0>(tScS_rc(r, 0));
-      lse[r] = p.lse_log2[row_base + row];
-      dpsum[r] = p.dpsum[row_base + row];
-    }
+    const int q_off = q_stage * kQElems;
+    const int do_off = do_stage * kQElems;
+    float const* lse = smem.lse.data() + q_stage * kBlockM;
+    float const* dpsum = smem.dpsum.data() + do_stage * kBlockM;
 
     Tensor acc_s = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
     Tensor acc_dp = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
@@ -213,7 +237,7 @@ __global__ void __launch_bounds__(Traits::kNThreads)
     clear(acc_dp);
     gemm_ss(tiled_mma_sdp, acc_s, tSrQ, tSrK, shifted(tSsQ, q_off), tSsK, copy_sdp_a, copy_sdp_b,
             thr_copy_sdp_a, thr_copy_sdp_b);
-    gemm_ss(tiled_mma_sdp, acc_dp, tdPrdO, tdPrV, shifted(tdPsdO, q_off), tdPsV, copy_sdp_a,
+    gemm_ss(tiled_mma_sdp, acc_dp, tdPrdO, tdPrV, shifted(tdPsdO, do_off), tdPsV, copy_sdp_a,
             copy_sdp_b, thr_copy_sdp_a, thr_copy_sdp_b);
 
     Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));  // (ROWS,COLS)
@@ -238,11 +262,14 @@ __global__ void __launch_bounds__(Traits::kNThreads)
     // P = exp2(score * scale_log2 - lse_log2) in place; dS = P (dP - D) (1 - t^2) in dp's place.
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
+      const int row = get<0>(tScS_rc(r, 0));
+      const float row_lse = lse[row];
+      const float row_dpsum = dpsum[row];
       CUTE_UNROLL
       for (int c = 0; c < size<1>(scores); ++c) {
-        const float prob = exp2f(scores(r, c) * p.scale_log2 - lse[r]);
+        const float prob = exp2f(scores(r, c) * p.scale_log2 - row_lse);
         scores(r, c) = prob;
-        float ds = prob * (dp(r, c) - dpsum[r]);
+        float ds = prob * (dp(r, c) - row_dpsum);
         if constexpr (kTransform) {
           if (softcap_on) {
             ds *= dtanh(r, c);
@@ -259,22 +286,29 @@ __global__ void __launch_bounds__(Traits::kNThreads)
     copy(copy_pds, thr_copy_pds.retile_S(rdS), tdSsdS);
     __syncthreads();
 
-    gemm_ss(tiled_mma_dkv, acc_dv, tdVrPt, tdVrdOt, tdVsPt, shifted(tdVsdOt, q_off), copy_dkv_a,
+    gemm_ss(tiled_mma_dkv, acc_dv, tdVrPt, tdVrdOt, tdVsPt, shifted(tdVsdOt, do_off), copy_dkv_a,
             copy_dkv_b, thr_copy_dkv_a, thr_copy_dkv_b);
+    if constexpr (Traits::kDoStages == 1) {
+      if (has_next) {
+        __syncthreads();  // every warp is done with this dO (dV was its last reader)
+        load_do(next_h, next_m, 0);
+        cp_async_fence();
+      }
+    }
 
     Tensor acc_dq = partition_fragment_C(tiled_mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
     clear(acc_dq);
     gemm_ss(tiled_mma_dq, acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, copy_dq_a, copy_dq_b,
             thr_copy_dq_a, thr_copy_dq_b);
-    // dQacc rows of this block: whole tiles, no predicates (rows < seqlen_q_rounded, columns <
-    // the bucket; padded rows and columns add exact zeros).
+    // dQacc of this block in fragment order (bwd_postprocess.h): value i of this thread at
+    // [i * kNThreads + tidx], so every warp-wide add covers 128 contiguous bytes (in the
+    // accumulator's own (row, col) order a warp's atomics touched 8 rows, 8 L2 sectors each).
     float* dq_accum = p.dq_accum + p.dq_accum_offset(batch, h) +
-                      int64_t(m) * kBlockM * p.head_dim_rounded;
+                      int64_t(m) * kBlockM * p.head_dim_rounded + tidx;
     if (!deterministic) {
       CUTE_UNROLL
       for (int i = 0; i < size(acc_dq); ++i) {
-        atomicAdd(dq_accum + get<0>(tdQcdQ(i)) * p.head_dim_rounded + get<1>(tdQcdQ(i)),
-                  acc_dq(i));
+        atomicAdd(dq_accum + i * Traits::kNThreads, acc_dq(i));
       }
     } else {
       int* semaphore = p.semaphores + p.semaphore_offset(batch, h) +
@@ -289,7 +323,7 @@ __global__ void __launch_bounds__(Traits::kNThreads)
       // this SM may have read these lines into L1 before the previous contributor wrote them.
       CUTE_UNROLL
       for (int i = 0; i < size(acc_dq); ++i) {
-        float* addr = dq_accum + get<0>(tdQcdQ(i)) * p.head_dim_rounded + get<1>(tdQcdQ(i));
+        float* addr = dq_accum + i * Traits::kNThreads;
         __stcg(addr, __ldcg(addr) + acc_dq(i));
       }
       __threadfence();
@@ -301,6 +335,13 @@ __global__ void __launch_bounds__(Traits::kNThreads)
 
     gemm_ss(tiled_mma_dkv, acc_dk, tdKrdSt, tdKrQt, tdKsdSt, shifted(tdKsQt, q_off), copy_dkv_a,
             copy_dkv_b, thr_copy_dkv_a, thr_copy_dkv_b);
+    if constexpr (Traits::kQStages == 1) {
+      if (has_next) {
+        __syncthreads();  // every warp is done with this Q (dK was its last reader)
+        load_q(next_h, next_m, 0);
+        cp_async_fence();
+      }
+    }
   };
 
   // ---- Prologue: K, V and the first step's Q, dO ----
@@ -318,14 +359,17 @@ __global__ void __launch_bounds__(Traits::kNThreads)
                   kv_full);
     copy_tile_g2s(gmem_tiled_copy, gmem_thr_copy.partition_S(gV), tKsV, tKcK, kv_rows, p.head_dim,
                   kv_full);
-    load_q_do(head_kv * p.heads_per_kv, range.m_min, 0);
+    load_q(head_kv * p.heads_per_kv, range.m_min, 0);
+    load_do(head_kv * p.heads_per_kv, range.m_min, 0);
+    cp_async_fence();
   }
 
   // ---- Main loop: (query head of the group, query block), m fastest ----
   int g = 0;
   int m = range.m_min;
   for (int i = 0; i < num_steps; ++i) {
-    const int stage = Traits::kStages == 2 ? (i & 1) : 0;
+    const int q_stage = Traits::kQStages == 2 ? (i & 1) : 0;
+    const int do_stage = Traits::kDoStages == 2 ? (i & 1) : 0;
     const int h = head_kv * p.heads_per_kv + g;
     int next_g = g;
     int next_m = m + 1;
@@ -333,23 +377,23 @@ __global__ void __launch_bounds__(Traits::kNThreads)
       next_m = range.m_min;
       ++next_g;
     }
-    if constexpr (Traits::kStages == 1) {
-      if (i > 0) {
-        __syncthreads();  // every warp is done with step i-1's Q / dO
-        load_q_do(h, m, 0);
-      }
-    }
+    const bool has_next = i + 1 < num_steps;
+    const int next_h = head_kv * p.heads_per_kv + next_g;
     cp_async_wait<0>();
     __syncthreads();
-    if constexpr (Traits::kStages == 2) {
-      if (i + 1 < num_steps) {
-        load_q_do(head_kv * p.heads_per_kv + next_g, next_m, stage ^ 1);
+    if (has_next && (Traits::kQStages == 2 || Traits::kDoStages == 2)) {
+      if constexpr (Traits::kQStages == 2) {
+        load_q(next_h, next_m, q_stage ^ 1);
       }
+      if constexpr (Traits::kDoStages == 2) {
+        load_do(next_h, next_m, do_stage ^ 1);
+      }
+      cp_async_fence();
     }
     if (softcap_on || mask.block_masked(m, n_block, kBlockM, kBlockN)) {
-      step(h, m, stage, cute::true_type{});
+      step(h, m, q_stage, do_stage, has_next, next_h, next_m, cute::true_type{});
     } else {
-      step(h, m, stage, cute::false_type{});
+      step(h, m, q_stage, do_stage, has_next, next_h, next_m, cute::false_type{});
     }
     g = next_g;
     m = next_m;
@@ -386,9 +430,9 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   copy(gmem_tiled_store, gmem_thr_store.partition_S(sK), tKrdK);
   copy(gmem_tiled_store, gmem_thr_store.partition_S(sV), tKrdV);
   Tensor tKcdK = gmem_thr_store.partition_D(make_identity_tensor(tile_kv));
-  const bool kv_full = full_d && kv_rows >= kBlockN;
-  copy_tile_r2g(gmem_tiled_store, tKrdK, tKgdK, tKcdK, kv_rows, p.head_dim, kv_full);
-  copy_tile_r2g(gmem_tiled_store, tKrdV, tKgdV, tKcdK, kv_rows, p.head_dim, kv_full);
+  const bool kv_full_store = full_d && kv_rows >= kBlockN;
+  copy_tile_r2g(gmem_tiled_store, tKrdK, tKgdK, tKcdK, kv_rows, p.head_dim, kv_full_store);
+  copy_tile_r2g(gmem_tiled_store, tKrdV, tKgdV, tKcdK, kv_rows, p.head_dim, kv_full_store);
 }
 
 }  // namespace flash_hopper::sm80

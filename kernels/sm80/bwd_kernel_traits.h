@@ -20,7 +20,7 @@ namespace flash_hopper::sm80 {
 using namespace cute;
 
 template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, int kAtomMSdP,
-          int kAtomNdKV, int kAtomMdQ, int kStages_>
+          int kAtomNdKV, int kAtomMdQ, int kQStages_, int kDoStages_>
 struct BwdTraits {
   using Element = Element_;
   using ElementAccum = float;
@@ -30,9 +30,10 @@ struct BwdTraits {
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kNWarps = kNWarps_;
   static constexpr int kNThreads = kNWarps * 32;
-  static constexpr int kStages = kStages_;
+  static constexpr int kQStages = kQStages_;
+  static constexpr int kDoStages = kDoStages_;
   static_assert(kHeadDim % 32 == 0, "head-dim buckets are multiples of 32");
-  static_assert(kStages == 1 || kStages == 2);
+  static_assert((kQStages == 1 || kQStages == 2) && (kDoStages == 1 || kDoStages == 2));
 
   // ---- MMAs: m16n8k16; each tile covers 16 rows x 16 columns per warp per iteration ----
   using MmaAtomOp = std::conditional_t<std::is_same_v<Element, cutlass::half_t>,
@@ -92,23 +93,27 @@ struct BwdTraits {
   static_assert(kBlockN % (kNThreads / kGmemThreadsPerRow) == 0);
 
   static constexpr int kQElems = int(cosize_v<SmemLayoutQ>);
+  static_assert(kBlockM % 4 == 0 && kBlockM / 4 <= kNThreads, "lse / D rows: one 16 B copy each");
   struct SharedStorage {
     cute::array_aligned<Element, cosize_v<SmemLayoutKV>> k;  // dK in the epilogue
     cute::array_aligned<Element, cosize_v<SmemLayoutKV>> v;  // dV in the epilogue
-    cute::array_aligned<Element, kQElems * kStages> q;
-    cute::array_aligned<Element, kQElems * kStages> dout;
+    cute::array_aligned<Element, kQElems * kQStages> q;
+    cute::array_aligned<Element, kQElems * kDoStages> dout;
     cute::array_aligned<Element, cosize_v<SmemLayoutPdS>> p;
     cute::array_aligned<Element, cosize_v<SmemLayoutPdS>> ds;
+    cute::array_aligned<float, kBlockM * kQStages> lse;     // lse_log2 rows, with Q
+    cute::array_aligned<float, kBlockM * kDoStages> dpsum;  // D rows, with dO
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
 };
 
-template <class Element, int kHeadDim>
+template <class Element, int kHeadDim, bool kFallback = false>
 struct BwdTraitsFor {
-  static constexpr BwdTileConfig kConfig = bwd_tile_config(kHeadDim);
+  static constexpr BwdTileConfig kConfig =
+      kFallback ? bwd_tile_config_fallback(kHeadDim) : bwd_tile_config(kHeadDim);
   using type = BwdTraits<Element, kHeadDim, kConfig.block_m, kConfig.block_n, kConfig.warps,
                          kConfig.atom_m_sdp, kConfig.atom_n_dkv, kConfig.atom_m_dq,
-                         kConfig.stages>;
+                         kConfig.q_stages, kConfig.do_stages>;
   static_assert(type::kSmemBytes == bwd_smem_bytes(kConfig, kHeadDim, int(sizeof(Element))));
 };
 

@@ -1,45 +1,75 @@
-// Host launch of the FA-2 path's main backward kernel for one (dtype, head-dim bucket)
-// instantiation; api.cu runs the preprocess before it and the postprocess after it.
+// Host launch of the FA-2 path's backward for one (dtype, head-dim bucket) instantiation: the main
+// kernel and the postprocess that converts its dQ accumulator (whose layout is this kernel's);
+// api.cu runs the shared preprocess before them.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 
 #include "flash_hopper/bwd_params.h"
 #include "sm80/bwd_kernel.h"
 #include "sm80/bwd_kernel_traits.h"
+#include "sm80/bwd_postprocess.h"
 #include "src/registry.h"
 
 namespace flash_hopper::sm80 {
 
-// Grid: (key blocks, kv heads, batch). A key block no query sees still gets its CTA: it writes
-// dK = dV = 0 (so does every key block when seqlen_q == 0).
-template <class Element, int kHeadDim>
-LaunchResult run_bwd(BwdParams const& p, int max_smem_per_block, cudaStream_t stream) {
-  using Traits = typename BwdTraitsFor<Element, kHeadDim>::type;
+// Main kernel grid: (key blocks, kv heads, batch), or the same CTAs in one dimension in deterministic mode
+// (bwd_kernel.h says why). A key block no query sees still gets its CTA: it writes dK = dV = 0
+// (so does every key block when seqlen_q == 0).
+template <class Traits>
+LaunchResult launch_bwd(BwdParams const& p, cudaStream_t stream) {
   constexpr int kSmem = Traits::kSmemBytes;
-  if (kSmem > max_smem_per_block) {
-    return LaunchResult::no_tile_fits(kSmem);
-  }
   static_assert(kBwdRowPad % Traits::kBlockM == 0 && Traits::kBlockM % kBwdSemaphoreRows == 0,
                 "query blocks must tile the workspace's padded rows and its semaphores");
-  if (p.seqlen_k == 0 || p.batch == 0) {
+  if (p.seqlen_k > 0) {
+    auto kernel = bwd_kernel<Traits>;
+    static std::atomic<uint64_t> smem_set_on_devices{0};
+    const cudaError_t err = once_per_device(smem_set_on_devices, [&] {
+      return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    });
+    if (err != cudaSuccess) {
+      return LaunchResult::cuda(err);
+    }
+    const int n_blocks = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
+    const dim3 grid = p.deterministic
+                          ? dim3(unsigned(n_blocks) * unsigned(p.heads_kv) * unsigned(p.batch))
+                          : dim3(n_blocks, p.heads_kv, p.batch);
+    kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(p);
+    const cudaError_t launched = cudaGetLastError();
+    if (launched != cudaSuccess) {
+      return LaunchResult::cuda(launched);
+    }
+  }
+  if (p.seqlen_q > 0) {  // seqlen_k == 0 too: dq = 0 from the cleared accumulator
+    const dim3 grid((p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, p.heads_q, p.batch);
+    bwd_postprocess_kernel<Traits><<<grid, Traits::kNThreads, 0, stream>>>(p);
+    return LaunchResult::cuda(cudaGetLastError());
+  }
+  return LaunchResult::ok();
+}
+
+// The tuned config, or its fallback on GPUs with less shared memory per block (bwd_tile_config.h).
+template <class Element, int kHeadDim>
+LaunchResult run_bwd(BwdParams const& p, int max_smem_per_block, cudaStream_t stream) {
+  using Tuned = typename BwdTraitsFor<Element, kHeadDim>::type;
+  using Fallback = typename BwdTraitsFor<Element, kHeadDim, /*kFallback=*/true>::type;
+  if (p.batch == 0) {
     return LaunchResult::ok();
   }
-  auto kernel = bwd_kernel<Traits>;
-  static std::atomic<uint64_t> smem_set_on_devices{0};
-  const cudaError_t err = once_per_device(smem_set_on_devices, [&] {
-    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  });
-  if (err != cudaSuccess) {
-    return LaunchResult::cuda(err);
+  if (Tuned::kSmemBytes <= max_smem_per_block) {
+    return launch_bwd<Tuned>(p, stream);
   }
-  const int n_blocks = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
-  dim3 grid(n_blocks, p.heads_kv, p.batch);
-  kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(p);
-  return LaunchResult::cuda(cudaGetLastError());
+  if constexpr (!std::is_same_v<Tuned, Fallback>) {
+    if (Fallback::kSmemBytes <= max_smem_per_block) {
+      return launch_bwd<Fallback>(p, stream);
+    }
+    return LaunchResult::no_tile_fits(Fallback::kSmemBytes);
+  }
+  return LaunchResult::no_tile_fits(Tuned::kSmemBytes);
 }
 
 }  // namespace flash_hopper::sm80

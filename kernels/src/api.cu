@@ -52,9 +52,6 @@ namespace flash_hopper {
 LaunchResult launch_bwd_preprocess(BwdParams const&, int32_t, cudaStream_t) {
   return LaunchResult::internal("backward preprocess in a build without FH_DIRECTIONS bwd");
 }
-LaunchResult launch_bwd_postprocess(BwdParams const&, int32_t, cudaStream_t) {
-  return LaunchResult::internal("backward postprocess in a build without FH_DIRECTIONS bwd");
-}
 #endif
 
 namespace {
@@ -1167,7 +1164,8 @@ int smem_limit(const DeviceInfo& dev) {
   return limit;
 }
 
-// The three launches of a backward on `stream`, in stream order; the first failure stops it (what
+// The launches of a backward on `stream`, in stream order (the preprocess, then the path's
+// launcher: its main kernel and its postprocess); the first failure stops it (what
 // already ran wrote only the caller's workspace and outputs, which a failed call leaves undefined).
 FhStatus launch_bwd(const FhBwdParams* params, BwdChoice const& choice, const DeviceInfo& dev,
                     cudaStream_t stream) {
@@ -1184,16 +1182,12 @@ FhStatus launch_bwd(const FhBwdParams* params, BwdChoice const& choice, const De
     return st;
   };
   // seqlen_q == 0: no query row to prepare or convert, but the main kernel still writes dk = dv = 0.
-  // seqlen_k == 0: no key to visit (dk, dv are empty); dq = 0 from the cleared accumulator.
+  // seqlen_k == 0: no key to visit (dk, dv are empty); the launcher's postprocess writes dq = 0
+  // from the cleared accumulator.
   if (params->seqlen_q > 0) {
     FH_TRY(report(launch_bwd_preprocess(p, params->dtype, stream), "backward preprocess"));
   }
-  if (params->seqlen_k > 0) {
-    FH_TRY(report(choice.kernel->launch(p, limit, stream), "backward"));
-  }
-  if (params->seqlen_q > 0) {
-    FH_TRY(report(launch_bwd_postprocess(p, params->dtype, stream), "backward postprocess"));
-  }
+  FH_TRY(report(choice.kernel->launch(p, limit, stream), "backward"));
   return FH_SUCCESS;
 }
 

@@ -1,4 +1,4 @@
-// The backward's preprocess and postprocess (contract in bwd_common.h), shared by both paths.
+// The backward's preprocess (contract in bwd_common.h), shared by both paths.
 //
 // Both are memory-bound streams over (batch, head_q, query row): plain CUDA, 16-byte vector
 // accesses, one CTA per block of kRowsPerCta query rows of one (batch, head_q) on grid (x, y, z) =
@@ -130,45 +130,13 @@ __global__ void __launch_bounds__(kThreads) bwd_preprocess_kernel(const BwdParam
   }
 }
 
-// Grid (ceil(seqlen_q / kRowsPerCta), heads_q, batch): each thread converts 8 columns of a row
-// (two float4 loads, one 16-byte store); consecutive threads walk a row's chunks, then the rows.
-template <class Element>
-__global__ void __launch_bounds__(kThreads) bwd_postprocess_kernel(const BwdParams p) {
-  using P = Pair<Element>;
-  const int row0 = blockIdx.x * kRowsPerCta;
-  const int h = blockIdx.y;
-  const int b = blockIdx.z;
-  const int chunks = p.head_dim / kElemsPerChunk;
-  const int rows = min(kRowsPerCta, p.seqlen_q - row0);
-  const float* acc0 = p.dq_accum + (p.row_offset(b, h) + row0) * p.head_dim_rounded;
-  Element* dq0 = static_cast<Element*>(p.dq) + b * p.dq_batch_stride + row0 * p.dq_row_stride +
-                 h * p.dq_head_stride;
-  for (int i = threadIdx.x; i < rows * chunks; i += kThreads) {
-    const int r = i / chunks;
-    const int c = i - r * chunks;
-    const auto* src = reinterpret_cast<const float4*>(acc0 + r * p.head_dim_rounded +
-                                                      c * kElemsPerChunk);
-    const float4 lo = src[0];
-    const float4 hi = src[1];
-    const float s = p.softmax_scale;
-    typename P::Type out[4] = {
-        P::from_float2(make_float2(lo.x * s, lo.y * s)),
-        P::from_float2(make_float2(lo.z * s, lo.w * s)),
-        P::from_float2(make_float2(hi.x * s, hi.y * s)),
-        P::from_float2(make_float2(hi.z * s, hi.w * s)),
-    };
-    *reinterpret_cast<uint4*>(dq0 + r * p.dq_row_stride + c * kElemsPerChunk) =
-        *reinterpret_cast<const uint4*>(out);
-  }
-}
-
 // launch(Element{}) for the FhDtype's element type.
 template <class Launch>
 LaunchResult dispatch_dtype(int32_t dtype, Launch&& launch) {
   switch (dtype) {
     case FH_DTYPE_FP16: return launch(__half{});
     case FH_DTYPE_BF16: return launch(__nv_bfloat16{});
-    default: return LaunchResult::internal("bwd pre/postprocess: dtype is not fp16 or bf16");
+    default: return LaunchResult::internal("bwd preprocess: dtype is not fp16 or bf16");
   }
 }
 
@@ -182,18 +150,6 @@ LaunchResult launch_bwd_preprocess(BwdParams const& p, int32_t dtype, cudaStream
   return dispatch_dtype(dtype, [&](auto element) {
     using Element = decltype(element);
     bwd_preprocess_kernel<Element><<<grid, kThreads, 0, stream>>>(p);
-    return LaunchResult::cuda(cudaGetLastError());
-  });
-}
-
-LaunchResult launch_bwd_postprocess(BwdParams const& p, int32_t dtype, cudaStream_t stream) {
-  const dim3 grid((p.seqlen_q + kRowsPerCta - 1) / kRowsPerCta, p.heads_q, p.batch);
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0) {
-    return LaunchResult::ok();
-  }
-  return dispatch_dtype(dtype, [&](auto element) {
-    using Element = decltype(element);
-    bwd_postprocess_kernel<Element><<<grid, kThreads, 0, stream>>>(p);
     return LaunchResult::cuda(cudaGetLastError());
   });
 }

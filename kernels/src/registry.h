@@ -16,9 +16,10 @@ namespace flash_hopper {
 using FwdLauncher = LaunchResult (*)(FwdParams const& p, int max_smem_per_block,
                                      cudaStream_t stream);
 
-// Launches the instantiation's main backward kernel (dk, dv written, dq accumulated into
-// p.dq_accum) for p on stream; api.cu runs the preprocess before it and the postprocess after it
-// (bwd_common.h). Same contract as FwdLauncher.
+// Launches the instantiation's backward for p on stream after api.cu's shared preprocess
+// (bwd_common.h): the main kernel (dk, dv written, dq accumulated into p.dq_accum in the layout
+// the path chooses; skipped when seqlen_k == 0) and the postprocess that converts that
+// accumulator into dq (skipped when seqlen_q == 0). Same contract as FwdLauncher otherwise.
 using BwdLauncher = LaunchResult (*)(BwdParams const& p, int max_smem_per_block,
                                      cudaStream_t stream);
 

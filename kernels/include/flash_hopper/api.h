@@ -195,7 +195,8 @@ FH_EXPORT int32_t fh_has_fwd_kernel(int32_t backend, int32_t dtype, int64_t head
 // The caller allocates the workspace: fh_bwd_workspace_size gives its size for a problem. Its
 // layout (each region 256-byte aligned, rows padded to seqlen_q_rounded = round_up(seqlen_q, 128),
 // head_dim padded to the kernel's bucket):
-//   dq_accum   fp32 (batch, heads_q, seqlen_q_rounded, bucket)
+//   dq_accum   fp32 (batch, heads_q, seqlen_q_rounded, bucket); inside each query block the
+//              order is the path's own (its postprocess reads it back)
 //   lse_log2   fp32 (batch, heads_q, seqlen_q_rounded)
 //   dpsum (D)  fp32 (batch, heads_q, seqlen_q_rounded)
 //   semaphores int32 (batch, heads_q, seqlen_q_rounded / 64)   (deterministic mode)

@@ -33,7 +33,9 @@ struct BwdParams {
   void* dv;
 
   // Workspace regions (api.h); index with the helpers below.
-  float* dq_accum;  // (batch, heads_q, seqlen_q_rounded, head_dim_rounded), zeroed by preprocess
+  float* dq_accum;  // (batch, heads_q, seqlen_q_rounded, head_dim_rounded), zeroed by preprocess;
+                    // each query block's block_m * head_dim_rounded floats are in the path's own
+                    // order (its postprocess reads them back)
   float* lse_log2;  // (batch, heads_q, seqlen_q_rounded): lse * log2(e); +inf for a row that sees
                     // no key and for padded rows, so P = exp2(s - lse_log2) = 0 there
   float* dpsum;     // (batch, heads_q, seqlen_q_rounded): D = rowsum(dO * O) - dlse; 0 when padded
