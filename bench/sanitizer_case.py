@@ -22,6 +22,9 @@ def main() -> int:
     ap.add_argument("--num-sms", type=int, default=0,
                     help="cap the fa3 persistent grid (3: each CTA walks several tiles)")
     ap.add_argument("--direction", choices=("fwd", "bwd"), default="fwd")
+    ap.add_argument("--head-dims", type=int, nargs="+", default=None,
+                    help="buckets to run (default: every built one); racecheck is slow")
+    ap.add_argument("--dtypes", nargs="+", default=None, help="default: every built one")
     args = ap.parse_args()
 
     info = flash_hopper.build_info()
@@ -32,9 +35,9 @@ def main() -> int:
         return 1
     torch.manual_seed(0)
     cases = 0
-    for dtype_name in info["dtypes"]:
+    for dtype_name in args.dtypes or info["dtypes"]:
         dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
-        for bucket in info["head_dims"]:
+        for bucket in args.head_dims or info["head_dims"]:
             for d in sorted({bucket, bucket - 8}):
                 for sq, sk, causal, window, softcap in [
                     (17, 113, False, (-1, -1), 0.0),

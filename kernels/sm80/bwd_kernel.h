@@ -242,24 +242,22 @@ __global__ void __launch_bounds__(Traits::kNThreads)
 
     Tensor scores = make_tensor(acc_s.data(), acc_layout_rowcol(acc_s.layout()));  // (ROWS,COLS)
     Tensor dp = make_tensor(acc_dp.data(), acc_layout_rowcol(acc_dp.layout()));    // (ROWS,COLS)
-    // With softcap the score is softcap * t, t = tanh(s * prescale), and dS picks up
-    // d(score)/ds / softmax_scale = 1 - t^2, taken from the score before the mask hides it (a
-    // masked element has P = 0, so its finite factor contributes 0). Unused without kTransform.
-    Tensor dtanh = make_tensor_like(scores);
     if constexpr (kTransform) {
       if (softcap_on) {
         apply_softcap(scores, p.softcap, p.softcap_prescale);
-        CUTE_UNROLL
-        for (int i = 0; i < size(scores); ++i) {
-          const float t = scores(i) * inv_softcap;
-          dtanh(i) = 1.f - t * t;
-        }
       }
       if (mask.block_masked(m, n_block, kBlockM, kBlockN)) {
         apply_mask(scores, tScS_rc, mask, m * kBlockM, n_block * kBlockN);
       }
     }
-    // P = exp2(score * scale_log2 - lse_log2) in place; dS = P (dP - D) (1 - t^2) in dp's place.
+    // P = exp2(score * scale_log2 - lse_log2) in place; dS = P (dP - D) in dp's place. With
+    // softcap the score is softcap * t, t = tanh(s * prescale), and dS picks up d(score)/ds /
+    // softmax_scale = 1 - t^2. t is recovered from P itself (score * log2(e) = log2(P) +
+    // lse_log2, scale_log2 being log2(e) then) instead of being kept: a register copy of the
+    // scores across the exponentials cost M * N / 256 registers and made the 128 x 128 d64 tile
+    // spill. One extra MUFU per element, softcap steps only; P = 0 (masked, underflowed)
+    // contributes 0 without it.
+    const float t_scale = inv_softcap * 0.6931471805599453f;  // 1 / (softcap * log2(e))
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const int row = get<0>(tScS_rc(r, 0));
@@ -272,7 +270,8 @@ __global__ void __launch_bounds__(Traits::kNThreads)
         float ds = prob * (dp(r, c) - row_dpsum);
         if constexpr (kTransform) {
           if (softcap_on) {
-            ds *= dtanh(r, c);
+            const float t = (__log2f(prob) + row_lse) * t_scale;
+            ds = prob > 0.f ? ds * (1.f - t * t) : 0.f;
           }
         }
         dp(r, c) = ds;
