@@ -20,7 +20,16 @@ from pathlib import Path
 import pytest
 import torch
 from _helpers import raises
-from flash_hopper import _device, _fwd, _lib, _validate, flash_attn_func, ops, which_backend
+from flash_hopper import (
+    _device,
+    _fwd,
+    _lib,
+    _plan_cache,
+    _validate,
+    flash_attn_func,
+    ops,
+    which_backend,
+)
 from flash_hopper._lib import FhBackend, FhDtype, FhFwdParams, FhVariant
 from flash_hopper.reference import attention_ref
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -354,12 +363,12 @@ def test_a_misaligned_pointer_is_caught_even_with_a_cached_plan(host):
 
 
 def test_the_plan_cache_is_bounded(host, monkeypatch):
-    monkeypatch.setattr(_fwd, "_MAX_PLANS", 4)
+    monkeypatch.setattr(_fwd, "_plans", _plan_cache.PlanCache(4))
     k, v = qkv(sq=1)[1:]
     for seqlen in range(1, 11):  # a growing sequence: one new signature per step
         flash_attn_func(torch.randn(2, seqlen, 8, 64, dtype=torch.bfloat16), k, v)
     assert len(_fwd._plans) == 4
-    assert [key[1][1] for key in _fwd._plans] == [7, 8, 9, 10]  # the oldest went first
+    assert [key[1][1] for key in _fwd._plans.signatures()] == [7, 8, 9, 10]  # the oldest went first
 
 
 def test_the_op_and_the_eager_path_fill_the_same_struct(host):

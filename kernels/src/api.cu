@@ -369,6 +369,20 @@ FhStatus validate_strides(const NamedStride (&strides)[N]) {
   return FH_SUCCESS;
 }
 
+// q, k, v and o: the strides FhFwdParams and FhBwdParams share, under the same field names.
+template <class Params>
+FhStatus validate_qkvo_strides(const Params* p) {
+  const NamedStride strides[] = {
+      {"q_batch_stride", p->q_batch_stride}, {"q_row_stride", p->q_row_stride},
+      {"q_head_stride", p->q_head_stride},   {"k_batch_stride", p->k_batch_stride},
+      {"k_row_stride", p->k_row_stride},     {"k_head_stride", p->k_head_stride},
+      {"v_batch_stride", p->v_batch_stride}, {"v_row_stride", p->v_row_stride},
+      {"v_head_stride", p->v_head_stride},   {"o_batch_stride", p->o_batch_stride},
+      {"o_row_stride", p->o_row_stride},     {"o_head_stride", p->o_head_stride},
+  };
+  return validate_strides(strides);
+}
+
 // A 2-byte-element tensor the kernels read or write with 16-byte vectors.
 FhStatus validate_tensor(const void* ptr, const char* name) {
   FH_CHECK(ptr != nullptr, "%s: expected a device pointer, got null", name);
@@ -389,15 +403,7 @@ FhStatus validate(const FhFwdParams* p, bool check_data) {
            p->dtype, dtype, p->out_dtype);
   FH_TRY(validate_shapes(p));
   FH_TRY(validate_score(p));
-  const NamedStride strides[] = {
-      {"q_batch_stride", p->q_batch_stride}, {"q_row_stride", p->q_row_stride},
-      {"q_head_stride", p->q_head_stride},   {"k_batch_stride", p->k_batch_stride},
-      {"k_row_stride", p->k_row_stride},     {"k_head_stride", p->k_head_stride},
-      {"v_batch_stride", p->v_batch_stride}, {"v_row_stride", p->v_row_stride},
-      {"v_head_stride", p->v_head_stride},   {"o_batch_stride", p->o_batch_stride},
-      {"o_row_stride", p->o_row_stride},     {"o_head_stride", p->o_head_stride},
-  };
-  FH_TRY(validate_strides(strides));
+  FH_TRY(validate_qkvo_strides(p));
 
   const bool empty = p->batch == 0 || p->seqlen_q == 0;
   if (check_data && !empty) {
@@ -558,13 +564,8 @@ FhStatus validate(const FhBwdParams* p, bool check_data) {
            "fit int32), got %lld",
            (long long)kMaxBwdSeqlenQ, kBwdRowPad, (long long)p->seqlen_q);
   FH_TRY(validate_score(p));
+  FH_TRY(validate_qkvo_strides(p));
   const NamedStride strides[] = {
-      {"q_batch_stride", p->q_batch_stride},       {"q_row_stride", p->q_row_stride},
-      {"q_head_stride", p->q_head_stride},         {"k_batch_stride", p->k_batch_stride},
-      {"k_row_stride", p->k_row_stride},           {"k_head_stride", p->k_head_stride},
-      {"v_batch_stride", p->v_batch_stride},       {"v_row_stride", p->v_row_stride},
-      {"v_head_stride", p->v_head_stride},         {"o_batch_stride", p->o_batch_stride},
-      {"o_row_stride", p->o_row_stride},           {"o_head_stride", p->o_head_stride},
       {"dout_batch_stride", p->dout_batch_stride}, {"dout_row_stride", p->dout_row_stride},
       {"dout_head_stride", p->dout_head_stride},   {"dq_batch_stride", p->dq_batch_stride},
       {"dq_row_stride", p->dq_row_stride},         {"dq_head_stride", p->dq_head_stride},

@@ -27,12 +27,11 @@ Plans are cached per call signature like the forward's: the metadata of every te
 
 from __future__ import annotations
 
-import threading
 from typing import Any, NamedTuple
 
 import torch
 
-from . import _device, _lib, _validate, dispatch
+from . import _device, _lib, _plan_cache, _validate, dispatch
 from ._fwd import _current_device, _raw_stream
 from ._lib import FhBwdParams
 from ._tables import BACKENDS, TORCH_DTYPES
@@ -53,8 +52,7 @@ class Plan(NamedTuple):
     lib: _lib.Library | None
 
 
-_plans: dict[tuple, Plan] = {}
-_plans_lock = threading.Lock()
+_plans = _plan_cache.PlanCache(_MAX_PLANS)
 
 
 # --- steps 2 and 3 -------------------------------------------------------------------------------
@@ -138,20 +136,9 @@ def make_plan(
                 lib)
 
 
-def _remember(key: tuple, plan: Plan) -> None:
-    with _plans_lock:
-        if len(_plans) >= _MAX_PLANS:
-            del _plans[next(iter(_plans))]  # the oldest: dicts keep insertion order
-        try:
-            _plans[key] = plan
-        except TypeError:  # an unhashable argument that validation accepted: not cached
-            pass
-
-
 def clear_plans() -> None:
     """Forget every cached plan (tests; a process that rebuilt the library)."""
-    with _plans_lock:
-        _plans.clear()
+    _plans.clear()
 
 
 # --- step 4 --------------------------------------------------------------------------------------
@@ -241,15 +228,6 @@ def _op_key(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, dlse: Any,
         return None
 
 
-def _cached(key: tuple | None) -> Plan | None:
-    if key is None:
-        return None
-    try:
-        return _plans.get(key)
-    except TypeError:  # an unhashable argument: validation says what is wrong with it
-        return None
-
-
 def op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
        lse: torch.Tensor, dlse: torch.Tensor | None, softmax_scale: float, window_left: int,
        window_right: int, softcap: float, backend: str,
@@ -257,13 +235,13 @@ def op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ou
     """The bwd custom op's implementation: (dq, dk, dv), fresh contiguous tensors."""
     key = _op_key(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right,
                   softcap, backend, deterministic)
-    plan = _cached(key)
+    plan = _plans.get(key)
     if plan is None:
         cfg = _validate.check_bwd_args(dout, q, k, v, out, lse, dlse, softmax_scale, window_left,
                                        window_right, softcap, backend, deterministic)
         plan = make_plan(cfg, dout, q, k, v, out, lse, dlse)
         if key is not None:
-            _remember(key, plan)
+            _plans.remember(key, plan)
     return _run_new_grads(plan, dout, q, k, v, out, lse, dlse)
 
 

@@ -26,12 +26,11 @@ first even while the sequence grows; it is bounded, oldest plans dropped first.
 
 from __future__ import annotations
 
-import threading
 from typing import Any, NamedTuple
 
 import torch
 
-from . import _device, _lib, _validate, dispatch
+from . import _device, _lib, _plan_cache, _validate, dispatch
 from ._lib import FhFwdParams
 from ._tables import BACKENDS, TORCH_DTYPES
 
@@ -58,8 +57,7 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
 )
 _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 
-_plans: dict[tuple, Plan] = {}
-_plans_lock = threading.Lock()
+_plans = _plan_cache.PlanCache(_MAX_PLANS)
 
 
 # --- steps 2 and 3 -------------------------------------------------------------------------------
@@ -133,20 +131,9 @@ def make_plan(
                 _lib.get_library())
 
 
-def _remember(key: tuple, plan: Plan) -> None:
-    with _plans_lock:
-        if len(_plans) >= _MAX_PLANS:
-            del _plans[next(iter(_plans))]  # the oldest: dicts keep insertion order
-        try:
-            _plans[key] = plan
-        except TypeError:  # an unhashable argument that validation accepted: not cached
-            pass
-
-
 def clear_plans() -> None:
     """Forget every cached plan (tests; a process that rebuilt the library)."""
-    with _plans_lock:
-        _plans.clear()
+    _plans.clear()
 
 
 # --- step 4 --------------------------------------------------------------------------------------
@@ -211,26 +198,17 @@ def _op_key(q: Any, k: Any, v: Any, softmax_scale: Any, window_left: Any, window
             softcap, type(backend), backend)
 
 
-def _cached(key: tuple | None) -> Plan | None:
-    if key is None:
-        return None
-    try:
-        return _plans.get(key)
-    except TypeError:  # an unhashable argument: validation says what is wrong with it
-        return None
-
-
 def plan_eager(q: Any, k: Any, v: Any, softmax_scale: Any, causal: Any, window_size: Any,
                softcap: Any, backend: Any) -> Plan:
     """The plan of flash_attn_func's arguments: cached, or validated and made (then cached)."""
     key = _eager_key(q, k, v, softmax_scale, causal, window_size, softcap, backend)
-    plan = _cached(key)
+    plan = _plans.get(key)
     if plan is None:
         cfg = _validate.check_fwd_args(q, k, v, softmax_scale, causal, window_size, softcap,
                                        backend)
         plan = make_plan(cfg, q, k, v)
         if key is not None:
-            _remember(key, plan)
+            _plans.remember(key, plan)
     return plan
 
 
@@ -251,13 +229,13 @@ def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, 
     ``deterministic`` does not change the forward (it always is); it is an input of the op so
     that the op's registered backward, which sees only the op's inputs, can pass it on."""
     key = _op_key(q, k, v, softmax_scale, window_left, window_right, softcap, backend)
-    plan = _cached(key)
+    plan = _plans.get(key)
     if plan is None:
         cfg = _validate.check_op_args(
             q, k, v, softmax_scale, window_left, window_right, softcap, backend
         )
         plan = make_plan(cfg, q, k, v)
-        _remember(key, plan)
+        _plans.remember(key, plan)
     return _run_new_outputs(plan, q, k, v)
 
 
