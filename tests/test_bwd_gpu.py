@@ -324,6 +324,31 @@ def test_bwd_into_nan_poisoned(lib, seed, num_sms, deterministic, causal, window
     assert_grads_match(got, q, k, v, dout, dlse, causal=causal, window_size=window_size)
 
 
+# The FA-2 backward's tiles take 129-176 KB of shared memory (sm80 / sm90 class GPUs); d256's
+# two-Q-buffer tile (176 KB) has a one-buffer fallback (144 KB) for the A100's 164 KB, and below
+# what a bucket needs the call fails with a clear "shared memory" error before any launch.
+# FH_DEBUG_SMEM_LIMIT lowers the limit the library sees (read per call), so all three run here.
+def test_shared_memory_fallback_and_limit(lib, seed, monkeypatch):
+    b, sq, sk, hq, hkv, _ = CENTRAL
+    require_bwd(lib, torch.bfloat16, 256)
+    q, k, v = make_qkv(b, sq, sk, hq, hkv, 256, torch.bfloat16)
+    dout = torch.randn_like(q)
+    out, lse = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    cfg = _validate.check_fwd_args(q, k, v, None, True, (-1, -1), 0.0)
+
+    def backward():
+        grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+        ops.bwd_into(dout, q, k, v, out, lse, *grads, cfg.softmax_scale, cfg.window_left,
+                     cfg.window_right, cfg.softcap, backend="fa2")
+        return grads
+
+    monkeypatch.setenv("FH_DEBUG_SMEM_LIMIT", str(164 * 1024))  # A100: the fallback tile
+    assert_grads_match(backward(), q, k, v, dout, causal=True)
+    monkeypatch.setenv("FH_DEBUG_SMEM_LIMIT", str(99 * 1024))  # sm86 / sm89: no tile fits
+    with pytest.raises(NotImplementedError, match="shared memory"):
+        backward()
+
+
 def test_flash_attn_func_equals_bwd_into(lib, seed):
     b, sq, sk, hq, hkv, d = CENTRAL
     require_bwd(lib, torch.bfloat16, d)
