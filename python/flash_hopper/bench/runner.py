@@ -91,7 +91,7 @@ def has_backward(direction: str) -> bool:
     return "bwd" in direction
 
 
-def unsupported_reason(exc: BaseException) -> bool:
+def is_unsupported(exc: BaseException) -> bool:
     """Does a failure mean "this configuration is not supported" (UnsupportedError is a
     NotImplementedError, possibly wrapped) rather than a bug?"""
     return isinstance(exc, NotImplementedError) or isinstance(exc.__cause__, NotImplementedError)
@@ -204,7 +204,7 @@ class Runner:
     def _failure(backend, exc: BaseException, what: str) -> tuple[str, str]:
         """(status, reason) of a backend call that raised. Peers failing are unsupported configs;
         our own library failing is a bug, except when it says so itself (UnsupportedError)."""
-        status = ("error" if backend.origin == "flash-hopper" and not unsupported_reason(exc)
+        status = ("error" if backend.origin == "flash-hopper" and not is_unsupported(exc)
                   else "skipped")
         detail = str(exc) if isinstance(exc, SetupError) else first_line(exc)
         return status, f"{what}: {detail}"
@@ -221,7 +221,7 @@ class Runner:
             status, message = self._failure(backend, exc, "failed to run")
             return [self._skip(case, backend, d, message, status) for d in directions]
         rows = []
-        backward = None  # (gradient check, memory, notes) or (status, reason): once per backend
+        backward = None  # _backward(): ("ok", check, memory, notes) or (status, reason), once
         for direction in directions:
             row = base_row(case, backend.name, direction)
             row.update({"kernel": kernel, "kernel_reason": kernel_reason})
