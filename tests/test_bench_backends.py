@@ -287,6 +287,98 @@ def test_our_check_call_poisons_buffers_and_runs_the_timed_path(monkeypatch):
         fa2.run_checked(q, k, k, c)
 
 
+def test_our_gradient_check_call_runs_bwd_into_on_the_checked_forward(monkeypatch):
+    from flash_hopper import ops
+
+    seen = {}
+
+    def fake_fwd_into(q, k, v, out, lse, scale, left, right, softcap, backend, num_sms=0):
+        out.fill_(1.0)
+        lse.fill_(2.0)
+        return "fa3"
+
+    def fake_bwd_into(dout, q, k, v, out, lse, dq, dk, dv, scale, left, right, softcap,
+                      backend="auto", deterministic=False, dlse=None, num_sms=0):
+        seen.update(poisoned=all(bool(t.isnan().all()) for t in (dq, dk, dv)),
+                    forward=(bool((out == 1).all()), bool((lse == 2).all())),
+                    dout=dout is sent, args=(scale, left, right, softcap, backend))
+        for t in (dq, dk, dv):
+            t.zero_()
+        return ran
+
+    monkeypatch.setattr(ops, "fwd_into", fake_fwd_into)
+    monkeypatch.setattr(ops, "bwd_into", fake_bwd_into)
+    variant = backends.FlashHopperBackend("fa3-noping", "fa3-noping", variant=True)
+    variant.path = "fa3"  # the forward's own check asserts the variant's name; not tested here
+    q = torch.zeros(2, 5, 4, 64, dtype=torch.bfloat16)
+    k = torch.zeros(2, 9, 2, 64, dtype=torch.bfloat16)
+    sent = torch.ones_like(q)
+    c = case(seqlen_q=5, seqlen_k=9, heads=4, heads_kv=2, head_dim=64, window=(3, 7))
+    ran = "fa3"
+    dq, dk, dv = variant.run_checked_backward(q, k, k, sent, c)
+    assert seen == {"poisoned": True, "forward": (True, True), "dout": True,
+                    "args": (0.125, 3, 7, 0.0, "fa3")}
+    assert dq.shape == q.shape and dk.shape == dv.shape == k.shape
+
+    fa2 = backends.FlashHopperBackend("fa2", "fa2")
+    monkeypatch.setattr(ops, "fwd_into", lambda *args, **kwargs: "fa2")
+    ran = "fa3"
+    with pytest.raises(RuntimeError, match="ran backward path 'fa3', but 'fa2' is timed"):
+        fa2.run_checked_backward(q, k, k, sent, c)
+
+
+def test_fa3_variants_are_checked_against_the_tuned_backward():
+    assert backends.FlashHopperBackend("fa3-noping", "fa3-noping", variant=True).bwd_path == "fa3"
+    assert backends.FlashHopperBackend("fa3", "fa3").bwd_path == "fa3"
+    assert backends.FlashHopperBackend("fa2", "fa2").bwd_path == "fa2"
+
+
+def test_our_workspace_size_comes_from_the_backward_plan(monkeypatch):
+    # Validation and the plan need a GPU: both stand-ins record what the timed call's plan gets.
+    from flash_hopper import _bwd, _validate
+
+    class FakePlan:
+        workspace_bytes = 12345
+
+    seen = {}
+
+    def fake_check(dout, q, k, v, out, lse, dlse, scale, left, right, softcap, backend,
+                   deterministic):
+        seen["check"] = (tuple(lse.shape), lse.dtype, dlse, scale, left, right, softcap,
+                         backend, deterministic)
+        return "cfg"
+
+    def fake_make_plan(cfg, dout, q, k, v, out, lse, dlse, grads=None, num_sms=0):
+        seen["plan"] = (cfg, grads, dlse, num_sms)
+        return FakePlan()
+
+    monkeypatch.setattr(_validate, "check_bwd_args", fake_check)
+    monkeypatch.setattr(_bwd, "make_plan", fake_make_plan)
+    q = torch.zeros(2, 5, 4, 64, dtype=torch.bfloat16)
+    k = torch.zeros(2, 9, 2, 64, dtype=torch.bfloat16)
+    c = case(seqlen_q=5, seqlen_k=9, heads=4, heads_kv=2, head_dim=64, causal=True)
+    assert backends.FlashHopperBackend("fa2", "fa2").bwd_workspace_bytes(q, k, k, c) == 12345
+    # Like the timed call: fp32 (b, h, sq) lse, no dlse, not deterministic, fresh gradients.
+    assert seen["check"] == ((2, 4, 5), torch.float32, None, 0.125, -1, 0, 0.0, "fa2", False)
+    assert seen["plan"] == ("cfg", None, None, 0)
+    assert peers.SdpaBackend("flash").bwd_workspace_bytes(q, k, k, c) is None
+
+
+def test_peer_gradient_check_is_autograd_of_the_timed_forward():
+    backend = peers.SdpaBackend("math")
+    c = case(seqlen_q=6, seqlen_k=6, heads=2, heads_kv=2, head_dim=8, causal=True)
+    q, k, v = (torch.randn(1, 6, 2, 8, dtype=torch.float64) for _ in range(3))
+    dout = torch.randn(1, 6, 2, 8, dtype=torch.float64)
+    got = backend.run_checked_backward(q, k, v, dout, c)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        *(t.transpose(1, 2) for t in leaves), is_causal=True).transpose(1, 2)
+    expected = torch.autograd.grad(out, leaves, dout)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)
+    assert not q.requires_grad  # the caller's tensors are left alone
+
+
 def test_external_check_call_keeps_an_lse_of_our_layout(monkeypatch):
     monkeypatch.setitem(sys.modules, "flash_attn", fake_flash_attn())
     backend = registry.known_backends(include_variants=False)["flash-attn"]

@@ -71,3 +71,46 @@ def test_seqlen_labels():
     assert plot.seqlen_label({"seqlen_q": 16384, "seqlen_k": 16384}) == "16k"
     assert plot.seqlen_label({"seqlen_q": 1000, "seqlen_k": 1000}) == "1000"
     assert plot.seqlen_label({"seqlen_q": 512, "seqlen_k": 2048}) == "512/2k"
+
+
+def training_result_set():
+    """fwd, bwd and fwd+bwd rows in the order a sweep makes them (every direction of a case
+    before the next case); invented speeds, and sdpa-flash without a backward for causal."""
+    rows = []
+    for causal in (False, True):
+        for head_dim in (64, 128):
+            for s in (1024, 4096):
+                case = Case(batch=16384 // s, seqlen_q=s, seqlen_k=s, heads=2048 // head_dim,
+                            heads_kv=2048 // head_dim, head_dim=head_dim, causal=causal)
+                for backend in ("fa2", "sdpa-flash"):
+                    for direction in ("fwd", "bwd", "fwd+bwd"):
+                        row = base_row(case, backend, direction)
+                        if backend == "sdpa-flash" and causal and direction != "fwd":
+                            row.update({"status": "skipped", "reason": "synthetic"})
+                        else:
+                            ms = row["flops"] / (200e12 if direction == "fwd" else 150e12) * 1e3
+                            fill_timing(row, Stats(median=ms, p20=ms, p80=ms, n=1),
+                                        RunOptions())
+                        rows.append(row)
+    return report.result_set({"gpu": {"name": "Synthetic GPU"}}, rows)
+
+
+def test_backward_panels_are_grouped_by_direction():
+    panel_rows, head_dims, backends, seqlens = plot.layout(training_result_set()["results"])
+    assert panel_rows == [("fwd", "bf16", "non-causal"), ("fwd", "bf16", "causal"),
+                          ("bwd", "bf16", "non-causal"), ("bwd", "bf16", "causal"),
+                          ("fwd+bwd", "bf16", "non-causal"), ("fwd+bwd", "bf16", "causal")]
+    assert head_dims == [64, 128] and backends == ["fa2", "sdpa-flash"]
+    assert seqlens == ["1k", "4k"]
+
+
+def test_plot_with_backward_rows(tmp_path):
+    from matplotlib import image
+
+    png = tmp_path / "train.png"
+    counts = plot.plot_results(training_result_set(), str(png))
+    assert counts["panels"] == 3 * 2 * 2  # directions x masks x head dims
+    # 2 seqlens per panel: 2 backends everywhere but the causal backward panels (fa2 alone).
+    assert counts["bars"] == 2 * (2 * 2 * 2 + 2 * (2 * 2 + 1 * 2))
+    height, width = image.imread(str(png)).shape[:2]
+    assert height > width  # six panel rows, two columns

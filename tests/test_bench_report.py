@@ -10,8 +10,14 @@ import json
 import pytest
 from flash_hopper.bench import report
 from flash_hopper.bench.cases import Case
-from flash_hopper.bench.check import CheckResult
-from flash_hopper.bench.runner import RunOptions, base_row, fill_check, fill_timing
+from flash_hopper.bench.check import CheckResult, GradCheckResult
+from flash_hopper.bench.runner import (
+    RunOptions,
+    base_row,
+    fill_check,
+    fill_grad_check,
+    fill_timing,
+)
 from flash_hopper.bench.timing import Stats
 
 META = {"gpu": {"name": "NVIDIA H200"}, "date": "2030-01-01T00:00:00+00:00",
@@ -112,3 +118,81 @@ def test_timestamped_names(tmp_path):
     paths = report.out_dir_paths(str(tmp_path / "results"), META)
     assert sorted(paths) == ["csv", "json", "png"]
     assert (tmp_path / "results").is_dir()
+
+
+# ---- backward rows ----------------------------------------------------------------------------
+
+GRAD_COLUMNS = ("check_dq_err", "check_dq_tol", "check_dk_err", "check_dk_tol", "check_dv_err",
+                "check_dv_tol", "check_grad_pass", "bwd_workspace_bytes", "bwd_extra_bytes")
+
+
+def backward_rows():
+    """fwd, bwd and fwd+bwd rows of one synthetic config for a backend with a workspace formula
+    (fa2) and one without (sdpa-flash); sdpa-flash's dk fails its check."""
+    options = RunOptions(peak_tflops=989.4)
+    case = Case(batch=4, seqlen_q=4096, seqlen_k=4096, heads=16, heads_kv=4, head_dim=128,
+                causal=True)
+    rows = []
+    for backend, dk_err, workspace in (("fa2", 1e-3, 9 << 20), ("sdpa-flash", 5e-2, None)):
+        for direction in ("fwd", "bwd", "fwd+bwd"):
+            row = base_row(case, backend, direction)
+            fill_timing(row, Stats(median=1.0, p20=1.0, p80=1.0, n=1), options)
+            fill_check(row, CheckResult(err=1e-3, ref_err=2e-3, tol=4.00001e-3, passed=True,
+                                        shape="b4 sq4096 sk4096"))
+            if direction != "fwd":
+                err = {"dq": 1e-3, "dk": dk_err, "dv": 2e-3}
+                tol = {"dq": 4e-3, "dk": 6e-3, "dv": 5e-3}
+                fill_grad_check(row, GradCheckResult(
+                    err=err, ref_err={g: t / 3 for g, t in tol.items()}, tol=tol,
+                    passed=all(err[g] <= tol[g] for g in err), shape="b4 sq4096 sk4096"))
+                row.update({"bwd_workspace_bytes": workspace, "bwd_extra_bytes": 10 << 20})
+            rows.append(row)
+    return rows
+
+
+def test_backward_columns_in_json_and_csv(tmp_path):
+    data = report.result_set(META, backward_rows())
+    report.write_json(str(tmp_path / "r.json"), data)
+    report.write_csv(str(tmp_path / "r.csv"), data)
+    header = (tmp_path / "r.csv").read_text().splitlines()[2].split(",")
+    assert set(GRAD_COLUMNS) <= set(header)
+    for back in (report.read_json(str(tmp_path / "r.json")), report.read_csv(str(tmp_path /
+                                                                                 "r.csv"))):
+        rows = {(r["backend"], r["direction"]): r for r in back["results"]}
+        assert all(rows[("fa2", "fwd")][c] is None for c in GRAD_COLUMNS)
+        ours, peer = rows[("fa2", "bwd")], rows[("sdpa-flash", "fwd+bwd")]
+        assert ours["check_dk_err"] == 1e-3 and ours["check_dk_tol"] == 6e-3
+        assert ours["check_grad_pass"] is True and ours["check_pass"] is True
+        assert ours["bwd_workspace_bytes"] == 9 << 20 and ours["bwd_extra_bytes"] == 10 << 20
+        assert peer["check_grad_pass"] is False and peer["check_pass"] is False
+        assert peer["bwd_workspace_bytes"] is None and peer["bwd_extra_bytes"] == 10 << 20
+        assert rows[("sdpa-flash", "fwd")]["check_pass"] is True
+    assert report.read_csv(str(tmp_path / "r.csv"))["results"] == data["results"]
+
+
+def test_files_without_backward_columns_still_read(tmp_path):
+    # A CSV written before the backward columns existed: they read back empty.
+    data = report.result_set(META, synthetic_rows())
+    path = tmp_path / "old.csv"
+    report.write_csv(str(path), data)
+    lines = path.read_text().splitlines()
+    header = lines[2].split(",")
+    keep = [i for i, name in enumerate(header) if name not in GRAD_COLUMNS]
+    old = lines[:2] + [",".join(line.split(",")[i] for i in keep) for line in lines[2:]]
+    path.write_text("\n".join(old) + "\n")
+    back = report.read_results(str(path))
+    assert [report.normalize(r) for r in back["results"]] == data["results"]
+
+
+def test_backward_memory_summary():
+    text = report.format_memory(backward_rows())
+    assert text.splitlines() == [
+        "bf16 d=128 s=4096 b=4 h=16/4 causal: fa2 ws 9.0 extra 10.0 | sdpa-flash extra 10.0"]
+    assert report.format_memory(synthetic_rows()) == ""  # forward rows only: no section
+
+
+def test_table_marks_failed_gradient_checks():
+    table = report.format_table(backward_rows())
+    peer_backward = [line for line in table.splitlines()
+                     if "sdpa-flash" in line and "bwd" in line]
+    assert len(peer_backward) == 2 and all(line.endswith("FAIL") for line in peer_backward)

@@ -243,3 +243,229 @@ def test_compare_rule():
     assert result.passed
     assert not check.compare(torch.full((4,), 5e-3), ref, torch.full((4,), 2e-3)).passed
     assert not check.compare(torch.full((4,), float("nan")), ref, ref).passed
+
+
+# ---- backward rows: the gradient check and the memory columns -----------------------------------
+
+DIRECTIONS = ("fwd", "bwd", "fwd+bwd")
+GRAD_COLUMNS = [f"check_{g}_{x}" for g in ("dq", "dk", "dv") for x in ("err", "tol")]
+
+
+class GradShift(Naive):
+    """Naive's forward; its checked backward's gradient ``name`` (dq, dk or dv) off by
+    ``shift``, NaN with shift=nan (a gradient left unwritten)."""
+
+    name = "grad-shift"
+
+    def __init__(self, grad="dk", shift=0.5):
+        self.grad, self.shift = grad, shift
+
+    def run_checked_backward(self, q, k, v, dout, case):
+        grads = list(super().run_checked_backward(q, k, v, dout, case))
+        index = ("dq", "dk", "dv").index(self.grad)
+        grads[index] = grads[index] + self.shift
+        return tuple(grads)
+
+
+class BwdBroken(Naive):
+    name = "bwd-broken"
+    origin = "external"
+    error = RuntimeError
+
+    def run_checked_backward(self, q, k, v, dout, case):
+        raise self.error("backward kernel not available")
+
+
+class OursBwdBroken(BwdBroken):
+    name = "ours-bwd-broken"
+    origin = "flash-hopper"
+
+
+class OursBwdUnsupported(OursBwdBroken):
+    name = "ours-bwd-unsupported"
+    error = NotImplementedError
+
+
+def test_backward_rows_carry_the_gradient_check():
+    rows = run([Naive()], directions=DIRECTIONS)
+    fwd, bwd, both = rows
+    assert all(fwd[c] is None for c in GRAD_COLUMNS) and fwd["check_grad_pass"] is None
+    for row in (bwd, both):
+        assert row["status"] == "ok" and row["check_pass"] is True
+        assert row["check_grad_pass"] is True
+        for g in ("dq", "dk", "dv"):
+            assert 0 < row[f"check_{g}_err"] <= row[f"check_{g}_tol"]
+        # The forward's columns stay: the backward consumes its output.
+        assert row["check_err"] == fwd["check_err"]
+        # No CUDA device, no memory numbers (and no note about it).
+        assert row["bwd_workspace_bytes"] is None and row["bwd_extra_bytes"] is None
+        assert row["notes"] is None
+    assert [bwd[c] for c in GRAD_COLUMNS] == [both[c] for c in GRAD_COLUMNS]  # one check
+
+
+@pytest.mark.parametrize("grad", ["dq", "dk", "dv"])
+def test_a_wrong_gradient_fails_only_its_column(grad):
+    fwd, bwd, both = run([GradShift(grad)], directions=DIRECTIONS)
+    assert fwd["check_pass"] is True  # the forward row does not run the backward
+    for row in (bwd, both):
+        assert row["status"] == "ok"  # timed all the same: the check is reported, not fatal
+        assert row["check_pass"] is False and row["check_grad_pass"] is False
+        for g in ("dq", "dk", "dv"):
+            within = row[f"check_{g}_err"] <= row[f"check_{g}_tol"]
+            assert within == (g != grad), g
+
+
+def test_a_small_gradient_error_passes_and_nan_fails():
+    (_, row) = run([GradShift("dv", shift=1e-4)], directions=("fwd", "bwd"))
+    assert row["check_pass"] is True  # below the rounding floor (GRAD_ATOL)
+    (_, row) = run([GradShift("dv", shift=float("nan"))], directions=("fwd", "bwd"))
+    assert row["check_pass"] is False and row["check_dv_err"] != row["check_dv_err"]
+
+
+def test_a_failing_forward_fails_the_backward_rows():
+    # Noisy's output is shifted by a constant, which leaves its gradients exact.
+    fwd, bwd = run([Noisy()], directions=("fwd", "bwd"))
+    assert fwd["check_pass"] is False
+    assert bwd["check_grad_pass"] is True and bwd["check_pass"] is False
+
+
+def test_a_backward_that_fails_is_classified_like_a_first_call():
+    rows = run([BwdBroken(), OursBwdBroken(), OursBwdUnsupported()], directions=("fwd", "bwd"))
+    by_key = {(r["backend"], r["direction"]): r for r in rows}
+    for name in ("bwd-broken", "ours-bwd-broken", "ours-bwd-unsupported"):
+        assert by_key[(name, "fwd")]["status"] == "ok"  # the forward is timed all the same
+        assert by_key[(name, "bwd")]["ms"] is None
+        reason = by_key[(name, "bwd")]["reason"]
+        assert reason.startswith("backward failed to run: ") and "not available" in reason
+    assert by_key[("bwd-broken", "bwd")]["status"] == "skipped"
+    assert by_key[("ours-bwd-broken", "bwd")]["status"] == "error"
+    assert by_key[("ours-bwd-unsupported", "bwd")]["status"] == "skipped"
+
+
+class RecordingBwd(Naive):
+    name = "recording-bwd"
+
+    def __init__(self, no_backward=False):
+        self.douts = []
+        self.no_backward = no_backward
+
+    def unsupported(self, case, direction=None):
+        return "no backward here" if self.no_backward and direction == "bwd" else None
+
+    def run_checked_backward(self, q, k, v, dout, case):
+        self.douts.append(dout.clone())
+        return super().run_checked_backward(q, k, v, dout, case)
+
+
+def test_gradient_references_once_per_case_and_only_when_needed(monkeypatch):
+    calls = []
+    original = check.GradReferences.__init__
+
+    def counting(self, *args, **kwargs):
+        calls.append(args[-2])  # the case
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(check.GradReferences, "__init__", counting)
+    first, second = RecordingBwd(), RecordingBwd()
+    run([first, second], directions=DIRECTIONS)
+    assert calls == [CASE]  # shared by both backends and both backward directions
+    assert len(first.douts) == len(second.douts) == 1  # one checked backward per backend
+    assert torch.equal(first.douts[0], second.douts[0])  # the case's dout, the same for all
+    calls.clear()
+    run([RecordingBwd()], directions=("fwd",))
+    run([RecordingBwd(no_backward=True)], directions=("fwd", "bwd"))
+    assert calls == []  # nothing to check: no reference paid for
+
+
+def test_gradient_check_off():
+    backend = RecordingBwd()
+    rows = run([backend], check="off", directions=DIRECTIONS)
+    assert backend.douts == []
+    assert all(r["check_pass"] is None and r["check_grad_pass"] is None for r in rows)
+    assert all(r["status"] == "ok" for r in rows)
+
+
+def test_gradient_reference_failure_is_a_note(monkeypatch):
+    def failing(self, *args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 9 GiB")
+
+    monkeypatch.setattr(check.GradReferences, "__init__", failing)
+    fwd, bwd = run([Naive()], directions=("fwd", "bwd"))
+    assert fwd["check_pass"] is True and bwd["status"] == "ok"
+    assert bwd["check_grad_pass"] is None and bwd["check_pass"] is True
+    assert bwd["notes"].startswith("gradient reference unavailable: OutOfMemoryError: CUDA")
+
+
+def test_chunked_gradient_references_equal_unchunked():
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, dout = (torch.randn(2, 37, 4, 16, generator=gen).to(torch.bfloat16)
+                     for _ in range(4))
+    c = Case(batch=2, seqlen_q=37, seqlen_k=37, heads=4, heads_kv=4, head_dim=16, causal=True,
+             window=(9, -1), softcap=3.0)
+    fwd = check.References(q, k, v, c)
+    whole = check.GradReferences(q, k, v, dout, c, fwd)
+    chunked = check.GradReferences(q, k, v, dout, c, fwd, max_scores=2 * 4 * 37 * 3)
+    for a, b in zip(whole.grads, chunked.grads):
+        assert a.dtype == torch.float32 and torch.allclose(a, b, atol=1e-5, rtol=0)
+    for g in check.GRAD_NAMES:
+        assert whole.tol[g] == pytest.approx(chunked.tol[g], rel=0.5)
+
+
+def test_gradient_rule_on_synthetic_tensors():
+    gen = torch.Generator().manual_seed(1)
+    q, k, v, dout = (torch.randn(1, 20, 2, 8, generator=gen).to(torch.bfloat16)
+                     for _ in range(4))
+    for softcap in (0.0, 2.0):
+        c = Case(batch=1, seqlen_q=20, seqlen_k=20, heads=2, heads_kv=2, head_dim=8,
+                 softcap=softcap)
+        refs = check.GradReferences(q, k, v, dout, c, check.References(q, k, v, c))
+        factor = 3.0 if softcap else 2.0
+        for g, ref in zip(check.GRAD_NAMES, refs.grads):
+            atol = max(check.rounding_scale(ref, torch.bfloat16), check.GRAD_ATOL)
+            assert refs.tol[g] == pytest.approx(factor * refs.ref_err[g] + atol)
+            assert refs.ref_err[g] > 0  # the same-precision reference really is bf16
+        exact = refs.check(refs.grads)
+        assert exact.passed and all(e == 0 for e in exact.err.values())
+        # Just inside and just outside the tolerance, on one element of dk.
+        for fraction, passed in ((0.9, True), (1.1, False)):
+            dk = refs.grads[1].clone()
+            dk[0, 3, 1, 2] += fraction * refs.tol["dk"]
+            result = refs.check((refs.grads[0], dk, refs.grads[2]))
+            assert result.passed is passed and result.err["dk"] == pytest.approx(
+                fraction * refs.tol["dk"], rel=1e-3)
+
+
+def test_gradient_tolerance_helpers():
+    assert check.grad_tolerance(0.01, 0.0, softcap=0.0) == pytest.approx(0.02 + check.GRAD_ATOL)
+    assert check.grad_tolerance(0.01, 0.004, softcap=30.0) == pytest.approx(0.03 + 0.004)
+    assert check.tolerance(0.01) == pytest.approx(0.02 + check.ATOL)  # the forward's, unchanged
+    # bf16 near 1.3 has an ulp of 2^-7: 1 + 0.3 - 0.3 comes back 2^-8 off, doubled.
+    assert check.rounding_scale(torch.tensor([1.0, 0.0]), torch.bfloat16) == 2**-7
+    assert check.rounding_scale(torch.zeros(3), torch.bfloat16) == 0.0
+    assert check.rounding_scale(torch.ones(3), torch.float32) <= 2**-22
+
+
+def test_backward_memory_arithmetic(monkeypatch):
+    # memory.measure_bwd_extra_bytes on CPU tensors with the allocator's counters stood in: peak
+    # during the backward - allocated before it - the three gradients' bytes.
+    from flash_hopper.bench import memory
+
+    grad_bytes = 3 * 2 * 4 * 1 * 16 * 4  # dq, dk, dv: fp32 (2, 4, 1, 16)
+    counters = {"allocated": 1000, "peak": 1000 + 4096 + grad_bytes}
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: counters["allocated"])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: counters["peak"])
+    case = Case(batch=2, seqlen_q=4, seqlen_k=4, heads=1, heads_kv=1, head_dim=16)
+    inputs = tuple(torch.randn(2, 4, 1, 16) for _ in range(3))
+    extra = memory.measure_bwd_extra_bytes(Naive(), inputs, torch.randn(2, 4, 1, 16), case)
+    assert extra == 4096
+
+
+def test_backward_memory_is_not_measured_off_cuda():
+    from flash_hopper.bench import memory
+
+    inputs = tuple(torch.randn(1, 4, 1, 8) for _ in range(3))
+    case = Case(batch=1, seqlen_q=4, seqlen_k=4, heads=1, heads_kv=1, head_dim=8)
+    assert memory.bwd_memory(Naive(), inputs, inputs[0], case) == (
+        {"bwd_workspace_bytes": None, "bwd_extra_bytes": None}, None)

@@ -246,11 +246,45 @@ def test_bench_pipeline_with_mocked_gpu(tmp_path, monkeypatch, capsys):
     rows = data["results"]
     assert len(rows) == 2 * 2 * 2  # seqlens x causal x directions, one backend
     assert all(r["status"] == "ok" and r["backend"] == "sdpa-math" for r in rows)
-    assert all(r["check_pass"] is True for r in rows if r["direction"] == "fwd")
+    assert all(r["check_pass"] is True for r in rows)
+    for row in rows:  # backward rows: their gradients checked; no memory numbers off a GPU
+        assert (row["check_grad_pass"] is True) == (row["direction"] == "bwd")
+        assert (row["check_dq_tol"] is not None) == (row["direction"] == "bwd")
+        assert row["bwd_extra_bytes"] is None
+    (csv_path,) = out_dir.glob("*.csv")
+    assert report.read_csv(str(csv_path))["results"] == rows  # the new columns included
     fwd = next(r for r in rows if r["direction"] == "fwd" and not r["causal"])
     assert fwd["pct_peak"] == pytest.approx(100 * fwd["tflops"] / 989.4)
     assert sorted(p.suffix for p in out_dir.iterdir()) == [".csv", ".json", ".png"]
     assert "fwd  bf16" in captured.out  # the table
+
+
+def test_bench_exits_1_when_a_gradient_check_fails(tmp_path, monkeypatch, capsys):
+    import functools
+
+    from flash_hopper.bench import env, peers, runner, timing
+
+    gpu = env.GpuInfo(index=0, name="NVIDIA H200", capability=(9, 0), sm_count=132,
+                      memory_bytes=141 << 30, l2_bytes=60 << 20)
+    monkeypatch.setattr(env, "detect_gpu", lambda index=None: (gpu, ""))
+    monkeypatch.setattr(timing, "Timer", StandInTimer)
+    monkeypatch.setattr(runner, "RunOptions", functools.partial(runner.RunOptions, device="cpu"))
+    checked = peers.SdpaBackend.run_checked_backward
+
+    def wrong_dv(self, q, k, v, dout, case):
+        dq, dk, dv = checked(self, q, k, v, dout, case)
+        return dq, dk, dv * 1.5
+
+    monkeypatch.setattr(peers.SdpaBackend, "run_checked_backward", wrong_dv)
+    argv = ["bench", "-s", "64", "-d", "16", "-b", "2", "--hidden", "32", "--causal", "off",
+            "--backends", "sdpa-math", "--direction", "fwd", "fwd+bwd", "--no-gemm", "-q",
+            "--json", str(tmp_path / "r.json")]
+    assert cli.main(argv) == cli.EXIT_FAILURE
+    assert "1 row(s) failed a reference check" in capsys.readouterr().err
+    fwd, both = report.read_json(str(tmp_path / "r.json"))["results"]
+    assert fwd["check_pass"] is True and both["check_pass"] is False
+    assert both["check_dv_err"] > both["check_dv_tol"]
+    assert both["check_dq_err"] <= both["check_dq_tol"]
 
 
 # ---- on a GPU ---------------------------------------------------------------------------------
@@ -294,3 +328,37 @@ def test_tiny_sweep_end_to_end(tmp_path):
         assert (row["seqlen_q"], row["head_dim"], row["batch"], row["heads"]) == (512, 64, 32,
                                                                                   32)
     assert report.read_csv(str(tmp_path / "r.csv"))["results"] == data["results"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA GPU")
+def test_tiny_backward_sweep_end_to_end(tmp_path):
+    # GQA 2:1 and both masks at a length with tails: the backward's dK / dV accumulators, the
+    # gradient check of every timed row, and both memory numbers.
+    import flash_hopper
+
+    out = tmp_path / "r.json"
+    result = run_module("bench", "-s", "1000", "-d", "64", "128", "--gqa-ratio", "2",
+                        "--backends", "fa2", "sdpa-flash", "--direction", "bwd", "fwd+bwd",
+                        "--warmup", "2", "--repeats", "5", "--no-gemm", "--json", str(out),
+                        "-q", hide_gpu=False, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "backward memory, MiB" in result.stdout
+    rows = json.loads(out.read_text())["results"]
+    try:
+        has_backward = bool(flash_hopper.build_info().get("backward"))
+    except Exception:  # noqa: BLE001 - without a built library fa2 is skipped, not timed
+        has_backward = False
+    backends = {"sdpa-flash", "fa2"} if has_backward else {"sdpa-flash"}
+    timed = [r for r in rows if r["status"] == "ok"]
+    assert {r["backend"] for r in timed} == backends
+    for row in timed:
+        assert row["check_pass"] is True and row["check_grad_pass"] is True, row
+        for grad in ("dq", "dk", "dv"):
+            assert row[f"check_{grad}_err"] <= row[f"check_{grad}_tol"], row
+        assert row["bwd_extra_bytes"] is not None and row["bwd_extra_bytes"] >= 0, row
+        if row["backend"] == "fa2":
+            # The workspace comes from torch's allocator during the backward: measured with it.
+            assert 0 < row["bwd_workspace_bytes"] <= row["bwd_extra_bytes"], row
+        else:
+            assert row["bwd_workspace_bytes"] is None

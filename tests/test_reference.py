@@ -3,8 +3,8 @@
 The reference is the oracle of every kernel test, so it gets its own: the tiled online-softmax
 forward must equal the naive one in float64 to rounding, the mask convention is pinned by
 hand-written matrices, naive attention agrees with torch's SDPA where their conventions meet, and
-the recomputation backward equals autograd through the naive forward. The chunked reference (the
-benchmark's full-size oracle) equals the naive one, in both precisions.
+the recomputation backward equals autograd through the naive forward. The chunked references (the
+benchmark's full-size oracles, forward and backward) equal the naive ones, in both precisions.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from flash_hopper.mask import AttentionMask, KeyBlockSplit
 from flash_hopper.reference import (
     attention_bwd_ref,
+    attention_bwd_ref_chunked,
     attention_ref,
     attention_ref_chunked,
     attention_tiled_fwd,
@@ -346,3 +347,79 @@ def test_dlse_changes_the_gradients_as_p_times_dlse(seed):
     torch.testing.assert_close(dq[0, :, 0], ds @ k[0, :, 0] * 0.5, atol=1e-12, rtol=0)
     torch.testing.assert_close(dk[0, :, 0], ds.T @ q[0, :, 0] * 0.5, atol=1e-12, rtol=0)
     assert (dv == 0).all()
+
+
+# --- the chunked backward == attention_bwd_ref ---------------------------------------------------
+
+# Budgets: 1 score (less than one row's: one row per block), three rows, and more than the whole
+# matrix (one block). For the three-row budget 2 * hq * sk * 3 is the batch-2 row count times 3.
+CHUNK_BUDGETS = ["one-row", "three-rows", "whole"]
+
+
+def _chunk_scores(budget, hq, sk):
+    return {"one-row": 1, "three-rows": 2 * hq * sk * 3, "whole": 1 << 30}[budget]
+
+
+def _bwd_inputs(sq, sk, hq, hkv, d, mask, dtype=torch.float64, with_dlse=False):
+    q, k, v = _qkv(2, sq, sk, hq, hkv, d, dtype=dtype)
+    out, lse = attention_ref(q, k, v, softmax_scale=0.3, **mask)
+    dout = torch.randn(out.shape, dtype=dtype)
+    dlse = torch.randn_like(lse) if with_dlse else None
+    return q, k, v, out, lse, dout, dlse
+
+
+@pytest.mark.parametrize("budget", CHUNK_BUDGETS)
+@pytest.mark.parametrize("with_dlse", [False, True], ids=["no-dlse", "dlse"])
+@pytest.mark.parametrize(("sq", "sk", "hq", "hkv", "d", "mask"), BWD_CASES,
+                         ids=[_case_id(c) for c in BWD_CASES])
+def test_chunked_backward_matches_unchunked(seed, sq, sk, hq, hkv, d, mask, with_dlse, budget):
+    q, k, v, out, lse, dout, dlse = _bwd_inputs(sq, sk, hq, hkv, d, mask, with_dlse=with_dlse)
+    expected = attention_bwd_ref(q, k, v, out, lse, dout, softmax_scale=0.3, dlse=dlse, **mask)
+    got = attention_bwd_ref_chunked(q, k, v, out, lse, dout, softmax_scale=0.3, dlse=dlse,
+                                    chunk_scores=_chunk_scores(budget, hq, sk), **mask)
+    for name, g, e in zip(("dq", "dk", "dv"), got, expected):
+        assert g.shape == e.shape and g.dtype == e.dtype == torch.float64, name
+        assert not g.isnan().any(), name
+        torch.testing.assert_close(g, e, atol=1e-10, rtol=0, msg=name)
+
+
+def test_chunked_backward_walks_blocks_of_rows(monkeypatch):
+    # The budget must really split the rows: count the blocks _bwd_rows is called with.
+    from flash_hopper import reference
+
+    calls = []
+    original = reference._bwd_rows
+
+    def counting(qh, *args):
+        calls.append(qh.shape[2])
+        return original(qh, *args)
+
+    monkeypatch.setattr(reference, "_bwd_rows", counting)
+    q, k, v, out, lse, dout, _ = _bwd_inputs(10, 7, 2, 1, 8, {"causal": True})
+    attention_bwd_ref_chunked(q, k, v, out, lse, dout, chunk_scores=1)
+    assert calls == [1] * 10
+    calls.clear()
+    attention_bwd_ref_chunked(q, k, v, out, lse, dout, chunk_scores=2 * 2 * 7 * 4)
+    assert calls == [4, 4, 2]
+
+
+@pytest.mark.parametrize("budget", ["one-row", "whole"])
+def test_chunked_backward_in_fp32_and_in_the_input_dtype(seed, budget):
+    # bf16 inputs: upcast=True is attention_bwd_ref in fp32; upcast=False is a same-precision
+    # implementation, bf16 out, off by bf16 roundings (not 0, not more), whatever the block size.
+    sq, sk, hq, hkv, d, mask = 33, 41, 4, 2, 16, {"causal": True, "softcap": 1.5}
+    q, k, v = _qkv(2, sq, sk, hq, hkv, d, dtype=torch.bfloat16)
+    out, lse = attention_ref(q, k, v, **mask)  # fp32
+    dout = torch.randn(out.shape).to(torch.bfloat16)
+    scores = _chunk_scores(budget, hq, sk)
+    exact = attention_bwd_ref(q.double(), k.double(), v.double(), out.double(), lse.double(),
+                              dout.double(), **mask)
+    fp32 = attention_bwd_ref_chunked(q, k, v, out, lse, dout, chunk_scores=scores, **mask)
+    lowp = attention_bwd_ref_chunked(q, k, v, out, lse, dout, chunk_scores=scores, upcast=False,
+                                     **mask)
+    for name, e, g32, glow in zip(("dq", "dk", "dv"), exact, fp32, lowp):
+        assert g32.dtype == torch.float32 and glow.dtype == torch.bfloat16, name
+        torch.testing.assert_close(g32.double(), e, atol=1e-5, rtol=0, msg=name)
+        lowp_err = (glow.double() - e).abs().max().item()
+        scale = e.abs().max().item()
+        assert 2**-12 * scale < lowp_err < 2**-4 * scale, (name, lowp_err, scale)

@@ -91,8 +91,9 @@ def _add_measure_args(parser: argparse.ArgumentParser) -> None:
                    help="do not cycle through several input sets when one fits in L2")
     g.add_argument("--check", choices=("on", "off"), default="on",
                    help="reference check of each backend's output (and LSE where it returns one) "
-                        "on the timed configuration, once per configuration, against an fp32 "
-                        "reference computed on the GPU in chunks of query rows (default: on)")
+                        "and, for backward rows, of its dq, dk, dv, on the timed configuration, "
+                        "once per configuration, against fp32 references computed on the GPU "
+                        "in chunks of query rows (default: on)")
     g.add_argument("--peak-tflops", type=float, default=None,
                    help="dense bf16/fp16 peak for %%peak (default: datasheet value by GPU name)")
     g.add_argument("--gemm-size", type=int, default=8192,
@@ -140,8 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "b*s = 16k, h*d = 2048, s = 512..16k, d = 64/128/256, causal and not.",
         epilog="FLOPs: fwd = 4*b*h*d*(visible pairs), pairs = s^2/2 for plain causal (FA "
                "convention) and counted exactly otherwise; bwd = 2.5x fwd. The reference check "
-               "compares each backend's forward on the timed inputs at full size. Exit status 1 "
-               "when a check fails or a row errors.")
+               "compares each backend's forward on the timed inputs at full size, and for bwd / "
+               "fwd+bwd rows its dq, dk, dv too (one backward with a fixed dout); those rows "
+               "also report the backward's memory (bwd_workspace_bytes, bwd_extra_bytes). Exit "
+               "status 1 when a check fails or a row errors.")
     _add_sweep_args(bench)
     _add_backend_args(bench)
     _add_measure_args(bench)
@@ -390,6 +393,10 @@ def _print_summary(rows, backend_status, report) -> None:
     kernels = report.format_kernels(rows)
     if kernels:
         print("\nkernels:\n" + kernels)
+    memory = report.format_memory(rows)
+    if memory:
+        print("\nbackward memory, MiB (ws: the library's workspace formula; extra: measured "
+              "beyond the gradients):\n" + memory)
     skips = report.format_skips(rows)
     if skips:
         print("\nnot timed:\n" + skips)

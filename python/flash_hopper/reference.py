@@ -10,6 +10,8 @@
   the kernels' own policy (which blocks, which of them masked).
 - ``attention_bwd_ref``: the backward by recomputation from the LSE, as the kernels do it,
   including the gradient of the returned LSE (``dlse``).
+- ``attention_bwd_ref_chunked``: the same, a block of query rows at a time (dq per block, dk and dv
+  summed over blocks): the benchmark checks full-size timed backward calls with it on the GPU.
 
 Conventions, shared with the kernels (api.h): layout (batch, seqlen, heads, head_dim); GQA maps
 query head h to kv head h // (heads_q // heads_kv); scores are scaled by softmax_scale, then soft-
@@ -270,5 +272,95 @@ def attention_bwd_ref(
     def per_kv_head(t: Tensor) -> Tensor:  # (b, hq, sk, d) -> (b, sk, hkv, d), group-summed
         grouped = t.reshape(batch, heads_kv, heads_q // heads_kv, seqlen_k, t.shape[-1])
         return grouped.sum(dim=2).transpose(1, 2)
+
+    return dq.transpose(1, 2), per_kv_head(dk), per_kv_head(dv)
+
+
+def _bwd_rows(qh: Tensor, kh: Tensor, vh: Tensor, oh: Tensor, doh: Tensor, lse: Tensor,
+              dlse: Tensor | None, visible: Tensor | None, scale: float,
+              softcap: float) -> tuple[Tensor, Tensor, Tensor]:
+    """attention_bwd_ref's formulas for a block of query rows, (b, h, rows, d) against all keys
+    (b, h, sk, d): (dq rows, this block's dk and dv terms (b, h, sk, d)). Every tensor stays in
+    qh's dtype except P, which is exp(S - lse) computed in lse's dtype and then stored in qh's."""
+    raw = qh @ kh.transpose(-1, -2) * scale
+    if softcap > 0:
+        tanh = torch.tanh(raw / softcap)
+        s = softcap * tanh
+    else:
+        s = raw
+    if visible is not None:
+        s = s.masked_fill(~visible, NEG_INF)
+    shift = torch.where(lse == NEG_INF, torch.zeros_like(lse), lse)  # rows without keys: P = 0
+    p = torch.exp(s.to(lse.dtype) - shift.unsqueeze(-1)).to(qh.dtype)
+    dv = p.transpose(-1, -2) @ doh
+    dp = doh @ vh.transpose(-1, -2)
+    delta = (doh * oh).sum(dim=-1, keepdim=True)
+    if dlse is not None:
+        delta = delta - dlse.to(delta.dtype).unsqueeze(-1)
+    ds = p * (dp - delta)
+    if softcap > 0:
+        ds = ds * (1 - tanh * tanh)
+    return ds @ kh * scale, ds.transpose(-1, -2) @ qh * scale, dv
+
+
+@torch.no_grad()
+def attention_bwd_ref_chunked(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    dout: Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: Sequence[int] = (-1, -1),
+    softcap: float = 0.0,
+    dlse: Tensor | None = None,
+    chunk_scores: int = CHUNK_SCORES,
+    upcast: bool = True,
+    attention_chunk: int = 0,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """attention_bwd_ref a block of query rows at a time (not differentiable): (dq, dk, dv).
+
+    A query row's gradient needs only its own row of P and dS, so each block of rows gives its
+    dq rows outright and adds its terms to dk and dv, which are summed over blocks (and, for GQA,
+    over the query heads of a kv head) in the compute dtype. Memory: a few
+    batch * heads_q * rows * seqlen_k temporaries (rows chosen so one holds at most
+    ``chunk_scores``, and at least one row), plus q, k, v, dk and dv per query head.
+
+    upcast=True computes (and returns) in float32, or float64 for float64 inputs. upcast=False is
+    the same-precision implementation of the tolerance rule: every product and every stored
+    intermediate in the input dtype, returned in it; two things stay in float32, as in any real
+    implementation: the LSE (a natural-log LSE of ~10 rounded to bf16 would move P by 3 %) and
+    the sum of the blocks' dk / dv terms (a split-K GEMM's accumulator, so the block size does
+    not change the result's precision).
+    """
+    acc = _compute_dtype(q.dtype, True)
+    store = acc if upcast else q.dtype
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    mask = _mask(q, k, causal, window_size, attention_chunk)
+    scale = _scale(softmax_scale, head_dim)
+    qh = q.to(store).transpose(1, 2)
+    kh, vh = _heads_first(k, heads_q, store), _heads_first(v, heads_q, store)
+    oh, doh = out.to(store).transpose(1, 2), dout.to(store).transpose(1, 2)
+    lse = lse.to(acc)
+    dq = torch.empty(batch, heads_q, seqlen_q, head_dim, dtype=store, device=q.device)
+    dk = torch.zeros(batch, heads_q, seqlen_k, head_dim, dtype=acc, device=q.device)
+    dv = torch.zeros(batch, heads_q, seqlen_k, v.shape[3], dtype=acc, device=q.device)
+    rows = max(1, chunk_scores // max(1, batch * heads_q * seqlen_k))
+    for r0 in range(0, seqlen_q, rows):
+        r1 = min(r0 + rows, seqlen_q)
+        visible = None if mask.is_full else mask.dense(rows=(r0, r1), device=q.device)
+        dlse_rows = None if dlse is None else dlse[:, :, r0:r1]
+        dq[:, :, r0:r1], dk_rows, dv_rows = _bwd_rows(
+            qh[:, :, r0:r1], kh, vh, oh[:, :, r0:r1], doh[:, :, r0:r1], lse[:, :, r0:r1],
+            dlse_rows, visible, scale, softcap)
+        dk += dk_rows
+        dv += dv_rows
+
+    def per_kv_head(t: Tensor) -> Tensor:  # (b, hq, sk, d) -> (b, sk, hkv, d), group-summed
+        grouped = t.reshape(batch, heads_kv, heads_q // heads_kv, seqlen_k, t.shape[-1])
+        return grouped.sum(dim=2).transpose(1, 2).to(store)
 
     return dq.transpose(1, 2), per_kv_head(dk), per_kv_head(dv)

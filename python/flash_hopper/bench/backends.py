@@ -114,26 +114,69 @@ class FlashHopperBackend(Backend):
         kwargs = self._call_kwargs(case)
         return lambda: flash_attn_func(q, k, v, **kwargs)
 
+    @staticmethod
+    def _scalars(q, case) -> tuple[float, int, int, float]:
+        """(softmax_scale, window_left, window_right, softcap) of the ops-level entry points, as
+        flash_attn_func derives them for the timed call."""
+        import math
+
+        from flash_hopper.mask import AttentionMask
+
+        mask = AttentionMask.from_args(case.seqlen_q, case.seqlen_k, case.causal, case.window)
+        return 1.0 / math.sqrt(q.shape[3]), mask.window_left, mask.window_right, case.softcap
+
     def run_checked(self, q, k, v, case):
         """The timed call's kernel through ops.fwd_into, into NaN-filled buffers (an element the
         kernel does not write fails the check). flash_attn_func (what is timed) and fwd_into run
         the same dispatch and launch; the path that ran must be the one asked for."""
-        import math
-
         import torch
 
         from flash_hopper import ops
-        from flash_hopper.mask import AttentionMask
 
-        mask = AttentionMask.from_args(case.seqlen_q, case.seqlen_k, case.causal, case.window)
         out = torch.full_like(q, float("nan"))
         lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("nan"), dtype=torch.float32,
                          device=q.device)
-        ran = ops.fwd_into(q, k, v, out, lse, 1.0 / math.sqrt(q.shape[3]), mask.window_left,
-                           mask.window_right, case.softcap, self.path)
+        ran = ops.fwd_into(q, k, v, out, lse, *self._scalars(q, case), self.path)
         if ran != self.path:
             raise RuntimeError(f"the check ran path {ran!r}, but {self.path!r} is timed")
         return out, lse
+
+    @property
+    def bwd_path(self) -> str:
+        """The backward that trains this path: the ablation variants use the tuned FA-3 one."""
+        return "fa2" if self.path == "fa2" else "fa3"
+
+    def run_checked_backward(self, q, k, v, dout, case):
+        """The checked forward (run_checked), then ops.bwd_into on its out and LSE into
+        NaN-filled dq, dk, dv. The timed backward (autograd of flash_attn_func) runs the same
+        host path on the same forward outputs; the path that ran must be the one timed."""
+        import torch
+
+        from flash_hopper import ops
+
+        out, lse = self.run_checked(q, k, v, case)
+        dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+        ran = ops.bwd_into(dout, q, k, v, out, lse, dq, dk, dv, *self._scalars(q, case),
+                           backend=self.path)
+        if ran != self.bwd_path:
+            raise RuntimeError(f"the gradient check ran backward path {ran!r}, but "
+                               f"{self.bwd_path!r} is timed")
+        return dq, dk, dv
+
+    def bwd_workspace_bytes(self, q, k, v, case) -> int:
+        """fh_bwd_workspace_size for the timed backward (the fp32 dQ accumulator, dK / dV
+        accumulators under GQA, the D and LSE rows), through the host path's own plan: metadata
+        only, nothing is launched."""
+        import torch
+
+        from flash_hopper import _bwd, _validate
+
+        out = torch.empty_like(q)  # stands in for the forward's output and for dout
+        lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32,
+                          device=q.device)
+        cfg = _validate.check_bwd_args(out, q, k, v, out, lse, None, *self._scalars(q, case),
+                                       self.path, False)
+        return _bwd.make_plan(cfg, out, q, k, v, out, lse, None).workspace_bytes
 
     def kernel(self, q, k, v, case) -> tuple[str, str]:
         from flash_hopper import which_backend

@@ -6,7 +6,9 @@ A backend answers, in this order: can it run in this process at all (`probe`: im
 right GPU), can it run this configuration (`unsupported`), and then builds a zero-argument callable
 for one configuration (`make_forward`) and names the kernel that actually runs (`kernel`). Every
 "no" comes with a reason that the CLI prints and the result files record: nothing is skipped
-silently. `run_checked` is the one call the reference check compares (see check.py).
+silently. `run_checked` is the one call the reference check compares (see check.py), and
+`run_checked_backward` the one its gradient check compares; `bwd_workspace_bytes` is the backward's
+scratch memory by the backend's own formula, where it has one.
 """
 
 from __future__ import annotations
@@ -68,6 +70,26 @@ class Backend:
         that writes nothing would then pass.
         """
         return self.make_forward(q, k, v, case)(), None
+
+    def run_checked_backward(self, q, k, v, dout, case) -> tuple[object, object, object]:
+        """One forward and backward of exactly what is timed, for the gradient check: (dq, dk,
+        dv) for the output gradient ``dout``.
+
+        The default is what the timed backward does: autograd.grad through the timed forward on
+        fresh leaves. Gradients come back in fresh tensors, so the same caveat as run_checked's
+        applies: a backend that can write into caller buffers should override this with
+        NaN-filled ones.
+        """
+        import torch
+
+        leaves = tuple(t.detach().requires_grad_(True) for t in (q, k, v))
+        out = self.make_forward(*leaves, case)()
+        return torch.autograd.grad(out, leaves, dout)
+
+    def bwd_workspace_bytes(self, q, k, v, case) -> int | None:
+        """Device memory the backward allocates for itself beyond the gradients, by the backend's
+        own formula, or None when it has none to report (then only the measurement exists)."""
+        return None
 
     def kernel(self, q, k, v, case) -> tuple[str, str]:
         """(kernel name, why) for what actually runs."""

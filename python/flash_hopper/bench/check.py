@@ -17,6 +17,19 @@ What is checked is what is timed: the same case at full size (same lengths, henc
 the same backend and kernel, on the timed inputs. The fp32 reference runs on the GPU a block of
 query rows at a time (reference.attention_ref_chunked), so its memory stays bounded at any length,
 and once per case: every backend of the case is compared against the same tensors.
+
+Gradients (rows that time a backward), by the backward's form of the same rule (kernels/BWD_PLAN.md
+§10.1, tests/test_bwd_gpu.py), for g in dq, dk, dv of one backward with a fixed dout:
+
+    err     = max |g - g_fp32|
+    ref_err = max |g_lowp - g_fp32|         (reference.attention_bwd_ref_chunked, upcast=False)
+    pass   <=> err <= factor * ref_err + atol      factor 2, 3 with softcap (tanh.approx twice)
+    atol    = max(2 * max |fl(g_fp32 + 0.3) - 0.3 - g_fp32| in the input dtype, 1e-4)
+
+atol is FA3's rounding scale of the reference, floored like the GPU tests' (a gradient that is
+almost all zeros has no rounding scale). Both references recompute from the fp32 forward
+reference's output and LSE, so they cost one chunked backward each, once per case, and only for
+a case with a backward row to check (``GradReferences``).
 """
 
 from __future__ import annotations
@@ -30,6 +43,10 @@ LSE_ATOL = 1e-4
 # tanh.approx.f32 has relative error <= 2^-11 on a capped score <= softcap; the LSE moves by at most
 # the largest score error (tests/test_fwd_gpu.py uses the same bound).
 SOFTCAP_LSE_ERROR = 2.0**-10
+GRAD_NAMES = ("dq", "dk", "dv")
+GRAD_FACTOR = 2.0
+SOFTCAP_GRAD_FACTOR = 3.0
+GRAD_ATOL = 1e-4
 
 
 @dataclass
@@ -43,8 +60,21 @@ class CheckResult:
     lse_tol: float | None = None
 
 
-def tolerance(ref_err: float) -> float:
-    return 2.0 * ref_err + ATOL
+def tolerance(ref_err: float, factor: float = 2.0, atol: float = ATOL) -> float:
+    """The rule's bound: ``factor`` times the same-precision error, plus ``atol``."""
+    return factor * ref_err + atol
+
+
+def rounding_scale(ref, dtype) -> float:
+    """FA3's rounding scale of ``ref`` in ``dtype``: 2 * max |fl(r + 0.3) - 0.3 - r|, with r =
+    ``ref`` rounded to ``dtype`` (what an ulp of the values around 0.3 amounts to)."""
+    rounded = ref.to(dtype)
+    return 2.0 * max_abs_diff(rounded + 0.3 - 0.3, rounded)
+
+
+def grad_tolerance(ref_err: float, rounding: float, softcap: float) -> float:
+    factor = SOFTCAP_GRAD_FACTOR if softcap else GRAD_FACTOR
+    return tolerance(ref_err, factor, max(rounding, GRAD_ATOL))
 
 
 def lse_tolerance(softcap: float) -> float:
@@ -130,6 +160,45 @@ class References:
             result.lse_tol = lse_tolerance(self.softcap)
             result.passed = result.passed and _within(result.lse_err, result.lse_tol)
         return result
+
+
+@dataclass
+class GradCheckResult:
+    """The gradient rule's numbers per gradient name (GRAD_NAMES); passed when all three pass."""
+
+    err: dict[str, float]
+    ref_err: dict[str, float]
+    tol: dict[str, float]
+    passed: bool
+    shape: str
+
+
+class GradReferences:
+    """The fp32 dq, dk, dv of one case's inputs and ``dout`` and their tolerances, computed once
+    from the forward ``References`` (its fp32 output and LSE) and shared by every backend whose
+    backward is checked on those inputs. Like References, it keeps no low-precision tensor."""
+
+    def __init__(self, q, k, v, dout, case, forward: References, max_scores: int | None = None):
+        from flash_hopper.reference import CHUNK_SCORES, attention_bwd_ref_chunked
+
+        kwargs = {"causal": case.causal, "window_size": tuple(case.window),
+                  "softcap": case.softcap, "chunk_scores": max_scores or CHUNK_SCORES}
+        args = (q, k, v, forward.out, forward.lse, dout)
+        with ieee_fp32_matmuls():
+            self.grads = attention_bwd_ref_chunked(*args, upcast=True, **kwargs)
+            lowp = attention_bwd_ref_chunked(*args, upcast=False, **kwargs)
+        self.ref_err = {n: max_abs_diff(g, r) for n, g, r in zip(GRAD_NAMES, lowp, self.grads)}
+        del lowp
+        self.tol = {n: grad_tolerance(self.ref_err[n], rounding_scale(r, q.dtype), case.softcap)
+                    for n, r in zip(GRAD_NAMES, self.grads)}
+        self.shape = shape_label(case)
+
+    def check(self, grads) -> GradCheckResult:
+        """Apply the rule to a backend's (dq, dk, dv)."""
+        err = {n: max_abs_diff(g, r) for n, g, r in zip(GRAD_NAMES, grads, self.grads)}
+        passed = all(_within(err[n], self.tol[n]) for n in GRAD_NAMES)
+        return GradCheckResult(err=err, ref_err=dict(self.ref_err), tol=dict(self.tol),
+                               passed=passed, shape=self.shape)
 
 
 def describe(result: CheckResult | None) -> str:

@@ -1,6 +1,7 @@
 """Grouped bar charts in the style of the FA3 paper's Figure 5.
 
-One panel per (direction, dtype, mask) row x head-dim column; in a panel, one group of bars per
+One panel per (direction, dtype, mask) row x head-dim column, the rows grouped by direction
+(forward, then backward, then forward + backward: the FA papers' figure order); in a panel, one group of bars per
 sequence length and one bar per backend (same colour in every panel), the TFLOP/s value written on
 each bar. A backend skipped for a whole panel is named in its corner ("n/a: ..."), a single
 missing bar is marked with a small x, so a gap is never mistaken for zero. Uses matplotlib's
@@ -25,6 +26,10 @@ def seqlen_label(row: dict[str, object]) -> str:
     return short(sq) if sq == sk else f"{short(sq)}/{short(sk)}"
 
 
+def _direction_rank(direction: str) -> int:
+    return list(_TITLES).index(direction) if direction in _TITLES else len(_TITLES)
+
+
 def _ordered(values) -> list:
     seen: dict[object, None] = {}
     for value in values:
@@ -35,7 +40,10 @@ def _ordered(values) -> list:
 def layout(rows: Sequence[dict[str, object]]):
     """(panel rows, head-dim columns, backends, seqlen labels) of the ok rows, in run order."""
     ok = [r for r in rows if r.get("status") == "ok" and r.get("tflops") is not None]
-    panel_rows = _ordered((r["direction"], r["dtype"], r["mask"]) for r in ok)
+    # A sweep runs every direction of a case before the next case: group the panel rows by
+    # direction instead (stable: (dtype, mask) keep their run order within a direction).
+    panel_rows = sorted(_ordered((r["direction"], r["dtype"], r["mask"]) for r in ok),
+                        key=lambda key: _direction_rank(key[0]))
     head_dims = sorted({int(r["head_dim"]) for r in ok})
     backends = _ordered(r["backend"] for r in rows)  # include skipped ones: stable colours
     ordered = sorted(ok, key=lambda r: (int(r["seqlen_q"]), int(r["seqlen_k"])))

@@ -4,6 +4,11 @@ A result set is {"schema", "meta", "results"}: meta holds the environment (env.c
 options, the ceilings and the repro command; results holds one row per (case, backend,
 direction). The CSV carries the same meta as a JSON comment line above the header, so either file
 alone can be re-plotted or audited.
+
+Backward rows (bwd, fwd+bwd) add the gradient check (check_{dq,dk,dv}_{err,tol}, check_grad_pass;
+their check_pass covers the forward's check and the gradients') and the backward's memory
+(bwd_workspace_bytes by the backend's formula, bwd_extra_bytes measured: memory.py). Files
+written before these columns existed read back with them empty.
 """
 
 from __future__ import annotations
@@ -29,7 +34,11 @@ FIELDS: tuple[tuple[str, type], ...] = (
     ("iters", int), ("flops", float), ("tflops", float), ("pct_peak", float),
     ("pct_gemm", float), ("check_err", float), ("check_ref_err", float),
     ("check_tol", float), ("check_lse_err", float), ("check_lse_tol", float),
-    ("check_pass", bool), ("check_shape", str), ("kernel_reason", str), ("notes", str),
+    ("check_pass", bool), ("check_shape", str), ("check_dq_err", float),
+    ("check_dq_tol", float), ("check_dk_err", float), ("check_dk_tol", float),
+    ("check_dv_err", float), ("check_dv_tol", float), ("check_grad_pass", bool),
+    ("bwd_workspace_bytes", int), ("bwd_extra_bytes", int), ("kernel_reason", str),
+    ("notes", str),
 )
 FIELD_NAMES = tuple(name for name, _ in FIELDS)
 
@@ -206,3 +215,27 @@ def format_kernels(rows: Iterable[dict[str, object]]) -> str:
                    str(row.get("kernel_reason") or ""))
             seen[key] = None
     return "\n".join(f"{b}: ran {k}" + (f" ({r})" if r else "") for b, k, r in seen)
+
+
+def _mib(value) -> str:
+    return f"{value / 2**20:.1f}"
+
+
+def format_memory(rows: Iterable[dict[str, object]]) -> str:
+    """The backward's memory per config, one line each: per backend the library's workspace (ws)
+    where it reports one and the measured extra beyond the gradients, in MiB. bwd and fwd+bwd
+    rows carry the same measurement; each backend is listed once."""
+    configs: dict[tuple, dict[str, str]] = {}
+    for row in rows:
+        workspace, extra = row.get("bwd_workspace_bytes"), row.get("bwd_extra_bytes")
+        if "bwd" not in str(row["direction"]) or (workspace is None and extra is None):
+            continue
+        seqlen = (str(row["seqlen_q"]) if row["seqlen_q"] == row["seqlen_k"]
+                  else f"{row['seqlen_q']}/{row['seqlen_k']}")
+        key = (f"{row['dtype']} d={row['head_dim']} s={seqlen} b={row['batch']} "
+               f"h={row['heads']}/{row['heads_kv']} {row['mask']}")
+        parts = ([f"ws {_mib(workspace)}"] if workspace is not None else []) + (
+            [f"extra {_mib(extra)}"] if extra is not None else [])
+        configs.setdefault(key, {}).setdefault(str(row["backend"]), " ".join(parts))
+    return "\n".join(f"{key}: " + " | ".join(f"{b} {text}" for b, text in backends.items())
+                     for key, backends in configs.items())

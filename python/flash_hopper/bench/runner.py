@@ -5,6 +5,11 @@ reference once on the first set (full size, chunked: check.py), then per backend
 first call on that set (the reference check of exactly what is timed; it also surfaces setup
 errors) -> timing per direction. A failure in one backend becomes a row with its reason and the
 sweep goes on.
+
+Backward rows (bwd, fwd+bwd) add, once per backend and case, before their timing: the gradient
+check (one backward on the first set with the case's fixed dout, against check.GradReferences,
+computed at the first backend that needs them) and the backward's memory (memory.py). A backward
+that fails to run is classified like a failing first call, for the backward rows only.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Callable
 
 from . import check as checks
 from .errors import first_line
+from .memory import bwd_memory
 from .report import normalize
 
 TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
@@ -68,6 +74,29 @@ def fill_check(row: dict[str, object], result) -> None:
                 "check_shape": result.shape})
 
 
+def fill_grad_check(row: dict[str, object], result) -> None:
+    """Gradient columns of a backward row; its check_pass then needs the forward's check (the
+    backward consumes the forward's output and LSE) and the gradients' to pass."""
+    if result is None:
+        return
+    for name in checks.GRAD_NAMES:
+        row[f"check_{name}_err"] = result.err[name]
+        row[f"check_{name}_tol"] = result.tol[name]
+    row["check_grad_pass"] = result.passed
+    row["check_pass"] = result.passed and row.get("check_pass") is not False
+    row["check_shape"] = row.get("check_shape") or result.shape
+
+
+def has_backward(direction: str) -> bool:
+    return "bwd" in direction
+
+
+def is_unsupported(exc: BaseException) -> bool:
+    """Does a failure mean "this configuration is not supported" (UnsupportedError is a
+    NotImplementedError, possibly wrapped) rather than a bug?"""
+    return isinstance(exc, NotImplementedError) or isinstance(exc.__cause__, NotImplementedError)
+
+
 def make_inputs(case, device, generator):
     import torch
 
@@ -80,6 +109,34 @@ def make_inputs(case, device, generator):
 
 def _with_grad(inputs):
     return tuple(t.detach().requires_grad_(True) for t in inputs)
+
+
+class CaseReferences:
+    """What every backend of one case is checked against, each computed at most once: the
+    forward's check.References up front, the gradients' check.GradReferences at the first
+    backend whose backward is checked (a case without one never pays for them). Each is the
+    object, a string saying why there is none, or None when checks are off."""
+
+    def __init__(self, case, inputs, dout, check: str, max_scores: int | None = None):
+        self.case, self.inputs, self.dout = case, inputs, dout
+        self.max_scores = max_scores
+        self.forward = None
+        self._grads = None
+        if check == "off":
+            return
+        try:
+            self.forward = checks.References(*inputs, case, max_scores=max_scores)
+        except Exception as exc:  # noqa: BLE001 - no reference (or OOM) must not stop timing
+            self.forward = f"reference unavailable: {first_line(exc)}"
+
+    def grads(self):
+        if self._grads is None and isinstance(self.forward, checks.References):
+            try:
+                self._grads = checks.GradReferences(*self.inputs, self.dout, self.case,
+                                                    self.forward, max_scores=self.max_scores)
+            except Exception as exc:  # noqa: BLE001 - as for the forward's
+                self._grads = f"gradient reference unavailable: {first_line(exc)}"
+        return self._grads if self._grads is not None else self.forward
 
 
 def direction_fn(backend, inputs, case, direction: str) -> Callable[[], object]:
@@ -128,24 +185,29 @@ class Runner:
         generator = torch.Generator(device=self.options.device).manual_seed(self.options.seed)
         n_sets = self.timer.sets_for(case.input_bytes())
         inputs = [make_inputs(case, self.options.device, generator) for _ in range(n_sets)]
-        references = self._references(case, inputs[0])
+        dout = None
+        if any(has_backward(d) for d in self.options.directions):
+            # One output gradient per case (drawn after the inputs, which stay as without it):
+            # every backend's backward is checked and measured with it.
+            q = inputs[0][0]
+            dout = torch.randn(q.shape, dtype=q.dtype, device=q.device, generator=generator)
+        references = CaseReferences(case, inputs[0], dout, self.options.check)
         rows: list[dict[str, object]] = []
         for backend in self.backends:
             rows.extend(self._run_backend(backend, case, inputs, references))
-        del inputs, references
+        del inputs, references, dout
         if self.options.device == "cuda":
             torch.cuda.empty_cache()
         return rows
 
-    def _references(self, case, inputs):
-        """check.References for the timed inputs, a string saying why there are none, or None
-        when checks are off."""
-        if self.options.check == "off":
-            return None
-        try:
-            return checks.References(*inputs, case)
-        except Exception as exc:  # noqa: BLE001 - no reference (or OOM) must not stop timing
-            return f"reference unavailable: {first_line(exc)}"
+    @staticmethod
+    def _failure(backend, exc: BaseException, what: str) -> tuple[str, str]:
+        """(status, reason) of a backend call that raised. Peers failing are unsupported configs;
+        our own library failing is a bug, except when it says so itself (UnsupportedError)."""
+        status = ("error" if backend.origin == "flash-hopper" and not is_unsupported(exc)
+                  else "skipped")
+        detail = str(exc) if isinstance(exc, SetupError) else first_line(exc)
+        return status, f"{what}: {detail}"
 
     def _run_backend(self, backend, case, inputs, references):
         directions = list(self.options.directions)
@@ -154,17 +216,12 @@ class Runner:
             return [self._skip(case, backend, d, reason) for d in directions]
         try:
             kernel, kernel_reason = backend.kernel(*inputs[0], case)
-            result = self._first_call(backend, case, inputs[0], references)
+            result = self._first_call(backend, case, inputs[0], references.forward)
         except Exception as exc:  # noqa: BLE001 - one backend's failure must not end the sweep
-            # Peers failing to set up are unsupported configs; our own library failing is a bug,
-            # except when it says so itself (UnsupportedError is a NotImplementedError).
-            unsupported = isinstance(exc, NotImplementedError) or isinstance(
-                exc.__cause__, NotImplementedError)
-            status = "error" if backend.origin == "flash-hopper" and not unsupported else "skipped"
-            detail = str(exc) if isinstance(exc, SetupError) else first_line(exc)
-            message = f"failed to run: {detail}"
+            status, message = self._failure(backend, exc, "failed to run")
             return [self._skip(case, backend, d, message, status) for d in directions]
         rows = []
+        backward = None  # _backward(): ("ok", check, memory, notes) or (status, reason), once
         for direction in directions:
             row = base_row(case, backend.name, direction)
             row.update({"kernel": kernel, "kernel_reason": kernel_reason})
@@ -176,10 +233,52 @@ class Runner:
             if reason:
                 row.update({"status": "skipped", "reason": reason})
                 self._step(f"{backend.name} {direction} {self._label(case)}: skipped ({reason})")
-            else:
-                self._time(row, backend, case, inputs, direction)
+                rows.append(row)
+                continue
+            if has_backward(direction):
+                if backward is None:
+                    backward = self._backward(backend, case, inputs[0], references)
+                if not self._fill_backward(row, backward):
+                    self._step(f"{backend.name} {direction} {self._label(case)}: "
+                               f"{row['status']}")
+                    rows.append(row)
+                    continue
+            self._time(row, backend, case, inputs, direction)
             rows.append(row)
         return rows
+
+    def _backward(self, backend, case, inputs, references):
+        """The gradient check and the memory of ``backend``'s backward on the case: ("ok",
+        gradient check or None, memory, note), or (status, reason) when the backward cannot
+        run."""
+        check = note = None
+        grad_refs = references.grads()
+        if isinstance(grad_refs, str):
+            note = grad_refs  # why there is no gradient check
+        elif grad_refs is not None:
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # the forward's first call reported them
+                    grads = backend.run_checked_backward(*inputs, references.dout, case)
+                check = grad_refs.check(grads)
+                del grads
+            except Exception as exc:  # noqa: BLE001 - the backward rows say why
+                return self._failure(backend, exc, "backward failed to run")
+        memory, memory_note = bwd_memory(backend, inputs, references.dout, case)
+        return ("ok", check, memory, "; ".join(filter(None, [note, memory_note])) or None)
+
+    @staticmethod
+    def _fill_backward(row, backward) -> bool:
+        """Write a backward row's check, memory and notes; False when its backward cannot run
+        (the row then carries the status and reason)."""
+        if backward[0] != "ok":
+            row.update({"status": backward[0], "reason": backward[1]})
+            return False
+        _, check, memory, notes = backward
+        fill_grad_check(row, check)
+        row.update(memory)
+        row["notes"] = "; ".join(filter(None, [row.get("notes"), notes])) or None
+        return True
 
     def _first_call(self, backend, case, inputs, references):
         """Run once on the timed inputs (the check of what is timed when checks are on) and return
