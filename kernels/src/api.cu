@@ -678,7 +678,9 @@ bool first_layout_problem(const LayoutProblem (&checks)[N], LayoutProblem* probl
   return false;
 }
 
-bool fa3_layout_problem(const FhFwdParams* p, LayoutProblem* problem) {
+// q, k and v: what both directions load with TMA (same field names in both structs).
+template <class Params>
+bool qkv_layout_problem(const Params* p, LayoutProblem* problem) {
   const LayoutProblem checks[] = {
       {"q", 0, "q_batch_stride", p->q_batch_stride, p->batch},
       {"q", 1, "q_row_stride", p->q_row_stride, p->seqlen_q},
@@ -693,25 +695,20 @@ bool fa3_layout_problem(const FhFwdParams* p, LayoutProblem* problem) {
   return first_layout_problem(checks, problem);
 }
 
+bool fa3_layout_problem(const FhFwdParams* p, LayoutProblem* problem) {
+  return qkv_layout_problem(p, problem);
+}
+
 constexpr const char* kFwdTmaTensors = "q/k/v";
 constexpr const char* kBwdTmaTensors = "q/k/v/dout";
 
 bool fa3_layout_problem(const FhBwdParams* p, LayoutProblem* problem) {
-  const LayoutProblem checks[] = {
-      {"q", 0, "q_batch_stride", p->q_batch_stride, p->batch},
-      {"q", 1, "q_row_stride", p->q_row_stride, p->seqlen_q},
-      {"q", 2, "q_head_stride", p->q_head_stride, p->heads_q},
-      {"k", 0, "k_batch_stride", p->k_batch_stride, p->batch},
-      {"k", 1, "k_row_stride", p->k_row_stride, p->seqlen_k},
-      {"k", 2, "k_head_stride", p->k_head_stride, p->heads_kv},
-      {"v", 0, "v_batch_stride", p->v_batch_stride, p->batch},
-      {"v", 1, "v_row_stride", p->v_row_stride, p->seqlen_k},
-      {"v", 2, "v_head_stride", p->v_head_stride, p->heads_kv},
+  const LayoutProblem dout[] = {
       {"dout", 0, "dout_batch_stride", p->dout_batch_stride, p->batch},
       {"dout", 1, "dout_row_stride", p->dout_row_stride, p->seqlen_q},
       {"dout", 2, "dout_head_stride", p->dout_head_stride, p->heads_q},
   };
-  return first_layout_problem(checks, problem);
+  return qkv_layout_problem(p, problem) || first_layout_problem(dout, problem);
 }
 
 // Names the tensor dimension (as Python users see it) and the field (as C callers see it);
