@@ -504,7 +504,11 @@ struct MockProducer {
     }
     end.load(/*leader=*/true, 0, [&](int) { ev.back().payload = payload; });
   }
-  int id(BwdTileWork const& w) const { return tile_id(p, w.tile, num_n); }
+  int id(BwdTileWork const& w) const {
+    CHECK(w.has_queries(), "the producer loads for tile %d, which has no queries",
+          tile_id(p, w.tile, num_n));
+    return tile_id(p, w.tile, num_n);
+  }
   void kv(BwdTileWork const& w) { load(kv_pipe, {id(w), -1, -1}); }
   void q(BwdTileWork const& w, QueryStep s) { load(q_pipe, {id(w), s.g, s.m}); }
   void dout(BwdTileWork const& w, QueryStep s) { load(do_pipe, {id(w), s.g, s.m}); }
@@ -573,7 +577,10 @@ struct MockConsumer {
   }
 
   // Pipelines
-  void wait_kv(BwdTileWork const& w) { wait(kv_pipe, kKV, {id(w), -1, -1}); }
+  void wait_kv(BwdTileWork const& w) {
+    CHECK(w.has_queries(), "WG %d waits for K/V of tile %d, which has no queries", wg, id(w));
+    wait(kv_pipe, kKV, {id(w), -1, -1});
+  }
   void release_kv(BwdTileWork const& w) {
     release(kv_pipe, kKV, {id(w), -1, -1}, [](Gemm const& g) {
       return g.kind == 'S' || g.kind == 'P' || g.kind == 'Q' || g.kind == 'K';
@@ -743,6 +750,7 @@ struct MockWriter {
   }
   void wait_full(int c) { bar(kBarSync, kDqFull + c); }
   void reduce(int c, BwdTileWork const& w, QueryStep s) {
+    CHECK(w.has_queries(), "the writer reduces for tile %d, which has no queries", id(w));
     Event e{kReduce};
     e.a = c;
     e.payload = {id(w), s.g, s.m};
@@ -765,12 +773,14 @@ struct MockWriter {
     }
   }
   void wait_rank(BwdTileWork const& w, QueryStep s, int rank) {
+    CHECK(p.deterministic, "the writer waits on a semaphore in default mode");
     Event e{kWaitRank};
     e.key = dq_key(p, BM, w, s);
     e.val = rank;
     ev.push_back(e);
   }
   void release_rank(BwdTileWork const& w, QueryStep s) {
+    CHECK(p.deterministic, "the writer releases a semaphore in default mode");
     Event e{kReleaseRank};
     e.key = dq_key(p, BM, w, s);
     ev.push_back(e);
