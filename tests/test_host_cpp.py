@@ -8,7 +8,11 @@ kernels use:
 - test_fwd_schedule.cpp: producer and consumer warpgroups recorded over random problems and every
   kernel shape, checked per role (buffers, GEMM hazards, masks, each tile's blocks summed once)
   and simulated against each other with mbarrier and named-barrier semantics (no deadlock, the
-  same steps on both sides, balanced arrivals), plus negative controls that must be caught.
+  same steps on both sides, balanced arrivals), plus negative controls that must be caught;
+- test_bwd_schedule.cpp: the backward's tile orders (default, deterministic n-descending), each
+  tile's steps against the brute-force transpose of the mask, the deterministic dQ semaphores over
+  whole persistent grids (no deadlock, contributors in rank order), the producer / consumer /
+  dQ-writer role loops simulated together, and negative controls.
 """
 
 import shutil
@@ -40,3 +44,8 @@ def test_tile_scheduler_host(tmp_path):
 def test_fwd_schedule_host(tmp_path):
     # 200 random problems per kernel shape: ~10 s.
     _compile_and_run(tmp_path, "test_fwd_schedule", "200")
+
+
+def test_bwd_schedule_host(tmp_path):
+    # 300 random problems per tile shape, each on five grids: ~1 s.
+    _compile_and_run(tmp_path, "test_bwd_schedule", "300")

@@ -1,0 +1,411 @@
+// The step schedule of the FA-3 path's backward (kernels/BWD_PLAN.md §3.2, §3.3, §5.2): which
+// tiles a CTA computes, which (query head, query block) steps each visits, and in which order the
+// producer loads them, the consumer warpgroups use them and the dQ writer adds them up. Every role
+// walks this one schedule, so the roles cannot disagree on the steps (a disagreement hangs the GPU
+// instead of failing a test).
+//
+// Plain C++: the kernel instantiates the role loops with its device operations, the host test
+// (tests/cpp/test_bwd_schedule.cpp) with recorders, and simulates the recorded traffic (mbarriers,
+// named barriers, the deterministic mode's semaphores) over the whole persistent grid.
+//
+//   BwdTileScheduler  tile t -> (batch, kv head, key block n); persistent grid, snake order
+//   BwdCtaSchedule    one CTA's tiles + the mask policy -> BwdTileWork
+//   BwdTileWork       one tile: its query blocks query_blocks(n), their unmasked split, and the
+//                     steps i = 0 .. num_steps() - 1: (g = i / L, m = m_min + i % L), g outer
+//   dq_rank           the position of key block n among the contributors of dQ block m
+//   produce_bwd()     the producer's load order
+//   consume_bwd()     a consumer warpgroup's order of waits, GEMMs and releases
+//   write_dq()        the dQ writer warp's order of slot handshakes, reductions and semaphores
+//
+// Pipeline contract (the kernel's copy is at the top of bwd_kernel.h; BWD_PLAN §3.4):
+//   KV   1 stage,  full: 1 arrival + K/V bytes; empty: 2 (one per consumer WG) after the tile's
+//        last step's wait_gemms<0>. Its full parity counts tiles with queries only.
+//   Q    kQStages, full: 1 arrival + Q and LSE bytes; empty: 2, after the step's dK GEMM (the last
+//        reader of Q).
+//   dO   kQStages, full: 1 arrival + dO and D bytes; empty: 2, after the step's dV GEMM.
+//   PdS        named barrier, both consumer WGs (256 threads): dS is in shared memory.
+//   DqEmpty(c) named barrier, writer (arrive) + WG c (sync), 160 threads: slot c may be written.
+//   DqFull(c)  named barrier, WG c (arrive) + writer (sync), 160 threads: slot c holds the step.
+// The writer arrives each DqEmpty once at start (the slot is free), so one arrival per DqEmpty is
+// left pending at exit by design.
+//
+// Producer, per tile with queries: Q(step 0), dO(step 0), K+V, then Q(i), dO(i) for i >= 1. K/V
+// come after the first step's loads so that the next tile's first Q/dO load while the finishing
+// tile still holds K/V (its KV buffer is released only after its last GEMM).
+//
+// Consumer WG, one step (family A: S^T = K Q^T, each WG owning 64 keys):
+//   wait Q(s); issue S; wait dO(s); issue dP; wait<1> (S done) -> transform (softcap, mask on
+//   masked steps, P = exp2(..)); issue dV += P^T dO (RS); wait<1> (dP done) -> dS; store dS to
+//   shared; sync PdS; issue dQ = dS K; issue dK += dS^T Q (RS); wait<1> (dV, dQ done) -> release
+//   dO(s); [dQ WG: sync DqEmpty(c); dQ -> slot c; arrive DqFull(c)]; wait<0> (dK done) -> release
+//   Q(s) (the P / dS registers are free only now: they are the RS GEMMs' A operands).
+// Tiles without queries (every row masks the key block out) touch no barrier in any role: the
+// consumers store dK = dV = 0 and the producer and writer skip them.
+//
+// Deterministic mode (§5.2): dQ block m of (batch, q head) receives its contributors, the key
+// blocks of key_blocks(m), in descending n: the writer waits until the block's semaphore equals
+// dq_rank before its reduce and increments it after the reduce fully completed. The tile order puts
+// each kv head's key blocks in descending n, so every wait is on a smaller tile index, and with
+// every CTA resident the smallest unfinished tile can always run: no deadlock, whatever the
+// hardware's block launch order.
+#pragma once
+
+#include "flash_hopper/host_device.h"
+#include "flash_hopper/mask.h"
+
+// Same definitions as schedule.h (identical redefinitions are allowed if both are included).
+#if defined(__CUDACC__)
+#define FH_NO_UNROLL _Pragma("unroll 1")
+#define FH_ROLE __forceinline__ __device__
+#else
+#define FH_NO_UNROLL
+#define FH_ROLE inline
+#endif
+
+namespace flash_hopper::sm90 {
+
+struct BwdTileCoord {
+  int n_block;
+  int kv_head;
+  int batch;
+};
+
+// Static persistent scheduler over (batch, kv head, key block n) tiles.
+// Default order: (batch, kv head) major, n ascending: the CTAs running together share one kv
+// group's Q, dO and dQ accumulator in L2.
+// Deterministic order: n descending inside every (batch, kv head) (the dQ rank order), kv heads
+// interleaved in chunks of k key blocks, k = clamp(ceil(G / (b * h_kv)), 1, num_n): about G / k
+// kv heads run together, each with k consecutive key blocks, so a dQ block's contributors that
+// run at the same time form a staircase of at most k - 1 handoffs.
+struct BwdTileScheduler {
+  int num_n_blocks;
+  int kv_heads;
+  int q_per_kv;      // query heads per kv head (G_q)
+  int num_hb;        // batch * kv_heads
+  int total_tiles;
+  int grid;          // CTAs: min(tiles, SMs), one CTA per SM
+  int chunk;         // k, deterministic order only
+  bool deterministic;
+
+  static BwdTileScheduler make(int seqlen_k, int block_n, int kv_heads, int q_per_kv, int batch,
+                               bool deterministic, int num_sms) {
+    BwdTileScheduler s;
+    s.num_n_blocks = (seqlen_k + block_n - 1) / block_n;
+    s.kv_heads = kv_heads;
+    s.q_per_kv = q_per_kv;
+    s.num_hb = batch * kv_heads;
+    s.total_tiles = s.num_n_blocks * s.num_hb;
+    s.grid = s.total_tiles < num_sms ? s.total_tiles : num_sms;
+    s.deterministic = deterministic;
+    int k = s.num_hb > 0 ? (s.grid + s.num_hb - 1) / s.num_hb : 1;
+    k = k < s.num_n_blocks ? k : s.num_n_blocks;
+    s.chunk = k < 1 ? 1 : k;
+    return s;
+  }
+
+  // The tile index of round r for CTA c (the forward's snake).
+  FH_HOST_DEVICE int index(int round, int cta) const {
+    return round * grid + ((round & 1) ? grid - 1 - cta : cta);
+  }
+
+  FH_HOST_DEVICE BwdTileCoord coord(int t) const {
+    int hb;
+    int n;
+    if (!deterministic) {
+      hb = t / num_n_blocks;
+      n = t - hb * num_n_blocks;
+    } else {
+      // Full chunks first (chunk index major, (batch, kv head) next, position in the chunk
+      // fastest), then the partial last chunk of every (batch, kv head). pos counts key blocks
+      // from the last one, so it grows with t inside every (batch, kv head).
+      const int full_chunks = num_n_blocks / chunk;
+      const int full_tiles = full_chunks * num_hb * chunk;
+      int pos;
+      if (t < full_tiles) {
+        const int j = t / (num_hb * chunk);
+        const int within = t - j * num_hb * chunk;
+        hb = within / chunk;
+        pos = j * chunk + (within - hb * chunk);
+      } else {
+        const int tail = num_n_blocks - full_chunks * chunk;
+        const int within = t - full_tiles;
+        hb = within / tail;
+        pos = full_chunks * chunk + (within - hb * tail);
+      }
+      n = num_n_blocks - 1 - pos;
+    }
+    BwdTileCoord c;
+    c.n_block = n;
+    c.batch = hb / kv_heads;
+    c.kv_head = hb - c.batch * kv_heads;
+    return c;
+  }
+};
+
+// Query blocks [m_left, m_right) of a tile's range whose every element is visible: they carry no
+// mask arithmetic. m_min <= m_left <= m_right <= m_max.
+struct QueryBlockSplit {
+  int m_left;
+  int m_right;
+
+  FH_HOST_DEVICE bool masked(int m) const { return m < m_left || m >= m_right; }
+};
+
+// The transpose of AttentionMask::unmasked_blocks: the m of `range` with block_masked(m, n) false.
+// block_masked has two terms: "the block ends after the first row's hi" turns false once as m
+// grows, "it starts before the last row's lo" turns true once (both row bounds never decrease), so
+// the unmasked m form one interval, found by two binary searches over the same two terms
+// (tests/cpp/test_bwd_schedule.cpp compares it with block_masked on every step).
+FH_HOST_DEVICE QueryBlockSplit unmasked_query_blocks(AttentionMask const& mask,
+                                                     QueryBlockRange range, int n, int block_m,
+                                                     int block_n) {
+  const int first_col = n * block_n;
+  int lo = range.m_min;
+  int hi = range.m_max < range.m_min ? range.m_min : range.m_max;
+  while (lo < hi) {  // first m whose first row's hi covers the whole block
+    const int mid = (lo + hi) / 2;
+    if (first_col + block_n <= mask.columns(mid * block_m).hi) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  const int m_left = lo;
+  hi = range.m_max < range.m_min ? range.m_min : range.m_max;
+  while (lo < hi) {  // first m >= m_left whose last row's lo is past the block's first column
+    const int mid = (lo + hi) / 2;
+    if (first_col < mask.columns((mid + 1) * block_m - 1).lo) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return {m_left, lo};
+}
+
+struct QueryStep {
+  int m;        // query block
+  int g;        // query head within the kv group: dQ head kv_head * G_q + g
+  bool masked;  // needs the element mask (diagonal, window edge, chunk edge or key tail)
+  bool first;   // the tile's first step
+  bool last;    // the tile's last step: its GEMMs are the last readers of K and V
+};
+
+struct BwdTileWork {
+  BwdTileCoord tile;
+  QueryBlockRange range;
+  QueryBlockSplit split;
+  int group;  // G_q
+
+  FH_HOST_DEVICE bool has_queries() const { return !range.empty(); }
+  FH_HOST_DEVICE int blocks() const { return range.empty() ? 0 : range.m_max - range.m_min; }
+  FH_HOST_DEVICE int num_steps() const { return blocks() * group; }
+  FH_HOST_DEVICE QueryStep step(int i) const {
+    const int g = i / blocks();
+    const int m = range.m_min + (i - g * blocks());
+    return {m, g, split.masked(m), i == 0, i == num_steps() - 1};
+  }
+  FH_HOST_DEVICE int dq_head(QueryStep s) const { return tile.kv_head * group + s.g; }
+};
+
+// The position of key block n among the contributors of dQ block m in deterministic mode:
+// contributors are the key blocks of key_blocks(m) (query_blocks is its exact transpose), added
+// in descending n.
+FH_HOST_DEVICE int dq_rank(AttentionMask const& mask, int m, int n, int block_m, int block_n) {
+  return mask.key_blocks(m, block_m, block_n).n_max - 1 - n;
+}
+
+// One CTA's walk over the tile order, with the mask applied per tile.
+template <int kBlockM, int kBlockN>
+struct BwdCtaSchedule {
+  BwdTileScheduler const& tiles;
+  AttentionMask mask;
+  int cta;
+
+  FH_HOST_DEVICE bool deterministic() const { return tiles.deterministic; }
+
+  FH_HOST_DEVICE BwdTileWork make_work(BwdTileCoord c) const {
+    BwdTileWork w;
+    w.tile = c;
+    w.range = mask.query_blocks(c.n_block, kBlockM, kBlockN);
+    w.split = unmasked_query_blocks(mask, w.range, c.n_block, kBlockM, kBlockN);
+    w.group = tiles.q_per_kv;
+    return w;
+  }
+
+  // The tile of `round`, or false past the CTA's last round.
+  FH_HOST_DEVICE bool work(int round, BwdTileWork& w) const {
+    const int t = tiles.index(round, cta);
+    if (t >= tiles.total_tiles) {
+      return false;
+    }
+    w = make_work(tiles.coord(t));
+    return true;
+  }
+
+  // From `round` on, the next tile with queries (round is left on it); tiles without queries on
+  // the way go to on_empty(w). Every role finds its tiles with this one function.
+  template <class OnEmpty>
+  FH_HOST_DEVICE bool next_with_queries(int& round, BwdTileWork& w, OnEmpty&& on_empty) const {
+    FH_NO_UNROLL
+    for (;; ++round) {
+      if (!work(round, w)) {
+        return false;
+      }
+      if (w.has_queries()) {
+        return true;
+      }
+      on_empty(w);
+    }
+  }
+
+  FH_HOST_DEVICE int rank(BwdTileWork const& w, QueryStep s) const {
+    return dq_rank(mask, s.m, w.tile.n_block, kBlockM, kBlockN);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Producer. Ops: q(w, step) (Q + LSE rows), dout(w, step) (dO + D rows), kv(w) (K and V).
+// ---------------------------------------------------------------------------------------------
+template <class Schedule, class Ops>
+FH_ROLE void produce_bwd(Schedule const& sched, Ops& ops) {
+  BwdTileWork w;
+  FH_NO_UNROLL
+  for (int round = 0; sched.next_with_queries(round, w, [](BwdTileWork const&) {}); ++round) {
+    ops.q(w, w.step(0));
+    ops.dout(w, w.step(0));
+    ops.kv(w);
+    FH_NO_UNROLL
+    for (int i = 1; i < w.num_steps(); ++i) {
+      ops.q(w, w.step(i));
+      ops.dout(w, w.step(i));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Consumers (family A). Each consumer warpgroup walks the same steps. Ops:
+//   pipelines   wait_kv(w) / release_kv(w), wait_q(w, s) / release_q(w, s),
+//               wait_dout(w, s) / release_dout(w, s)
+//   GEMMs       issue_s(f), issue_dp(f), issue_dv(f), issue_dq(f), issue_dk(f),
+//               wait_gemms<kInFlight>()
+//   math        transform<kMasked>(f, w, s) (softcap, element mask, P = exp2, P -> 16 bit),
+//               compute_ds(f, w, s) (dS = P (dP - D) [softcap'], dS -> 16 bit, dS -> shared)
+//   barriers    sync_pds(), sync_dq_empty(), arrive_dq_full()
+//   dQ          store_dq(f, w, s) (the WG's dQ fragment -> its slot)
+//   tiles       clear_dkv(f), store_dkv(f, w), store_zero(w) (tile without queries)
+// f is the register state of the tile (Ops::TileState). Cfg::kDqWgs: how many consumer WGs own a
+// part of dQ (2; 1 at d96, where WG 0 computes all of dQ); WG wg >= kDqWgs skips the dQ GEMM and
+// its slot handshake.
+// ---------------------------------------------------------------------------------------------
+namespace detail {
+
+template <bool kMasked, bool kWritesDq, class Ops, class State>
+FH_ROLE void bwd_step(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
+  ops.wait_q(w, s);
+  ops.issue_s(f);
+  ops.wait_dout(w, s);
+  ops.issue_dp(f);
+  ops.template wait_gemms<1>();  // S done, dP in flight
+  ops.template transform<kMasked>(f, w, s);
+  ops.issue_dv(f);               // the dS arithmetic below runs under this GEMM
+  ops.template wait_gemms<1>();  // dP done, dV in flight
+  ops.compute_ds(f, w, s);
+  ops.sync_pds();                // both WGs' dS are in shared memory
+  if constexpr (kWritesDq) {
+    ops.issue_dq(f);
+  }
+  ops.issue_dk(f);
+  ops.template wait_gemms<1>();  // dV (and dQ) done, dK in flight
+  ops.release_dout(w, s);
+  if constexpr (kWritesDq) {
+    ops.sync_dq_empty();
+    ops.store_dq(f, w, s);
+    ops.arrive_dq_full();
+  }
+  ops.template wait_gemms<0>();  // dK done: Q and the P / dS registers are free
+  ops.release_q(w, s);
+}
+
+}  // namespace detail
+
+template <class Cfg, bool kWritesDq, class Schedule, class Ops>
+FH_ROLE void consume_bwd_wg(Schedule const& sched, Ops& ops) {
+  auto on_empty = [&](BwdTileWork const& w) { ops.store_zero(w); };
+  BwdTileWork w;
+  FH_NO_UNROLL
+  for (int round = 0; sched.next_with_queries(round, w, on_empty); ++round) {
+    typename Ops::TileState f;
+    ops.clear_dkv(f);
+    ops.wait_kv(w);
+    FH_NO_UNROLL
+    for (int i = 0; i < w.num_steps(); ++i) {
+      const QueryStep s = w.step(i);
+      if (s.masked) {
+        detail::bwd_step<true, kWritesDq>(ops, f, w, s);
+      } else {
+        detail::bwd_step<false, kWritesDq>(ops, f, w, s);
+      }
+    }
+    ops.release_kv(w);  // after the last step's wait_gemms<0>: no GEMM reads K or V any more
+    ops.store_dkv(f, w);
+  }
+}
+
+// Consumer warpgroup wg (0-based among the consumers).
+template <class Cfg, class Schedule, class Ops>
+FH_ROLE void consume_bwd(Schedule const& sched, Ops& ops, int wg) {
+  if (wg < Cfg::kDqWgs) {
+    consume_bwd_wg<Cfg, true>(sched, ops);
+  } else {
+    consume_bwd_wg<Cfg, false>(sched, ops);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// dQ writer warp. Ops:
+//   start()               arrive each DqEmpty(c) once: the slots start free
+//   wait_full(c)          sync DqFull(c): slot c holds the step's dQ part
+//   reduce(c, w, s)       bulk reduce-add of slot c into dQacc of (dq_head, m); commit() groups it
+//   wait_read(n)          at most n bulk groups still reading shared memory
+//   arrive_empty(c)       arrive DqEmpty(c)
+//   wait_complete()       every bulk group's global writes performed (not only read)
+//   wait_rank(w, s, r)    deterministic: spin until the semaphore of (batch, dq_head, m) == r
+//   release_rank(w, s)    deterministic: fence + increment that semaphore
+// In deterministic mode the release waits for full completion: after only the read, the next
+// contributor's reduce could reach L2 first. At exit the writer waits for full completion too
+// (shared memory must outlive the reads, and the kernel's end must not race the writes).
+// ---------------------------------------------------------------------------------------------
+template <class Cfg, class Schedule, class Ops>
+FH_ROLE void write_dq(Schedule const& sched, Ops& ops) {
+  constexpr int kSlots = Cfg::kDqWgs;
+  const bool det = sched.deterministic();
+  ops.start();
+  BwdTileWork w;
+  FH_NO_UNROLL
+  for (int round = 0; sched.next_with_queries(round, w, [](BwdTileWork const&) {}); ++round) {
+    FH_NO_UNROLL
+    for (int i = 0; i < w.num_steps(); ++i) {
+      const QueryStep s = w.step(i);
+      if (det) {
+        ops.wait_rank(w, s, sched.rank(w, s));
+      }
+      for (int c = 0; c < kSlots; ++c) {
+        ops.wait_full(c);
+        ops.reduce(c, w, s);
+        ops.commit();
+      }
+      for (int c = 0; c < kSlots; ++c) {
+        ops.wait_read(kSlots - 1 - c);  // groups are read in order: slot c's is done
+        ops.arrive_empty(c);
+      }
+      if (det) {
+        ops.wait_complete();
+        ops.release_rank(w, s);
+      }
+    }
+  }
+  ops.wait_complete();
+}
+
+}  // namespace flash_hopper::sm90

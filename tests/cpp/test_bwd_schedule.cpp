@@ -1,0 +1,1213 @@
+// Host test of the FA-3 backward's schedule (kernels/sm90/bwd_schedule.h): the tile order, the
+// steps of every tile, dq_rank and the role loops the kernel's producer, consumer warpgroups and
+// dQ writer run, with recorders in place of the TMA, WGMMA, barrier and semaphore operations.
+//  a. every tile exactly once for grids of 1, 3, 7 and 132 CTAs, both orders;
+//  b. deterministic order: inside every (batch, kv head) the tile index grows as n falls (the
+//     deadlock-freedom condition of BWD_PLAN §5.2);
+//  c. random problems (lengths 0..700, causal / windows / chunks, GQA 1..8, three tile shapes):
+//     each tile's steps are exactly {(g, m) : n in key_blocks(m)} (brute force, not query_blocks),
+//     g outer; masked == block_masked, unmasked blocks fully visible; first / last; every visible
+//     (row, col) of every query head lies in exactly one visited (tile, step);
+//  d. the deterministic dQ protocol, every CTA's writer (write_dq) run against global semaphores
+//     in random interleavings: no deadlock, every dQ block gets its contributors once, in rank
+//     order;
+//  e. the whole grid (producer, two consumer WGs, writer per CTA) recorded and simulated with
+//     mbarrier, named-barrier (count-based), dS / dQ-slot buffer and bulk-reduce (read and complete
+//     as separate events) semantics, plus per-consumer checks (buffers of the right step, RS
+//     register hazards, releases after the last reader, dK / dV sum each step once);
+//  f. negative controls that must be caught.
+// Prints "OK" on success.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <random>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "flash_hopper/mask.h"
+#include "sm90/bwd_schedule.h"
+#include "sm90/pipeline.h"
+
+using namespace flash_hopper;
+using namespace flash_hopper::sm90;
+
+static int failures = 0;
+static bool quiet = false;  // negative controls: count failures without printing them
+static std::string context;
+
+#define CHECK(cond, ...)                               \
+  do {                                                 \
+    if (!(cond)) {                                     \
+      if (!quiet && failures < 20) {                   \
+        std::printf("FAIL [%s]: ", context.c_str());   \
+        std::printf(__VA_ARGS__);                      \
+        std::printf("\n");                             \
+      }                                                \
+      ++failures;                                      \
+    }                                                  \
+  } while (0)
+
+// ------------------------------------------------------------------------------------------------
+// Problems and the (sabotageable) schedule
+// ------------------------------------------------------------------------------------------------
+struct Problem {
+  int batch, kv_heads, q_per_kv, seqlen_q, seqlen_k, grid_sms;
+  AttentionMask mask;
+  bool deterministic;
+  int q_heads() const { return kv_heads * q_per_kv; }
+};
+
+static Problem random_problem(std::mt19937& rng) {
+  Problem p;
+  p.batch = 1 + int(rng() % 2);
+  p.kv_heads = 1 + int(rng() % 2);
+  p.q_per_kv = 1 + int(rng() % 8);
+  const int len_kind = int(rng() % 4);
+  auto len = [&]() {
+    return len_kind == 0 ? int(rng() % 3) : len_kind == 1 ? int(rng() % 200) : int(rng() % 701);
+  };
+  p.seqlen_q = len();
+  p.seqlen_k = rng() % 5 == 0 ? p.seqlen_q : len();
+  const int grids[] = {1, 2, 3, 7, 132};
+  p.grid_sms = grids[rng() % 5];
+  const int kind = int(rng() % 6);
+  int wl = -1, wr = -1, chunk = 0;
+  if (kind == 1) {
+    wr = 0;  // causal
+  } else if (kind == 2) {
+    wl = int(rng() % 400);
+    wr = rng() % 3 == 0 ? 0 : int(rng() % 400);
+  } else if (kind == 3) {
+    wl = int(rng() % 400);
+  } else if (kind == 4) {
+    wr = int(rng() % 400);
+  } else if (kind == 5) {
+    chunk = 1 + int(rng() % 300);
+    wr = rng() % 2 ? 0 : -1;
+  }
+  p.mask = AttentionMask{p.seqlen_q, p.seqlen_k, wl, wr, chunk};
+  p.deterministic = rng() % 2 == 0;
+  return p;
+}
+
+static std::string describe(Problem const& p, int bm, int bn) {
+  char buf[256];
+  std::snprintf(buf, sizeof(buf),
+                "%dx%d | b %d hkv %d gq %d sq %d sk %d wl %d wr %d chunk %d sms %d det %d", bm, bn,
+                p.batch, p.kv_heads, p.q_per_kv, p.seqlen_q, p.seqlen_k, p.mask.window_left,
+                p.mask.window_right, p.mask.chunk, p.grid_sms, int(p.deterministic));
+  return buf;
+}
+
+static BwdTileScheduler make_tiles(Problem const& p, int bn) {
+  return BwdTileScheduler::make(p.seqlen_k, bn, p.kv_heads, p.q_per_kv, p.batch, p.deterministic,
+                                p.grid_sms);
+}
+
+// Negative controls, applied on top of the real schedule.
+struct Sabotage {
+  bool ascending = false;   // deterministic order with n ascending inside every kv head
+  int rank_offset = 0;      // dq_rank off by this much
+  bool drop_block = false;  // every tile's step range loses its last query block
+  int skip_load = -1;       // the producer forgets its load with this index
+  int wrong_load = -1;      // the producer loads the next query block instead
+  int skip_release = -1;    // a consumer forgets its Q release with this index
+  bool release_on_read = false;  // the writer releases the semaphore after .read only
+  bool no_pds = false;      // the consumers skip the PdS barrier
+};
+
+template <int BM, int BN>
+struct TestSchedule {
+  BwdCtaSchedule<BM, BN> base;
+  Sabotage sab;
+
+  bool deterministic() const { return base.deterministic(); }
+  bool work(int round, BwdTileWork& w) const {
+    if (!base.work(round, w)) {
+      return false;
+    }
+    if (sab.ascending) {
+      BwdTileCoord c = w.tile;
+      c.n_block = base.tiles.num_n_blocks - 1 - c.n_block;
+      w = base.make_work(c);
+    }
+    if (sab.drop_block && !w.range.empty()) {
+      --w.range.m_max;
+      w.split.m_right = std::min(w.split.m_right, w.range.m_max);
+      w.split.m_left = std::min(w.split.m_left, w.split.m_right);
+    }
+    return true;
+  }
+  template <class OnEmpty>
+  bool next_with_queries(int& round, BwdTileWork& w, OnEmpty&& on_empty) const {
+    for (;; ++round) {
+      if (!work(round, w)) {
+        return false;
+      }
+      if (w.has_queries()) {
+        return true;
+      }
+      on_empty(w);
+    }
+  }
+  int rank(BwdTileWork const& w, QueryStep s) const { return base.rank(w, s) + sab.rank_offset; }
+};
+
+static int tile_id(Problem const& p, BwdTileCoord c, int num_n) {
+  return (c.batch * p.kv_heads + c.kv_head) * num_n + c.n_block;
+}
+
+// dQ block (batch, q head, m): the semaphore / accumulator index.
+static int dq_key(Problem const& p, int bm, BwdTileWork const& w, QueryStep s) {
+  const int num_m = (p.seqlen_q + bm - 1) / bm;
+  return (w.tile.batch * p.q_heads() + w.dq_head(s)) * num_m + s.m;
+}
+
+// Every dQ block received exactly its contributors, the key blocks of key_blocks(m) once each; in
+// deterministic mode in descending n.
+static void check_contributions(Problem const& p, int bm, int bn,
+                                std::vector<std::vector<int>> const& got, bool ordered) {
+  const int num_m = (p.seqlen_q + bm - 1) / bm;
+  for (int key = 0; key < int(got.size()); ++key) {
+    const int m = key % num_m;
+    const KeyBlockRange r = p.mask.key_blocks(m, bm, bn);
+    std::vector<int> expected;
+    for (int n = r.n_max - 1; n >= r.n_min; --n) {
+      expected.push_back(n);
+    }
+    std::vector<int> g = got[key];
+    if (!ordered) {
+      std::sort(g.begin(), g.end(), [](int a, int b) { return a > b; });
+    }
+    CHECK(g == expected, "dQ block %d (m %d) got %zu contributions, expected %zu%s", key, m,
+          got[key].size(), expected.size(), ordered ? " in descending n" : "");
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// a, b: the tile order
+// ------------------------------------------------------------------------------------------------
+static void check_tile_order(int seqlen_k, int bn, int kv_heads, int batch, bool det, int sms) {
+  const BwdTileScheduler s = BwdTileScheduler::make(seqlen_k, bn, kv_heads, 1, batch, det, sms);
+  const int num_n = (seqlen_k + bn - 1) / bn;
+  CHECK(s.total_tiles == num_n * kv_heads * batch, "total_tiles %d", s.total_tiles);
+  CHECK(s.grid == std::min(s.total_tiles, sms), "grid %d", s.grid);
+  std::vector<int> seen(s.total_tiles, 0);
+  std::vector<int> index_of(s.total_tiles, -1);
+  for (int cta = 0; cta < s.grid; ++cta) {
+    for (int round = 0;; ++round) {
+      const int t = s.index(round, cta);
+      if (t >= s.total_tiles) {
+        break;
+      }
+      const BwdTileCoord c = s.coord(t);
+      const bool in_range = c.n_block >= 0 && c.n_block < num_n && c.kv_head >= 0 &&
+                            c.kv_head < kv_heads && c.batch >= 0 && c.batch < batch;
+      CHECK(in_range, "coord out of range t=%d", t);
+      if (in_range) {
+        const int id = (c.batch * kv_heads + c.kv_head) * num_n + c.n_block;
+        ++seen[id];
+        index_of[id] = t;
+      }
+    }
+  }
+  for (int i = 0; i < s.total_tiles; ++i) {
+    CHECK(seen[i] == 1, "tile %d visited %d times (G %d sk %d bn %d hkv %d b %d det %d)", i,
+          seen[i], s.grid, seqlen_k, bn, kv_heads, batch, int(det));
+  }
+  for (int hb = 0; hb < batch * kv_heads; ++hb) {
+    for (int n = 0; n + 1 < num_n; ++n) {
+      const int t_n = index_of[hb * num_n + n], t_next = index_of[hb * num_n + n + 1];
+      if (det) {  // b: t increases as n decreases
+        CHECK(t_n > t_next, "det order: hb %d n %d at t %d, n %d at t %d (G %d k %d)", hb, n, t_n,
+              n + 1, t_next, s.grid, s.chunk);
+      } else {  // kv heads major, n ascending
+        CHECK(t_next == t_n + 1, "default order: hb %d n %d at t %d, n + 1 at t %d", hb, n, t_n,
+              t_next);
+      }
+    }
+  }
+  if (det && num_n > 0) {
+    const int k = std::max(1, std::min((s.grid + batch * kv_heads - 1) / (batch * kv_heads), num_n));
+    CHECK(s.chunk == k, "chunk %d, expected %d", s.chunk, k);
+  }
+}
+
+static void tile_orders(std::mt19937& rng) {
+  context = "tile order";
+  const int grids[] = {1, 3, 7, 132};
+  for (int i = 0; i < 400; ++i) {
+    const int sk = int(rng() % 5000), bn = rng() % 2 ? 64 : 128;
+    const int hkv = 1 + int(rng() % 8), b = 1 + int(rng() % 4);
+    for (int g : grids) {
+      check_tile_order(sk, bn, hkv, b, false, g);
+      check_tile_order(sk, bn, hkv, b, true, g);
+    }
+  }
+  check_tile_order(16384, 128, 16, 1, true, 132);  // s16k d128: k = 9
+}
+
+// ------------------------------------------------------------------------------------------------
+// c: the steps of every tile against the brute force
+// ------------------------------------------------------------------------------------------------
+template <int BM, int BN, class Schedule>
+static void check_steps(Problem const& p, BwdTileScheduler const& tiles,
+                        std::vector<Schedule> const& ctas) {
+  const int num_m = (p.seqlen_q + BM - 1) / BM, num_n = tiles.num_n_blocks;
+  const int hq = p.q_heads();
+  // Brute force: which (m, n) blocks hold a visible element, and which are fully visible.
+  std::vector<char> any(size_t(num_m) * num_n, 0), all(size_t(num_m) * num_n, 1);
+  for (int m = 0; m < num_m; ++m) {
+    for (int n = 0; n < num_n; ++n) {
+      for (int r = m * BM; r < std::min((m + 1) * BM, p.seqlen_q); ++r) {
+        for (int c = n * BN; c < (n + 1) * BN; ++c) {
+          const bool v = p.mask.visible(r, c);
+          any[m * num_n + n] |= v;
+          all[m * num_n + n] &= v;
+        }
+      }
+    }
+  }
+  std::vector<int> visits(size_t(p.batch) * hq * num_m * num_n, 0);
+  for (Schedule const& cs : ctas) {
+    BwdTileWork w;
+    for (int round = 0; cs.work(round, w); ++round) {
+      const int n = w.tile.n_block;
+      std::vector<int> ms;  // the brute-force transpose of key_blocks
+      for (int m = 0; m < num_m; ++m) {
+        const KeyBlockRange r = p.mask.key_blocks(m, BM, BN);
+        if (n >= r.n_min && n < r.n_max) {
+          ms.push_back(m);
+        }
+      }
+      CHECK(w.num_steps() == int(ms.size()) * p.q_per_kv, "tile n %d: %d steps, expected %zu",
+            n, w.num_steps(), ms.size() * p.q_per_kv);
+      CHECK(w.has_queries() == !ms.empty(), "tile n %d: has_queries %d", n, int(w.has_queries()));
+      for (int i = 0; i < w.num_steps(); ++i) {
+        const QueryStep s = w.step(i);
+        if (int(ms.size()) * p.q_per_kv == w.num_steps()) {
+          CHECK(s.g == i / int(ms.size()) && s.m == ms[i % ms.size()],
+                "tile n %d step %d is (g %d, m %d)", n, i, s.g, s.m);
+        }
+        CHECK(s.first == (i == 0) && s.last == (i == w.num_steps() - 1),
+              "tile n %d step %d: first %d last %d", n, i, int(s.first), int(s.last));
+        if (s.m < 0 || s.m >= num_m || s.g < 0 || s.g >= p.q_per_kv) {
+          CHECK(false, "tile n %d step %d out of range (g %d, m %d)", n, i, s.g, s.m);
+          continue;
+        }
+        CHECK(s.masked == p.mask.block_masked(s.m, n, BM, BN),
+              "tile n %d m %d: masked %d, block_masked %d", n, s.m, int(s.masked),
+              int(p.mask.block_masked(s.m, n, BM, BN)));
+        CHECK(s.masked || all[s.m * num_n + n], "tile n %d m %d runs unmasked but needs the mask",
+              n, s.m);
+        const int hq_idx = w.dq_head(s);
+        CHECK(hq_idx == w.tile.kv_head * p.q_per_kv + s.g, "dq_head %d", hq_idx);
+        ++visits[((size_t(w.tile.batch) * hq + hq_idx) * num_m + s.m) * num_n + n];
+      }
+    }
+  }
+  for (int bh = 0; bh < p.batch * hq; ++bh) {
+    for (int m = 0; m < num_m; ++m) {
+      for (int n = 0; n < num_n; ++n) {
+        const int v = visits[(size_t(bh) * num_m + m) * num_n + n];
+        CHECK(v == (any[m * num_n + n] ? 1 : v) && v <= 1,
+              "(batch*q head %d, m %d, n %d) visited %d times, holds visible elements: %d", bh, m,
+              n, v, int(any[m * num_n + n]));
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// d: the deterministic dQ protocol, writers only (reduce = an immediate add)
+// ------------------------------------------------------------------------------------------------
+enum Op {
+  kWaitEmpty, kArriveFull, kWaitFull, kArriveEmpty,  // mbarriers
+  kBarArrive, kBarSync,                              // named barriers
+  kSdsWrite, kSdsReadBegin, kSdsReadEnd,             // dS in shared memory
+  kSlotWrite, kReduce, kWaitRead, kWaitComplete,     // dQ slots and bulk reduces
+  kWaitRank, kReleaseRank,                           // semaphores
+};
+
+struct Payload {
+  int tile = -1, g = -1, m = -1;  // (tile, -1, -1): K/V of the tile
+  bool operator==(Payload const& o) const { return tile == o.tile && g == o.g && m == o.m; }
+  bool operator!=(Payload const& o) const { return !(*this == o); }
+  bool operator<(Payload const& o) const {
+    return std::tie(tile, g, m) < std::tie(o.tile, o.g, o.m);
+  }
+};
+
+struct Event {
+  Op op;
+  int a = 0;        // pipe, named barrier id, dS stage or dQ slot
+  int stage = 0;    // mbarrier stage; named barrier threads; dS part
+  uint32_t phase = 0;
+  Payload payload;
+  int key = -1;     // dQ block (semaphore)
+  int val = 0;      // rank; key block of a reduce
+};
+
+static const char* kOpName[] = {"wait_empty", "arrive_full", "wait_full", "arrive_empty",
+                                "bar_arrive", "bar_sync", "sds_write", "sds_read", "sds_read_end",
+                                "slot_write", "reduce", "wait_read", "wait_complete", "wait_rank",
+                                "release_rank"};
+
+struct DqCfg2 {
+  static constexpr int kDqWgs = 2;
+};
+struct DqCfg1 {  // d96: WG 0 computes all of dQ
+  static constexpr int kDqWgs = 1;
+};
+
+// Writer ops recording only what crosses CTAs.
+template <int BM>
+struct SemWriter {
+  Problem const& p;
+  std::vector<Event>& ev;
+  int num_n;
+  void start() {}
+  void wait_full(int) {}
+  void reduce(int c, BwdTileWork const& w, QueryStep s) {
+    if (c == 0) {
+      Event e{kReduce};
+      e.key = dq_key(p, BM, w, s);
+      e.val = w.tile.n_block;
+      ev.push_back(e);
+    }
+  }
+  void commit() {}
+  void wait_read(int) {}
+  void arrive_empty(int) {}
+  void wait_complete() {}
+  void wait_rank(BwdTileWork const& w, QueryStep s, int rank) {
+    Event e{kWaitRank};
+    e.key = dq_key(p, BM, w, s);
+    e.val = rank;
+    ev.push_back(e);
+  }
+  void release_rank(BwdTileWork const& w, QueryStep s) {
+    Event e{kReleaseRank};
+    e.key = dq_key(p, BM, w, s);
+    ev.push_back(e);
+  }
+};
+
+// Runs the CTAs' writer programs in a random interleaving; false on deadlock.
+static bool simulate_semaphores(std::vector<std::vector<Event>> const& progs, int keys,
+                                std::vector<std::vector<int>>& got, std::mt19937& rng) {
+  std::vector<int> sem(keys, 0);
+  got.assign(keys, {});
+  std::vector<size_t> pc(progs.size(), 0);
+  std::vector<int> live;
+  for (int c = 0; c < int(progs.size()); ++c) {
+    live.push_back(c);
+  }
+  for (;;) {
+    live.erase(std::remove_if(live.begin(), live.end(),
+                              [&](int c) { return pc[c] == progs[c].size(); }),
+               live.end());
+    if (live.empty()) {
+      return true;
+    }
+    bool progress = false;
+    std::shuffle(live.begin(), live.end(), rng);
+    for (int c : live) {
+      for (int burst = 1 + int(rng() % 6); burst > 0 && pc[c] < progs[c].size(); --burst) {
+        Event const& e = progs[c][pc[c]];
+        if (e.op == kWaitRank && sem[e.key] != e.val) {
+          break;
+        }
+        if (e.op == kReduce) {
+          got[e.key].push_back(e.val);
+        } else if (e.op == kReleaseRank) {
+          ++sem[e.key];
+        }
+        ++pc[c];
+        progress = true;
+      }
+    }
+    if (!progress) {
+      CHECK(false, "deadlock: %zu CTAs wait on their semaphores", live.size());
+      return false;
+    }
+  }
+}
+
+template <int BM, int BN>
+static bool run_semaphores(Problem const& p, std::mt19937& rng, Sabotage sab) {
+  const BwdTileScheduler tiles = make_tiles(p, BN);
+  std::vector<std::vector<Event>> progs(tiles.grid);
+  for (int cta = 0; cta < tiles.grid; ++cta) {
+    const TestSchedule<BM, BN> cs{{tiles, p.mask, cta}, sab};
+    SemWriter<BM> ops{p, progs[cta], tiles.num_n_blocks};
+    write_dq<DqCfg2>(cs, ops);
+  }
+  const int keys = p.batch * p.q_heads() * ((p.seqlen_q + BM - 1) / BM);
+  std::vector<std::vector<int>> got;
+  const int before = failures;
+  if (!simulate_semaphores(progs, keys, got, rng)) {
+    return false;
+  }
+  check_contributions(p, BM, BN, got, /*ordered=*/true);
+  return failures == before;
+}
+
+// ------------------------------------------------------------------------------------------------
+// e: the role loops recorded
+// ------------------------------------------------------------------------------------------------
+enum Pipe { kKV = 0, kQ = 1, kDO = 2, kNumPipes = 3 };
+static const char* kPipeName[] = {"KV", "Q", "dO"};
+enum Bar { kPdS = 0, kDqEmpty = 1, kDqFull = 3, kNumBars = 5 };  // DqEmpty(c) = 1 + c, ...
+constexpr int kWgThreads = 128, kWarpThreads = 32;
+constexpr int kConsumerWgs = 2;
+
+struct Recorder {
+  std::vector<Event>* out;
+  int pipe;
+  void push(Op op, int s, uint32_t phase) {
+    Event e{op};
+    e.a = pipe;
+    e.stage = s;
+    e.phase = phase;
+    out->push_back(e);
+  }
+  void wait_empty(int s, uint32_t phase) { push(kWaitEmpty, s, phase); }
+  void arrive_full_tx(int s, uint32_t) { push(kArriveFull, s, 0); }
+  void wait_full(int s, uint32_t phase) { push(kWaitFull, s, phase); }
+  void arrive_empty(int s) { push(kArriveEmpty, s, 0); }
+};
+
+template <int QS>
+struct MockProducer {
+  int num_n;
+  Problem const& p;
+  Sabotage sab;
+  std::vector<Event> ev;
+  ProducerEnd<PipelineSpec<1, kConsumerWgs>, Recorder> kv_pipe{{&ev, kKV}};
+  ProducerEnd<PipelineSpec<QS, kConsumerWgs>, Recorder> q_pipe{{&ev, kQ}};
+  ProducerEnd<PipelineSpec<QS, kConsumerWgs>, Recorder> do_pipe{{&ev, kDO}};
+  int loads = 0;
+
+  MockProducer(int n, Problem const& pr, Sabotage s) : num_n(n), p(pr), sab(s) {}
+  template <class End>
+  void load(End& end, Payload payload) {
+    if (loads == sab.skip_load) {
+      ++loads;
+      return;
+    }
+    if (loads++ == sab.wrong_load) {
+      ++payload.m;
+    }
+    end.load(/*leader=*/true, 0, [&](int) { ev.back().payload = payload; });
+  }
+  int id(BwdTileWork const& w) const {
+    CHECK(w.has_queries(), "the producer loads for tile %d, which has no queries",
+          tile_id(p, w.tile, num_n));
+    return tile_id(p, w.tile, num_n);
+  }
+  void kv(BwdTileWork const& w) { load(kv_pipe, {id(w), -1, -1}); }
+  void q(BwdTileWork const& w, QueryStep s) { load(q_pipe, {id(w), s.g, s.m}); }
+  void dout(BwdTileWork const& w, QueryStep s) { load(do_pipe, {id(w), s.g, s.m}); }
+};
+
+// One consumer warpgroup with the single-agent checks.
+template <int BM, int BN, int QS>
+struct MockConsumer {
+  struct TileState {};
+  struct Gemm {
+    char kind;  // S, P (dP), V (dV), Q (dQ), K (dK)
+    Payload step;
+    int sds_stage;
+  };
+  Problem const& p;
+  int num_n, wg, dq_wgs;
+  Sabotage sab;
+  std::vector<Event> ev;
+  ConsumerEnd<PipelineSpec<1, kConsumerWgs>, Recorder> kv_pipe{{&ev, kKV}};
+  ConsumerEnd<PipelineSpec<QS, kConsumerWgs>, Recorder> q_pipe{{&ev, kQ}};
+  ConsumerEnd<PipelineSpec<QS, kConsumerWgs>, Recorder> do_pipe{{&ev, kDO}};
+  std::vector<Payload> held[kNumPipes];
+  std::vector<Gemm> in_flight;
+  Payload s_reg, p_reg, dp_reg, ds_reg;  // what S, P, dP and dS registers hold
+  int q_stage = 0;                        // Q stage of the current step (indexes sdS)
+  std::set<Payload> dv, dk;               // steps summed into dV and dK
+  std::vector<int> stored, zeroed;
+  int releases_q = 0;
+
+  MockConsumer(Problem const& pr, int n, int w, int d, Sabotage s)
+      : p(pr), num_n(n), wg(w), dq_wgs(d), sab(s) {}
+  int id(BwdTileWork const& w) const { return tile_id(p, w.tile, num_n); }
+  Payload at(BwdTileWork const& w, QueryStep s) const { return {id(w), s.g, s.m}; }
+  bool flying(char kind) const {
+    return std::any_of(in_flight.begin(), in_flight.end(),
+                       [&](Gemm const& g) { return g.kind == kind; });
+  }
+
+  template <class End>
+  void wait(End& end, int pipe, Payload payload) {
+    end.wait();
+    ev.back().payload = payload;
+    held[pipe].push_back(payload);
+  }
+  // reads(g): whether GEMM g reads the buffer being released.
+  template <class End, class Reads>
+  void release(End& end, int pipe, Payload payload, Reads&& reads) {
+    CHECK(!held[pipe].empty() && held[pipe].front() == payload,
+          "WG %d releases %s (tile %d g %d m %d) it does not hold as its oldest buffer", wg,
+          kPipeName[pipe], payload.tile, payload.g, payload.m);
+    for (Gemm const& g : in_flight) {
+      CHECK(!reads(g), "WG %d releases %s (tile %d g %d m %d) while GEMM %c reads it", wg,
+            kPipeName[pipe], payload.tile, payload.g, payload.m, g.kind);
+    }
+    if (!held[pipe].empty()) {
+      held[pipe].erase(held[pipe].begin());
+    }
+    end.release(/*wg_leader=*/true);
+    ev.back().payload = payload;
+  }
+  void bar(Op op, int id) {
+    Event e{op};
+    e.a = id;
+    e.stage = kWgThreads;
+    ev.push_back(e);
+  }
+
+  // Pipelines
+  void wait_kv(BwdTileWork const& w) {
+    CHECK(w.has_queries(), "WG %d waits for K/V of tile %d, which has no queries", wg, id(w));
+    wait(kv_pipe, kKV, {id(w), -1, -1});
+  }
+  void release_kv(BwdTileWork const& w) {
+    release(kv_pipe, kKV, {id(w), -1, -1}, [](Gemm const& g) {
+      return g.kind == 'S' || g.kind == 'P' || g.kind == 'Q' || g.kind == 'K';
+    });
+  }
+  void wait_q(BwdTileWork const& w, QueryStep s) {
+    q_stage = q_pipe.stage();
+    wait(q_pipe, kQ, at(w, s));
+  }
+  void release_q(BwdTileWork const& w, QueryStep s) {
+    if (releases_q++ == sab.skip_release && wg == 0) {
+      held[kQ].erase(held[kQ].begin());
+      return;
+    }
+    const Payload x = at(w, s);
+    release(q_pipe, kQ, x, [&](Gemm const& g) {
+      return (g.kind == 'S' || g.kind == 'K') && g.step == x;
+    });
+  }
+  void wait_dout(BwdTileWork const& w, QueryStep s) { wait(do_pipe, kDO, at(w, s)); }
+  void release_dout(BwdTileWork const& w, QueryStep s) {
+    const Payload x = at(w, s);
+    release(do_pipe, kDO, x, [&](Gemm const& g) {
+      return (g.kind == 'P' || g.kind == 'V') && g.step == x;
+    });
+  }
+
+  // GEMMs
+  bool holds_step(char kind) {
+    CHECK(held[kKV].size() == 1 && held[kQ].size() == 1 && held[kDO].size() <= 1,
+          "WG %d issues %c holding %zu KV, %zu Q, %zu dO buffers", wg, kind, held[kKV].size(),
+          held[kQ].size(), held[kDO].size());
+    if (held[kKV].empty() || held[kQ].empty()) {
+      return false;
+    }
+    CHECK(held[kKV].front().tile == held[kQ].front().tile, "WG %d: %c of Q tile %d with K/V of %d",
+          wg, kind, held[kQ].front().tile, held[kKV].front().tile);
+    return true;
+  }
+  void issue(char kind, Payload step, int stage = -1) { in_flight.push_back({kind, step, stage}); }
+  void issue_s(TileState&) {
+    if (holds_step('S')) {
+      CHECK(!flying('S'), "WG %d: two S GEMMs in flight", wg);
+      issue('S', held[kQ].front());
+      s_reg = held[kQ].front();
+    }
+  }
+  void issue_dp(TileState&) {
+    if (holds_step('P')) {
+      CHECK(held[kDO].size() == 1 && held[kDO].front() == held[kQ].front(),
+            "WG %d: dP with a dO of another step", wg);
+      issue('P', held[kQ].front());
+      dp_reg = held[kQ].front();
+    }
+  }
+  template <bool kMasked>
+  void transform(TileState&, BwdTileWork const& w, QueryStep s) {
+    CHECK(!flying('S') && s_reg == at(w, s), "WG %d transforms an S that is not ready or not "
+          "of its step", wg);
+    CHECK(!flying('V'), "WG %d overwrites P while its dV GEMM reads it", wg);
+    CHECK(kMasked == s.masked, "WG %d: transform<%d> on a step with masked %d", wg, int(kMasked),
+          int(s.masked));
+    p_reg = s_reg;
+  }
+  void issue_dv(TileState&) {
+    CHECK(held[kDO].size() == 1 && held[kDO].front() == p_reg, "WG %d: dV of P and dO of "
+          "different steps", wg);
+    CHECK(dv.insert(p_reg).second, "WG %d: step (g %d m %d) summed into dV twice", wg, p_reg.g,
+          p_reg.m);
+    issue('V', p_reg);
+  }
+  void compute_ds(TileState&, BwdTileWork const& w, QueryStep s) {
+    CHECK(!flying('P') && dp_reg == at(w, s) && p_reg == at(w, s), "WG %d computes dS of an "
+          "incomplete dP or another step's P", wg);
+    CHECK(!flying('K'), "WG %d overwrites dS while its dK GEMM reads it", wg);
+    ds_reg = at(w, s);
+    Event e{kSdsWrite};
+    e.a = q_stage;
+    e.stage = wg;
+    e.payload = ds_reg;
+    ev.push_back(e);
+  }
+  void sync_pds() {
+    if (!sab.no_pds) {
+      Event e{kBarSync};
+      e.a = kPdS;
+      e.stage = kWgThreads;
+      ev.push_back(e);
+    }
+  }
+  void issue_dq(TileState&) {
+    Event e{kSdsReadBegin};
+    e.a = q_stage;
+    e.payload = ds_reg;
+    ev.push_back(e);
+    issue('Q', ds_reg, q_stage);
+  }
+  void issue_dk(TileState&) {
+    CHECK(held[kQ].size() == 1 && held[kQ].front() == ds_reg, "WG %d: dK with Q of another step",
+          wg);
+    CHECK(dk.insert(ds_reg).second, "WG %d: step (g %d m %d) summed into dK twice", wg, ds_reg.g,
+          ds_reg.m);
+    issue('K', ds_reg);
+  }
+  template <int kInFlight>
+  void wait_gemms() {
+    while (int(in_flight.size()) > kInFlight) {
+      if (in_flight.front().kind == 'Q') {
+        Event e{kSdsReadEnd};
+        e.a = in_flight.front().sds_stage;
+        ev.push_back(e);
+      }
+      in_flight.erase(in_flight.begin());
+    }
+  }
+
+  // dQ slot
+  void sync_dq_empty() { bar(kBarSync, kDqEmpty + wg); }
+  void store_dq(TileState&, BwdTileWork const& w, QueryStep s) {
+    CHECK(!flying('Q') && ds_reg == at(w, s), "WG %d stores a dQ that is not done", wg);
+    Event e{kSlotWrite};
+    e.a = wg;
+    e.payload = at(w, s);
+    ev.push_back(e);
+  }
+  void arrive_dq_full() { bar(kBarArrive, kDqFull + wg); }
+
+  // Tiles
+  void clear_dkv(TileState&) {
+    CHECK(dv.empty() && dk.empty(), "WG %d starts a tile with dK / dV left", wg);
+  }
+  void store_dkv(TileState&, BwdTileWork const& w) {
+    CHECK(in_flight.empty(), "WG %d stores dK / dV with GEMMs in flight", wg);
+    std::set<Payload> steps;
+    for (int i = 0; i < w.num_steps(); ++i) {
+      steps.insert(at(w, w.step(i)));
+    }
+    CHECK(dv == steps && dk == steps, "WG %d stores tile %d with %zu / %zu of its %zu steps", wg,
+          id(w), dv.size(), dk.size(), steps.size());
+    dv.clear();
+    dk.clear();
+    stored.push_back(id(w));
+  }
+  void store_zero(BwdTileWork const& w) {
+    CHECK(!w.has_queries(), "WG %d zeroes tile %d, which has queries", wg, id(w));
+    zeroed.push_back(id(w));
+  }
+};
+
+template <int BM>
+struct MockWriter {
+  Problem const& p;
+  int num_n, slots;
+  Sabotage sab;
+  std::vector<Event> ev;
+  int id(BwdTileWork const& w) const { return tile_id(p, w.tile, num_n); }
+  void bar(Op op, int id) {
+    Event e{op};
+    e.a = id;
+    e.stage = kWarpThreads;
+    ev.push_back(e);
+  }
+  void start() {
+    for (int c = 0; c < slots; ++c) {
+      bar(kBarArrive, kDqEmpty + c);
+    }
+  }
+  void wait_full(int c) { bar(kBarSync, kDqFull + c); }
+  void reduce(int c, BwdTileWork const& w, QueryStep s) {
+    CHECK(w.has_queries(), "the writer reduces for tile %d, which has no queries", id(w));
+    Event e{kReduce};
+    e.a = c;
+    e.payload = {id(w), s.g, s.m};
+    e.key = dq_key(p, BM, w, s);
+    e.val = w.tile.n_block;
+    ev.push_back(e);
+  }
+  void commit() {}
+  void wait_read(int n) {
+    Event e{kWaitRead};
+    e.val = n;
+    ev.push_back(e);
+  }
+  void arrive_empty(int c) { bar(kBarArrive, kDqEmpty + c); }
+  void wait_complete() {
+    if (sab.release_on_read) {
+      wait_read(0);
+    } else {
+      ev.push_back(Event{kWaitComplete});
+    }
+  }
+  void wait_rank(BwdTileWork const& w, QueryStep s, int rank) {
+    CHECK(p.deterministic, "the writer waits on a semaphore in default mode");
+    Event e{kWaitRank};
+    e.key = dq_key(p, BM, w, s);
+    e.val = rank;
+    ev.push_back(e);
+  }
+  void release_rank(BwdTileWork const& w, QueryStep s) {
+    CHECK(p.deterministic, "the writer releases a semaphore in default mode");
+    Event e{kReleaseRank};
+    e.key = dq_key(p, BM, w, s);
+    ev.push_back(e);
+  }
+};
+
+// ------------------------------------------------------------------------------------------------
+// The whole grid simulated
+// ------------------------------------------------------------------------------------------------
+struct Mbarrier {
+  int count = 1;
+  int pending = 0;
+  int completed = 0;
+  void arrive() {
+    if (++pending == count) {
+      pending = 0;
+      ++completed;
+    }
+  }
+  bool passes(uint32_t phase) const { return uint32_t(completed & 1) != phase; }
+};
+
+// Count-based named barrier: a generation completes when the arrived threads reach the count.
+struct NamedBarrier {
+  int count = 0;
+  int arrived = 0;
+  int generation = 0;
+  std::set<int> agents;  // arrived in this generation
+};
+
+struct BulkGroup {
+  int slot;
+  Payload payload;
+  int key, n;
+  bool read;
+};
+
+struct CtaState {
+  std::vector<Mbarrier> full[kNumPipes], empty[kNumPipes];
+  std::vector<Payload> buffer[kNumPipes];
+  NamedBarrier bars[kNumBars];
+  std::vector<std::vector<Payload>> sds;  // [stage][wg part]
+  std::vector<int> sds_readers;           // dQ GEMMs in flight per stage
+  std::vector<Payload> slot;
+  std::deque<BulkGroup> bulk;
+};
+
+struct Agent {
+  int cta;
+  std::vector<Event> prog;
+  size_t pc = 0;
+  int sync_target = -1;  // generation a bar.sync in progress waits for
+};
+
+static bool simulate_grid(std::vector<Agent>& agents, int ctas, int q_stages, int dq_wgs, int keys,
+                          std::vector<std::vector<int>>& got, std::mt19937& rng) {
+  std::vector<CtaState> st(ctas);
+  const int stages[kNumPipes] = {1, q_stages, q_stages};
+  for (CtaState& c : st) {
+    for (int p = 0; p < kNumPipes; ++p) {
+      c.full[p].assign(stages[p], Mbarrier{});
+      c.empty[p].assign(stages[p], Mbarrier{kConsumerWgs});
+      c.buffer[p].assign(stages[p], Payload{});
+    }
+    c.bars[kPdS].count = 2 * kWgThreads;
+    for (int i = 1; i < kNumBars; ++i) {
+      c.bars[i].count = kWgThreads + kWarpThreads;
+    }
+    c.sds.assign(q_stages, std::vector<Payload>(kConsumerWgs));
+    c.sds_readers.assign(q_stages, 0);
+    c.slot.assign(dq_wgs, Payload{});
+  }
+  std::vector<int> sem(keys, 0);
+  got.assign(keys, {});
+  bool ok = true;
+  auto fail = [&](char const* what, int a, Event const& e) {
+    CHECK(false, "%s: agent %d (cta %d) event %zu %s a %d stage %d (tile %d g %d m %d)", what, a,
+          agents[a].cta, agents[a].pc, kOpName[e.op], e.a, e.stage, e.payload.tile, e.payload.g,
+          e.payload.m);
+    ok = false;
+  };
+  auto arrive = [&](NamedBarrier& b, int a, int threads) {
+    if (!b.agents.insert(a).second) {
+      CHECK(false, "agent %d arrives twice in one named-barrier generation", a);
+      ok = false;
+    }
+    b.arrived += threads;
+    if (b.arrived > b.count) {
+      CHECK(false, "named barrier over-arrived (%d of %d threads)", b.arrived, b.count);
+      ok = false;
+    }
+    if (b.arrived >= b.count) {
+      b.arrived = 0;
+      ++b.generation;
+      b.agents.clear();
+    }
+  };
+  // The bulk-copy engine of a CTA: reads its oldest unread group, or completes its oldest group.
+  auto bulk_step = [&](CtaState& c) {
+    for (BulkGroup& g : c.bulk) {
+      if (!g.read) {
+        if (c.slot[g.slot] != g.payload) {
+          CHECK(false, "a reduce reads slot %d holding (tile %d g %d m %d), expected (tile %d g %d "
+                "m %d)", g.slot, c.slot[g.slot].tile, c.slot[g.slot].g, c.slot[g.slot].m,
+                g.payload.tile, g.payload.g, g.payload.m);
+          ok = false;
+        }
+        g.read = true;
+        return true;
+      }
+    }
+    if (!c.bulk.empty()) {
+      if (c.bulk.front().slot == 0) {  // one dQ block: count it once, not per slot
+        got[c.bulk.front().key].push_back(c.bulk.front().n);
+      }
+      c.bulk.pop_front();
+      return true;
+    }
+    return false;
+  };
+  std::vector<int> order(agents.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    order[i] = int(i);
+  }
+  for (;;) {
+    bool progress = false, done = true;
+    std::shuffle(order.begin(), order.end(), rng);
+    for (int a : order) {
+      Agent& ag = agents[a];
+      CtaState& c = st[ag.cta];
+      for (int burst = 1 + int(rng() % 4); burst > 0 && ag.pc < ag.prog.size(); --burst) {
+        Event const& e = ag.prog[ag.pc];
+        bool ran = true;
+        switch (e.op) {
+          case kWaitEmpty:
+            ran = c.empty[e.a][e.stage].passes(e.phase);
+            break;
+          case kArriveFull:
+            c.buffer[e.a][e.stage] = e.payload;
+            c.full[e.a][e.stage].arrive();
+            break;
+          case kWaitFull:
+            ran = c.full[e.a][e.stage].passes(e.phase);
+            if (ran && c.buffer[e.a][e.stage] != e.payload) {
+              fail("consumer reads a buffer holding another step", a, e);
+              return false;
+            }
+            break;
+          case kArriveEmpty:
+            if (c.buffer[e.a][e.stage] != e.payload) {
+              fail("consumer releases a buffer that was overwritten", a, e);
+              return false;
+            }
+            c.empty[e.a][e.stage].arrive();
+            break;
+          case kBarArrive:
+            arrive(c.bars[e.a], a, e.stage);
+            break;
+          case kBarSync:
+            if (ag.sync_target < 0) {
+              ag.sync_target = c.bars[e.a].generation + 1;
+              arrive(c.bars[e.a], a, e.stage);
+              progress = true;  // the arrival itself is progress
+            }
+            ran = c.bars[e.a].generation >= ag.sync_target;
+            if (ran) {
+              ag.sync_target = -1;
+            }
+            break;
+          case kSdsWrite:
+            if (c.sds_readers[e.a] > 0) {
+              fail("dS overwritten while a dQ GEMM reads it", a, e);
+              return false;
+            }
+            c.sds[e.a][e.stage] = e.payload;
+            break;
+          case kSdsReadBegin:
+            for (Payload const& part : c.sds[e.a]) {
+              if (part != e.payload) {
+                fail("dQ GEMM reads a dS not fully written", a, e);
+                return false;
+              }
+            }
+            ++c.sds_readers[e.a];
+            break;
+          case kSdsReadEnd:
+            --c.sds_readers[e.a];
+            break;
+          case kSlotWrite:
+            for (BulkGroup const& g : c.bulk) {
+              if (g.slot == e.a && !g.read) {
+                fail("dQ slot overwritten before the reduce read it", a, e);
+                return false;
+              }
+            }
+            c.slot[e.a] = e.payload;
+            break;
+          case kReduce:
+            c.bulk.push_back({e.a, e.payload, e.key, e.val, false});
+            break;
+          case kWaitRead:
+            ran = std::count_if(c.bulk.begin(), c.bulk.end(),
+                                [](BulkGroup const& g) { return !g.read; }) <= e.val;
+            break;
+          case kWaitComplete:
+            ran = c.bulk.empty();
+            break;
+          case kWaitRank:
+            ran = sem[e.key] == e.val;
+            break;
+          case kReleaseRank:
+            ++sem[e.key];
+            break;
+        }
+        if (!ran) {
+          break;
+        }
+        ++ag.pc;
+        progress = true;
+      }
+      done = done && ag.pc == ag.prog.size();
+      if (rng() % 3 == 0 && bulk_step(c)) {
+        progress = true;
+      }
+    }
+    if (done) {
+      break;
+    }
+    if (!progress) {
+      for (CtaState& c : st) {
+        while (bulk_step(c)) {
+          progress = true;
+        }
+      }
+      if (!progress) {
+        for (size_t a = 0; a < agents.size(); ++a) {
+          if (agents[a].pc < agents[a].prog.size()) {
+            fail("deadlock", int(a), agents[a].prog[agents[a].pc]);
+            break;
+          }
+        }
+        return false;
+      }
+    }
+  }
+  for (CtaState& c : st) {
+    while (bulk_step(c)) {
+    }
+    for (int p = 0; p < kNumPipes; ++p) {
+      for (size_t s = 0; s < c.full[p].size(); ++s) {
+        if (c.full[p][s].pending != 0 || c.empty[p][s].pending != 0) {
+          CHECK(false, "%s stage %zu ends with pending arrivals", kPipeName[p], s);
+          ok = false;
+        }
+      }
+    }
+    // Only the writer's start token of each DqEmpty is left.
+    for (int b = 0; b < kNumBars; ++b) {
+      const bool empty_bar = b >= kDqEmpty && b < kDqEmpty + dq_wgs;
+      const int expected = empty_bar && !c.bars[b].agents.empty() ? kWarpThreads : 0;
+      if (c.bars[b].arrived != expected || (empty_bar && c.bars[b].agents.size() != 1)) {
+        CHECK(false, "named barrier %d ends with %d arrived threads", b, c.bars[b].arrived);
+        ok = false;
+      }
+    }
+  }
+  return ok;
+}
+
+template <int BM, int BN, int QS, class Cfg>
+static bool run_roles(Problem const& p, std::mt19937& rng, Sabotage sab) {
+  const BwdTileScheduler tiles = make_tiles(p, BN);
+  const int num_n = tiles.num_n_blocks;
+  std::vector<Agent> agents;
+  std::vector<int> written(tiles.total_tiles, 0);
+  const int before = failures;
+  for (int cta = 0; cta < tiles.grid; ++cta) {
+    const TestSchedule<BM, BN> cs{{tiles, p.mask, cta}, sab};
+    MockProducer<QS> producer(num_n, p, sab);
+    produce_bwd(cs, producer);
+    agents.push_back({cta, std::move(producer.ev)});
+    for (int wg = 0; wg < kConsumerWgs; ++wg) {
+      MockConsumer<BM, BN, QS> consumer(p, num_n, wg, Cfg::kDqWgs, sab);
+      consume_bwd<Cfg>(cs, consumer, wg);
+      for (int q = 0; q < kNumPipes; ++q) {
+        CHECK(consumer.held[q].empty() || sab.skip_release >= 0, "WG %d ends holding %s", wg,
+              kPipeName[q]);
+      }
+      CHECK(consumer.in_flight.empty(), "WG %d ends with GEMMs in flight", wg);
+      if (wg == 0) {
+        for (int t : consumer.stored) {
+          ++written[t];
+        }
+        for (int t : consumer.zeroed) {
+          ++written[t];
+        }
+      }
+      agents.push_back({cta, std::move(consumer.ev)});
+    }
+    MockWriter<BM> writer{p, num_n, Cfg::kDqWgs, sab, {}};
+    write_dq<Cfg>(cs, writer);
+    agents.push_back({cta, std::move(writer.ev)});
+  }
+  for (int t = 0; t < tiles.total_tiles; ++t) {
+    CHECK(written[t] == 1, "tile %d written %d times", t, written[t]);
+  }
+  const int keys = p.batch * p.q_heads() * ((p.seqlen_q + BM - 1) / BM);
+  std::vector<std::vector<int>> got;
+  if (!simulate_grid(agents, tiles.grid, QS, Cfg::kDqWgs, keys, got, rng)) {
+    return false;
+  }
+  check_contributions(p, BM, BN, got, /*ordered=*/p.deterministic);
+  return failures == before;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Drivers
+// ------------------------------------------------------------------------------------------------
+template <int BM, int BN, int QS, class Cfg>
+static void run_tile_shape(std::mt19937& rng, int problems) {
+  for (int i = 0; i < problems; ++i) {
+    Problem p = random_problem(rng);
+    context = describe(p, BM, BN);
+    const BwdTileScheduler tiles = make_tiles(p, BN);
+    std::vector<TestSchedule<BM, BN>> ctas;
+    for (int cta = 0; cta < tiles.grid; ++cta) {
+      ctas.push_back({{tiles, p.mask, cta}, {}});
+    }
+    check_steps<BM, BN>(p, tiles, ctas);  // c
+    const bool det = p.deterministic;
+    p.deterministic = true;  // d: every grid size of the brief
+    for (int sms : {1, 2, 3, 7, 132}) {
+      p.grid_sms = sms;
+      context = describe(p, BM, BN);
+      run_semaphores<BM, BN>(p, rng, {});
+    }
+    p.deterministic = det;  // e: a small and a full grid
+    p.grid_sms = rng() % 2 ? 3 : 132;
+    context = describe(p, BM, BN) + " roles";
+    run_roles<BM, BN, QS, Cfg>(p, rng, {});
+  }
+}
+
+// Runs `body` with failures silenced; true if it reported a failure (or returned false).
+template <class Body>
+static bool caught(Body&& body) {
+  const int before = failures;
+  quiet = true;
+  const bool ok = body();
+  const bool any = !ok || failures != before;
+  failures = before;
+  quiet = false;
+  return any;
+}
+
+static void negative_controls(std::mt19937& rng) {
+  Problem p{1, 2, 2, 300, 300, 1, AttentionMask{300, 300, -1, -1}, true};
+  context = "negative control";
+  // Positive controls: the unsabotaged runs of the problems below pass.
+  CHECK(!caught([&] { return run_semaphores<64, 64>(p, rng, {}); }), "semaphore control fails");
+  CHECK(!caught([&] { return run_roles<64, 128, 2, DqCfg2>(p, rng, {}); }), "role control fails");
+  Sabotage ascending;
+  ascending.ascending = true;
+  CHECK(caught([&] { return run_semaphores<64, 64>(p, rng, ascending); }),
+        "n-ascending deterministic order at G = 1 did not deadlock");
+  for (int offset : {1, -1}) {
+    Sabotage s;
+    s.rank_offset = offset;
+    p.grid_sms = 7;
+    CHECK(caught([&] { return run_semaphores<64, 64>(p, rng, s); }), "rank %+d went unnoticed",
+          offset);
+  }
+  Sabotage drop;
+  drop.drop_block = true;
+  p.mask = AttentionMask{300, 300, 100, 0};
+  const BwdTileScheduler tiles = make_tiles(p, 64);
+  std::vector<TestSchedule<64, 64>> ctas;
+  for (int cta = 0; cta < tiles.grid; ++cta) {
+    ctas.push_back({{tiles, p.mask, cta}, drop});
+  }
+  CHECK(caught([&] {
+          check_steps<64, 64>(p, tiles, ctas);
+          return true;
+        }),
+        "a dropped query block went unnoticed by the step check");
+  CHECK(caught([&] { return run_semaphores<64, 64>(p, rng, drop); }),
+        "a dropped query block went unnoticed by the semaphore simulation");
+  // Role-loop sabotages on the whole grid.
+  p.grid_sms = 3;
+  Sabotage role[4];
+  role[0].skip_load = 5;
+  role[1].wrong_load = 4;
+  role[2].skip_release = 3;
+  role[3].no_pds = true;
+  for (Sabotage const& s : role) {
+    bool any = false;
+    for (int attempt = 0; attempt < 20 && !any; ++attempt) {
+      any = caught([&] { return run_roles<64, 128, 2, DqCfg2>(p, rng, s); });
+    }
+    CHECK(any, "role sabotage %d went unnoticed", int(&s - role));
+  }
+  // Releasing the semaphore after .read lets the next contributor's add land first: caught in
+  // some interleavings.
+  Sabotage on_read;
+  on_read.release_on_read = true;
+  p.mask = AttentionMask{300, 300, -1, -1};
+  p.grid_sms = 132;
+  bool any = false;
+  for (int attempt = 0; attempt < 50 && !any; ++attempt) {
+    any = caught([&] { return run_roles<64, 64, 2, DqCfg2>(p, rng, on_read); });
+  }
+  CHECK(any, "a writer releasing after .read went unnoticed");
+}
+
+int main(int argc, char** argv) {
+  const int problems = argc > 1 ? std::atoi(argv[1]) : 60;
+  std::mt19937 rng(2024);
+  tile_orders(rng);
+  // Family A tiles (d64 128x128, d96 / d128 64x128) and family B's 64x64, with one Q stage
+  // (d256) and one dQ warpgroup (d96).
+  run_tile_shape<64, 128, 2, DqCfg2>(rng, problems);
+  run_tile_shape<128, 128, 2, DqCfg2>(rng, problems);
+  run_tile_shape<64, 128, 2, DqCfg1>(rng, problems / 2);
+  run_tile_shape<64, 64, 1, DqCfg2>(rng, problems);
+  negative_controls(rng);
+  if (failures == 0) {
+    std::printf("OK\n");
+  }
+  return failures == 0 ? 0 : 1;
+}
