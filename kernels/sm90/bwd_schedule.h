@@ -23,7 +23,8 @@
 //   Q    kQStages, full: 1 arrival + Q and LSE bytes; empty: 2, after the step's dK GEMM (the last
 //        reader of Q).
 //   dO   kQStages, full: 1 arrival + dO and D bytes; empty: 2, after the step's dV GEMM.
-//   PdS        named barrier, both consumer WGs (256 threads): dS is in shared memory.
+//   PdS        named barrier, both consumer WGs (256 threads): dS (family B: and P) is in shared
+//              memory; family B also syncs it before overwriting sP / sdS (one stage each).
 //   DqEmpty(c) named barrier, writer (arrive) + WG c (sync), 160 threads: slot c may be written.
 //   DqFull(c)  named barrier, WG c (arrive) + writer (sync), 160 threads: slot c holds the step.
 // The writer arrives each DqEmpty once at start (the slot is free), so one arrival per DqEmpty is
@@ -39,6 +40,18 @@
 //   shared; sync PdS; issue dQ = dS K; issue dK += dS^T Q (RS); wait<1> (dV, dQ done) -> release
 //   dO(s); [dQ WG: sync DqEmpty(c); dQ -> slot c; arrive DqFull(c)]; wait<0> (dK done) -> release
 //   Q(s) (the P / dS registers are free only now: they are the RS GEMMs' A operands).
+// Consumer WG, one step (family B, d192 / d256, Cfg::kFamilyB: 64 x 64 tiles, S = Q K^T and
+// dP = dO V^T with each WG owning 32 keys; P and dS live in shared memory, sP and sdS one stage
+// each; dV, dQ and dK are SS GEMMs with the WGs splitting head_dim, each reading both WGs' halves):
+//   wait Q(s); issue S; wait dO(s); issue dP; wait<1> (S done) -> transform; sync PdS (sP / sdS
+//   free: both WGs passed step s-1's wait<0>, the last of its readers of sP / sdS); store P ->
+//   sP; wait<0> (dP done) -> dS -> sdS; sync PdS (both halves of P and dS are in shared memory);
+//   issue dV (SS, sP); [dQ WG: issue dQ (SS, sdS)]; issue dK (SS, sdS); wait<1> (dV, dQ done) ->
+//   release dO(s); [dQ WG: dQ slot handshake]; wait<0> (dK done) -> release Q(s).
+// The first sync replaces family A's second dS stage: without it, a WG could write step s+1's P
+// while the other WG's dV still reads step s's. (With one Q stage the Q pipeline already orders
+// it, Q(s+1) lands only after both WGs released Q(s); the sync stays for the two-stage d192.) The
+// P / dS registers are no GEMM operands here, so there is no RS register hazard.
 // Tiles without queries (every row masks the key block out) touch no barrier in any role: the
 // consumers store dK = dV = 0 and the producer and writer skip them.
 //
@@ -284,19 +297,21 @@ FH_ROLE void produce_bwd(Schedule const& sched, Ops& ops) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Consumers (family A). Each consumer warpgroup walks the same steps. Ops:
+// Consumers (families A and B). Each consumer warpgroup walks the same steps. Ops:
 //   pipelines   wait_kv(w) / release_kv(w), wait_q(w, s) / release_q(w, s),
 //               wait_dout(w, s) / release_dout(w, s)
 //   GEMMs       issue_s(f), issue_dp(f), issue_dv(f), issue_dq(f), issue_dk(f),
 //               wait_gemms<kInFlight>()
 //   math        transform<kMasked>(f, w, s) (softcap, element mask, P = exp2, P -> 16 bit),
-//               compute_ds(f, w, s) (dS = P (dP - D) [softcap'], dS -> 16 bit, dS -> shared)
-//   barriers    sync_pds(), sync_dq_empty(), arrive_dq_full()
+//               compute_ds(f, w, s) (dS = P (dP - D) [softcap'], dS -> 16 bit, dS -> shared),
+//               family B: store_p(f, w, s) (P -> sP)
+//   barriers    sync_pds(), sync_dq_empty(), arrive_dq_full(); family B: sync_pds_free() (the
+//               same PdS barrier, before overwriting sP / sdS)
 //   dQ          store_dq(f, w, s) (the WG's dQ fragment -> its slot)
 //   tiles       clear_dkv(f), store_dkv(f, w), store_zero(w) (tile without queries)
 // f is the register state of the tile (Ops::TileState). Cfg::kDqWgs: how many consumer WGs own a
 // part of dQ (2; 1 at d96, where WG 0 computes all of dQ); WG wg >= kDqWgs skips the dQ GEMM and
-// its slot handshake.
+// its slot handshake. Cfg::kFamilyB selects family B's step (bwd_step_b) for d192 / d256.
 // ---------------------------------------------------------------------------------------------
 namespace detail {
 
@@ -327,6 +342,45 @@ FH_ROLE void bwd_step(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
   ops.release_q(w, s);
 }
 
+// Family B: P and dS go through the single-stage sP / sdS, read by both WGs' SS GEMMs.
+template <bool kMasked, bool kWritesDq, class Ops, class State>
+FH_ROLE void bwd_step_b(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
+  ops.wait_q(w, s);
+  ops.issue_s(f);
+  ops.wait_dout(w, s);
+  ops.issue_dp(f);
+  ops.template wait_gemms<1>();  // S done, dP in flight
+  ops.template transform<kMasked>(f, w, s);
+  ops.sync_pds_free();           // both WGs' GEMMs of the previous step (sP / sdS readers) done
+  ops.store_p(f, w, s);
+  ops.template wait_gemms<0>();  // dP done
+  ops.compute_ds(f, w, s);
+  ops.sync_pds();                // both WGs' halves of P and dS are in shared memory
+  ops.issue_dv(f);
+  if constexpr (kWritesDq) {
+    ops.issue_dq(f);
+  }
+  ops.issue_dk(f);
+  ops.template wait_gemms<1>();  // dV (and dQ) done, dK in flight
+  ops.release_dout(w, s);
+  if constexpr (kWritesDq) {
+    ops.sync_dq_empty();
+    ops.store_dq(f, w, s);
+    ops.arrive_dq_full();
+  }
+  ops.template wait_gemms<0>();  // dK done: Q free, and this WG reads sP / sdS no more
+  ops.release_q(w, s);
+}
+
+template <bool kFamilyB, bool kMasked, bool kWritesDq, class Ops, class State>
+FH_ROLE void step(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
+  if constexpr (kFamilyB) {
+    bwd_step_b<kMasked, kWritesDq>(ops, f, w, s);
+  } else {
+    bwd_step<kMasked, kWritesDq>(ops, f, w, s);
+  }
+}
+
 }  // namespace detail
 
 template <class Cfg, bool kWritesDq, class Schedule, class Ops>
@@ -342,9 +396,9 @@ FH_ROLE void consume_bwd_wg(Schedule const& sched, Ops& ops) {
     for (int i = 0; i < w.num_steps(); ++i) {
       const QueryStep s = w.step(i);
       if (s.masked) {
-        detail::bwd_step<true, kWritesDq>(ops, f, w, s);
+        detail::step<Cfg::kFamilyB, true, kWritesDq>(ops, f, w, s);
       } else {
-        detail::bwd_step<false, kWritesDq>(ops, f, w, s);
+        detail::step<Cfg::kFamilyB, false, kWritesDq>(ops, f, w, s);
       }
     }
     ops.release_kv(w);  // after the last step's wait_gemms<0>: no GEMM reads K or V any more
