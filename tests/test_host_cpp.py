@@ -12,7 +12,8 @@ kernels use:
 - test_bwd_schedule.cpp: the backward's tile orders (default, deterministic n-descending), each
   tile's steps against the brute-force transpose of the mask, the deterministic dQ semaphores over
   whole persistent grids (no deadlock, contributors in rank order), the producer / consumer /
-  dQ-writer role loops simulated together, and negative controls.
+  dQ-writer role loops of families A and B simulated together (with a happens-before check of
+  the sdS / sP buffer hazard), and negative controls.
 """
 
 import shutil
@@ -47,5 +48,5 @@ def test_fwd_schedule_host(tmp_path):
 
 
 def test_bwd_schedule_host(tmp_path):
-    # 300 random problems per tile shape, each on five grids: ~1 s.
+    # 300 random problems per tile shape (families A and B), each on five grids: ~1 s.
     _compile_and_run(tmp_path, "test_bwd_schedule", "300")

@@ -12,12 +12,17 @@
 //     in random interleavings: no deadlock, every dQ block gets its contributors once, in rank
 //     order;
 //  e. the whole grid (producer, two consumer WGs, writer per CTA) recorded and simulated with
-//     mbarrier, named-barrier (count-based), dS / dQ-slot buffer and bulk-reduce (read and complete
-//     as separate events) semantics, plus per-consumer checks (buffers of the right step, RS
-//     register hazards, releases after the last reader, dK / dV sum each step once);
-//  f. negative controls that must be caught.
+//     mbarrier, named-barrier (count-based), sdS / sP / dQ-slot buffer and bulk-reduce (read and
+//     complete as separate events) semantics, plus per-consumer checks (buffers of the right step,
+//     RS register hazards in family A, releases after the last reader, dK / dV sum each step
+//     once), for family A and family B (P and dS through one-stage sP / sdS, read by both WGs'
+//     SS GEMMs). A vector clock per CTA orders its agents' events (happens-before through
+//     mbarriers and named barriers): every write of sdS / sP must follow every completed GEMM that
+//     read the previous contents, and every read must follow both WGs' writes;
+//  f. negative controls that must be caught (family B: no sync before overwriting sP).
 // Prints "OK" on success.
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
@@ -117,6 +122,7 @@ struct Sabotage {
   int skip_release = -1;    // a consumer forgets its Q release with this index
   bool release_on_read = false;  // the writer releases the semaphore after .read only
   bool no_pds = false;      // the consumers skip the PdS barrier
+  bool no_free_sync = false;  // family B: no PdS sync before overwriting sP / sdS
 };
 
 template <int BM, int BN>
@@ -327,7 +333,7 @@ static void check_steps(Problem const& p, BwdTileScheduler const& tiles,
 enum Op {
   kWaitEmpty, kArriveFull, kWaitFull, kArriveEmpty,  // mbarriers
   kBarArrive, kBarSync,                              // named barriers
-  kSdsWrite, kSdsReadBegin, kSdsReadEnd,             // dS in shared memory
+  kSmemWrite, kSmemReadBegin, kSmemReadEnd,          // sdS (and family B's sP)
   kSlotWrite, kReduce, kWaitRead, kWaitComplete,     // dQ slots and bulk reduces
   kWaitRank, kReleaseRank,                           // semaphores
 };
@@ -343,25 +349,35 @@ struct Payload {
 
 struct Event {
   Op op;
-  int a = 0;        // pipe, named barrier id, dS stage or dQ slot
-  int stage = 0;    // mbarrier stage; named barrier threads; dS part
+  int a = 0;        // pipe, named barrier id, sdS / sP stage or dQ slot
+  int stage = 0;    // mbarrier stage; named barrier threads; sdS / sP part (WG)
   uint32_t phase = 0;
   Payload payload;
   int key = -1;     // dQ block (semaphore)
-  int val = 0;      // rank; key block of a reduce
+  int val = 0;      // rank; key block of a reduce; SmemBuf of the kSmem* events
 };
 
 static const char* kOpName[] = {"wait_empty", "arrive_full", "wait_full", "arrive_empty",
-                                "bar_arrive", "bar_sync", "sds_write", "sds_read", "sds_read_end",
-                                "slot_write", "reduce", "wait_read", "wait_complete", "wait_rank",
-                                "release_rank"};
+                                "bar_arrive", "bar_sync", "smem_write", "smem_read",
+                                "smem_read_end", "slot_write", "reduce", "wait_read",
+                                "wait_complete", "wait_rank", "release_rank"};
 
 struct DqCfg2 {
   static constexpr int kDqWgs = 2;
+  static constexpr bool kFamilyB = false;
 };
 struct DqCfg1 {  // d96: WG 0 computes all of dQ
   static constexpr int kDqWgs = 1;
+  static constexpr bool kFamilyB = false;
 };
+struct FamilyBCfg {  // d192 / d256: P and dS through sP / sdS, SS GEMMs split over head_dim
+  static constexpr int kDqWgs = 2;
+  static constexpr bool kFamilyB = true;
+};
+
+// The shared-memory buffers of P and dS that GEMMs read (Event::val of the kSmem* events).
+enum SmemBuf { kBufDs = 0, kBufP = 1, kNumBufs = 2 };
+static const char* kBufName[] = {"sdS", "sP"};
 
 // Writer ops recording only what crosses CTAs.
 template <int BM>
@@ -514,14 +530,16 @@ struct MockProducer {
   void dout(BwdTileWork const& w, QueryStep s) { load(do_pipe, {id(w), s.g, s.m}); }
 };
 
-// One consumer warpgroup with the single-agent checks.
-template <int BM, int BN, int QS>
+// One consumer warpgroup with the single-agent checks. kB: family B (P and dS in sP / sdS, one
+// stage each, read by the SS GEMMs dV, dQ and dK); family A keeps dS in sdS[Q stage] for dQ only.
+template <int BM, int BN, int QS, bool kB>
 struct MockConsumer {
   struct TileState {};
   struct Gemm {
     char kind;  // S, P (dP), V (dV), Q (dQ), K (dK)
     Payload step;
-    int sds_stage;
+    int buf;    // SmemBuf it reads, -1: none of sP / sdS
+    int stage;  // its stage
   };
   Problem const& p;
   int num_n, wg, dq_wgs;
@@ -533,7 +551,8 @@ struct MockConsumer {
   std::vector<Payload> held[kNumPipes];
   std::vector<Gemm> in_flight;
   Payload s_reg, p_reg, dp_reg, ds_reg;  // what S, P, dP and dS registers hold
-  int q_stage = 0;                        // Q stage of the current step (indexes sdS)
+  int q_stage = 0;                        // Q stage of the current step (indexes sdS, family A)
+  Payload smem[kNumBufs];                 // what this WG last wrote into its part of sdS / sP
   std::set<Payload> dv, dk;               // steps summed into dV and dK
   std::vector<int> stored, zeroed;
   int releases_q = 0;
@@ -620,7 +639,33 @@ struct MockConsumer {
           wg, kind, held[kQ].front().tile, held[kKV].front().tile);
     return true;
   }
-  void issue(char kind, Payload step, int stage = -1) { in_flight.push_back({kind, step, stage}); }
+  void issue(char kind, Payload step) { in_flight.push_back({kind, step, -1, -1}); }
+  // A GEMM reading sdS / sP: it must read this WG's part as written for its step (the other part
+  // is checked by the simulation, which sees both WGs).
+  void issue_reading(char kind, Payload step, int buf, int stage) {
+    CHECK(smem[buf] == step, "WG %d: %c of step (g %d m %d) reads %s holding (g %d m %d)", wg,
+          kind, step.g, step.m, kBufName[buf], smem[buf].g, smem[buf].m);
+    Event e{kSmemReadBegin};
+    e.a = stage;
+    e.val = buf;
+    e.payload = step;
+    ev.push_back(e);
+    in_flight.push_back({kind, step, buf, stage});
+  }
+  void write_smem(int buf, int stage, Payload step) {
+    for (Gemm const& g : in_flight) {
+      CHECK(g.buf != buf || g.stage != stage, "WG %d overwrites %s while its %c GEMM reads it",
+            wg, kBufName[buf], g.kind);
+    }
+    smem[buf] = step;
+    Event e{kSmemWrite};
+    e.a = stage;
+    e.stage = wg;
+    e.val = buf;
+    e.payload = step;
+    ev.push_back(e);
+  }
+  int ds_stage() const { return kB ? 0 : q_stage; }
   void issue_s(TileState&) {
     if (holds_step('S')) {
       CHECK(!flying('S'), "WG %d: two S GEMMs in flight", wg);
@@ -640,7 +685,9 @@ struct MockConsumer {
   void transform(TileState&, BwdTileWork const& w, QueryStep s) {
     CHECK(!flying('S') && s_reg == at(w, s), "WG %d transforms an S that is not ready or not "
           "of its step", wg);
-    CHECK(!flying('V'), "WG %d overwrites P while its dV GEMM reads it", wg);
+    if constexpr (!kB) {  // RS: the P registers are dV's A operand
+      CHECK(!flying('V'), "WG %d overwrites P while its dV GEMM reads it", wg);
+    }
     CHECK(kMasked == s.masked, "WG %d: transform<%d> on a step with masked %d", wg, int(kMasked),
           int(s.masked));
     p_reg = s_reg;
@@ -650,47 +697,63 @@ struct MockConsumer {
           "different steps", wg);
     CHECK(dv.insert(p_reg).second, "WG %d: step (g %d m %d) summed into dV twice", wg, p_reg.g,
           p_reg.m);
-    issue('V', p_reg);
+    if constexpr (kB) {
+      issue_reading('V', p_reg, kBufP, 0);
+    } else {
+      issue('V', p_reg);
+    }
+  }
+  void store_p(TileState&, BwdTileWork const& w, QueryStep s) {
+    CHECK(kB, "WG %d: family A stores P to shared memory", wg);
+    CHECK(p_reg == at(w, s), "WG %d stores a P of another step", wg);
+    write_smem(kBufP, 0, p_reg);
   }
   void compute_ds(TileState&, BwdTileWork const& w, QueryStep s) {
     CHECK(!flying('P') && dp_reg == at(w, s) && p_reg == at(w, s), "WG %d computes dS of an "
           "incomplete dP or another step's P", wg);
-    CHECK(!flying('K'), "WG %d overwrites dS while its dK GEMM reads it", wg);
+    if constexpr (!kB) {  // RS: the dS registers are dK's A operand
+      CHECK(!flying('K'), "WG %d overwrites dS while its dK GEMM reads it", wg);
+    }
+    if constexpr (kB) {
+      CHECK(smem[kBufP] == at(w, s), "WG %d computes dS before storing the step's P", wg);
+    }
     ds_reg = at(w, s);
-    Event e{kSdsWrite};
-    e.a = q_stage;
-    e.stage = wg;
-    e.payload = ds_reg;
-    ev.push_back(e);
+    write_smem(kBufDs, ds_stage(), ds_reg);
   }
   void sync_pds() {
     if (!sab.no_pds) {
-      Event e{kBarSync};
-      e.a = kPdS;
-      e.stage = kWgThreads;
-      ev.push_back(e);
+      bar(kBarSync, kPdS);
     }
   }
-  void issue_dq(TileState&) {
-    Event e{kSdsReadBegin};
-    e.a = q_stage;
-    e.payload = ds_reg;
-    ev.push_back(e);
-    issue('Q', ds_reg, q_stage);
+  void sync_pds_free() {
+    CHECK(kB, "WG %d: family A syncs before overwriting sP", wg);
+    CHECK(in_flight.size() <= 1 && !flying('V') && !flying('Q') && !flying('K'),
+          "WG %d syncs PdS with its own sP / sdS readers in flight", wg);
+    if (!sab.no_free_sync) {
+      bar(kBarSync, kPdS);
+    }
   }
+  void issue_dq(TileState&) { issue_reading('Q', ds_reg, kBufDs, ds_stage()); }
   void issue_dk(TileState&) {
     CHECK(held[kQ].size() == 1 && held[kQ].front() == ds_reg, "WG %d: dK with Q of another step",
           wg);
     CHECK(dk.insert(ds_reg).second, "WG %d: step (g %d m %d) summed into dK twice", wg, ds_reg.g,
           ds_reg.m);
-    issue('K', ds_reg);
+    if constexpr (kB) {
+      issue_reading('K', ds_reg, kBufDs, 0);
+    } else {
+      issue('K', ds_reg);
+    }
   }
   template <int kInFlight>
   void wait_gemms() {
     while (int(in_flight.size()) > kInFlight) {
-      if (in_flight.front().kind == 'Q') {
-        Event e{kSdsReadEnd};
-        e.a = in_flight.front().sds_stage;
+      Gemm const& g = in_flight.front();
+      if (g.buf >= 0) {
+        Event e{kSmemReadEnd};
+        e.a = g.stage;
+        e.val = g.buf;
+        e.payload = g.step;
         ev.push_back(e);
       }
       in_flight.erase(in_flight.begin());
@@ -790,14 +853,31 @@ struct MockWriter {
 // ------------------------------------------------------------------------------------------------
 // The whole grid simulated
 // ------------------------------------------------------------------------------------------------
+// Happens-before inside a CTA: a vector clock over its agents (producer, consumer WGs, writer).
+// Every event ticks its agent's entry; an arrival hands the arriver's clock to the barrier phase,
+// and a wait that passes joins the completed phase's clock. Event e of agent i (its entry then t)
+// happens before an event with clock c iff c[i] >= t. Cross-CTA edges (semaphores) are left out:
+// no shared-memory ordering may rest on them.
+constexpr int kAgentsPerCta = 2 + kConsumerWgs;
+using Clock = std::array<int, kAgentsPerCta>;
+static void join(Clock& a, Clock const& b) {
+  for (int i = 0; i < kAgentsPerCta; ++i) {
+    a[i] = std::max(a[i], b[i]);
+  }
+}
+
 struct Mbarrier {
   int count = 1;
   int pending = 0;
   int completed = 0;
-  void arrive() {
+  Clock pending_clock{}, done_clock{};  // the arrivers of the open phase / of the last completed
+  void arrive(Clock const& c) {
+    join(pending_clock, c);
     if (++pending == count) {
       pending = 0;
       ++completed;
+      done_clock = pending_clock;
+      pending_clock = Clock{};
     }
   }
   bool passes(uint32_t phase) const { return uint32_t(completed & 1) != phase; }
@@ -809,6 +889,24 @@ struct NamedBarrier {
   int arrived = 0;
   int generation = 0;
   std::set<int> agents;  // arrived in this generation
+  Clock pending_clock{};
+  std::vector<Clock> done;  // [generation - 1]: the arrivers of that generation
+};
+
+// One stage of sdS or sP: both WGs write their part, GEMMs of both WGs read all parts.
+struct SmemBuffer {
+  struct Write {
+    Payload payload;
+    int agent = 0, time = 0;
+  };
+  struct ReadEnd {
+    Payload payload;
+    int agent, time;
+    unsigned checked;  // parts whose next write was checked against this read
+  };
+  std::vector<Write> part;  // [wg]
+  int readers = 0;          // GEMMs reading it now
+  std::vector<ReadEnd> ends;
 };
 
 struct BulkGroup {
@@ -822,21 +920,24 @@ struct CtaState {
   std::vector<Mbarrier> full[kNumPipes], empty[kNumPipes];
   std::vector<Payload> buffer[kNumPipes];
   NamedBarrier bars[kNumBars];
-  std::vector<std::vector<Payload>> sds;  // [stage][wg part]
-  std::vector<int> sds_readers;           // dQ GEMMs in flight per stage
+  std::vector<SmemBuffer> smem[kNumBufs];  // [stage]
   std::vector<Payload> slot;
   std::deque<BulkGroup> bulk;
 };
 
 struct Agent {
   int cta;
+  int local;  // index in the CTA's clocks: 0 producer, 1 + c consumer WG c, 1 + kConsumerWgs writer
   std::vector<Event> prog;
   size_t pc = 0;
   int sync_target = -1;  // generation a bar.sync in progress waits for
+  Clock clock{};
 };
 
-static bool simulate_grid(std::vector<Agent>& agents, int ctas, int q_stages, int dq_wgs, int keys,
-                          std::vector<std::vector<int>>& got, std::mt19937& rng) {
+// ds_stages: sdS stages (family A: the Q stages; family B: 1, as sP).
+static bool simulate_grid(std::vector<Agent>& agents, int ctas, int q_stages, int ds_stages,
+                          int dq_wgs, int keys, std::vector<std::vector<int>>& got,
+                          std::mt19937& rng) {
   std::vector<CtaState> st(ctas);
   const int stages[kNumPipes] = {1, q_stages, q_stages};
   for (CtaState& c : st) {
@@ -849,8 +950,13 @@ static bool simulate_grid(std::vector<Agent>& agents, int ctas, int q_stages, in
     for (int i = 1; i < kNumBars; ++i) {
       c.bars[i].count = kWgThreads + kWarpThreads;
     }
-    c.sds.assign(q_stages, std::vector<Payload>(kConsumerWgs));
-    c.sds_readers.assign(q_stages, 0);
+    c.smem[kBufDs].assign(ds_stages, SmemBuffer{});
+    c.smem[kBufP].assign(1, SmemBuffer{});
+    for (int b = 0; b < kNumBufs; ++b) {
+      for (SmemBuffer& buf : c.smem[b]) {
+        buf.part.assign(kConsumerWgs, SmemBuffer::Write{});
+      }
+    }
     c.slot.assign(dq_wgs, Payload{});
   }
   std::vector<int> sem(keys, 0);
@@ -863,6 +969,7 @@ static bool simulate_grid(std::vector<Agent>& agents, int ctas, int q_stages, in
     ok = false;
   };
   auto arrive = [&](NamedBarrier& b, int a, int threads) {
+    join(b.pending_clock, agents[a].clock);
     if (!b.agents.insert(a).second) {
       CHECK(false, "agent %d arrives twice in one named-barrier generation", a);
       ok = false;
@@ -876,6 +983,8 @@ static bool simulate_grid(std::vector<Agent>& agents, int ctas, int q_stages, in
       b.arrived = 0;
       ++b.generation;
       b.agents.clear();
+      b.done.push_back(b.pending_clock);
+      b.pending_clock = Clock{};
     }
   };
   // The bulk-copy engine of a CTA: reads its oldest unread group, or completes its oldest group.
@@ -913,14 +1022,18 @@ static bool simulate_grid(std::vector<Agent>& agents, int ctas, int q_stages, in
       CtaState& c = st[ag.cta];
       for (int burst = 1 + int(rng() % 4); burst > 0 && ag.pc < ag.prog.size(); --burst) {
         Event const& e = ag.prog[ag.pc];
+        const int now = ++ag.clock[ag.local];  // this event's time (failed attempts tick too)
         bool ran = true;
         switch (e.op) {
           case kWaitEmpty:
             ran = c.empty[e.a][e.stage].passes(e.phase);
+            if (ran) {
+              join(ag.clock, c.empty[e.a][e.stage].done_clock);
+            }
             break;
           case kArriveFull:
             c.buffer[e.a][e.stage] = e.payload;
-            c.full[e.a][e.stage].arrive();
+            c.full[e.a][e.stage].arrive(ag.clock);
             break;
           case kWaitFull:
             ran = c.full[e.a][e.stage].passes(e.phase);
@@ -928,13 +1041,16 @@ static bool simulate_grid(std::vector<Agent>& agents, int ctas, int q_stages, in
               fail("consumer reads a buffer holding another step", a, e);
               return false;
             }
+            if (ran) {
+              join(ag.clock, c.full[e.a][e.stage].done_clock);
+            }
             break;
           case kArriveEmpty:
             if (c.buffer[e.a][e.stage] != e.payload) {
               fail("consumer releases a buffer that was overwritten", a, e);
               return false;
             }
-            c.empty[e.a][e.stage].arrive();
+            c.empty[e.a][e.stage].arrive(ag.clock);
             break;
           case kBarArrive:
             arrive(c.bars[e.a], a, e.stage);
@@ -947,28 +1063,64 @@ static bool simulate_grid(std::vector<Agent>& agents, int ctas, int q_stages, in
             }
             ran = c.bars[e.a].generation >= ag.sync_target;
             if (ran) {
+              join(ag.clock, c.bars[e.a].done[ag.sync_target - 1]);
               ag.sync_target = -1;
             }
             break;
-          case kSdsWrite:
-            if (c.sds_readers[e.a] > 0) {
-              fail("dS overwritten while a dQ GEMM reads it", a, e);
+          case kSmemWrite: {
+            // The buffer hazard: no GEMM may still read the part, and every GEMM that read an
+            // earlier content must have completed before this write (happens-before, not only
+            // in this interleaving).
+            SmemBuffer& b = c.smem[e.val][e.a];
+            if (b.readers > 0) {
+              fail(e.val == kBufP ? "sP overwritten while a GEMM reads it"
+                                  : "sdS overwritten while a GEMM reads it", a, e);
               return false;
             }
-            c.sds[e.a][e.stage] = e.payload;
+            for (SmemBuffer::ReadEnd& r : b.ends) {
+              if (r.payload != e.payload && !(r.checked >> e.stage & 1)) {
+                if (ag.clock[r.agent] < r.time) {
+                  fail(e.val == kBufP ? "sP overwritten, not ordered after a GEMM reading the "
+                                        "previous contents"
+                                      : "sdS overwritten, not ordered after a GEMM reading the "
+                                        "previous contents", a, e);
+                  return false;
+                }
+                r.checked |= 1u << e.stage;
+              }
+            }
+            const unsigned all = (1u << kConsumerWgs) - 1;
+            b.ends.erase(std::remove_if(b.ends.begin(), b.ends.end(),
+                                        [&](SmemBuffer::ReadEnd const& r) {
+                                          return r.checked == all;
+                                        }),
+                         b.ends.end());
+            b.part[e.stage] = {e.payload, ag.local, now};
             break;
-          case kSdsReadBegin:
-            for (Payload const& part : c.sds[e.a]) {
-              if (part != e.payload) {
-                fail("dQ GEMM reads a dS not fully written", a, e);
+          }
+          case kSmemReadBegin: {
+            SmemBuffer& b = c.smem[e.val][e.a];
+            for (SmemBuffer::Write const& part : b.part) {
+              if (part.payload != e.payload) {
+                fail(e.val == kBufP ? "a GEMM reads an sP not fully written of its step"
+                                    : "a GEMM reads an sdS not fully written of its step", a, e);
+                return false;
+              }
+              if (ag.clock[part.agent] < part.time) {
+                fail(e.val == kBufP ? "a GEMM reads sP not ordered after a WG's write"
+                                    : "a GEMM reads sdS not ordered after a WG's write", a, e);
                 return false;
               }
             }
-            ++c.sds_readers[e.a];
+            ++b.readers;
             break;
-          case kSdsReadEnd:
-            --c.sds_readers[e.a];
+          }
+          case kSmemReadEnd: {
+            SmemBuffer& b = c.smem[e.val][e.a];
+            --b.readers;
+            b.ends.push_back({e.payload, ag.local, now, 0u});
             break;
+          }
           case kSlotWrite:
             for (BulkGroup const& g : c.bulk) {
               if (g.slot == e.a && !g.read) {
@@ -1061,9 +1213,9 @@ static bool run_roles(Problem const& p, std::mt19937& rng, Sabotage sab) {
     const TestSchedule<BM, BN> cs{{tiles, p.mask, cta}, sab};
     MockProducer<QS> producer(num_n, p, sab);
     produce_bwd(cs, producer);
-    agents.push_back({cta, std::move(producer.ev)});
+    agents.push_back({cta, /*local=*/0, std::move(producer.ev)});
     for (int wg = 0; wg < kConsumerWgs; ++wg) {
-      MockConsumer<BM, BN, QS> consumer(p, num_n, wg, Cfg::kDqWgs, sab);
+      MockConsumer<BM, BN, QS, Cfg::kFamilyB> consumer(p, num_n, wg, Cfg::kDqWgs, sab);
       consume_bwd<Cfg>(cs, consumer, wg);
       for (int q = 0; q < kNumPipes; ++q) {
         CHECK(consumer.held[q].empty() || sab.skip_release >= 0, "WG %d ends holding %s", wg,
@@ -1078,18 +1230,19 @@ static bool run_roles(Problem const& p, std::mt19937& rng, Sabotage sab) {
           ++written[t];
         }
       }
-      agents.push_back({cta, std::move(consumer.ev)});
+      agents.push_back({cta, /*local=*/1 + wg, std::move(consumer.ev)});
     }
     MockWriter<BM> writer{p, num_n, Cfg::kDqWgs, sab, {}};
     write_dq<Cfg>(cs, writer);
-    agents.push_back({cta, std::move(writer.ev)});
+    agents.push_back({cta, /*local=*/1 + kConsumerWgs, std::move(writer.ev)});
   }
   for (int t = 0; t < tiles.total_tiles; ++t) {
     CHECK(written[t] == 1, "tile %d written %d times", t, written[t]);
   }
   const int keys = p.batch * p.q_heads() * ((p.seqlen_q + BM - 1) / BM);
   std::vector<std::vector<int>> got;
-  if (!simulate_grid(agents, tiles.grid, QS, Cfg::kDqWgs, keys, got, rng)) {
+  const int ds_stages = Cfg::kFamilyB ? 1 : QS;
+  if (!simulate_grid(agents, tiles.grid, QS, ds_stages, Cfg::kDqWgs, keys, got, rng)) {
     return false;
   }
   check_contributions(p, BM, BN, got, /*ordered=*/p.deterministic);
@@ -1134,6 +1287,32 @@ static bool caught(Body&& body) {
   failures = before;
   quiet = false;
   return any;
+}
+
+// Family B (d192: 2 Q stages). Without the PdS sync before store_p, a WG writes step s+1's P (and
+// dS) while nothing orders it after the other WG's dV (dQ, dK) of step s: the happens-before check
+// catches that in every interleaving, whether or not the write lands during the read. With one Q
+// stage (d256) the Q pipeline orders it already, so the same sabotage must pass there.
+static void family_b_controls(std::mt19937& rng) {
+  Problem p{1, 2, 2, 300, 300, 3, AttentionMask{300, 300, -1, 0}, false};
+  context = "family B control";
+  CHECK(!caught([&] { return run_roles<64, 64, 2, FamilyBCfg>(p, rng, {}); }),
+        "family B role control fails");
+  Sabotage no_free;
+  no_free.no_free_sync = true;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    CHECK(caught([&] { return run_roles<64, 64, 2, FamilyBCfg>(p, rng, no_free); }),
+          "family B without the sync before overwriting sP went unnoticed (attempt %d)", attempt);
+  }
+  CHECK(!caught([&] { return run_roles<64, 64, 1, FamilyBCfg>(p, rng, no_free); }),
+        "family B with one Q stage needs the sync before overwriting sP after all");
+  Sabotage no_pds;
+  no_pds.no_pds = true;
+  bool any = false;
+  for (int attempt = 0; attempt < 20 && !any; ++attempt) {
+    any = caught([&] { return run_roles<64, 64, 1, FamilyBCfg>(p, rng, no_pds); });
+  }
+  CHECK(any, "family B without the PdS sync after writing P and dS went unnoticed");
 }
 
 static void negative_controls(std::mt19937& rng) {
@@ -1193,18 +1372,21 @@ static void negative_controls(std::mt19937& rng) {
     any = caught([&] { return run_roles<64, 64, 2, DqCfg2>(p, rng, on_read); });
   }
   CHECK(any, "a writer releasing after .read went unnoticed");
+  family_b_controls(rng);
 }
 
 int main(int argc, char** argv) {
   const int problems = argc > 1 ? std::atoi(argv[1]) : 60;
   std::mt19937 rng(2024);
   tile_orders(rng);
-  // Family A tiles (d64 128x128, d96 / d128 64x128) and family B's 64x64, with one Q stage
-  // (d256) and one dQ warpgroup (d96).
+  // Family A tiles (d64 128x128, d96 / d128 64x128, one dQ warpgroup at d96), family A's loop on
+  // 64x64 with one Q stage, and family B (64x64; Q / dO stages 2 at d192, 1 at d256).
   run_tile_shape<64, 128, 2, DqCfg2>(rng, problems);
   run_tile_shape<128, 128, 2, DqCfg2>(rng, problems);
   run_tile_shape<64, 128, 2, DqCfg1>(rng, problems / 2);
   run_tile_shape<64, 64, 1, DqCfg2>(rng, problems);
+  run_tile_shape<64, 64, 2, FamilyBCfg>(rng, problems);
+  run_tile_shape<64, 64, 1, FamilyBCfg>(rng, problems);
   negative_controls(rng);
   if (failures == 0) {
     std::printf("OK\n");
