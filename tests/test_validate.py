@@ -7,6 +7,7 @@ which need no GPU (the same metadata-only path torch.compile traces).
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import pytest
@@ -460,3 +461,62 @@ def test_caller_gradients(which, bad, fragment):
     grads[which] = bad
     with raises(ValueError, fragment):
         _validate.check_grads(grads["dq"], grads["dk"], grads["dv"], q, k, v)
+
+
+# --- FA3's flash_attn_func signature -------------------------------------------------------------
+
+# hopper/flash_attn_interface.py's flash_attn_func (FlashAttention @ 0251105a): names, order and
+# defaults. FA3's tests and inference servers call it positionally too.
+FA3_SIGNATURE = [
+    ("q", inspect.Parameter.empty), ("k", inspect.Parameter.empty),
+    ("v", inspect.Parameter.empty), ("softmax_scale", None), ("causal", False), ("qv", None),
+    ("q_descale", None), ("k_descale", None), ("v_descale", None), ("window_size", (-1, -1)),
+    ("attention_chunk", 0), ("softcap", 0.0), ("num_splits", 1), ("pack_gqa", None),
+    ("deterministic", False), ("sm_margin", 0), ("return_attn_probs", False),
+]
+
+
+def test_flash_attn_func_has_fa3s_signature():
+    params = list(inspect.signature(flash_attn_func).parameters.values())
+    positional = [(p.name, p.default) for p in params
+                  if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    assert positional == FA3_SIGNATURE
+    extra = [p for p in params if p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    assert [(p.name, p.kind, p.default) for p in extra] == [
+        ("backend", inspect.Parameter.KEYWORD_ONLY, "auto")]
+
+
+@pytest.mark.parametrize(("kwargs", "exc", "fragments"), [
+    ({"qv": torch.zeros(1)}, NotImplementedError, ("qv: expected None", "not implemented")),
+    ({"q_descale": torch.ones(1)}, NotImplementedError, ("q_descale: expected None", "FP8")),
+    ({"k_descale": torch.ones(1)}, NotImplementedError, ("k_descale: expected None",)),
+    ({"v_descale": torch.ones(1)}, NotImplementedError, ("v_descale: expected None",)),
+    ({"attention_chunk": 128}, NotImplementedError, ("attention_chunk: expected 0", "got 128")),
+    ({"attention_chunk": 1.5}, TypeError, ("attention_chunk: expected an int",)),
+    ({"num_splits": -1}, TypeError, ("num_splits: expected an int >= 0", "-1")),
+    ({"sm_margin": "4"}, TypeError, ("sm_margin: expected an int >= 0",)),
+    ({"pack_gqa": 1}, TypeError, ("pack_gqa: expected None or a bool",)),
+])
+def test_fa3_parameters_this_package_does_not_serve(kwargs, exc, fragments):
+    q, k, v = make_qkv()
+    with raises(exc, *fragments):
+        flash_attn_func(q, k, v, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [{"num_splits": 0}, {"num_splits": 4}, {"pack_gqa": True},
+                                    {"pack_gqa": False}, {"sm_margin": 8}])
+def test_fa3_performance_hints_are_accepted(kwargs):
+    # Past the hint checks, the CPU tensors fail on the device as without the hint.
+    q, k, v = make_qkv()
+    with raises(ValueError, "q: must be a CUDA tensor"):
+        flash_attn_func(q, k, v, **kwargs)
+
+
+def test_fa3_positional_call():
+    # flash_attn_func(q, k, v, scale, causal, qv, q_descale, k_descale, v_descale, window_size):
+    # a positional window lands in window_size, not in qv.
+    q, k, v = make_qkv()
+    with raises(ValueError, "q: must be a CUDA tensor"):
+        flash_attn_func(q, k, v, None, True, None, None, None, None, (4, 0))
+    with raises(NotImplementedError, "qv: expected None"):
+        flash_attn_func(q, k, v, None, True, (4, 0))

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ._errors import UnsupportedError
 from ._tables import BACKEND_NAMES, HEAD_DIM_MULTIPLE, MAX_HEAD_DIM, MIN_HEAD_DIM, TORCH_DTYPES
 
 SUPPORTED_DTYPES = tuple(TORCH_DTYPES)
@@ -280,6 +281,31 @@ def _config(q, k, v, softmax_scale, left, right, softcap, backend, devices=True)
         softcap=cap,
         backend=_check_backend(backend),
     )
+
+
+def check_fa3_extras(qv: Any, q_descale: Any, k_descale: Any, v_descale: Any,
+                     attention_chunk: Any, num_splits: Any, pack_gqa: Any,
+                     sm_margin: Any) -> None:
+    """FA3's flash_attn_func parameters beyond this package's features, when one is not at its
+    default: the unimplemented ones are refused naming the argument, the performance hints are
+    checked for type and range only (flash_attn_func calls this only off the defaults)."""
+    for name, value in (("qv", qv), ("q_descale", q_descale), ("k_descale", k_descale),
+                        ("v_descale", v_descale)):
+        if value is not None:
+            what = ("MLA's extra query input is" if name == "qv"
+                    else "the FP8 forward's descales are")
+            raise UnsupportedError(f"{name}: expected None ({what} not implemented yet), got "
+                                   f"{type(value).__name__}")
+    if isinstance(attention_chunk, bool) or not isinstance(attention_chunk, numbers.Integral):
+        raise TypeError(f"attention_chunk: expected an int, got {attention_chunk!r}")
+    if attention_chunk != 0:
+        raise UnsupportedError(f"attention_chunk: expected 0 (chunked-local attention is not "
+                               f"implemented yet), got {attention_chunk}")
+    for name, value in (("num_splits", num_splits), ("sm_margin", sm_margin)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+            raise TypeError(f"{name}: expected an int >= 0, got {value!r}")
+    if pack_gqa is not None and not isinstance(pack_gqa, bool):
+        raise TypeError(f"pack_gqa: expected None or a bool, got {pack_gqa!r}")
 
 
 def check_fwd_args(

@@ -29,10 +29,19 @@ def flash_attn_func(
     v: torch.Tensor,
     softmax_scale: float | None = None,
     causal: bool = False,
+    qv: torch.Tensor | None = None,
+    q_descale: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
     window_size: Sequence[int] = (-1, -1),
+    attention_chunk: int = 0,
     softcap: float = 0.0,
+    num_splits: int = 1,
+    pack_gqa: bool | None = None,
     deterministic: bool = False,
+    sm_margin: int = 0,
     return_attn_probs: bool = False,
+    *,
     backend: str = "auto",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention, differentiable with respect to q, k and v.
@@ -50,7 +59,7 @@ def flash_attn_func(
     cost in backward speed; the forward is deterministic either way.
     return_attn_probs: also return lse, fp32 (batch, heads_q, seqlen_q), natural log (FA3 returns
     the LSE here, not the probabilities); a loss that uses it gets its gradient too.
-    backend: "auto" (FA-3 path on cc 9.0 when built, else FA-2 path), "fa2", "fa3", or an FA-3
+    backend (keyword only): "auto" (FA-3 path on cc 9.0 when built, else FA-2 path), "fa2", "fa3", or an FA-3
     ablation variant ("fa3-no-pingpong", ...; build_info()["fa3_variants"] lists the built ones).
     The backward runs on the backend asked for ("auto": the backward's own choice; the FA-3
     ablation variants train with the tuned FA-3 backward). Today only the FA-2 path has a
@@ -59,8 +68,18 @@ def flash_attn_func(
     Gradients: dq, dk, dv in q/k/v's dtypes (fresh contiguous tensors, summed over the query heads
     of a kv head for GQA); rows that see no key and keys no query sees get exact zeros.
 
-    Pass the arguments after v by keyword: FA3's positional order has extra parameters.
+    The parameters are FA3's flash_attn_func's, in its order and with its defaults (FA3's tests
+    and inference servers call it positionally too). Not implemented yet, and refused naming the
+    argument: qv (MLA's extra query), q/k/v_descale (the FP8 forward), attention_chunk > 0.
+    Performance hints that do not change the result are accepted and, for now, not used:
+    num_splits (this package does not split the keys), pack_gqa, sm_margin.
+    backend (keyword only, this package's): see above.
     """
+    if (qv is not None or q_descale is not None or k_descale is not None
+            or v_descale is not None or attention_chunk != 0 or num_splits != 1
+            or pack_gqa is not None or sm_margin != 0):
+        _validate.check_fa3_extras(qv, q_descale, k_descale, v_descale, attention_chunk,
+                                   num_splits, pack_gqa, sm_margin)
     if return_attn_probs is not True and return_attn_probs is not False:
         raise TypeError(f"return_attn_probs: expected a bool, got {return_attn_probs!r}")
     if deterministic is not True and deterministic is not False:
