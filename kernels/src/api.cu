@@ -1189,7 +1189,7 @@ FhStatus launch_bwd(const FhBwdParams* params, BwdChoice const& choice, const De
   return FH_SUCCESS;
 }
 
-// fh_fwd_select_backend's argument checks, shared by the backward's.
+// The select functions' own argument checks (answer_policy, both directions).
 FhStatus check_select_args(int32_t cc_major, int32_t cc_minor, const int32_t* backend_out) {
   if (backend_out == nullptr) {
     return fail(FH_ERROR_INVALID_ARGUMENT, "backend_out: expected a non-null pointer, got null");
@@ -1198,6 +1198,33 @@ FhStatus check_select_args(int32_t cc_major, int32_t cc_minor, const int32_t* ba
     return fail(FH_ERROR_INVALID_ARGUMENT,
                 "cc_major/cc_minor: expected a compute capability such as 9.0, got %d.%d",
                 cc_major, cc_minor);
+  }
+  return FH_SUCCESS;
+}
+
+// fh_fwd_select_backend / fh_bwd_select_backend: validate without data pointers, ask the
+// direction's policy, write the backend and (when asked) why.
+template <class ChoiceT, class Params, class Select>
+FhStatus answer_policy(const Params* params, int32_t cc_major, int32_t cc_minor,
+                       int32_t* backend_out, char* reason, size_t reason_len, Select select) {
+  g_last_error.clear();
+  FhStatus st = validate(params, /*check_data=*/false);
+  if (st != FH_SUCCESS) {
+    return st;
+  }
+  st = check_select_args(cc_major, cc_minor, backend_out);
+  if (st != FH_SUCCESS) {
+    return st;
+  }
+  ChoiceT choice;
+  std::string why;
+  st = select(params, cc_major, cc_minor, &choice, reason != nullptr ? &why : nullptr);
+  if (st != FH_SUCCESS) {
+    return st;
+  }
+  *backend_out = choice.backend;
+  if (reason != nullptr && reason_len > 0) {
+    snprintf(reason, reason_len, "%s", why.c_str());
   }
   return FH_SUCCESS;
 }
@@ -1247,26 +1274,8 @@ extern "C" {
 FH_EXPORT FhStatus fh_fwd_select_backend(const FhFwdParams* params, int32_t cc_major,
                                          int32_t cc_minor, int32_t* backend_out, char* reason,
                                          size_t reason_len) {
-  g_last_error.clear();
-  FhStatus st = validate(params, /*check_data=*/false);
-  if (st != FH_SUCCESS) {
-    return st;
-  }
-  st = check_select_args(cc_major, cc_minor, backend_out);
-  if (st != FH_SUCCESS) {
-    return st;
-  }
-  Choice choice;
-  std::string why;
-  st = select_backend(params, cc_major, cc_minor, &choice, reason != nullptr ? &why : nullptr);
-  if (st != FH_SUCCESS) {
-    return st;
-  }
-  *backend_out = choice.backend;
-  if (reason != nullptr && reason_len > 0) {
-    snprintf(reason, reason_len, "%s", why.c_str());
-  }
-  return FH_SUCCESS;
+  return answer_policy<Choice>(params, cc_major, cc_minor, backend_out, reason, reason_len,
+                               select_backend);
 }
 
 FH_EXPORT FhStatus fh_fwd(const FhFwdParams* params, void* stream) {
@@ -1303,27 +1312,8 @@ FH_EXPORT FhStatus fh_fwd(const FhFwdParams* params, void* stream) {
 FH_EXPORT FhStatus fh_bwd_select_backend(const FhBwdParams* params, int32_t cc_major,
                                          int32_t cc_minor, int32_t* backend_out, char* reason,
                                          size_t reason_len) {
-  g_last_error.clear();
-  FhStatus st = validate(params, /*check_data=*/false);
-  if (st != FH_SUCCESS) {
-    return st;
-  }
-  st = check_select_args(cc_major, cc_minor, backend_out);
-  if (st != FH_SUCCESS) {
-    return st;
-  }
-  BwdChoice choice;
-  std::string why;
-  st = select_bwd_backend(params, cc_major, cc_minor, &choice,
-                          reason != nullptr ? &why : nullptr);
-  if (st != FH_SUCCESS) {
-    return st;
-  }
-  *backend_out = choice.backend;
-  if (reason != nullptr && reason_len > 0) {
-    snprintf(reason, reason_len, "%s", why.c_str());
-  }
-  return FH_SUCCESS;
+  return answer_policy<BwdChoice>(params, cc_major, cc_minor, backend_out, reason, reason_len,
+                                  select_bwd_backend);
 }
 
 FH_EXPORT FhStatus fh_bwd_workspace_size(const FhBwdParams* params, int64_t* bytes) {
