@@ -237,43 +237,21 @@ def attention_bwd_ref(
     d lse_i / d S_ij = P_ij, it adds P * dlse to dS, which is the same as subtracting it from D.
     """
     dtype = _compute_dtype(q.dtype, True)
-    batch, _, heads_q, head_dim = q.shape
-    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    heads_q, head_dim = q.shape[2], q.shape[3]
     mask = _mask(q, k, causal, window_size, attention_chunk)
-    scale = _scale(softmax_scale, head_dim)
-    qh = q.to(dtype).transpose(1, 2)
-    kh, vh = _heads_first(k, heads_q, dtype), _heads_first(v, heads_q, dtype)
-    oh, doh = out.to(dtype).transpose(1, 2), dout.to(dtype).transpose(1, 2)
-    lse = lse.to(dtype)
+    visible = None if mask.is_full else mask.dense(device=q.device)
+    dq, dk, dv = _bwd_rows(
+        q.to(dtype).transpose(1, 2), _heads_first(k, heads_q, dtype),
+        _heads_first(v, heads_q, dtype), out.to(dtype).transpose(1, 2),
+        dout.to(dtype).transpose(1, 2), lse.to(dtype), dlse, visible,
+        _scale(softmax_scale, head_dim), softcap)
+    return dq.transpose(1, 2), _per_kv_head(dk, k.shape[2]), _per_kv_head(dv, k.shape[2])
 
-    raw = qh @ kh.transpose(-1, -2) * scale
-    if softcap > 0:
-        tanh = torch.tanh(raw / softcap)
-        s = softcap * tanh
-    else:
-        s = raw
-    if not mask.is_full:
-        s = s.masked_fill(~mask.dense(device=q.device), NEG_INF)
-    # Rows with lse = -inf saw no key: all their scores are -inf, shift by 0 so P = 0 there.
-    shift = torch.where(lse == NEG_INF, torch.zeros_like(lse), lse)
-    p = torch.exp(s - shift.unsqueeze(-1))
 
-    dv = p.transpose(-1, -2) @ doh
-    dp = doh @ vh.transpose(-1, -2)
-    delta = (doh * oh).sum(dim=-1, keepdim=True)
-    if dlse is not None:
-        delta = delta - dlse.to(dtype).unsqueeze(-1)
-    ds = p * (dp - delta)
-    if softcap > 0:
-        ds = ds * (1 - tanh * tanh)
-    dq = ds @ kh * scale
-    dk = ds.transpose(-1, -2) @ qh * scale
-
-    def per_kv_head(t: Tensor) -> Tensor:  # (b, hq, sk, d) -> (b, sk, hkv, d), group-summed
-        grouped = t.reshape(batch, heads_kv, heads_q // heads_kv, seqlen_k, t.shape[-1])
-        return grouped.sum(dim=2).transpose(1, 2)
-
-    return dq.transpose(1, 2), per_kv_head(dk), per_kv_head(dv)
+def _per_kv_head(t: Tensor, heads_kv: int) -> Tensor:
+    """(b, hq, sk, d) per query head -> (b, sk, hkv, d), summed over each kv head's group."""
+    batch, heads_q, seqlen_k, dim = t.shape
+    return t.reshape(batch, heads_kv, heads_q // heads_kv, seqlen_k, dim).sum(dim=2).transpose(1, 2)
 
 
 def _bwd_rows(qh: Tensor, kh: Tensor, vh: Tensor, oh: Tensor, doh: Tensor, lse: Tensor,
@@ -359,8 +337,5 @@ def attention_bwd_ref_chunked(
         dk += dk_rows
         dv += dv_rows
 
-    def per_kv_head(t: Tensor) -> Tensor:  # (b, hq, sk, d) -> (b, sk, hkv, d), group-summed
-        grouped = t.reshape(batch, heads_kv, heads_q // heads_kv, seqlen_k, t.shape[-1])
-        return grouped.sum(dim=2).transpose(1, 2).to(store)
-
-    return dq.transpose(1, 2), per_kv_head(dk), per_kv_head(dv)
+    return (dq.transpose(1, 2), _per_kv_head(dk, heads_kv).to(store),
+            _per_kv_head(dv, heads_kv).to(store))
