@@ -459,17 +459,7 @@ def check_outputs(out: Any, lse: Any | None, q: torch.Tensor, cfg: FwdConfig) ->
     _check_device("out", out, q)
     if lse is None:
         return
-    _check_tensor("lse", lse, 3, "(batch, heads_q, seqlen_q)")
-    expected = (cfg.batch, cfg.heads_q, cfg.seqlen_q)
-    if _shape(lse) != expected:
-        raise ValueError(f"lse: expected shape {expected}, got {_shape(lse)}")
-    if lse.dtype != torch.float32:
-        raise ValueError(f"lse: expected dtype torch.float32, got {lse.dtype}")
-    if lse.shape[-1] > 1 and lse.stride(-1) != 1:
-        raise ValueError(
-            f"lse: must be contiguous in the last dimension (stride 1), got strides "
-            f"{tuple(lse.stride())}; call lse.contiguous()"
-        )
+    _check_lse_like("lse", lse, (cfg.batch, cfg.heads_q, cfg.seqlen_q))
     _check_device("lse", lse, q)
 
 
