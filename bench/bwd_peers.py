@@ -8,8 +8,8 @@ drift 5-10 % between them, more than the changes this is for).
 bf16, b * s = 16k, h * d = 2048 (the FA3 paper's sweep), causal off and on. Per config, every
 candidate runs a ~60 ms burst per round in rotating order, 5 rounds; the median TFLOP/s is
 reported (backward FLOPs = 2.5 x the forward's 4 b s^2 h d, halved when causal) with the spread
-(max - min over median). flash-hopper runs its backward op alone (fh-fa2, and fh-fa2-det with
-deterministic=True) on the forward's out / lse; SDPA's backends run autograd.grad through their
+(max - min over median). flash-hopper runs its backward op alone on each path with a kernel for
+the bucket (fh-fa3, fh-fa2, and fh-<path>-det with deterministic=True) on the forward's out / lse; SDPA's backends run autograd.grad through their
 own forward graph (retain_graph), which is what a training step pays for them. Gradient accuracy
 is the test suite's job (tests/test_bwd_gpu.py), not this script's.
 """
@@ -26,6 +26,7 @@ import flash_hopper
 import torch
 import torch.nn.functional as F
 from flash_hopper import _bwd
+from flash_hopper.dispatch import head_dim_bucket
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 ROUNDS = 5
@@ -50,6 +51,16 @@ def burst_ms(fn: Callable[[], object], budget_ms: float = 60.0) -> float:
     return start.elapsed_time(end) / calls
 
 
+def fh_paths(d: int) -> list[str]:
+    """flash-hopper's paths with a bf16 backward kernel for d that run on this GPU."""
+    built = {k["backend"] for k in flash_hopper.build_info()["kernels"]
+             if k["direction"] == "bwd" and k["dtype"] == "bf16"
+             and k["head_dim"] == head_dim_bucket(d)}
+    if torch.cuda.get_device_capability() != (9, 0):
+        built.discard("fa3")
+    return [p for p in ("fa3", "fa2") if p in built]
+
+
 def candidates(d: int, s: int, causal: bool) -> dict[str, Callable[[], object]]:
     b, h = max(1, 16384 // s), 2048 // d
     q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
@@ -57,10 +68,11 @@ def candidates(d: int, s: int, causal: bool) -> dict[str, Callable[[], object]]:
     out, lse = flash_hopper.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
     right = 0 if causal else -1
     found: dict[str, Callable[[], object]] = {}
-    for det in (False, True):
-        found["fh-fa2-det" if det else "fh-fa2"] = (
-            lambda det=det: _bwd.op(dout, q, k, v, out, lse, None, d ** -0.5, -1, right, 0.0,
-                                    "fa2", det))
+    for path in fh_paths(d):
+        for det in (False, True):
+            found[f"fh-{path}-det" if det else f"fh-{path}"] = (
+                lambda det=det, path=path: _bwd.op(dout, q, k, v, out, lse, None, d ** -0.5, -1,
+                                                   right, 0.0, path, det))
     leaves = [t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v)]
     grad = dout.transpose(1, 2)
     for name, backend in SDPA:

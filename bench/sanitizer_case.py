@@ -37,7 +37,13 @@ def main() -> int:
     cases = 0
     for dtype_name in args.dtypes or info["dtypes"]:
         dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
-        for bucket in args.head_dims or info["head_dims"]:
+        buckets = args.head_dims or info["head_dims"]
+        if args.direction == "bwd":  # the buckets this path has a backward kernel for
+            path = "fa3" if args.backend.startswith("fa3") else "fa2"
+            buckets = [b for b in buckets if any(
+                k["direction"] == "bwd" and k["backend"] == path and k["dtype"] == dtype_name
+                and k["head_dim"] == b for k in info["kernels"])]
+        for bucket in buckets:
             for d in sorted({bucket, bucket - 8}):
                 for sq, sk, causal, window, softcap in [
                     (17, 113, False, (-1, -1), 0.0),

@@ -20,9 +20,9 @@
 // Pipeline contract (the kernel's copy is at the top of bwd_kernel.h; BWD_PLAN §3.4):
 //   KV   1 stage,  full: 1 arrival + K/V bytes; empty: 2 (one per consumer WG) after the tile's
 //        last step's wait_gemms<0>. Its full parity counts tiles with queries only.
-//   Q    kQStages, full: 1 arrival + Q and LSE bytes; empty: 2, after the step's dK GEMM (the last
-//        reader of Q).
-//   dO   kQStages, full: 1 arrival + dO and D bytes; empty: 2, after the step's dV GEMM.
+//   Q    kQStages, full: 1 arrival + Q bytes; empty: 2, after the step's dK GEMM (the last reader
+//        of Q).
+//   dO   kQStages, full: 1 arrival + dO bytes; empty: 2, after the step's dV GEMM.
 //   PdS        named barrier, both consumer WGs (256 threads): dS (family B: and P) is in shared
 //              memory; family B also syncs it before overwriting sP / sdS (one stage each).
 //   DqEmpty(c) named barrier, writer (arrive) + WG c (sync), 160 threads: slot c may be written.
@@ -84,8 +84,18 @@ struct BwdTileCoord {
 };
 
 // Static persistent scheduler over (batch, kv head, key block n) tiles.
-// Default order: (batch, kv head) major, n ascending: the CTAs running together share one kv
-// group's Q, dO and dQ accumulator in L2.
+// Default order, unmasked: (batch, kv head) major, n ascending: the CTAs running together share one
+// kv group's Q, dO and dQ accumulator in L2 (every tile has the same work).
+// Default order, masked with many key blocks (longest_first = +1 or -1 and 4 num_n > G):
+// sections of `section` = ceil(G / 8) (batch, kv head)s, inside each n major, heads inner, n
+// ascending (+1: causal / a bounded right edge, key block 0 sees the most rows) or descending (-1:
+// a left edge only). Tiles come in decreasing work, so the static snake hands every CTA about the
+// same total: head-major order gives CTA c the key blocks (c + r G) mod num_n of its rounds r,
+// which cover only part of the range when num_n > G / 4 (at d128 s16k CTAs got up to ~1.5x the
+// mean: causal 326 vs 486 TFLOP/s n-major). About 8 CTAs share each head of a section, which keeps
+// the Q / dO they stream in L2 (n major over all 128 heads of b8 s2k: 267 vs 318 head-major).
+// With few key blocks (4 num_n <= G) head-major already cycles every CTA through all of them, and
+// stays (PERFLOG session 6).
 // Deterministic order: n descending inside every (batch, kv head) (the dQ rank order), kv heads
 // interleaved in chunks of k key blocks, k = clamp(ceil(G / (b * h_kv)), 1, num_n): about G / k
 // kv heads run together, each with k consecutive key blocks, so a dQ block's contributors that
@@ -99,9 +109,11 @@ struct BwdTileScheduler {
   int grid;          // CTAs: min(tiles, SMs), one CTA per SM
   int chunk;         // k, deterministic order only
   bool deterministic;
+  int longest_first;  // 0 head-major; +1 / -1 sectioned n-major, n ascending / descending
+  int section;        // (batch, kv head)s per longest-first section
 
   static BwdTileScheduler make(int seqlen_k, int block_n, int kv_heads, int q_per_kv, int batch,
-                               bool deterministic, int num_sms) {
+                               bool deterministic, int num_sms, int longest_first = 0) {
     BwdTileScheduler s;
     s.num_n_blocks = (seqlen_k + block_n - 1) / block_n;
     s.kv_heads = kv_heads;
@@ -110,6 +122,10 @@ struct BwdTileScheduler {
     s.total_tiles = s.num_n_blocks * s.num_hb;
     s.grid = s.total_tiles < num_sms ? s.total_tiles : num_sms;
     s.deterministic = deterministic;
+    s.longest_first = deterministic || 4 * s.num_n_blocks <= s.grid ? 0 : longest_first;
+    int sec = (s.grid + 7) / 8;
+    sec = sec < s.num_hb ? sec : s.num_hb;
+    s.section = sec < 1 ? 1 : sec;
     int k = s.num_hb > 0 ? (s.grid + s.num_hb - 1) / s.num_hb : 1;
     k = k < s.num_n_blocks ? k : s.num_n_blocks;
     s.chunk = k < 1 ? 1 : k;
@@ -124,9 +140,17 @@ struct BwdTileScheduler {
   FH_HOST_DEVICE BwdTileCoord coord(int t) const {
     int hb;
     int n;
-    if (!deterministic) {
+    if (!deterministic && longest_first == 0) {
       hb = t / num_n_blocks;
       n = t - hb * num_n_blocks;
+    } else if (!deterministic) {
+      const int sec = t / (section * num_n_blocks);  // the last section may hold fewer heads
+      const int hb0 = sec * section;
+      const int heads = num_hb - hb0 < section ? num_hb - hb0 : section;
+      const int within = t - hb0 * num_n_blocks;
+      const int j = within / heads;
+      hb = hb0 + (within - j * heads);
+      n = longest_first > 0 ? j : num_n_blocks - 1 - j;
     } else {
       // Full chunks first (chunk index major, (batch, kv head) next, position in the chunk
       // fastest), then the partial last chunk of every (batch, kv head). pos counts key blocks
@@ -154,6 +178,16 @@ struct BwdTileScheduler {
     return c;
   }
 };
+
+// The default mode's longest-first direction for a mask (BwdTileScheduler::longest_first): key
+// block 0 sees the most rows when the right edge is bounded (causal, a window's right side, a
+// chunk), the last key block when only the left edge is; unmasked tiles are all alike.
+FH_HOST_DEVICE int bwd_longest_first(AttentionMask const& mask) {
+  if (mask.window_right >= 0 || mask.chunk > 0) {
+    return +1;
+  }
+  return mask.window_left >= 0 ? -1 : 0;
+}
 
 // Query blocks [m_left, m_right) of a tile's range whose every element is visible: they carry no
 // mask arithmetic. m_min <= m_left <= m_right <= m_max.
@@ -204,18 +238,27 @@ struct QueryStep {
   bool last;    // the tile's last step: its GEMMs are the last readers of K and V
 };
 
+// A tile's steps walk its query blocks from m_min + rotate (mod the range) for every query head
+// of the group. Default mode rotates by n: the tiles running together (consecutive n of one kv
+// head when unmasked) then add into different dQ blocks at any moment instead of all into the
+// same one (same-address reductions serialize in L2). Deterministic mode does not rotate: a dQ
+// block's contributors come in descending n, and each would wait for its predecessor's whole
+// walk.
 struct BwdTileWork {
   BwdTileCoord tile;
   QueryBlockRange range;
   QueryBlockSplit split;
-  int group;  // G_q
+  int group;   // G_q
+  int rotate;  // 0 <= rotate < blocks()
 
   FH_HOST_DEVICE bool has_queries() const { return !range.empty(); }
   FH_HOST_DEVICE int blocks() const { return range.empty() ? 0 : range.m_max - range.m_min; }
   FH_HOST_DEVICE int num_steps() const { return blocks() * group; }
   FH_HOST_DEVICE QueryStep step(int i) const {
     const int g = i / blocks();
-    const int m = range.m_min + (i - g * blocks());
+    int j = i - g * blocks() + rotate;
+    j = j >= blocks() ? j - blocks() : j;
+    const int m = range.m_min + j;
     return {m, g, split.masked(m), i == 0, i == num_steps() - 1};
   }
   FH_HOST_DEVICE int dq_head(QueryStep s) const { return tile.kv_head * group + s.g; }
@@ -243,6 +286,7 @@ struct BwdCtaSchedule {
     w.range = mask.query_blocks(c.n_block, kBlockM, kBlockN);
     w.split = unmasked_query_blocks(mask, w.range, c.n_block, kBlockM, kBlockN);
     w.group = tiles.q_per_kv;
+    w.rotate = tiles.deterministic || w.range.empty() ? 0 : c.n_block % w.blocks();
     return w;
   }
 

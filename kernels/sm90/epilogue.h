@@ -34,6 +34,34 @@ CUTE_DEVICE uint4 quad_transpose(uint32_t const (&x)[4], int q) {
   return make_uint4(from(0), from(1), from(2), from(3));
 }
 
+// One fragment row of 16-bit values, 16 contiguous bytes per store: value(c) is the element at
+// column index c of the thread's row in the row-column view (acc_rowcol). Thread q of a quad holds
+// columns 8j + 2q, 8j + 2q + 1 of every 8-column group j; a 4 x 4 transposition of 32-bit pairs
+// inside the quad gives it all 8 columns of group 4g + q, so each row is written in pieces that
+// fill whole sectors (pair-wise stores left every 32-byte sector half written: 2x the write
+// traffic, ncu). Columns >= col_limit (a multiple of 8) and rows with !row_in are not written.
+template <class Element, int kCols, class ValueAt>
+CUTE_DEVICE void store_row_quad(Element* row_ptr, bool row_in, int col_limit, ValueAt value) {
+  static_assert(kCols % 32 == 0, "quad transposition works on groups of 32 columns");
+  const int q = threadIdx.x % 4;  // position in the quad that shares the thread's rows
+  CUTE_UNROLL
+  for (int g = 0; g < kCols / 32; ++g) {
+    uint32_t x[4];
+    CUTE_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      cutlass::Array<Element, 2> pair;
+      pair[0] = value(2 * (4 * g + i));
+      pair[1] = value(2 * (4 * g + i) + 1);
+      x[i] = reinterpret_cast<uint32_t const&>(pair);
+    }
+    const uint4 words = quad_transpose(x, q);
+    const int col = 8 * (4 * g + q);
+    if (row_in && col < col_limit) {
+      *reinterpret_cast<uint4*>(row_ptr + col) = words;
+    }
+  }
+}
+
 // Writes one tile's rows: value(r, c) gives the 16-bit O element at (row, column) index (r, c) of
 // the thread's PV-accumulator fragment in its row-column view (acc_rowcol), lse[r] the LSE of the
 // thread's row r.
@@ -49,32 +77,12 @@ CUTE_DEVICE void store_rows(FwdParams const& p, ThrMma const& thr_mma_pv, TileCo
   Element* o = static_cast<Element*>(p.o) + tile.batch * p.o_batch_stride +
                tile.head * p.o_head_stride;
   const int row0 = tile.m_block * kBlockM;
-  const int q = threadIdx.x % 4;  // position in the quad that shares the thread's rows
-  static_assert(kHeadDim % 32 == 0, "quad transposition works on groups of 32 columns");
   CUTE_UNROLL
   for (int r = 0; r < size<0>(tOcO_rc); ++r) {
     const int row = row0 + get<0>(tOcO_rc(r, 0));
-    Element* o_row = o + row * p.o_row_stride;
-    // Thread q holds columns 8j + 2q, 8j + 2q + 1 of every 8-column group j. A 4 x 4 transposition
-    // of 32-bit pairs inside the quad gives thread q all 8 columns of group 4g + q, so each row
-    // is written in 16-byte pieces that fill whole sectors (pair-wise stores left every 32-byte
-    // sector half written: 2x the write traffic, ncu).
-    CUTE_UNROLL
-    for (int g = 0; g < kHeadDim / 32; ++g) {
-      uint32_t x[4];
-      CUTE_UNROLL
-      for (int i = 0; i < 4; ++i) {
-        cutlass::Array<Element, 2> pair;
-        pair[0] = value(r, 2 * (4 * g + i));
-        pair[1] = value(r, 2 * (4 * g + i) + 1);
-        x[i] = reinterpret_cast<uint32_t const&>(pair);
-      }
-      const uint4 words = quad_transpose(x, q);
-      const int col = 8 * (4 * g + q);
-      if (row < p.seqlen_q && col < p.head_dim) {  // head_dim % 8 == 0: whole groups in or out
-        *reinterpret_cast<uint4*>(o_row + col) = words;
-      }
-    }
+    // head_dim % 8 == 0: whole 8-column groups are in or out
+    store_row_quad<Element, kHeadDim>(o + row * p.o_row_stride, row < p.seqlen_q, p.head_dim,
+                                      [&](int c) { return value(r, c); });
   }
   // The quad's first thread writes the LSE of its two rows.
   if (p.lse != nullptr && threadIdx.x % 4 == 0) {

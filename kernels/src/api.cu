@@ -241,6 +241,29 @@ bool path_has_backward(int32_t backend) {
   return false;
 }
 
+// Whether the FA-3 path's backward has a tile for head_dim's bucket in the source tree
+// (CMakeLists.txt FH_SM90_BWD_HEAD_DIMS, kernels/sm90/bwd_tile_config.h), whatever this build
+// compiled; and the list of those buckets for messages.
+bool fa3_bwd_covers(int64_t head_dim) {
+  const int64_t bucket = head_dim_bucket(head_dim);
+#define FH_FA3_BWD_BUCKET(value) \
+  if (bucket == value) {         \
+    return path_has_backward(FH_BACKEND_FA3); \
+  }
+  FH_FA3_BWD_HEAD_DIMS(FH_FA3_BWD_BUCKET)
+#undef FH_FA3_BWD_BUCKET
+  return false;
+}
+
+std::string fa3_bwd_buckets() {
+  std::string list;
+#define FH_FA3_BWD_BUCKET_NAME(value) \
+  list += (list.empty() ? "" : ", ") + std::to_string(value);
+  FH_FA3_BWD_HEAD_DIMS(FH_FA3_BWD_BUCKET_NAME)
+#undef FH_FA3_BWD_BUCKET_NAME
+  return list;
+}
+
 // The dtype's FH_DTYPES name, or null for an FhDtype without kernels.
 const char* dtype_name(int32_t dtype) {
 #define FH_DTYPE_NAME(value, name) \
@@ -851,7 +874,7 @@ FhStatus select_bwd_backend(const FhBwdParams* p, int cc_major, int cc_minor, Bw
                             std::string* why) {
   const bool fa3_runs = cc_major == 9 && cc_minor == 0;
   const bool fa2_runs = cc_major >= 8;
-  const bool fa3_written = path_has_backward(FH_BACKEND_FA3);
+  const bool fa3_written = fa3_bwd_covers(p->head_dim);
   const BwdRegistryEntry* fa3 = find_bwd_kernel(FH_BACKEND_FA3, p->dtype, p->head_dim);
   const BwdRegistryEntry* fa2 = find_bwd_kernel(FH_BACKEND_FA2, p->dtype, p->head_dim);
   LayoutProblem layout{};
@@ -873,8 +896,9 @@ FhStatus select_bwd_backend(const FhBwdParams* p, int cc_major, int cc_minor, Bw
     if (fa3 == nullptr && !fa3_written) {  // whatever the GPU: no build has one
       return fail(FH_ERROR_UNSUPPORTED,
                   "backend='fa3': this build has no fa3 backward kernel for %s (the FA-3 path's "
-                  "backward is not implemented yet); use backend='fa2' or 'auto'",
-                  what.c_str());
+                  "backward has tiles for head_dim buckets %s only so far); use backend='fa2' "
+                  "or 'auto'",
+                  what.c_str(), fa3_bwd_buckets().c_str());
     }
     if (!fa3_runs) {
       return fail(FH_ERROR_UNSUPPORTED,
@@ -950,8 +974,9 @@ FhStatus select_bwd_backend(const FhBwdParams* p, int cc_major, int cc_minor, Bw
     reason = format("cc %d.%d but %s -> fa2", cc_major, cc_minor,
                     describe(layout, kBwdTmaTensors).c_str());
   } else if (fa3_runs && !fa3_written) {
-    reason = format("cc %d.%d but the FA-3 path's backward is not implemented yet -> fa2",
-                    cc_major, cc_minor);
+    reason = format("cc %d.%d but the FA-3 path's backward has no tile for %s yet (buckets %s) "
+                    "-> fa2",
+                    cc_major, cc_minor, what.c_str(), fa3_bwd_buckets().c_str());
   } else if (fa3_runs) {
     reason = format("cc %d.%d but this build has no fa3 backward kernel for %s -> fa2", cc_major,
                     cc_minor, what.c_str());

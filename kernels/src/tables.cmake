@@ -11,11 +11,11 @@
 # Directions: FH_DIRECTIONS value | the fh_registry.inc row macro of its launchers | the FH_ARCHS
 # paths that implement it (comma-separated). A direction's instantiations come from
 # kernels/src/<direction>_<arch>_inst.cu.in; "bwd" also builds kernels/src/bwd_common.cu once (the
-# preprocess and postprocess both paths share). The FA-3 path's backward is not written yet: when
-# it is, "90a" joins the bwd row and api.cu's messages stop calling it unimplemented.
+# preprocess both paths share). The FA-3 path's backward covers the buckets CMakeLists.txt lists
+# in FH_SM90_BWD_HEAD_DIMS (kernels/sm90/bwd_tile_config.h).
 set(FH_DIRECTION_TABLE
   "fwd|FH_REGISTER_FWD|80,90a"
-  "bwd|FH_REGISTER_BWD|80")
+  "bwd|FH_REGISTER_BWD|80,90a")
 
 # Kernel paths: FH_ARCHS value | arch name (build_info "archs") | FhBackend enumerator (api.h).
 # "80" builds the FA-2 path (SASS for sm80 and sm90, PTX for later GPUs); "90a" the FA-3 path.

@@ -9,7 +9,8 @@ goes through ``ops.fwd`` instead, whose registered autograd does the same throug
 ``flash_hopper::bwd``.
 
 The backward runs the backend the forward was asked for: "auto" asks the backward's policy
-again (today that is the FA-2 path), an explicit "fa3" raises until the FA-3 backward exists.
+again (the FA-3 path on cc 9.0 where the bucket has an FA-3 backward tile: d <= 128 today, else
+the FA-2 path); an explicit "fa3" on a bucket without one raises, naming the buckets that have one.
 """
 
 from __future__ import annotations

@@ -44,8 +44,9 @@ def choose_bwd(params: FhBwdParams,
                capability: tuple[int, int]) -> tuple[str, str, _lib.FhBackend]:
     """(name, reason, FhBackend) of the library's backward policy for ``params`` on a GPU of
     ``capability``: "fa2" or "fa3" (the FA-3 ablation variants train with the tuned backward).
-    Raises like choose(): a backward nothing in this build can serve (today: any "fa3" request)
-    is an UnsupportedError whose message says so."""
+    Raises like choose(): a backward nothing in this build can serve (e.g. "fa3" for a bucket
+    without an FA-3 backward tile, d192 / d256 today) is an UnsupportedError whose message says
+    so."""
     backend, reason = _lib.get_library().policy(params, capability)
     return _tables.backend_name(backend), reason, backend
 

@@ -62,8 +62,9 @@ def flash_attn_func(
     backend (keyword only): "auto" (FA-3 path on cc 9.0 when built, else FA-2 path), "fa2", "fa3", or an FA-3
     ablation variant ("fa3-no-pingpong", ...; build_info()["fa3_variants"] lists the built ones).
     The backward runs on the backend asked for ("auto": the backward's own choice; the FA-3
-    ablation variants train with the tuned FA-3 backward). Today only the FA-2 path has a
-    backward: "auto" trains on it, an explicit "fa3" raises when the backward runs.
+    ablation variants train with the tuned FA-3 backward). The FA-3 path's backward covers head
+    dims up to 128 today: "auto" trains on it there and on the FA-2 path above; an explicit
+    "fa3" with a larger head dim raises when the backward runs.
 
     Gradients: dq, dk, dv in q/k/v's dtypes (fresh contiguous tensors, summed over the query heads
     of a kv head for GQA); rows that see no key and keys no query sees get exact zeros.

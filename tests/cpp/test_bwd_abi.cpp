@@ -373,17 +373,26 @@ static void test_select_backend(Built const& built) {
   int32_t backend = -1;
   const char* dt = built.dtype == FH_DTYPE_FP16 ? "fp16" : "bf16";
   const int ccs[][2] = {{8, 0}, {8, 6}, {8, 9}, {9, 0}, {12, 0}};
+  // The FA-3 path's backward has tiles for these buckets (CMakeLists.txt FH_SM90_BWD_HEAD_DIMS).
+  auto fa3_tile = [](int64_t d) { return d == 64 || d == 96 || d == 128; };
+  const bool fa3_here = fh_has_bwd_kernel(FH_BACKEND_FA3, built.dtype, built.head_dim) != 0;
   for (const auto& cc : ccs) {
     backend = -1;
     reason[0] = '\0';
     const FhStatus st = fh_bwd_select_backend(&p, cc[0], cc[1], &backend, reason, sizeof(reason));
-    if (built.any_fa2 && !built.any_fa3) {
+    const bool hopper = cc[0] == 9 && cc[1] == 0;
+    if (built.any_fa2 && hopper && fa3_here) {
+      CHECK(st == FH_SUCCESS && backend == FH_BACKEND_FA3 && contains(reason, "-> fa3"),
+            "auto on cc 9.0 with an fa3 kernel: status %d backend %d reason '%s' (%s)", int(st),
+            int(backend), reason, fh_last_error());
+    } else if (built.any_fa2) {
       CHECK(st == FH_SUCCESS && backend == FH_BACKEND_FA2,
             "auto on cc %d.%d: status %d backend %d (%s)", cc[0], cc[1], int(st), int(backend),
             fh_last_error());
       CHECK(contains(reason, "-> fa2"), "auto on cc %d.%d: reason '%s'", cc[0], cc[1], reason);
-      if (cc[0] == 9 && cc[1] == 0) {
-        CHECK(contains(reason, "cc 9.0 but the FA-3 path's backward is not implemented yet"),
+      if (hopper && !fa3_tile(built.head_dim)) {
+        CHECK(contains(reason, "cc 9.0 but the FA-3 path's backward has no tile for ") &&
+                  contains(reason, "(buckets 64, 96, 128) -> fa2"),
               "auto on cc 9.0: reason '%s'", reason);
       }
     } else if (!built.any_fa2 && !built.any_fa3) {
@@ -408,20 +417,35 @@ static void test_select_backend(Built const& built) {
     CHECK(st == FH_SUCCESS && std::strlen(small) == sizeof(small) - 1,
           "reason cut to reason_len: '%.8s'", small);
   }
-  // Explicit fa3: no build has a backward kernel for it yet, on any GPU.
-  if (!built.any_fa3) {
-    p.backend = FH_BACKEND_FA3;
+  // Explicit fa3 on a bucket without an FA-3 backward tile: refused on any GPU, naming the
+  // covered buckets; on a covered bucket with its kernel built: fa3 on cc 9.0 only.
+  p.backend = FH_BACKEND_FA3;
+  for (int64_t d : {64, 96, 128, 192, 256}) {
+    p.head_dim = p.head_dim_v = d;
     for (int major : {8, 9, 10}) {
       st = fh_bwd_select_backend(&p, major, 0, &backend, reason, sizeof(reason));
-      const std::string expected = std::string("backend='fa3': this build has no fa3 backward "
-                                               "kernel for ") +
-                                   dt + " hdim " + std::to_string(built.head_dim) +
-                                   " (the FA-3 path's backward is not implemented yet); use "
-                                   "backend='fa2' or 'auto'";
-      CHECK(st == FH_ERROR_UNSUPPORTED && fh_last_error() == expected,
-            "fa3 on cc %d.0: status %d, message '%s'", major, int(st), fh_last_error());
+      if (!fa3_tile(d)) {
+        const std::string expected = std::string("backend='fa3': this build has no fa3 "
+                                                 "backward kernel for ") +
+                                     dt + " hdim " + std::to_string(d) +
+                                     " (the FA-3 path's backward has tiles for head_dim buckets "
+                                     "64, 96, 128 only so far); use backend='fa2' or 'auto'";
+        CHECK(st == FH_ERROR_UNSUPPORTED && fh_last_error() == expected,
+              "fa3 d%d on cc %d.0: status %d, message '%s'", int(d), major, int(st),
+              fh_last_error());
+      } else if (fh_has_bwd_kernel(FH_BACKEND_FA3, built.dtype, d)) {
+        const bool ok = major == 9;
+        CHECK((st == FH_SUCCESS && backend == FH_BACKEND_FA3) == ok,
+              "fa3 d%d on cc %d.0: status %d backend %d (%s)", int(d), major, int(st),
+              int(backend), fh_last_error());
+        if (!ok) {
+          CHECK(contains(fh_last_error(), "compute capability 9.0"), "fa3 on cc %d.0: '%s'",
+                major, fh_last_error());
+        }
+      }
     }
   }
+  p.head_dim = p.head_dim_v = built.head_dim;
   // A GPU below the FA-2 path's floor.
   for (int32_t b : {int32_t(FH_BACKEND_AUTO), int32_t(FH_BACKEND_FA2)}) {
     p.backend = b;

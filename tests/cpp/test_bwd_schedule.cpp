@@ -109,7 +109,7 @@ static std::string describe(Problem const& p, int bm, int bn) {
 
 static BwdTileScheduler make_tiles(Problem const& p, int bn) {
   return BwdTileScheduler::make(p.seqlen_k, bn, p.kv_heads, p.q_per_kv, p.batch, p.deterministic,
-                                p.grid_sms);
+                                p.grid_sms, bwd_longest_first(p.mask));
 }
 
 // Negative controls, applied on top of the real schedule.
@@ -196,8 +196,10 @@ static void check_contributions(Problem const& p, int bm, int bn,
 // ------------------------------------------------------------------------------------------------
 // a, b: the tile order
 // ------------------------------------------------------------------------------------------------
-static void check_tile_order(int seqlen_k, int bn, int kv_heads, int batch, bool det, int sms) {
-  const BwdTileScheduler s = BwdTileScheduler::make(seqlen_k, bn, kv_heads, 1, batch, det, sms);
+static void check_tile_order(int seqlen_k, int bn, int kv_heads, int batch, bool det, int sms,
+                             int longest_first = 0) {
+  const BwdTileScheduler s =
+      BwdTileScheduler::make(seqlen_k, bn, kv_heads, 1, batch, det, sms, longest_first);
   const int num_n = (seqlen_k + bn - 1) / bn;
   CHECK(s.total_tiles == num_n * kv_heads * batch, "total_tiles %d", s.total_tiles);
   CHECK(s.grid == std::min(s.total_tiles, sms), "grid %d", s.grid);
@@ -230,11 +232,23 @@ static void check_tile_order(int seqlen_k, int bn, int kv_heads, int batch, bool
       if (det) {  // b: t increases as n decreases
         CHECK(t_n > t_next, "det order: hb %d n %d at t %d, n %d at t %d (G %d k %d)", hb, n, t_n,
               n + 1, t_next, s.grid, s.chunk);
+      } else if (s.longest_first != 0) {  // per section: n major, heads inner, asked direction
+        const int heads = std::min(s.section, batch * kv_heads - hb / s.section * s.section);
+        const int step = s.longest_first > 0 ? heads : -heads;
+        CHECK(t_next == t_n + step, "longest-first order %d: hb %d n %d at t %d, n + 1 at t %d "
+              "(section %d)", longest_first, hb, n, t_n, t_next, s.section);
       } else {  // kv heads major, n ascending
         CHECK(t_next == t_n + 1, "default order: hb %d n %d at t %d, n + 1 at t %d", hb, n, t_n,
               t_next);
       }
     }
+  }
+  const bool sectioned = longest_first != 0 && !det && 4 * num_n > s.grid;
+  CHECK(s.longest_first == (sectioned ? longest_first : 0), "longest_first %d, asked %d",
+        s.longest_first, longest_first);
+  if (sectioned) {
+    const int sec = std::min(std::max(1, (s.grid + 7) / 8), batch * kv_heads);
+    CHECK(s.section == sec, "section %d, expected %d", s.section, sec);
   }
   if (det && num_n > 0) {
     const int k = std::max(1, std::min((s.grid + batch * kv_heads - 1) / (batch * kv_heads), num_n));
@@ -251,6 +265,9 @@ static void tile_orders(std::mt19937& rng) {
     for (int g : grids) {
       check_tile_order(sk, bn, hkv, b, false, g);
       check_tile_order(sk, bn, hkv, b, true, g);
+      check_tile_order(sk, bn, hkv, b, false, g, +1);
+      check_tile_order(sk, bn, hkv, b, false, g, -1);
+      check_tile_order(sk, bn, hkv, b, true, g, +1);  // deterministic mode ignores it
     }
   }
   check_tile_order(16384, 128, 16, 1, true, 132);  // s16k d128: k = 9
@@ -292,10 +309,14 @@ static void check_steps(Problem const& p, BwdTileScheduler const& tiles,
       CHECK(w.num_steps() == int(ms.size()) * p.q_per_kv, "tile n %d: %d steps, expected %zu",
             n, w.num_steps(), ms.size() * p.q_per_kv);
       CHECK(w.has_queries() == !ms.empty(), "tile n %d: has_queries %d", n, int(w.has_queries()));
+      // Default mode starts each query head's walk at block n (mod L), deterministic mode at m_min.
+      const int L = int(ms.size());
+      const int rotate = p.deterministic || L == 0 ? 0 : n % L;
+      CHECK(w.rotate == rotate, "tile n %d: rotate %d, expected %d", n, w.rotate, rotate);
       for (int i = 0; i < w.num_steps(); ++i) {
         const QueryStep s = w.step(i);
-        if (int(ms.size()) * p.q_per_kv == w.num_steps()) {
-          CHECK(s.g == i / int(ms.size()) && s.m == ms[i % ms.size()],
+        if (L * p.q_per_kv == w.num_steps()) {
+          CHECK(s.g == i / L && s.m == ms[(i % L + rotate) % L],
                 "tile n %d step %d is (g %d, m %d)", n, i, s.g, s.m);
         }
         CHECK(s.first == (i == 0) && s.last == (i == w.num_steps() - 1),

@@ -1,0 +1,123 @@
+// Epilogue of the FA-3 path's backward consumers: dQ into the fp32 accumulator (every step), dK
+// and dV from registers to global memory (every tile).
+//
+// dQ accumulator order inside a query block (kBlockM x kHeadDim floats; bwd_postprocess.h reads it
+// back through the same tiled MMA): with kDqWgs = 2, WG c's columns start at
+// c * kBlockM * kHeadDim / 2; with kDqWgs = 1 both WGs add their partial sums over the same
+// positions. Value v of WG thread t is at (v / 4) * 512 + 4 * t + v % 4, so each thread adds whole
+// float4s (red.global.add.v4.f32) and a warp's adds cover 512 contiguous bytes.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/array.h>
+#include <cutlass/numeric_conversion.h>
+
+#include "flash_hopper/bwd_params.h"
+#include "sm90/bwd_schedule.h"
+#include "sm90/epilogue.h"  // quad_transpose
+#include "sm90/utils.h"
+
+namespace flash_hopper::sm90 {
+
+using namespace cute;
+
+CUTE_DEVICE int load_acquire_gpu(int const* ptr) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(ptr) : "memory");
+  return v;
+}
+
+// One 16-byte fire-and-forget add (atomicAdd(float4*) compiles to four returning ATOMGs).
+CUTE_DEVICE void red_add_v4(float* addr, float a, float b, float c, float d) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(addr), "f"(a), "f"(b),
+               "f"(c), "f"(d)
+               : "memory");
+}
+
+// Float index of value v of consumer thread `thread` (0 .. 256) inside a query block.
+template <class Traits>
+CUTE_HOST_DEVICE constexpr int dq_fragment_offset(int thread, int v) {
+  constexpr int kWgFloats = Traits::kBlockM * Traits::kHeadDim / Traits::kDqWgs;
+  thread %= 128 * Traits::kDqWgs;
+  return (thread / 128) * kWgFloats + (v / 4) * 512 + 4 * (thread % 128) + v % 4;
+}
+
+template <class Traits, class TensorDq>
+CUTE_DEVICE void add_dq_fragment(float* block, TensorDq const& dq, int thread) {
+  static_assert(decltype(size(dq))::value % 4 == 0);
+  CUTE_UNROLL
+  for (int v = 0; v < size(dq); v += 4) {
+    red_add_v4(block + dq_fragment_offset<Traits>(thread, v), dq(v), dq(v + 1), dq(v + 2),
+               dq(v + 3));
+  }
+}
+
+// Rows [row0, row0 + kBlockN) of one (batch, kv head) of dK or dV: value(r, c) is the 16-bit
+// element at (row, column) index (r, c) of the thread's dK/dV accumulator in its row-column view;
+// rows < seqlen_k and columns < head_dim are written (epilogue.h store_row_quad).
+template <class Traits, class ThrMma, class ValueAt>
+CUTE_DEVICE void store_kv_rows(void* base, int64_t row_stride, int row0, int seqlen_k,
+                               int head_dim, ThrMma const& thr_mma, ValueAt value) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  Tensor tc = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  Tensor tc_rc = make_tensor(tc.data(), acc_rowcol(tc.layout()));  // (2, (2, D/8))
+  CUTE_UNROLL
+  for (int r = 0; r < size<0>(tc_rc); ++r) {
+    const int row = row0 + get<0>(tc_rc(r, 0));
+    store_row_quad<Element, kHeadDim>(static_cast<Element*>(base) + int64_t(row) * row_stride,
+                                      row < seqlen_k, head_dim,
+                                      [&](int c) { return value(r, c); });
+  }
+}
+
+// The first row of (batch, kv head) in dK or dV.
+template <class Element>
+CUTE_DEVICE void* kv_head_base(void* ptr, int64_t batch_stride, int64_t head_stride,
+                               BwdTileCoord tile) {
+  return static_cast<Element*>(ptr) + tile.batch * batch_stride + tile.kv_head * head_stride;
+}
+
+// One accumulator (fp32) converted to the input dtype and stored as the tile's rows of `ptr`.
+template <class Traits, class ThrMma, class TensorAcc>
+CUTE_DEVICE void store_kv_acc(BwdParams const& p, ThrMma const& thr_mma, TensorAcc const& acc,
+                              void* base, int64_t row_stride, BwdTileCoord tile) {
+  Tensor r = make_tensor<typename Traits::Element>(acc.layout());
+  convert_into(acc, r);
+  Tensor r_rc = make_tensor(r.data(), acc_rowcol(r.layout()));
+  store_kv_rows<Traits>(base, row_stride, tile.n_block * Traits::kBlockN, p.seqlen_k, p.head_dim,
+                        thr_mma, [&](int rr, int cc) { return r_rc(rr, cc); });
+}
+
+// dK = softmax_scale * dK_acc (the scale goes last, BWD_PLAN §2) and dV, both in the input dtype.
+template <class Traits, class ThrMma, class TensorAcc>
+CUTE_DEVICE void store_dkv_tile(BwdParams const& p, ThrMma const& thr_mma, TensorAcc& dk,
+                                TensorAcc const& dv, BwdTileCoord tile) {
+  using Element = typename Traits::Element;
+  CUTE_UNROLL
+  for (int i = 0; i < size(dk); ++i) {
+    dk(i) *= p.softmax_scale;
+  }
+  store_kv_acc<Traits>(p, thr_mma, dk,
+                       kv_head_base<Element>(p.dk, p.dk_batch_stride, p.dk_head_stride, tile),
+                       p.dk_row_stride, tile);
+  store_kv_acc<Traits>(p, thr_mma, dv,
+                       kv_head_base<Element>(p.dv, p.dv_batch_stride, p.dv_head_stride, tile),
+                       p.dv_row_stride, tile);
+}
+
+// A key block no query row sees: dK = dV = 0.
+template <class Traits, class ThrMma>
+CUTE_DEVICE void store_zero_dkv_tile(BwdParams const& p, ThrMma const& thr_mma,
+                                     BwdTileCoord tile) {
+  using Element = typename Traits::Element;
+  const int row0 = tile.n_block * Traits::kBlockN;
+  auto zero = [](int, int) { return Element(0.f); };
+  store_kv_rows<Traits>(kv_head_base<Element>(p.dk, p.dk_batch_stride, p.dk_head_stride, tile),
+                        p.dk_row_stride, row0, p.seqlen_k, p.head_dim, thr_mma, zero);
+  store_kv_rows<Traits>(kv_head_base<Element>(p.dv, p.dv_batch_stride, p.dv_head_stride, tile),
+                        p.dv_row_stride, row0, p.seqlen_k, p.head_dim, thr_mma, zero);
+}
+
+}  // namespace flash_hopper::sm90

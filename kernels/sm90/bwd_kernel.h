@@ -1,0 +1,97 @@
+// FA-3 path backward kernel (sm_90a): entry, shared memory, barrier setup, role dispatch.
+//
+// Pipeline contract (kernels/BWD_PLAN.md §3.4; family A as built, bwd_tile_config.h)
+// -----------------
+// Roles, T = 384 threads:
+//   WG 0: all warps drop to RegisterBudget<2>::kProducer registers; warp 0 is the producer (one
+//     elected lane issues every TMA load and bulk copy, bwd_load.h); warps 1-3 exit.
+//   WG 1, 2 = consumers c = 0, 1 (kConsumer registers): WG c owns keys [64c, 64c + 64) of the tile
+//     for S^T, dP^T, dV and dK, and head_dim columns [c * D / 2, ...) of dQ (d96: the partial dQ
+//     of its own keys over all columns). Both walk every step of every tile in the same code
+//     (bwd_mma.h).
+// All roles walk one step schedule (bwd_schedule.h: BwdCtaSchedule -> BwdTileWork -> QueryStep;
+// produce_bwd() and consume_bwd() are the only places that order loads, waits and releases;
+// tests/cpp/test_bwd_schedule.cpp simulates them against the barrier semantics).
+// Pipelines (pipeline.h; mbarriers in SharedStorage, counts in PipelineSpec):
+//   KV  1 stage: K and V of the tile on one full barrier (expect_tx 2 * kKVBytes); released by
+//       each consumer WG after its last step's GEMMs completed (wait_gemms<0>).
+//   Q   2 stages: Q rows (expect_tx kQBytes); released after the step's dK GEMM, Q's last reader.
+//   dO  2 stages: dO rows; released after the step's dV GEMM, dO's last reader.
+//   The rows' lse_log2 / D do not go through these: each consumer WG loads them from L2 at the
+//   step's start and stores them into its own slot (bwd_mma.h load_stats / publish_stats).
+//   full[s]: 1 arrival (the producer's arrive_and_expect_tx; the TMA completes the bytes).
+//   empty[s]: 2 arrivals, thread 0 of each consumer WG, after a barrier that orders the whole
+//   WG's reads of the stage before it (PdS). Producers start every empty barrier at phase 1
+//   (reported complete: buffers start free).
+// Named barriers (bwd_mma.h BwdBarrier):
+//   PdS     256: both consumer WGs after writing their dS^T half to sdS[step % 2] (+ proxy fence);
+//           then the dQ GEMM reads both halves. Two dS buffers make it the only sync per step.
+//   DqTurn  256, deterministic mode only: both WGs wait for the block's semaphore (thread 0
+//           spins), add (d96: WG 0, sync, WG 1), fence, sync again, thread 0 increments.
+//   Stats c 128, WG c: its threads stored the step's lse_log2 / D into its slot. The slot is
+//           rewritten one step later, after PdS, which every reader of it passed.
+// dQ goes from registers to the fp32 accumulator (red.global.add.v4.f32; bwd_epilogue.h), not
+// through BWD_PLAN's writer warp and shared-memory slot: the schedule's slot handshake
+// (sync_dq_empty / arrive_dq_full) is empty here and write_dq() is not run.
+// Tiles without queries touch no barrier in any role (BwdCtaSchedule::next_with_queries); their
+// consumers store dK = dV = 0.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/cutlass.h>
+
+#include "sm90/barriers.h"
+#include "sm90/bwd_kernel_traits.h"
+#include "sm90/bwd_load.h"
+#include "sm90/bwd_mma.h"
+#include "sm90/pipeline.h"
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "the FA-3 path needs sm_90a (setmaxnreg and WGMMA); compile with arch=compute_90a"
+#endif
+
+namespace flash_hopper::sm90 {
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    bwd_kernel(CUTE_GRID_CONSTANT BwdKernelParams<Traits> const params) {
+  using SharedStorage = typename Traits::SharedStorage;
+  using Registers = typename Traits::Registers;
+  extern __shared__ __align__(1024) char smem_buf[];
+  SharedStorage& smem = *reinterpret_cast<SharedStorage*>(smem_buf);
+
+  using QPipe = typename Traits::QPipe;
+  using KVPipe = typename Traits::KVPipe;
+  static_assert(QPipe::kEmptyArrivals == Traits::kConsumerWgs &&
+                KVPipe::kEmptyArrivals == Traits::kConsumerWgs);
+  static_assert(QPipe::kFullArrivals == 1 && KVPipe::kFullArrivals == 1);
+  static_assert(Traits::kThreads == 128 * (1 + Traits::kConsumerWgs));
+
+  const int warp_idx = cutlass::canonical_warp_idx_sync();
+  if (warp_idx == 0 && cute::elect_one_sync()) {
+    prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
+    prefetch_tma_descriptor(params.tma_do.get_tma_descriptor());
+    prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
+    prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
+    SmemBarriers<QPipe>{smem.q_full, smem.q_empty}.init();
+    SmemBarriers<QPipe>{smem.do_full, smem.do_empty}.init();
+    SmemBarriers<KVPipe>{smem.kv_full, smem.kv_empty}.init();
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  const int warp_group = cutlass::canonical_warp_group_idx();
+  if (warp_group == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<Registers::kProducer>();
+    if (warp_idx == 0) {
+      bwd_producer_loop<Traits>(params, smem);
+    }
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<Registers::kConsumer>();
+    bwd_consumer_loop<Traits>(params, smem);
+  }
+}
+
+}  // namespace flash_hopper::sm90

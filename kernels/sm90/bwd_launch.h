@@ -1,0 +1,144 @@
+// Host launch of the FA-3 path's backward for one (dtype, head-dim bucket): TMA descriptors of q,
+// k, v and dout, the persistent main kernel, then the postprocess that converts its dQ
+// accumulator (whose order is this kernel's). api.cu runs the shared preprocess before them.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "flash_hopper/bwd_params.h"
+#include "sm90/bwd_kernel.h"
+#include "sm90/bwd_kernel_traits.h"
+#include "sm90/bwd_postprocess.h"
+#include "sm90/fwd_launch.h"  // tma_stride, tma_stride_ok, TmaMemo
+#include "src/registry.h"
+
+namespace flash_hopper::sm90 {
+
+template <class Traits>
+LaunchResult launch_bwd(BwdParams const& p, int max_smem_per_block, cudaStream_t stream) {
+  using Element = typename Traits::Element;
+  constexpr int kSmem = Traits::kSmemBytes;
+  constexpr int kElem = sizeof(Element);
+  static_assert(kBwdRowPad % Traits::kBlockM == 0 && Traits::kBlockM % kBwdSemaphoreRows == 0,
+                "query blocks must tile the workspace's padded rows and its semaphores");
+  if (kSmem > max_smem_per_block) {
+    return LaunchResult::no_tile_fits(kSmem);
+  }
+  if (p.seqlen_q > 0 && p.head_dim_rounded != Traits::kHeadDim) {
+    return LaunchResult::internal("dq_accum columns differ from the fa3 backward's bucket");
+  }
+
+  if (p.seqlen_k > 0) {
+    // seqlen_q == 0: no step loads Q or dO (every tile stores dK = dV = 0), but the descriptors
+    // must still encode: they describe K's memory then, which is never read through them.
+    const bool no_q = p.seqlen_q == 0;
+    const void* q_ptr = no_q ? p.k : p.q;
+    const void* do_ptr = no_q ? p.k : p.dout;
+    const int seqlen_q = no_q ? p.seqlen_k : p.seqlen_q;
+    const int heads_q = no_q ? p.heads_kv : p.heads_q;
+    const int64_t q_strides[3] = {
+        tma_stride(no_q ? p.k_row_stride : p.q_row_stride, seqlen_q, kElem),
+        tma_stride(no_q ? p.k_head_stride : p.q_head_stride, heads_q, kElem),
+        tma_stride(no_q ? p.k_batch_stride : p.q_batch_stride, p.batch, kElem)};
+    const int64_t do_strides[3] = {
+        tma_stride(no_q ? p.k_row_stride : p.dout_row_stride, seqlen_q, kElem),
+        tma_stride(no_q ? p.k_head_stride : p.dout_head_stride, heads_q, kElem),
+        tma_stride(no_q ? p.k_batch_stride : p.dout_batch_stride, p.batch, kElem)};
+    const int64_t k_strides[3] = {tma_stride(p.k_row_stride, p.seqlen_k, kElem),
+                                  tma_stride(p.k_head_stride, p.heads_kv, kElem),
+                                  tma_stride(p.k_batch_stride, p.batch, kElem)};
+    const int64_t v_strides[3] = {tma_stride(p.v_row_stride, p.seqlen_k, kElem),
+                                  tma_stride(p.v_head_stride, p.heads_kv, kElem),
+                                  tma_stride(p.v_batch_stride, p.batch, kElem)};
+    const struct {
+      const char* field;
+      int64_t stride;
+    } tma_strides[] = {
+        {"q_row_stride", q_strides[0]},        {"q_head_stride", q_strides[1]},
+        {"q_batch_stride", q_strides[2]},      {"k_row_stride", k_strides[0]},
+        {"k_head_stride", k_strides[1]},       {"k_batch_stride", k_strides[2]},
+        {"v_row_stride", v_strides[0]},        {"v_head_stride", v_strides[1]},
+        {"v_batch_stride", v_strides[2]},      {"dout_row_stride", do_strides[0]},
+        {"dout_head_stride", do_strides[1]},   {"dout_batch_stride", do_strides[2]},
+    };
+    for (const auto& s : tma_strides) {
+      if (!tma_stride_ok(s.stride, kElem)) {
+        return LaunchResult::layout_not_loadable(s.field, s.stride);  // nothing launched
+      }
+    }
+
+    auto gmem = [&](const void* ptr, int seqlen, int heads, const int64_t* s) {
+      return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)),
+                         make_shape(seqlen, p.head_dim, heads, p.batch),
+                         make_stride(s[0], _1{}, s[1], s[2]));
+    };
+    using TmaQ = typename Traits::TmaQ;
+    using TmaKV = typename Traits::TmaKV;
+    auto q_key = [&](const void* ptr, const int64_t* s) {
+      return typename TmaMemo<TmaQ>::Key{ptr, {seqlen_q, p.head_dim, heads_q, p.batch},
+                                          {s[0], s[1], s[2]}};
+    };
+    auto kv_key = [&](const void* ptr, const int64_t* s) {
+      return typename TmaMemo<TmaKV>::Key{ptr, {p.seqlen_k, p.head_dim, p.heads_kv, p.batch},
+                                           {s[0], s[1], s[2]}};
+    };
+    thread_local TmaMemo<TmaQ> q_memo;
+    thread_local TmaMemo<TmaQ> do_memo;
+    thread_local TmaMemo<TmaKV> k_memo;
+    thread_local TmaMemo<TmaKV> v_memo;
+    auto encode_q = [&](const void* ptr, const int64_t* s) {
+      return make_tma_copy(SM90_TMA_LOAD{}, gmem(ptr, seqlen_q, heads_q, s),
+                           typename Traits::SmemLayoutQ{},
+                           Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{}, _1{});
+    };
+    auto encode_kv = [&](const void* ptr, const int64_t* s) {
+      return make_tma_copy(SM90_TMA_LOAD{}, gmem(ptr, p.seqlen_k, p.heads_kv, s),
+                           typename Traits::SmemLayoutK{},
+                           Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>{}, _1{});
+    };
+    BwdKernelParams<Traits> kp;
+    kp.bwd = p;
+    kp.tma_q = q_memo.get(q_key(q_ptr, q_strides), [&] { return encode_q(q_ptr, q_strides); });
+    kp.tma_do = do_memo.get(q_key(do_ptr, do_strides),
+                            [&] { return encode_q(do_ptr, do_strides); });
+    kp.tma_k = k_memo.get(kv_key(p.k, k_strides), [&] { return encode_kv(p.k, k_strides); });
+    kp.tma_v = v_memo.get(kv_key(p.v, v_strides), [&] { return encode_kv(p.v, v_strides); });
+    kp.tiles = BwdTileScheduler::make(p.seqlen_k, Traits::kBlockN, p.heads_kv, p.heads_per_kv,
+                                      p.batch, p.deterministic != 0, p.num_sms,
+                                      bwd_longest_first(attention_mask(p)));
+    if (kp.tiles.total_tiles > 0) {
+      auto kernel = bwd_kernel<Traits>;
+      static std::atomic<uint64_t> smem_set_on_devices{0};
+      const cudaError_t err = once_per_device(smem_set_on_devices, [&] {
+        return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+      });
+      if (err != cudaSuccess) {
+        return LaunchResult::cuda(err);
+      }
+      kernel<<<kp.tiles.grid, Traits::kThreads, kSmem, stream>>>(kp);
+      const cudaError_t launched = cudaGetLastError();
+      if (launched != cudaSuccess) {
+        return LaunchResult::cuda(launched);
+      }
+    }
+  }
+  if (p.seqlen_q > 0) {  // seqlen_k == 0 too: dq = 0 from the cleared accumulator
+    const dim3 grid((p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, p.heads_q, p.batch);
+    bwd_postprocess_kernel<Traits><<<grid, 128 * Traits::kDqWgs, 0, stream>>>(p);
+    return LaunchResult::cuda(cudaGetLastError());
+  }
+  return LaunchResult::ok();
+}
+
+template <class Element, int kHeadDim>
+LaunchResult run_bwd(BwdParams const& p, int max_smem_per_block, cudaStream_t stream) {
+  if (p.batch == 0) {
+    return LaunchResult::ok();
+  }
+  return launch_bwd<BwdTraits<Element, kHeadDim>>(p, max_smem_per_block, stream);
+}
+
+}  // namespace flash_hopper::sm90

@@ -1,0 +1,115 @@
+// Producer of the FA-3 path's backward: one elected thread of warp 0 issues every TMA load, in the
+// order bwd_schedule.h's produce_bwd() walks: per tile Q(step 0), dO(step 0), K + V, then Q and dO
+// of every further step. Each load first waits until its buffer is empty (pipeline.h). The rows'
+// lse_log2 / D are not loaded here: each consumer WG fetches them itself (bwd_mma.h, load_stats).
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "flash_hopper/bwd_params.h"
+#include "sm90/barriers.h"
+#include "sm90/bwd_schedule.h"
+#include "sm90/tile_scheduler.h"
+
+namespace flash_hopper::sm90 {
+
+using namespace cute;
+
+// Kernel parameters, passed by value as a __grid_constant__: the derived BwdParams, the TMA
+// descriptors (encoded on the host, bwd_launch.h) and the tile scheduler.
+template <class Traits>
+struct BwdKernelParams {
+  BwdParams bwd;
+  typename Traits::TmaQ tma_q;
+  typename Traits::TmaQ tma_do;
+  typename Traits::TmaKV tma_k;
+  typename Traits::TmaKV tma_v;
+  BwdTileScheduler tiles;
+};
+
+template <class Traits>
+CUTE_DEVICE BwdCtaSchedule<Traits::kBlockM, Traits::kBlockN> bwd_cta_schedule(
+    BwdKernelParams<Traits> const& params) {
+  return {params.tiles, attention_mask(params.bwd), int(blockIdx.x)};
+}
+
+template <class Traits>
+struct BwdProducer {
+  static constexpr int kBlockM = Traits::kBlockM;
+  static constexpr int kBlockN = Traits::kBlockN;
+  static constexpr int kHeadDim = Traits::kHeadDim;
+  using SharedStorage = typename Traits::SharedStorage;
+  using QPipe = typename Traits::QPipe;
+  using KVPipe = typename Traits::KVPipe;
+
+  BwdKernelParams<Traits> const& params;
+  BwdParams const& p;
+  SharedStorage& smem;
+  bool leader;
+  ProducerEnd<QPipe, SmemBarriers<QPipe>> q_pipe;
+  ProducerEnd<QPipe, SmemBarriers<QPipe>> do_pipe;
+  ProducerEnd<KVPipe, SmemBarriers<KVPipe>> kv_pipe;
+
+  CUTE_DEVICE BwdProducer(BwdKernelParams<Traits> const& params_, SharedStorage& smem_)
+      : params(params_),
+        p(params_.bwd),
+        smem(smem_),
+        leader(cute::elect_one_sync()),
+        q_pipe{{smem_.q_full, smem_.q_empty}},
+        do_pipe{{smem_.do_full, smem_.do_empty}},
+        kv_pipe{{smem_.kv_full, smem_.kv_empty}} {}
+
+  CUTE_DEVICE int seqlen_k_tma() const { return p.seqlen_k > 0 ? p.seqlen_k : 1; }
+
+  // One query block (M, D) of Q or dO through `tma` into stage `stage` of `buf`.
+  template <class Tma>
+  CUTE_DEVICE void load_rows(Tma const& tma, uint64_t& bar, typename Traits::Element* buf,
+                             int stage, int head, int batch, int m) const {
+    Tensor s = make_tensor(make_smem_ptr(buf), typename Traits::SmemLayoutQStages{});
+    Tensor mX = tma.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim, p.heads_q, p.batch));
+    Tensor gX = local_tile(mX(_, _, head, batch), Shape<Int<kBlockM>, Int<kHeadDim>>{},
+                           make_coord(m, _0{}));
+    auto part = tma_partition(tma, _0{}, Layout<_1>{}, group_modes<0, 2>(s(_, _, stage)),
+                              group_modes<0, 2>(gX));
+    copy(tma.with(bar, 0, TMA::CacheHintSm90::EVICT_LAST), get<0>(part), get<1>(part));
+  }
+  CUTE_DEVICE void q(BwdTileWork const& w, QueryStep s) {
+    q_pipe.load(leader, Traits::kQBytes, [&](int stage) {
+      load_rows(params.tma_q, q_pipe.bar.tma_barrier(stage), smem.q.data(), stage, w.dq_head(s),
+                w.tile.batch, s.m);
+    });
+  }
+  CUTE_DEVICE void dout(BwdTileWork const& w, QueryStep s) {
+    do_pipe.load(leader, Traits::kQBytes, [&](int stage) {
+      load_rows(params.tma_do, do_pipe.bar.tma_barrier(stage), smem.dout.data(), stage,
+                w.dq_head(s), w.tile.batch, s.m);
+    });
+  }
+  CUTE_DEVICE void kv(BwdTileWork const& w) {
+    kv_pipe.load(leader, 2 * Traits::kKVBytes, [&](int stage) {
+      uint64_t& bar = kv_pipe.bar.tma_barrier(stage);
+      load_kv(params.tma_k, bar, smem.k.data(), w);
+      load_kv(params.tma_v, bar, smem.v.data(), w);
+    });
+  }
+  template <class Tma>
+  CUTE_DEVICE void load_kv(Tma const& tma, uint64_t& bar, typename Traits::Element* buf,
+                           BwdTileWork const& w) const {
+    Tensor s = make_tensor(make_smem_ptr(buf), typename Traits::SmemLayoutK{});
+    Tensor mX = tma.get_tma_tensor(make_shape(seqlen_k_tma(), p.head_dim, p.heads_kv, p.batch));
+    Tensor gX = local_tile(mX(_, _, w.tile.kv_head, w.tile.batch),
+                           Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(w.tile.n_block, _0{}));
+    auto part = tma_partition(tma, _0{}, Layout<_1>{}, group_modes<0, 2>(s),
+                              group_modes<0, 2>(gX));
+    copy(tma.with(bar, 0, TMA::CacheHintSm90::EVICT_FIRST), get<0>(part), get<1>(part));
+  }
+};
+
+template <class Traits>
+CUTE_DEVICE void bwd_producer_loop(BwdKernelParams<Traits> const& params,
+                                   typename Traits::SharedStorage& smem) {
+  BwdProducer<Traits> producer(params, smem);
+  produce_bwd(bwd_cta_schedule(params), producer);
+}
+
+}  // namespace flash_hopper::sm90

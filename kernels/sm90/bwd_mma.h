@@ -1,0 +1,366 @@
+// Consumer warpgroups of the FA-3 path's backward (family A, bwd_tile_config.h): the five GEMMs
+// with WGMMA, P and dS in registers, dS to shared memory for dQ, the dQ accumulation and the
+// dK / dV epilogue. The order of every wait, GEMM, barrier and release is bwd_schedule.h's
+// consume_bwd(); this file supplies the operations.
+//
+// Per step (query head g, query block m) WG c, owning keys [64c, 64c + 64) of the tile, computes
+//   S^T  = K_c Q^T            (64 keys x 64 queries, fp32)
+//   P^T  = exp2(S^T * scale_log2 - lse_log2[q])    (softcap, element mask on masked steps)
+//   dP^T = V_c dO^T ;  dS^T = P^T (dP^T - D[q])   (* (1 - tanh^2) with softcap)
+//   dV_c += P^T dO ;  dK_c += dS^T Q              (RS: P^T, dS^T are the A operands)
+//   dQ[:, cols of c] = dS K                       (SS: dS through shared memory, both WGs' keys)
+// and adds dQ to the fp32 accumulator in global memory (bwd_epilogue.h).
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/cutlass.h>
+
+#include "flash_hopper/bwd_params.h"
+#include "flash_hopper/mask.h"
+#include "flash_hopper/register_ops.h"  // apply_softcap, convert_into
+#include "sm90/barriers.h"
+#include "sm90/bwd_epilogue.h"
+#include "sm90/bwd_load.h"
+#include "sm90/bwd_schedule.h"
+#include "sm90/utils.h"
+
+namespace flash_hopper::sm90 {
+
+using namespace cute;
+
+// Named-barrier ids of the backward (user ids: CUTLASS adds ReservedNamedBarrierCount).
+enum class BwdBarrier : uint32_t {
+  kPdS = 0,     // both consumer WGs: their dS halves are in shared memory
+  kDqTurn = 1,  // both consumer WGs in deterministic mode: this CTA's turn on a dQ block
+  kStats0 = 2,  // kStats0 + c: WG c's threads stored the step's lse_log2 / D rows
+};
+static_assert(static_cast<uint32_t>(BwdBarrier::kStats0) + 2 <=
+                  16 - cutlass::arch::NamedBarrier::ReservedNamedBarrierCount,
+              "named barrier ids exceed the hardware's 16");
+
+template <class Traits>
+struct BwdConsumer {
+  using Element = typename Traits::Element;
+  static constexpr int kBlockM = Traits::kBlockM;
+  static constexpr int kBlockN = Traits::kBlockN;
+  static constexpr int kHeadDim = Traits::kHeadDim;
+  static constexpr int kDqWgs = Traits::kDqWgs;
+  using TiledMmaSdP = typename Traits::TiledMmaSdP;
+  using TiledMmadKV = typename Traits::TiledMmadKV;
+  using TiledMmadQ = typename Traits::TiledMmadQ;
+  using SharedStorage = typename Traits::SharedStorage;
+  using QPipe = typename Traits::QPipe;
+  using KVPipe = typename Traits::KVPipe;
+  using QEnd = ConsumerEnd<QPipe, SmemBarriers<QPipe>>;
+  using KVEnd = ConsumerEnd<KVPipe, SmemBarriers<KVPipe>>;
+
+  BwdKernelParams<Traits> const& params;
+  BwdParams const& p;
+  SharedStorage& smem;
+  TiledMmaSdP mma_sdp;
+  TiledMmadKV mma_dkv;
+  TiledMmadQ mma_dq;
+  QEnd q_pipe;
+  QEnd do_pipe;
+  KVEnd kv_pipe;
+  int ds_stage = 0;  // the dS buffer of the current step (alternates per step)
+  float stat = 0.f;  // this thread's lse_log2 or D value of the step, in flight from L2
+
+  CUTE_DEVICE BwdConsumer(BwdKernelParams<Traits> const& params_, SharedStorage& smem_)
+      : params(params_),
+        p(params_.bwd),
+        smem(smem_),
+        q_pipe{{smem_.q_full, smem_.q_empty}},
+        do_pipe{{smem_.do_full, smem_.do_empty}},
+        kv_pipe{{smem_.kv_full, smem_.kv_empty}} {}
+
+  static CUTE_DEVICE int thread_idx() { return opaque_thread_idx() - 128; }
+  static CUTE_DEVICE bool wg_leader() { return thread_idx() % 128 == 0; }
+  // Shared-memory descriptors depend on the warpgroup only (uniform registers).
+  static CUTE_DEVICE int wg_first_thread() {
+    return (cutlass::canonical_warp_group_idx() - 1) * 128;
+  }
+
+  // --- shared-memory operands --------------------------------------------------------------
+  CUTE_DEVICE auto sQ() {
+    return make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQStages{});
+  }
+  CUTE_DEVICE auto sdO() {
+    return make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutQStages{});
+  }
+  CUTE_DEVICE auto sQt() {
+    return make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQt{});
+  }
+  CUTE_DEVICE auto sdOt() {
+    return make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutQt{});
+  }
+  CUTE_DEVICE auto sK() {
+    return make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutK{});
+  }
+  CUTE_DEVICE auto sV() {
+    return make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutK{});
+  }
+  CUTE_DEVICE auto sKt() {
+    return make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKt{});
+  }
+  CUTE_DEVICE auto sdS() {
+    return make_tensor(make_smem_ptr(smem.ds.data()), typename Traits::SmemLayoutdS{});
+  }
+  CUTE_DEVICE auto sdSt() {
+    return make_tensor(make_smem_ptr(smem.ds.data()), typename Traits::SmemLayoutdSt{});
+  }
+
+  // --- register state of a tile ------------------------------------------------------------
+  struct TileState {
+    decltype(partition_fragment_C(TiledMmaSdP{}, Shape<Int<kBlockN>, Int<kBlockM>>{})) s;
+    decltype(partition_fragment_C(TiledMmaSdP{}, Shape<Int<kBlockN>, Int<kBlockM>>{})) dp;
+    decltype(make_tensor<Element>(s.layout())) pt;  // P^T, then the dV GEMM's A operand
+    decltype(make_tensor<Element>(s.layout())) dst;  // dS^T, the dK GEMM's A operand
+    decltype(partition_fragment_C(TiledMmadKV{}, Shape<Int<kBlockN>, Int<kHeadDim>>{})) dv;
+    decltype(partition_fragment_C(TiledMmadKV{}, Shape<Int<kBlockN>, Int<kHeadDim>>{})) dk;
+    decltype(partition_fragment_C(TiledMmadQ{}, Shape<Int<kBlockM>, Int<kHeadDim>>{})) dq;
+    // One m64 atom per WG: the RS view keeps the accumulator's register order (acc_as_rs_a).
+    static_assert(decltype(size<1>(s))::value == 1);
+  };
+  template <class T>
+  static CUTE_DEVICE auto rs_a(T& t) {
+    return make_tensor(t.data(), acc_as_rs_a(t.layout()));
+  }
+
+  // --- pipelines -----------------------------------------------------------------------------
+  CUTE_DEVICE void wait_kv(BwdTileWork const&) { kv_pipe.wait(); }
+  CUTE_DEVICE void release_kv(BwdTileWork const&) { kv_pipe.release(wg_leader()); }
+  CUTE_DEVICE void wait_q(BwdTileWork const& w, QueryStep s) {
+    load_stats(w, s);
+    q_pipe.wait();
+  }
+  CUTE_DEVICE void release_q(BwdTileWork const&, QueryStep) {
+    q_pipe.release(wg_leader());
+    ds_stage ^= 1;  // the step ends here for this WG (bwd_schedule.h)
+  }
+  CUTE_DEVICE void wait_dout(BwdTileWork const&, QueryStep) { do_pipe.wait(); }
+  CUTE_DEVICE void release_dout(BwdTileWork const&, QueryStep) { do_pipe.release(wg_leader()); }
+
+  // --- GEMMs -----------------------------------------------------------------------------------
+  CUTE_DEVICE void issue_s(TileState& f) {
+    auto thr = mma_sdp.get_thread_slice(wg_first_thread());
+    wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_sdp, thr.partition_fragment_A(sK()),
+                                             thr.partition_fragment_B(sQ()(_, _, q_pipe.stage())),
+                                             f.s);
+  }
+  CUTE_DEVICE void issue_dp(TileState& f) {
+    auto thr = mma_sdp.get_thread_slice(wg_first_thread());
+    wgmma<true, -1>(mma_sdp, thr.partition_fragment_A(sV()),
+                    thr.partition_fragment_B(sdO()(_, _, do_pipe.stage())), f.dp);
+  }
+  CUTE_DEVICE void issue_dv(TileState& f) {
+    auto thr = mma_dkv.get_thread_slice(wg_first_thread());
+    auto a = rs_a(f.pt);
+    wgmma<false, -1>(mma_dkv, a, thr.partition_fragment_B(sdOt()(_, _, do_pipe.stage())), f.dv);
+  }
+  CUTE_DEVICE void issue_dk(TileState& f) {
+    auto thr = mma_dkv.get_thread_slice(wg_first_thread());
+    auto a = rs_a(f.dst);
+    wgmma<false, -1>(mma_dkv, a, thr.partition_fragment_B(sQt()(_, _, q_pipe.stage())), f.dk);
+  }
+  // kDqWgs == 2: WG c computes columns [c D / 2, (c + 1) D / 2) of dQ = dS K over all the tile's
+  // keys (both WGs' dS halves). kDqWgs == 1 (d96): WG c computes the partial dQ of its own 64 keys,
+  // dS_c K_c, over all D columns, and both add into the same accumulator block.
+  CUTE_DEVICE void issue_dq(TileState& f) {
+    if constexpr (kDqWgs == 2) {
+      auto thr = mma_dq.get_thread_slice(wg_first_thread());
+      wgmma<true, -1>(mma_dq, thr.partition_fragment_A(sdS()(_, _, ds_stage)),
+                      thr.partition_fragment_B(sKt()), f.dq);
+    } else {
+      const int wg = wg_first_thread() / 128;
+      auto thr = mma_dq.get_thread_slice(0);
+      Tensor a = local_tile(sdS()(_, _, ds_stage), Shape<Int<kBlockM>, _64>{}, make_coord(0, wg));
+      Tensor b = local_tile(sKt(), Shape<Int<kHeadDim>, _64>{}, make_coord(0, wg));
+      wgmma<true, -1>(mma_dq, thr.partition_fragment_A(a), thr.partition_fragment_B(b), f.dq);
+    }
+  }
+  template <int kInFlight>
+  CUTE_DEVICE void wait_gemms() {
+    warpgroup_wait<kInFlight>();
+  }
+
+  // --- the rows' statistics ----------------------------------------------------------------------
+  // Each consumer WG fetches the step's 64 lse_log2 and 64 D values itself (thread t of the WG one
+  // value, from the preprocess's workspace in L2) at the start of the step, and publishes them in
+  // its own shared-memory slot right before the exponentials: the load's latency hides under the
+  // S / dP GEMMs, and the slot is synchronized by barriers only (WG barrier after the stores; the
+  // previous step's readers all passed PdS before any store). Through the producer's mbarriers,
+  // plain loads of rows an async copy or another warp wrote are ordering compute-sanitizer's
+  // racecheck cannot see (it reported every one; PERFLOG session 6).
+  CUTE_DEVICE void load_stats(BwdTileWork const& w, QueryStep s) {
+    const int t = thread_idx() % 128;
+    float const* region = t < kBlockM ? p.lse_log2 : p.dpsum;
+    stat = __ldcg(region + p.row_offset(w.tile.batch, w.dq_head(s)) + int64_t(s.m) * kBlockM +
+                  t % kBlockM);
+  }
+  // This WG's slot: lse_log2 at [0, kBlockM), D at [kBlockM, 2 kBlockM).
+  CUTE_DEVICE float* stats_slot() {
+    return smem.stats.data() + (wg_first_thread() / 128) * 2 * kBlockM;
+  }
+  CUTE_DEVICE void publish_stats() {
+    stats_slot()[thread_idx() % 128] = stat;
+    cutlass::arch::NamedBarrier::sync(
+        128, static_cast<uint32_t>(BwdBarrier::kStats0) + wg_first_thread() / 128);
+  }
+
+  // --- element math ------------------------------------------------------------------------------
+  // Each S^T element's (key, query) inside the tile, in the (rows = keys, cols = queries) view.
+  CUTE_DEVICE auto coords_rc() {
+    Tensor c = mma_sdp.get_thread_slice(thread_idx())
+                   .partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
+    return make_tensor(c.data(), acc_rowcol(c.layout()));
+  }
+
+  // Softcap (before the mask, as in the forward), the element mask on masked steps, then
+  // P^T = exp2(score * scale_log2 - lse_log2) -> 16 bit. A query column's visible keys are
+  // computed once per column (AttentionMask::columns); the key tail is part of it (hi <= seqlen_k).
+  template <bool kMasked>
+  CUTE_DEVICE void transform(TileState& f, BwdTileWork const& w, QueryStep s) {
+    if (p.softcap != 0.f) {
+      apply_softcap(f.s, p.softcap, p.softcap_prescale);
+    }
+    publish_stats();
+    Tensor s_rc = make_tensor(f.s.data(), acc_rowcol(f.s.layout()));  // (keys, queries)
+    Tensor c_rc = coords_rc();
+    float const* lse = stats_slot();
+    const AttentionMask mask = attention_mask(p);
+    const int key0 = w.tile.n_block * kBlockN;
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(s_rc); ++c) {
+      const int q = get<1>(c_rc(0, c));
+      const float col_lse = lse[q];
+      if constexpr (kMasked) {
+        const ColumnRange keys = mask.columns(s.m * kBlockM + q);
+        CUTE_UNROLL
+        for (int r = 0; r < size<0>(s_rc); ++r) {
+          const int key = key0 + get<0>(c_rc(r, c));
+          if (key < keys.lo || key >= keys.hi) {
+            s_rc(r, c) = -INFINITY;
+          }
+        }
+      }
+      CUTE_UNROLL
+      for (int r = 0; r < size<0>(s_rc); ++r) {
+        s_rc(r, c) = exp2f(s_rc(r, c) * p.scale_log2 - col_lse);
+      }
+    }
+    convert_into(f.s, f.pt);
+  }
+
+  // dS^T = P^T (dP^T - D) [* (1 - t^2) with softcap, t recovered from P as on the FA-2 path:
+  // score * log2(e) = log2(P) + lse_log2], -> 16 bit, -> shared memory (q-major, for dQ).
+  CUTE_DEVICE void compute_ds(TileState& f, BwdTileWork const&, QueryStep) {
+    Tensor p_rc = make_tensor(f.s.data(), acc_rowcol(f.s.layout()));  // P^T in fp32
+    Tensor dp_rc = make_tensor(f.dp.data(), acc_rowcol(f.dp.layout()));
+    Tensor c_rc = coords_rc();
+    float const* lse = stats_slot();
+    float const* dpsum = lse + kBlockM;
+    const bool softcap_on = p.softcap != 0.f;
+    const float t_scale = softcap_on ? 0.6931471805599453f / p.softcap : 0.f;
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(p_rc); ++c) {
+      const int q = get<1>(c_rc(0, c));
+      const float col_dpsum = dpsum[q];
+      CUTE_UNROLL
+      for (int r = 0; r < size<0>(p_rc); ++r) {
+        const float prob = p_rc(r, c);
+        float ds = prob * (dp_rc(r, c) - col_dpsum);
+        if (softcap_on) {
+          const float t = (__log2f(prob) + lse[q]) * t_scale;
+          ds = prob > 0.f ? ds * (1.f - t * t) : 0.f;
+        }
+        dp_rc(r, c) = ds;
+      }
+    }
+    convert_into(f.dp, f.dst);
+    // dS^T -> sdS through its (keys, queries) view, 16-byte stmatrix rows.
+    typename Traits::R2SCopydS r2s;
+    auto thr = r2s.get_thread_slice(thread_idx());
+    Tensor dst = thr.partition_D(as_position_independent_swizzle_tensor(sdSt()(_, _, ds_stage)));
+    copy(r2s, thr.retile_S(f.dst), dst);
+    cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> the WGMMA's reads
+  }
+
+  // --- barriers --------------------------------------------------------------------------------
+  // Both WGs' dS are in buffer ds_stage. Two buffers make this one sync per step enough: a WG
+  // writes buffer b again two steps later, after passing the next step's sync, which the other WG
+  // reaches only after its dQ GEMM of this step (the last reader of b) completed.
+  CUTE_DEVICE void sync_pds() {
+    cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads,
+                                      static_cast<uint32_t>(BwdBarrier::kPdS));
+  }
+  // dQ goes from registers to the accumulator (store_dq): no slot handshake with a writer warp.
+  CUTE_DEVICE void sync_dq_empty() {}
+  CUTE_DEVICE void arrive_dq_full() {}
+
+  // --- dQ ----------------------------------------------------------------------------------------
+  // Adds this WG's dQ part of step s to dQacc (bwd_epilogue.h's fragment order). Deterministic
+  // mode: the dQ WGs wait for the block's semaphore to reach this key block's rank, add, make
+  // the adds visible (fence) and pass the block on.
+  CUTE_DEVICE void store_dq(TileState& f, BwdTileWork const& w, QueryStep s) {
+    const int head = w.dq_head(s);
+    float* acc = p.dq_accum + p.dq_accum_offset(w.tile.batch, head) +
+                 int64_t(s.m) * kBlockM * kHeadDim;
+    if (!p.deterministic) {
+      add_dq_fragment<Traits>(acc, f.dq, thread_idx());
+      return;
+    }
+    constexpr uint32_t kDqThreads = Traits::kConsumerThreads;  // both WGs add to every block
+    int* semaphore = p.semaphores + p.semaphore_offset(w.tile.batch, head) +
+                     s.m * (kBlockM / kBwdSemaphoreRows);
+    const int rank = dq_rank(attention_mask(p), s.m, w.tile.n_block, kBlockM, kBlockN);
+    if (thread_idx() == 0) {
+      while (load_acquire_gpu(semaphore) != rank) {
+      }
+    }
+    cutlass::arch::NamedBarrier::sync(kDqThreads, static_cast<uint32_t>(BwdBarrier::kDqTurn));
+    if constexpr (kDqWgs == 2) {  // disjoint columns
+      add_dq_fragment<Traits>(acc, f.dq, thread_idx());
+      __threadfence();
+    } else {  // the same positions: WG 0's partial, then WG 1's, always in this order
+      for (int wg = 0; wg < 2; ++wg) {
+        if (wg_first_thread() == 128 * wg) {
+          add_dq_fragment<Traits>(acc, f.dq, thread_idx());
+          __threadfence();
+        }
+        if (wg == 0) {
+          cutlass::arch::NamedBarrier::sync(kDqThreads,
+                                            static_cast<uint32_t>(BwdBarrier::kDqTurn));
+        }
+      }
+    }
+    cutlass::arch::NamedBarrier::sync(kDqThreads, static_cast<uint32_t>(BwdBarrier::kDqTurn));
+    if (thread_idx() == 0) {
+      atomicAdd(semaphore, 1);
+    }
+  }
+
+  // --- tiles -----------------------------------------------------------------------------------
+  CUTE_DEVICE void clear_dkv(TileState& f) {
+    clear(f.dv);
+    clear(f.dk);
+  }
+  CUTE_DEVICE void store_dkv(TileState& f, BwdTileWork const& w) {
+    store_dkv_tile<Traits>(p, mma_dkv.get_thread_slice(thread_idx()), f.dk, f.dv, w.tile);
+  }
+  CUTE_DEVICE void store_zero(BwdTileWork const& w) {
+    store_zero_dkv_tile<Traits>(p, mma_dkv.get_thread_slice(thread_idx()), w.tile);
+  }
+};
+
+template <class Traits>
+CUTE_DEVICE void bwd_consumer_loop(BwdKernelParams<Traits> const& params,
+                                   typename Traits::SharedStorage& smem) {
+  BwdConsumer<Traits> consumer(params, smem);
+  // Every WG computes and adds a part of dQ (bwd_tile_config.h), so both run the same step code
+  // and meet at the same barrier instructions.
+  consume_bwd_wg<Traits, /*kWritesDq=*/true>(bwd_cta_schedule(params), consumer);
+}
+
+}  // namespace flash_hopper::sm90

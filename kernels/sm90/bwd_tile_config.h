@@ -1,0 +1,51 @@
+// The FA-3 path's backward tuned-config table (kernels/BWD_PLAN.md §4): one entry per head-dim
+// bucket, each with its reason. Every kernel has one producer warpgroup and two consumer
+// warpgroups (24 / 240 registers, RegisterBudget<2>); a consumer thread of an m64nNk16 WGMMA holds
+// N/2 fp32 accumulator registers.
+//
+// Family A (the buckets built today: d64, d96, d128): a tile is block_n = 128 keys of one kv head;
+// each consumer WG owns 64 of them and computes S^T = K Q^T and dP^T = V dO^T (its 64 keys x
+// block_m queries), so P^T and dS^T are already in registers as the A operands of dV += P^T dO
+// and dK += dS^T Q (RS GEMMs, no shared-memory round trip). dS goes to shared memory once, for
+// dQ = dS K (SS), which the WGs split along head_dim (dq_wgs = 2: each over all 128 keys) or along
+// the keys (dq_wgs = 1, d96: each WG's partial dS_c K_c over all 96 columns, both added; a
+// 48-column WGMMA would need CuTe's extended shapes, a third of a TU's compile time).
+// Family B (d192, d256; 64 x 64 tiles with P and dS in shared memory) is not written yet: those
+// buckets have no fa3 backward kernel and the policy runs them on the FA-2 path.
+#pragma once
+
+#include "sm90/tile_config.h"
+
+namespace flash_hopper::sm90 {
+
+struct BwdConfig {
+  int block_m;   // query rows per step
+  int block_n;   // keys per tile (64 per consumer WG)
+  int q_stages;  // Q and dO buffers (and dS buffers): 2 lets step i + 1 load while step i computes
+  int dq_wgs;    // 2: the WGs split dQ's columns; 1: each WG adds its keys' partial dQ
+};
+
+// Whether the bucket has an FA-3 backward tile (CMake builds fa3 backward TUs for these only).
+constexpr bool has_bwd_config(int head_dim) { return head_dim <= 128; }
+
+constexpr BwdConfig bwd_config(int head_dim) {
+  // d64: dV + dK = 2 x 32 registers, S^T + dP^T 2 x 32: light; 64 x 128 keeps one code shape for
+  //   family A (a 128-row query step, FA3's d64 choice, is tuning lever L-d64 in BWD_PLAN §4).
+  //   Shared memory 96 KB.
+  if (head_dim <= 64) {
+    return {64, 128, 2, 2};
+  }
+  // d96: dV + dK 2 x 48, dQ 48 (n96, K = the WG's 64 keys; n48 would need the extended shapes):
+  //   twice the dQ adds of a column split, but the same step code on both WGs.
+  //   Shared memory 128 KB.
+  if (head_dim <= 96) {
+    return {64, 128, 2, 1};
+  }
+  // d128: dV + dK 2 x 64 + S^T 32 + dP^T 32 = 192 live fp32 registers at the exponentials, then
+  //   dV + dK + P + dS + dQ(64 x 64 per WG) = 128 + 16 + 16 + 32; the 240-register budget holds it
+  //   (FA3's d128 tile is also 64 x 128). Shared memory: K, V 32 KB each, Q, dO 2 x 16 KB each,
+  //   dS 2 x 16 KB = 160 KB.
+  return {64, 128, 2, 2};
+}
+
+}  // namespace flash_hopper::sm90
