@@ -10,7 +10,7 @@
 # python/ with FLASH_HOPPER_LIB pointing at a built libflash_hopper.so (a file or its folder).
 # PYTHON picks the interpreter; FH_CHECK_SKIP may list steps to skip (tests, sanitizer, bench);
 # FH_SANITIZER_BACKENDS the paths the sanitizer runs (default: fa2 fa3), FH_SANITIZER_BWD_BACKENDS
-# those it runs the backward on (default: fa2).
+# those it runs the backward on (default: fa2 fa3; each path on the buckets it has a backward for).
 #
 # Every step runs even after one failed (one run shows every problem), and any failure fails the
 # script: each step's exit status is taken from the command itself, never from a pipe's last stage.
@@ -77,7 +77,7 @@ if ! skipped sanitizer; then
     done
   done
   # The backward (its forward too), default and deterministic mode, on the paths that have one.
-  for backend in ${FH_SANITIZER_BWD_BACKENDS:-fa2}; do
+  for backend in ${FH_SANITIZER_BWD_BACKENDS:-fa2 fa3}; do
     for tool in memcheck racecheck synccheck; do
       run_step "compute-sanitizer $tool bwd ($backend)" "sanitizer_${tool}_bwd_$backend.log" \
         compute-sanitizer --tool "$tool" --report-api-errors no --error-exitcode 9 \

@@ -6,9 +6,9 @@
 //   WG 0: all warps drop to RegisterBudget<2>::kProducer registers; warp 0 is the producer (one
 //     elected lane issues every TMA load and bulk copy, bwd_load.h); warps 1-3 exit.
 //   WG 1, 2 = consumers c = 0, 1 (kConsumer registers): WG c owns keys [64c, 64c + 64) of the tile
-//     for S^T, dP^T, dV and dK, and head_dim columns [c * D / 2, ...) of dQ (d96: the partial dQ
-//     of its own keys over all columns). Both walk every step of every tile in the same code
-//     (bwd_mma.h).
+//     for S^T, dP^T, dV and dK, and head_dim columns [c * D / 2, ...) of dQ (d64's 128-query
+//     steps: query rows [64c, 64c + 64); d96: the partial dQ of its own keys over all columns).
+//     Both walk every step of every tile in the same code (bwd_mma.h).
 // All roles walk one step schedule (bwd_schedule.h: BwdCtaSchedule -> BwdTileWork -> QueryStep;
 // produce_bwd() and consume_bwd() are the only places that order loads, waits and releases;
 // tests/cpp/test_bwd_schedule.cpp simulates them against the barrier semantics).

@@ -50,7 +50,11 @@ struct BwdTraits {
   static constexpr int kThreads = Registers::kThreads;
   static constexpr int kConsumerThreads = 128 * kConsumerWgs;
   static_assert(kBlockN == 64 * kConsumerWgs, "each consumer warpgroup owns 64 keys");
-  static_assert(kBlockM == 64, "dQ's A operand (dS, q-major) spans one 64-row swizzle atom");
+  static_assert(kBlockM == 64 || (kBlockM == 128 && kDqWgs == 2),
+                "64-query steps, or 128-query steps whose dQ the WGs split by rows");
+  // How the WGs share dQ: kBlockM == 128: rows [64c, 64c + 64) each (all keys, all columns);
+  // kDqWgs == 2: columns [c D / 2, ...) each; kDqWgs == 1: each WG its own 64 keys' partial sum.
+  static constexpr bool kDqByRows = kBlockM == 128;
   static_assert(kStages == 2, "dS is double-buffered: bwd_mma.h's sync_pds argument needs 2");
   static_assert(kHeadDim % kDqWgs == 0 && (kHeadDim / kDqWgs) % 32 == 0);
 
@@ -65,20 +69,23 @@ struct BwdTraits {
       GMMA::rs_op_selector<Element, Element, float, TileShapedKV, GMMA::Major::K,
                            GMMA::Major::MN>(),
       Layout<Shape<Int<kConsumerWgs>, _1, _1>>{}));
-  // dQ: (queries, d, keys). kDqWgs == 2: the WGs side by side along d, each over all keys.
-  // kDqWgs == 1: one WG's atom, each WG over its own 64 keys (partial sums, both added).
-  using TileShapedQWg = Shape<Int<kBlockM>, Int<kHeadDim / kDqWgs>, Int<kBlockN / (3 - kDqWgs)>>;
+  // dQ: (queries, d, keys); the WGs' shares as kDqByRows / kDqWgs say (one atom per WG).
+  using TileShapedQWg =
+      conditional_t<kDqByRows, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>,
+                    Shape<Int<kBlockM>, Int<kHeadDim / kDqWgs>, Int<kBlockN / (3 - kDqWgs)>>>;
+  using AtomLayoutdQ =
+      conditional_t<kDqByRows, Layout<Shape<_2, _1, _1>>, Layout<Shape<_1, Int<kDqWgs>, _1>>>;
   using TiledMmadQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, TileShapedQWg, GMMA::Major::MN,
                            GMMA::Major::MN>(),
-      Layout<Shape<_1, Int<kDqWgs>, _1>>{}));
+      AtomLayoutdQ{}));
 
   // The selectors fall back to narrower atoms when a shape is missing: insist on one atom per WG
   // (Shape_MNK is the atom's).
   static_assert(decltype(size<1>(typename TiledMmaSdP::Shape_MNK{}))::value == kBlockM);
   static_assert(decltype(size<1>(typename TiledMmadKV::Shape_MNK{}))::value == kHeadDim);
   static_assert(decltype(size<1>(typename TiledMmadQ::Shape_MNK{}))::value ==
-                kHeadDim / kDqWgs);
+                (kDqByRows ? kHeadDim : kHeadDim / kDqWgs));
 
   using SmemAtom = decltype(k_major_smem_atom<Element, kHeadDim>());
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));

@@ -65,7 +65,9 @@ struct BwdConsumer {
   QEnd do_pipe;
   KVEnd kv_pipe;
   int ds_stage = 0;  // the dS buffer of the current step (alternates per step)
-  float stat = 0.f;  // this thread's lse_log2 or D value of the step, in flight from L2
+  // This thread's lse_log2 / D values of the step, in flight from L2 (bwd_mma.h load_stats).
+  static constexpr int kStatsPerThread = 2 * kBlockM / 128;
+  float stat[kStatsPerThread] = {};
 
   CUTE_DEVICE BwdConsumer(BwdKernelParams<Traits> const& params_, SharedStorage& smem_)
       : params(params_),
@@ -164,8 +166,9 @@ struct BwdConsumer {
     auto a = rs_a(f.dst);
     wgmma<false, -1>(mma_dkv, a, thr.partition_fragment_B(sQt()(_, _, q_pipe.stage())), f.dk);
   }
-  // kDqWgs == 2: WG c computes columns [c D / 2, (c + 1) D / 2) of dQ = dS K over all the tile's
-  // keys (both WGs' dS halves). kDqWgs == 1 (d96): WG c computes the partial dQ of its own 64 keys,
+  // kDqWgs == 2: WG c computes columns [c D / 2, (c + 1) D / 2) of dQ = dS K (128-query steps:
+  // rows [64c, 64c + 64)) over all the tile's keys (both WGs' dS halves); the tiled MMA's atom
+  // layout places it. kDqWgs == 1 (d96): WG c computes the partial dQ of its own 64 keys,
   // dS_c K_c, over all D columns, and both add into the same accumulator block.
   CUTE_DEVICE void issue_dq(TileState& f) {
     if constexpr (kDqWgs == 2) {
@@ -194,17 +197,22 @@ struct BwdConsumer {
   // plain loads of rows an async copy or another warp wrote are ordering compute-sanitizer's
   // racecheck cannot see (it reported every one; PERFLOG session 6).
   CUTE_DEVICE void load_stats(BwdTileWork const& w, QueryStep s) {
-    const int t = thread_idx() % 128;
-    float const* region = t < kBlockM ? p.lse_log2 : p.dpsum;
-    stat = __ldcg(region + p.row_offset(w.tile.batch, w.dq_head(s)) + int64_t(s.m) * kBlockM +
-                  t % kBlockM);
+    const int64_t row0 = p.row_offset(w.tile.batch, w.dq_head(s)) + int64_t(s.m) * kBlockM;
+    CUTE_UNROLL
+    for (int k = 0; k < kStatsPerThread; ++k) {
+      const int i = thread_idx() % 128 + 128 * k;  // slot index: lse_log2 rows, then D rows
+      stat[k] = __ldcg((i < kBlockM ? p.lse_log2 : p.dpsum) + row0 + i % kBlockM);
+    }
   }
   // This WG's slot: lse_log2 at [0, kBlockM), D at [kBlockM, 2 kBlockM).
   CUTE_DEVICE float* stats_slot() {
     return smem.stats.data() + (wg_first_thread() / 128) * 2 * kBlockM;
   }
   CUTE_DEVICE void publish_stats() {
-    stats_slot()[thread_idx() % 128] = stat;
+    CUTE_UNROLL
+    for (int k = 0; k < kStatsPerThread; ++k) {
+      stats_slot()[thread_idx() % 128 + 128 * k] = stat[k];
+    }
     cutlass::arch::NamedBarrier::sync(
         128, static_cast<uint32_t>(BwdBarrier::kStats0) + wg_first_thread() / 128);
   }
@@ -255,8 +263,17 @@ struct BwdConsumer {
 
   // dS^T = P^T (dP^T - D) [* (1 - t^2) with softcap, t recovered from P as on the FA-2 path:
   // score * log2(e) = log2(P) + lse_log2], -> 16 bit, -> shared memory (q-major, for dQ).
+  // P comes from the fp32 scores' registers, or with 128-query steps from its 16-bit copy (the dV
+  // GEMM's operand): keeping the fp32 P across the dP wait as well is 64 registers more than
+  // the budget has there (ptxas then serializes every wgmma, C7512).
   CUTE_DEVICE void compute_ds(TileState& f, BwdTileWork const&, QueryStep) {
-    Tensor p_rc = make_tensor(f.s.data(), acc_rowcol(f.s.layout()));  // P^T in fp32
+    Tensor p_rc = [&] {
+      if constexpr (kBlockM == 128) {
+        return make_tensor(f.pt.data(), acc_rowcol(f.pt.layout()));  // P^T, 16-bit
+      } else {
+        return make_tensor(f.s.data(), acc_rowcol(f.s.layout()));  // P^T in fp32
+      }
+    }();
     Tensor dp_rc = make_tensor(f.dp.data(), acc_rowcol(f.dp.layout()));
     Tensor c_rc = coords_rc();
     float const* lse = stats_slot();
@@ -269,7 +286,7 @@ struct BwdConsumer {
       const float col_dpsum = dpsum[q];
       CUTE_UNROLL
       for (int r = 0; r < size<0>(p_rc); ++r) {
-        const float prob = p_rc(r, c);
+        const float prob = static_cast<float>(p_rc(r, c));
         float ds = prob * (dp_rc(r, c) - col_dpsum);
         if (softcap_on) {
           const float t = (__log2f(prob) + lse[q]) * t_scale;

@@ -3,11 +3,12 @@
 // warpgroups (24 / 240 registers, RegisterBudget<2>); a consumer thread of an m64nNk16 WGMMA holds
 // N/2 fp32 accumulator registers.
 //
-// Family A (the buckets built today: d64, d96, d128): a tile is block_n = 128 keys of one kv head;
-// each consumer WG owns 64 of them and computes S^T = K Q^T and dP^T = V dO^T (its 64 keys x
-// block_m queries), so P^T and dS^T are already in registers as the A operands of dV += P^T dO
+// Family A (the buckets built today: d64, d96, d128): a tile is block_n = 128 keys of one kv head
+// and a step block_m = 64 or 128 queries; each consumer WG owns 64 of the keys and computes
+// S^T = K Q^T and dP^T = V dO^T (its 64 keys x block_m queries), so P^T and dS^T are already in registers as the A operands of dV += P^T dO
 // and dK += dS^T Q (RS GEMMs, no shared-memory round trip). dS goes to shared memory once, for
-// dQ = dS K (SS), which the WGs split along head_dim (dq_wgs = 2: each over all 128 keys) or along
+// dQ = dS K (SS), which the WGs split along head_dim (dq_wgs = 2: each over all 128 keys; with
+// 128-query steps along the query rows instead) or along
 // the keys (dq_wgs = 1, d96: each WG's partial dS_c K_c over all 96 columns, both added; a
 // 48-column WGMMA would need CuTe's extended shapes, a third of a TU's compile time).
 // Family B (d192, d256; 64 x 64 tiles with P and dS in shared memory) is not written yet: those
@@ -29,11 +30,12 @@ struct BwdConfig {
 constexpr bool has_bwd_config(int head_dim) { return head_dim <= 128; }
 
 constexpr BwdConfig bwd_config(int head_dim) {
-  // d64: dV + dK = 2 x 32 registers, S^T + dP^T 2 x 32: light; 64 x 128 keeps one code shape for
-  //   family A (a 128-row query step, FA3's d64 choice, is tuning lever L-d64 in BWD_PLAN §4).
-  //   Shared memory 96 KB.
+  // d64: 128-query steps (FA3's d64 tile): a 64-query step is half of d128's GEMM work for the
+  //   same per-step costs (barriers, waits, the dS store). S^T + dP^T 2 x 64 registers, dV + dK
+  //   2 x 32, P + dS 2 x 32 (16-bit), dQ 32 (the WGs split its rows): the d128 peak again.
+  //   Shared memory: K, V 16 KB each, Q, dO 2 x 16 KB each, dS 2 x 32 KB = 160 KB.
   if (head_dim <= 64) {
-    return {64, 128, 2, 2};
+    return {128, 128, 2, 2};
   }
   // d96: dV + dK 2 x 48, dQ 48 (n96, K = the WG's 64 keys; n48 would need the extended shapes):
   //   twice the dQ adds of a column split, but the same step code on both WGs.
