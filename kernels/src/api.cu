@@ -1098,7 +1098,9 @@ FwdParams derive(const FhFwdParams* p, const DeviceInfo& dev) {
   k.lse_scale = p->softcap > 0.f ? 1.f : p->softmax_scale;
   k.window_left = clamp_window(p->window_left, p->seqlen_q, p->seqlen_k);
   k.window_right = clamp_window(p->window_right, p->seqlen_q, p->seqlen_k);
-  k.num_sms = p->num_sms > 0 ? p->num_sms : dev.sm_count;
+  // A cap, never more CTAs than SMs: the FA-3 backward's deterministic mode waits across CTAs
+  // and needs every CTA of its persistent grid resident.
+  k.num_sms = p->num_sms > 0 && p->num_sms < dev.sm_count ? p->num_sms : dev.sm_count;
   k.variant = p->variant;
   return k;
 }
@@ -1169,7 +1171,9 @@ BwdParams derive_bwd(const FhBwdParams* p, const DeviceInfo& dev) {
   k.window_left = clamp_window(p->window_left, p->seqlen_q, p->seqlen_k);
   k.window_right = clamp_window(p->window_right, p->seqlen_q, p->seqlen_k);
   k.deterministic = p->deterministic;
-  k.num_sms = p->num_sms > 0 ? p->num_sms : dev.sm_count;
+  // A cap, never more CTAs than SMs: the FA-3 backward's deterministic mode waits across CTAs
+  // and needs every CTA of its persistent grid resident.
+  k.num_sms = p->num_sms > 0 && p->num_sms < dev.sm_count ? p->num_sms : dev.sm_count;
   return k;
 }
 

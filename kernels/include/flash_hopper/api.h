@@ -147,7 +147,7 @@ typedef struct FhFwdParams {
   // --- dispatch ---------------------------------------------------------------------------
   int32_t backend;  // FhBackend
   int32_t variant;  // FhVariant: 0 = tuned kernel; other values need backend FH_BACKEND_FA3
-  int32_t num_sms;  // 0 = query the device
+  int32_t num_sms;  // 0 = query the device; else a cap (min with the device's SM count)
 } FhFwdParams;
 
 // Forward attention on `stream` (a cudaStream_t; null = legacy default stream) on the current
@@ -265,7 +265,7 @@ typedef struct FhBwdParams {
   // --- dispatch ---------------------------------------------------------------------------
   int32_t backend;  // FhBackend
   int32_t variant;  // 0 (FA-3 ablation variants have no backward of their own)
-  int32_t num_sms;  // 0 = query the device
+  int32_t num_sms;  // 0 = query the device; else a cap (min with the device's SM count)
 } FhBwdParams;
 
 // Backward on `stream` on the current device: validate, choose the backend
