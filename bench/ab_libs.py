@@ -2,6 +2,12 @@
 
     python bench/ab_libs.py --lib base=build/a/libflash_hopper.so --lib new=build/b/... \\
         -d 128 -s 512 1024 8192 --causal both --rounds 7 --json ab.json
+    python bench/ab_libs.py --direction bwd --lib ... -d 64 128 -s 2048 16384
+
+--direction bwd times each library's fh_bwd (libraries of this package's C ABI only) on one
+forward's out / lse (this package's library computes them), TFLOP/s = 2.5x the forward's FLOPs;
+every library's dq, dk, dv are checked against the chunked fp32 backward reference (the
+benchmark's gradient rule) in NaN-filled shared buffers.
 
 A change worth a few percent is invisible between two `flash-hopper bench` runs: the same kernel
 moves 5-10 % from run to run (clocks under the power limit). Here every library is loaded at once
@@ -30,9 +36,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from flash_hopper import _lib, _validate, ops
+from flash_hopper import _bwd, _lib, _validate, ops
 from flash_hopper.bench.cases import Case
-from flash_hopper.bench.check import CheckResult, References
+from flash_hopper.bench.check import CheckResult, GradCheckResult, GradReferences, References
 
 # ABI versions whose FhFwdParams has this package's layout: a library of such a version can be
 # timed against the current one (ABI 2 changed only fh_fwd_select_backend's signature, ABI 3 added
@@ -77,11 +83,11 @@ def load(path: Path):
                      f"({_lib.ABI_VERSION}); time it with the checkout it was built from")
 
 
-def time_burst(lib, params, stream, iters: int) -> float:
+def time_burst(run: Callable[[], None], iters: int) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(iters):
-        lib.fwd(params, stream)
+        run()
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / iters
@@ -102,6 +108,60 @@ def check_libraries(runs: dict[str, Callable[[], None]], out: torch.Tensor, lse:
     return results, outputs
 
 
+def check_libraries_bwd(runs: dict[str, Callable[[], None]],
+                        grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                        references: GradReferences) -> tuple[dict[str, GradCheckResult],
+                                                             dict[str, list[torch.Tensor]]]:
+    """Run each library's backward once into the shared ``grads`` (dq, dk, dv; NaN-filled first)
+    and check them: (check result, copies of its gradients) per library name."""
+    results, outputs = {}, {}
+    for name, run in runs.items():
+        for g in grads:
+            g.fill_(float("nan"))
+        run()
+        results[name] = references.check(grads)
+        outputs[name] = [g.clone() for g in grads]
+    return results, outputs
+
+
+def bwd_setup(libs: dict, q, k, v, causal: bool, backend: str, sms: int):
+    """(runs, grads, references) of one backward config: each library's fh_bwd on the same
+    FhBwdParams (this package's plan, pointers filled), the shared gradient buffers, the fp32
+    references."""
+    for name, lib in libs.items():
+        if not isinstance(lib, _lib.Library):
+            raise SystemExit(f"{name}: --direction bwd needs libraries of C ABI "
+                             f"{_lib.ABI_VERSION} (FhBwdParams)")
+    dout = torch.randn_like(q)
+    right = 0 if causal else -1
+    out, lse = flash_hopper_forward(q, k, v, causal)
+    scale = q.shape[-1] ** -0.5
+    cfg = _validate.check_bwd_args(dout, q, k, v, out, lse, None, scale, -1, right, 0.0, backend,
+                                   False)
+    grads = tuple(torch.empty_like(t) for t in (q, k, v))
+    plan = _bwd.make_plan(cfg, dout, q, k, v, out, lse, None, grads=grads, num_sms=sms)
+    params = _lib.FhBwdParams.from_buffer_copy(plan.template)
+    workspace = torch.empty(max(lib.bwd_workspace_size(params) for lib in libs.values()),
+                            dtype=torch.uint8, device=q.device)
+    params.q, params.k, params.v, params.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+    params.lse, params.dout, params.dlse = lse.data_ptr(), dout.data_ptr(), 0
+    params.dq, params.dk, params.dv = (g.data_ptr() for g in grads)
+    params.workspace, params.workspace_bytes = workspace.data_ptr(), workspace.numel()
+    stream = torch.cuda.current_stream().cuda_stream
+    runs = {n: functools.partial(lib.bwd, params, stream) for n, lib in libs.items()}
+    case = Case(batch=q.shape[0], seqlen_q=q.shape[1], seqlen_k=k.shape[1], heads=q.shape[2],
+                heads_kv=k.shape[2], head_dim=q.shape[3], causal=causal)
+    references = GradReferences(q, k, v, dout, case, References(q, k, v, case))
+    keep = (dout, out, lse, workspace)  # the params point into these
+    return runs, grads, references, keep
+
+
+def flash_hopper_forward(q, k, v, causal: bool):
+    from flash_hopper import flash_attn_func
+
+    return flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -111,6 +171,8 @@ def main() -> int:
     ap.add_argument("-s", "--seqlen", type=int, nargs="+",
                     default=[512, 1024, 2048, 4096, 8192, 16384])
     ap.add_argument("--causal", choices=["both", "on", "off"], default="both")
+    ap.add_argument("--direction", choices=["fwd", "bwd"], default="fwd")
+    ap.add_argument("--backend", default="fa3", help="the path every library runs (default fa3)")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--burst-ms", type=float, default=25.0)
     ap.add_argument("--json", type=Path, help="write every row here")
@@ -132,32 +194,41 @@ def main() -> int:
                 torch.manual_seed(0)
                 q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
                            for _ in range(3))
-                out = torch.empty_like(q)
-                lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
-                cfg = _validate.check_fwd_args(q, k, v, None, causal, (-1, -1), 0.0, "fa3")
-                params = ops.make_params(q, k, v, out, lse, cfg, "fa3", num_sms=sms)
                 case = Case(batch=b, seqlen_q=s, seqlen_k=s, heads=h, heads_kv=h, head_dim=d,
                             causal=causal)
-                references = References(q, k, v, case)
-                checks, outs = check_libraries(
-                    {n: functools.partial(lib.fwd, params, stream) for n, lib in libs.items()},
-                    out, lse, references)
-                del references
-                diff = {n: (outs[n].float() - outs[names[0]].float()).abs().max().item()
-                        for n in names}
-                del outs
-                for lib in libs.values():
+                if args.direction == "fwd":
+                    out = torch.empty_like(q)
+                    lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
+                    cfg = _validate.check_fwd_args(q, k, v, None, causal, (-1, -1), 0.0,
+                                                   args.backend)
+                    params = ops.make_params(q, k, v, out, lse, cfg, args.backend, num_sms=sms)
+                    runs = {n: functools.partial(lib.fwd, params, stream)
+                            for n, lib in libs.items()}
+                    references = References(q, k, v, case)
+                    checks, outs = check_libraries(runs, out, lse, references)
+                    diff = {n: (outs[n].float() - outs[names[0]].float()).abs().max().item()
+                            for n in names}
+                else:
+                    # _alive: the tensors the params point into, kept until the next config
+                    runs, grads, references, _alive = bwd_setup(libs, q, k, v, causal,
+                                                                args.backend, sms)
+                    checks, outs = check_libraries_bwd(runs, grads, references)
+                    diff = {n: max((a.float() - b0.float()).abs().max().item()
+                                   for a, b0 in zip(outs[n], outs[names[0]])) for n in names}
+                del references, outs
+                for run in runs.values():
                     for _ in range(3):  # warm-up
-                        lib.fwd(params, stream)
-                once = time_burst(libs[names[0]], params, stream, 1)
+                        run()
+                once = time_burst(runs[names[0]], 1)
                 iters = max(2, int(args.burst_ms / max(once, 1e-3)))
                 times = {n: [] for n in names}
                 for r in range(args.rounds):
                     for n in names[r % len(names):] + names[:r % len(names)]:
-                        times[n].append(time_burst(libs[n], params, stream, iters))
-                flops = case.flops()
+                        times[n].append(time_burst(runs[n], iters))
+                flops = case.flops() * (2.5 if args.direction == "bwd" else 1.0)
                 med = {n: statistics.median(times[n]) for n in names}
-                row = {"head_dim": d, "seqlen": s, "causal": causal, "batch": b, "heads": h,
+                row = {"direction": args.direction, "backend": args.backend,
+                       "head_dim": d, "seqlen": s, "causal": causal, "batch": b, "heads": h,
                        "iters": iters, "rounds": args.rounds,
                        "tflops": {n: flops / med[n] / 1e9 for n in names},
                        "spread": {n: (max(times[n]) - min(times[n])) / med[n] for n in names},

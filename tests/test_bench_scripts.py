@@ -82,6 +82,39 @@ def test_ab_libs_checks_each_library_on_a_poisoned_buffer():
     assert torch.equal(outputs["good"], good_out)
 
 
+def test_ab_libs_checks_each_backward_on_poisoned_gradients():
+    from flash_hopper.bench.cases import Case
+    from flash_hopper.bench.check import GradReferences, References
+    from flash_hopper.reference import attention_bwd_ref
+
+    ab_libs = _load_script("ab_libs")
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, dout = (torch.randn(1, 24, 2, 16, generator=gen).to(torch.bfloat16)
+                     for _ in range(4))
+    case = Case(batch=1, seqlen_q=24, seqlen_k=24, heads=2, heads_kv=2, head_dim=16, causal=True)
+    forward = References(q, k, v, case)
+    refs = GradReferences(q, k, v, dout, case, forward)
+    good = [g.to(torch.bfloat16) for g in attention_bwd_ref(
+        q, k, v, forward.out, forward.lse, dout, causal=True)]
+    grads = tuple(torch.empty_like(t) for t in (q, k, v))
+
+    def write(values):
+        for g, x in zip(grads, values):
+            g.copy_(x)
+
+    def wrong_dk():
+        write(good)
+        grads[1].mul_(1.5)
+
+    runs = {"good": lambda: write(good), "writes-nothing": lambda: None, "wrong-dk": wrong_dk}
+    results, outputs = ab_libs.check_libraries_bwd(runs, grads, refs)
+    # "writes-nothing" runs right after "good" left correct gradients in the shared buffers.
+    assert {name: r.passed for name, r in results.items()} == {
+        "good": True, "writes-nothing": False, "wrong-dk": False}
+    assert all(g.isnan().all() for g in outputs["writes-nothing"])
+    assert results["wrong-dk"].err["dq"] <= results["wrong-dk"].tol["dq"]
+
+
 # ---- gpu_check.sh: with the GPU tools replaced by recording stand-ins ---------------------------
 
 
@@ -132,10 +165,11 @@ def test_pre_merge_script_runs_every_step_with_the_library_required(tmp_path):
         for tool in ("memcheck", "racecheck", "synccheck"):
             assert any(f"--tool {tool}" in c and f"--backend {backend}" in c
                        and "--direction bwd" not in c for c in sanitizer)
-    # The backward's cases on the paths that have one (fa2).
-    for tool in ("memcheck", "racecheck", "synccheck"):
-        assert any(f"--tool {tool}" in c and "--backend fa2" in c and "--direction bwd" in c
-                   for c in sanitizer)
+    # The backward's cases on both paths (each on the buckets it has a backward for).
+    for backend in ("fa2", "fa3"):
+        for tool in ("memcheck", "racecheck", "synccheck"):
+            assert any(f"--tool {tool}" in c and f"--backend {backend}" in c
+                       and "--direction bwd" in c for c in sanitizer)
     logs = {p.name for p in (tmp_path / "out").iterdir()}
     assert {"pytest.log", "bench.log", "build_info.json", "sanitizer_synccheck_fa3.log",
             "sanitizer_racecheck_bwd_fa2.log"} <= logs
@@ -145,11 +179,12 @@ def test_pre_merge_script_runs_every_step_with_the_library_required(tmp_path):
 @pytest.mark.parametrize("fail,steps", [
     ("-m pytest", ["pytest"]),
     ("--tool racecheck", ["compute-sanitizer racecheck (fa2)", "compute-sanitizer racecheck (fa3)",
-                          "compute-sanitizer racecheck bwd (fa2)"]),
-    ("--direction bwd", [f"compute-sanitizer {t} bwd (fa2)" for t in ("memcheck", "racecheck",
-                                                                       "synccheck")]),
-    ("--backend fa3", [f"compute-sanitizer {t} (fa3)" for t in ("memcheck", "racecheck",
-                                                                 "synccheck")]),
+                          "compute-sanitizer racecheck bwd (fa2)",
+                          "compute-sanitizer racecheck bwd (fa3)"]),
+    ("--direction bwd", [f"compute-sanitizer {t} bwd ({b})" for b in ("fa2", "fa3")
+                         for t in ("memcheck", "racecheck", "synccheck")]),
+    ("--backend fa3", [f"compute-sanitizer {t}{d} (fa3)" for d in ("", " bwd")
+                       for t in ("memcheck", "racecheck", "synccheck")]),
     ("build_info", ["build info"]),
     ("nvidia-smi", ["nvidia-smi"]),
     ("--head-dim 64 128", ["quick benchmark"]),
