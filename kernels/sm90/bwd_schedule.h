@@ -16,6 +16,8 @@
 //   produce_bwd()     the producer's load order
 //   consume_bwd()     a consumer warpgroup's order of waits, GEMMs and releases
 //   write_dq()        the dQ writer warp's order of slot handshakes, reductions and semaphores
+//                     (BWD_PLAN's writer design; host-tested, not used by the kernel as built: its
+//                     consumers add dQ from registers, bwd_mma.h store_dq)
 //
 // Pipeline contract (the kernel's copy is at the top of bwd_kernel.h; BWD_PLAN §3.4):
 //   KV   1 stage,  full: 1 arrival + K/V bytes; empty: 2 (one per consumer WG) after the tile's
@@ -354,8 +356,10 @@ FH_ROLE void produce_bwd(Schedule const& sched, Ops& ops) {
 //   dQ          store_dq(f, w, s) (the WG's dQ fragment -> its slot)
 //   tiles       clear_dkv(f), store_dkv(f, w), store_zero(w) (tile without queries)
 // f is the register state of the tile (Ops::TileState). Cfg::kDqWgs: how many consumer WGs own a
-// part of dQ (2; 1 at d96, where WG 0 computes all of dQ); WG wg >= kDqWgs skips the dQ GEMM and
-// its slot handshake. Cfg::kFamilyB selects family B's step (bwd_step_b) for d192 / d256.
+// part of dQ in consume_bwd (WG wg >= kDqWgs skips the dQ GEMM and its slot handshake). The sm90
+// kernel (bwd_mma.h) runs consume_bwd_wg<Cfg, true> on both WGs: every WG computes a part of dQ
+// (its columns, rows, or at d96 its keys' partial sum), so both meet at the same barrier
+// instructions. Cfg::kFamilyB selects family B's step (bwd_step_b) for d192 / d256.
 // ---------------------------------------------------------------------------------------------
 namespace detail {
 
