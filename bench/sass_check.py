@@ -4,8 +4,12 @@
 
 Needs cuobjdump (CUDA toolkit, or the nvidia-cuda-cuobjdump wheel). Reports, for every kernel:
 REG / STACK / LOCAL / SHARED from `cuobjdump -res-usage`, and counts of HGMMA (WGMMA), HMMA
-(mma.sync), UTMALDG (TMA loads), USETMAXREG, LDL / STL (local-memory spills) from
-`cuobjdump -sass`. Exits 1 if an sm90 kernel has no HGMMA or any sm90 kernel touches local memory.
+(mma.sync), UTMALDG (TMA loads), USETMAXREG, LDL / STL (local-memory spills) and WARPGROUP.ARRIVE
+from `cuobjdump -sass`. Exits 1 if an sm90 main kernel has no HGMMA, an sm90 kernel touches local memory, or has its
+wgmmas serialized: ptxas does that to a whole kernel when it cannot keep a wgmma in flight
+(C7512 / C7515 in its output: too few registers, a wgmma behind a run-time branch or in flight
+across a loop's back edge), and then fences every HGMMA with its own WARPGROUP.ARRIVE (one per
+HGMMA, instead of one per batch of K/16; PERFLOG session 6: the d128 backward lost 30 %).
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ import re
 import subprocess
 import sys
 
-_COUNTED = ("HGMMA", "HMMA", "UTMALDG", "UTMASTG", "USETMAXREG", "LDL", "STL")
+_COUNTED = ("HGMMA", "HMMA", "UTMALDG", "UTMASTG", "USETMAXREG", "LDL", "STL",
+            "WARPGROUP.ARRIVE")
 
 
 def _demangle(names: list[str]) -> dict[str, str]:
@@ -59,7 +64,7 @@ def kernel_facts(lib: str) -> list[dict]:
         f = facts.get((arch, name))
         if f is not None:
             for op in _COUNTED:
-                if re.search(rf"\b{op}[\s.]", line):
+                if re.search(rf"\b{re.escape(op)}[\s.;]", line):
                     f[op] = f.get(op, 0) + 1
     names = _demangle([f["kernel"] for f in facts.values()])
     out = []
@@ -69,6 +74,11 @@ def kernel_facts(lib: str) -> list[dict]:
             f.setdefault(op, 0)
         out.append(f)
     return sorted(out, key=lambda f: (f["arch"], f["kernel"]))
+
+
+def serialized(f: dict) -> bool:
+    """Every HGMMA fenced on its own: the kernel's wgmmas were serialized by ptxas."""
+    return f["HGMMA"] > 0 and f["WARPGROUP.ARRIVE"] >= f["HGMMA"]
 
 
 def main() -> int:
@@ -83,14 +93,18 @@ def main() -> int:
         sm90 = f["arch"].startswith("sm_90")
         spills = f["LDL"] + f["STL"] + f["local"]
         flag = ""
-        if sm90 and "sm90" in f["kernel"] and (f["HGMMA"] == 0 or spills):
+        # The main kernels must run on WGMMA; the backward's postprocess is plain CUDA.
+        main_kernel = re.search(r"sm90::(fwd|bwd)_kernel<", f["kernel"]) is not None
+        if sm90 and "sm90" in f["kernel"] and (
+                (main_kernel and f["HGMMA"] == 0) or spills or serialized(f)):
             flag = "  <-- FAIL"
             bad += 1
         short = re.sub(r"flash_hopper::|cutlass::|, ?", lambda m: "," if "," in m.group(0) else "",
                        f["kernel"])[:90]
         print(f"{f['arch']:7} reg {f['registers']:3} stack {f['stack']:4} local {f['local']:4} "
               f"HGMMA {f['HGMMA']:4} HMMA {f['HMMA']:4} TMA {f['UTMALDG']:3} "
-              f"SETMAXREG {f['USETMAXREG']} LDL/STL {f['LDL']}/{f['STL']}  {short}{flag}")
+              f"SETMAXREG {f['USETMAXREG']} LDL/STL {f['LDL']}/{f['STL']} "
+              f"ARRIVE {f['WARPGROUP.ARRIVE']:3}  {short}{flag}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(facts, fh, indent=1)

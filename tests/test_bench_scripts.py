@@ -115,6 +115,16 @@ def test_ab_libs_checks_each_backward_on_poisoned_gradients():
     assert results["wrong-dk"].err["dq"] <= results["wrong-dk"].tol["dq"]
 
 
+def test_sass_check_flags_serialized_wgmmas():
+    # ptxas fences every HGMMA of a kernel whose wgmmas it serialized (one WARPGROUP.ARRIVE each;
+    # measured on a d128 backward built with a run-time branch around a wgmma: 64 / 64, against
+    # 10 arrives for 64 HGMMAs normally).
+    sass_check = _load_script("sass_check")
+    assert sass_check.serialized({"HGMMA": 64, "WARPGROUP.ARRIVE": 64})
+    assert not sass_check.serialized({"HGMMA": 64, "WARPGROUP.ARRIVE": 10})
+    assert not sass_check.serialized({"HGMMA": 0, "WARPGROUP.ARRIVE": 0})
+
+
 # ---- gpu_check.sh: with the GPU tools replaced by recording stand-ins ---------------------------
 
 
