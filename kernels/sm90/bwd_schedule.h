@@ -363,18 +363,21 @@ FH_ROLE void produce_bwd(Schedule const& sched, Ops& ops) {
 // ---------------------------------------------------------------------------------------------
 namespace detail {
 
-template <bool kMasked, bool kWritesDq, class Ops, class State>
-FH_ROLE void bwd_step(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
+// Both families open a step alike: Q, S, dO, dP, then S is ready (dP in flight).
+template <class Ops, class State>
+FH_ROLE void start_step(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
   ops.wait_q(w, s);
   ops.issue_s(f);
   ops.wait_dout(w, s);
   ops.issue_dp(f);
   ops.template wait_gemms<1>();  // S done, dP in flight
-  ops.template transform<kMasked>(f, w, s);
-  ops.issue_dv(f);               // the dS arithmetic below runs under this GEMM
-  ops.template wait_gemms<1>();  // dP done, dV in flight
-  ops.compute_ds(f, w, s);
-  ops.sync_pds();                // both WGs' dS are in shared memory
+}
+
+// Both families close a step alike, once dV is in flight and dS is in shared memory: dQ and dK
+// issued, dO released when dV (and dQ) completed, the dQ handshake under dK, then Q released when
+// dK completed (the last reader of Q, and of family A's P / dS registers and family B's sP / sdS).
+template <bool kWritesDq, class Ops, class State>
+FH_ROLE void finish_step(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
   if constexpr (kWritesDq) {
     ops.issue_dq(f);
   }
@@ -386,18 +389,25 @@ FH_ROLE void bwd_step(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
     ops.store_dq(f, w, s);
     ops.arrive_dq_full();
   }
-  ops.template wait_gemms<0>();  // dK done: Q and the P / dS registers are free
+  ops.template wait_gemms<0>();  // dK done
   ops.release_q(w, s);
+}
+
+template <bool kMasked, bool kWritesDq, class Ops, class State>
+FH_ROLE void bwd_step(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
+  start_step(ops, f, w, s);
+  ops.template transform<kMasked>(f, w, s);
+  ops.issue_dv(f);               // the dS arithmetic below runs under this GEMM
+  ops.template wait_gemms<1>();  // dP done, dV in flight
+  ops.compute_ds(f, w, s);
+  ops.sync_pds();                // both WGs' dS are in shared memory
+  finish_step<kWritesDq>(ops, f, w, s);
 }
 
 // Family B: P and dS go through the single-stage sP / sdS, read by both WGs' SS GEMMs.
 template <bool kMasked, bool kWritesDq, class Ops, class State>
 FH_ROLE void bwd_step_b(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
-  ops.wait_q(w, s);
-  ops.issue_s(f);
-  ops.wait_dout(w, s);
-  ops.issue_dp(f);
-  ops.template wait_gemms<1>();  // S done, dP in flight
+  start_step(ops, f, w, s);
   ops.template transform<kMasked>(f, w, s);
   ops.sync_pds_free();           // both WGs' GEMMs of the previous step (sP / sdS readers) done
   ops.store_p(f, w, s);
@@ -405,19 +415,7 @@ FH_ROLE void bwd_step_b(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
   ops.compute_ds(f, w, s);
   ops.sync_pds();                // both WGs' halves of P and dS are in shared memory
   ops.issue_dv(f);
-  if constexpr (kWritesDq) {
-    ops.issue_dq(f);
-  }
-  ops.issue_dk(f);
-  ops.template wait_gemms<1>();  // dV (and dQ) done, dK in flight
-  ops.release_dout(w, s);
-  if constexpr (kWritesDq) {
-    ops.sync_dq_empty();
-    ops.store_dq(f, w, s);
-    ops.arrive_dq_full();
-  }
-  ops.template wait_gemms<0>();  // dK done: Q free, and this WG reads sP / sdS no more
-  ops.release_q(w, s);
+  finish_step<kWritesDq>(ops, f, w, s);
 }
 
 template <bool kFamilyB, bool kMasked, bool kWritesDq, class Ops, class State>
