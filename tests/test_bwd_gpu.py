@@ -15,10 +15,10 @@ element the kernels forget to write fails.
 Grid rationale (a few minutes with -n 8 on an H200; the float64 reference dominates): one axis at
 a time around a central case (bf16, hdim 128, GQA 4:2, lengths 113 x 203) instead of a product.
 Both paths run every test that takes the ``path`` fixture (fa3 where this GPU is cc 9.0 and the
-bucket has an FA-3 backward tile, kernels/sm90/bwd_tile_config.h: d64 / d96 / d128 today; fa2
-everywhere); flash_attn_func is called with backend=path, so forward and backward run on it.
-Buckets without an FA-3 tile refuse an explicit fa3 backward by name and train on fa2 under
-"auto" (test_fa3_backward_buckets); test_fa3_matches_fa2 compares the two paths directly.
+build has the bucket's FA-3 backward kernel, kernels/sm90/bwd_tile_config.h: family A for d64 /
+d96 / d128, family B for d192 / d256; fa2 everywhere); flash_attn_func is called with
+backend=path, so forward and backward run on it. "auto" trains every bucket on fa3 on cc 9.0
+(test_fa3_backward_buckets); test_fa3_matches_fa2 compares the two paths directly.
 """
 
 from __future__ import annotations
@@ -507,8 +507,8 @@ def test_fa3_matches_fa2(lib, seed, shape, mask):
 
 
 def test_fa3_backward_buckets(lib, seed):
-    # Buckets with an FA-3 backward tile train on fa3 under "auto"; the others (d192 / d256 for
-    # now) refuse an explicit fa3 backward by name and train on fa2 under "auto".
+    # Buckets with an FA-3 backward tile (all five since family B) train on fa3 under "auto"; a
+    # bucket without one would refuse an explicit fa3 backward by name and train on fa2.
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the fa3 path needs compute capability 9.0")
     for d in BUCKETS:

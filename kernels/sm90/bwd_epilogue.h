@@ -61,14 +61,17 @@ CUTE_DEVICE void store_kv_rows(void* base, int64_t row_stride, int row0, int seq
   using Element = typename Traits::Element;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
+  // Family B's WGs hold head_dim / 2 columns each, from column col0 on.
+  constexpr int kCols = Traits::kFamilyB ? kHeadDim / 2 : kHeadDim;
   Tensor tc = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
-  Tensor tc_rc = make_tensor(tc.data(), acc_rowcol(tc.layout()));  // (2, (2, D/8))
+  Tensor tc_rc = make_tensor(tc.data(), acc_rowcol(tc.layout()));  // (2, (2, kCols / 8))
+  const int col0 = get<1>(tc_rc(0, 0)) - 2 * (threadIdx.x % 4);
   CUTE_UNROLL
   for (int r = 0; r < size<0>(tc_rc); ++r) {
     const int row = row0 + get<0>(tc_rc(r, 0));
-    store_row_quad<Element, kHeadDim>(static_cast<Element*>(base) + int64_t(row) * row_stride,
-                                      row < seqlen_k, head_dim,
-                                      [&](int c) { return value(r, c); });
+    store_row_quad<Element, kCols>(
+        static_cast<Element*>(base) + int64_t(row) * row_stride + col0, row < seqlen_k,
+        head_dim - col0, [&](int c) { return value(r, c); });
   }
 }
 

@@ -1,14 +1,16 @@
 // FA-3 path backward kernel (sm_90a): entry, shared memory, barrier setup, role dispatch.
 //
-// Pipeline contract (kernels/BWD_PLAN.md §3.4; family A as built, bwd_tile_config.h)
+// Pipeline contract (kernels/BWD_PLAN.md §3.4; families A and B as built, bwd_tile_config.h)
 // -----------------
 // Roles, T = 384 threads:
 //   WG 0: all warps drop to RegisterBudget<2>::kProducer registers; warp 0 is the producer (one
 //     elected lane issues every TMA load and bulk copy, bwd_load.h); warps 1-3 exit.
-//   WG 1, 2 = consumers c = 0, 1 (kConsumer registers): WG c owns keys [64c, 64c + 64) of the tile
-//     for S^T, dP^T, dV and dK, and head_dim columns [c * D / 2, ...) of dQ (d64's 128-query
-//     steps: query rows [64c, 64c + 64); d96: the partial dQ of its own keys over all columns).
-//     Both walk every step of every tile in the same code (bwd_mma.h).
+//   WG 1, 2 = consumers c = 0, 1 (kConsumer registers). Family A: WG c owns keys [64c, 64c + 64)
+//     of the tile for S^T, dP^T, dV and dK, and head_dim columns [c * D / 2, ...) of dQ (d64's
+//     128-query steps: query rows [64c, 64c + 64); d96: the partial dQ of its own keys over all
+//     columns). Family B: WG c computes S and dP for keys [32c, 32c + 32) and head_dim columns
+//     [c * D / 2, ...) of dV, dK and dQ. Both walk every step of every tile in the same code
+//     (bwd_mma.h).
 // All roles walk one step schedule (bwd_schedule.h: BwdCtaSchedule -> BwdTileWork -> QueryStep;
 // produce_bwd() and consume_bwd() are the only places that order loads, waits and releases;
 // tests/cpp/test_bwd_schedule.cpp simulates them against the barrier semantics).
@@ -25,7 +27,11 @@
 //   (reported complete: buffers start free).
 // Named barriers (bwd_mma.h BwdBarrier):
 //   PdS     256: both consumer WGs after writing their dS^T half to sdS[step % 2] (+ proxy fence);
-//           then the dQ GEMM reads both halves. Two dS buffers make it the only sync per step.
+//           then the dQ GEMM reads both halves. Two dS buffers make it the only sync per step
+//           in family A. Family B: after writing their halves of P and dS (one buffer each);
+//           then dV, dK and dQ read both halves.
+//   PdSFree 256, family B only: before writing P, both WGs completed the previous step's GEMMs
+//           (wait_gemms<0>), the last readers of the single P and dS buffers.
 //   DqTurn  256, deterministic mode only: both WGs wait for the block's semaphore (thread 0
 //           spins), add (d96: WG 0, sync, WG 1), fence, sync again, thread 0 increments.
 //   Stats c 128, WG c: its threads stored the step's lse_log2 / D into its slot. The slot is

@@ -1,15 +1,24 @@
-// CuTe types of one FA-3 path backward instantiation (family A, bwd_tile_config.h): tile shapes,
-// the four tiled MMAs, shared-memory layouts with their transposed views, TMA types, the
-// shared-storage struct and the pipeline specs.
+// CuTe types of one FA-3 path backward instantiation (bwd_tile_config.h): tile shapes, the four
+// tiled MMAs, shared-memory layouts with their transposed views, TMA types, the shared-storage
+// struct and the pipeline specs.
 //
 // Views: every operand lands once, row-major as in global memory (K-major for the GEMMs that read
 // it along head_dim); the GEMMs that contract over another mode read the same bytes through a
-// transposed view (composition with an ordered layout, the forward's V^T trick):
+// transposed view (composition with an ordered layout, the forward's V^T trick).
+// Family A (d64 / d96 / d128; the WGs split the keys):
 //   S^T  = K  Q^T     A = sK (keys, d)           B = sQ (q, d)             both K-major, SS
 //   dP^T = V  dO^T    A = sV (keys, d)           B = sdO (q, d)            both K-major, SS
 //   dV  += P^T dO     A = P^T registers          B = sdOt (d, q)           MN-major, RS
 //   dK  += dS^T Q     A = dS^T registers         B = sQt (d, q)            MN-major, RS
 //   dQ   = dS K       A = sdS (q, keys) q-major  B = sKt (d, keys)         MN-major, SS
+// Family B (d192 / d256; S and dP split the keys, dV / dK / dQ split head_dim):
+//   S    = Q  K^T     A = sQ (q, d)              B = sK (keys, d)          both K-major, SS
+//   dP   = dO V^T     A = sdO (q, d)             B = sV (keys, d)          both K-major, SS
+//   dV  += P^T dO     A = sPt (keys, q)          B = sdOt (d, q)           MN-major, SS
+//   dK  += dS^T Q     A = sdSt (keys, q)         B = sQt (d, q)            MN-major, SS
+//   dQ   = dS K       A = sdS (q, keys) keys-major B = sKt (d, keys)       K / MN-major, SS
+// P and dS share one array of two (q, keys) buffers: family A's two dS stages, or family B's P
+// (buffer 0) and dS (buffer 1).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -32,6 +41,21 @@ using TransposedView = decltype(composition(
     Layout{}, make_ordered_layout(Shape<Int<kCols>, Int<kRows>, Int<kStages>>{},
                                   Step<_2, _1, _3>{})));
 
+// The dV / dK GEMM's atom: family A takes P^T / dS^T from registers (RS) and gives each WG all
+// head_dim columns; family B reads them from shared memory (SS) and each WG computes half.
+template <class Element, bool kFamilyB, int kBlockN, int kHeadDim, int kBlockM>
+CUTE_HOST_DEVICE constexpr auto dkv_mma_atom() {
+  if constexpr (kFamilyB) {
+    return GMMA::ss_op_selector<Element, Element, float,
+                                Shape<Int<kBlockN>, Int<kHeadDim / 2>, Int<kBlockM>>,
+                                GMMA::Major::MN, GMMA::Major::MN>();
+  } else {
+    return GMMA::rs_op_selector<Element, Element, float,
+                                Shape<Int<kBlockN>, Int<kHeadDim>, Int<kBlockM>>, GMMA::Major::K,
+                                GMMA::Major::MN>();
+  }
+}
+
 template <class Element_, int kHeadDim_>
 struct BwdTraits {
   using Element = Element_;
@@ -41,53 +65,66 @@ struct BwdTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kConfig.block_m;
   static constexpr int kBlockN = kConfig.block_n;
-  static constexpr int kStages = kConfig.q_stages;  // Q, dO and dS buffers
+  static constexpr int kStages = kConfig.q_stages;  // Q and dO buffers
   static constexpr int kDqWgs = kConfig.dq_wgs;
   static constexpr int kConsumerWgs = 2;
-  static constexpr bool kFamilyB = false;  // bwd_schedule.h's Cfg
+  static constexpr bool kFamilyB = kConfig.family_b;  // also bwd_schedule.h's Cfg
 
   using Registers = RegisterBudget<kConsumerWgs>;
   static constexpr int kThreads = Registers::kThreads;
   static constexpr int kConsumerThreads = 128 * kConsumerWgs;
-  static_assert(kBlockN == 64 * kConsumerWgs, "each consumer warpgroup owns 64 keys");
+  static_assert(kFamilyB ? kBlockN == 64 && kBlockM == 64 && kDqWgs == 2
+                         : kBlockN == 64 * kConsumerWgs,
+                "family A: each consumer WG owns 64 keys; family B: 64 x 64, head_dim split");
   static_assert(kBlockM == 64 || (kBlockM == 128 && kDqWgs == 2),
                 "64-query steps, or 128-query steps whose dQ the WGs split by rows");
   // How the WGs share dQ: kBlockM == 128: rows [64c, 64c + 64) each (all keys, all columns);
   // kDqWgs == 2: columns [c D / 2, ...) each; kDqWgs == 1: each WG its own 64 keys' partial sum.
   static constexpr bool kDqByRows = kBlockM == 128;
-  static_assert(kStages == 2, "dS is double-buffered: bwd_mma.h's sync_pds argument needs 2");
+  static_assert(kStages == 2, "Q and dO are double-buffered");
   static_assert(kHeadDim % kDqWgs == 0 && (kHeadDim / kDqWgs) % 32 == 0);
 
-  // S^T / dP^T: (keys, queries, d), one m64 atom per WG stacked along the keys.
-  using TileShapeSdP = Shape<Int<kBlockN>, Int<kBlockM>, Int<kHeadDim>>;
+  // The S / dP accumulator's (rows, cols): family A (keys, queries) = S^T, family B (queries,
+  // keys) = S. One m64 atom per WG: family A stacks the WGs along the keys (rows), family B
+  // places them side by side along the keys (columns, 32 each).
+  static constexpr int kSdPRows = kFamilyB ? kBlockM : kBlockN;
+  static constexpr int kSdPCols = kFamilyB ? kBlockN : kBlockM;
+  using SdPAtomShape = conditional_t<kFamilyB, Shape<_64, Int<kBlockN / 2>, Int<kHeadDim>>,
+                                     Shape<Int<kBlockN>, Int<kBlockM>, Int<kHeadDim>>>;
+  using WgLayoutRows = Layout<Shape<Int<kConsumerWgs>, _1, _1>>;  // WGs along M
+  using WgLayoutCols = Layout<Shape<_1, Int<kConsumerWgs>, _1>>;  // WGs along N
   using TiledMmaSdP = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, TileShapeSdP>(),
-      Layout<Shape<Int<kConsumerWgs>, _1, _1>>{}));
-  // dV / dK: (keys, d, queries), A from registers.
-  using TileShapedKV = Shape<Int<kBlockN>, Int<kHeadDim>, Int<kBlockM>>;
+      GMMA::ss_op_selector<Element, Element, float, SdPAtomShape>(),
+      conditional_t<kFamilyB, WgLayoutCols, WgLayoutRows>{}));
+  // dV / dK: (keys, d, queries); family A: A from registers, each WG its 64 keys; family B: A
+  // (P^T, dS^T) from shared memory, each WG head_dim / 2 columns.
   using TiledMmadKV = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, float, TileShapedKV, GMMA::Major::K,
-                           GMMA::Major::MN>(),
-      Layout<Shape<Int<kConsumerWgs>, _1, _1>>{}));
-  // dQ: (queries, d, keys); the WGs' shares as kDqByRows / kDqWgs say (one atom per WG).
+      dkv_mma_atom<Element, kFamilyB, kBlockN, kHeadDim, kBlockM>(),
+      conditional_t<kFamilyB, WgLayoutCols, WgLayoutRows>{}));
+  // dQ: (queries, d, keys); the WGs' shares as kDqByRows / kDqWgs say (one atom per WG). dS is
+  // q-major in shared memory in family A (written from dS^T), keys-major in family B.
   using TileShapedQWg =
       conditional_t<kDqByRows, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>,
                     Shape<Int<kBlockM>, Int<kHeadDim / kDqWgs>, Int<kBlockN / (3 - kDqWgs)>>>;
   using AtomLayoutdQ =
       conditional_t<kDqByRows, Layout<Shape<_2, _1, _1>>, Layout<Shape<_1, Int<kDqWgs>, _1>>>;
+  static constexpr GMMA::Major kMajordS = kFamilyB ? GMMA::Major::K : GMMA::Major::MN;
   using TiledMmadQ = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, TileShapedQWg, GMMA::Major::MN,
-                           GMMA::Major::MN>(),
+      GMMA::ss_op_selector<Element, Element, float, TileShapedQWg, kMajordS, GMMA::Major::MN>(),
       AtomLayoutdQ{}));
 
   // The selectors fall back to narrower atoms when a shape is missing: insist on one atom per WG
   // (Shape_MNK is the atom's).
-  static_assert(decltype(size<1>(typename TiledMmaSdP::Shape_MNK{}))::value == kBlockM);
-  static_assert(decltype(size<1>(typename TiledMmadKV::Shape_MNK{}))::value == kHeadDim);
+  static_assert(decltype(size<1>(typename TiledMmaSdP::Shape_MNK{}))::value ==
+                kSdPCols / (kFamilyB ? kConsumerWgs : 1));
+  static_assert(decltype(size<1>(typename TiledMmadKV::Shape_MNK{}))::value ==
+                kHeadDim / (kFamilyB ? kConsumerWgs : 1));
   static_assert(decltype(size<1>(typename TiledMmadQ::Shape_MNK{}))::value ==
                 (kDqByRows ? kHeadDim : kHeadDim / kDqWgs));
 
-  using SmemAtom = decltype(k_major_smem_atom<Element, kHeadDim>());
+  // The swizzle atom suits the narrowest head_dim slice any view gives one WG (family B's WGs read
+  // Q^T / dO^T / K^T from column D / 2 on: d192's 96 columns need 64-byte atoms).
+  using SmemAtom = decltype(k_major_smem_atom<Element, kFamilyB ? kHeadDim / 2 : kHeadDim>());
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   using SmemLayoutQStages = decltype(tile_to_shape(
       SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kStages>>{}));  // (M, D, PIPE)
@@ -95,12 +132,20 @@ struct BwdTraits {
   using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>>{}));
   using SmemLayoutKt = decltype(composition(
       SmemLayoutK{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, Step<_2, _1>{})));
-  // dS (q, keys, PIPE) q-major (the MN-major A operand of dQ); written through its transposed view
-  // (keys, q, PIPE) from the dS^T accumulator with stmatrix.
-  using SmemLayoutdS = decltype(tile_to_shape(
-      GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<Int<kBlockM>, Int<kBlockN>, Int<kStages>>{},
-      Step<_2, _1, _3>{}));
-  using SmemLayoutdSt = TransposedView<SmemLayoutdS, kBlockM, kBlockN, kStages>;
+  // P / dS buffers (q, keys, 2): family A q-major (the MN-major A operand of dQ), written through
+  // the transposed view (keys, q, 2) from the dS^T accumulator with stmatrix; family B keys-major,
+  // written from the S-shaped accumulators directly, read transposed by dV / dK.
+  static constexpr int kPdSBuffers = 2;
+  using SmemLayoutdS = conditional_t<
+      kFamilyB,
+      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                             Shape<Int<kBlockM>, Int<kBlockN>, Int<kPdSBuffers>>{})),
+      decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
+                             Shape<Int<kBlockM>, Int<kBlockN>, Int<kPdSBuffers>>{},
+                             Step<_2, _1, _3>{}))>;
+  using SmemLayoutdSt = TransposedView<SmemLayoutdS, kBlockM, kBlockN, kPdSBuffers>;
+  // The view the S / dP accumulator's (rows, cols) index, for the stmatrix stores.
+  using SmemLayoutdSAcc = conditional_t<kFamilyB, SmemLayoutdS, SmemLayoutdSt>;
   using R2SCopydS = decltype(make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{},
                                                TiledMmaSdP{}));
 
@@ -129,7 +174,7 @@ struct BwdTraits {
     array_aligned<Element, cosize_v<SmemLayoutQStages>, 1024> dout;
     array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
     array_aligned<Element, cosize_v<SmemLayoutK>, 1024> v;
-    array_aligned<Element, cosize_v<SmemLayoutdS>, 1024> ds;
+    array_aligned<Element, cosize_v<SmemLayoutdS>, 1024> ds;  // P / dS buffers
     // Per consumer WG: the step's lse_log2 rows, then its D rows (bwd_mma.h load_stats).
     array_aligned<float, 2 * kBlockM * kConsumerWgs, 16> stats;
     cutlass::arch::ClusterTransactionBarrier q_full[kStages];

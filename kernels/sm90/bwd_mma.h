@@ -1,6 +1,6 @@
-// Consumer warpgroups of the FA-3 path's backward (family A, bwd_tile_config.h): the five GEMMs
-// with WGMMA, P and dS in registers, dS to shared memory for dQ, the dQ accumulation and the
-// dK / dV epilogue. The order of every wait, GEMM, barrier and release is bwd_schedule.h's
+// Consumer warpgroups of the FA-3 path's backward (bwd_tile_config.h): the five GEMMs with
+// WGMMA, P and dS (family A: in registers, dS also to shared memory for dQ; family B: both to
+// shared memory), the dQ accumulation and the dK / dV epilogue. The order of every wait, GEMM, barrier and release is bwd_schedule.h's
 // consume_bwd(); this file supplies the operations.
 //
 // Per step (query head g, query block m) WG c, owning keys [64c, 64c + 64) of the tile, computes
@@ -10,6 +10,10 @@
 //   dV_c += P^T dO ;  dK_c += dS^T Q              (RS: P^T, dS^T are the A operands)
 //   dQ[:, cols of c] = dS K                       (SS: dS through shared memory, both WGs' keys)
 // and adds dQ to the fp32 accumulator in global memory (bwd_epilogue.h).
+// Family B (d192 / d256, 64 x 64) computes S = Q K_c^T and dP = dO V_c^T for its 32 keys c, stores
+// P and dS to shared memory, and after the PdS barrier computes head_dim columns
+// [c D / 2, (c + 1) D / 2) of dV += P^T dO, dK += dS^T Q and dQ = dS K over all 64 keys / queries.
+// The element math is shared: it runs on a (keys, queries) view of either accumulator.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -34,8 +38,9 @@ enum class BwdBarrier : uint32_t {
   kPdS = 0,     // both consumer WGs: their dS halves are in shared memory
   kDqTurn = 1,  // both consumer WGs in deterministic mode: this CTA's turn on a dQ block
   kStats0 = 2,  // kStats0 + c: WG c's threads stored the step's lse_log2 / D rows
+  kPdSFree = 4,  // family B, both consumer WGs: the previous step's GEMMs no longer read sP / sdS
 };
-static_assert(static_cast<uint32_t>(BwdBarrier::kStats0) + 2 <=
+static_assert(static_cast<uint32_t>(BwdBarrier::kPdSFree) + 1 <=
                   16 - cutlass::arch::NamedBarrier::ReservedNamedBarrierCount,
               "named barrier ids exceed the hardware's 16");
 
@@ -46,6 +51,11 @@ struct BwdConsumer {
   static constexpr int kBlockN = Traits::kBlockN;
   static constexpr int kHeadDim = Traits::kHeadDim;
   static constexpr int kDqWgs = Traits::kDqWgs;
+  static constexpr bool kFamilyB = Traits::kFamilyB;
+  // P and dS buffers of the P / dS array (bwd_kernel_traits.h): family A alternates dS over both.
+  static constexpr int kPBuffer = 0;
+  static constexpr int kdSBufferB = 1;
+  using SdPShape = Shape<Int<Traits::kSdPRows>, Int<Traits::kSdPCols>>;
   using TiledMmaSdP = typename Traits::TiledMmaSdP;
   using TiledMmadKV = typename Traits::TiledMmadKV;
   using TiledMmadQ = typename Traits::TiledMmadQ;
@@ -64,7 +74,7 @@ struct BwdConsumer {
   QEnd q_pipe;
   QEnd do_pipe;
   KVEnd kv_pipe;
-  int ds_stage = 0;  // the dS buffer of the current step (alternates per step)
+  int ds_stage = kFamilyB ? kdSBufferB : 0;  // the dS buffer of the step (family A alternates)
   // This thread's lse_log2 / D values of the step, in flight from L2 (bwd_mma.h load_stats).
   static constexpr int kStatsPerThread = 2 * kBlockM / 128;
   float stat[kStatsPerThread] = {};
@@ -115,15 +125,15 @@ struct BwdConsumer {
 
   // --- register state of a tile ------------------------------------------------------------
   struct TileState {
-    decltype(partition_fragment_C(TiledMmaSdP{}, Shape<Int<kBlockN>, Int<kBlockM>>{})) s;
-    decltype(partition_fragment_C(TiledMmaSdP{}, Shape<Int<kBlockN>, Int<kBlockM>>{})) dp;
-    decltype(make_tensor<Element>(s.layout())) pt;  // P^T, then the dV GEMM's A operand
-    decltype(make_tensor<Element>(s.layout())) dst;  // dS^T, the dK GEMM's A operand
+    decltype(partition_fragment_C(TiledMmaSdP{}, SdPShape{})) s;
+    decltype(partition_fragment_C(TiledMmaSdP{}, SdPShape{})) dp;
+    decltype(make_tensor<Element>(s.layout())) pt;  // P (16-bit): family A the dV GEMM's A operand
+    decltype(make_tensor<Element>(s.layout())) dst;  // dS (16-bit): family A the dK GEMM's A
     decltype(partition_fragment_C(TiledMmadKV{}, Shape<Int<kBlockN>, Int<kHeadDim>>{})) dv;
     decltype(partition_fragment_C(TiledMmadKV{}, Shape<Int<kBlockN>, Int<kHeadDim>>{})) dk;
     decltype(partition_fragment_C(TiledMmadQ{}, Shape<Int<kBlockM>, Int<kHeadDim>>{})) dq;
     // One m64 atom per WG: the RS view keeps the accumulator's register order (acc_as_rs_a).
-    static_assert(decltype(size<1>(s))::value == 1);
+    static_assert(decltype(size<1>(s))::value == 1 && decltype(size<2>(s))::value == 1);
   };
   template <class T>
   static CUTE_DEVICE auto rs_a(T& t) {
@@ -139,32 +149,47 @@ struct BwdConsumer {
   }
   CUTE_DEVICE void release_q(BwdTileWork const&, QueryStep) {
     q_pipe.release(wg_leader());
-    ds_stage ^= 1;  // the step ends here for this WG (bwd_schedule.h)
+    if constexpr (!kFamilyB) {
+      ds_stage ^= 1;  // the step ends here for this WG (bwd_schedule.h)
+    }
   }
   CUTE_DEVICE void wait_dout(BwdTileWork const&, QueryStep) { do_pipe.wait(); }
   CUTE_DEVICE void release_dout(BwdTileWork const&, QueryStep) { do_pipe.release(wg_leader()); }
 
   // --- GEMMs -----------------------------------------------------------------------------------
-  CUTE_DEVICE void issue_s(TileState& f) {
+  // S^T = K Q^T (family A) or S = Q K^T (family B); dP alike with V and dO.
+  template <class TensorKV, class TensorQ, class TensorAcc>
+  CUTE_DEVICE void issue_sdp(TensorKV const& kv, TensorQ const& q, TensorAcc& acc) {
     auto thr = mma_sdp.get_thread_slice(wg_first_thread());
-    wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_sdp, thr.partition_fragment_A(sK()),
-                                             thr.partition_fragment_B(sQ()(_, _, q_pipe.stage())),
-                                             f.s);
+    if constexpr (kFamilyB) {
+      wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_sdp, thr.partition_fragment_A(q),
+                                               thr.partition_fragment_B(kv), acc);
+    } else {
+      wgmma<true, -1>(mma_sdp, thr.partition_fragment_A(kv), thr.partition_fragment_B(q), acc);
+    }
   }
+  CUTE_DEVICE void issue_s(TileState& f) { issue_sdp(sK(), sQ()(_, _, q_pipe.stage()), f.s); }
   CUTE_DEVICE void issue_dp(TileState& f) {
-    auto thr = mma_sdp.get_thread_slice(wg_first_thread());
-    wgmma<true, -1>(mma_sdp, thr.partition_fragment_A(sV()),
-                    thr.partition_fragment_B(sdO()(_, _, do_pipe.stage())), f.dp);
+    issue_sdp(sV(), sdO()(_, _, do_pipe.stage()), f.dp);
+  }
+  // dV += P^T dO and dK += dS^T Q: A from registers (family A) or from the P / dS buffer's
+  // transposed view (family B).
+  template <class TensorRegs, class TensorB, class TensorAcc>
+  CUTE_DEVICE void issue_dkv(TensorRegs& a_regs, int buffer, TensorB const& b, TensorAcc& acc) {
+    auto thr = mma_dkv.get_thread_slice(wg_first_thread());
+    if constexpr (kFamilyB) {
+      wgmma<false, -1>(mma_dkv, thr.partition_fragment_A(sdSt()(_, _, buffer)),
+                       thr.partition_fragment_B(b), acc);
+    } else {
+      auto a = rs_a(a_regs);
+      wgmma<false, -1>(mma_dkv, a, thr.partition_fragment_B(b), acc);
+    }
   }
   CUTE_DEVICE void issue_dv(TileState& f) {
-    auto thr = mma_dkv.get_thread_slice(wg_first_thread());
-    auto a = rs_a(f.pt);
-    wgmma<false, -1>(mma_dkv, a, thr.partition_fragment_B(sdOt()(_, _, do_pipe.stage())), f.dv);
+    issue_dkv(f.pt, kPBuffer, sdOt()(_, _, do_pipe.stage()), f.dv);
   }
   CUTE_DEVICE void issue_dk(TileState& f) {
-    auto thr = mma_dkv.get_thread_slice(wg_first_thread());
-    auto a = rs_a(f.dst);
-    wgmma<false, -1>(mma_dkv, a, thr.partition_fragment_B(sQt()(_, _, q_pipe.stage())), f.dk);
+    issue_dkv(f.dst, ds_stage, sQt()(_, _, q_pipe.stage()), f.dk);
   }
   // kDqWgs == 2: WG c computes columns [c D / 2, (c + 1) D / 2) of dQ = dS K (128-query steps:
   // rows [64c, 64c + 64)) over all the tile's keys (both WGs' dS halves); the tiled MMA's atom
@@ -218,11 +243,30 @@ struct BwdConsumer {
   }
 
   // --- element math ------------------------------------------------------------------------------
-  // Each S^T element's (key, query) inside the tile, in the (rows = keys, cols = queries) view.
-  CUTE_DEVICE auto coords_rc() {
+  // An S-shaped accumulator (S, dP, P) as (keys, queries): family A's S^T as it is, family B's S
+  // transposed, so the element math below is one loop for both.
+  template <class TensorAcc>
+  static CUTE_DEVICE auto keys_queries(TensorAcc&& t) {
+    auto rc = acc_rowcol(t.layout());
+    if constexpr (kFamilyB) {
+      return make_tensor(t.data(), select<1, 0>(rc));
+    } else {
+      return make_tensor(t.data(), rc);
+    }
+  }
+  // The (key, query) of each element inside the tile, in the keys_queries view.
+  CUTE_DEVICE auto coords_kq() {
     Tensor c = mma_sdp.get_thread_slice(thread_idx())
-                   .partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));
-    return make_tensor(c.data(), acc_rowcol(c.layout()));
+                   .partition_C(make_identity_tensor(SdPShape{}));
+    return keys_queries(c);
+  }
+  template <class Coord>
+  static CUTE_DEVICE int key_of(Coord const& c) {
+    return get<kFamilyB ? 1 : 0>(c);
+  }
+  template <class Coord>
+  static CUTE_DEVICE int query_of(Coord const& c) {
+    return get<kFamilyB ? 0 : 1>(c);
   }
 
   // Softcap (before the mask, as in the forward), the element mask on masked steps, then
@@ -234,20 +278,20 @@ struct BwdConsumer {
       apply_softcap(f.s, p.softcap, p.softcap_prescale);
     }
     publish_stats();
-    Tensor s_rc = make_tensor(f.s.data(), acc_rowcol(f.s.layout()));  // (keys, queries)
-    Tensor c_rc = coords_rc();
+    Tensor s_rc = keys_queries(f.s);
+    Tensor c_rc = coords_kq();
     float const* lse = stats_slot();
     const AttentionMask mask = attention_mask(p);
     const int key0 = w.tile.n_block * kBlockN;
     CUTE_UNROLL
     for (int c = 0; c < size<1>(s_rc); ++c) {
-      const int q = get<1>(c_rc(0, c));
+      const int q = query_of(c_rc(0, c));
       const float col_lse = lse[q];
       if constexpr (kMasked) {
         const ColumnRange keys = mask.columns(s.m * kBlockM + q);
         CUTE_UNROLL
         for (int r = 0; r < size<0>(s_rc); ++r) {
-          const int key = key0 + get<0>(c_rc(r, c));
+          const int key = key0 + key_of(c_rc(r, c));
           if (key < keys.lo || key >= keys.hi) {
             s_rc(r, c) = -INFINITY;
           }
@@ -269,20 +313,20 @@ struct BwdConsumer {
   CUTE_DEVICE void compute_ds(TileState& f, BwdTileWork const&, QueryStep) {
     Tensor p_rc = [&] {
       if constexpr (kBlockM == 128) {
-        return make_tensor(f.pt.data(), acc_rowcol(f.pt.layout()));  // P^T, 16-bit
+        return keys_queries(f.pt);  // 16-bit
       } else {
-        return make_tensor(f.s.data(), acc_rowcol(f.s.layout()));  // P^T in fp32
+        return keys_queries(f.s);  // fp32
       }
     }();
-    Tensor dp_rc = make_tensor(f.dp.data(), acc_rowcol(f.dp.layout()));
-    Tensor c_rc = coords_rc();
+    Tensor dp_rc = keys_queries(f.dp);
+    Tensor c_rc = coords_kq();
     float const* lse = stats_slot();
     float const* dpsum = lse + kBlockM;
     const bool softcap_on = p.softcap != 0.f;
     const float t_scale = softcap_on ? 0.6931471805599453f / p.softcap : 0.f;
     CUTE_UNROLL
     for (int c = 0; c < size<1>(p_rc); ++c) {
-      const int q = get<1>(c_rc(0, c));
+      const int q = query_of(c_rc(0, c));
       const float col_dpsum = dpsum[q];
       CUTE_UNROLL
       for (int r = 0; r < size<0>(p_rc); ++r) {
@@ -296,12 +340,23 @@ struct BwdConsumer {
       }
     }
     convert_into(f.dp, f.dst);
-    // dS^T -> sdS through its (keys, queries) view, 16-byte stmatrix rows.
+    store_sdp(f.dst, ds_stage);
+  }
+
+  // A 16-bit S-shaped fragment (dS, or family B's P) -> buffer `buffer` of the P / dS array
+  // through the view the accumulator indexes, 16-byte stmatrix rows.
+  template <class TensorFrag>
+  CUTE_DEVICE void store_sdp(TensorFrag const& frag, int buffer) {
     typename Traits::R2SCopydS r2s;
     auto thr = r2s.get_thread_slice(thread_idx());
-    Tensor dst = thr.partition_D(as_position_independent_swizzle_tensor(sdSt()(_, _, ds_stage)));
-    copy(r2s, thr.retile_S(f.dst), dst);
+    Tensor s = make_tensor(make_smem_ptr(smem.ds.data()), typename Traits::SmemLayoutdSAcc{});
+    Tensor dst = thr.partition_D(as_position_independent_swizzle_tensor(s(_, _, buffer)));
+    copy(r2s, thr.retile_S(frag), dst);
     cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> the WGMMA's reads
+  }
+  // Family B: this WG's half of P (its 32 keys) for dV's SS GEMM.
+  CUTE_DEVICE void store_p(TileState& f, BwdTileWork const&, QueryStep) {
+    store_sdp(f.pt, kPBuffer);
   }
 
   // --- barriers --------------------------------------------------------------------------------
@@ -311,6 +366,12 @@ struct BwdConsumer {
   CUTE_DEVICE void sync_pds() {
     cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads,
                                       static_cast<uint32_t>(BwdBarrier::kPdS));
+  }
+  // Family B's single P and dS buffers: both WGs' GEMMs of the previous step (their readers)
+  // completed before either WG overwrites them (each WG arrives after its wait_gemms<0>).
+  CUTE_DEVICE void sync_pds_free() {
+    cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads,
+                                      static_cast<uint32_t>(BwdBarrier::kPdSFree));
   }
   // dQ goes from registers to the accumulator (store_dq): no slot handshake with a writer warp.
   CUTE_DEVICE void sync_dq_empty() {}

@@ -51,8 +51,8 @@
 //   issue dV (SS, sP); [dQ WG: issue dQ (SS, sdS)]; issue dK (SS, sdS); wait<1> (dV, dQ done) ->
 //   release dO(s); [dQ WG: dQ slot handshake]; wait<0> (dK done) -> release Q(s).
 // The first sync replaces family A's second dS stage: without it, a WG could write step s+1's P
-// while the other WG's dV still reads step s's. (With one Q stage the Q pipeline already orders
-// it, Q(s+1) lands only after both WGs released Q(s); the sync stays for the two-stage d192.) The
+// while the other WG's dV still reads step s's (both buckets have two Q / dO stages, so the Q
+// pipeline does not order it: Q(s+1) may already be resident while step s's GEMMs run). The
 // P / dS registers are no GEMM operands here, so there is no RS register hazard.
 // Tiles without queries (every row masks the key block out) touch no barrier in any role: the
 // consumers store dK = dV = 0 and the producer and writer skip them.

@@ -11,8 +11,11 @@
 // 128-query steps along the query rows instead) or along
 // the keys (dq_wgs = 1, d96: each WG's partial dS_c K_c over all 96 columns, both added; a
 // 48-column WGMMA would need CuTe's extended shapes, a third of a TU's compile time).
-// Family B (d192, d256; 64 x 64 tiles with P and dS in shared memory) is not written yet: those
-// buckets have no fa3 backward kernel and the policy runs them on the FA-2 path.
+// Family B (d192, d256): dV and dK of 64 keys x 256 columns are 256 fp32 registers per thread if
+// one WG owns them, so the WGs split head_dim instead. A tile is block_n = 64 keys and a step
+// block_m = 64 queries; S = Q K^T and dP = dO V^T are plain (64 queries x 32 keys per WG), P and
+// dS go to shared memory (one buffer each), and dV += P^T dO, dK += dS^T Q, dQ = dS K are SS GEMMs
+// over all 64 keys / queries with each WG computing head_dim / 2 columns.
 #pragma once
 
 #include "sm90/tile_config.h"
@@ -24,10 +27,11 @@ struct BwdConfig {
   int block_n;   // keys per tile (64 per consumer WG)
   int q_stages;  // Q and dO buffers (and dS buffers): 2 lets step i + 1 load while step i computes
   int dq_wgs;    // 2: the WGs split dQ's columns; 1: each WG adds its keys' partial dQ
+  bool family_b; // P and dS through shared memory, the WGs split head_dim (d192, d256)
 };
 
 // Whether the bucket has an FA-3 backward tile (CMake builds fa3 backward TUs for these only).
-constexpr bool has_bwd_config(int head_dim) { return head_dim <= 128; }
+constexpr bool has_bwd_config(int head_dim) { return head_dim <= 256; }
 
 constexpr BwdConfig bwd_config(int head_dim) {
   // d64: 128-query steps (FA3's d64 tile): a 64-query step is half of d128's GEMM work for the
@@ -35,19 +39,28 @@ constexpr BwdConfig bwd_config(int head_dim) {
   //   2 x 32, P + dS 2 x 32 (16-bit), dQ 32 (the WGs split its rows): the d128 peak again.
   //   Shared memory: K, V 16 KB each, Q, dO 2 x 16 KB each, dS 2 x 32 KB = 160 KB.
   if (head_dim <= 64) {
-    return {128, 128, 2, 2};
+    return {128, 128, 2, 2, false};
   }
   // d96: dV + dK 2 x 48, dQ 48 (n96, K = the WG's 64 keys; n48 would need the extended shapes):
   //   twice the dQ adds of a column split, but the same step code on both WGs.
   //   Shared memory 128 KB.
   if (head_dim <= 96) {
-    return {64, 128, 2, 1};
+    return {64, 128, 2, 1, false};
   }
   // d128: dV + dK 2 x 64 + S^T 32 + dP^T 32 = 192 live fp32 registers at the exponentials, then
   //   dV + dK + P + dS + dQ(64 x 64 per WG) = 128 + 16 + 16 + 32; the 240-register budget holds it
   //   (FA3's d128 tile is also 64 x 128). Shared memory: K, V 32 KB each, Q, dO 2 x 16 KB each,
   //   dS 2 x 16 KB = 160 KB.
-  return {64, 128, 2, 2};
+  if (head_dim <= 128) {
+    return {64, 128, 2, 2, false};
+  }
+  // d192 / d256 (family B): per WG dV + dK 2 x d / 4 registers (128 at d256), dQ d / 4 (64),
+  //   S and dP 16 each (64 queries x 32 keys); dQ is only live after S and dP went to shared
+  //   memory, so the peak is d256's 192 + 16. dQ from registers (no staging buffer) leaves room
+  //   for 2 Q / dO stages even at d256: Q, dO 2 x 32 KB each, K, V 32 KB each, P, dS 8 KB each =
+  //   208 KB (d192: 160 KB). FA3 takes 64 x 80 at d256 (dQ by atomics, one Q / dO stage) and
+  //   64 x 96 with 3 WGs at d192; FA4 64 x 64 at d256 as here.
+  return {64, 64, 2, 2, true};
 }
 
 }  // namespace flash_hopper::sm90

@@ -374,7 +374,9 @@ static void test_select_backend(Built const& built) {
   const char* dt = built.dtype == FH_DTYPE_FP16 ? "fp16" : "bf16";
   const int ccs[][2] = {{8, 0}, {8, 6}, {8, 9}, {9, 0}, {12, 0}};
   // The FA-3 path's backward has tiles for these buckets (CMakeLists.txt FH_SM90_BWD_HEAD_DIMS).
-  auto fa3_tile = [](int64_t d) { return d == 64 || d == 96 || d == 128; };
+  auto fa3_tile = [](int64_t d) {
+    return d == 64 || d == 96 || d == 128 || d == 192 || d == 256;
+  };
   const bool fa3_here = fh_has_bwd_kernel(FH_BACKEND_FA3, built.dtype, built.head_dim) != 0;
   for (const auto& cc : ccs) {
     backend = -1;
@@ -392,7 +394,7 @@ static void test_select_backend(Built const& built) {
       CHECK(contains(reason, "-> fa2"), "auto on cc %d.%d: reason '%s'", cc[0], cc[1], reason);
       if (hopper && !fa3_tile(built.head_dim)) {
         CHECK(contains(reason, "cc 9.0 but the FA-3 path's backward has no tile for ") &&
-                  contains(reason, "(buckets 64, 96, 128) -> fa2"),
+                  contains(reason, "(buckets 64, 96, 128, 192, 256) -> fa2"),
               "auto on cc 9.0: reason '%s'", reason);
       }
     } else if (!built.any_fa2 && !built.any_fa3) {
@@ -429,7 +431,8 @@ static void test_select_backend(Built const& built) {
                                                  "backward kernel for ") +
                                      dt + " hdim " + std::to_string(d) +
                                      " (the FA-3 path's backward has tiles for head_dim buckets "
-                                     "64, 96, 128 only so far); use backend='fa2' or 'auto'";
+                                     "64, 96, 128, 192, 256 only so far); use backend='fa2' or "
+                                     "'auto'";
         CHECK(st == FH_ERROR_UNSUPPORTED && fh_last_error() == expected,
               "fa3 d%d on cc %d.0: status %d, message '%s'", int(d), major, int(st),
               fh_last_error());
