@@ -5,7 +5,9 @@
 // back through the same tiled MMA): with kDqWgs = 2, WG c's columns start at
 // c * kBlockM * kHeadDim / 2; with kDqWgs = 1 both WGs add their partial sums over the same
 // positions. Value v of WG thread t is at (v / 4) * 512 + 4 * t + v % 4, so each thread adds whole
-// float4s (red.global.add.v4.f32) and a warp's adds cover 512 contiguous bytes.
+// float4s (red.global.add.v4.f32) and a warp's adds cover 512 contiguous bytes; or, with dQ
+// slots (bwd_tile_config.h), the WG stores its part into shared memory in the same order and one
+// thread adds it with one bulk reduce-add.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -40,6 +42,33 @@ CUTE_HOST_DEVICE constexpr int dq_fragment_offset(int thread, int v) {
   constexpr int kWgFloats = Traits::kBlockM * Traits::kHeadDim / Traits::kDqWgs;
   thread %= 128 * Traits::kDqWgs;
   return (thread / 128) * kWgFloats + (v / 4) * 512 + 4 * (thread % 128) + v % 4;
+}
+
+// Bulk reduce-add of `bytes` (a multiple of 16) contiguous bytes of shared memory into global
+// memory, by the async proxy (CuTe 4.2 has no wrapper for the plain, non-tensor form), and the
+// bulk-group bookkeeping of the issuing thread.
+CUTE_DEVICE void bulk_reduce_add_f32(float* gmem, float const* smem, uint32_t bytes) {
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(gmem),
+      "r"(cute::cast_smem_ptr_to_uint(smem)), "r"(bytes)
+      : "memory");
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+// Every bulk group this thread committed has finished reading shared memory.
+CUTE_DEVICE void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+// Every bulk group this thread committed has completed (its global writes performed).
+CUTE_DEVICE void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+
+// This WG's dQ part into its shared-memory slot, in the accumulator's order (the slot is the WG's
+// contiguous part of the query block): each warp stores 512 contiguous bytes per instruction.
+template <class Traits, class TensorDq>
+CUTE_DEVICE void stage_dq_fragment(float* slot, TensorDq const& dq, int thread) {
+  static_assert(decltype(size(dq))::value % 4 == 0);
+  CUTE_UNROLL
+  for (int v = 0; v < size(dq); v += 4) {
+    *reinterpret_cast<float4*>(slot + (v / 4) * 512 + 4 * (thread % 128)) =
+        make_float4(dq(v), dq(v + 1), dq(v + 2), dq(v + 3));
+  }
 }
 
 template <class Traits, class TensorDq>

@@ -6,9 +6,8 @@
 //   WG 0: all warps drop to RegisterBudget<2>::kProducer registers; warp 0 is the producer (one
 //     elected lane issues every TMA load and bulk copy, bwd_load.h); warps 1-3 exit.
 //   WG 1, 2 = consumers c = 0, 1 (kConsumer registers). Family A: WG c owns keys [64c, 64c + 64)
-//     of the tile for S^T, dP^T, dV and dK, and head_dim columns [c * D / 2, ...) of dQ (d64's
-//     128-query steps: query rows [64c, 64c + 64); d96: the partial dQ of its own keys over all
-//     columns). Family B: WG c computes S and dP for keys [32c, 32c + 32) and head_dim columns
+//     of the tile for S^T, dP^T, dV and dK, and head_dim columns [c * D / 2, ...) of dQ (d128),
+//     or the partial dQ of its own keys over all rows and columns (d64, d96). Family B: WG c computes S and dP for keys [32c, 32c + 32) and head_dim columns
 //     [c * D / 2, ...) of dV, dK and dQ. Both walk every step of every tile in the same code
 //     (bwd_mma.h).
 // All roles walk one step schedule (bwd_schedule.h: BwdCtaSchedule -> BwdTileWork -> QueryStep;
@@ -28,16 +27,23 @@
 // Named barriers (bwd_mma.h BwdBarrier):
 //   PdS     256: both consumer WGs after writing their dS^T half to sdS[step % 2] (+ proxy fence);
 //           then the dQ GEMM reads both halves. Two dS buffers make it the only sync per step
-//           in family A. Family B: after writing their halves of P and dS (one buffer each);
+//           in family A. Where each WG's dQ reads only its own half (dq_wgs = 1: d64, d96) it is
+//           the WG's own 128-thread sync (id Stats c), and the WGs share no barrier within a
+//           step. Family B: after writing their halves of P and dS (one buffer each);
 //           then dV, dK and dQ read both halves.
 //   PdSFree 256, family B only: before writing P, both WGs completed the previous step's GEMMs
 //           (wait_gemms<0>), the last readers of the single P and dS buffers.
 //   DqTurn  256, deterministic mode only: both WGs wait for the block's semaphore (thread 0
 //           spins), add (d96: WG 0, sync, WG 1), fence, sync again, thread 0 increments.
 //   Stats c 128, WG c: its threads stored the step's lse_log2 / D into its slot. The slot is
-//           rewritten one step later, after PdS, which every reader of it passed.
-// dQ goes from registers to the fp32 accumulator (red.global.add.v4.f32; bwd_epilogue.h), not
-// through BWD_PLAN's writer warp and shared-memory slot: the schedule's slot handshake
+//           rewritten one step later, after PdS, which every reader of it passed. With dQ slots
+//           its leader first waits until its previous bulk reduce-add read the dQ slot.
+//   DqSlot c 128, WG c (dQ slots, default mode): its threads stored the step's dQ part into
+//           its dQ slot (+ proxy fence); then its leader issues one bulk reduce-add of the slot.
+// dQ goes from registers to the fp32 accumulator without a writer warp: through the WG's
+// shared-memory slot and a bulk reduce-add by its leader (bwd_tile_config.h dq_slots; the leader
+// waits for its last one to complete before the CTA exits), or by red.global.add.v4.f32 (d256,
+// and deterministic mode everywhere; bwd_epilogue.h). The schedule's slot handshake
 // (sync_dq_empty / arrive_dq_full) is empty here and write_dq() is not run.
 // Tiles without queries touch no barrier in any role (BwdCtaSchedule::next_with_queries); their
 // consumers store dK = dV = 0.

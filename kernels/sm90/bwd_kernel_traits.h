@@ -69,6 +69,7 @@ struct BwdTraits {
   static constexpr int kDqWgs = kConfig.dq_wgs;
   static constexpr int kConsumerWgs = 2;
   static constexpr bool kFamilyB = kConfig.family_b;  // also bwd_schedule.h's Cfg
+  static constexpr bool kDqSlots = kConfig.dq_slots;
 
   using Registers = RegisterBudget<kConsumerWgs>;
   static constexpr int kThreads = Registers::kThreads;
@@ -76,13 +77,15 @@ struct BwdTraits {
   static_assert(kFamilyB ? kBlockN == 64 && kBlockM == 64 && kDqWgs == 2
                          : kBlockN == 64 * kConsumerWgs,
                 "family A: each consumer WG owns 64 keys; family B: 64 x 64, head_dim split");
-  static_assert(kBlockM == 64 || (kBlockM == 128 && kDqWgs == 2),
-                "64-query steps, or 128-query steps whose dQ the WGs split by rows");
-  // How the WGs share dQ: kBlockM == 128: rows [64c, 64c + 64) each (all keys, all columns);
-  // kDqWgs == 2: columns [c D / 2, ...) each; kDqWgs == 1: each WG its own 64 keys' partial sum.
-  static constexpr bool kDqByRows = kBlockM == 128;
+  static_assert(kBlockM == 64 || kBlockM == 128, "64- or 128-query steps");
+  // How the WGs share dQ: kDqWgs == 1: each WG its own 64 keys' partial sum (all rows and
+  // columns); kDqWgs == 2: columns [c D / 2, ...) each, or with 128-query steps rows
+  // [64c, 64c + 64) each (all keys, all columns).
+  static constexpr bool kDqByRows = kBlockM == 128 && kDqWgs == 2;
   static_assert(kStages == 2, "Q and dO are double-buffered");
   static_assert(kHeadDim % kDqWgs == 0 && (kHeadDim / kDqWgs) % 32 == 0);
+  // Floats of one WG's dQ part of a step (contiguous in the accumulator, bwd_epilogue.h).
+  static constexpr int kDqWgFloats = kBlockM * kHeadDim / kDqWgs;
 
   // The S / dP accumulator's (rows, cols): family A (keys, queries) = S^T, family B (queries,
   // keys) = S. One m64 atom per WG: family A stacks the WGs along the keys (rows), family B
@@ -177,6 +180,8 @@ struct BwdTraits {
     array_aligned<Element, cosize_v<SmemLayoutdS>, 1024> ds;  // P / dS buffers
     // Per consumer WG: the step's lse_log2 rows, then its D rows (bwd_mma.h load_stats).
     array_aligned<float, 2 * kBlockM * kConsumerWgs, 16> stats;
+    // Per consumer WG: its dQ part of the step in the accumulator's order (bwd_epilogue.h).
+    array_aligned<float, kDqSlots ? kDqWgFloats * kConsumerWgs : 4, 128> dq_slot;
     cutlass::arch::ClusterTransactionBarrier q_full[kStages];
     cutlass::arch::ClusterBarrier q_empty[kStages];
     cutlass::arch::ClusterTransactionBarrier do_full[kStages];

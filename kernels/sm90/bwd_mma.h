@@ -8,7 +8,8 @@
 //   P^T  = exp2(S^T * scale_log2 - lse_log2[q])    (softcap, element mask on masked steps)
 //   dP^T = V_c dO^T ;  dS^T = P^T (dP^T - D[q])   (* (1 - tanh^2) with softcap)
 //   dV_c += P^T dO ;  dK_c += dS^T Q              (RS: P^T, dS^T are the A operands)
-//   dQ[:, cols of c] = dS K                       (SS: dS through shared memory, both WGs' keys)
+//   dQ[:, cols of c] = dS K                       (SS: dS through shared memory, both WGs' keys;
+//                                                  or dq_wgs = 1: dQ_c = dS_c K_c, own keys)
 // and adds dQ to the fp32 accumulator in global memory (bwd_epilogue.h).
 // Family B (d192 / d256, 64 x 64) computes S = Q K_c^T and dP = dO V_c^T for its 32 keys c, stores
 // P and dS to shared memory, and after the PdS barrier computes head_dim columns
@@ -39,8 +40,9 @@ enum class BwdBarrier : uint32_t {
   kDqTurn = 1,  // both consumer WGs in deterministic mode: this CTA's turn on a dQ block
   kStats0 = 2,  // kStats0 + c: WG c's threads stored the step's lse_log2 / D rows
   kPdSFree = 4,  // family B, both consumer WGs: the previous step's GEMMs no longer read sP / sdS
+  kDqSlot0 = 5,  // kDqSlot0 + c: WG c's threads stored the step's dQ part into its slot
 };
-static_assert(static_cast<uint32_t>(BwdBarrier::kPdSFree) + 1 <=
+static_assert(static_cast<uint32_t>(BwdBarrier::kDqSlot0) + 2 <=
                   16 - cutlass::arch::NamedBarrier::ReservedNamedBarrierCount,
               "named barrier ids exceed the hardware's 16");
 
@@ -52,6 +54,9 @@ struct BwdConsumer {
   static constexpr int kHeadDim = Traits::kHeadDim;
   static constexpr int kDqWgs = Traits::kDqWgs;
   static constexpr bool kFamilyB = Traits::kFamilyB;
+  // dS from P's 16-bit copy (the dV GEMM's operand) instead of the fp32 exponentials, where the
+  // fp32 P does not fit next to dP (128-query steps).
+  static constexpr bool kDsFrom16BitP = kBlockM == 128;
   // P and dS buffers of the P / dS array (bwd_kernel_traits.h): family A alternates dS over both.
   static constexpr int kPBuffer = 0;
   static constexpr int kdSBufferB = 1;
@@ -157,9 +162,23 @@ struct BwdConsumer {
   CUTE_DEVICE void release_dout(BwdTileWork const&, QueryStep) { do_pipe.release(wg_leader()); }
 
   // --- GEMMs -----------------------------------------------------------------------------------
+  // A zero-initializing GEMM ignores its accumulator's old values, but the WGMMA's inline asm
+  // reads them ("+f"), which would keep S, dP and dQ live across the whole loop. An empty asm that
+  // "defines" every register ends the old values' lifetime here, without an instruction.
+  template <class TensorAcc>
+  static CUTE_DEVICE void forget(TensorAcc& acc) {
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc); ++i) {
+      asm("" : "=f"(acc(i)));
+    }
+  }
+
   // S^T = K Q^T (family A) or S = Q K^T (family B); dP alike with V and dO.
   template <class TensorKV, class TensorQ, class TensorAcc>
   CUTE_DEVICE void issue_sdp(TensorKV const& kv, TensorQ const& q, TensorAcc& acc) {
+    if constexpr (!kFamilyB) {  // family B measured 2-3 % slower with it (PERFLOG session 7)
+      forget(acc);
+    }
     auto thr = mma_sdp.get_thread_slice(wg_first_thread());
     if constexpr (kFamilyB) {
       wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_sdp, thr.partition_fragment_A(q),
@@ -196,6 +215,9 @@ struct BwdConsumer {
   // layout places it. kDqWgs == 1 (d96): WG c computes the partial dQ of its own 64 keys,
   // dS_c K_c, over all D columns, and both add into the same accumulator block.
   CUTE_DEVICE void issue_dq(TileState& f) {
+    if constexpr (!kFamilyB) {
+      forget(f.dq);
+    }
     if constexpr (kDqWgs == 2) {
       auto thr = mma_dq.get_thread_slice(wg_first_thread());
       wgmma<true, -1>(mma_dq, thr.partition_fragment_A(sdS()(_, _, ds_stage)),
@@ -237,6 +259,11 @@ struct BwdConsumer {
     CUTE_UNROLL
     for (int k = 0; k < kStatsPerThread; ++k) {
       stats_slot()[thread_idx() % 128 + 128 * k] = stat[k];
+    }
+    // The barrier below also tells the WG that its dQ slot is free again: its leader, which
+    // issued the previous step's bulk reduce-add, waits here until that has read the slot.
+    if (Traits::kDqSlots && wg_leader()) {
+      bulk_wait_read();
     }
     cutlass::arch::NamedBarrier::sync(
         128, static_cast<uint32_t>(BwdBarrier::kStats0) + wg_first_thread() / 128);
@@ -312,7 +339,7 @@ struct BwdConsumer {
   // the budget has there (ptxas then serializes every wgmma, C7512).
   CUTE_DEVICE void compute_ds(TileState& f, BwdTileWork const&, QueryStep) {
     Tensor p_rc = [&] {
-      if constexpr (kBlockM == 128) {
+      if constexpr (kDsFrom16BitP) {
         return keys_queries(f.pt);  // 16-bit
       } else {
         return keys_queries(f.s);  // fp32
@@ -363,9 +390,18 @@ struct BwdConsumer {
   // Both WGs' dS are in buffer ds_stage. Two buffers make this one sync per step enough: a WG
   // writes buffer b again two steps later, after passing the next step's sync, which the other WG
   // reaches only after its dQ GEMM of this step (the last reader of b) completed.
+  // With kDqWgs == 1 (each WG's dQ reads only its own dS half) the sync is the WG's own: the WGs
+  // then share nothing within a step and drift apart as far as the Q / dO stages let them, so one
+  // WG's exponentials run under the other's GEMMs. The WG reuses its stats barrier id (the same
+  // 128 threads, one use at a time).
   CUTE_DEVICE void sync_pds() {
-    cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads,
-                                      static_cast<uint32_t>(BwdBarrier::kPdS));
+    if constexpr (kDqWgs == 1 && !kFamilyB) {
+      cutlass::arch::NamedBarrier::sync(
+          128, static_cast<uint32_t>(BwdBarrier::kStats0) + wg_first_thread() / 128);
+    } else {
+      cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads,
+                                        static_cast<uint32_t>(BwdBarrier::kPdS));
+    }
   }
   // Family B's single P and dS buffers: both WGs' GEMMs of the previous step (their readers)
   // completed before either WG overwrites them (each WG arrives after its wait_gemms<0>).
@@ -386,7 +422,21 @@ struct BwdConsumer {
     float* acc = p.dq_accum + p.dq_accum_offset(w.tile.batch, head) +
                  int64_t(s.m) * kBlockM * kHeadDim;
     if (!p.deterministic) {
-      add_dq_fragment<Traits>(acc, f.dq, thread_idx());
+      if constexpr (Traits::kDqSlots) {
+        // The slot is free (publish_stats); fill it, hand it to the async proxy, and let the
+        // leader add it with one bulk reduce-add that runs under the next step's GEMMs.
+        const int wg = wg_first_thread() / 128;
+        float* slot = smem.dq_slot.data() + wg * Traits::kDqWgFloats;
+        stage_dq_fragment<Traits>(slot, f.dq, thread_idx());
+        cutlass::arch::fence_view_async_shared();
+        cutlass::arch::NamedBarrier::sync(128, static_cast<uint32_t>(BwdBarrier::kDqSlot0) + wg);
+        if (wg_leader()) {
+          bulk_reduce_add_f32(acc + (kDqWgs == 2 ? wg * Traits::kDqWgFloats : 0), slot,
+                              Traits::kDqWgFloats * sizeof(float));
+        }
+      } else {
+        add_dq_fragment<Traits>(acc, f.dq, thread_idx());
+      }
       return;
     }
     constexpr uint32_t kDqThreads = Traits::kConsumerThreads;  // both WGs add to every block
@@ -439,6 +489,10 @@ CUTE_DEVICE void bwd_consumer_loop(BwdKernelParams<Traits> const& params,
   // Every WG computes and adds a part of dQ (bwd_tile_config.h), so both run the same step code
   // and meet at the same barrier instructions.
   consume_bwd_wg<Traits, /*kWritesDq=*/true>(bwd_cta_schedule(params), consumer);
+  // The last bulk reduce-add completes before the CTA (and its shared memory) goes away.
+  if (Traits::kDqSlots && BwdConsumer<Traits>::wg_leader()) {
+    bulk_wait_all();
+  }
 }
 
 }  // namespace flash_hopper::sm90

@@ -3,14 +3,15 @@
 // warpgroups (24 / 240 registers, RegisterBudget<2>); a consumer thread of an m64nNk16 WGMMA holds
 // N/2 fp32 accumulator registers.
 //
-// Family A (the buckets built today: d64, d96, d128): a tile is block_n = 128 keys of one kv head
-// and a step block_m = 64 or 128 queries; each consumer WG owns 64 of the keys and computes
-// S^T = K Q^T and dP^T = V dO^T (its 64 keys x block_m queries), so P^T and dS^T are already in registers as the A operands of dV += P^T dO
-// and dK += dS^T Q (RS GEMMs, no shared-memory round trip). dS goes to shared memory once, for
-// dQ = dS K (SS), which the WGs split along head_dim (dq_wgs = 2: each over all 128 keys; with
-// 128-query steps along the query rows instead) or along
-// the keys (dq_wgs = 1, d96: each WG's partial dS_c K_c over all 96 columns, both added; a
-// 48-column WGMMA would need CuTe's extended shapes, a third of a TU's compile time).
+// Family A (d64, d96, d128): a tile is block_n = 128 keys of one kv head and a step block_m = 64
+// or 128 queries; each consumer WG owns 64 of the keys and computes S^T = K Q^T and dP^T = V dO^T
+// (its 64 keys x block_m queries), so P^T and dS^T are already in registers as the A operands of
+// dV += P^T dO and dK += dS^T Q (RS GEMMs, no shared-memory round trip). dS goes to shared memory
+// once, for dQ = dS K (SS). Either the WGs split dQ along head_dim (dq_wgs = 2: each over all 128
+// keys, so both WGs' dS must be written first: a CTA-wide barrier per step keeps the WGs in lock
+// step), or each WG adds its own keys' partial dS_c K_c over all rows and columns (dq_wgs = 1:
+// twice the dQ adds, but the WGs share nothing within a step and drift apart, one WG's
+// exponentials under the other's GEMMs: +12 % at d64, +26 % at d96, PERFLOG session 7).
 // Family B (d192, d256): dV and dK of 64 keys x 256 columns are 256 fp32 registers per thread if
 // one WG owns them, so the WGs split head_dim instead. A tile is block_n = 64 keys and a step
 // block_m = 64 queries; S = Q K^T and dP = dO V^T are plain (64 queries x 32 keys per WG), P and
@@ -26,8 +27,14 @@ struct BwdConfig {
   int block_m;   // query rows per step
   int block_n;   // keys per tile (64 per consumer WG)
   int q_stages;  // Q and dO buffers (and dS buffers): 2 lets step i + 1 load while step i computes
-  int dq_wgs;    // 2: the WGs split dQ's columns; 1: each WG adds its keys' partial dQ
+  int dq_wgs;    // 2: the WGs split dQ's columns (or rows); 1: each WG adds its keys' partial dQ
   bool family_b; // P and dS through shared memory, the WGs split head_dim (d192, d256)
+  // dQ leaves through a shared-memory slot per WG and one bulk reduce-add (cp.reduce.async.bulk)
+  // per WG and step, instead of red.global.add.v4.f32 from registers: the registers of a red
+  // stay locked until the memory system took its data, which stalled the next step's first
+  // instruction for ~12 % of a consumer warp's time at d128 (ncu source counters, PERFLOG
+  // session 7). Costs kBlockM * kHeadDim * 4 bytes of shared memory (d256 has no room for it).
+  bool dq_slots;
 };
 
 // Whether the bucket has an FA-3 backward tile (CMake builds fa3 backward TUs for these only).
@@ -36,31 +43,33 @@ constexpr bool has_bwd_config(int head_dim) { return head_dim <= 256; }
 constexpr BwdConfig bwd_config(int head_dim) {
   // d64: 128-query steps (FA3's d64 tile): a 64-query step is half of d128's GEMM work for the
   //   same per-step costs (barriers, waits, the dS store). S^T + dP^T 2 x 64 registers, dV + dK
-  //   2 x 32, P + dS 2 x 32 (16-bit), dQ 32 (the WGs split its rows): the d128 peak again.
-  //   Shared memory: K, V 16 KB each, Q, dO 2 x 16 KB each, dS 2 x 32 KB = 160 KB.
+  //   2 x 32, P + dS 2 x 32 (16-bit, dS computed from the 16-bit P), dQ 64 (128 rows x 64
+  //   columns of the WG's partial). Shared memory: K, V 16 KB each, Q, dO 2 x 16 KB each, dS
+  //   2 x 32 KB, dQ slots 2 x 32 KB = 224 KB.
   if (head_dim <= 64) {
-    return {128, 128, 2, 2, false};
+    return {128, 128, 2, 1, false, true};
   }
-  // d96: dV + dK 2 x 48, dQ 48 (n96, K = the WG's 64 keys; n48 would need the extended shapes):
-  //   twice the dQ adds of a column split, but the same step code on both WGs.
-  //   Shared memory 128 KB.
+  // d96: dV + dK 2 x 48, dQ 48 (the WG's partial, n96; a column split would need n48, one of the
+  //   extended shapes). Shared memory 128 KB + dQ slots 2 x 24 KB.
   if (head_dim <= 96) {
-    return {64, 128, 2, 1, false};
+    return {64, 128, 2, 1, false, true};
   }
   // d128: dV + dK 2 x 64 + S^T 32 + dP^T 32 = 192 live fp32 registers at the exponentials, then
   //   dV + dK + P + dS + dQ(64 x 64 per WG) = 128 + 16 + 16 + 32; the 240-register budget holds it
   //   (FA3's d128 tile is also 64 x 128). Shared memory: K, V 32 KB each, Q, dO 2 x 16 KB each,
-  //   dS 2 x 16 KB = 160 KB.
+  //   dS 2 x 16 KB, dQ slots 2 x 16 KB = 192 KB. dq_wgs = 1 (a 64-register partial dQ) fits 240
+  //   registers only with dQ issued after dV completed, and measured 6 % slower than the lock step.
   if (head_dim <= 128) {
-    return {64, 128, 2, 2, false};
+    return {64, 128, 2, 2, false, true};
   }
   // d192 / d256 (family B): per WG dV + dK 2 x d / 4 registers (128 at d256), dQ d / 4 (64),
   //   S and dP 16 each (64 queries x 32 keys); dQ is only live after S and dP went to shared
   //   memory, so the peak is d256's 192 + 16. dQ from registers (no staging buffer) leaves room
   //   for 2 Q / dO stages even at d256: Q, dO 2 x 32 KB each, K, V 32 KB each, P, dS 8 KB each =
   //   208 KB (d192: 160 KB). FA3 takes 64 x 80 at d256 (dQ by atomics, one Q / dO stage) and
-  //   64 x 96 with 3 WGs at d192; FA4 64 x 64 at d256 as here.
-  return {64, 64, 2, 2, true};
+  //   64 x 96 with 3 WGs at d192; FA4 64 x 64 at d256 as here. dQ slots: d192 48 KB more (208
+  //   KB); d256 would need 64 KB more than the 227 KB it has, so its dQ stays on red.global.
+  return {64, 64, 2, 2, true, head_dim <= 192};
 }
 
 }  // namespace flash_hopper::sm90

@@ -387,7 +387,11 @@ struct DqCfg2 {
   static constexpr int kDqWgs = 2;
   static constexpr bool kFamilyB = false;
 };
-struct DqCfg1 {  // d96: WG 0 computes all of dQ
+// dq_wgs = 1 as first designed: WG 0 computes all of dQ behind the CTA-wide PdS sync. The kernel
+// (d64, d96) now has each WG add its own keys' partial dQ behind its own PdS sync (bwd_mma.h
+// sync_pds); modeling that needs per-WG-part sdS reads in this simulation (not yet done; the
+// kernel's version is covered on the GPU by racecheck / synccheck and tests/test_bwd_gpu.py).
+struct DqCfg1 {
   static constexpr int kDqWgs = 1;
   static constexpr bool kFamilyB = false;
 };
