@@ -11,7 +11,7 @@
 //     [c * D / 2, ...) of dV, dK and dQ. Both walk every step of every tile in the same code
 //     (bwd_mma.h).
 // All roles walk one step schedule (bwd_schedule.h: BwdCtaSchedule -> BwdTileWork -> QueryStep;
-// produce_bwd() and consume_bwd() are the only places that order loads, waits and releases;
+// produce_bwd() and consume_bwd_wg() are the only places that order loads, waits and releases;
 // tests/cpp/test_bwd_schedule.cpp simulates them against the barrier semantics).
 // Pipelines (pipeline.h; mbarriers in SharedStorage, counts in PipelineSpec):
 //   KV  1 stage: K and V of the tile on one full barrier (expect_tx 2 * kKVBytes); released by

@@ -1,7 +1,7 @@
 // Consumer warpgroups of the FA-3 path's backward (bwd_tile_config.h): the five GEMMs with
 // WGMMA, P and dS (family A: in registers, dS also to shared memory for dQ; family B: both to
 // shared memory), the dQ accumulation and the dK / dV epilogue. The order of every wait, GEMM, barrier and release is bwd_schedule.h's
-// consume_bwd(); this file supplies the operations.
+// consume_bwd_wg(); this file supplies the operations.
 //
 // Per step (query head g, query block m) WG c, owning keys [64c, 64c + 64) of the tile, computes
 //   S^T  = K_c Q^T            (64 keys x 64 queries, fp32)

@@ -14,7 +14,7 @@
 //                     steps i = 0 .. num_steps() - 1: (g = i / L, m = m_min + i % L), g outer
 //   dq_rank           the position of key block n among the contributors of dQ block m
 //   produce_bwd()     the producer's load order
-//   consume_bwd()     a consumer warpgroup's order of waits, GEMMs and releases
+//   consume_bwd_wg()  a consumer warpgroup's order of waits, GEMMs and releases
 //   write_dq()        the dQ writer warp's order of slot handshakes, reductions and semaphores
 //                     (BWD_PLAN's writer design; host-tested, not used by the kernel as built: its
 //                     consumers add dQ from registers, bwd_mma.h store_dq)
@@ -355,11 +355,12 @@ FH_ROLE void produce_bwd(Schedule const& sched, Ops& ops) {
 //               same PdS barrier, before overwriting sP / sdS)
 //   dQ          store_dq(f, w, s) (the WG's dQ fragment -> its slot)
 //   tiles       clear_dkv(f), store_dkv(f, w), store_zero(w) (tile without queries)
-// f is the register state of the tile (Ops::TileState). Cfg::kDqWgs: how many consumer WGs own a
-// part of dQ in consume_bwd (WG wg >= kDqWgs skips the dQ GEMM and its slot handshake). The sm90
-// kernel (bwd_mma.h) runs consume_bwd_wg<Cfg, true> on both WGs: every WG computes a part of dQ
-// (its columns, rows, or at d96 its keys' partial sum), so both meet at the same barrier
-// instructions. Cfg::kFamilyB selects family B's step (bwd_step_b) for d192 / d256.
+// f is the register state of the tile (Ops::TileState). The sm90 kernel (bwd_mma.h) runs
+// consume_bwd_wg<Cfg, true> on both WGs: every WG computes a part of dQ (its columns or rows of
+// dQ, Cfg::kDqWgs = 2, whose dQ GEMM reads both WGs' dS; or its own keys' partial sum,
+// kDqWgs = 1, reading only its own dS, behind a WG-local PdS sync), so both meet at the same
+// barrier instructions. kWritesDq = false (a WG without a dQ part) is kept for the simulation's
+// negative controls. Cfg::kFamilyB selects family B's step (bwd_step_b) for d192 / d256.
 // ---------------------------------------------------------------------------------------------
 namespace detail {
 
@@ -452,16 +453,6 @@ FH_ROLE void consume_bwd_wg(Schedule const& sched, Ops& ops) {
   }
 }
 
-// Consumer warpgroup wg (0-based among the consumers).
-template <class Cfg, class Schedule, class Ops>
-FH_ROLE void consume_bwd(Schedule const& sched, Ops& ops, int wg) {
-  if (wg < Cfg::kDqWgs) {
-    consume_bwd_wg<Cfg, true>(sched, ops);
-  } else {
-    consume_bwd_wg<Cfg, false>(sched, ops);
-  }
-}
-
 // ---------------------------------------------------------------------------------------------
 // dQ writer warp. Ops:
 //   start()               arrive each DqEmpty(c) once: the slots start free
@@ -478,7 +469,7 @@ FH_ROLE void consume_bwd(Schedule const& sched, Ops& ops, int wg) {
 // ---------------------------------------------------------------------------------------------
 template <class Cfg, class Schedule, class Ops>
 FH_ROLE void write_dq(Schedule const& sched, Ops& ops) {
-  constexpr int kSlots = Cfg::kDqWgs;
+  constexpr int kSlots = 2;  // one per consumer WG: every WG adds a part of dQ
   const bool det = sched.deterministic();
   ops.start();
   BwdTileWork w;

@@ -122,6 +122,7 @@ struct Sabotage {
   int skip_release = -1;    // a consumer forgets its Q release with this index
   bool release_on_read = false;  // the writer releases the semaphore after .read only
   bool no_pds = false;      // the consumers skip the PdS barrier
+  bool dq_reads_all = false;  // dq_wgs = 1: the dQ GEMM reads both WGs' sdS parts (WG-local PdS)
   bool no_free_sync = false;  // family B: no PdS sync before overwriting sP / sdS
 };
 
@@ -376,6 +377,7 @@ struct Event {
   Payload payload;
   int key = -1;     // dQ block (semaphore)
   int val = 0;      // rank; key block of a reduce; SmemBuf of the kSmem* events
+  unsigned parts = ~0u;  // kSmemReadBegin / End: the WG parts of sdS / sP read (bit c: WG c's)
 };
 
 static const char* kOpName[] = {"wait_empty", "arrive_full", "wait_full", "arrive_empty",
@@ -387,10 +389,8 @@ struct DqCfg2 {
   static constexpr int kDqWgs = 2;
   static constexpr bool kFamilyB = false;
 };
-// dq_wgs = 1 as first designed: WG 0 computes all of dQ behind the CTA-wide PdS sync. The kernel
-// (d64, d96) now has each WG add its own keys' partial dQ behind its own PdS sync (bwd_mma.h
-// sync_pds); modeling that needs per-WG-part sdS reads in this simulation (not yet done; the
-// kernel's version is covered on the GPU by racecheck / synccheck and tests/test_bwd_gpu.py).
+// d64 / d96: each WG adds its own keys' partial dQ, whose GEMM reads only its own part of sdS, so
+// its PdS sync is the WG's own (bwd_mma.h sync_pds).
 struct DqCfg1 {
   static constexpr int kDqWgs = 1;
   static constexpr bool kFamilyB = false;
@@ -502,7 +502,8 @@ static bool run_semaphores(Problem const& p, std::mt19937& rng, Sabotage sab) {
 // ------------------------------------------------------------------------------------------------
 enum Pipe { kKV = 0, kQ = 1, kDO = 2, kNumPipes = 3 };
 static const char* kPipeName[] = {"KV", "Q", "dO"};
-enum Bar { kPdS = 0, kDqEmpty = 1, kDqFull = 3, kNumBars = 5 };  // DqEmpty(c) = 1 + c, ...
+// DqEmpty(c) = 1 + c, DqFull(c) = 3 + c, PdSLocal(c) = 5 + c (WG c's own PdS sync, dq_wgs = 1)
+enum Bar { kPdS = 0, kDqEmpty = 1, kDqFull = 3, kPdSLocal = 5, kNumBars = 7 };
 constexpr int kWgThreads = 128, kWarpThreads = 32;
 constexpr int kConsumerWgs = 2;
 
@@ -565,6 +566,7 @@ struct MockConsumer {
     Payload step;
     int buf;    // SmemBuf it reads, -1: none of sP / sdS
     int stage;  // its stage
+    unsigned parts;  // the WG parts of it that it reads
   };
   Problem const& p;
   int num_n, wg, dq_wgs;
@@ -664,19 +666,22 @@ struct MockConsumer {
           wg, kind, held[kQ].front().tile, held[kKV].front().tile);
     return true;
   }
-  void issue(char kind, Payload step) { in_flight.push_back({kind, step, -1, -1}); }
+  void issue(char kind, Payload step) { in_flight.push_back({kind, step, -1, -1, 0u}); }
   // A GEMM reading sdS / sP: it must read this WG's part as written for its step (the other part
   // is checked by the simulation, which sees both WGs).
-  void issue_reading(char kind, Payload step, int buf, int stage) {
+  void issue_reading(char kind, Payload step, int buf, int stage, unsigned parts = ~0u) {
     CHECK(smem[buf] == step, "WG %d: %c of step (g %d m %d) reads %s holding (g %d m %d)", wg,
           kind, step.g, step.m, kBufName[buf], smem[buf].g, smem[buf].m);
     Event e{kSmemReadBegin};
     e.a = stage;
     e.val = buf;
     e.payload = step;
+    e.parts = parts;
     ev.push_back(e);
-    in_flight.push_back({kind, step, buf, stage});
+    in_flight.push_back({kind, step, buf, stage, parts});
   }
+  // dq_wgs = 1 (family A): the WG's dQ reads only its own part of sdS, behind its own PdS sync.
+  bool partial_dq() const { return dq_wgs == 1 && !kB; }
   void write_smem(int buf, int stage, Payload step) {
     for (Gemm const& g : in_flight) {
       CHECK(g.buf != buf || g.stage != stage, "WG %d overwrites %s while its %c GEMM reads it",
@@ -747,7 +752,7 @@ struct MockConsumer {
   }
   void sync_pds() {
     if (!sab.no_pds) {
-      bar(kBarSync, kPdS);
+      bar(kBarSync, partial_dq() ? kPdSLocal + wg : kPdS);
     }
   }
   void sync_pds_free() {
@@ -758,7 +763,10 @@ struct MockConsumer {
       bar(kBarSync, kPdS);
     }
   }
-  void issue_dq(TileState&) { issue_reading('Q', ds_reg, kBufDs, ds_stage()); }
+  void issue_dq(TileState&) {
+    const bool own = partial_dq() && !sab.dq_reads_all;
+    issue_reading('Q', ds_reg, kBufDs, ds_stage(), own ? 1u << wg : ~0u);
+  }
   void issue_dk(TileState&) {
     CHECK(held[kQ].size() == 1 && held[kQ].front() == ds_reg, "WG %d: dK with Q of another step",
           wg);
@@ -779,6 +787,7 @@ struct MockConsumer {
         e.a = g.stage;
         e.val = g.buf;
         e.payload = g.step;
+        e.parts = g.parts;
         ev.push_back(e);
       }
       in_flight.erase(in_flight.begin());
@@ -927,10 +936,11 @@ struct SmemBuffer {
   struct ReadEnd {
     Payload payload;
     int agent, time;
+    unsigned parts;    // the parts the GEMM read
     unsigned checked;  // parts whose next write was checked against this read
   };
   std::vector<Write> part;  // [wg]
-  int readers = 0;          // GEMMs reading it now
+  std::vector<int> readers;  // [wg]: GEMMs reading that part now
   std::vector<ReadEnd> ends;
 };
 
@@ -972,17 +982,21 @@ static bool simulate_grid(std::vector<Agent>& agents, int ctas, int q_stages, in
       c.buffer[p].assign(stages[p], Payload{});
     }
     c.bars[kPdS].count = 2 * kWgThreads;
-    for (int i = 1; i < kNumBars; ++i) {
+    for (int i = kDqEmpty; i < kPdSLocal; ++i) {
       c.bars[i].count = kWgThreads + kWarpThreads;
+    }
+    for (int i = kPdSLocal; i < kNumBars; ++i) {
+      c.bars[i].count = kWgThreads;
     }
     c.smem[kBufDs].assign(ds_stages, SmemBuffer{});
     c.smem[kBufP].assign(1, SmemBuffer{});
     for (int b = 0; b < kNumBufs; ++b) {
       for (SmemBuffer& buf : c.smem[b]) {
         buf.part.assign(kConsumerWgs, SmemBuffer::Write{});
+        buf.readers.assign(kConsumerWgs, 0);
       }
     }
-    c.slot.assign(dq_wgs, Payload{});
+    c.slot.assign(kConsumerWgs, Payload{});
   }
   std::vector<int> sem(keys, 0);
   got.assign(keys, {});
@@ -1094,16 +1108,17 @@ static bool simulate_grid(std::vector<Agent>& agents, int ctas, int q_stages, in
             break;
           case kSmemWrite: {
             // The buffer hazard: no GEMM may still read the part, and every GEMM that read an
-            // earlier content must have completed before this write (happens-before, not only
-            // in this interleaving).
+            // earlier content of it must have completed before this write (happens-before, not
+            // only in this interleaving).
             SmemBuffer& b = c.smem[e.val][e.a];
-            if (b.readers > 0) {
+            if (b.readers[e.stage] > 0) {
               fail(e.val == kBufP ? "sP overwritten while a GEMM reads it"
                                   : "sdS overwritten while a GEMM reads it", a, e);
               return false;
             }
             for (SmemBuffer::ReadEnd& r : b.ends) {
-              if (r.payload != e.payload && !(r.checked >> e.stage & 1)) {
+              if ((r.parts >> e.stage & 1) && r.payload != e.payload &&
+                  !(r.checked >> e.stage & 1)) {
                 if (ag.clock[r.agent] < r.time) {
                   fail(e.val == kBufP ? "sP overwritten, not ordered after a GEMM reading the "
                                         "previous contents"
@@ -1114,10 +1129,9 @@ static bool simulate_grid(std::vector<Agent>& agents, int ctas, int q_stages, in
                 r.checked |= 1u << e.stage;
               }
             }
-            const unsigned all = (1u << kConsumerWgs) - 1;
             b.ends.erase(std::remove_if(b.ends.begin(), b.ends.end(),
                                         [&](SmemBuffer::ReadEnd const& r) {
-                                          return r.checked == all;
+                                          return r.checked == r.parts;
                                         }),
                          b.ends.end());
             b.part[e.stage] = {e.payload, ag.local, now};
@@ -1125,7 +1139,11 @@ static bool simulate_grid(std::vector<Agent>& agents, int ctas, int q_stages, in
           }
           case kSmemReadBegin: {
             SmemBuffer& b = c.smem[e.val][e.a];
-            for (SmemBuffer::Write const& part : b.part) {
+            for (int w = 0; w < kConsumerWgs; ++w) {
+              if (!(e.parts >> w & 1)) {
+                continue;
+              }
+              SmemBuffer::Write const& part = b.part[w];
               if (part.payload != e.payload) {
                 fail(e.val == kBufP ? "a GEMM reads an sP not fully written of its step"
                                     : "a GEMM reads an sdS not fully written of its step", a, e);
@@ -1137,13 +1155,18 @@ static bool simulate_grid(std::vector<Agent>& agents, int ctas, int q_stages, in
                 return false;
               }
             }
-            ++b.readers;
+            for (int w = 0; w < kConsumerWgs; ++w) {
+              b.readers[w] += e.parts >> w & 1;
+            }
             break;
           }
           case kSmemReadEnd: {
             SmemBuffer& b = c.smem[e.val][e.a];
-            --b.readers;
-            b.ends.push_back({e.payload, ag.local, now, 0u});
+            const unsigned parts = e.parts & ((1u << kConsumerWgs) - 1);
+            for (int w = 0; w < kConsumerWgs; ++w) {
+              b.readers[w] -= parts >> w & 1;
+            }
+            b.ends.push_back({e.payload, ag.local, now, parts, 0u});
             break;
           }
           case kSlotWrite:
@@ -1216,7 +1239,7 @@ static bool simulate_grid(std::vector<Agent>& agents, int ctas, int q_stages, in
     }
     // Only the writer's start token of each DqEmpty is left.
     for (int b = 0; b < kNumBars; ++b) {
-      const bool empty_bar = b >= kDqEmpty && b < kDqEmpty + dq_wgs;
+      const bool empty_bar = b >= kDqEmpty && b < kDqEmpty + kConsumerWgs;
       const int expected = empty_bar && !c.bars[b].agents.empty() ? kWarpThreads : 0;
       if (c.bars[b].arrived != expected || (empty_bar && c.bars[b].agents.size() != 1)) {
         CHECK(false, "named barrier %d ends with %d arrived threads", b, c.bars[b].arrived);
@@ -1241,7 +1264,7 @@ static bool run_roles(Problem const& p, std::mt19937& rng, Sabotage sab) {
     agents.push_back({cta, /*local=*/0, std::move(producer.ev)});
     for (int wg = 0; wg < kConsumerWgs; ++wg) {
       MockConsumer<BM, BN, QS, Cfg::kFamilyB> consumer(p, num_n, wg, Cfg::kDqWgs, sab);
-      consume_bwd<Cfg>(cs, consumer, wg);
+      consume_bwd_wg<Cfg, /*kWritesDq=*/true>(cs, consumer);  // as the kernel: every WG adds dQ
       for (int q = 0; q < kNumPipes; ++q) {
         CHECK(consumer.held[q].empty() || sab.skip_release >= 0, "WG %d ends holding %s", wg,
               kPipeName[q]);
@@ -1257,7 +1280,7 @@ static bool run_roles(Problem const& p, std::mt19937& rng, Sabotage sab) {
       }
       agents.push_back({cta, /*local=*/1 + wg, std::move(consumer.ev)});
     }
-    MockWriter<BM> writer{p, num_n, Cfg::kDqWgs, sab, {}};
+    MockWriter<BM> writer{p, num_n, kConsumerWgs, sab, {}};
     write_dq<Cfg>(cs, writer);
     agents.push_back({cta, /*local=*/1 + kConsumerWgs, std::move(writer.ev)});
   }
@@ -1398,17 +1421,33 @@ static void negative_controls(std::mt19937& rng) {
   }
   CHECK(any, "a writer releasing after .read went unnoticed");
   family_b_controls(rng);
+  // Per-WG partial dQ (d64, d96): the WG-local PdS sync orders only the WG's own part of sdS, so
+  // a dQ GEMM reading the other WG's part too must be caught (a part not yet written, or not
+  // ordered after its write).
+  p.mask = AttentionMask{300, 300, -1, 0};
+  p.grid_sms = 3;
+  CHECK(!caught([&] { return run_roles<64, 128, 2, DqCfg1>(p, rng, {}); }),
+        "partial dQ role control fails");
+  Sabotage reads_all;
+  reads_all.dq_reads_all = true;
+  any = false;
+  for (int attempt = 0; attempt < 20 && !any; ++attempt) {
+    any = caught([&] { return run_roles<64, 128, 2, DqCfg1>(p, rng, reads_all); });
+  }
+  CHECK(any, "a partial dQ reading the other WG's sdS behind a WG-local sync went unnoticed");
 }
 
 int main(int argc, char** argv) {
   const int problems = argc > 1 ? std::atoi(argv[1]) : 60;
   std::mt19937 rng(2024);
   tile_orders(rng);
-  // Family A tiles (d64 128x128, d96 / d128 64x128, one dQ warpgroup at d96), family A's loop on
-  // 64x64 with one Q stage, and family B (64x64; Q / dO stages 2 at d192, 1 at d256).
+  // Family A tiles (d128 64x128 with the WGs splitting dQ's columns, d96 64x128 and d64 128x128
+  // with per-WG partial dQ; 128x128 split by rows as d64 was), family A's loop on 64x64 with one Q
+  // stage, and family B (64x64; Q / dO stages 2 at d192 / d256, 1 as a control).
   run_tile_shape<64, 128, 2, DqCfg2>(rng, problems);
   run_tile_shape<128, 128, 2, DqCfg2>(rng, problems);
   run_tile_shape<64, 128, 2, DqCfg1>(rng, problems / 2);
+  run_tile_shape<128, 128, 2, DqCfg1>(rng, problems / 2);
   run_tile_shape<64, 64, 1, DqCfg2>(rng, problems);
   run_tile_shape<64, 64, 2, FamilyBCfg>(rng, problems);
   run_tile_shape<64, 64, 1, FamilyBCfg>(rng, problems);
