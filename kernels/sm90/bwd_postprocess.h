@@ -2,8 +2,11 @@
 //
 // The main kernel adds each query block's dQ in its own fragment order (bwd_epilogue.h,
 // dq_fragment_offset). This kernel runs one CTA per query block with the dQ GEMM's thread count:
-// thread t reads the values consumer thread t added, as float4s, and takes their (row, col) from
-// the same tiled MMA's partition, so the order is defined once, by the traits.
+// thread t reads the values consumer thread t added, as float4s, into the dQ GEMM's accumulator
+// fragment, and writes its rows with the forward epilogue's quad transposition (16 contiguous
+// bytes per thread, whole 32-byte sectors: pair-wise 4-byte stores left every sector half written
+// and ran at a third of cuDNN's conversion kernel, PERFLOG session 7). The order is defined once,
+// by the traits' tiled MMA.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -11,7 +14,10 @@
 #include <cutlass/numeric_conversion.h>
 
 #include "flash_hopper/bwd_params.h"
+#include "flash_hopper/register_ops.h"  // convert_into
 #include "sm90/bwd_epilogue.h"
+#include "sm90/epilogue.h"  // store_row_quad
+#include "sm90/utils.h"     // acc_rowcol
 
 namespace flash_hopper::sm90 {
 
@@ -22,39 +28,43 @@ __global__ void __launch_bounds__(128 * Traits::kDqWgs)
     bwd_postprocess_kernel(__grid_constant__ const BwdParams p) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kHeadDim = Traits::kHeadDim;
   const int m_block = blockIdx.x;
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
   const int t = threadIdx.x;
 
   typename Traits::TiledMmadQ mma;
-  Tensor coords = mma.get_thread_slice(t).partition_C(
-      make_identity_tensor(Shape<Int<kBlockM>, Int<Traits::kHeadDim>>{}));
-  // Values 4j .. 4j + 3: columns (c, c + 1) of row r, then of row r + 8 (m64nN accumulator).
-  static_assert(decltype(size<0, 0>(coords))::value == 2 && decltype(size(coords))::value % 4 == 0);
-
+  auto thr = mma.get_thread_slice(t);
+  Tensor acc = partition_fragment_C(mma, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+  static_assert(decltype(size(acc))::value % 4 == 0);
   float const* block = p.dq_accum + p.dq_accum_offset(batch, head) +
-                       int64_t(m_block) * kBlockM * Traits::kHeadDim;
+                       int64_t(m_block) * kBlockM * kHeadDim;
+  CUTE_UNROLL
+  for (int v = 0; v < size(acc); v += 4) {
+    const float4 x =
+        __ldcs(reinterpret_cast<float4 const*>(block + dq_fragment_offset<Traits>(t, v)));
+    acc(v) = x.x * p.softmax_scale;
+    acc(v + 1) = x.y * p.softmax_scale;
+    acc(v + 2) = x.z * p.softmax_scale;
+    acc(v + 3) = x.w * p.softmax_scale;
+  }
+  Tensor r = make_tensor<Element>(acc.layout());
+  convert_into(acc, r);
+  Tensor r_rc = make_tensor(r.data(), acc_rowcol(r.layout()));
+  Tensor coords = thr.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  Tensor c_rc = make_tensor(coords.data(), acc_rowcol(coords.layout()));
+  // The columns one thread's atom covers, from column col0 on (the WGs may split head_dim).
+  constexpr int kCols = decltype(size<1>(typename Traits::TiledMmadQ::Shape_MNK{}))::value;
+  static_assert(decltype(size<1>(r_rc))::value * 4 == kCols, "one atom along the columns");
+  const int col0 = get<1>(c_rc(0, 0)) - 2 * (t % 4);
   Element* dq = static_cast<Element*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride;
   const int row0 = m_block * kBlockM;
-  cutlass::NumericArrayConverter<Element, float, 2> convert;
   CUTE_UNROLL
-  for (int v = 0; v < size(coords); v += 4) {
-    const float4 x =
-        *reinterpret_cast<float4 const*>(block + dq_fragment_offset<Traits>(t, v));
-    const float vals[4] = {x.x, x.y, x.z, x.w};
-    CUTE_UNROLL
-    for (int h = 0; h < 4; h += 2) {
-      const int row = row0 + get<0>(coords(v + h));
-      const int col = get<1>(coords(v + h));
-      if (row < p.seqlen_q && col < p.head_dim) {  // head_dim % 8 == 0: pairs in or out
-        cutlass::Array<float, 2> pair;
-        pair[0] = vals[h] * p.softmax_scale;
-        pair[1] = vals[h + 1] * p.softmax_scale;
-        *reinterpret_cast<cutlass::Array<Element, 2>*>(dq + int64_t(row) * p.dq_row_stride +
-                                                       col) = convert(pair);
-      }
-    }
+  for (int i = 0; i < size<0>(r_rc); ++i) {
+    const int row = row0 + get<0>(c_rc(i, 0));
+    store_row_quad<Element, kCols>(dq + int64_t(row) * p.dq_row_stride + col0, row < p.seqlen_q,
+                                   p.head_dim - col0, [&](int c) { return r_rc(i, c); });
   }
 }
 
