@@ -12,7 +12,7 @@
 #include "sm90/bwd_kernel.h"
 #include "sm90/bwd_kernel_traits.h"
 #include "sm90/bwd_postprocess.h"
-#include "sm90/fwd_launch.h"  // tma_stride, tma_stride_ok, TmaMemo
+#include "sm90/fwd_launch.h"  // tma_stride, check_tma_strides, tma_gmem_tensor, TmaMemo
 #include "src/registry.h"
 
 namespace flash_hopper::sm90 {
@@ -53,10 +53,7 @@ LaunchResult launch_bwd(BwdParams const& p, int max_smem_per_block, cudaStream_t
     const int64_t v_strides[3] = {tma_stride(p.v_row_stride, p.seqlen_k, kElem),
                                   tma_stride(p.v_head_stride, p.heads_kv, kElem),
                                   tma_stride(p.v_batch_stride, p.batch, kElem)};
-    const struct {
-      const char* field;
-      int64_t stride;
-    } tma_strides[] = {
+    const NamedStride tma_strides[] = {
         {"q_row_stride", q_strides[0]},        {"q_head_stride", q_strides[1]},
         {"q_batch_stride", q_strides[2]},      {"k_row_stride", k_strides[0]},
         {"k_head_stride", k_strides[1]},       {"k_batch_stride", k_strides[2]},
@@ -64,16 +61,12 @@ LaunchResult launch_bwd(BwdParams const& p, int max_smem_per_block, cudaStream_t
         {"v_batch_stride", v_strides[2]},      {"dout_row_stride", do_strides[0]},
         {"dout_head_stride", do_strides[1]},   {"dout_batch_stride", do_strides[2]},
     };
-    for (const auto& s : tma_strides) {
-      if (!tma_stride_ok(s.stride, kElem)) {
-        return LaunchResult::layout_not_loadable(s.field, s.stride);  // nothing launched
-      }
+    if (LaunchResult r = check_tma_strides(tma_strides, kElem); r.status != LaunchStatus::kOk) {
+      return r;
     }
 
     auto gmem = [&](const void* ptr, int seqlen, int heads, const int64_t* s) {
-      return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)),
-                         make_shape(seqlen, p.head_dim, heads, p.batch),
-                         make_stride(s[0], _1{}, s[1], s[2]));
+      return tma_gmem_tensor<Element>(ptr, seqlen, p.head_dim, heads, p.batch, s);
     };
     using TmaQ = typename Traits::TmaQ;
     using TmaKV = typename Traits::TmaKV;

@@ -99,34 +99,20 @@ struct BwdConsumer {
     return (cutlass::canonical_warp_group_idx() - 1) * 128;
   }
 
-  // --- shared-memory operands --------------------------------------------------------------
-  CUTE_DEVICE auto sQ() {
-    return make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQStages{});
+  // --- shared-memory operands (each buffer through the layout a GEMM reads it with) ------------
+  template <class Layout, class T>
+  static CUTE_DEVICE auto view(T* ptr) {
+    return make_tensor(make_smem_ptr(ptr), Layout{});
   }
-  CUTE_DEVICE auto sdO() {
-    return make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutQStages{});
-  }
-  CUTE_DEVICE auto sQt() {
-    return make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQt{});
-  }
-  CUTE_DEVICE auto sdOt() {
-    return make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutQt{});
-  }
-  CUTE_DEVICE auto sK() {
-    return make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutK{});
-  }
-  CUTE_DEVICE auto sV() {
-    return make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutK{});
-  }
-  CUTE_DEVICE auto sKt() {
-    return make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKt{});
-  }
-  CUTE_DEVICE auto sdS() {
-    return make_tensor(make_smem_ptr(smem.ds.data()), typename Traits::SmemLayoutdS{});
-  }
-  CUTE_DEVICE auto sdSt() {
-    return make_tensor(make_smem_ptr(smem.ds.data()), typename Traits::SmemLayoutdSt{});
-  }
+  CUTE_DEVICE auto sQ() { return view<typename Traits::SmemLayoutQStages>(smem.q.data()); }
+  CUTE_DEVICE auto sdO() { return view<typename Traits::SmemLayoutQStages>(smem.dout.data()); }
+  CUTE_DEVICE auto sQt() { return view<typename Traits::SmemLayoutQt>(smem.q.data()); }
+  CUTE_DEVICE auto sdOt() { return view<typename Traits::SmemLayoutQt>(smem.dout.data()); }
+  CUTE_DEVICE auto sK() { return view<typename Traits::SmemLayoutK>(smem.k.data()); }
+  CUTE_DEVICE auto sV() { return view<typename Traits::SmemLayoutK>(smem.v.data()); }
+  CUTE_DEVICE auto sKt() { return view<typename Traits::SmemLayoutKt>(smem.k.data()); }
+  CUTE_DEVICE auto sdS() { return view<typename Traits::SmemLayoutdS>(smem.ds.data()); }
+  CUTE_DEVICE auto sdSt() { return view<typename Traits::SmemLayoutdSt>(smem.ds.data()); }
 
   // --- register state of a tile ------------------------------------------------------------
   struct TileState {
@@ -376,7 +362,7 @@ struct BwdConsumer {
   CUTE_DEVICE void store_sdp(TensorFrag const& frag, int buffer) {
     typename Traits::R2SCopydS r2s;
     auto thr = r2s.get_thread_slice(thread_idx());
-    Tensor s = make_tensor(make_smem_ptr(smem.ds.data()), typename Traits::SmemLayoutdSAcc{});
+    Tensor s = view<typename Traits::SmemLayoutdSAcc>(smem.ds.data());
     Tensor dst = thr.partition_D(as_position_independent_swizzle_tensor(s(_, _, buffer)));
     copy(r2s, thr.retile_S(frag), dst);
     cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> the WGMMA's reads

@@ -25,6 +25,33 @@ inline bool tma_stride_ok(int64_t stride, int elem_bytes) {
   return bytes > 0 && bytes % 16 == 0 && bytes < (int64_t(1) << 40);
 }
 
+// One stride a TMA descriptor would use, with the params field it comes from (for the message).
+struct NamedStride {
+  const char* field;
+  int64_t stride;
+};
+
+// The first stride TMA cannot use, in the given order, as the launch's answer; ok if none.
+template <int N>
+LaunchResult check_tma_strides(NamedStride const (&strides)[N], int elem_bytes) {
+  for (NamedStride const& s : strides) {
+    if (!tma_stride_ok(s.stride, elem_bytes)) {
+      return LaunchResult::layout_not_loadable(s.field, s.stride);  // nothing launched
+    }
+  }
+  return LaunchResult::ok();
+}
+
+// A (seqlen, head_dim, heads, batch) operand as the TMA sees it: head_dim contiguous, the row,
+// head and batch strides (elements) from s.
+template <class Element>
+auto tma_gmem_tensor(const void* ptr, int seqlen, int head_dim, int heads, int batch,
+                     const int64_t* s) {
+  return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)),
+                     make_shape(seqlen, head_dim, heads, batch),
+                     make_stride(s[0], _1{}, s[1], s[2]));
+}
+
 // The TMA descriptors of recent calls, per thread and per kernel and operand. Encoding one
 // (cuTensorMapEncodeTiled, three per launch) is most of the FA-3 launch's host time
 // (bench/PERFLOG.md, session 4); a call whose operand has the address, extents and strides of a
@@ -105,26 +132,19 @@ LaunchResult launch_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t
                                 tma_stride(p.v_head_stride, p.heads_kv, kElem),
                                 tma_stride(p.v_batch_stride, p.batch, kElem)};
   // Order of the checks: row, head, batch stride of q, then k, then v (the FhFwdParams names).
-  const struct {
-    const char* field;
-    int64_t stride;
-  } tma_strides[] = {
+  const NamedStride tma_strides[] = {
       {"q_row_stride", q_strides[0]}, {"q_head_stride", q_strides[1]},
       {"q_batch_stride", q_strides[2]}, {"k_row_stride", k_strides[0]},
       {"k_head_stride", k_strides[1]}, {"k_batch_stride", k_strides[2]},
       {"v_row_stride", v_strides[0]}, {"v_head_stride", v_strides[1]},
       {"v_batch_stride", v_strides[2]},
   };
-  for (const auto& s : tma_strides) {
-    if (!tma_stride_ok(s.stride, kElem)) {
-      return LaunchResult::layout_not_loadable(s.field, s.stride);  // nothing launched
-    }
+  if (LaunchResult r = check_tma_strides(tma_strides, kElem); r.status != LaunchStatus::kOk) {
+    return r;
   }
 
   auto gmem = [&](const void* ptr, int seqlen, int heads, const int64_t* s) {
-    return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)),
-                       make_shape(seqlen, p.head_dim, heads, p.batch),
-                       make_stride(s[0], _1{}, s[1], s[2]));
+    return tma_gmem_tensor<Element>(ptr, seqlen, p.head_dim, heads, p.batch, s);
   };
   using TmaQ = typename Traits::TmaQ;
   using TmaKV = typename Traits::TmaKV;
