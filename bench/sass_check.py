@@ -3,7 +3,8 @@
     python bench/sass_check.py build/dev/libflash_hopper.so [--json OUT.json]
 
 Needs cuobjdump (CUDA toolkit, or the nvidia-cuda-cuobjdump wheel). Reports, for every kernel:
-REG / STACK / LOCAL / SHARED from `cuobjdump -res-usage`, and counts of HGMMA (WGMMA), HMMA
+REG / STACK / LOCAL / SHARED from `cuobjdump -res-usage`, and counts of HGMMA (WGMMA; QGMMA for
+FP8), HMMA
 (mma.sync), UTMALDG (TMA loads), USETMAXREG, LDL / STL (local-memory spills) and WARPGROUP.ARRIVE
 from `cuobjdump -sass`. Exits 1 if an sm90 main kernel has no HGMMA, an sm90 kernel touches local memory, or has its
 wgmmas serialized: ptxas does that to a whole kernel when it cannot keep a wgmma in flight
@@ -20,7 +21,7 @@ import re
 import subprocess
 import sys
 
-_COUNTED = ("HGMMA", "HMMA", "UTMALDG", "UTMASTG", "USETMAXREG", "LDL", "STL",
+_COUNTED = ("HGMMA", "QGMMA", "HMMA", "UTMALDG", "UTMASTG", "USETMAXREG", "LDL", "STL",
             "WARPGROUP.ARRIVE")
 
 
@@ -76,9 +77,14 @@ def kernel_facts(lib: str) -> list[dict]:
     return sorted(out, key=lambda f: (f["arch"], f["kernel"]))
 
 
+def wgmmas(f: dict) -> int:
+    """WGMMA instructions: HGMMA (16-bit inputs) and QGMMA (FP8)."""
+    return f["HGMMA"] + f["QGMMA"]
+
+
 def serialized(f: dict) -> bool:
-    """Every HGMMA fenced on its own: the kernel's wgmmas were serialized by ptxas."""
-    return f["HGMMA"] > 0 and f["WARPGROUP.ARRIVE"] >= f["HGMMA"]
+    """Every WGMMA fenced on its own: the kernel's wgmmas were serialized by ptxas."""
+    return wgmmas(f) > 0 and f["WARPGROUP.ARRIVE"] >= wgmmas(f)
 
 
 def main() -> int:
@@ -96,13 +102,13 @@ def main() -> int:
         # The main kernels must run on WGMMA; the backward's postprocess is plain CUDA.
         main_kernel = re.search(r"sm90::(fwd|bwd)_kernel<", f["kernel"]) is not None
         if sm90 and "sm90" in f["kernel"] and (
-                (main_kernel and f["HGMMA"] == 0) or spills or serialized(f)):
+                (main_kernel and wgmmas(f) == 0) or spills or serialized(f)):
             flag = "  <-- FAIL"
             bad += 1
         short = re.sub(r"flash_hopper::|cutlass::|, ?", lambda m: "," if "," in m.group(0) else "",
                        f["kernel"])[:90]
         print(f"{f['arch']:7} reg {f['registers']:3} stack {f['stack']:4} local {f['local']:4} "
-              f"HGMMA {f['HGMMA']:4} HMMA {f['HMMA']:4} TMA {f['UTMALDG']:3} "
+              f"HGMMA {f['HGMMA']:4} QGMMA {f['QGMMA']:3} HMMA {f['HMMA']:4} TMA {f['UTMALDG']:3} "
               f"SETMAXREG {f['USETMAXREG']} LDL/STL {f['LDL']}/{f['STL']} "
               f"ARRIVE {f['WARPGROUP.ARRIVE']:3}  {short}{flag}")
     if args.json:

@@ -120,9 +120,13 @@ def test_sass_check_flags_serialized_wgmmas():
     # measured on a d128 backward built with a run-time branch around a wgmma: 64 / 64, against
     # 10 arrives for 64 HGMMAs normally).
     sass_check = _load_script("sass_check")
-    assert sass_check.serialized({"HGMMA": 64, "WARPGROUP.ARRIVE": 64})
-    assert not sass_check.serialized({"HGMMA": 64, "WARPGROUP.ARRIVE": 10})
-    assert not sass_check.serialized({"HGMMA": 0, "WARPGROUP.ARRIVE": 0})
+    assert sass_check.serialized({"HGMMA": 64, "QGMMA": 0, "WARPGROUP.ARRIVE": 64})
+    assert not sass_check.serialized({"HGMMA": 64, "QGMMA": 0, "WARPGROUP.ARRIVE": 10})
+    assert not sass_check.serialized({"HGMMA": 0, "QGMMA": 0, "WARPGROUP.ARRIVE": 0})
+    # FP8 kernels run QGMMA (measured: 32 QGMMA, 8 arrives in the d128 e4m3 forward)
+    assert not sass_check.serialized({"HGMMA": 0, "QGMMA": 32, "WARPGROUP.ARRIVE": 8})
+    assert sass_check.serialized({"HGMMA": 0, "QGMMA": 32, "WARPGROUP.ARRIVE": 32})
+    assert sass_check.wgmmas({"HGMMA": 0, "QGMMA": 32}) == 32
 
 
 # ---- gpu_check.sh: with the GPU tools replaced by recording stand-ins ---------------------------

@@ -447,7 +447,7 @@ def cpu_kernels(monkeypatch):
     def fwd_plan(cfg, q, k, v, **kwargs):
         return _fwd.Plan(cfg, "fa2", "CPU stand-in", None, q.device,
                          (cfg.batch, cfg.seqlen_q, cfg.heads_q, cfg.head_dim),
-                         (cfg.batch, cfg.heads_q, cfg.seqlen_q), None)
+                         (cfg.batch, cfg.heads_q, cfg.seqlen_q), None, cfg.dtype)
 
     def fwd_run(plan, q, k, v, need_lse=True):
         cfg = plan.cfg

@@ -362,3 +362,61 @@ def test_tiny_backward_sweep_end_to_end(tmp_path):
             assert 0 < row["bwd_workspace_bytes"] <= row["bwd_extra_bytes"], row
         else:
             assert row["bwd_workspace_bytes"] is None
+
+
+# ---- FP8 (e4m3): parsing, the forward-only rule, and the bench command with the GPU mocked ------
+
+def test_e4m3_parses_into_fp8_cases():
+    args, cases = parse_bench("--dtype", "e4m3", "bf16", "-d", "64", "128", "-s", "2k", "16k",
+                              "--causal", "off")
+    assert [c.dtype for c in cases] == ["e4m3"] * 4 + ["bf16"] * 4  # dtype-major: plot panels
+    assert [(c.head_dim, c.seqlen_q) for c in cases[:4]] == [(64, 2048), (64, 16384),
+                                                             (128, 2048), (128, 16384)]
+    for fp8, bf16 in zip(cases[:4], cases[4:]):
+        assert fp8.is_fp8 and not bf16.is_fp8
+        assert (fp8.batch, fp8.heads, fp8.heads_kv) == (bf16.batch, bf16.heads, bf16.heads_kv)
+        assert fp8.flops() == bf16.flops()
+    cli.check_directions(cli.sweep_spec(args).dtypes, cli.directions(args))  # fwd: accepted
+
+
+@pytest.mark.parametrize("directions", [["bwd"], ["fwd", "fwd+bwd"], ["fwd", "bwd"]])
+def test_e4m3_with_a_backward_direction_is_refused(capsys, directions):
+    argv = ["bench", "--dry-run", "--dtype", "bf16", "e4m3", "--direction", *directions]
+    assert cli.main(argv) == cli.EXIT_FAILURE
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("flash-hopper bench: error:")
+    assert "--dtype e4m3 is forward only" in err and "--direction" in err
+    assert "bwd" in err
+    assert cli.main(["bench", "--dry-run", "--dtype", "bf16", "--direction", *directions]) == 0
+
+
+def test_e4m3_dry_run_lists_the_plan_and_the_ablation(capsys):
+    assert cli.main(["bench", "--dry-run", "--dtype", "e4m3", "-s", "2k", "-d", "128",
+                     "--causal", "on", "--backends", "fa3", "fa3-fp8-single-level"]) == 0
+    out = capsys.readouterr().out
+    assert "backends fa3 fa3-fp8-single-level" in out
+    assert "e4m3 d=128 s=2048 b=8 h=16/16 causal" in out
+
+
+def test_info_and_demo_keep_the_half_dtypes():
+    for command in (["info", "--dtype", "e4m3"], ["demo", "--dtype", "e4m3"]):
+        with pytest.raises(SystemExit) as exc:
+            cli.build_parser().parse_args(command)
+        assert exc.value.code == cli.EXIT_USAGE
+
+
+def test_help_documents_e4m3(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["bench", "--help"])
+    assert exc.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "e4m3" in text and "fa3-fp8-single-level" in text
+    assert "relative RMS error" in text and "unsupported (no FP8)" in text
+
+
+def test_fp8_gemm_ceiling_missing_is_a_note(monkeypatch, capsys):
+    monkeypatch.delattr(torch, "_scaled_mm")
+    assert cli._gemm_ceiling(StandInTimer(None), "e4m3", 64) is None
+    err = capsys.readouterr().err
+    assert err.startswith("note: e4m3 GEMM ceiling not measured (torch ")
+    assert "has no torch._scaled_mm" in err and "%gemm left empty for e4m3" in err

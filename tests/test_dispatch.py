@@ -222,8 +222,35 @@ def test_hypothetical_needs_no_gpu(lib, kernels):
         assert dispatch.hypothetical((9, 0), "bf16", 64)[0] == want
     with raises(ValueError, "backend: expected one of auto, fa2, fa3", "'fa4'"):
         dispatch.hypothetical((9, 0), "bf16", 64, "fa4")
-    with raises(ValueError, "dtype: expected one of fp16, bf16", "'fp8'"):
+    with raises(ValueError, "dtype: expected one of fp16, bf16, e4m3", "'fp8'"):
         dispatch.hypothetical((9, 0), "fp8", 64)
+
+
+# --- FP8 (e4m3): the FA-3 path's tuned forward, its buckets, cc 9.0 ---------------------------------
+
+
+@pytest.mark.parametrize("capability", CAPABILITIES, ids=lambda c: f"cc{c[0]}{c[1]}")
+def test_the_fp8_policy(lib, kernels, capability):
+    for head_dim, requested in itertools.product((64, 80, 128, 256), _tables.BACKEND_NAMES):
+        cell = (capability, head_dim, requested)
+        bucket = head_dim_bucket(head_dim)
+        runs = (capability == (9, 0) and requested in ("auto", "fa3")
+                and ("fa3", "e4m3", bucket, 0) in kernels)
+        if runs:
+            name, reason = dispatch.hypothetical(capability, "e4m3", head_dim, requested)
+            assert name == "fa3" and "e4m3" in reason, (cell, reason)
+            continue
+        with pytest.raises(UnsupportedError) as info:
+            dispatch.hypothetical(capability, "e4m3", head_dim, requested)
+        message = str(info.value)
+        if requested not in ("auto", "fa3"):
+            assert "e4m3 inputs run on the FA-3 path's tuned kernel only" in message, cell
+        elif capability != (9, 0):
+            assert f"compute capability 9.0" in message and "cc " in message, cell
+        elif bucket not in (64, 128):
+            assert "e4m3 inputs have kernels for head-dim buckets 64, 128" in message, cell
+        else:
+            assert "FH_DTYPES including e4m3" in message, cell
 
 
 # --- plumbing: the device's facts reach the library's policy --------------------------------------

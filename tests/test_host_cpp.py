@@ -13,7 +13,9 @@ kernels use:
   tile's steps against the brute-force transpose of the mask, the deterministic dQ semaphores over
   whole persistent grids (no deadlock, contributors in rank order), the producer / consumer /
   dQ-writer role loops of families A and B simulated together (with a happens-before check of
-  the sdS / sP buffer hazard), and negative controls.
+  the sdS / sP buffer hazard), and negative controls;
+- test_fp8_layout.cpp: the FP8 forward's in-place P packing against PTX's fragment layouts and
+  the V^T key order, the transposer's coverage and shared-memory banks.
 """
 
 import shutil
@@ -50,3 +52,7 @@ def test_fwd_schedule_host(tmp_path):
 def test_bwd_schedule_host(tmp_path):
     # 300 random problems per tile shape (families A and B), each on five grids: ~1 s.
     _compile_and_run(tmp_path, "test_bwd_schedule", "300")
+
+
+def test_fp8_layout_host(tmp_path):
+    _compile_and_run(tmp_path, "test_fp8_layout")

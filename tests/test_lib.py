@@ -35,6 +35,7 @@ from flash_hopper._lib import (
     FhBackend,
     FhBwdParams,
     FhDtype,
+    FhFp8Accumulation,
     FhFwdParams,
     FhStatus,
     FhVariant,
@@ -49,9 +50,9 @@ C_TYPES = {"int32_t": ctypes.c_int32, "int64_t": ctypes.c_int64, "float": ctypes
 # sizeof(FhFwdParams) per ABI version: a layout change without an FH_ABI_VERSION bump is a bug.
 # (Version 2 changed fh_fwd_select_backend's signature, version 3 added the backward: neither
 # changed the struct, which bench/ab_libs.py relies on to time older libraries.)
-SIZEOF_BY_ABI = {1: 376, 2: 376, 3: 376}
+SIZEOF_BY_ABI = {1: 376, 2: 376, 3: 376, 4: 408}
 # sizeof(FhBwdParams) per ABI version (it appeared in 3).
-SIZEOF_BWD_BY_ABI = {3: 504}
+SIZEOF_BWD_BY_ABI = {3: 504, 4: 504}
 
 
 def _source(path: Path) -> str:
@@ -110,7 +111,7 @@ def _cmake_list(name: str) -> list[str]:
 # --- the binding mirrors api.h -------------------------------------------------------------------
 
 
-STRUCTS = [(FhFwdParams, "FhFwdParams", SIZEOF_BY_ABI, 50),
+STRUCTS = [(FhFwdParams, "FhFwdParams", SIZEOF_BY_ABI, 55),
            (FhBwdParams, "FhBwdParams", SIZEOF_BWD_BY_ABI, 66)]
 
 
@@ -137,7 +138,8 @@ def test_struct_layout_is_the_c_layout(mirror, c_name, sizes, count):
     ("enum", "c_name", "prefix"),
     [(FhStatus, "FhStatus", "FH_"), (FhDtype, "FhDtype", "FH_DTYPE_"),
      (FhBackend, "FhBackend", "FH_BACKEND_"), (FhVariant, "FhVariant", "FH_VARIANT_"),
-     (FhVariantFlag, "FhVariantFlag", "FH_VARIANT_FLAG_")],
+     (FhVariantFlag, "FhVariantFlag", "FH_VARIANT_FLAG_"),
+     (FhFp8Accumulation, "FhFp8Accumulation", "FH_FP8_ACCUM_")],
 )
 def test_enums_match_api_h(enum, c_name, prefix):
     assert {prefix + m.name: int(m) for m in enum} == _header_enum(c_name)
@@ -220,8 +222,11 @@ def test_tables_cmake_variant_table_agrees_with_api_h():
 
 def test_tables_cmake_dtypes_buckets_and_archs_agree_with_python():
     rows = [row.split("|") for row in _cmake_list("FH_DTYPE_TABLE")]
-    assert {name: enum for name, enum, _ in rows} == {
-        _tables.dtype_name(d): f"FH_DTYPE_{FhDtype(d).name}" for d in _tables.TORCH_DTYPES.values()}
+    assert {name: enum for name, enum, *_ in rows} == {
+        _tables.dtype_name(d): f"FH_DTYPE_{FhDtype(d).name}" for d in _tables.INPUT_DTYPES.values()}
+    # FP8 is the FA-3 forward's only (no FA-2 path, no backward): the table says so.
+    paths = {name: where for name, _, _, where, _ in rows}
+    assert paths == {"fp16": "all", "bf16": "all", "e4m3": "fwd:90a"}
     assert tuple(int(d) for d in _cmake_list("FH_HEAD_DIM_TABLE")) == _tables.HEAD_DIM_BUCKETS
     rows = [row.split("|") for row in _cmake_list("FH_ARCH_TABLE")]
     assert {f"FH_BACKEND_{b.name}": arch for b, arch in _tables.ARCHS.items()} == {
@@ -233,7 +238,9 @@ def test_tables_cmake_dtypes_buckets_and_archs_agree_with_python():
 
 def test_dtype_maps():
     assert _tables.dtype_name(torch.bfloat16) == _tables.dtype_name(FhDtype.BF16) == "bf16"
-    assert _tables.DTYPE_NAMES == {"fp16": torch.float16, "bf16": torch.bfloat16}
+    assert _tables.DTYPE_NAMES == {"fp16": torch.float16, "bf16": torch.bfloat16,
+                                   "e4m3": torch.float8_e4m3fn}
+    assert _tables.dtype_name(torch.float8_e4m3fn) == "e4m3"
     assert _tables.arch_backend("sm_90a") == FhBackend.FA3
     assert _tables.arch_backend("sm100") is None
 
@@ -244,7 +251,8 @@ def test_build_info_mismatch_names_what_differs():
     assert _tables.build_info_mismatch(info) is None
     assert "FA-3 variants" in _tables.build_info_mismatch(dict(info, variants={"fa3": 0}))
     assert "head-dim buckets" in _tables.build_info_mismatch(dict(info, head_dim_buckets=[64]))
-    assert "['e4m3']" in _tables.build_info_mismatch(dict(info, dtypes=["e4m3"]))
+    assert _tables.build_info_mismatch(dict(info, dtypes=["bf16", "e4m3"])) is None
+    assert "['fp4']" in _tables.build_info_mismatch(dict(info, dtypes=["fp4"]))
 
 
 
@@ -387,7 +395,7 @@ def test_build_info_is_the_requested_build(lib):
 def test_has_fwd_kernel_agrees_with_the_kernel_list(lib):
     kernels = _kernels(lib.build_info())
     for backend in (FhBackend.FA2, FhBackend.FA3):
-        for dtype in (FhDtype.FP16, FhDtype.BF16):
+        for dtype in (FhDtype.FP16, FhDtype.BF16, FhDtype.E4M3):
             for bucket in _tables.HEAD_DIM_BUCKETS:
                 listed = (backend.name.lower(), _tables.dtype_name(dtype), bucket, 0) in kernels
                 assert lib.has_fwd_kernel(backend, dtype, bucket) == listed, (
@@ -397,11 +405,22 @@ def test_has_fwd_kernel_agrees_with_the_kernel_list(lib):
 def test_has_bwd_kernel_agrees_with_the_kernel_list(lib):
     kernels = _kernels(lib.build_info(), "bwd")
     for backend in (FhBackend.FA2, FhBackend.FA3):
-        for dtype in (FhDtype.FP16, FhDtype.BF16):
+        for dtype in (FhDtype.FP16, FhDtype.BF16, FhDtype.E4M3):
             for d in range(8, 257, 8):
                 listed = (backend.name.lower(), _tables.dtype_name(dtype), head_dim_bucket(d),
                           0) in kernels
                 assert lib.has_bwd_kernel(backend, dtype, d) == listed, (backend, dtype, d)
+
+
+def test_fp8_kernels_are_the_fa3_forwards_of_the_fp8_buckets(lib):
+    # kernels/src/tables.cmake: e4m3 has FA-3 forward kernels in buckets 64 and 128 only.
+    info = lib.build_info()
+    fp8 = {(k["backend"], k["head_dim"]) for k in _tables.kernel_entries(info)
+           if k["dtype"] == "e4m3"}
+    assert fp8 <= {("fa3", 64), ("fa3", 128)}
+    assert not [k for k in _tables.kernel_entries(info, "bwd") if k["dtype"] == "e4m3"]
+    if "e4m3" in info["dtypes"] and "sm90a" in info["archs"]:
+        assert fp8 == {("fa3", d) for d in info["head_dims"] if d in (64, 128)}
 
 
 def test_library_buckets_head_dims_like_python(lib):
@@ -453,9 +472,22 @@ SHAPE_RULES = [
     ({"abi_version": ABI_VERSION + 1}, INVALID,
      f"abi_version: expected {ABI_VERSION} (this library's FH_ABI_VERSION), got {ABI_VERSION + 1}"),
     ({"dtype": 7}, INVALID,
-     "dtype: expected FH_DTYPE_FP16 (0, fp16) or FH_DTYPE_BF16 (1, bf16), got 7"),
+     "dtype: expected FH_DTYPE_FP16 (0, fp16) or FH_DTYPE_BF16 (1, bf16) or FH_DTYPE_E4M3 (2, "
+     "e4m3), got 7"),
     ({"dtype": FhDtype.E4M3, "out_dtype": FhDtype.E4M3}, INVALID,
-     "dtype: expected FH_DTYPE_FP16 (0, fp16) or FH_DTYPE_BF16 (1, bf16), got 2"),
+     "out_dtype: expected FH_DTYPE_BF16 (1) or FH_DTYPE_FP16 (0) for e4m3 inputs, got 2"),
+    ({"dtype": FhDtype.E4M3, "out_dtype": FhDtype.FP32}, INVALID,
+     "out_dtype: expected FH_DTYPE_BF16 (1) or FH_DTYPE_FP16 (0) for e4m3 inputs, got 3"),
+    ({"dtype": FhDtype.E4M3, "head_dim": 72, "head_dim_v": 72}, INVALID,
+     "head_dim: expected a multiple of 16 for e4m3 inputs (16-byte rows), got 72"),
+    ({"dtype": FhDtype.E4M3, "k_row_stride": _valid_params().k_row_stride + 8}, INVALID,
+     f"k_row_stride: expected a multiple of 16 elements for e4m3 inputs (16-byte aligned rows), "
+     f"got {_valid_params().k_row_stride + 8}"),
+    ({"dtype": FhDtype.E4M3, "fp8_accumulation": 2}, INVALID,
+     "fp8_accumulation: expected FH_FP8_ACCUM_TWO_LEVEL (0) or FH_FP8_ACCUM_SINGLE_LEVEL (1), "
+     "got 2"),
+    ({"dtype": FhDtype.E4M3, "v_descale_head_stride": -1}, INVALID,
+     "v_descale: expected strides >= 0 (0 broadcasts), got batch stride 0, head stride -1"),
     ({"out_dtype": FhDtype.FP16}, INVALID, "out_dtype: expected 1 (bf16, same as dtype), got 0"),
     ({"out_dtype": FhDtype.FP32}, INVALID, "out_dtype: expected 1 (bf16, same as dtype), got 3"),
     ({"batch": -1}, INVALID, "batch: expected 0..65535, got -1"),
@@ -499,9 +531,12 @@ SHAPE_RULES = [
     ({"page_size": 16}, UNSUPPORTED, ("page_table/page_size: expected null/0 (paged KV is not "
                                      "implemented yet), got page_size 16")),
     ({"page_table_batch_stride": 8}, UNSUPPORTED, "page_table/page_size: expected null/0"),
-    ({"q_descale": ADDR}, UNSUPPORTED, "q_descale/k_descale/v_descale: expected null"),
-    ({"k_descale": ADDR}, UNSUPPORTED, "q_descale/k_descale/v_descale: expected null"),
-    ({"v_descale": ADDR}, UNSUPPORTED, "q_descale/k_descale/v_descale: expected null"),
+    ({"q_descale": ADDR}, INVALID,
+     "q_descale: expected null for bf16 inputs (descales belong to e4m3 inputs), got 0x"),
+    ({"k_descale": ADDR}, INVALID, "k_descale: expected null for bf16 inputs"),
+    ({"v_descale": ADDR}, INVALID, "v_descale: expected null for bf16 inputs"),
+    ({"fp8_accumulation": 1}, INVALID,
+     "fp8_accumulation: expected 0 for bf16 inputs (it applies to e4m3 inputs), got 1"),
     ({"num_splits": 4}, UNSUPPORTED, ("num_splits: expected 0 or 1 (split-KV is not implemented "
                                      "yet), got 4")),
     ({"o_accum": ADDR}, UNSUPPORTED, "num_splits: expected 0 or 1"),

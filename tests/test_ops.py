@@ -122,7 +122,7 @@ def cpu_stand_in(monkeypatch):
     def make_plan(cfg, q, k, v, **kwargs):
         return _fwd.Plan(cfg, "fa2", "CPU stand-in", None, q.device,
                          (cfg.batch, cfg.seqlen_q, cfg.heads_q, cfg.head_dim),
-                         (cfg.batch, cfg.heads_q, cfg.seqlen_q), None)
+                         (cfg.batch, cfg.heads_q, cfg.seqlen_q), None, cfg.dtype)
 
     def run(plan, q, k, v, need_lse=True):
         cfg = plan.cfg

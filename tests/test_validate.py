@@ -483,14 +483,20 @@ def test_flash_attn_func_has_fa3s_signature():
     assert positional == FA3_SIGNATURE
     extra = [p for p in params if p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD]
     assert [(p.name, p.kind, p.default) for p in extra] == [
-        ("backend", inspect.Parameter.KEYWORD_ONLY, "auto")]
+        ("backend", inspect.Parameter.KEYWORD_ONLY, "auto"),
+        ("out_dtype", inspect.Parameter.KEYWORD_ONLY, None),
+        ("fp8_accumulation", inspect.Parameter.KEYWORD_ONLY, "two-level")]
 
 
 @pytest.mark.parametrize(("kwargs", "exc", "fragments"), [
     ({"qv": torch.zeros(1)}, NotImplementedError, ("qv: expected None", "not implemented")),
-    ({"q_descale": torch.ones(1)}, NotImplementedError, ("q_descale: expected None", "FP8")),
-    ({"k_descale": torch.ones(1)}, NotImplementedError, ("k_descale: expected None",)),
-    ({"v_descale": torch.ones(1)}, NotImplementedError, ("v_descale: expected None",)),
+    ({"q_descale": torch.ones(1)}, ValueError,
+     ("q_descale: expected None for torch.bfloat16 inputs", "float8_e4m3fn")),
+    ({"k_descale": torch.ones(1)}, ValueError, ("k_descale: expected None",)),
+    ({"v_descale": torch.ones(1)}, ValueError, ("v_descale: expected None",)),
+    ({"out_dtype": torch.float16}, ValueError, ("out_dtype: expected None or torch.bfloat16",)),
+    ({"fp8_accumulation": "single-level"}, ValueError,
+     ("fp8_accumulation: expected 'two-level'", "FP8 inputs")),
     ({"attention_chunk": 128}, NotImplementedError, ("attention_chunk: expected 0", "got 128")),
     ({"attention_chunk": 1.5}, TypeError, ("attention_chunk: expected an int",)),
     ({"num_splits": -1}, TypeError, ("num_splits: expected an int >= 0", "-1")),

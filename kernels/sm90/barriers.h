@@ -27,6 +27,7 @@ struct SmemBarriers {
   CUTE_DEVICE void arrive_full_tx(int s, uint32_t bytes) const {
     full[s].arrive_and_expect_tx(bytes);
   }
+  CUTE_DEVICE void arrive_full(int s) const { full[s].arrive(); }
   CUTE_DEVICE void wait_full(int s, uint32_t phase) const { full[s].wait(phase); }
   CUTE_DEVICE void arrive_empty(int s) const { empty[s].arrive(); }
   // The barrier a TMA load into stage s completes its bytes on.

@@ -65,10 +65,9 @@ CUTE_DEVICE void store_row_quad(Element* row_ptr, bool row_in, int col_limit, Va
 // Writes one tile's rows: value(r, c) gives the 16-bit O element at (row, column) index (r, c) of
 // the thread's PV-accumulator fragment in its row-column view (acc_rowcol), lse[r] the LSE of the
 // thread's row r.
-template <class Traits, class ThrMma, class ValueAt>
+template <class Element, class Traits, class ThrMma, class ValueAt>
 CUTE_DEVICE void store_rows(FwdParams const& p, ThrMma const& thr_mma_pv, TileCoord tile,
                             ValueAt value, float const (&lse)[2]) {
-  using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kHeadDim = Traits::kHeadDim;
   Tensor tOcO = thr_mma_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
@@ -97,23 +96,23 @@ CUTE_DEVICE void store_rows(FwdParams const& p, ThrMma const& thr_mma_pv, TileCo
   }
 }
 
-// acc_o: the O accumulator (fp32, already normalized).
-template <class Traits, class ThrMma, class TensorO>
+// acc_o: the O accumulator (fp32, already normalized), stored as Element (O's dtype: the
+// inputs' for 16-bit inputs, bf16 or fp16 for FP8).
+template <class Element, class Traits, class ThrMma, class TensorO>
 CUTE_DEVICE void store_tile(FwdParams const& p, ThrMma const& thr_mma_pv, TensorO const& acc_o,
                             float const (&lse)[2], TileCoord tile) {
-  using Element = typename Traits::Element;
   Tensor rO = make_tensor<Element>(acc_o.layout());
   convert_into(acc_o, rO);
   Tensor rO_rc = make_tensor(rO.data(), acc_rowcol(rO.layout()));
-  store_rows<Traits>(p, thr_mma_pv, tile, [&](int r, int c) { return rO_rc(r, c); }, lse);
+  store_rows<Element, Traits>(p, thr_mma_pv, tile, [&](int r, int c) { return rO_rc(r, c); },
+                              lse);
 }
 
 // A tile whose rows see no key: O = 0, LSE = -inf.
-template <class Traits, class ThrMma>
+template <class Element, class Traits, class ThrMma>
 CUTE_DEVICE void store_empty_tile(FwdParams const& p, ThrMma const& thr_mma_pv, TileCoord tile) {
-  using Element = typename Traits::Element;
   const float lse[2] = {-INFINITY, -INFINITY};
-  store_rows<Traits>(p, thr_mma_pv, tile, [](int, int) { return Element(0.f); }, lse);
+  store_rows<Element, Traits>(p, thr_mma_pv, tile, [](int, int) { return Element(0.f); }, lse);
 }
 
 }  // namespace flash_hopper::sm90

@@ -4,8 +4,9 @@
 // -----------------
 // Roles, T = 128 * (1 + W) threads, W consumer warpgroups (tile_config.h; a bucket may have a
 // second tile for short masked calls, chosen per call in fwd_launch.h, same contract):
-//   WG 0, producer: all four warps drop to RegisterBudget::kProducer registers; warps 1-3 exit;
-//     warp 0 walks the step schedule and one elected lane issues every TMA load (load.h).
+//   WG 0, producer: all four warps drop to RegisterBudget::kProducer registers; warp 0 walks the
+//     step schedule and one elected lane issues every TMA load (load.h). Warps 1-3 exit, except
+//     for FP8 inputs: they transpose each V stage into V^T (transpose.h).
 //   WG 1..W, consumers: grow to RegisterBudget::kConsumer registers; WG c computes query rows
 //     [64c, 64c + 64) of each tile (mma.h) and writes O and LSE (epilogue.h).
 // Both roles walk one step schedule (schedule.h: CtaSchedule -> TileWork -> KeyStep; produce() and
@@ -18,6 +19,10 @@
 //   K   S stages, one load per key block (expect_tx kKVBytes); released after the block's QK GEMM.
 //   V   S stages, one load per key block; released after the block's PV GEMM. With overlap the
 //       consumers use V one step after K, so the producer issues V(step i - 1) after K(step i).
+//       FP8: the producer issues V(step i) right after K(step i) (no lag: the transposition
+//       needs the step), V is released by the transposer warps (kTransposerWarps arrivals) once
+//       they read it, and V^T (S stages, vt_full: one arrival per transposer warp after its stores and a
+//       proxy fence; vt_empty: W arrivals) takes V's place between them and the consumers.
 //   full[s]: 1 arrival (the producer's arrive_and_expect_tx; the TMA completes the bytes).
 //   empty[s]: W arrivals, thread 0 of each consumer WG.
 //   Producers start every empty barrier at phase 1 (reported complete: buffers start free).
@@ -38,6 +43,7 @@
 #include "sm90/mma.h"
 #include "sm90/params.h"
 #include "sm90/pipeline.h"
+#include "sm90/transpose.h"
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "the FA-3 path needs sm_90a (setmaxnreg and WGMMA); compile with arch=compute_90a"
@@ -57,9 +63,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   using KVPipe = typename Traits::KVPipe;
   // Every empty barrier counts one arrival per consumer warpgroup (Consumer::wg_leader), every
   // full barrier the producer's one arrive_and_expect_tx.
+  using VPipe = typename Traits::VPipe;
   static_assert(QPipe::kEmptyArrivals == Traits::kConsumerWgs &&
                 KVPipe::kEmptyArrivals == Traits::kConsumerWgs);
-  static_assert(QPipe::kFullArrivals == 1 && KVPipe::kFullArrivals == 1);
+  static_assert(QPipe::kFullArrivals == 1 && KVPipe::kFullArrivals == 1 &&
+                VPipe::kFullArrivals == 1);
+  static_assert(VPipe::kEmptyArrivals == (Traits::kFp8 ? kTransposerWarps : Traits::kConsumerWgs));
   static_assert(QPipe::kStages == Traits::kQStages && KVPipe::kStages == Traits::kStages);
   static_assert(Traits::kThreads == 128 * (1 + Traits::kConsumerWgs));
 
@@ -70,7 +79,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
     SmemBarriers<QPipe>{smem.q_full, smem.q_empty}.init();
     SmemBarriers<KVPipe>{smem.k_full, smem.k_empty}.init();
-    SmemBarriers<KVPipe>{smem.v_full, smem.v_empty}.init();
+    SmemBarriers<VPipe>{smem.v_full, smem.v_empty}.init();
+    if constexpr (Traits::kFp8) {
+      using VtPipe = typename Traits::VtPipe;
+      static_assert(VtPipe::kFullArrivals == kTransposerWarps &&
+                    VtPipe::kEmptyArrivals == Traits::kConsumerWgs);
+      SmemBarriers<VtPipe>{smem.fp8.vt_full, smem.fp8.vt_empty}.init();
+    }
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
@@ -80,6 +95,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     cutlass::arch::warpgroup_reg_dealloc<Registers::kProducer>();
     if (warp_idx == 0) {
       producer_loop<Traits>(params, smem);
+    } else if constexpr (Traits::kFp8) {
+      transposer_loop<Traits>(params, smem, warp_idx - 1);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Registers::kConsumer>();

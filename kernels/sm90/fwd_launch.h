@@ -208,7 +208,10 @@ LaunchResult run_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t st
   static_assert((kKernelVariant & FH_VARIANT_FLAG_NO_PINGPONG) == 0,
                 "ping-pong is a runtime switch: the kernel without the flag serves it");
   constexpr bool kOverlap = (kKernelVariant & FH_VARIANT_FLAG_NO_OVERLAP) == 0;
-  if constexpr (kOverlap && has_short_masked_tile(kHeadDim)) {
+  if constexpr (sizeof(Element) == 1) {
+    static_assert(kOverlap && has_fp8_config(kHeadDim), "FP8: tuned kernel, fp8 buckets only");
+    return launch_fwd<FwdTraits<Element, kHeadDim, kOverlap>>(p, max_smem_per_block, stream);
+  } else if constexpr (kOverlap && has_short_masked_tile(kHeadDim)) {
     const bool masked = p.window_left >= 0 || p.window_right >= 0;
     if (masked && p.seqlen_k <= kShortMaskedMaxSeqlenK) {
       return launch_fwd<FwdTraits<Element, kHeadDim, kOverlap, TileFamily::kShortMasked>>(

@@ -15,27 +15,40 @@ namespace flash_hopper::sm90 {
 
 using namespace cute;
 
-// K-major swizzle atom for a row of kCols 16-bit elements: the widest swizzle whose row span
-// divides kCols (the same rule as CUTLASS's ss_smem_selector).
+// K-major swizzle atom for a row of kCols elements: the widest swizzle whose row span (128, 64 or
+// 32 bytes) divides the row (the same rule as CUTLASS's ss_smem_selector).
 template <class Element, int kCols>
 CUTE_HOST_DEVICE constexpr auto k_major_smem_atom() {
-  if constexpr (kCols % 64 == 0) {
+  constexpr int kRowBytes = kCols * int(sizeof(Element));
+  if constexpr (kRowBytes % 128 == 0) {
     return GMMA::Layout_K_SW128_Atom<Element>{};
-  } else if constexpr (kCols % 32 == 0) {
+  } else if constexpr (kRowBytes % 64 == 0) {
     return GMMA::Layout_K_SW64_Atom<Element>{};
   } else {
-    static_assert(kCols % 16 == 0, "head dim bucket must be a multiple of 16");
+    static_assert(kRowBytes % 32 == 0, "head dim bucket must span a multiple of 32 bytes");
     return GMMA::Layout_K_SW32_Atom<Element>{};
   }
 }
+
+// FP8: warps 1-3 of the producer warpgroup transpose V into V^T (transpose.h).
+inline constexpr int kTransposerWarps = 3;
+
+struct EmptyStorage {};
 
 template <class Element_, int kHeadDim_, bool kOverlap_,
           TileFamily kFamily = TileFamily::kDefault>
 struct FwdTraits {
   using Element = Element_;
-  static_assert(sizeof(Element) == 2, "the FA-3 path forward handles fp16 / bf16 inputs");
+  // fp16 / bf16, or FP8 e4m3 (issue 12): FP8 inputs write O in bf16 or fp16 (FwdParams::o_fp16),
+  // take V^T from the transposer warps and accumulate PV in two levels (mma.h).
+  static constexpr bool kFp8 = sizeof(Element) == 1;
+  static_assert(sizeof(Element) == 2 || cute::is_same_v<Element, cutlass::float_e4m3_t>,
+                "the FA-3 path forward handles fp16 / bf16 / e4m3 inputs");
+  static_assert(!kFp8 || (kOverlap_ && kFamily == TileFamily::kDefault),
+                "FP8 has one tile, with intra-warpgroup overlap");
 
-  static constexpr FwdConfig kConfig = fwd_config(kHeadDim_, kFamily);
+  static constexpr FwdConfig kConfig =
+      kFp8 ? fwd_config_fp8(kHeadDim_) : fwd_config(kHeadDim_, kFamily);
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kConfig.block_m;
   static constexpr int kBlockN = kConfig.block_n;
@@ -47,7 +60,7 @@ struct FwdTraits {
   static constexpr bool kPingpongDefault = kConfig.pingpong;
   static constexpr bool kMergeTileBoundary = kConfig.merge_tile_boundary;
 
-  using Registers = RegisterBudget<kConsumerWgs>;
+  using Registers = RegisterBudget<kConsumerWgs, kFp8>;
   static constexpr int kThreads = Registers::kThreads;
   static constexpr int kConsumerThreads = 128 * kConsumerWgs;
   static_assert(kBlockM == 64 * kConsumerWgs, "each consumer warpgroup owns 64 query rows");
@@ -60,11 +73,17 @@ struct FwdTraits {
   // S = Q K^T: both operands K-major in shared memory.
   using TiledMmaQK = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float, TileShapeQK>(), AtomLayout{}));
-  // O += P V: P from registers (the converted S accumulator), V^T MN-major in shared memory.
+  // O += P V: P from registers (the converted S accumulator), V^T in shared memory: MN-major
+  // (V as loaded) for 16-bit inputs, K-major (the transposer's buffer) for FP8, which WGMMA
+  // supports K-major only.
   using TiledMmaPV = decltype(make_tiled_mma(
       GMMA::rs_op_selector<Element, Element, float, TileShapePV, GMMA::Major::K,
-                           GMMA::Major::MN>(),
+                           kFp8 ? GMMA::Major::K : GMMA::Major::MN>(),
       AtomLayout{}));
+  static_assert(!kFp8 || kConfig.rescale_o_before_pv == false,
+                "FP8 rescales O after its PV GEMM (two-level accumulation adds that GEMM first)");
+  static_assert(!kFp8 || (kBlockN % 64 == 0 && kHeadDim % 32 == 0),
+                "the transposer works on 64-key x 32-column units");
 
   // The selectors fall back to narrower atoms when a shape is missing (e.g. N = 176 without
   // CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED): insist on one atom spanning the tile.
@@ -77,12 +96,18 @@ struct FwdTraits {
       SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kQStages>>{}));  // (M, D, QPIPE)
   using SmemLayoutK = decltype(tile_to_shape(
       SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));  // (N, D, PIPE)
-  // V lands like K (rows of D contiguous elements); the PV GEMM reads the same bytes as V^T
-  // (D, N, PIPE), which is the MN-major B operand.
+  // V lands like K (rows of D contiguous elements). 16-bit: the PV GEMM reads the same bytes as
+  // V^T (D, N, PIPE), which is the MN-major B operand. FP8: V^T is a buffer of its own, K-major
+  // (rows of N keys), written by the transposer with the keys of each 32-key slice in the order
+  // of the P register fragment (transpose.h).
   using SmemLayoutV = SmemLayoutK;
-  using SmemLayoutVt = decltype(composition(
-      SmemLayoutV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
-                                         Step<_2, _1, _3>{})));  // (D, N, PIPE)
+  using SmemLayoutVt = conditional_t<
+      kFp8,
+      decltype(tile_to_shape(k_major_smem_atom<Element, kBlockN>(),
+                             Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{})),
+      decltype(composition(SmemLayoutV{},
+                           make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
+                                               Step<_2, _1, _3>{})))>;  // (D, N, PIPE)
 
   // Global tensors as the TMA sees them: (seqlen, head_dim, heads, batch), head_dim contiguous.
   using ShapeQKV = Shape<int32_t, int32_t, int32_t, int32_t>;
@@ -103,9 +128,18 @@ struct FwdTraits {
   static_assert(kKVBytes * kStages == cosize_v<SmemLayoutK> * sizeof(Element));
 
   // Q buffers and K / V stages between the producer and the consumer warpgroups (pipeline.h).
+  // FP8: V goes from the producer to the transposer warps (VPipe), V^T from them to the
+  // consumers (VtPipe, full barriers without transaction bytes).
   using QPipe = PipelineSpec<kQStages, kConsumerWgs>;
   using KVPipe = PipelineSpec<kStages, kConsumerWgs>;
+  using VPipe = conditional_t<kFp8, PipelineSpec<kStages, kTransposerWarps>, KVPipe>;
+  using VtPipe = PipelineSpec<kStages, kConsumerWgs, /*kFullArrivals=*/kTransposerWarps>;
 
+  struct VtStorage {
+    array_aligned<Element, cosize_v<SmemLayoutVt>, 1024> vt;
+    cutlass::arch::ClusterTransactionBarrier vt_full[VtPipe::kStages];
+    cutlass::arch::ClusterBarrier vt_empty[VtPipe::kStages];
+  };
   struct SharedStorage {
     // 1024-byte alignment: the period of the 128-byte swizzle pattern.
     array_aligned<Element, cosize_v<SmemLayoutQStages>, 1024> q;
@@ -117,6 +151,7 @@ struct FwdTraits {
     cutlass::arch::ClusterTransactionBarrier v_full[KVPipe::kStages];
     cutlass::arch::ClusterBarrier k_empty[KVPipe::kStages];
     cutlass::arch::ClusterBarrier v_empty[KVPipe::kStages];
+    conditional_t<kFp8, VtStorage, EmptyStorage> fp8;
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= kSmemOptinBytes, "tile config exceeds sm_90 shared memory");

@@ -26,7 +26,7 @@ struct Producer {
   bool leader;
   ProducerEnd<typename Traits::QPipe, SmemBarriers<typename Traits::QPipe>> q_pipe;
   ProducerEnd<typename Traits::KVPipe, SmemBarriers<typename Traits::KVPipe>> k_pipe;
-  ProducerEnd<typename Traits::KVPipe, SmemBarriers<typename Traits::KVPipe>> v_pipe;
+  ProducerEnd<typename Traits::VPipe, SmemBarriers<typename Traits::VPipe>> v_pipe;
 
   CUTE_DEVICE Producer(KernelParams<Traits> const& params_, SharedStorage& smem_)
       : params(params_),
@@ -125,7 +125,7 @@ template <class Traits>
 CUTE_DEVICE void producer_loop(KernelParams<Traits> const& params,
                                typename Traits::SharedStorage& smem) {
   Producer<Traits> producer(params, smem);
-  produce<Traits::kOverlap>(cta_schedule(params), producer);
+  produce</*kVLag=*/Traits::kOverlap && !Traits::kFp8>(cta_schedule(params), producer);
 }
 
 }  // namespace flash_hopper::sm90

@@ -6,6 +6,15 @@
 // the previous block back to back, then runs the softmax of S(n) while the PV GEMM is in flight;
 // ping-pong (barriers.h), when enabled, lets one WG's softmax run while the other WG's GEMMs
 // occupy the tensor cores.
+//
+// FP8 (e4m3) inputs (Traits::kFp8): P is packed to e4m3 in place (the V^T buffer's key order
+// matches, transpose.h); the descales of the tile's (batch, kv head) scale the scores and O; and
+// PV accumulates in two levels: each PV GEMM starts from zero in its own accumulator (o_acc) and
+// is added into O in fp32 once it completed, so O never passes through the FP8 tensor core's
+// narrower accumulation (vLLM measured long-context retrieval collapsing without this). The
+// addition replaces nothing the 16-bit path does: d/2 FADDs per thread and block, under the next
+// block's QK GEMM. FwdParams::fp8_single_level turns it off for the ablation (o_acc then
+// accumulates every block, as O does for 16-bit inputs).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -15,6 +24,7 @@
 #include "flash_hopper/register_ops.h"  // apply_softcap, apply_mask
 #include "sm90/barriers.h"
 #include "sm90/epilogue.h"
+#include "sm90/fp8_layout.h"
 #include "sm90/params.h"
 #include "sm90/schedule.h"
 #include "sm90/softmax.h"
@@ -36,8 +46,12 @@ struct Consumer {
   using TiledMmaPV = typename Traits::TiledMmaPV;
   using SharedStorage = typename Traits::SharedStorage;
   using Softmax = OnlineSoftmax</*kRows=*/2>;
+  static constexpr bool kFp8 = Traits::kFp8;
   using QEnd = ConsumerEnd<typename Traits::QPipe, SmemBarriers<typename Traits::QPipe>>;
   using KVEnd = ConsumerEnd<typename Traits::KVPipe, SmemBarriers<typename Traits::KVPipe>>;
+  // The PV GEMM's B operand comes from the producer (16-bit) or the transposer (FP8).
+  using VSpec = conditional_t<kFp8, typename Traits::VtPipe, typename Traits::KVPipe>;
+  using VEnd = ConsumerEnd<VSpec, SmemBarriers<VSpec>>;
 
   // Only the pipeline states and a few counters live in registers across the loop: everything
   // derivable from the (constant-bank) params or the thread index is re-derived where used, which
@@ -49,7 +63,22 @@ struct Consumer {
   TiledMmaPV mma_pv;
   QEnd q_pipe;
   KVEnd k_pipe;
-  KVEnd v_pipe;
+  VEnd v_pipe;
+
+  static CUTE_DEVICE SmemBarriers<VSpec> v_barriers(SharedStorage& smem) {
+    if constexpr (kFp8) {
+      return {smem.fp8.vt_full, smem.fp8.vt_empty};
+    } else {
+      return {smem.v_full, smem.v_empty};
+    }
+  }
+  static CUTE_DEVICE auto* vt_data(SharedStorage& smem) {
+    if constexpr (kFp8) {
+      return smem.fp8.vt.data();
+    } else {
+      return smem.v.data();
+    }
+  }
 
   CUTE_DEVICE Consumer(KernelParams<Traits> const& params_, SharedStorage& smem_)
       : params(params_),
@@ -57,7 +86,7 @@ struct Consumer {
         smem(smem_),
         q_pipe{{smem_.q_full, smem_.q_empty}},
         k_pipe{{smem_.k_full, smem_.k_empty}},
-        v_pipe{{smem_.v_full, smem_.v_empty}} {}
+        v_pipe{v_barriers(smem_)} {}
 
   static CUTE_DEVICE int thread_idx() { return opaque_thread_idx() - 128; }
   CUTE_DEVICE PingPong<Traits::kConsumerWgs> pingpong() const {
@@ -81,7 +110,7 @@ struct Consumer {
     return mma_qk.get_thread_slice(wg_first_thread()).partition_fragment_B(sK);
   }
   CUTE_DEVICE auto tOrV() {  // (MMA, MMA_N, MMA_K, PIPE)
-    Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutVt{});
+    Tensor sVt = make_tensor(make_smem_ptr(vt_data(smem)), typename Traits::SmemLayoutVt{});
     return mma_pv.get_thread_slice(wg_first_thread()).partition_fragment_B(sVt);
   }
 
@@ -98,15 +127,52 @@ struct Consumer {
   CUTE_DEVICE void turn_wait() const { pingpong().wait_turn(); }
   CUTE_DEVICE void turn_pass() const { pingpong().pass_turn(); }
 
+  // FP8: the scales of one tile's (batch, kv head), from the descales (FwdParams).
+  struct TileScales {
+    float scale_log2;
+    float lse_scale;
+    float softcap_prescale;
+    float o_scale;  // v_descale
+  };
+  CUTE_DEVICE TileScales tile_scales(TileWork const& w) const {
+    const int h_kv = w.tile.head / p.heads_per_kv;
+    auto load = [&](const float* ptr, int64_t batch_stride, int64_t head_stride) {
+      return ptr == nullptr ? 1.f : ptr[w.tile.batch * batch_stride + h_kv * head_stride];
+    };
+    const float qk = load(p.q_descale, p.q_descale_batch_stride, p.q_descale_head_stride) *
+                     load(p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride);
+    const float v = load(p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride);
+    // Without softcap the descales scale the score like softmax_scale; with it they scale the
+    // tanh's argument (fwd_params.h).
+    const bool capped = p.softcap != 0.f;
+    return {capped ? p.scale_log2 : p.scale_log2 * qk, capped ? p.lse_scale : p.lse_scale * qk,
+            p.softcap_prescale * qk, v};
+  }
+
+  // P as the PV GEMM's A operand: 16-bit, the S accumulator re-read (acc_as_rs_a); FP8, one
+  // k32 slice's 16 bytes per thread in the order of the m64k32 A fragment ((4, 2, 2): 4 slots,
+  // rows +8, slots +16), filled by convert_p.
+  using PLayout = conditional_t<
+      kFp8, Layout<Shape<Shape<_4, _2, _2>, _1, Int<kBlockN / 32>>>,
+      decltype(acc_as_rs_a(
+          partition_fragment_C(TiledMmaQK{}, Shape<Int<kBlockM>, Int<kBlockN>>{}).layout()))>;
+  using OFragment =
+      decltype(partition_fragment_C(TiledMmaPV{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+
   // The register state of the tile(s) in flight: S (fp32), P (S converted, the PV GEMM's A
-  // operand), O (fp32), the row statistics, and at a tile boundary the finishing tile's.
+  // operand), O (fp32), the row statistics, and at a tile boundary the finishing tile's. FP8
+  // adds the PV GEMM's own accumulator and the tiles' scales.
   struct TileState {
     decltype(partition_fragment_C(TiledMmaQK{}, Shape<Int<kBlockM>, Int<kBlockN>>{})) s;
-    decltype(make_tensor<Element>(acc_as_rs_a(s.layout()))) p;
-    decltype(partition_fragment_C(TiledMmaPV{}, Shape<Int<kBlockM>, Int<kHeadDim>>{})) o;
+    decltype(make_tensor<Element>(PLayout{})) p;
+    OFragment o;
+    conditional_t<kFp8, OFragment, EmptyStorage> o_acc;
     Softmax softmax;
     Softmax finishing;
-    static_assert(decltype(size<2>(p))::value == kBlockN / 16, "P as the PV A operand");
+    conditional_t<kFp8, TileScales, EmptyStorage> scales;
+    conditional_t<kFp8, TileScales, EmptyStorage> finishing_scales;
+    static_assert(decltype(size<2>(p))::value == kBlockN / (kFp8 ? 32 : 16),
+                  "P as the PV A operand");
 
     CUTE_DEVICE auto s_rc() { return make_tensor(s.data(), acc_rowcol(s.layout())); }
     CUTE_DEVICE auto o_rc() { return make_tensor(o.data(), acc_rowcol(o.layout())); }
@@ -117,10 +183,21 @@ struct Consumer {
     wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_qk, tSrQ(), tSrK()(_, _, _, k_pipe.stage()), f.s);
   }
   CUTE_DEVICE void issue_pv(TileState& f) {
-    wgmma<false, -1>(mma_pv, f.p, tOrV()(_, _, _, v_pipe.stage()), f.o);
+    if constexpr (kFp8) {
+      // Two-level: every PV GEMM starts from zero (rescale_o adds it into O).
+      mma_pv.accumulate_ = p.fp8_single_level ? GMMA::ScaleOut::One : GMMA::ScaleOut::Zero;
+      wgmma<false, -1>(mma_pv, f.p, tOrV()(_, _, _, v_pipe.stage()), f.o_acc);
+    } else {
+      wgmma<false, -1>(mma_pv, f.p, tOrV()(_, _, _, v_pipe.stage()), f.o);
+    }
   }
   CUTE_DEVICE void issue_pv_and_wait(TileState& f) {
-    wgmma<false, 0>(mma_pv, f.p, tOrV()(_, _, _, v_pipe.stage()), f.o);
+    if constexpr (kFp8) {
+      mma_pv.accumulate_ = p.fp8_single_level ? GMMA::ScaleOut::One : GMMA::ScaleOut::Zero;
+      wgmma<false, 0>(mma_pv, f.p, tOrV()(_, _, _, v_pipe.stage()), f.o_acc);
+    } else {
+      wgmma<false, 0>(mma_pv, f.p, tOrV()(_, _, _, v_pipe.stage()), f.o);
+    }
   }
   template <int kInFlight>
   CUTE_DEVICE void wait_gemms() {
@@ -133,7 +210,11 @@ struct Consumer {
   template <bool kMasked>
   CUTE_DEVICE void transform(TileState& f, TileWork const& w, KeyStep step) {
     if (p.softcap != 0.f) {
-      apply_softcap(f.s, p.softcap, p.softcap_prescale);
+      if constexpr (kFp8) {
+        apply_softcap(f.s, p.softcap, f.scales.softcap_prescale);
+      } else {
+        apply_softcap(f.s, p.softcap, p.softcap_prescale);
+      }
     }
     if constexpr (kMasked) {
       Tensor tScS = mma_qk.get_thread_slice(thread_idx())
@@ -148,32 +229,126 @@ struct Consumer {
     Tensor s_rc = f.s_rc();
     f.softmax.template update<kFirst, kCheckInf>(s_rc);
   }
+  // After the PV GEMM completed. FP8: its accumulator joins O first (two-level), or is O
+  // itself (single level).
   CUTE_DEVICE void rescale_o(TileState& f) {
+    if constexpr (kFp8) {
+      if (!p.fp8_single_level) {
+        add_pv_into_o(f);
+      } else {
+        Tensor acc_rc = make_tensor(f.o_acc.data(), acc_rowcol(f.o_acc.layout()));
+        f.softmax.rescale_o(acc_rc);
+        return;
+      }
+    }
     Tensor o_rc = f.o_rc();
     f.softmax.rescale_o(o_rc);
   }
-  CUTE_DEVICE void convert_p(TileState& f) { convert_into(f.s, f.p); }
+  CUTE_DEVICE void add_pv_into_o(TileState& f) {
+    if constexpr (kFp8) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(f.o); ++i) {
+        f.o(i) += f.o_acc(i);
+      }
+    }
+  }
+  CUTE_DEVICE void convert_p(TileState& f) {
+    if constexpr (kFp8) {
+      convert_p_fp8(f.s, f.p);
+    } else {
+      convert_into(f.s, f.p);
+    }
+  }
+
+  // S (fp32, ((2, 2, N/8), 1, 1)) -> P (e4m3, ((4, 2, 2), 1, N/32)) without moving values
+  // between threads (fp8_layout.h): in k32 slice kk register j of the A fragment takes the four
+  // accumulator values p_source(kk, j, 0..3), whose keys are the ones the V^T buffer holds at
+  // that register's slots (j = 0: d0 d1 d4 d5, 1: d2 d3 d6 d7, 2: d8 d9 d12 d13, 3: d10 d11 d14
+  // d15 of the slice's 16 values).
+  template <class TensorS, class TensorP>
+  static CUTE_DEVICE void convert_p_fp8(TensorS const& s, TensorP& p_frag) {
+    static_assert(decltype(size(s))::value == kBlockN / 2 &&
+                  decltype(size(p_frag))::value == kBlockN / 2);
+    Tensor p_words = recast<uint32_t>(p_frag);
+    cutlass::NumericArrayConverter<Element, float, 4> convert;
+    CUTE_UNROLL
+    for (int kk = 0; kk < kBlockN / 32; ++kk) {
+      CUTE_UNROLL
+      for (int j = 0; j < 4; ++j) {
+        cutlass::Array<float, 4> v;
+        CUTE_UNROLL
+        for (int b = 0; b < 4; ++b) {
+          v[b] = s(p_source(kk, j, b));
+        }
+        const cutlass::Array<Element, 4> packed = convert(v);
+        p_words(4 * kk + j) = reinterpret_cast<uint32_t const&>(packed);
+      }
+    }
+  }
 
   // --- tiles --------------------------------------------------------------------------------
-  CUTE_DEVICE void start_tile(TileState& f) {
-    f.softmax = Softmax(p.scale_log2);
+  CUTE_DEVICE void start_tile(TileState& f, TileWork const& w) {
+    if constexpr (kFp8) {
+      f.scales = tile_scales(w);
+      f.softmax = Softmax(f.scales.scale_log2);
+      clear(f.o_acc);
+    } else {
+      f.softmax = Softmax(p.scale_log2);
+    }
     clear(f.o);
   }
-  CUTE_DEVICE void begin_next_tile(TileState& f) {
+  CUTE_DEVICE void begin_next_tile(TileState& f, TileWork const& w) {
     f.finishing = f.softmax;
-    f.softmax = Softmax(p.scale_log2);
+    if constexpr (kFp8) {
+      f.finishing_scales = f.scales;
+      f.scales = tile_scales(w);
+      f.softmax = Softmax(f.scales.scale_log2);
+    } else {
+      f.softmax = Softmax(p.scale_log2);
+    }
   }
-  CUTE_DEVICE void clear_o(TileState& f) { clear(f.o); }
+  CUTE_DEVICE void clear_o(TileState& f) {
+    clear(f.o);
+    if constexpr (kFp8) {
+      clear(f.o_acc);  // single level accumulates into it
+    }
+  }
   // O / l, LSE and the stores of tile w; kPrevious: w is the tile finishing at a boundary.
   template <bool kPrevious>
   CUTE_DEVICE void finish(TileState& f, TileWork const& w) {
     Tensor o_rc = f.o_rc();
     float lse[2];
-    (kPrevious ? f.finishing : f.softmax).finalize(o_rc, p.lse_scale, lse);
-    store_tile<Traits>(p, mma_pv.get_thread_slice(thread_idx()), f.o, lse, w.tile);
+    if constexpr (kFp8) {
+      // The last PV GEMM's accumulator has not joined O (single level: O is still 0).
+      add_pv_into_o(f);
+      TileScales const& sc = kPrevious ? f.finishing_scales : f.scales;
+      (kPrevious ? f.finishing : f.softmax).finalize(o_rc, sc.lse_scale, lse);
+      CUTE_UNROLL
+      for (int i = 0; i < size(f.o); ++i) {
+        f.o(i) *= sc.o_scale;
+      }
+      auto thr = mma_pv.get_thread_slice(thread_idx());
+      if (p.o_fp16) {
+        store_tile<cutlass::half_t, Traits>(p, thr, f.o, lse, w.tile);
+      } else {
+        store_tile<cutlass::bfloat16_t, Traits>(p, thr, f.o, lse, w.tile);
+      }
+    } else {
+      (kPrevious ? f.finishing : f.softmax).finalize(o_rc, p.lse_scale, lse);
+      store_tile<Element, Traits>(p, mma_pv.get_thread_slice(thread_idx()), f.o, lse, w.tile);
+    }
   }
   CUTE_DEVICE void store_empty(TileWork const& w) {
-    store_empty_tile<Traits>(p, mma_pv.get_thread_slice(thread_idx()), w.tile);
+    auto thr = mma_pv.get_thread_slice(thread_idx());
+    if constexpr (kFp8) {
+      if (p.o_fp16) {
+        store_empty_tile<cutlass::half_t, Traits>(p, thr, w.tile);
+      } else {
+        store_empty_tile<cutlass::bfloat16_t, Traits>(p, thr, w.tile);
+      }
+    } else {
+      store_empty_tile<Element, Traits>(p, thr, w.tile);
+    }
   }
 };
 

@@ -8,6 +8,9 @@
 //             (arrive_and_expect_tx) and issues the TMA load, which completes the bytes.
 //   empty[s]  kEmptyArrivals = kConsumerWgs: one thread per consumer warpgroup arrives once the
 //             warpgroup's reads of the buffer (its WGMMAs) completed.
+// The FP8 forward's V^T pipeline is written by threads, not by TMA (WriterEnd): kFullArrivals is
+// then the number of writer warps, each arriving once its stores are fenced; its V pipeline's
+// "consumers" (kEmptyArrivals) are those warps.
 // Phases: consumers first wait on parity 0 of full[s]; the producer starts on parity 1 of
 // empty[s], which an mbarrier reports as already completed, so fresh buffers are free.
 #pragma once
@@ -31,17 +34,18 @@ struct PipelineState {
   }
 };
 
-template <int kStages_, int kConsumerWgs_>
+template <int kStages_, int kConsumerWgs_, int kFullArrivals_ = 1>
 struct PipelineSpec {
   static constexpr int kStages = kStages_;
   static constexpr int kConsumerWgs = kConsumerWgs_;
-  static constexpr int kFullArrivals = 1;
+  static constexpr int kFullArrivals = kFullArrivals_;
   static constexpr int kEmptyArrivals = kConsumerWgs_;
-  static_assert(kStages >= 1 && kConsumerWgs >= 1);
+  static_assert(kStages >= 1 && kConsumerWgs >= 1 && kFullArrivals >= 1);
 };
 
-// Barriers: the four mbarrier operations on stage s of one pipeline (device: barriers.h):
-//   wait_empty(s, phase), arrive_full_tx(s, bytes), wait_full(s, phase), arrive_empty(s).
+// Barriers: the mbarrier operations on stage s of one pipeline (device: barriers.h):
+//   wait_empty(s, phase), arrive_full_tx(s, bytes), arrive_full(s), wait_full(s, phase),
+//   arrive_empty(s).
 
 // The producer's end: acquire the next buffer, announce its bytes and issue its load, advance.
 template <class Spec, class Barriers>
@@ -57,6 +61,23 @@ struct ProducerEnd {
     if (leader) {
       bar.arrive_full_tx(state.index, bytes);
       issue(state.index);
+    }
+    state.advance();
+  }
+};
+
+// The end of a pipeline whose buffers threads write (FP8's V^T): acquire() waits until the next
+// buffer is free, the writers store and fence, then each writer group's leader commits.
+template <class Spec, class Barriers>
+struct WriterEnd {
+  Barriers bar;
+  PipelineState<Spec::kStages> state{0, 1};
+
+  FH_HOST_DEVICE int stage() const { return state.index; }
+  FH_HOST_DEVICE void acquire() { bar.wait_empty(state.index, state.phase); }
+  FH_HOST_DEVICE void commit(bool leader) {
+    if (leader) {
+      bar.arrive_full(state.index);
     }
     state.advance();
   }

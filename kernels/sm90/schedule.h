@@ -15,6 +15,9 @@
 //
 // Load order per tile with keys (kVLag = 1 with intra-warpgroup overlap, else 0):
 //   K(step 0), Q, then for i = 1 .. steps - 1 + kVLag: K(step i) if i < steps, V(step i - kVLag).
+// FP8 loads V without the lag (kVLag = 0 with overlap too): its V goes through the transposer
+// warps (transpose.h) before the consumers use it one step after K, so it is loaded as early as
+// K to give the transposition a step of slack.
 // The consumers use V one step after K with overlap (PV(i - 1) is issued with S(i)). Tiles without
 // a visible key touch no barrier in either role: the consumers write them (O = 0, LSE = -inf).
 //
@@ -102,8 +105,10 @@ struct CtaSchedule {
 // ---------------------------------------------------------------------------------------------
 // Producer. Ops: auto tile(TileWork) -> per-tile view; q(view, TileWork); k(view, KeyStep);
 // v(view, KeyStep); prefetch(TileWork) (L2 warm-up of a later tile, no barrier).
+// kVLag: V(step i - 1) is loaded after K(step i) (the overlapped consumers' order), else V(step i)
+// right after K(step i).
 // ---------------------------------------------------------------------------------------------
-template <bool kOverlap, class Schedule, class Ops>
+template <bool kVLag, class Schedule, class Ops>
 FH_ROLE void produce(Schedule const& sched, Ops& ops) {
   TileWork w;
   FH_NO_UNROLL
@@ -116,7 +121,7 @@ FH_ROLE void produce(Schedule const& sched, Ops& ops) {
     if (sched.work(round + 1, next) && next.has_keys()) {
       ops.prefetch(next);
     }
-    if constexpr (kOverlap) {
+    if constexpr (kVLag) {
       FH_NO_UNROLL
       for (int i = 1; i < steps; ++i) {
         ops.k(view, w.step(i));
@@ -142,8 +147,8 @@ FH_ROLE void produce(Schedule const& sched, Ops& ops) {
 //   GEMMs       issue_qk(f), issue_pv(f), issue_pv_and_wait(f), wait_gemms<kInFlight>()
 //   softmax     transform<kMasked>(f, w, step) (softcap, then the element mask),
 //               softmax<kFirst, kCheckInf>(f), rescale_o(f), convert_p(f)
-//   tiles       start_tile(f) (fresh statistics, O = 0), begin_next_tile(f) (keep the finishing
-//               tile's statistics aside), finish<kPrevious>(f, w) (O / l, LSE, stores),
+//   tiles       start_tile(f, w) (fresh statistics and w's scales, O = 0), begin_next_tile(f, w)
+//               (keep the finishing tile's statistics aside, start w's), finish<kPrevious>(f, w) (O / l, LSE, stores),
 //               clear_o(f), store_empty(w)
 // f is the register state of the tile(s) in flight (Ops::TileState).
 // ---------------------------------------------------------------------------------------------
@@ -202,7 +207,7 @@ FH_ROLE void overlapped_step(Ops& ops, State& f, TileWork const& w, KeyStep step
   qk_done(ops, w, step);
   ops.template transform<kMasked>(f, w, step);
   if constexpr (kBoundary) {
-    ops.begin_next_tile(f);
+    ops.begin_next_tile(f, w);
     ops.template softmax<true, true>(f);
   } else {
     ops.template softmax<false, kMasked>(f);
@@ -256,7 +261,7 @@ FH_ROLE void consume_merged(Schedule const& sched, Ops& ops) {
   if (!sched.next_with_keys(round, cur, on_keyless)) {
     return;
   }
-  ops.start_tile(f);
+  ops.start_tile(f, cur);
   first_step(ops, f, cur);
   ops.convert_p(f);
   int i = 1;  // the next step of cur
@@ -295,7 +300,7 @@ FH_ROLE void consume_per_tile(Schedule const& sched, Ops& ops) {
   FH_NO_UNROLL
   for (int round = 0; sched.next_with_keys(round, w, on_keyless); ++round) {
     typename Ops::TileState f;
-    ops.start_tile(f);
+    ops.start_tile(f, w);
     first_step(ops, f, w);
     ops.convert_p(f);
     overlapped_steps_after_first<Cfg>(ops, f, w);
@@ -336,7 +341,7 @@ FH_ROLE void consume_sequential(Schedule const& sched, Ops& ops) {
   FH_NO_UNROLL
   for (int round = 0; sched.next_with_keys(round, w, on_keyless); ++round) {
     typename Ops::TileState f;
-    ops.start_tile(f);
+    ops.start_tile(f, w);
     first_step(ops, f, w);
     sequential_pv(ops, f, w, w.step(0));
     FH_NO_UNROLL

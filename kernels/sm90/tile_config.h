@@ -32,14 +32,15 @@ struct FwdConfig {
 // the W consumer warpgroups grow to kConsumer, within the CTA's allocation:
 //   128 * kProducer + 128 * W * kConsumer <= T * R0
 // (setmaxnreg.inc blocks until the pool has the registers, so an over-ask hangs: checked below).
-template <int kConsumerWgs>
+template <int kConsumerWgs, bool kFp8 = false>
 struct RegisterBudget {
   static constexpr int kThreads = 128 * (1 + kConsumerWgs);
   static constexpr int kLaunch = kRegistersPerSm / kThreads / 8 * 8;
   // 2 WGs: 24 / 240 (168 at launch); 3 WGs: 32 / 160 (128 at launch). The producer needs only
-  // addressing and loop state; the consumers hold O, S and P.
-  static constexpr int kProducer = kConsumerWgs == 2 ? 24 : 32;
-  static constexpr int kConsumer = kConsumerWgs == 2 ? 240 : 160;
+  // addressing and loop state; the consumers hold O, S and P. FP8 (2 WGs): 40 / 232, the
+  // transposer warps keep several 4 x 4 blocks in flight (transpose.h).
+  static constexpr int kProducer = kConsumerWgs == 2 ? (kFp8 ? 40 : 24) : 32;
+  static constexpr int kConsumer = kConsumerWgs == 2 ? (kFp8 ? 232 : 240) : 160;
   static_assert(128 * kProducer + 128 * kConsumerWgs * kConsumer <= kThreads * kLaunch,
                 "setmaxnreg budget exceeds the CTA's register allocation (would hang)");
   static_assert(kConsumer % 8 == 0 && kProducer % 8 == 0 && kConsumer <= 256 && kProducer >= 24);
@@ -88,6 +89,24 @@ constexpr FwdConfig fwd_config(int head_dim, TileFamily family = TileFamily::kDe
   //   The merged tile boundary (both tiles' row statistics live) spilled here: each tile keeps
   //   its own prologue and drain.
   return {128, 80, 2, 1, 2, false, true, /*merge_tile_boundary=*/false};
+}
+
+// FP8 (e4m3) forward (issue 12): both GEMMs are FP8 WGMMAs (k = 32), so a key block costs half the
+// tensor-core time of a 16-bit one while the softmax's exponentials cost the same: the exp unit
+// bounds FP8 earlier. A consumer holds O (fp32, d/2 registers), the PV GEMM's own accumulator
+// (two-level accumulation: each PV GEMM starts from zero and is added into O in fp32, d/2 more),
+// S (N/2) and P (e4m3, N/8). V is transposed in shared memory by warps 1-3 of the producer
+// warpgroup (transpose.h), into its own buffers (the PV GEMM needs V^T K-major in FP8).
+// d64:  N = 128, two WGs: O + O_acc + S + P = 32 + 32 + 64 + 16 = 144 of 240. Q 2 x 8 K,
+//       K / V / V^T 2 x 8 K each: 64 KB.
+// d128: N = 128, two WGs: 64 + 64 + 64 + 16 = 208 of 240. Q 2 x 16 K, K / V / V^T 2 x 16 K:
+//       128 KB.
+// d256 has no FP8 tile yet: O and its two-level partner alone are 256 registers.
+constexpr bool has_fp8_config(int head_dim) { return head_dim == 64 || head_dim == 128; }
+
+constexpr FwdConfig fwd_config_fp8(int head_dim) {
+  return {/*block_m=*/128, /*block_n=*/128, /*stages=*/2, /*q_stages=*/2, /*consumer_wgs=*/2,
+          /*pingpong=*/true, /*rescale_o_before_pv=*/false};
 }
 
 // Whether a bucket has its own kShortMasked tile (only where it measured faster).

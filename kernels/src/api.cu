@@ -264,6 +264,27 @@ std::string fa3_bwd_buckets() {
   return list;
 }
 
+// Whether the FA-3 path has an FP8 (e4m3) forward tile for head_dim's bucket in the source tree
+// (FH_DTYPE_TABLE in kernels/src/tables.cmake), whatever this build compiled; and their list.
+bool fp8_covers(int64_t head_dim) {
+  const int64_t bucket = head_dim_bucket(head_dim);
+#define FH_FP8_BUCKET(value) \
+  if (bucket == value) {     \
+    return true;             \
+  }
+  FH_FP8_HEAD_DIMS(FH_FP8_BUCKET)
+#undef FH_FP8_BUCKET
+  return false;
+}
+
+std::string fp8_buckets() {
+  std::string list;
+#define FH_FP8_BUCKET_NAME(value) list += (list.empty() ? "" : ", ") + std::to_string(value);
+  FH_FP8_HEAD_DIMS(FH_FP8_BUCKET_NAME)
+#undef FH_FP8_BUCKET_NAME
+  return list;
+}
+
 // The dtype's FH_DTYPES name, or null for an FhDtype without kernels.
 const char* dtype_name(int32_t dtype) {
 #define FH_DTYPE_NAME(value, name) \
@@ -413,6 +434,64 @@ FhStatus validate_tensor(const void* ptr, const char* name) {
   return FH_SUCCESS;
 }
 
+// The FP8 fields: only e4m3 inputs may set them; e4m3 rows are 16-byte vectors of 16 elements
+// (TMA boxes and k32 FP8 WGMMA slices), so head_dim and the q / k / v strides are multiples of 16.
+FhStatus validate_fp8(const FhFwdParams* p, bool fp8, bool check_data) {
+  const struct {
+    const char* name;
+    const float* ptr;
+    int64_t batch_stride;
+    int64_t head_stride;
+  } descales[] = {
+      {"q_descale", p->q_descale, p->q_descale_batch_stride, p->q_descale_head_stride},
+      {"k_descale", p->k_descale, p->k_descale_batch_stride, p->k_descale_head_stride},
+      {"v_descale", p->v_descale, p->v_descale_batch_stride, p->v_descale_head_stride},
+  };
+  if (!fp8) {
+    for (const auto& d : descales) {
+      FH_CHECK(d.ptr == nullptr,
+               "%s: expected null for %s inputs (descales belong to e4m3 inputs), got %p", d.name,
+               dtype_name(p->dtype), static_cast<const void*>(d.ptr));
+    }
+    FH_CHECK(p->fp8_accumulation == FH_FP8_ACCUM_TWO_LEVEL,
+             "fp8_accumulation: expected 0 for %s inputs (it applies to e4m3 inputs), got %d",
+             dtype_name(p->dtype), p->fp8_accumulation);
+    return FH_SUCCESS;
+  }
+  FH_CHECK(p->fp8_accumulation == FH_FP8_ACCUM_TWO_LEVEL ||
+               p->fp8_accumulation == FH_FP8_ACCUM_SINGLE_LEVEL,
+           "fp8_accumulation: expected FH_FP8_ACCUM_TWO_LEVEL (0) or FH_FP8_ACCUM_SINGLE_LEVEL "
+           "(1), got %d",
+           p->fp8_accumulation);
+  FH_CHECK(p->head_dim % 16 == 0,
+           "head_dim: expected a multiple of 16 for e4m3 inputs (16-byte rows), got %lld",
+           (long long)p->head_dim);
+  const NamedStride strides[] = {
+      {"q_batch_stride", p->q_batch_stride}, {"q_row_stride", p->q_row_stride},
+      {"q_head_stride", p->q_head_stride},   {"k_batch_stride", p->k_batch_stride},
+      {"k_row_stride", p->k_row_stride},     {"k_head_stride", p->k_head_stride},
+      {"v_batch_stride", p->v_batch_stride}, {"v_row_stride", p->v_row_stride},
+      {"v_head_stride", p->v_head_stride},
+  };
+  for (const NamedStride& st : strides) {
+    FH_CHECK(st.stride % 16 == 0,
+             "%s: expected a multiple of 16 elements for e4m3 inputs (16-byte aligned rows), got "
+             "%lld",
+             st.name, (long long)st.stride);
+  }
+  for (const auto& d : descales) {
+    FH_CHECK(d.batch_stride >= 0 && d.head_stride >= 0,
+             "%s: expected strides >= 0 (0 broadcasts), got batch stride %lld, head stride %lld",
+             d.name, (long long)d.batch_stride, (long long)d.head_stride);
+    if (check_data) {
+      FH_CHECK(aligned(d.ptr, alignof(float)),
+               "%s: expected a %d-byte aligned pointer (float) or null, got %p", d.name,
+               int(alignof(float)), static_cast<const void*>(d.ptr));
+    }
+  }
+  return FH_SUCCESS;
+}
+
 // Host-only checks: ABI, dtype, shapes, head dim, heads, scale/mask, strides, pointers (only with
 // check_data: the policy alone does not read them), reserved fields, dispatch fields.
 FhStatus validate(const FhFwdParams* p, bool check_data) {
@@ -422,11 +501,19 @@ FhStatus validate(const FhFwdParams* p, bool check_data) {
            p->abi_version);
   const char* dtype = dtype_name(p->dtype);
   FH_CHECK(dtype != nullptr, "dtype: expected %s, got %d", dtype_choices().c_str(), p->dtype);
-  FH_CHECK(p->out_dtype == p->dtype, "out_dtype: expected %d (%s, same as dtype), got %d",
-           p->dtype, dtype, p->out_dtype);
+  const bool fp8 = p->dtype == FH_DTYPE_E4M3;
+  if (fp8) {
+    FH_CHECK(p->out_dtype == FH_DTYPE_BF16 || p->out_dtype == FH_DTYPE_FP16,
+             "out_dtype: expected FH_DTYPE_BF16 (1) or FH_DTYPE_FP16 (0) for e4m3 inputs, got %d",
+             p->out_dtype);
+  } else {
+    FH_CHECK(p->out_dtype == p->dtype, "out_dtype: expected %d (%s, same as dtype), got %d",
+             p->dtype, dtype, p->out_dtype);
+  }
   FH_TRY(validate_shapes(p));
   FH_TRY(validate_score(p));
   FH_TRY(validate_qkvo_strides(p));
+  FH_TRY(validate_fp8(p, fp8, check_data));
 
   const bool empty = p->batch == 0 || p->seqlen_q == 0;
   if (check_data && !empty) {
@@ -451,11 +538,6 @@ FhStatus validate(const FhFwdParams* p, bool check_data) {
                 "page_table/page_size: expected null/0 (paged KV is not implemented yet), got "
                 "page_size %lld",
                 (long long)p->page_size);
-  }
-  if (p->q_descale || p->k_descale || p->v_descale) {
-    return fail(FH_ERROR_UNSUPPORTED,
-                "q_descale/k_descale/v_descale: expected null (FP8 is not implemented yet), got "
-                "a pointer");
   }
   if (p->num_splits > 1 || p->o_accum || p->lse_accum) {
     return fail(FH_ERROR_UNSUPPORTED,
@@ -575,8 +657,10 @@ FhStatus validate(const FhBwdParams* p, bool check_data) {
   FH_CHECK(p->abi_version == FH_ABI_VERSION,
            "abi_version: expected %d (this library's FH_ABI_VERSION), got %d", FH_ABI_VERSION,
            p->abi_version);
-  FH_CHECK(dtype_name(p->dtype) != nullptr, "dtype: expected %s, got %d",
-           dtype_choices().c_str(), p->dtype);
+  FH_CHECK(dtype_name(p->dtype) != nullptr && p->dtype != FH_DTYPE_E4M3,
+           "dtype: expected FH_DTYPE_FP16 (0) or FH_DTYPE_BF16 (1) (the backward has no FP8), "
+           "got %d",
+           p->dtype);
   FH_CHECK(p->deterministic == 0 || p->deterministic == 1,
            "deterministic: expected 0 or 1 (bitwise-reproducible dq), got %d", p->deterministic);
   FH_TRY(validate_shapes(p));
@@ -771,6 +855,42 @@ FhStatus select_backend(const FhFwdParams* p, int cc_major, int cc_minor, Choice
     }
     return FH_SUCCESS;
   };
+
+  // FP8: the FA-3 path's tuned forward only, in its FP8 buckets.
+  if (p->dtype == FH_DTYPE_E4M3) {
+    const char* name = request_name(p);
+    if (p->backend == FH_BACKEND_FA2 || p->variant != FH_VARIANT_TUNED) {
+      return fail(FH_ERROR_UNSUPPORTED,
+                  "backend='%s': e4m3 inputs run on the FA-3 path's tuned kernel only (backend "
+                  "'fa3' or 'auto'); the FA-2 path and the FA-3 ablation variants have no FP8 "
+                  "kernels",
+                  name);
+    }
+    if (!fa3_runs) {
+      return fail(FH_ERROR_UNSUPPORTED,
+                  "backend='%s': e4m3 inputs need a GPU of compute capability 9.0 (the FA-3 "
+                  "path's FP8 WGMMA), this GPU is cc %d.%d",
+                  name, cc_major, cc_minor);
+    }
+    if (!fp8_covers(p->head_dim)) {
+      return fail(FH_ERROR_UNSUPPORTED,
+                  "head_dim: e4m3 inputs have kernels for head-dim buckets %s, got %s",
+                  fp8_buckets().c_str(), what.c_str());
+    }
+    if (fa3 == nullptr) {
+      return fail(FH_ERROR_UNSUPPORTED, "backend='%s': this build has no fa3 kernel for %s; %s",
+                  name, what.c_str(),
+                  rebuild_hint(FH_BACKEND_FA3, p->dtype, p->head_dim).c_str());
+    }
+    if (layout_bad) {
+      return fail(FH_ERROR_UNSUPPORTED, "backend='%s': %s; call %s.contiguous()", name,
+                  describe(layout).c_str(), layout.tensor);
+    }
+    return choose(FH_BACKEND_FA3, fa3,
+                  why ? format("e4m3 inputs: cc %d.%d and fa3 kernel built for %s -> fa3",
+                               cc_major, cc_minor, what.c_str())
+                      : std::string());
+  }
 
   if (p->backend == FH_BACKEND_FA3) {
     const char* name = request_name(p);
@@ -1102,6 +1222,17 @@ FwdParams derive(const FhFwdParams* p, const DeviceInfo& dev) {
   // and needs every CTA of its persistent grid resident.
   k.num_sms = p->num_sms > 0 && p->num_sms < dev.sm_count ? p->num_sms : dev.sm_count;
   k.variant = p->variant;
+  k.q_descale = p->q_descale;
+  k.k_descale = p->k_descale;
+  k.v_descale = p->v_descale;
+  k.q_descale_batch_stride = p->q_descale_batch_stride;
+  k.q_descale_head_stride = p->q_descale_head_stride;
+  k.k_descale_batch_stride = p->k_descale_batch_stride;
+  k.k_descale_head_stride = p->k_descale_head_stride;
+  k.v_descale_batch_stride = p->v_descale_batch_stride;
+  k.v_descale_head_stride = p->v_descale_head_stride;
+  k.o_fp16 = p->dtype == FH_DTYPE_E4M3 && p->out_dtype == FH_DTYPE_FP16;
+  k.fp8_single_level = p->fp8_accumulation == FH_FP8_ACCUM_SINGLE_LEVEL;
   return k;
 }
 

@@ -28,10 +28,14 @@ set(FH_ARCH_TABLE
 set(FH_HEAD_DIM_TABLE 64 96 128 192 256)
 
 # Input dtypes that have kernels: name (FH_DTYPES, build_info) | FhDtype enumerator (api.h) |
-# CUTLASS element type of the instantiation.
+# CUTLASS element type of the instantiation | the direction:path pairs that have kernels for it
+# ("all": every direction on every path) | the head-dim buckets it has kernels for ("all": every
+# bucket). FP8 (e4m3) is the FA-3 path's forward only, in the buckets with an FP8 tile
+# (kernels/sm90/tile_config.h, has_fp8_config).
 set(FH_DTYPE_TABLE
-  "fp16|FH_DTYPE_FP16|cutlass::half_t"
-  "bf16|FH_DTYPE_BF16|cutlass::bfloat16_t")
+  "fp16|FH_DTYPE_FP16|cutlass::half_t|all|all"
+  "bf16|FH_DTYPE_BF16|cutlass::bfloat16_t|all|all"
+  "e4m3|FH_DTYPE_E4M3|cutlass::float_e4m3_t|fwd:90a|64,128")
 
 # Variants of the FA-3 path (the FA3 paper's ablation): backend name | FhVariant value | the
 # variant whose kernel serves it. A value is a set of api.h's FH_VARIANT_FLAG_* bits; the name is

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _lib
+from . import _lib, fp8
 from ._errors import (
     CudaError,
     DeviceQueryError,
@@ -47,6 +47,7 @@ __all__ = [
     "__version__",
     "build_info",
     "flash_attn_func",
+    "fp8",
     "library_path",
     "which_backend",
 ]

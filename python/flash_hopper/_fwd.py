@@ -32,7 +32,7 @@ import torch
 
 from . import _device, _lib, _plan_cache, _validate, dispatch
 from ._lib import FhFwdParams
-from ._tables import BACKENDS, TORCH_DTYPES
+from ._tables import BACKENDS, INPUT_DTYPES, TORCH_DTYPES
 
 _MAX_PLANS = 256
 
@@ -48,6 +48,7 @@ class Plan(NamedTuple):
     out_shape: tuple[int, ...]
     lse_shape: tuple[int, ...]
     lib: _lib.Library | None
+    out_dtype: torch.dtype  # q's dtype; bf16 / fp16 for FP8 inputs
 
 
 # Raw accessors where torch has them (what inductor's generated code uses): a Stream object per
@@ -72,12 +73,23 @@ def fill_params(
     lse_strides: tuple[int, ...] | None,
     backend: str,
     num_sms: int = 0,
+    fp8: _validate.Fp8Options | None = None,
 ) -> FhFwdParams:
     """FhFwdParams for a validated request, data pointers null. Strides are effective strides in
-    elements (``_validate.effective_strides``); the head_dim stride is 1 and not stored."""
+    elements (``_validate.effective_strides``); the head_dim stride is 1 and not stored. ``fp8``:
+    the FP8 extras (descale strides; their pointers are data, set per call)."""
     p = FhFwdParams()
     p.abi_version = _lib.ABI_VERSION
-    p.dtype = p.out_dtype = TORCH_DTYPES[cfg.dtype]
+    p.dtype = p.out_dtype = INPUT_DTYPES[cfg.dtype]
+    if fp8 is not None:
+        p.out_dtype = TORCH_DTYPES[fp8.out_dtype]
+        p.fp8_accumulation = (_lib.FhFp8Accumulation.TWO_LEVEL if fp8.two_level
+                              else _lib.FhFp8Accumulation.SINGLE_LEVEL)
+        for name in ("q", "k", "v"):
+            strides = getattr(fp8, f"{name}_descale")
+            if strides is not None:
+                setattr(p, f"{name}_descale_batch_stride", strides[0])
+                setattr(p, f"{name}_descale_head_stride", strides[1])
     p.batch, p.seqlen_q, p.seqlen_k = cfg.batch, cfg.seqlen_q, cfg.seqlen_k
     p.heads_q, p.heads_kv = cfg.heads_q, cfg.heads_kv
     p.head_dim = p.head_dim_v = cfg.head_dim
@@ -105,15 +117,17 @@ def make_plan(
     lse: torch.Tensor | None = None,
     with_lse: bool = True,
     num_sms: int = 0,
+    fp8: _validate.Fp8Options | None = None,
 ) -> Plan:
     """Choose the path and fill the template for validated tensors (metadata only). ``out`` /
     ``lse``: caller buffers (fwd_into), or None for fresh contiguous ones (``with_lse``: one is
     allocated)."""
     out_shape = (cfg.batch, cfg.seqlen_q, cfg.heads_q, cfg.head_dim)
     lse_shape = (cfg.batch, cfg.heads_q, cfg.seqlen_q)
+    out_dtype = fp8.out_dtype if fp8 is not None else cfg.dtype
     if cfg.batch == 0 or cfg.seqlen_q == 0:
         return Plan(cfg, "none", "nothing to compute: batch or seqlen_q is 0", None, q.device,
-                    out_shape, lse_shape, None)
+                    out_shape, lse_shape, None, out_dtype)
     effective, packed = _validate.effective_strides, _validate.packed_strides
     if lse is not None:
         lse_strides = effective(lse)
@@ -122,13 +136,13 @@ def make_plan(
     params = fill_params(
         cfg, effective(q), effective(k), effective(v),
         effective(out) if out is not None else packed(out_shape), lse_strides, cfg.backend,
-        num_sms,
+        num_sms, fp8,
     )
     index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     name, reason, backend = dispatch.choose(params, _device.device_info(index).capability)
     params.backend = backend  # pinned: fh_fwd runs what the plan names (fwd_into reports it)
     return Plan(cfg, name, reason, bytes(params), q.device, out_shape, lse_shape,
-                _lib.get_library())
+                _lib.get_library(), out_dtype)
 
 
 def clear_plans() -> None:
@@ -139,10 +153,13 @@ def clear_plans() -> None:
 # --- step 4 --------------------------------------------------------------------------------------
 
 
-def _launch(plan: Plan, q_ptr: int, k_ptr: int, v_ptr: int, o_ptr: int, lse_ptr: int) -> None:
+def _launch(plan: Plan, q_ptr: int, k_ptr: int, v_ptr: int, o_ptr: int, lse_ptr: int,
+            descales: tuple[int, int, int] | None = None) -> None:
     """fh_fwd for the plan's template with these data pointers (0: null)."""
     p = FhFwdParams.from_buffer_copy(plan.template)
     p.q, p.k, p.v, p.o, p.lse = q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr
+    if descales is not None:
+        p.q_descale, p.k_descale, p.v_descale = descales
     index = plan.device.index
     if _current_device() == index:
         status = plan.lib.fh_fwd(p, _raw_stream(index))
@@ -154,17 +171,19 @@ def _launch(plan: Plan, q_ptr: int, k_ptr: int, v_ptr: int, o_ptr: int, lse_ptr:
 
 
 def _run_new_outputs(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     need_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     need_lse: bool = True, descales: tuple[int, int, int] | None = None,
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(out, lse) in fresh tensors; without need_lse the kernel writes no LSE (lse is None): an
     inference call that returns only out saves an allocation and the LSE stores."""
     if plan.template is not None:
         q_ptr, k_ptr, v_ptr = q.data_ptr(), k.data_ptr(), v.data_ptr()
         if (q_ptr | k_ptr | v_ptr) & (_validate.ALIGN_BYTES - 1):
             _validate.check_alignment(q=q, k=k, v=v)  # raises, naming the tensor
-    out = torch.empty(plan.out_shape, dtype=q.dtype, device=plan.device)
+    out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=plan.device)
     lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=plan.device) if need_lse else None
     if plan.template is not None:
-        _launch(plan, q_ptr, k_ptr, v_ptr, out.data_ptr(), lse.data_ptr() if need_lse else 0)
+        _launch(plan, q_ptr, k_ptr, v_ptr, out.data_ptr(), lse.data_ptr() if need_lse else 0,
+                descales)
     return out, lse
 
 
@@ -252,3 +271,45 @@ def into(q: Any, k: Any, v: Any, out: Any, lse: Any, softmax_scale: Any, window_
         _launch(plan, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
                 lse.data_ptr() if lse is not None else 0)
     return plan.backend
+
+
+# --- FP8 -----------------------------------------------------------------------------------------
+
+
+def _descale_key(t: Any) -> tuple | None:
+    if t is None:
+        return None
+    try:
+        return (t.shape, t.stride(), t.dtype, t.device)
+    except AttributeError:  # not a tensor: validation says so
+        return (type(t),)
+
+
+def fp8_eager(q: Any, k: Any, v: Any, softmax_scale: Any, causal: Any, window_size: Any,
+              softcap: Any, backend: Any, q_descale: Any, k_descale: Any, v_descale: Any,
+              out_dtype: Any, fp8_accumulation: Any,
+              need_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """flash_attn_func with torch.float8_e4m3fn q / k / v: (out, lse), out in ``out_dtype``
+    (bf16 by default). The same four steps as ``eager``; the descales' metadata is part of the
+    call signature and their data pointers are set per call like q / k / v's."""
+    key = _eager_key(q, k, v, softmax_scale, causal, window_size, softcap, backend)
+    if key is not None:
+        key = ("fp8", key, _descale_key(q_descale), _descale_key(k_descale),
+               _descale_key(v_descale), type(out_dtype), out_dtype, type(fp8_accumulation),
+               fp8_accumulation)
+    plan = _plans.get(key)
+    if plan is None:
+        cfg, fp8 = _validate.check_fp8_args(q, k, v, softmax_scale, causal, window_size, softcap,
+                                            backend, q_descale, k_descale, v_descale, out_dtype,
+                                            fp8_accumulation)
+        plan = make_plan(cfg, q, k, v, fp8=fp8)
+        if key is not None:
+            _plans.remember(key, plan)
+    descales = None
+    if plan.template is not None:
+        descales = tuple(0 if t is None else t.data_ptr() for t in (q_descale, k_descale,
+                                                                   v_descale))
+        if any(ptr % 4 for ptr in descales):
+            _validate.check_alignment(q_descale=q_descale, k_descale=k_descale,
+                                      v_descale=v_descale)
+    return _run_new_outputs(plan, q, k, v, need_lse, descales)

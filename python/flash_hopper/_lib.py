@@ -34,7 +34,7 @@ LIB_NAME = "libflash_hopper.so"
 ENV_VAR = "FLASH_HOPPER_LIB"
 
 # Must equal FH_ABI_VERSION in api.h; the library reports its own through fh_abi_version().
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 
 class FhStatus(enum.IntEnum):
@@ -62,6 +62,13 @@ class FhBackend(enum.IntEnum):
     AUTO = 0
     FA2 = 1
     FA3 = 2
+
+
+class FhFp8Accumulation(enum.IntEnum):
+    """Mirror of api.h's FhFp8Accumulation."""
+
+    TWO_LEVEL = 0
+    SINGLE_LEVEL = 1
 
 
 class FhVariantFlag(enum.IntFlag):
@@ -136,12 +143,17 @@ class FhFwdParams(ctypes.Structure):
         ("page_table", _PTR),
         ("page_table_batch_stride", _I64),
         ("page_size", _I64),
-        # reserved: FP8 descales
+        # FP8 (dtype E4M3)
         ("q_descale", _PTR),
         ("k_descale", _PTR),
         ("v_descale", _PTR),
-        ("descale_batch_stride", _I64),
-        ("descale_head_stride", _I64),
+        ("q_descale_batch_stride", _I64),
+        ("q_descale_head_stride", _I64),
+        ("k_descale_batch_stride", _I64),
+        ("k_descale_head_stride", _I64),
+        ("v_descale_batch_stride", _I64),
+        ("v_descale_head_stride", _I64),
+        ("fp8_accumulation", _I32),
         # reserved: split-KV
         ("num_splits", _I32),
         ("o_accum", _PTR),
@@ -154,7 +166,7 @@ class FhFwdParams(ctypes.Structure):
 
 
 class FhBwdParams(ctypes.Structure):
-    """Mirror of api.h's FhBwdParams (ABI 3), checked against api.h like FhFwdParams."""
+    """Mirror of api.h's FhBwdParams (since ABI 3), checked against api.h like FhFwdParams."""
 
     _fields_ = [
         ("abi_version", _I32),

@@ -37,14 +37,19 @@ def head_dim_bucket(head_dim: int) -> int:
 # --- dtypes: torch.dtype <-> FhDtype <-> name ("bf16", as FH_DTYPES and build_info spell it) ------
 
 TORCH_DTYPES = {torch.float16: FhDtype.FP16, torch.bfloat16: FhDtype.BF16}
+# FP8 inputs: the FA-3 path's forward only (kernels/src/tables.cmake); o is fp16 or bf16.
+FP8_DTYPES = {torch.float8_e4m3fn: FhDtype.E4M3}
+INPUT_DTYPES = {**TORCH_DTYPES, **FP8_DTYPES}
+FP8_HEAD_DIM_MULTIPLE = 16  # 16-byte rows of 1-byte elements
 
 
 def dtype_name(dtype: FhDtype | torch.dtype) -> str:
-    """'fp16' / 'bf16' for an FhDtype or a supported torch dtype (the enum name, lower case)."""
-    return FhDtype(TORCH_DTYPES.get(dtype, dtype)).name.lower()
+    """'fp16' / 'bf16' / 'e4m3' for an FhDtype or a supported torch dtype (the enum name, lower
+    case)."""
+    return FhDtype(INPUT_DTYPES.get(dtype, dtype)).name.lower()
 
 
-DTYPE_NAMES = {dtype_name(d): d for d in TORCH_DTYPES}  # "bf16" -> torch.bfloat16
+DTYPE_NAMES = {dtype_name(d): d for d in INPUT_DTYPES}  # "bf16" -> torch.bfloat16
 
 # --- kernel paths and archs ----------------------------------------------------------------------
 

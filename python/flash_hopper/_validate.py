@@ -27,7 +27,15 @@ from typing import Any, NamedTuple
 import torch
 
 from ._errors import UnsupportedError
-from ._tables import BACKEND_NAMES, HEAD_DIM_MULTIPLE, MAX_HEAD_DIM, MIN_HEAD_DIM, TORCH_DTYPES
+from ._tables import (
+    BACKEND_NAMES,
+    FP8_DTYPES,
+    FP8_HEAD_DIM_MULTIPLE,
+    HEAD_DIM_MULTIPLE,
+    MAX_HEAD_DIM,
+    MIN_HEAD_DIM,
+    TORCH_DTYPES,
+)
 
 SUPPORTED_DTYPES = tuple(TORCH_DTYPES)
 # The kernels put batch and heads on grid.z / grid.y, whose hardware limit is 65535.
@@ -191,23 +199,33 @@ def _check_device(name: str, t: torch.Tensor, ref: torch.Tensor | None) -> None:
         raise ValueError(f"{name}: must be on q's device {ref.device}, got device {t.device}")
 
 
-def check_qkv(q: Any, k: Any, v: Any,
-              devices: bool = True) -> tuple[int, int, int, int, int, int]:
+def check_qkv(q: Any, k: Any, v: Any, devices: bool = True,
+              fp8: bool = False) -> tuple[int, int, int, int, int, int]:
     """Check q/k/v metadata; returns (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim).
     ``devices=False`` leaves the device checks to the caller (which has more tensors to check
-    before them)."""
+    before them). ``fp8``: the FP8 forward's inputs (torch.float8_e4m3fn, head_dim % 16 == 0)
+    instead of fp16 / bf16."""
     _check_tensor("q", q, 4, "(batch, seqlen_q, heads_q, head_dim)")
     _check_tensor("k", k, 4, "(batch, seqlen_k, heads_kv, head_dim)")
     _check_tensor("v", v, 4, "(batch, seqlen_k, heads_kv, head_dim)")
 
-    if q.dtype not in SUPPORTED_DTYPES:
+    if fp8:
+        if q.dtype not in FP8_DTYPES:
+            raise ValueError(f"q: expected dtype torch.float8_e4m3fn (FP8 inputs), got {q.dtype}")
+    elif q.dtype not in SUPPORTED_DTYPES:
         hint = " (fp32 is not supported: cast with .half() or .bfloat16())"
         raise ValueError(
-            f"q: expected dtype torch.float16 or torch.bfloat16, got {q.dtype}"
+            f"q: expected dtype torch.float16 or torch.bfloat16 (or torch.float8_e4m3fn q, k "
+            f"and v for the FP8 forward), got {q.dtype}"
             + (hint if q.dtype == torch.float32 else "")
         )
     for name, t in (("k", k), ("v", v)):
         if t.dtype != q.dtype:
+            if not fp8 and t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+                raise UnsupportedError(
+                    f"{name}: expected dtype {q.dtype} (q's dtype), got {t.dtype}: {q.dtype} "
+                    "queries against an FP8 KV cache (the mixed mode) are not implemented yet; "
+                    "pass FP8 q, k and v, or cast k and v to q's dtype")
             raise ValueError(f"{name}: expected dtype {q.dtype} (q's dtype), got {t.dtype}")
 
     batch, seqlen_q, heads_q, head_dim = _shape(q)
@@ -223,10 +241,12 @@ def check_qkv(q: Any, k: Any, v: Any,
             "asymmetric head dims are not supported yet"
         )
 
-    if head_dim % HEAD_DIM_MULTIPLE != 0 or not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
+    multiple = FP8_HEAD_DIM_MULTIPLE if fp8 else HEAD_DIM_MULTIPLE
+    if head_dim % multiple != 0 or not max(MIN_HEAD_DIM, multiple) <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(
-            f"q: expected head_dim (dim 3) a multiple of {HEAD_DIM_MULTIPLE} in "
-            f"[{MIN_HEAD_DIM}, {MAX_HEAD_DIM}], got {head_dim}"
+            f"q: expected head_dim (dim 3) a multiple of {multiple} in "
+            f"[{max(MIN_HEAD_DIM, multiple)}, {MAX_HEAD_DIM}]"
+            + (" for FP8 inputs" if fp8 else "") + f", got {head_dim}"
         )
     if heads_q < 1:
         raise ValueError(f"q: expected heads_q (dim 2) >= 1, got {heads_q}")
@@ -255,8 +275,9 @@ def check_qkv(q: Any, k: Any, v: Any,
     return batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim
 
 
-def _config(q, k, v, softmax_scale, left, right, softcap, backend, devices=True) -> FwdConfig:
-    batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim = check_qkv(q, k, v, devices)
+def _config(q, k, v, softmax_scale, left, right, softcap, backend, devices=True,
+            fp8=False) -> FwdConfig:
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim = check_qkv(q, k, v, devices, fp8)
     if softmax_scale is None:
         scale = head_dim**-0.5  # ours, no need to check it (and symbolic under torch.compile)
     else:
@@ -283,19 +304,14 @@ def _config(q, k, v, softmax_scale, left, right, softcap, backend, devices=True)
     )
 
 
-def check_fa3_extras(qv: Any, q_descale: Any, k_descale: Any, v_descale: Any,
-                     attention_chunk: Any, num_splits: Any, pack_gqa: Any,
+def check_fa3_extras(qv: Any, attention_chunk: Any, num_splits: Any, pack_gqa: Any,
                      sm_margin: Any) -> None:
     """FA3's flash_attn_func parameters beyond this package's features, when one is not at its
     default: the unimplemented ones are refused naming the argument, the performance hints are
     checked for type and range only (flash_attn_func calls this only off the defaults)."""
-    for name, value in (("qv", qv), ("q_descale", q_descale), ("k_descale", k_descale),
-                        ("v_descale", v_descale)):
-        if value is not None:
-            what = ("MLA's extra query input is" if name == "qv"
-                    else "the FP8 forward's descales are")
-            raise UnsupportedError(f"{name}: expected None ({what} not implemented yet), got "
-                                   f"{type(value).__name__}")
+    if qv is not None:
+        raise UnsupportedError(f"qv: expected None (MLA's extra query input is not implemented "
+                               f"yet), got {type(qv).__name__}")
     if isinstance(attention_chunk, bool) or not isinstance(attention_chunk, numbers.Integral):
         raise TypeError(f"attention_chunk: expected an int, got {attention_chunk!r}")
     if attention_chunk != 0:
@@ -321,6 +337,88 @@ def check_fwd_args(
     """Validate flash_attn_func's arguments (public API; ``causal`` folds into the window)."""
     left, right = _check_window(window_size, causal)
     return _config(q, k, v, softmax_scale, left, right, softcap, backend)
+
+
+class Fp8Options(NamedTuple):
+    """The FP8 forward's extras, validated: O's dtype, the accumulation mode and, per descale,
+    its (batch, head) element strides (0 broadcasts) or None when absent (1.0)."""
+
+    out_dtype: torch.dtype
+    two_level: bool
+    q_descale: tuple[int, int] | None
+    k_descale: tuple[int, int] | None
+    v_descale: tuple[int, int] | None
+
+
+FP8_ACCUMULATIONS = ("two-level", "single-level")
+
+
+def _check_descale(name: str, t: Any, batch: int, heads_kv: int) -> tuple[int, int] | None:
+    """A descale as FA3 and vLLM pass it: fp32 (batch, heads_kv) with any strides (a stride-0
+    ``expand`` included), or a 0-d / (1,) tensor that broadcasts; its (batch, head) strides."""
+    if t is None:
+        return None
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected None or a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.float32:
+        raise ValueError(f"{name}: expected dtype torch.float32, got {t.dtype}")
+    shape = _shape(t)
+    if shape in ((), (1,)):
+        return (0, 0)
+    if shape != (batch, heads_kv):
+        raise ValueError(
+            f"{name}: expected shape (batch, heads_kv) = ({batch}, {heads_kv}), a 0-d tensor or "
+            f"shape (1,), got {shape}"
+        )
+    # A dim of size 1 is never stepped along: its stride may be anything (even negative views
+    # do not exist in torch), 0 keeps the kernel's address arithmetic in range.
+    return tuple(0 if size == 1 else stride for size, stride in zip(shape, t.stride()))
+
+
+def check_fp8_args(
+    q: Any, k: Any, v: Any, softmax_scale: Any, causal: Any, window_size: Any, softcap: Any,
+    backend: Any, q_descale: Any, k_descale: Any, v_descale: Any, out_dtype: Any,
+    fp8_accumulation: Any, devices: bool = True,
+) -> tuple[FwdConfig, Fp8Options]:
+    """Validate an FP8 flash_attn_func call: q / k / v torch.float8_e4m3fn, descales as
+    ``_check_descale`` says, out_dtype None (bf16) / torch.bfloat16 / torch.float16."""
+    left, right = _check_window(window_size, causal)
+    cfg = _config(q, k, v, softmax_scale, left, right, softcap, backend, devices=False, fp8=True)
+    if out_dtype is None:
+        out_dtype = torch.bfloat16
+    elif out_dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"out_dtype: expected None (torch.bfloat16), torch.bfloat16 or "
+                         f"torch.float16 for FP8 inputs, got {out_dtype!r}")
+    if fp8_accumulation not in FP8_ACCUMULATIONS:
+        raise ValueError(f"fp8_accumulation: expected one of {', '.join(FP8_ACCUMULATIONS)}, "
+                         f"got {fp8_accumulation!r}")
+    strides = [_check_descale(name, t, cfg.batch, cfg.heads_kv) for name, t in
+               (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))]
+    if devices:
+        _check_device("q", q, None)
+        for name, t in (("k", k), ("v", v), ("q_descale", q_descale),
+                        ("k_descale", k_descale), ("v_descale", v_descale)):
+            if t is not None:
+                _check_device(name, t, q)
+    return cfg, Fp8Options(out_dtype, fp8_accumulation == "two-level", *strides)
+
+
+def check_not_fp8_extras(q: Any, q_descale: Any, k_descale: Any, v_descale: Any,
+                         out_dtype: Any, fp8_accumulation: Any) -> None:
+    """The FP8 arguments of a call whose inputs are not FP8: only their defaults (or an
+    out_dtype equal to q's dtype) are accepted."""
+    dtype = getattr(q, "dtype", None)
+    for name, t in (("q_descale", q_descale), ("k_descale", k_descale),
+                    ("v_descale", v_descale)):
+        if t is not None:
+            raise ValueError(f"{name}: expected None for {dtype} inputs (descales scale "
+                             f"torch.float8_e4m3fn inputs), got {type(t).__name__}")
+    if out_dtype is not None and out_dtype != dtype:
+        raise ValueError(f"out_dtype: expected None or {dtype} (q's dtype) for {dtype} inputs "
+                         f"(another output dtype is for FP8 inputs), got {out_dtype!r}")
+    if fp8_accumulation != "two-level":
+        raise ValueError(f"fp8_accumulation: expected 'two-level' (the default) for {dtype} "
+                         f"inputs (it applies to FP8 inputs), got {fp8_accumulation!r}")
 
 
 def check_op_args(
@@ -468,7 +566,7 @@ def check_alignment(**tensors: torch.Tensor | None) -> None:
     for name, t in tensors.items():
         if t is None or t.numel() == 0:
             continue
-        align = 4 if name in ("lse", "dlse") else ALIGN_BYTES
+        align = 4 if name in ("lse", "dlse") or name.endswith("_descale") else ALIGN_BYTES
         ptr = t.data_ptr()
         if ptr % align != 0:
             raise ValueError(

@@ -57,17 +57,24 @@ def _add_sweep_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--softcap", nargs="+", type=float, default=None, metavar="C",
                    help="tanh soft-capping values (default: 0 = off)")
     g.add_argument("--dtype", nargs="+", choices=sweep.DTYPES, default=None,
-                   help="input dtypes (default: bf16)")
+                   help="input dtypes (default: bf16). e4m3 = FP8 inference, forward only: "
+                        "inputs drawn as for bf16, quantized per head with "
+                        "flash_hopper.fp8.quantize, passed with their descales; bf16 output; "
+                        "runs on fa3, its variants and fa3-fp8-single-level, other backends are "
+                        "skipped as unsupported (no FP8); %%peak and %%gemm use FP8 ceilings")
     g.add_argument("--direction", nargs="+", choices=("fwd", "bwd", "fwd+bwd"), default=None,
-                   help="what to time (default: fwd); bwd = 2.5x fwd FLOPs")
+                   help="what to time (default: fwd); bwd = 2.5x fwd FLOPs; e4m3 takes fwd only")
 
 
 def _add_backend_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("backends")
     g.add_argument("--backends", nargs="+", default=None, metavar="NAME",
-                   help="fa3, fa2, fa3 variants the build reports, sdpa-flash, sdpa-cudnn, "
+                   help="fa3, fa2, fa3 variants the build reports, fa3-fp8-single-level (e4m3 "
+                        "only: fa3 with fp8_accumulation='single-level', the FP8 accumulation "
+                        "ablation), sdpa-flash, sdpa-cudnn, "
                         "sdpa-efficient, sdpa-math (small sizes), flex, flash-attn "
-                        "(flash_attn), flash-attn3 (flash_attn_interface / flash_attn_3), "
+                        "(flash_attn), flash-attn3 (flash_attn_interface / flash_attn_3; takes "
+                        "e4m3 when its flash_attn_func has q/k/v_descale), "
                         "flash-attn-cute (flash_attn.cute), or all "
                         f"(default: {' '.join(DEFAULT_BACKENDS)}); unavailable ones are "
                         "skipped with the reason")
@@ -93,11 +100,14 @@ def _add_measure_args(parser: argparse.ArgumentParser) -> None:
                    help="reference check of each backend's output (and LSE where it returns one) "
                         "and, for backward rows, of its dq, dk, dv, on the timed configuration, "
                         "once per configuration, against fp32 references computed on the GPU "
-                        "in chunks of query rows (default: on)")
+                        "in chunks of query rows; e4m3 rows against fp32 on the dequantized "
+                        "inputs, by relative RMS error (default: on)")
     g.add_argument("--peak-tflops", type=float, default=None,
-                   help="dense bf16/fp16 peak for %%peak (default: datasheet value by GPU name)")
+                   help="dense peak for %%peak, for every dtype of the sweep (default: datasheet "
+                        "value by GPU name: bf16/fp16, or FP8 for e4m3)")
     g.add_argument("--gemm-size", type=int, default=8192,
-                   help="N of the NxNxN matmul measured once as the GEMM ceiling (default: 8192)")
+                   help="N of the NxNxN matmul measured once per dtype as the GEMM ceiling "
+                        "(torch.mm; torch._scaled_mm for e4m3) (default: 8192)")
     g.add_argument("--no-gemm", action="store_true", help="skip the GEMM ceiling measurement")
     g.add_argument("--seed", type=int, default=0, help="input RNG seed (default: 0)")
 
@@ -143,7 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
                "convention) and counted exactly otherwise; bwd = 2.5x fwd. The reference check "
                "compares each backend's forward on the timed inputs at full size, and for bwd / "
                "fwd+bwd rows its dq, dk, dv too (one backward with a fixed dout); those rows "
-               "also report the backward's memory (bwd_workspace_bytes, bwd_extra_bytes). Exit "
+               "also report the backward's memory (bwd_workspace_bytes, bwd_extra_bytes). "
+               "e4m3 (FP8) rows: same FLOPs as bf16; checked against an fp32 reference on the "
+               "dequantized inputs (fp8 values * descale), pass when the relative RMS error "
+               "<= 5% and the LSE is within 2e-3 (check_metric rel-rmse). Exit "
                "status 1 when a check fails or a row errors.")
     _add_sweep_args(bench)
     _add_backend_args(bench)
@@ -153,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="GPU, driver, built kernels, and the path a call takes",
                           description="Works without a GPU (exit 0).")
     info.add_argument("-d", "--head-dim", type=int, default=128)
-    info.add_argument("--dtype", choices=sweep.DTYPES, default="bf16")
+    info.add_argument("--dtype", choices=sweep.HALF_DTYPES, default="bf16")
     info.add_argument("--backend", choices=("auto", "fa2", "fa3"), default="auto")
     info.add_argument("--causal", action="store_true")
     info.add_argument("--capability", metavar="MAJOR.MINOR", type=_capability,
@@ -165,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("-s", "--seqlen", type=sweep.parse_count, default=1024)
     demo.add_argument("--heads", type=int, default=16)
     demo.add_argument("-d", "--head-dim", type=int, default=128)
-    demo.add_argument("--dtype", choices=sweep.DTYPES, default="bf16")
+    demo.add_argument("--dtype", choices=sweep.HALF_DTYPES, default="bf16")
     demo.add_argument("--causal", action="store_true")
     demo.add_argument("--backend", choices=("auto", "fa2", "fa3"), default="auto")
 
@@ -210,6 +223,18 @@ def sweep_spec(args: argparse.Namespace) -> sweep.SweepSpec:
 
 def directions(args: argparse.Namespace) -> list[str]:
     return list(dict.fromkeys(args.direction or ["fwd"]))
+
+
+def check_directions(dtypes, dirs) -> None:
+    """FP8 has no backward: --dtype e4m3 with --direction bwd / fwd+bwd is a usage error (a sweep
+    of skipped rows would hide it). ValueError names both options."""
+    fp8 = [d for d in dtypes if d in sweep.FP8_DTYPES]
+    backward = [d for d in dirs if "bwd" in d]
+    if fp8 and backward:
+        raise ValueError(f"--dtype {' '.join(fp8)} is forward only (the FP8 path has no "
+                         f"backward), but --direction asks for {' '.join(backward)}: use "
+                         f"--direction fwd, or time the backward in a separate run with --dtype "
+                         f"bf16 / fp16")
 
 
 def backend_names(args: argparse.Namespace) -> list[str]:
@@ -275,9 +300,11 @@ def _list_backends(names: Sequence[str]) -> int:
     capability = gpu.capability if gpu else None
     if gpu is None:
         print(f"(no GPU: {reason})")
-    for backend in registry.resolve(names):
+    chosen = registry.resolve(names)
+    width = max(16, *(len(b.name) for b in chosen))
+    for backend in chosen:
         why = backend.probe(capability)
-        print(f"{backend.name:16s} {'available' if why is None else 'unavailable: ' + why}")
+        print(f"{backend.name:{width}s} {'available' if why is None else 'unavailable: ' + why}")
     return 0
 
 
@@ -299,17 +326,18 @@ def _probe_backends(chosen, capability):
 def run_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if args.replot:
         return _replot(args)
+    names = backend_names(args)
+    dirs = directions(args)
     try:
         spec = sweep_spec(args)
+        check_directions(spec.dtypes, dirs)
         cases = sweep.expand(spec)
     except ValueError as exc:
         raise CliError(str(exc)) from exc
-    names = backend_names(args)
-    dirs = directions(args)
     from .bench import registry
 
     try:
-        chosen = registry.resolve(names)
+        chosen = registry.resolve(names, dtypes=spec.dtypes)
     except ValueError as exc:
         raise CliError(str(exc)) from exc
     if args.dry_run:
@@ -343,13 +371,20 @@ def _bench_on_gpu(args, argv, cases, chosen, dirs, gpu) -> int:
     timer = Timer(TimerConfig(method=args.timer, warmup=args.warmup, repeats=args.repeats,
                               flush_l2=args.flush_l2, cuda_graph=args.cuda_graph,
                               rotate=not args.no_rotate))
-    peak_tflops, peak_source = ((args.peak_tflops, "--peak-tflops") if args.peak_tflops
-                                else peak.lookup_peak(gpu.name))
-    if peak_tflops is None:
-        _print_err(f"note: {peak_source}; %peak left empty")
-    gemm = None if args.no_gemm else _gemm_ceiling(timer, cases[0].dtype, args.gemm_size)
-    options = RunOptions(directions=dirs, check=args.check, peak_tflops=peak_tflops,
-                         gemm_tflops=gemm["tflops"] if gemm else None, seed=args.seed)
+    # Ceilings per dtype of the sweep: an e4m3 row is compared with FP8's, a bf16 row with bf16's.
+    dtypes = list(dict.fromkeys(case.dtype for case in cases))
+    peaks = {}
+    for dtype in dtypes:
+        peaks[dtype] = ((args.peak_tflops, "--peak-tflops") if args.peak_tflops
+                        else peak.lookup_peak(gpu.name, dtype))
+        if peaks[dtype][0] is None:
+            _print_err(f"note: {peaks[dtype][1]}; %peak left empty for {dtype}")
+    gemms = {dtype: None if args.no_gemm else _gemm_ceiling(timer, dtype, args.gemm_size)
+             for dtype in dtypes}
+    options = RunOptions(directions=dirs, check=args.check,
+                         peak_tflops={d: p[0] for d, p in peaks.items() if p[0]},
+                         gemm_tflops={d: g["tflops"] for d, g in gemms.items() if g},
+                         seed=args.seed)
     # Before the sweep: clocks and temperature as the run starts, not after it heated the GPU.
     meta = env.collect(repro_command(argv), include_hostname=not args.no_hostname)
     progress = Progress(len(cases) * len(runnable) * len(dirs), enabled=not args.quiet)
@@ -361,8 +396,15 @@ def _bench_on_gpu(args, argv, cases, chosen, dirs, gpu) -> int:
         interrupted = True
         _print_err("\ninterrupted: saving the rows measured so far")
 
+    # "peak" and "gemm_ceiling" are the first dtype's (as in files of bf16-only sweeps);
+    # the *_by_dtype maps have every dtype's.
+    first = dtypes[0]
     meta.update({"backends": backend_status, "timer": timer.describe(), "check": args.check,
-                 "peak": {"tflops": peak_tflops, "source": peak_source}, "gemm_ceiling": gemm,
+                 "peak": {"tflops": peaks[first][0], "source": peaks[first][1]},
+                 "gemm_ceiling": gemms[first],
+                 "peak_by_dtype": {d: {"tflops": t, "source": src}
+                                   for d, (t, src) in peaks.items()},
+                 "gemm_ceiling_by_dtype": gemms,
                  "interrupted": interrupted, "options": vars(args)})
     data = report.result_set(meta, runner.rows)
     _print_summary(data["results"], backend_status, report)
@@ -380,11 +422,12 @@ def _gemm_ceiling(timer, dtype: str, size: int):
 
     try:
         gemm = peak.measure_gemm_ceiling(timer, dtype=dtype, size=size)
-    except RuntimeError as exc:  # e.g. out of memory on a small GPU: the sweep still runs
-        _print_err(f"note: GEMM ceiling not measured ({exc}); %gemm left empty")
+    except RuntimeError as exc:  # out of memory on a small GPU, no FP8 GEMM: the sweep still runs
+        _print_err(f"note: {dtype} GEMM ceiling not measured ({exc}); %gemm left empty for "
+                   f"{dtype}")
         return None
     _print_err(f"GEMM ceiling: {gemm['tflops']:.1f} TFLOP/s ({gemm['size']}^3 "
-               f"{gemm['dtype']} torch.mm, median {gemm['ms']:.3f} ms)")
+               f"{gemm['dtype']} {gemm['op']}, median {gemm['ms']:.3f} ms)")
     return gemm
 
 

@@ -66,7 +66,9 @@ def hypothetical(
     seqlen = 128
     p = FhFwdParams()
     p.abi_version = _lib.ABI_VERSION
-    p.dtype = p.out_dtype = _tables.TORCH_DTYPES[_tables.DTYPE_NAMES[dtype]]
+    p.dtype = p.out_dtype = _tables.INPUT_DTYPES[_tables.DTYPE_NAMES[dtype]]
+    if p.dtype == _lib.FhDtype.E4M3:
+        p.out_dtype = _lib.FhDtype.BF16  # FP8 inputs write bf16 (or fp16) output
     p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv = 1, seqlen, seqlen, 1, 1
     p.head_dim = p.head_dim_v = head_dim
     for prefix in ("q", "k", "v", "o"):

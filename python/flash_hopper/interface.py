@@ -21,6 +21,8 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 from . import _autograd, _fwd, _validate, ops
+from ._errors import UnsupportedError
+from ._tables import FP8_DTYPES
 
 
 def flash_attn_func(
@@ -43,6 +45,8 @@ def flash_attn_func(
     return_attn_probs: bool = False,
     *,
     backend: str = "auto",
+    out_dtype: torch.dtype | None = None,
+    fp8_accumulation: str = "two-level",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention, differentiable with respect to q, k and v.
 
@@ -71,16 +75,35 @@ def flash_attn_func(
 
     The parameters are FA3's flash_attn_func's, in its order and with its defaults (FA3's tests
     and inference servers call it positionally too). Not implemented yet, and refused naming the
-    argument: qv (MLA's extra query), q/k/v_descale (the FP8 forward), attention_chunk > 0.
+    argument: qv (MLA's extra query), attention_chunk > 0.
     Performance hints that do not change the result are accepted and, for now, not used:
     num_splits (this package does not split the keys), pack_gqa, sm_margin.
     backend (keyword only, this package's): see above.
+
+    FP8 (FA3 / vLLM conventions): q, k, v in torch.float8_e4m3fn (head_dim 64 or 128 today, a
+    multiple of 16) run the FA-3 path's FP8 forward on cc 9.0. q_descale / k_descale / v_descale:
+    fp32 factors that turn the stored values back into the real ones, shape (batch, heads_kv)
+    with any strides (``scale.expand(b, h_kv)`` works), or 0-d / (1,) to broadcast; None = 1.0.
+    The scores are q_descale * k_descale * (q . k) * softmax_scale, the output is scaled by
+    v_descale. out_dtype (keyword only): torch.bfloat16 (default) or torch.float16.
+    fp8_accumulation (keyword only): "two-level" (default: each key block's P V is added into an
+    fp32 output in registers, accurate at long context) or "single-level" (the tensor core's
+    accumulator carries the whole sum: the ablation). FP8 calls have no backward, and run in
+    eager mode only for now. flash_hopper.fp8 has quantize() and hadamard_rotate().
     """
-    if (qv is not None or q_descale is not None or k_descale is not None
-            or v_descale is not None or attention_chunk != 0 or num_splits != 1
-            or pack_gqa is not None or sm_margin != 0):
-        _validate.check_fa3_extras(qv, q_descale, k_descale, v_descale, attention_chunk,
-                                   num_splits, pack_gqa, sm_margin)
+    if (qv is not None or attention_chunk != 0 or num_splits != 1 or pack_gqa is not None
+            or sm_margin != 0):
+        _validate.check_fa3_extras(qv, attention_chunk, num_splits, pack_gqa, sm_margin)
+    if (getattr(q, "dtype", None) in _FP8_INPUTS or q_descale is not None
+            or k_descale is not None or v_descale is not None or out_dtype is not None
+            or fp8_accumulation != "two-level"):
+        if getattr(q, "dtype", None) not in _FP8_INPUTS:
+            _validate.check_not_fp8_extras(q, q_descale, k_descale, v_descale, out_dtype,
+                                           fp8_accumulation)
+        else:
+            return _fp8_forward(q, k, v, softmax_scale, causal, window_size, softcap, backend,
+                                q_descale, k_descale, v_descale, out_dtype, fp8_accumulation,
+                                return_attn_probs)
     if return_attn_probs is not True and return_attn_probs is not False:
         raise TypeError(f"return_attn_probs: expected a bool, got {return_attn_probs!r}")
     if deterministic is not True and deterministic is not False:
@@ -100,6 +123,28 @@ def flash_attn_func(
                                        backend)
         out, lse = ops.fwd(q, k, v, cfg.softmax_scale, cfg.window_left, cfg.window_right,
                            cfg.softcap, cfg.backend, deterministic)
+    return (out, lse) if return_attn_probs else out
+
+
+_FP8_INPUTS = frozenset(FP8_DTYPES)
+
+
+def _fp8_forward(q, k, v, softmax_scale, causal, window_size, softcap, backend, q_descale,
+                 k_descale, v_descale, out_dtype, fp8_accumulation, return_attn_probs):
+    """flash_attn_func for FP8 q / k / v (eager, no autograd)."""
+    if return_attn_probs is not True and return_attn_probs is not False:
+        raise TypeError(f"return_attn_probs: expected a bool, got {return_attn_probs!r}")
+    if not _plain_eager(q, k, v):
+        raise UnsupportedError(
+            "q: torch.float8_e4m3fn inputs run in eager mode only for now (no custom op for "
+            "torch.compile / tensor subclasses / dispatch modes yet)")
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise UnsupportedError(
+            "q/k/v: the FP8 forward has no backward; call it under torch.no_grad() or "
+            "torch.inference_mode(), or train in fp16 / bf16")
+    out, lse = _fwd.fp8_eager(q, k, v, softmax_scale, causal, window_size, softcap, backend,
+                              q_descale, k_descale, v_descale, out_dtype, fp8_accumulation,
+                              need_lse=return_attn_probs)
     return (out, lse) if return_attn_probs else out
 
 

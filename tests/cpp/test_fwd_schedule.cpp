@@ -331,11 +331,11 @@ struct MockConsumer {
     p_ready = true;
   }
 
-  void start_tile(TileState&) {
+  void start_tile(TileState&, TileWork const&) {
     CHECK(o_blocks.empty() && stats.empty(), "WG %d starts a tile with state left", wg);
     expect_first = true;
   }
-  void begin_next_tile(TileState&) {
+  void begin_next_tile(TileState&, TileWork const&) {
     CHECK(finishing_stats.empty(), "WG %d sets statistics aside twice", wg);
     finishing_stats.swap(stats);
     expect_first = true;

@@ -35,8 +35,9 @@ extern "C" {
 #endif
 
 // Bumped whenever FhFwdParams, FhBwdParams or a function signature changes; Python refuses a
-// mismatch. 3: the backward (FhBwdParams, fh_bwd*); FhFwdParams is unchanged since 2.
-#define FH_ABI_VERSION 3
+// mismatch. 3: the backward (FhBwdParams, fh_bwd*). 4: the FP8 forward (per-tensor descale
+// strides and fp8_accumulation in FhFwdParams).
+#define FH_ABI_VERSION 4
 
 // The library's own status; the message (fh_last_error) tells the cases of one status apart.
 typedef enum FhStatus {
@@ -58,7 +59,7 @@ typedef enum FhStatus {
 typedef enum FhDtype {
   FH_DTYPE_FP16 = 0,
   FH_DTYPE_BF16 = 1,
-  FH_DTYPE_E4M3 = 2,  // reserved for the FP8 forward
+  FH_DTYPE_E4M3 = 2,  // FP8 e4m3 q / k / v: the FA-3 path's forward (o in fp16 or bf16)
   FH_DTYPE_FP32 = 3,
 } FhDtype;
 
@@ -81,6 +82,15 @@ typedef enum FhVariantFlag {
 
 // Variants of the FA-3 path; 0 is the tuned kernel. Values are fixed by the ABI and the names
 // of recorded benchmarks: a new flag adds values, it never renumbers these.
+// How the FP8 forward accumulates P V (FhFwdParams::fp8_accumulation).
+typedef enum FhFp8Accumulation {
+  // Each key block's PV GEMM starts from zero and is added into an fp32 O in registers: the FP8
+  // tensor core's accumulator never carries the long sum (accurate at long context).
+  FH_FP8_ACCUM_TWO_LEVEL = 0,
+  // One WGMMA accumulator over every key block, as the 16-bit path does: the ablation.
+  FH_FP8_ACCUM_SINGLE_LEVEL = 1,
+} FhFp8Accumulation;
+
 typedef enum FhVariant {
   FH_VARIANT_TUNED = 0,
   FH_VARIANT_NO_PINGPONG = FH_VARIANT_FLAG_NO_PINGPONG,
@@ -99,7 +109,7 @@ typedef struct FhFwdParams {
   float* lse;  // may be null when the caller does not need it
 
   int32_t dtype;      // FhDtype of q/k/v
-  int32_t out_dtype;  // FhDtype of o (== dtype for fp16/bf16)
+  int32_t out_dtype;  // FhDtype of o: == dtype for fp16/bf16; fp16 or bf16 for e4m3
 
   // --- shapes -----------------------------------------------------------------------------
   int64_t batch;
@@ -134,11 +144,18 @@ typedef struct FhFwdParams {
   const int32_t* page_table;
   int64_t page_table_batch_stride;
   int64_t page_size;
-  // --- reserved: FP8 descales (later issue) -----------------------------------------------
+  // --- FP8 (dtype FH_DTYPE_E4M3 only; null / 0 otherwise) --------------------------------
+  // Descales: fp32 (batch, heads_kv) at ptr[b * batch_stride + h_kv * head_stride], the factor
+  // that turns the stored e4m3 values back into the real ones (score = q_descale * k_descale *
+  // q.k, o scaled by v_descale); strides may be 0 (a broadcast scalar, an expand()ed tensor);
+  // null = 1.0. head_dim % 16 == 0 and q/k/v strides multiples of 16 elements (16 bytes).
   const float* q_descale;
   const float* k_descale;
   const float* v_descale;
-  int64_t descale_batch_stride, descale_head_stride;
+  int64_t q_descale_batch_stride, q_descale_head_stride;
+  int64_t k_descale_batch_stride, k_descale_head_stride;
+  int64_t v_descale_batch_stride, v_descale_head_stride;
+  int32_t fp8_accumulation;  // FhFp8Accumulation; 0 = two-level
   // --- reserved: split-KV (later issue) ---------------------------------------------------
   int32_t num_splits;  // 0 or 1 = no split
   float* o_accum;

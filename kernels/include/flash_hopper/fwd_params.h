@@ -47,6 +47,20 @@ struct FwdParams {
   int window_left;
   int window_right;
 
+  // FP8 (e4m3 q / k / v, FA-3 path only). Descales: fp32 per (batch, kv head) at
+  // ptr[b * batch_stride + h_kv * head_stride] (strides may be 0: broadcast), null = 1. The
+  // kernel folds q_descale * k_descale into the tile's score scale (scale_log2 and lse_scale, or
+  // softcap_prescale with softcap) and v_descale into O's normalization.
+  const float* q_descale;
+  const float* k_descale;
+  const float* v_descale;
+  int64_t q_descale_batch_stride, q_descale_head_stride;
+  int64_t k_descale_batch_stride, k_descale_head_stride;
+  int64_t v_descale_batch_stride, v_descale_head_stride;
+  int o_fp16;            // FP8: o is fp16 (else bf16)
+  int fp8_single_level;  // FP8: PV accumulates in the WGMMA accumulator alone (the ablation of
+                         // two-level accumulation, mma.h)
+
   int num_sms;
   // FA-3 variant (FhVariant: a set of FH_VARIANT_FLAG_* bits, api.h); 0 = tuned. The launcher
   // reads the runtime flags from it (NO_PINGPONG); the FA-2 path ignores it.

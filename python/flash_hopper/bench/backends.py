@@ -1,27 +1,43 @@
-"""flash-hopper's own paths as benchmark backends: "fa3", "fa2" and the fa3 ablation variants the
-build reports. The interface is base.py's; peers.py holds the others and registry.py lists them all.
+"""flash-hopper's own paths as benchmark backends: "fa3", "fa2", the fa3 ablation variants the
+build reports, and "fa3-fp8-single-level", the FP8 accumulation ablation. The interface is
+base.py's; peers.py holds the others and registry.py lists them all.
+
+FP8 (e4m3) cases run on the FA-3 path only ("fa3", its variants, and the ablation), forward only:
+flash_attn_func(q8, k8, v8, q_descale=, k_descale=, v_descale=), the output in bf16.
+"fa3-fp8-single-level" is "fa3" with fp8_accumulation="single-level" (the tensor core's
+accumulator carries the whole P V sum instead of adding each key block's product into fp32
+registers): a backend of its own rather than an option, so that one sweep times both side by side
+and each row names what ran; it takes e4m3 cases only.
 """
 
 from __future__ import annotations
 
 from .base import Backend
+from .cases import FP8_DTYPES
 from .errors import first_line
+
+FP8_SINGLE_LEVEL = "fa3-fp8-single-level"
 
 
 class FlashHopperBackend(Backend):
     """flash_hopper.flash_attn_func with a forced path: "fa3", "fa2" or an fa3 ablation variant.
 
     Variants are whatever build_info()["fa3_variants"] lists; each is passed verbatim as the
-    `backend=` argument of flash_attn_func.
+    `backend=` argument of flash_attn_func. ``fp8_accumulation``: None for flash_attn_func's
+    default; set, the backend is an FP8 ablation that passes it and takes e4m3 cases only.
     """
 
     origin = "flash-hopper"
 
-    def __init__(self, name: str, path: str, variant: bool = False):
+    def __init__(self, name: str, path: str, variant: bool = False,
+                 fp8_accumulation: str | None = None):
         self.name = name
         self.label = name
         self.path = path
         self.variant = variant
+        self.fp8_accumulation = fp8_accumulation
+        if fp8_accumulation is not None:
+            self.only_dtypes = FP8_DTYPES
         self.only_major = 9 if name.startswith("fa3") else None
         self._info: dict | None = None
 
@@ -56,16 +72,59 @@ class FlashHopperBackend(Backend):
         commit = info.get("commit")
         return f"{info.get('version')}" + (f" ({commit})" if commit else "")
 
+    def fp8_reason(self) -> str | None:
+        if self.path == "fa2":
+            return (f"the FA-2 path has no FP8 kernels (e4m3 runs on fa3, its variants and "
+                    f"{FP8_SINGLE_LEVEL})")
+        return None
+
     def unsupported(self, case, direction: str | None = None) -> str | None:
+        if self.only_dtypes is not None and case.dtype not in self.only_dtypes:
+            return (f"FP8 accumulation ablation: {' / '.join(self.only_dtypes)} cases only, not "
+                    f"{case.dtype}")
         info = self.build_info()
-        dtypes = {str(d) for d in info.get("dtypes", ())}  # FH_DTYPES spelling: bf16, fp16
+        dtypes = {str(d) for d in info.get("dtypes", ())}  # FH_DTYPES spelling: bf16, fp16, e4m3
         if dtypes and case.dtype not in dtypes:
             return f"library built without {case.dtype} (dtypes: {', '.join(sorted(dtypes))})"
+        if case.is_fp8:
+            fp8_reason = self._fp8_case_reason(info, case, direction)
+            if fp8_reason:
+                return fp8_reason
         bucket_reason = self._head_dim_reason(info, case.head_dim)
         if bucket_reason:
             return bucket_reason
         if direction and "bwd" in direction:
             return self._backward_reason(info, case)
+        return None
+
+    def _fp8_case_reason(self, info: dict, case, direction: str | None) -> str | None:
+        """Why this build cannot run the FP8 forward of ``case`` on this path, or None: the
+        direction (no backward), the head-dim rule, and build_info's exact kernel list (FP8
+        kernels cover fewer head dims than bf16 ones, so the head_dims union does not say)."""
+        from flash_hopper import _tables
+
+        if direction and "bwd" in direction:
+            return "the FP8 (e4m3) forward has no backward"
+        multiple = _tables.FP8_HEAD_DIM_MULTIPLE
+        if case.head_dim % multiple:
+            return f"FP8 needs head_dim a multiple of {multiple}, got {case.head_dim}"
+        entries = _tables.kernel_entries(info, "fwd")
+        try:
+            bucket = _tables.head_dim_bucket(case.head_dim)
+        except ValueError:  # d > 256: the call itself says why
+            return None
+        if not entries:  # no exact list (an old library): the coarse checks decide
+            return None
+        built = [e for e in entries if (e.get("backend"), e.get("dtype"), e.get("head_dim")) ==
+                 ("fa3", case.dtype, bucket)]
+        if not built:
+            return (f"library built without an fa3 {case.dtype} forward kernel for head-dim "
+                    f"bucket {bucket}")
+        variant = (info.get("variants") or {}).get(self.path)
+        if variant is not None and all("variants" in e and variant not in e["variants"]
+                                       for e in built):
+            return (f"library built without the {self.path} variant of the fa3 {case.dtype} "
+                    f"kernel for head-dim bucket {bucket}")
         return None
 
     def _backward_reason(self, info: dict, case) -> str | None:
@@ -108,9 +167,21 @@ class FlashHopperBackend(Backend):
         return {"causal": case.causal, "window_size": tuple(case.window),
                 "softcap": case.softcap, "backend": self.path}
 
+    def _fp8_call(self, q, k, v, case) -> tuple[tuple, dict]:
+        """flash_attn_func's (args, kwargs) for Fp8Input q, k, v: the FP8 data, the descales and
+        the accumulation mode (when this backend sets one)."""
+        kwargs = dict(self._call_kwargs(case), q_descale=q.descale, k_descale=k.descale,
+                      v_descale=v.descale)
+        if self.fp8_accumulation is not None:
+            kwargs["fp8_accumulation"] = self.fp8_accumulation
+        return (q.data, k.data, v.data), kwargs
+
     def make_forward(self, q, k, v, case):
         from flash_hopper import flash_attn_func
 
+        if case.is_fp8:
+            args, kwargs = self._fp8_call(q, k, v, case)
+            return lambda: flash_attn_func(*args, **kwargs)
         kwargs = self._call_kwargs(case)
         return lambda: flash_attn_func(q, k, v, **kwargs)
 
@@ -128,17 +199,44 @@ class FlashHopperBackend(Backend):
     def run_checked(self, q, k, v, case):
         """The timed call's kernel through ops.fwd_into, into NaN-filled buffers (an element the
         kernel does not write fails the check). flash_attn_func (what is timed) and fwd_into run
-        the same dispatch and launch; the path that ran must be the one asked for."""
+        the same dispatch and launch; the path that ran must be the one asked for. FP8 cases:
+        ``_run_checked_fp8``."""
         import torch
 
         from flash_hopper import ops
 
+        if case.is_fp8:
+            return self._run_checked_fp8(q, k, v, case)
         out = torch.full_like(q, float("nan"))
         lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("nan"), dtype=torch.float32,
                          device=q.device)
         ran = ops.fwd_into(q, k, v, out, lse, *self._scalars(q, case), self.path)
         if ran != self.path:
             raise RuntimeError(f"the check ran path {ran!r}, but {self.path!r} is timed")
+        return out, lse
+
+    def _run_checked_fp8(self, q, k, v, case):
+        """The timed FP8 call itself (there is no fwd_into for FP8: no caller buffers), with its
+        LSE, in blocks that hold NaN. The first call finds the blocks the caching allocator gives
+        this call's out and LSE; they are NaN-filled and freed, and the second call gets the same
+        ones back: freeing them restores the pool the first call saw, and the call allocates the
+        same sizes in the same order on the same stream. Checked by address, so an element the
+        kernel does not write fails the check (it cannot pass on another backend's freed output,
+        as a plain fresh allocation could)."""
+        import math
+
+        from flash_hopper import flash_attn_func
+
+        args, kwargs = self._fp8_call(q, k, v, case)
+        out, lse = flash_attn_func(*args, return_attn_probs=True, **kwargs)
+        addresses = (out.data_ptr(), lse.data_ptr())
+        out.fill_(math.nan)
+        lse.fill_(math.nan)
+        del out, lse
+        out, lse = flash_attn_func(*args, return_attn_probs=True, **kwargs)
+        if out.is_cuda and (out.data_ptr(), lse.data_ptr()) != addresses:
+            raise RuntimeError("the FP8 check could not run in NaN-filled buffers: the caching "
+                               "allocator gave the second call other blocks (use --check off)")
         return out, lse
 
     @property
@@ -181,8 +279,23 @@ class FlashHopperBackend(Backend):
     def kernel(self, q, k, v, case) -> tuple[str, str]:
         from flash_hopper import which_backend
 
+        if case.is_fp8:
+            return self._fp8_kernel(q, k, v, case)
         name, reason = which_backend(q, k, v, **self._call_kwargs(case))
         return str(name), str(reason)
+
+    def _fp8_kernel(self, q, k, v, case) -> tuple[str, str]:
+        """(kernel, why) of an FP8 call: which_backend takes no FP8 arguments, so the host path's
+        own validation and plan are asked (metadata only, as for bwd_workspace_bytes)."""
+        from flash_hopper import _fwd, _validate
+
+        accumulation = self.fp8_accumulation or "two-level"
+        args, kwargs = self._fp8_call(q, k, v, case)
+        cfg, fp8 = _validate.check_fp8_args(
+            *args, None, case.causal, tuple(case.window), case.softcap, self.path,
+            kwargs["q_descale"], kwargs["k_descale"], kwargs["v_descale"], None, accumulation)
+        plan = _fwd.make_plan(cfg, *args, fp8=fp8)
+        return str(plan.backend), f"{plan.reason}; FP8 e4m3, {accumulation} accumulation"
 
 
 def arch_digits(arch: str) -> str:

@@ -9,6 +9,10 @@ for one configuration (`make_forward`) and names the kernel that actually runs (
 silently. `run_checked` is the one call the reference check compares (see check.py), and
 `run_checked_backward` the one its gradient check compares; `bwd_workspace_bytes` is the backward's
 scratch memory by the backend's own formula, where it has one.
+
+FP8 (e4m3) cases come first through `fp8_reason`: a backend without an FP8 path is skipped for
+them with "unsupported (no FP8): <reason>" before anything else is asked; one with a path gets
+q, k, v as fp8_inputs.Fp8Input (data and descale) in every call below.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ class Backend:
     min_capability: tuple[int, int] = (8, 0)
     # Set when the backend only runs on one architecture family (FA3-style sm90 kernels).
     only_major: int | None = None
+    # Set when the backend only takes cases of these dtypes (an FP8 ablation: ("e4m3",)); `all`
+    # leaves it out of sweeps without them.
+    only_dtypes: tuple[str, ...] | None = None
 
     def software_reason(self) -> str | None:
         """Why this backend cannot run in this process regardless of the GPU, or None."""
@@ -51,6 +58,11 @@ class Backend:
 
     def version(self) -> str | None:
         return None
+
+    def fp8_reason(self) -> str | None:
+        """Why this backend takes no FP8 (e4m3) case, or None when it does (then q, k, v arrive
+        as fp8_inputs.Fp8Input). Most have no FP8 path: the default says so."""
+        return "no FP8 path"
 
     def unsupported(self, case, direction: str | None = None) -> str | None:
         """Why this configuration (and direction, when given) cannot be timed, or None."""

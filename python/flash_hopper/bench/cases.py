@@ -2,6 +2,9 @@
 
 Defaults reproduce the FA3 paper's forward sweep (Figure 5): total tokens b*s = 16k, hidden
 h*d = 2048, s in {512 ... 16k}, d in {64, 128, 256}, causal and not, bf16.
+
+dtype e4m3 is FP8 inference (FA3 paper, Figure 6): forward only; fp8_inputs.py says how its inputs
+are made and checked. Its FLOPs are counted as for bf16: the same two GEMMs per visible pair.
 """
 
 from __future__ import annotations
@@ -18,9 +21,13 @@ DEFAULT_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 DEFAULT_HEAD_DIMS = (64, 128, 256)
 DEFAULT_TOTAL_TOKENS = 16384
 DEFAULT_HIDDEN = 2048
-DTYPES = ("bf16", "fp16")
+HALF_DTYPES = ("bf16", "fp16")  # forward and backward; what `info` and `demo` take
+FP8_DTYPES = ("e4m3",)  # torch.float8_e4m3fn q, k, v with descales: forward only
+DTYPES = (*HALF_DTYPES, *FP8_DTYPES)
 # Element size in bytes, for memory estimates (do inputs fit in L2? is sdpa-math too big?).
-DTYPE_BYTES = {"bf16": 2, "fp16": 2}
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "e4m3": 1}
+# An FP8 case's output dtype: flash_attn_func's out_dtype default (and FA3's) for FP8 inputs.
+FP8_OUT_DTYPE = "bf16"
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,14 @@ class Case:
     window: tuple[int, int] = (-1, -1)
     softcap: float = 0.0
     dtype: str = "bf16"
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.dtype in FP8_DTYPES
+
+    @property
+    def out_dtype(self) -> str:
+        return FP8_OUT_DTYPE if self.is_fp8 else self.dtype
 
     @property
     def has_window(self) -> bool:
@@ -58,11 +73,11 @@ class Case:
                                self.head_dim, self.causal, self.window, direction)
 
     def input_bytes(self) -> int:
-        """Bytes of q, k, v and the output: what one forward call touches at least once."""
-        elt = DTYPE_BYTES[self.dtype]
-        q_and_o = 2 * self.batch * self.seqlen_q * self.heads * self.head_dim
+        """Bytes of q, k, v and the output: what one forward call touches at least once (FP8:
+        1-byte inputs, a 2-byte output)."""
+        q_or_o = self.batch * self.seqlen_q * self.heads * self.head_dim
         k_and_v = 2 * self.batch * self.seqlen_k * self.heads_kv * self.head_dim
-        return (q_and_o + k_and_v) * elt
+        return (q_or_o + k_and_v) * DTYPE_BYTES[self.dtype] + q_or_o * DTYPE_BYTES[self.out_dtype]
 
     def score_elements(self) -> int:
         """b*h*sq*sk: the size of the score matrix a naive implementation materializes."""

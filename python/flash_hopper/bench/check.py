@@ -30,6 +30,22 @@ atol is FA3's rounding scale of the reference, floored like the GPU tests' (a gr
 almost all zeros has no rounding scale). Both references recompute from the fp32 forward
 reference's output and LSE, so they cost one chunked backward each, once per case, and only for
 a case with a backward row to check (``GradReferences``).
+
+FP8 (e4m3) rows, forward only, by a rule of their own (``Fp8References``; check_metric
+"rel-rmse" in the results, "max-abs" for the rule above):
+
+    ref     = fp32 attention of the dequantized inputs (fp8_inputs.dequantize: data * descale)
+    err     = ||out - ref||_2 / ||ref||_2       (relative RMS error over the whole output)
+    pass   <=> err <= 0.05, and max |lse - lse_ref| <= 2e-3 (+ softcap * 2^-10)
+
+The dequantized inputs are the exact values the kernel multiplies, so the quantization of the
+inputs is not counted; what is left is the kernel's own FP8 rounding, P rounded to e4m3 (3
+mantissa bits) for P V, a relative RMS error of ~2-3 % on N(0, 1) inputs. A same-precision torch
+baseline does not exist (torch has no FP8 attention), so the bound is absolute; a bug (a lost key
+block, a wrong descale, V^T in the wrong key order) gives errors of order 1, an accumulator that
+loses precision at long context (the single-level ablation) a few percent more. The LSE bound is
+tests/test_fp8_gpu.py's: the scores are exact products of the FP8 values, so the LSE keeps the
+bf16 rows' accuracy up to the accumulator's rounding.
 """
 
 from __future__ import annotations
@@ -47,17 +63,22 @@ GRAD_NAMES = ("dq", "dk", "dv")
 GRAD_FACTOR = 2.0
 SOFTCAP_GRAD_FACTOR = 3.0
 GRAD_ATOL = 1e-4
+FP8_REL_RMSE = 0.05
+FP8_LSE_ATOL = 2e-3
+METRIC_MAX_ABS = "max-abs"  # FA3's rule: err and tol are max |out - ref| and its bound
+METRIC_REL_RMSE = "rel-rmse"  # the FP8 rule: err is the relative RMS error
 
 
 @dataclass
 class CheckResult:
     err: float
-    ref_err: float
+    ref_err: float | None  # None: the rule has no same-precision baseline (FP8)
     tol: float
     passed: bool
     shape: str  # the (batch, seqlen_q, seqlen_k) it ran at: the timed one
     lse_err: float | None = None  # None: the backend returns no LSE
     lse_tol: float | None = None
+    metric: str = METRIC_MAX_ABS  # what err and tol measure
 
 
 def tolerance(ref_err: float, factor: float = 2.0, atol: float = ATOL) -> float:
@@ -77,8 +98,8 @@ def grad_tolerance(ref_err: float, rounding: float, softcap: float) -> float:
     return tolerance(ref_err, factor, max(rounding, GRAD_ATOL))
 
 
-def lse_tolerance(softcap: float) -> float:
-    return LSE_ATOL + softcap * SOFTCAP_LSE_ERROR
+def lse_tolerance(softcap: float, atol: float = LSE_ATOL) -> float:
+    return atol + softcap * SOFTCAP_LSE_ERROR
 
 
 def max_abs_diff(a, b) -> float:
@@ -86,6 +107,19 @@ def max_abs_diff(a, b) -> float:
     if a.numel() == 0:
         return 0.0
     return (a.float() - b.float()).abs().max().item()
+
+
+def relative_rmse(out, ref) -> float:
+    """||out - ref||_2 / ||ref||_2, differences in fp32 and sums in float64 (NaN if out holds
+    one); 0 for equal tensors, inf for a difference from an all-zero ref."""
+    import torch
+
+    ref = ref.float()
+    diff = (out.float() - ref).pow(2).sum(dtype=torch.float64).item()
+    norm = ref.pow(2).sum(dtype=torch.float64).item()
+    if math.isnan(diff) or diff == 0.0:
+        return diff
+    return math.sqrt(diff / norm) if norm > 0 else math.inf
 
 
 def lse_error(lse, ref_lse) -> float:
@@ -160,6 +194,40 @@ class References:
             result.lse_tol = lse_tolerance(self.softcap)
             result.passed = result.passed and _within(result.lse_err, result.lse_tol)
         return result
+
+
+class Fp8References:
+    """The FP8 rule's reference for one e4m3 case (module docstring): the fp32 output and LSE of
+    the dequantized inputs, computed once like References' and shared by every backend checked
+    on them. q, k, v are fp8_inputs.Fp8Input."""
+
+    def __init__(self, q, k, v, case, max_scores: int | None = None):
+        from flash_hopper.reference import CHUNK_SCORES, attention_ref_chunked
+
+        kwargs = {"causal": case.causal, "window_size": tuple(case.window),
+                  "softcap": case.softcap, "max_scores": max_scores or CHUNK_SCORES}
+        real = [t.dequantize() for t in (q, k, v)]  # float32
+        with ieee_fp32_matmuls():
+            self.out, self.lse = attention_ref_chunked(*real, upcast=True, **kwargs)
+        del real
+        self.softcap = case.softcap
+        self.shape = shape_label(case)
+
+    def check(self, out, lse=None) -> CheckResult:
+        return compare_fp8(out, self.out, lse, self.lse, self.softcap, self.shape)
+
+
+def compare_fp8(out, ref, lse=None, ref_lse=None, softcap: float = 0.0,
+                shape: str = "") -> CheckResult:
+    """Apply the FP8 rule to already computed tensors (any device); the LSE where given."""
+    err = relative_rmse(out, ref)
+    result = CheckResult(err=err, ref_err=None, tol=FP8_REL_RMSE,
+                         passed=_within(err, FP8_REL_RMSE), shape=shape, metric=METRIC_REL_RMSE)
+    if lse is not None:
+        result.lse_err = lse_error(lse, ref_lse)
+        result.lse_tol = lse_tolerance(softcap, FP8_LSE_ATOL)
+        result.passed = result.passed and _within(result.lse_err, result.lse_tol)
+    return result
 
 
 @dataclass

@@ -9,6 +9,11 @@ aligned when seqlen_q != seqlen_k, SDPA's is_causal is top-left. SDPA's flash an
 no mask, so bottom-right causal and windows are skipped there with a reason; the efficient and math
 kernels get an explicit boolean mask (the kernel name says so, since reading the mask costs
 bandwidth). Flex gets the policy's elementwise visible() as its mask_mod.
+
+FP8 (e4m3): SDPA and flex take no float8_e4m3fn inputs, so they are skipped for e4m3 cases
+("unsupported (no FP8)", fp8_reason). An FA package runs them only when its flash_attn_func
+declares q_descale, k_descale and v_descale (FA3's hopper interface does); it then gets the FP8
+data and the descales as flash-hopper's fa3 does.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ _SDPA_ENUM = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION",
 # sdpa-math materializes b*h*sq*sk scores (plus softmax and grads): 2^28 elements is ~1 GB per
 # bf16 copy; beyond that it is slow enough to dominate a sweep and says nothing new.
 MATH_MAX_SCORE_ELEMENTS = 1 << 28
+# FA3's FP8 arguments: a package's flash_attn_func must declare all three to get e4m3 cases.
+FP8_DESCALES = ("q_descale", "k_descale", "v_descale")
 
 
 def needs_mask(case) -> bool:
@@ -81,6 +88,9 @@ class SdpaBackend(Backend):
         if self.kind == "cudnn" and torch.backends.cudnn.is_available():
             return f"torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}"
         return f"torch {torch.__version__}"
+
+    def fp8_reason(self) -> str | None:
+        return "torch SDPA takes fp16 / bf16 / fp32 inputs, not float8_e4m3fn"
 
     def unsupported(self, case, direction: str | None = None) -> str | None:
         if case.softcap:
@@ -185,6 +195,9 @@ class FlexBackend(Backend):
 
         return f"torch {torch.__version__}"
 
+    def fp8_reason(self) -> str | None:
+        return "FlexAttention takes no float8_e4m3fn inputs with descales"
+
     def make_forward(self, q, k, v, case):
         from torch.nn.attention.flex_attention import create_block_mask
 
@@ -254,6 +267,20 @@ class FlashAttnPackage(Backend):
         except (TypeError, ValueError):  # builtins without a signature: let the call decide
             return True
 
+    def fp8_reason(self) -> str | None:
+        """FP8 only where flash_attn_func declares the descales (FA3's does): strictly from the
+        signature, since an FP8 tensor passed to an fp16/bf16-only kernel is not a clean skip."""
+        if self._func is None and self.software_reason():
+            return "not importable"
+        try:
+            parameters = inspect.signature(self._func).parameters
+        except (TypeError, ValueError):
+            return f"{self._module_name}.flash_attn_func has no inspectable signature"
+        missing = [n for n in FP8_DESCALES if n not in parameters]
+        if missing:
+            return f"{self._module_name}.flash_attn_func takes no {' / '.join(missing)}"
+        return None
+
     def unsupported(self, case, direction: str | None = None) -> str | None:
         if self._func is None and self.software_reason():
             return "not importable"
@@ -270,6 +297,9 @@ class FlashAttnPackage(Backend):
             kwargs["window_size"] = tuple(case.window)
         if case.softcap:
             kwargs["softcap"] = case.softcap
+        if case.is_fp8:  # Fp8Inputs: FA3's FP8 convention is flash-hopper's
+            kwargs.update(zip(FP8_DESCALES, (q.descale, k.descale, v.descale)))
+            q, k, v = q.data, k.data, v.data
         return lambda: func(q, k, v, **kwargs)
 
     def make_forward(self, q, k, v, case):
@@ -288,11 +318,13 @@ class FlashAttnPackage(Backend):
             return result, None
         # (out, lse) from FA3's interface: check the LSE too when it has our (b, h, sq) layout.
         lse = result[1] if len(result) > 1 else None
-        lse_shape = (q.shape[0], q.shape[2], q.shape[1])
+        shape = q.data.shape if case.is_fp8 else q.shape
+        lse_shape = (shape[0], shape[2], shape[1])
         return result[0], lse if getattr(lse, "shape", None) == lse_shape else None
 
     def kernel(self, q, k, v, case) -> tuple[str, str]:
-        return self.name, f"{self._module_name}.flash_attn_func"
+        descales = " with q/k/v descales (FP8)" if case.is_fp8 else ""
+        return self.name, f"{self._module_name}.flash_attn_func{descales}"
 
 
 def external_backends() -> list[Backend]:

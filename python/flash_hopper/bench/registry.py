@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from . import peers
-from .backends import FlashHopperBackend, variant_names
+from .backends import FP8_SINGLE_LEVEL, FlashHopperBackend, variant_names
 from .base import Backend
 
 DEFAULT_BACKENDS = ("fa3", "fa2", "sdpa-flash", "sdpa-cudnn")
@@ -27,6 +27,9 @@ def _builtin_backends() -> dict[str, Backend]:
     backends: dict[str, Backend] = {
         "fa3": FlashHopperBackend("fa3", "fa3"),
         "fa2": FlashHopperBackend("fa2", "fa2"),
+        # FP8 ablation: the fa3 path with single-level accumulation (e4m3 cases only).
+        FP8_SINGLE_LEVEL: FlashHopperBackend(FP8_SINGLE_LEVEL, "fa3",
+                                             fp8_accumulation="single-level"),
     }
     for kind in peers.SDPA_KINDS:
         backend = peers.SdpaBackend(kind)
@@ -56,8 +59,11 @@ def canonical_name(name: str) -> str:
     return ALIASES.get(name, name)
 
 
-def resolve(names: Sequence[str], known: dict[str, Backend] | None = None) -> list[Backend]:
-    """Backends for CLI names, in the given order; 'all' expands to every known backend.
+def resolve(names: Sequence[str], known: dict[str, Backend] | None = None,
+            dtypes: Sequence[str] | None = None) -> list[Backend]:
+    """Backends for CLI names, in the given order; 'all' expands to every known backend, less
+    those limited to dtypes (Backend.only_dtypes) that the sweep's ``dtypes`` do not include (the
+    FP8 ablation in a bf16 sweep); a backend asked for by name is always kept.
 
     An unknown name starting with 'fa3' is kept as a variant (it then probes as unavailable, with
     the build's variant list as the reason) so a script asking for an ablation does not crash on
@@ -67,7 +73,8 @@ def resolve(names: Sequence[str], known: dict[str, Backend] | None = None) -> li
     chosen: list[Backend] = []
     for raw in names:
         if raw == "all":
-            candidates = list(known.values())
+            candidates = [b for b in known.values() if dtypes is None or b.only_dtypes is None
+                          or set(b.only_dtypes) & set(dtypes)]
         else:
             name = canonical_name(raw)
             if name in known:

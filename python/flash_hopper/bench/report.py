@@ -9,6 +9,9 @@ Backward rows (bwd, fwd+bwd) add the gradient check (check_{dq,dk,dv}_{err,tol},
 their check_pass covers the forward's check and the gradients') and the backward's memory
 (bwd_workspace_bytes by the backend's formula, bwd_extra_bytes measured: memory.py). Files
 written before these columns existed read back with them empty.
+
+check_metric says what check_err / check_tol measure: "max-abs" (FA3's rule; also what an empty
+cell in an older file means) or "rel-rmse" (the FP8 rule, e4m3 rows: check.py).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import json
 import os
 import re
 from collections.abc import Iterable, Sequence
+
+from .check import FP8_REL_RMSE, METRIC_REL_RMSE
 
 SCHEMA = "flash-hopper.bench/1"
 _META_PREFIX = "# meta: "
@@ -34,7 +39,7 @@ FIELDS: tuple[tuple[str, type], ...] = (
     ("iters", int), ("flops", float), ("tflops", float), ("pct_peak", float),
     ("pct_gemm", float), ("check_err", float), ("check_ref_err", float),
     ("check_tol", float), ("check_lse_err", float), ("check_lse_tol", float),
-    ("check_pass", bool), ("check_shape", str), ("check_dq_err", float),
+    ("check_pass", bool), ("check_shape", str), ("check_metric", str), ("check_dq_err", float),
     ("check_dq_tol", float), ("check_dk_err", float), ("check_dk_tol", float),
     ("check_dv_err", float), ("check_dv_tol", float), ("check_grad_pass", bool),
     ("bwd_workspace_bytes", int), ("bwd_extra_bytes", int), ("kernel_reason", str),
@@ -135,8 +140,11 @@ def out_dir_paths(directory: str, meta: dict[str, object]) -> dict[str, str]:
 # ---- terminal table -------------------------------------------------------------------------
 
 _COLUMNS = ("dir", "dtype", "mask", "d", "seqlen", "b", "h/kv", "backend", "kernel", "ms",
-            "p20-p80 ms", "TFLOP/s", "%peak", "%gemm", "max err", "check")
-_RIGHT = {"d", "seqlen", "b", "h/kv", "ms", "p20-p80 ms", "TFLOP/s", "%peak", "%gemm", "max err"}
+            "p20-p80 ms", "TFLOP/s", "%peak", "%gemm", "err", "check")
+_RIGHT = {"d", "seqlen", "b", "h/kv", "ms", "p20-p80 ms", "TFLOP/s", "%peak", "%gemm", "err"}
+# Under the table when an FP8 row is in it: its err is another quantity.
+_ERR_LEGEND = ("err: max |out - ref_fp32| (FA3's rule), or with 'rms' the relative RMS error "
+               "against fp32 on the dequantized inputs (e4m3 rows: pass <= {:.0%})")
 
 
 def _fmt(value, spec: str) -> str:
@@ -149,11 +157,14 @@ def table_cells(row: dict[str, object]) -> list[str]:
     spread = ("-" if row.get("ms_p20") is None
               else f"{row['ms_p20']:.3f}-{row['ms_p80']:.3f}")
     check = {True: "ok", False: "FAIL", None: "-"}[row.get("check_pass")]
+    err = _fmt(row.get("check_err"), ".1e")
+    if row.get("check_metric") == METRIC_REL_RMSE and row.get("check_err") is not None:
+        err = f"{row['check_err']:.2%} rms"
     return [str(row["direction"]), str(row["dtype"]), str(row["mask"]), str(row["head_dim"]),
             seqlen, str(row["batch"]), f"{row['heads']}/{row['heads_kv']}", str(row["backend"]),
             str(row.get("kernel") or "-"), _fmt(row.get("ms"), ".3f"), spread,
             _fmt(row.get("tflops"), ".1f"), _fmt(row.get("pct_peak"), ".1f"),
-            _fmt(row.get("pct_gemm"), ".1f"), _fmt(row.get("check_err"), ".1e"), check]
+            _fmt(row.get("pct_gemm"), ".1f"), err, check]
 
 
 def _table_order(rows: list[dict[str, object]]) -> list[dict[str, object]]:
@@ -190,6 +201,8 @@ def format_table(rows: Iterable[dict[str, object]]) -> str:
             out.append("")
         previous = group
         out.append(line(cells))
+    if any(r.get("check_metric") == METRIC_REL_RMSE for r in timed):
+        out += ["", _ERR_LEGEND.format(FP8_REL_RMSE)]
     return "\n".join(out)
 
 

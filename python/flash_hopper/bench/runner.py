@@ -10,21 +10,31 @@ Backward rows (bwd, fwd+bwd) add, once per backend and case, before their timing
 check (one backward on the first set with the case's fixed dout, against check.GradReferences,
 computed at the first backend that needs them) and the backward's memory (memory.py). A backward
 that fails to run is classified like a failing first call, for the backward rows only.
+
+FP8 (e4m3) cases: inputs drawn as for bf16, then quantized (fp8_inputs.py); a backend without an
+FP8 path is skipped first ("unsupported (no FP8): ..."); the check is check.py's FP8 rule. %peak
+and %gemm use the ceilings of the row's dtype when RunOptions gives them per dtype.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Union
 
 from . import check as checks
 from .errors import first_line
+from .fp8_inputs import quantize_inputs
 from .memory import bwd_memory
 from .report import normalize
 
 TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+# What an FP8 case's inputs are drawn in before quantization: the bf16 case's values.
+FP8_SOURCE_DTYPE = "bf16"
+FP8_NO_BACKWARD = "the FP8 (e4m3) forward has no backward"
+# A ceiling in TFLOP/s for every dtype, or one per dtype ({"bf16": 989.4, "e4m3": 1978.9}).
+Ceiling = Union[float, Mapping[str, float], None]
 
 
 class SetupError(RuntimeError):
@@ -35,8 +45,8 @@ class SetupError(RuntimeError):
 class RunOptions:
     directions: Sequence[str] = ("fwd",)
     check: str = "on"  # on | off
-    peak_tflops: float | None = None
-    gemm_tflops: float | None = None
+    peak_tflops: Ceiling = None
+    gemm_tflops: Ceiling = None
     device: str = "cuda"
     seed: int = 0
 
@@ -52,15 +62,25 @@ def base_row(case, backend_name: str, direction: str) -> dict[str, object]:
     }
 
 
+def ceiling_for(ceiling: Ceiling, dtype: str) -> float | None:
+    """A ceiling option's TFLOP/s for rows of ``dtype``: a number applies to every dtype, a
+    mapping is looked up (None where it has no entry)."""
+    if isinstance(ceiling, Mapping):
+        return ceiling.get(dtype)
+    return ceiling
+
+
 def fill_timing(row: dict[str, object], stats, options: RunOptions) -> None:
-    """Times in ms, TFLOP/s from the median, and both ceilings. Unset text fields stay None, so
-    JSON and CSV (where an empty cell reads back as None) agree."""
+    """Times in ms, TFLOP/s from the median, and both ceilings (of the row's dtype). Unset text
+    fields stay None, so JSON and CSV (where an empty cell reads back as None) agree."""
     tflops = row["flops"] / (stats.median * 1e-3) / 1e12
+    peak = ceiling_for(options.peak_tflops, row["dtype"])
+    gemm = ceiling_for(options.gemm_tflops, row["dtype"])
     row.update({
         "status": "ok", "ms": stats.median, "ms_p20": stats.p20, "ms_p80": stats.p80,
         "ms_min": stats.min, "ms_max": stats.max, "iters": stats.n, "tflops": tflops,
-        "pct_peak": 100.0 * tflops / options.peak_tflops if options.peak_tflops else None,
-        "pct_gemm": 100.0 * tflops / options.gemm_tflops if options.gemm_tflops else None,
+        "pct_peak": 100.0 * tflops / peak if peak else None,
+        "pct_gemm": 100.0 * tflops / gemm if gemm else None,
         "notes": "; ".join(filter(None, [row.get("notes"), *stats.notes])) or None,
     })
 
@@ -71,7 +91,7 @@ def fill_check(row: dict[str, object], result) -> None:
     row.update({"check_err": result.err, "check_ref_err": result.ref_err,
                 "check_tol": result.tol, "check_lse_err": result.lse_err,
                 "check_lse_tol": result.lse_tol, "check_pass": result.passed,
-                "check_shape": result.shape})
+                "check_shape": result.shape, "check_metric": result.metric})
 
 
 def fill_grad_check(row: dict[str, object], result) -> None:
@@ -97,14 +117,26 @@ def is_unsupported(exc: BaseException) -> bool:
     return isinstance(exc, NotImplementedError) or isinstance(exc.__cause__, NotImplementedError)
 
 
+def fp8_skip_reason(backend, case) -> str | None:
+    """Why ``backend`` is skipped for an FP8 case (it has no FP8 path), or None."""
+    if not case.is_fp8:
+        return None
+    why = backend.fp8_reason()
+    return None if why is None else f"unsupported (no FP8): {why}"
+
+
 def make_inputs(case, device, generator):
+    """q, k, v: N(0, 1) in the case's dtype; for FP8, the bf16 case's values quantized per head
+    (fp8_inputs.Fp8Input each)."""
     import torch
 
-    dtype = getattr(torch, TORCH_DTYPES[case.dtype])
+    dtype = getattr(torch, TORCH_DTYPES[FP8_SOURCE_DTYPE if case.is_fp8 else case.dtype])
     shapes = [(case.batch, case.seqlen_q, case.heads, case.head_dim),
               (case.batch, case.seqlen_k, case.heads_kv, case.head_dim),
               (case.batch, case.seqlen_k, case.heads_kv, case.head_dim)]
-    return tuple(torch.randn(s, device=device, dtype=dtype, generator=generator) for s in shapes)
+    inputs = tuple(torch.randn(s, device=device, dtype=dtype, generator=generator)
+                   for s in shapes)
+    return quantize_inputs(*inputs) if case.is_fp8 else inputs
 
 
 def _with_grad(inputs):
@@ -115,7 +147,8 @@ class CaseReferences:
     """What every backend of one case is checked against, each computed at most once: the
     forward's check.References up front, the gradients' check.GradReferences at the first
     backend whose backward is checked (a case without one never pays for them). Each is the
-    object, a string saying why there is none, or None when checks are off."""
+    object, a string saying why there is none, or None when checks are off. FP8 cases get
+    check.Fp8References and never a gradient reference (no backward)."""
 
     def __init__(self, case, inputs, dout, check: str, max_scores: int | None = None):
         self.case, self.inputs, self.dout = case, inputs, dout
@@ -124,12 +157,15 @@ class CaseReferences:
         self._grads = None
         if check == "off":
             return
+        references = checks.Fp8References if case.is_fp8 else checks.References
         try:
-            self.forward = checks.References(*inputs, case, max_scores=max_scores)
+            self.forward = references(*inputs, case, max_scores=max_scores)
         except Exception as exc:  # noqa: BLE001 - no reference (or OOM) must not stop timing
             self.forward = f"reference unavailable: {first_line(exc)}"
 
     def grads(self):
+        if self.case.is_fp8 and self.forward is not None:
+            return "no gradient reference: the FP8 forward has no backward"
         if self._grads is None and isinstance(self.forward, checks.References):
             try:
                 self._grads = checks.GradReferences(*self.inputs, self.dout, self.case,
@@ -186,7 +222,7 @@ class Runner:
         n_sets = self.timer.sets_for(case.input_bytes())
         inputs = [make_inputs(case, self.options.device, generator) for _ in range(n_sets)]
         dout = None
-        if any(has_backward(d) for d in self.options.directions):
+        if not case.is_fp8 and any(has_backward(d) for d in self.options.directions):
             # One output gradient per case (drawn after the inputs, which stay as without it):
             # every backend's backward is checked and measured with it.
             q = inputs[0][0]
@@ -211,7 +247,7 @@ class Runner:
 
     def _run_backend(self, backend, case, inputs, references):
         directions = list(self.options.directions)
-        reason = backend.unsupported(case)
+        reason = fp8_skip_reason(backend, case) or backend.unsupported(case)
         if reason:
             return [self._skip(case, backend, d, reason) for d in directions]
         try:
@@ -229,7 +265,8 @@ class Runner:
                 row["notes"] = result  # why there is no check
             else:
                 fill_check(row, result)
-            reason = backend.unsupported(case, direction)
+            reason = ((FP8_NO_BACKWARD if case.is_fp8 and has_backward(direction) else None)
+                      or backend.unsupported(case, direction))
             if reason:
                 row.update({"status": "skipped", "reason": reason})
                 self._step(f"{backend.name} {direction} {self._label(case)}: skipped ({reason})")

@@ -1,0 +1,129 @@
+"""FP8 (e4m3) arguments of flash_attn_func, validated on CPU: every bad input is refused naming the
+argument, the expected and the given value, before any device work (the last check is the device,
+so these CPU tensors reach it only when everything else is right)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _helpers import raises
+from flash_hopper import UnsupportedError, _validate, flash_attn_func
+
+E4M3 = torch.float8_e4m3fn
+
+
+def fp8_qkv(b=2, sq=16, sk=24, hq=4, hkv=2, d=64):
+    q = torch.randn(b, sq, hq, d).to(E4M3)
+    k = torch.randn(b, sk, hkv, d).to(E4M3)
+    v = torch.randn(b, sk, hkv, d).to(E4M3)
+    return q, k, v
+
+
+ON_DEVICE = ("q: must be a CUDA tensor",)  # what a valid CPU call reaches
+
+
+@pytest.mark.parametrize("descale", [
+    torch.ones(2, 2), torch.tensor(0.5), torch.ones(1), torch.tensor(2.0).expand(2, 2),
+    torch.ones(2, 1).expand(2, 2), torch.ones(2, 4)[:, ::2],
+], ids=["b-hkv", "0d", "one", "expand-0d", "expand-heads", "strided"])
+def test_descales_in_every_layout_servers_pass(descale):
+    q, k, v = fp8_qkv()
+    with raises(ValueError, *ON_DEVICE):
+        flash_attn_func(q, k, v, q_descale=descale, k_descale=descale, v_descale=descale)
+
+
+def test_descale_strides_reach_the_params():
+    q, k, v = fp8_qkv()
+    cfg, fp8 = _validate.check_fp8_args(
+        q, k, v, None, False, (-1, -1), 0.0, "auto", torch.tensor(2.0).expand(2, 2),
+        torch.ones(2, 4)[:, ::2], None, None, "single-level", devices=False)
+    assert fp8.q_descale == (0, 0)
+    assert fp8.k_descale == (4, 2)
+    assert fp8.v_descale is None
+    assert fp8.out_dtype == torch.bfloat16 and fp8.two_level is False
+    assert cfg.dtype == E4M3 and cfg.heads_kv == 2
+
+
+@pytest.mark.parametrize(("kwargs", "exc", "fragments"), [
+    ({"q_descale": torch.ones(2, 4)}, ValueError,
+     ("q_descale: expected shape (batch, heads_kv) = (2, 2)", "got (2, 4)")),
+    ({"k_descale": torch.ones(2)}, ValueError, ("k_descale: expected shape", "got (2,)")),
+    ({"v_descale": torch.ones(2, 2, dtype=torch.float16)}, ValueError,
+     ("v_descale: expected dtype torch.float32", "torch.float16")),
+    ({"q_descale": 0.5}, TypeError, ("q_descale: expected None or a torch.Tensor", "float")),
+    ({"out_dtype": torch.float32}, ValueError,
+     ("out_dtype: expected None (torch.bfloat16), torch.bfloat16 or torch.float16",
+      "torch.float32")),
+    ({"fp8_accumulation": "fp32"}, ValueError,
+     ("fp8_accumulation: expected one of two-level, single-level", "'fp32'")),
+    ({"causal": 1}, TypeError, ("causal: expected a bool",)),
+    ({"softcap": -1.0}, ValueError, ("softcap: expected a float >= 0",)),
+])
+def test_bad_fp8_arguments_name_themselves(kwargs, exc, fragments):
+    q, k, v = fp8_qkv()
+    with raises(exc, *fragments):
+        flash_attn_func(q, k, v, **kwargs)
+
+
+def test_fp8_inputs_must_all_be_fp8():
+    q, k, v = fp8_qkv()
+    with raises(ValueError, "k: expected dtype torch.float8_e4m3fn (q's dtype)", "bfloat16"):
+        flash_attn_func(q, k.bfloat16(), v)
+    with raises(ValueError, "v: expected dtype torch.float8_e4m3fn (q's dtype)", "float8_e5m2"):
+        flash_attn_func(q, k, v.to(torch.float8_e5m2))
+
+
+def test_the_mixed_mode_is_refused_as_not_implemented():
+    q, k, v = fp8_qkv()
+    with raises(UnsupportedError, "k: expected dtype torch.bfloat16", "mixed mode",
+                "not implemented yet"):
+        flash_attn_func(q.bfloat16(), k, v)
+
+
+def test_e5m2_inputs_name_the_supported_dtypes():
+    q, k, v = fp8_qkv()
+    e5 = torch.float8_e5m2
+    with raises(ValueError, "q: expected dtype torch.float16 or torch.bfloat16",
+                "torch.float8_e4m3fn", "float8_e5m2"):
+        flash_attn_func(q.to(e5), k.to(e5), v.to(e5))
+
+
+@pytest.mark.parametrize("head_dim", [72, 8, 264])
+def test_fp8_head_dims_are_multiples_of_16(head_dim):
+    q, k, v = fp8_qkv(d=head_dim)
+    with raises(ValueError, "q: expected head_dim (dim 3) a multiple of 16", "for FP8 inputs",
+                f"got {head_dim}"):
+        flash_attn_func(q, k, v)
+
+
+def test_fp8_strides_are_16_byte_multiples():
+    q, k, v = fp8_qkv(d=64)
+    q_wide = torch.randn(2, 16, 4, 80).to(E4M3)[..., :64]  # head stride 80: 16-byte multiple
+    with raises(ValueError, *ON_DEVICE):
+        flash_attn_func(q_wide, k, v)
+    q_odd = torch.randn(2, 16, 4, 72).to(E4M3)[..., :64]  # head stride 72: not
+    with raises(ValueError, "q: stride(2) must be a multiple of 16 elements"):
+        flash_attn_func(q_odd, k, v)
+
+
+def test_fp8_refuses_autograd_and_tracing():
+    q, k, v = fp8_qkv()
+    if not torch.is_floating_point(q):  # pragma: no cover - torch always calls float8 floating
+        pytest.skip("float8 is not a floating dtype in this torch")
+    try:
+        q.requires_grad_(True)
+    except RuntimeError:
+        pytest.skip("this torch does not let float8 tensors require grad")
+    with raises(UnsupportedError, "the FP8 forward has no backward", "torch.no_grad()"):
+        flash_attn_func(q, k, v)
+    with torch.no_grad(), raises(ValueError, *ON_DEVICE):
+        flash_attn_func(q, k, v)
+
+
+def test_fp8_under_a_fake_mode_is_refused_by_name():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q, k, v = fp8_qkv()
+        with raises(UnsupportedError, "torch.float8_e4m3fn inputs run in eager mode only"):
+            flash_attn_func(q, k, v)
