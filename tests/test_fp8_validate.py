@@ -120,10 +120,68 @@ def test_fp8_refuses_autograd_and_tracing():
         flash_attn_func(q, k, v)
 
 
-def test_fp8_under_a_fake_mode_is_refused_by_name():
+def test_fp8_traces_as_one_custom_op():
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def attention(q, k, v, qd):
+        return flash_attn_func(q, k, v, causal=True, window_size=(32, -1), q_descale=qd,
+                               out_dtype=torch.float16, fp8_accumulation="single-level",
+                               return_attn_probs=True)
 
     with FakeTensorMode():
-        q, k, v = fp8_qkv()
-        with raises(UnsupportedError, "torch.float8_e4m3fn inputs run in eager mode only"):
-            flash_attn_func(q, k, v)
+        q = torch.empty(2, 17, 4, 64, dtype=E4M3, device="cuda")
+        k = torch.empty(2, 40, 2, 64, dtype=E4M3, device="cuda")
+        qd = torch.empty(2, 2, device="cuda")
+        graph = make_fx(attention)(q, k, k, qd)
+    calls = [n for n in graph.graph.nodes if n.op == "call_function"
+             and n.target is torch.ops.flash_hopper.fwd_fp8.default]
+    assert len(calls) == 1
+    # causal folded into window_right = 0; default scale 1/sqrt(64); fp16 out, single level
+    assert calls[0].args[6:] == (0.125, 32, 0, 0.0, "auto", torch.float16, False)
+    out, lse = (n for n in graph.graph.nodes if n.op == "call_function"
+                and n.target.__name__ == "getitem")
+    assert out.meta["val"].dtype == torch.float16 and lse.meta["val"].dtype == torch.float32
+
+
+@pytest.fixture
+def cpu_stand_in(monkeypatch):
+    """The FP8 host path on CPU: device check relaxed, the launch replaced by the dequantized
+    reference; validation, the op, its fake kernel and the plan cache stay real."""
+    from flash_hopper import _fwd
+    from flash_hopper.reference import attention_ref
+
+    def make_plan(cfg, q, k, v, fp8=None, **kwargs):
+        return _fwd.Plan(cfg, "fa3", "CPU stand-in", None, q.device,
+                         (cfg.batch, cfg.seqlen_q, cfg.heads_q, cfg.head_dim),
+                         (cfg.batch, cfg.heads_q, cfg.seqlen_q), None, fp8.out_dtype)
+
+    def run(plan, q, k, v, qd, kd, vd, need_lse):
+        cfg = plan.cfg
+        out, lse = attention_ref(q.float(), k.float(), v.float(),
+                                 softmax_scale=cfg.softmax_scale,
+                                 window_size=(cfg.window_left, cfg.window_right))
+        return out.to(plan.out_dtype).contiguous(), lse.contiguous() if need_lse else None
+
+    monkeypatch.setattr(_fwd, "make_plan", make_plan)
+    monkeypatch.setattr(_fwd, "_run_fp8", run)
+    monkeypatch.setattr(_validate, "_check_device", lambda name, t, ref: None)
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_fp8_torch_compile_fullgraph_on_cpu(cpu_stand_in, dynamic):
+    def attention(q, k, v, qd):
+        return flash_attn_func(q, k, v, causal=True, q_descale=qd, return_attn_probs=True)
+
+    compiled = torch.compile(attention, fullgraph=True, dynamic=dynamic, backend="aot_eager")
+    _, k, v = fp8_qkv()
+    qd = torch.ones(2, 2)
+    for seqlen_q in (16, 29):
+        q = torch.randn(2, seqlen_q, 4, 64).to(E4M3)
+        out, lse = compiled(q, k, v, qd)
+        out_eager, lse_eager = attention(q, k, v, qd)
+        assert out.dtype == torch.bfloat16
+        assert torch.equal(out, out_eager) and torch.equal(lse, lse_eager)

@@ -305,6 +305,32 @@ def fp8_eager(q: Any, k: Any, v: Any, softmax_scale: Any, causal: Any, window_si
         plan = make_plan(cfg, q, k, v, fp8=fp8)
         if key is not None:
             _plans.remember(key, plan)
+    return _run_fp8(plan, q, k, v, q_descale, k_descale, v_descale, need_lse)
+
+
+def fp8_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_descale: torch.Tensor | None,
+           k_descale: torch.Tensor | None, v_descale: torch.Tensor | None, softmax_scale: float,
+           window_left: int, window_right: int, softcap: float, backend: str,
+           out_dtype: torch.dtype, two_level: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The flash_hopper::fwd_fp8 custom op's implementation (window resolved, scale explicit):
+    (out, lse)."""
+    accumulation = "two-level" if two_level else "single-level"
+    key = ("fp8-op", _op_key(q, k, v, softmax_scale, window_left, window_right, softcap, backend),
+           _descale_key(q_descale), _descale_key(k_descale), _descale_key(v_descale), out_dtype,
+           two_level)
+    plan = _plans.get(key)
+    if plan is None:
+        cfg, fp8 = _validate.check_fp8_op_args(
+            q, k, v, softmax_scale, window_left, window_right, softcap, backend, q_descale,
+            k_descale, v_descale, out_dtype, accumulation)
+        plan = make_plan(cfg, q, k, v, fp8=fp8)
+        _plans.remember(key, plan)
+    return _run_fp8(plan, q, k, v, q_descale, k_descale, v_descale, True)
+
+
+def _run_fp8(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_descale: Any,
+             k_descale: Any, v_descale: Any,
+             need_lse: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     descales = None
     if plan.template is not None:
         descales = tuple(0 if t is None else t.data_ptr() for t in (q_descale, k_descale,

@@ -383,6 +383,18 @@ def check_fp8_args(
     """Validate an FP8 flash_attn_func call: q / k / v torch.float8_e4m3fn, descales as
     ``_check_descale`` says, out_dtype None (bf16) / torch.bfloat16 / torch.float16."""
     left, right = _check_window(window_size, causal)
+    return check_fp8_op_args(q, k, v, softmax_scale, left, right, softcap, backend, q_descale,
+                             k_descale, v_descale, out_dtype, fp8_accumulation, devices)
+
+
+def check_fp8_op_args(
+    q: Any, k: Any, v: Any, softmax_scale: Any, window_left: Any, window_right: Any,
+    softcap: Any, backend: Any, q_descale: Any, k_descale: Any, v_descale: Any, out_dtype: Any,
+    fp8_accumulation: Any, devices: bool = True,
+) -> tuple[FwdConfig, Fp8Options]:
+    """check_fp8_args with the window resolved (the flash_hopper::fwd_fp8 op's arguments)."""
+    left = _check_window_bound("window_left", window_left)
+    right = _check_window_bound("window_right", window_right)
     cfg = _config(q, k, v, softmax_scale, left, right, softcap, backend, devices=False, fp8=True)
     if out_dtype is None:
         out_dtype = torch.bfloat16

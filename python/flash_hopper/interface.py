@@ -88,8 +88,8 @@ def flash_attn_func(
     v_descale. out_dtype (keyword only): torch.bfloat16 (default) or torch.float16.
     fp8_accumulation (keyword only): "two-level" (default: each key block's P V is added into an
     fp32 output in registers, accurate at long context) or "single-level" (the tensor core's
-    accumulator carries the whole sum: the ablation). FP8 calls have no backward, and run in
-    eager mode only for now. flash_hopper.fp8 has quantize() and hadamard_rotate().
+    accumulator carries the whole sum: the ablation). FP8 calls have no backward; under
+    torch.compile they are the ``flash_hopper::fwd_fp8`` custom op. flash_hopper.fp8 has quantize() and hadamard_rotate().
     """
     if (qv is not None or attention_chunk != 0 or num_splits != 1 or pack_gqa is not None
             or sm_margin != 0):
@@ -134,17 +134,21 @@ def _fp8_forward(q, k, v, softmax_scale, causal, window_size, softcap, backend, 
     """flash_attn_func for FP8 q / k / v (eager, no autograd)."""
     if return_attn_probs is not True and return_attn_probs is not False:
         raise TypeError(f"return_attn_probs: expected a bool, got {return_attn_probs!r}")
-    if not _plain_eager(q, k, v):
-        raise UnsupportedError(
-            "q: torch.float8_e4m3fn inputs run in eager mode only for now (no custom op for "
-            "torch.compile / tensor subclasses / dispatch modes yet)")
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise UnsupportedError(
             "q/k/v: the FP8 forward has no backward; call it under torch.no_grad() or "
             "torch.inference_mode(), or train in fp16 / bf16")
-    out, lse = _fwd.fp8_eager(q, k, v, softmax_scale, causal, window_size, softcap, backend,
-                              q_descale, k_descale, v_descale, out_dtype, fp8_accumulation,
-                              need_lse=return_attn_probs)
+    if _plain_eager(q, k, v):
+        out, lse = _fwd.fp8_eager(q, k, v, softmax_scale, causal, window_size, softcap, backend,
+                                  q_descale, k_descale, v_descale, out_dtype, fp8_accumulation,
+                                  need_lse=return_attn_probs)
+    else:  # torch.compile / make_fx / FakeTensors: the custom op, validated here (metadata)
+        cfg, fp8 = _validate.check_fp8_args(q, k, v, softmax_scale, causal, window_size, softcap,
+                                            backend, q_descale, k_descale, v_descale, out_dtype,
+                                            fp8_accumulation)
+        out, lse = ops.fwd_fp8(q, k, v, q_descale, k_descale, v_descale, cfg.softmax_scale,
+                               cfg.window_left, cfg.window_right, cfg.softcap, cfg.backend,
+                               fp8.out_dtype, fp8.two_level)
     return (out, lse) if return_attn_probs else out
 
 

@@ -9,6 +9,8 @@ benchmarks use.
   both ops.
 - ``flash_hopper::bwd`` (``bwd``): dq, dk, dv by recomputation from the LSE; implementation
   ``_bwd.op``. It has no derivative of its own: a double backward raises, naming the op.
+- ``flash_hopper::fwd_fp8`` (``fwd_fp8``): the FP8 (e4m3) forward with its descales, for
+  inference (no autograd); implementation ``_fwd.fp8_op``.
 - ``fwd_into`` / ``bwd_into`` launch into caller-provided buffers (tests poison them with NaN
   first).
 - ``make_params`` fills the C ABI struct for validated tensors (tests and bench/ab_libs.py call
@@ -118,10 +120,29 @@ BWD_SCHEMA = (
     "bool deterministic) -> (Tensor, Tensor, Tensor)"
 )
 
+# The FP8 forward (inference: no autograd registered; flash_attn_func refuses FP8 inputs that
+# require grad). out_dtype is bf16 or fp16; two_level selects the accumulation (fwd_params.h).
+FWD_FP8_SCHEMA = (
+    "(Tensor q, Tensor k, Tensor v, Tensor? q_descale, Tensor? k_descale, Tensor? v_descale, "
+    "float softmax_scale, int window_left, int window_right, float softcap, str backend, "
+    "ScalarType out_dtype, bool two_level) -> (Tensor, Tensor)"
+)
+
 # torch.compile, make_fx, fake tensors and autograd see the ops; their implementations are the
 # host paths' (validation cached per call signature, like the eager path).
 fwd = torch.library.custom_op("flash_hopper::fwd", mutates_args=(), schema=FWD_SCHEMA)(_fwd.op)
 bwd = torch.library.custom_op("flash_hopper::bwd", mutates_args=(), schema=BWD_SCHEMA)(_bwd.op)
+fwd_fp8 = torch.library.custom_op("flash_hopper::fwd_fp8", mutates_args=(),
+                                  schema=FWD_FP8_SCHEMA)(_fwd.fp8_op)
+
+
+@fwd_fp8.register_fake
+def _fwd_fp8_fake(q, k, v, q_descale, k_descale, v_descale, softmax_scale, window_left,
+                  window_right, softcap, backend, out_dtype, two_level):
+    batch, seqlen_q, heads_q, _ = q.shape
+    out = q.new_empty((batch, seqlen_q, heads_q, v.shape[-1]), dtype=out_dtype)
+    lse = q.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)
+    return out, lse
 
 
 @fwd.register_fake
