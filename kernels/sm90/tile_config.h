@@ -97,14 +97,21 @@ constexpr FwdConfig fwd_config(int head_dim, TileFamily family = TileFamily::kDe
 // (two-level accumulation: each PV GEMM starts from zero and is added into O in fp32, d/2 more),
 // S (N/2) and P (e4m3, N/8). V is transposed in shared memory by warps 1-3 of the producer
 // warpgroup (transpose.h), into its own buffers (the PV GEMM needs V^T K-major in FP8).
-// d64:  N = 128, two WGs: O + O_acc + S + P = 32 + 32 + 64 + 16 = 144 of 240. Q 2 x 8 K,
-//       K / V / V^T 2 x 8 K each: 64 KB.
+// d64:  192 x 64, three WGs (the exponentials bound d64: more WGs in flight): O + O_acc + S + P
+//       = 32 + 32 + 32 + 8 = 104 of 160 (N = 128 spilled at 160). Producer at 32 registers: the
+//       transposer batches two 4 x 4 blocks instead of four. +7-10 % at s16k over 128 x 128 with
+//       two WGs, -10 % at s512 causal (PERFLOG session 8). Q 2 x 12 K, K / V / V^T 2 x 4 K.
+//       36 KB.
 // d128: N = 128, two WGs: 64 + 64 + 64 + 16 = 208 of 240. Q 2 x 16 K, K / V / V^T 2 x 16 K:
 //       128 KB.
 // d256 has no FP8 tile yet: O and its two-level partner alone are 256 registers.
 constexpr bool has_fp8_config(int head_dim) { return head_dim == 64 || head_dim == 128; }
 
 constexpr FwdConfig fwd_config_fp8(int head_dim) {
+  if (head_dim <= 64) {
+    return {/*block_m=*/192, /*block_n=*/64, /*stages=*/2, /*q_stages=*/2, /*consumer_wgs=*/3,
+            /*pingpong=*/true, /*rescale_o_before_pv=*/false};
+  }
   return {/*block_m=*/128, /*block_n=*/128, /*stages=*/2, /*q_stages=*/2, /*consumer_wgs=*/2,
           /*pingpong=*/true, /*rescale_o_before_pv=*/false};
 }

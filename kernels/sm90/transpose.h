@@ -8,8 +8,8 @@
 // Work unit: 64 keys (two slices) x 32 columns per warp; four iterations of one 4 x 4 byte block
 // per lane: 4 LDS.32 (4 keys x 4 columns), 8 PRMT, 4 STS.32 (4 columns x 4 slots). The lane ->
 // (slot group, column group) map below makes every LDS and STS of a warp hit 32 distinct banks
-// under the 128-byte swizzle of both buffers (d128 / d256; d64's 64-byte V rows: 2-way on the
-// loads), checked by tests/cpp/test_fp8_layout.cpp against the same layouts.
+// under the 128-byte swizzle of both buffers (d128 / d256; 2-way under the 64-byte rows of d64's
+// V and, at N = 64, V^T), checked by tests/cpp/test_fp8_layout.cpp against the same layouts.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -43,6 +43,7 @@ struct Transposer {
   static constexpr int kHeadDim = Traits::kHeadDim;
   static constexpr int kUnitsN = kBlockN / 64;
   static constexpr int kUnits = kUnitsN * (kHeadDim / 32);
+  static constexpr int kBatch = Traits::Registers::kProducer >= 40 ? 4 : 2;
   using SharedStorage = typename Traits::SharedStorage;
   using VPipe = typename Traits::VPipe;
   using VtPipe = typename Traits::VtPipe;
@@ -91,29 +92,33 @@ struct Transposer {
     for (int unit = warp; unit < kUnits; unit += kTransposerWarps) {
       const int n0 = (unit % kUnitsN) * 64;
       const int d0 = (unit / kUnitsN) * 32;
-      // All 16 loads of the unit first (4 blocks in flight), then the transpositions and stores.
-      uint32_t in[4][4];
+      // The loads of kBatch 4 x 4 blocks first (in flight together), then their transpositions
+      // and stores: all four blocks at the 40 registers of a 2-WG producer, two at 32 (3 WGs).
       CUTE_UNROLL
-      for (int m = 0; m < 4; ++m) {
-        const TransposeLane l = transpose_lane(lane, m);
-        const int slot = n0 + 4 * l.u;  // 4 slots of one 32-key slice
-        const int col = d0 + 4 * l.q;
+      for (int m0 = 0; m0 < 4; m0 += kBatch) {
+        uint32_t in[kBatch][4];
         CUTE_UNROLL
-        for (int i = 0; i < 4; ++i) {
-          const int key = (slot & ~31) + key_of_slot((slot & 31) + i);
-          in[m][i] = lds32(v_base + offset(layout_v, key, col, v_stage));
+        for (int mm = 0; mm < kBatch; ++mm) {
+          const TransposeLane l = transpose_lane(lane, m0 + mm);
+          const int slot = n0 + 4 * l.u;  // 4 slots of one 32-key slice
+          const int col = d0 + 4 * l.q;
+          CUTE_UNROLL
+          for (int i = 0; i < 4; ++i) {
+            const int key = (slot & ~31) + key_of_slot((slot & 31) + i);
+            in[mm][i] = lds32(v_base + offset(layout_v, key, col, v_stage));
+          }
         }
-      }
-      CUTE_UNROLL
-      for (int m = 0; m < 4; ++m) {
-        const TransposeLane l = transpose_lane(lane, m);
-        const int slot = n0 + 4 * l.u;
-        const int col = d0 + 4 * l.q;
-        uint32_t out[4];
-        transpose_4x4_bytes(in[m], out);
         CUTE_UNROLL
-        for (int j = 0; j < 4; ++j) {
-          sts32(vt_base + offset(layout_vt, col + j, slot, vt_stage), out[j]);
+        for (int mm = 0; mm < kBatch; ++mm) {
+          const TransposeLane l = transpose_lane(lane, m0 + mm);
+          const int slot = n0 + 4 * l.u;
+          const int col = d0 + 4 * l.q;
+          uint32_t out[4];
+          transpose_4x4_bytes(in[mm], out);
+          CUTE_UNROLL
+          for (int j = 0; j < 4; ++j) {
+            sts32(vt_base + offset(layout_vt, col + j, slot, vt_stage), out[j]);
+          }
         }
       }
     }

@@ -138,6 +138,7 @@ int main() {
   check_transposer(128, 128, 1, 1);
   check_transposer(128, 256, 1, 1);
   check_transposer(128, 64, 2, 1);
+  check_transposer(64, 64, 2, 2);  // d64: N = 64, both buffers of 64-byte rows
   // Negative control: the identity key order (slot s holds key s) must not pass the packing
   // check; the permuted one is what makes in-place packing correct.
   {
