@@ -290,6 +290,25 @@ def test_which_backend_asks_the_library_with_the_device_capability(lib, kernels,
         which_backend(q, k, k, backend="fa1")
 
 
+def test_which_backend_of_fp8_inputs(lib, kernels, h100):
+    with FakeTensorMode():
+        q = torch.empty(2, 17, 8, 64, dtype=torch.float8_e4m3fn, device="cuda")
+        k = torch.empty(2, 33, 2, 64, dtype=torch.float8_e4m3fn, device="cuda")
+    _fwd.clear_plans()
+    if ("fa3", "e4m3", 64, 0) in kernels:
+        name, reason = which_backend(q, k, k)
+        assert name == "fa3" and "e4m3 inputs" in reason
+    else:
+        with raises(UnsupportedError, "FH_DTYPES including e4m3"):
+            which_backend(q, k, k)
+    with raises(UnsupportedError, "e4m3 inputs run on the FA-3 path's tuned kernel only"):
+        which_backend(q, k, k, backend="fa2")
+    h100.capability = (8, 0)
+    _fwd.clear_plans()
+    with raises(UnsupportedError, "compute capability 9.0", "cc 8.0"):
+        which_backend(q, k, k)
+
+
 def test_which_backend_of_an_empty_problem(h100):
     with FakeTensorMode():
         q = torch.empty(0, 17, 8, 64, dtype=torch.bfloat16, device="cuda")

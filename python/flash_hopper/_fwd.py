@@ -292,6 +292,16 @@ def fp8_eager(q: Any, k: Any, v: Any, softmax_scale: Any, causal: Any, window_si
     """flash_attn_func with torch.float8_e4m3fn q / k / v: (out, lse), out in ``out_dtype``
     (bf16 by default). The same four steps as ``eager``; the descales' metadata is part of the
     call signature and their data pointers are set per call like q / k / v's."""
+    plan = plan_fp8(q, k, v, softmax_scale, causal, window_size, softcap, backend, q_descale,
+                    k_descale, v_descale, out_dtype, fp8_accumulation)
+    return _run_fp8(plan, q, k, v, q_descale, k_descale, v_descale, need_lse)
+
+
+def plan_fp8(q: Any, k: Any, v: Any, softmax_scale: Any, causal: Any, window_size: Any,
+             softcap: Any, backend: Any, q_descale: Any = None, k_descale: Any = None,
+             v_descale: Any = None, out_dtype: Any = None,
+             fp8_accumulation: Any = "two-level") -> Plan:
+    """The plan of an FP8 flash_attn_func call: cached, or validated and made (then cached)."""
     key = _eager_key(q, k, v, softmax_scale, causal, window_size, softcap, backend)
     if key is not None:
         key = ("fp8", key, _descale_key(q_descale), _descale_key(k_descale),
@@ -305,7 +315,7 @@ def fp8_eager(q: Any, k: Any, v: Any, softmax_scale: Any, causal: Any, window_si
         plan = make_plan(cfg, q, k, v, fp8=fp8)
         if key is not None:
             _plans.remember(key, plan)
-    return _run_fp8(plan, q, k, v, q_descale, k_descale, v_descale, need_lse)
+    return plan
 
 
 def fp8_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_descale: torch.Tensor | None,

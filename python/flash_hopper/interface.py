@@ -179,5 +179,8 @@ def which_backend(
 
     Raises like flash_attn_func would (invalid arguments, no kernel for this GPU/build).
     """
-    plan = _fwd.plan_eager(q, k, v, softmax_scale, causal, window_size, softcap, backend)
+    if getattr(q, "dtype", None) in _FP8_INPUTS:  # FP8 q, k, v: the FP8 forward's policy
+        plan = _fwd.plan_fp8(q, k, v, softmax_scale, causal, window_size, softcap, backend)
+    else:
+        plan = _fwd.plan_eager(q, k, v, softmax_scale, causal, window_size, softcap, backend)
     return plan.backend, plan.reason
