@@ -15,6 +15,7 @@ import types
 
 import pytest
 import torch
+from _helpers import StandInTimer
 from flash_hopper import cli
 from flash_hopper.bench import backends, check, env, peak, peers, registry, report, runner, timing
 from flash_hopper.bench.base import Backend
@@ -610,25 +611,6 @@ def test_plot_puts_fp8_rows_in_panels_of_their_own(tmp_path):
 # ---- the bench command on e4m3, with the GPU mocked: CPU tensors, a stand-in timer --------------
 
 
-class CliTimer:
-    """timing.Timer's stand-in for the whole command: runs each callable once (so failures
-    surface) and reports a fixed, synthetic time."""
-
-    def __init__(self, config, device=None):
-        self.config = config
-
-    def sets_for(self, nbytes):
-        return 1
-
-    def describe(self):
-        return {"method": "stand-in"}
-
-    def measure(self, fns):
-        for fn in fns:
-            fn()
-        return Stats(median=1.0, p20=0.9, p80=1.1, min=0.8, max=1.2, mean=1.0, n=3)
-
-
 def _fp8_library(monkeypatch):
     """The FP8-capable build (bf16 / e4m3, FA-3 forward, head dims 64 / 128) stood in, with its
     flash_attn_func emulated on CPU (tests/test_bench_fp8.py) and its host plan named."""
@@ -651,7 +633,7 @@ def test_bench_e4m3_pipeline_with_mocked_gpu(tmp_path, monkeypatch, capsys):
     gpu = env.GpuInfo(index=0, name="NVIDIA H200", capability=(9, 0), sm_count=132,
                       memory_bytes=141 << 30, l2_bytes=60 << 20)
     monkeypatch.setattr(env, "detect_gpu", lambda index=None: (gpu, ""))
-    monkeypatch.setattr(timing, "Timer", CliTimer)
+    monkeypatch.setattr(timing, "Timer", StandInTimer)
     monkeypatch.setattr(runner, "RunOptions", functools.partial(runner.RunOptions, device="cpu"))
     gemm_tflops = {"e4m3": 1435.0}
     monkeypatch.setattr(peak, "measure_gemm_ceiling", lambda timer, dtype, size: {
@@ -698,7 +680,7 @@ def test_bench_mixed_dtypes_use_each_dtypes_ceilings(tmp_path, monkeypatch, caps
     gpu = env.GpuInfo(index=0, name="NVIDIA H200", capability=(9, 0), sm_count=132,
                       memory_bytes=141 << 30, l2_bytes=60 << 20)
     monkeypatch.setattr(env, "detect_gpu", lambda index=None: (gpu, ""))
-    monkeypatch.setattr(timing, "Timer", CliTimer)
+    monkeypatch.setattr(timing, "Timer", StandInTimer)
     monkeypatch.setattr(runner, "RunOptions", functools.partial(runner.RunOptions, device="cpu"))
     monkeypatch.setattr(torch.backends.cuda, "is_flash_attention_available", lambda: False,
                         raising=False)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _helpers import StandInTimer
 from flash_hopper import cli
 from flash_hopper.bench import cases as sweep
 from flash_hopper.bench import report
@@ -194,26 +195,6 @@ def test_gpu_commands_without_gpu_fail_with_one_line(command):
 
 
 # ---- the whole bench command with the GPU mocked: CPU tensors, a stand-in timer ------------------
-
-class StandInTimer:
-    """Runs each callable once (so failures surface) and reports a fixed, synthetic time."""
-
-    def __init__(self, config, device=None):
-        self.config = config
-
-    def sets_for(self, nbytes):
-        return 1
-
-    def describe(self):
-        return {"method": "stand-in"}
-
-    def measure(self, fns):
-        from flash_hopper.bench.timing import Stats
-
-        for fn in fns:
-            fn()
-        return Stats(median=1.0, p20=0.9, p80=1.1, min=0.8, max=1.2, mean=1.0, n=3)
-
 
 def test_bench_pipeline_with_mocked_gpu(tmp_path, monkeypatch, capsys):
     import functools

@@ -89,15 +89,16 @@ def flash_attn_func(
     fp8_accumulation (keyword only): "two-level" (default: each key block's P V is added into an
     fp32 output in registers, accurate at long context) or "single-level" (the tensor core's
     accumulator carries the whole sum: the ablation). FP8 calls have no backward; under
-    torch.compile they are the ``flash_hopper::fwd_fp8`` custom op. flash_hopper.fp8 has quantize() and hadamard_rotate().
+    torch.compile they are the ``flash_hopper::fwd_fp8`` custom op. flash_hopper.fp8 has
+    quantize() and hadamard_rotate().
     """
     if (qv is not None or attention_chunk != 0 or num_splits != 1 or pack_gqa is not None
             or sm_margin != 0):
         _validate.check_fa3_extras(qv, attention_chunk, num_splits, pack_gqa, sm_margin)
-    if (getattr(q, "dtype", None) in _FP8_INPUTS or q_descale is not None
+    if (getattr(q, "dtype", None) in FP8_DTYPES or q_descale is not None
             or k_descale is not None or v_descale is not None or out_dtype is not None
             or fp8_accumulation != "two-level"):
-        if getattr(q, "dtype", None) not in _FP8_INPUTS:
+        if getattr(q, "dtype", None) not in FP8_DTYPES:
             _validate.check_not_fp8_extras(q, q_descale, k_descale, v_descale, out_dtype,
                                            fp8_accumulation)
         else:
@@ -124,9 +125,6 @@ def flash_attn_func(
         out, lse = ops.fwd(q, k, v, cfg.softmax_scale, cfg.window_left, cfg.window_right,
                            cfg.softcap, cfg.backend, deterministic)
     return (out, lse) if return_attn_probs else out
-
-
-_FP8_INPUTS = frozenset(FP8_DTYPES)
 
 
 def _fp8_forward(q, k, v, softmax_scale, causal, window_size, softcap, backend, q_descale,
@@ -179,7 +177,7 @@ def which_backend(
 
     Raises like flash_attn_func would (invalid arguments, no kernel for this GPU/build).
     """
-    if getattr(q, "dtype", None) in _FP8_INPUTS:  # FP8 q, k, v: the FP8 forward's policy
+    if getattr(q, "dtype", None) in FP8_DTYPES:  # FP8 q, k, v: the FP8 forward's policy
         plan = _fwd.plan_fp8(q, k, v, softmax_scale, causal, window_size, softcap, backend)
     else:
         plan = _fwd.plan_eager(q, k, v, softmax_scale, causal, window_size, softcap, backend)
