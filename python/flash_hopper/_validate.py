@@ -417,14 +417,10 @@ def check_fp8_op_args(
 
 def check_not_fp8_extras(q: Any, q_descale: Any, k_descale: Any, v_descale: Any,
                          out_dtype: Any, fp8_accumulation: Any) -> None:
-    """The FP8 arguments of a call whose inputs are not FP8: only their defaults (or an
-    out_dtype equal to q's dtype) are accepted."""
+    """The FP8 arguments of a call whose inputs are not FP8. Descales are ignored there, as FA3
+    does (its flash_api.cpp reads them only for float8_e4m3fn q; vLLM passes them with every
+    call); an out_dtype other than q's dtype and the single-level ablation are refused."""
     dtype = getattr(q, "dtype", None)
-    for name, t in (("q_descale", q_descale), ("k_descale", k_descale),
-                    ("v_descale", v_descale)):
-        if t is not None:
-            raise ValueError(f"{name}: expected None for {dtype} inputs (descales scale "
-                             f"torch.float8_e4m3fn inputs), got {type(t).__name__}")
     if out_dtype is not None and out_dtype != dtype:
         raise ValueError(f"out_dtype: expected None or {dtype} (q's dtype) for {dtype} inputs "
                          f"(another output dtype is for FP8 inputs), got {out_dtype!r}")

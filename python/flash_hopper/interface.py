@@ -85,7 +85,7 @@ def flash_attn_func(
     fp32 factors that turn the stored values back into the real ones, shape (batch, heads_kv)
     with any strides (``scale.expand(b, h_kv)`` works), or 0-d / (1,) to broadcast; None = 1.0.
     The scores are q_descale * k_descale * (q . k) * softmax_scale, the output is scaled by
-    v_descale. out_dtype (keyword only): torch.bfloat16 (default) or torch.float16.
+    v_descale. As in FA3, descales passed with fp16 / bf16 inputs are ignored. out_dtype (keyword only): torch.bfloat16 (default) or torch.float16.
     fp8_accumulation (keyword only): "two-level" (default: each key block's P V is added into an
     fp32 output in registers, accurate at long context) or "single-level" (the tensor core's
     accumulator carries the whole sum: the ablation). FP8 calls have no backward; under
@@ -95,8 +95,7 @@ def flash_attn_func(
     if (qv is not None or attention_chunk != 0 or num_splits != 1 or pack_gqa is not None
             or sm_margin != 0):
         _validate.check_fa3_extras(qv, attention_chunk, num_splits, pack_gqa, sm_margin)
-    if (getattr(q, "dtype", None) in FP8_DTYPES or q_descale is not None
-            or k_descale is not None or v_descale is not None or out_dtype is not None
+    if (getattr(q, "dtype", None) in FP8_DTYPES or out_dtype is not None
             or fp8_accumulation != "two-level"):
         if getattr(q, "dtype", None) not in FP8_DTYPES:
             _validate.check_not_fp8_extras(q, q_descale, k_descale, v_descale, out_dtype,
