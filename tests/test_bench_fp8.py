@@ -27,15 +27,15 @@ from flash_hopper.mask import AttentionMask
 
 E4M3 = torch.float8_e4m3fn
 H100 = (9, 0)
-# Like the dev build (.carry/fp8A): FA-3 forward kernels for bf16 and e4m3 at head dims 64 / 128,
-# tuned (0) and fa3-no-pingpong (1) variants.
+# Like the dev build: FA-3 forward kernels for bf16 and e4m3 at head dims 64 / 128 / 256, tuned (0)
+# and fa3-no-pingpong (1) variants.
 FP8_BUILD = {
-    "version": "0.1.0", "commit": "abc", "archs": ["sm90a"], "head_dims": [64, 128],
+    "version": "0.1.0", "commit": "abc", "archs": ["sm90a"], "head_dims": [64, 128, 256],
     "dtypes": ["bf16", "e4m3"], "cuda": "13.0",
     "variants": {"fa3": 0, "fa3-no-pingpong": 1, "fa3-no-overlap": 2},
     "fa3_variants": ["fa3-no-pingpong", "fa3-no-overlap"], "backward": False,
     "kernels": [{"direction": "fwd", "backend": "fa3", "dtype": dtype, "head_dim": d,
-                 "variants": [0, 1]} for dtype in ("bf16", "e4m3") for d in (64, 128)],
+                 "variants": [0, 1]} for dtype in ("bf16", "e4m3") for d in (64, 128, 256)],
 }
 
 
@@ -378,6 +378,10 @@ def test_our_fp8_support_follows_the_kernel_list(monkeypatch):
     assert fa3.unsupported(fp8_case(head_dim=64)) is None
     assert fa3.unsupported(fp8_case(head_dim=128), "fwd") is None
     assert single.unsupported(fp8_case(head_dim=128)) is None
+    assert fa3.unsupported(fp8_case(head_dim=256)) is None
+    assert single.unsupported(fp8_case(head_dim=256)) == (
+        "the single-level ablation exists for head_dim <= 128 (the d256 FP8 kernel accumulates in "
+        "two levels only), got 256")
     assert fa3.unsupported(fp8_case(head_dim=96)) == (
         "library built without an fa3 e4m3 forward kernel for head-dim bucket 96")
     assert fa3.unsupported(fp8_case(head_dim=72)) == (

@@ -65,6 +65,17 @@ def test_bad_fp8_arguments_name_themselves(kwargs, exc, fragments):
         flash_attn_func(q, k, v, **kwargs)
 
 
+@pytest.mark.parametrize("head_dim", [144, 256])
+def test_single_level_ablation_is_refused_past_d128(head_dim):
+    # The d256 FP8 kernel splits its PV accumulator over the head dim: two levels only.
+    q, k, v = fp8_qkv(d=head_dim)
+    with raises(ValueError, "fp8_accumulation: 'single-level' (the ablation) exists for head_dim "
+                "<= 128", f"got head_dim {head_dim}"):
+        flash_attn_func(q, k, v, fp8_accumulation="single-level")
+    _validate.check_fp8_args(q, k, v, None, False, (-1, -1), 0.0, "auto", None, None, None, None,
+                             "two-level", devices=False)
+
+
 def test_fp8_inputs_must_all_be_fp8():
     q, k, v = fp8_qkv()
     with raises(ValueError, "k: expected dtype torch.float8_e4m3fn (q's dtype)", "bfloat16"):

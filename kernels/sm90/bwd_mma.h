@@ -147,17 +147,7 @@ struct BwdConsumer {
   CUTE_DEVICE void wait_dout(BwdTileWork const&, QueryStep) { do_pipe.wait(); }
   CUTE_DEVICE void release_dout(BwdTileWork const&, QueryStep) { do_pipe.release(wg_leader()); }
 
-  // --- GEMMs -----------------------------------------------------------------------------------
-  // A zero-initializing GEMM ignores its accumulator's old values, but the WGMMA's inline asm
-  // reads them ("+f"), which would keep S, dP and dQ live across the whole loop. An empty asm that
-  // "defines" every register ends the old values' lifetime here, without an instruction.
-  template <class TensorAcc>
-  static CUTE_DEVICE void forget(TensorAcc& acc) {
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc); ++i) {
-      asm("" : "=f"(acc(i)));
-    }
-  }
+  // --- GEMMs (forget(), utils.h: a zero-initializing GEMM's accumulator is not live before it) --
 
   // S^T = K Q^T (family A) or S = Q K^T (family B); dP alike with V and dO.
   template <class TensorKV, class TensorQ, class TensorAcc>

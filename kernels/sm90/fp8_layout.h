@@ -28,16 +28,28 @@ FH_HOST_DEVICE constexpr int p_source(int kk, int j, int b) {
   return 16 * kk + (j / 2) * 8 + (j % 2) * 2 + (b < 2 ? b : b + 2);
 }
 
-// The transposer's lane -> (slot group, column group) map for one 64-key x 32-column unit at
-// iteration m (0..3): slots 4u..4u+3 of the unit's 64 and columns 4q..4q+3 of its 32. Every LDS
-// and STS of a warp hits 32 distinct banks under the 128-byte swizzle of both buffers.
-struct TransposeLane {
-  int u;
-  int q;
+// The transposer's unit: one 32-key slice x 16 columns of V (512 bytes) per warp instruction pair.
+// - ldmatrix.trans (.x4, b16): matrix m is keys 8m..8m+7 of the slice, 16 column bytes each (lane l
+//   gives the address of key l); lane l (q = l % 4, c = l / 4) then holds in register m the bytes
+//   (key 8m + 2q, column 2c), (8m + 2q, 2c + 1), (8m + 2q + 1, 2c), (8m + 2q + 1, 2c + 1).
+// - Byte permutes of registers 2h, 2h + 1 (kPermEven / kPermOdd) give column 2c (2c + 1) at keys
+//   16h + 2q + {0, 1, 8, 9}: exactly V^T slots 16h + 4q .. 16h + 4q + 3 (key_of_slot).
+// - stmatrix (.x4, b16): register m of lane l is row l / 4, bytes 4 (l % 4) .. + 3 of matrix m;
+//   matrix m's row j is V^T row (column of V) 2j + odd (odd = (j / 4) ^ (m % 2)) at slots
+//   16 (m / 2) .. + 15 of the slice, so lane l stores its odd column in register m where
+//   stsm_odd_column(l, m) and gives the address of row l % 8 of matrix l / 8 (stsm_row). Rows 2j
+//   alone (odd = m % 2) would put two rows of a phase on the same banks under the 128-byte
+//   swizzle; this mix makes every phase conflict-free (tests/cpp/test_fp8_layout.cpp).
+inline constexpr unsigned kPermEven = 0x6420;  // bytes 0, 2 of the first register, 0, 2 of the second
+inline constexpr unsigned kPermOdd = 0x7531;
+FH_HOST_DEVICE constexpr int stsm_odd_column(int lane, int m) { return (lane / 16) ^ (m % 2); }
+struct StsmRow {
+  int col;   // column of V (row of V^T) relative to the unit's first
+  int slot;  // slot relative to the slice's first
 };
-FH_HOST_DEVICE constexpr TransposeLane transpose_lane(int lane, int m) {
-  const int t = lane & 3, h = (lane >> 2) & 1, c = (lane >> 3) & 1, ql = (lane >> 4) & 1;
-  return {8 * c + 4 * h + t, (ql + 2 * m + 2 * h + 4 * c) & 7};
+FH_HOST_DEVICE constexpr StsmRow stsm_row(int lane) {
+  const int m = lane / 8, j = lane % 8;
+  return {2 * j + ((j / 4) ^ (m % 2)), 16 * (m / 2)};
 }
 
 }  // namespace flash_hopper::sm90

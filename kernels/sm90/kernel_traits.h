@@ -45,7 +45,7 @@ struct FwdTraits {
   static_assert(sizeof(Element) == 2 || cute::is_same_v<Element, cutlass::float_e4m3_t>,
                 "the FA-3 path forward handles fp16 / bf16 / e4m3 inputs");
   static_assert(!kFp8 || (kOverlap_ && kFamily == TileFamily::kDefault),
-                "FP8 has one tile, with intra-warpgroup overlap");
+                "FP8 has one tile: the tuned kernel of its bucket's config");
 
   static constexpr FwdConfig kConfig =
       kFp8 ? fwd_config_fp8(kHeadDim_) : fwd_config(kHeadDim_, kFamily);
@@ -55,19 +55,24 @@ struct FwdTraits {
   static constexpr int kStages = kConfig.stages;
   static constexpr int kQStages = kConfig.q_stages;
   static constexpr int kConsumerWgs = kConfig.consumer_wgs;
-  static constexpr bool kOverlap = kOverlap_;  // intra-warpgroup overlap of softmax and PV
+  // Intra-warpgroup overlap of softmax and PV: the variant's flag, where the config has room.
+  static constexpr bool kOverlap = kOverlap_ && kConfig.intra_wg_overlap;
+  // The PV GEMM's head-dim parts (tile_config.h): its atoms are d / kPvParts wide.
+  static constexpr int kPvParts = kConfig.pv_parts;
+  static_assert(kPvParts == 1 || (kFp8 && !kOverlap),
+                "a PV GEMM in parts is FP8's (two-level accumulator) and waits each part");
   static constexpr bool kRescaleOBeforePv = kConfig.rescale_o_before_pv;
   static constexpr bool kPingpongDefault = kConfig.pingpong;
   static constexpr bool kMergeTileBoundary = kConfig.merge_tile_boundary;
 
-  using Registers = RegisterBudget<kConsumerWgs, kFp8>;
+  using Registers = RegisterBudget<kConsumerWgs>;
   static constexpr int kThreads = Registers::kThreads;
   static constexpr int kConsumerThreads = 128 * kConsumerWgs;
   static_assert(kBlockM == 64 * kConsumerWgs, "each consumer warpgroup owns 64 query rows");
   static_assert(kStages >= 2);
 
   using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;  // (M, N, D)
-  using TileShapePV = Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>;  // (M, D, N)
+  using TileShapePV = Shape<Int<kBlockM>, Int<kHeadDim / kPvParts>, Int<kBlockN>>;  // (M, D, N)
   // One WGMMA atom per consumer warpgroup, stacked along M.
   using AtomLayout = Layout<Shape<Int<kConsumerWgs>, _1, _1>>;
   // S = Q K^T: both operands K-major in shared memory.
@@ -88,7 +93,8 @@ struct FwdTraits {
   // The selectors fall back to narrower atoms when a shape is missing (e.g. N = 176 without
   // CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED): insist on one atom spanning the tile.
   static_assert(decltype(size<1>(typename TiledMmaQK::Shape_MNK{}))::value == kBlockN);
-  static_assert(decltype(size<1>(typename TiledMmaPV::Shape_MNK{}))::value == kHeadDim);
+  static_assert(decltype(size<1>(typename TiledMmaPV::Shape_MNK{}))::value ==
+                kHeadDim / kPvParts);
 
   using SmemAtom = decltype(k_major_smem_atom<Element, kHeadDim>());
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));

@@ -14,7 +14,9 @@
 // narrower accumulation (vLLM measured long-context retrieval collapsing without this). The
 // addition replaces nothing the 16-bit path does: d/2 FADDs per thread and block, under the next
 // block's QK GEMM. FwdParams::fp8_single_level turns it off for the ablation (o_acc then
-// accumulates every block, as O does for 16-bit inputs).
+// accumulates every block, as O does for 16-bit inputs). At d256 (Traits::kPvParts = 2) the
+// accumulator covers half the head dim: the PV GEMM runs in two parts, each waited for and added
+// into its half of O (complete_pv); it has no single-level ablation (the host refuses it).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -47,6 +49,7 @@ struct Consumer {
   using SharedStorage = typename Traits::SharedStorage;
   using Softmax = OnlineSoftmax</*kRows=*/2>;
   static constexpr bool kFp8 = Traits::kFp8;
+  static constexpr int kPvParts = Traits::kPvParts;
   using QEnd = ConsumerEnd<typename Traits::QPipe, SmemBarriers<typename Traits::QPipe>>;
   using KVEnd = ConsumerEnd<typename Traits::KVPipe, SmemBarriers<typename Traits::KVPipe>>;
   // The PV GEMM's B operand comes from the producer (16-bit) or the transposer (FP8).
@@ -113,6 +116,18 @@ struct Consumer {
     Tensor sVt = make_tensor(make_smem_ptr(vt_data(smem)), typename Traits::SmemLayoutVt{});
     return mma_pv.get_thread_slice(wg_first_thread()).partition_fragment_B(sVt);
   }
+  // Head-dim part kPart of a PV GEMM in parts (MMA_N = kPvParts atoms of d / kPvParts columns):
+  // the V^T stage's rows (MMA, 1, MMA_K) and O's columns (MMA, MMA_M, 1).
+  template <int kPart>
+  CUTE_DEVICE auto v_part() {
+    Tensor b = tOrV()(_, _, _, v_pipe.stage());
+    return make_tensor(b(_, kPart, _).data(),
+                       make_layout(layout<0>(b), Layout<_1>{}, layout<2>(b)));
+  }
+  template <int kPart, class TensorO>
+  static CUTE_DEVICE auto o_part(TensorO& o) {
+    return make_tensor(o(_, _, kPart).data(), make_layout(layout<0>(o), layout<1>(o), Layout<_1>{}));
+  }
 
   // --- pipelines (the tile / step arguments name what the schedule expects; the host test
   //     checks them, the kernel needs only the pipeline state) ----------------------------------
@@ -158,6 +173,9 @@ struct Consumer {
           partition_fragment_C(TiledMmaQK{}, Shape<Int<kBlockM>, Int<kBlockN>>{}).layout()))>;
   using OFragment =
       decltype(partition_fragment_C(TiledMmaPV{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  // FP8's two-level accumulator: one PV GEMM part's output.
+  using OAccFragment = decltype(partition_fragment_C(
+      TiledMmaPV{}, Shape<Int<kBlockM>, Int<kHeadDim / kPvParts>>{}));
 
   // The register state of the tile(s) in flight: S (fp32), P (S converted, the PV GEMM's A
   // operand), O (fp32), the row statistics, and at a tile boundary the finishing tile's. FP8
@@ -166,7 +184,7 @@ struct Consumer {
     decltype(partition_fragment_C(TiledMmaQK{}, Shape<Int<kBlockM>, Int<kBlockN>>{})) s;
     decltype(make_tensor<Element>(PLayout{})) p;
     OFragment o;
-    conditional_t<kFp8, OFragment, EmptyStorage> o_acc;
+    conditional_t<kFp8, OAccFragment, EmptyStorage> o_acc;
     Softmax softmax;
     Softmax finishing;
     conditional_t<kFp8, TileScales, EmptyStorage> scales;
@@ -180,10 +198,20 @@ struct Consumer {
 
   // --- GEMMs --------------------------------------------------------------------------------
   CUTE_DEVICE void issue_qk(TileState& f) {
+    if constexpr (!Traits::kOverlap) {
+      forget(f.s);  // not live across the PV GEMM (the overlapped schedule keeps it anyway)
+    }
     wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_qk, tSrQ(), tSrK()(_, _, _, k_pipe.stage()), f.s);
   }
   CUTE_DEVICE void issue_pv(TileState& f) {
-    if constexpr (kFp8) {
+    if constexpr (kPvParts > 1) {
+      // Part 0 into the accumulator; complete_pv runs the others once it is free again. Always
+      // two-level: a single-level path (O's parts as WGMMA accumulators too) spilled O at d256,
+      // so the host refuses the ablation there.
+      forget(f.o_acc);  // live from here to complete_pv only
+      mma_pv.accumulate_ = GMMA::ScaleOut::Zero;
+      wgmma<false, -1>(mma_pv, f.p, v_part<0>(), f.o_acc);
+    } else if constexpr (kFp8) {
       // Two-level: every PV GEMM starts from zero (rescale_o adds it into O).
       mma_pv.accumulate_ = p.fp8_single_level ? GMMA::ScaleOut::One : GMMA::ScaleOut::Zero;
       wgmma<false, -1>(mma_pv, f.p, tOrV()(_, _, _, v_pipe.stage()), f.o_acc);
@@ -192,6 +220,7 @@ struct Consumer {
     }
   }
   CUTE_DEVICE void issue_pv_and_wait(TileState& f) {
+    static_assert(kPvParts == 1, "the overlapped schedule's drain; parts use complete_pv");
     if constexpr (kFp8) {
       mma_pv.accumulate_ = p.fp8_single_level ? GMMA::ScaleOut::One : GMMA::ScaleOut::Zero;
       wgmma<false, 0>(mma_pv, f.p, tOrV()(_, _, _, v_pipe.stage()), f.o_acc);
@@ -202,6 +231,27 @@ struct Consumer {
   template <int kInFlight>
   CUTE_DEVICE void wait_gemms() {
     warpgroup_wait<kInFlight>();
+  }
+  // The sequential schedule's end of a PV GEMM: until it completed. In parts (two-level), part
+  // 0's accumulator joins O, then each further part runs into it, waited for and added.
+  CUTE_DEVICE void complete_pv(TileState& f) {
+    warpgroup_wait<0>();
+    if constexpr (kPvParts > 1) {
+      warpgroup_fence_operand(f.o_acc);
+      for_each(make_int_sequence<kPvParts>{}, [&](auto part) {
+        constexpr int kPart = decltype(part)::value;
+        if constexpr (kPart > 0) {
+          forget(f.o_acc);
+          mma_pv.accumulate_ = GMMA::ScaleOut::Zero;
+          wgmma<false, 0>(mma_pv, f.p, v_part<kPart>(), f.o_acc);
+        }
+        Tensor o = o_part<kPart>(f.o);
+        CUTE_UNROLL
+        for (int i = 0; i < size(f.o_acc); ++i) {
+          o(i) += f.o_acc(i);
+        }
+      });
+    }
   }
 
   // --- softmax ------------------------------------------------------------------------------
@@ -232,7 +282,8 @@ struct Consumer {
   // After the PV GEMM completed. FP8: its accumulator joins O first (two-level), or is O
   // itself (single level).
   CUTE_DEVICE void rescale_o(TileState& f) {
-    if constexpr (kFp8) {
+    // (In parts, complete_pv has added each part into O.)
+    if constexpr (kFp8 && kPvParts == 1) {
       if (!p.fp8_single_level) {
         add_pv_into_o(f);
       } else {
@@ -319,8 +370,11 @@ struct Consumer {
     Tensor o_rc = f.o_rc();
     float lse[2];
     if constexpr (kFp8) {
-      // The last PV GEMM's accumulator has not joined O (single level: O is still 0).
-      add_pv_into_o(f);
+      // The last PV GEMM's accumulator has not joined O (single level: O is still 0); in parts
+      // complete_pv added it.
+      if constexpr (kPvParts == 1) {
+        add_pv_into_o(f);
+      }
       TileScales const& sc = kPrevious ? f.finishing_scales : f.scales;
       (kPrevious ? f.finishing : f.softmax).finalize(o_rc, sc.lse_scale, lse);
       CUTE_UNROLL

@@ -144,7 +144,8 @@ FH_ROLE void produce(Schedule const& sched, Ops& ops) {
 // Ops (mma.h; the host test's recorder):
 //   pipelines   wait_q(w) / release_q(w), wait_k(w, step) / release_k, wait_v(w, step) / release_v
 //   ping-pong   turn_start(), turn_wait(), turn_pass()
-//   GEMMs       issue_qk(f), issue_pv(f), issue_pv_and_wait(f), wait_gemms<kInFlight>()
+//   GEMMs       issue_qk(f), issue_pv(f), issue_pv_and_wait(f), wait_gemms<kInFlight>(),
+//               complete_pv(f) (the sequential loop's wait for its PV GEMM)
 //   softmax     transform<kMasked>(f, w, step) (softcap, then the element mask),
 //               softmax<kFirst, kCheckInf>(f), rescale_o(f), convert_p(f)
 //   tiles       start_tile(f, w) (fresh statistics and w's scales, O = 0), begin_next_tile(f, w)
@@ -308,7 +309,10 @@ FH_ROLE void consume_per_tile(Schedule const& sched, Ops& ops) {
   }
 }
 
-// Ablation (no intra-warpgroup overlap): per block S, softmax, then PV, each GEMM waited for.
+// No intra-warpgroup overlap (the 16-bit ablation; FP8 d256, where S and the PV GEMM do not fit
+// the registers together): per block S, softmax, then PV, each GEMM waited for. complete_pv waits
+// for the PV GEMM (and runs the parts after the first of a PV GEMM in parts, mma.h) after the
+// turn passed, so the other warpgroup's GEMMs queue behind them.
 template <class Ops, class State>
 FH_ROLE void sequential_pv(Ops& ops, State& f, TileWork const& w, KeyStep step) {
   ops.convert_p(f);
@@ -316,7 +320,7 @@ FH_ROLE void sequential_pv(Ops& ops, State& f, TileWork const& w, KeyStep step) 
   ops.turn_wait();
   ops.issue_pv(f);
   ops.turn_pass();
-  ops.template wait_gemms<0>();
+  ops.complete_pv(f);
   ops.release_v(w, step);
 }
 

@@ -25,6 +25,14 @@ struct FwdConfig {
   // runs the epilogue under it (mma.h). It holds both tiles' softmax statistics: off where O
   // is so large that this spills (d256: O alone is 128 registers).
   bool merge_tile_boundary = true;
+  // Intra-warpgroup overlap (S(i) issued with PV(i - 1), mma.h) in the tuned kernel; off where
+  // S and the PV GEMM's operands do not fit the registers together (FP8 d256), which then
+  // relies on ping-pong alone to hide one warpgroup's softmax under the other's GEMMs.
+  bool intra_wg_overlap = true;
+  // The PV GEMM runs in this many head-dim parts, one after the other, each into the same
+  // accumulator of d / pv_parts columns (FP8 d256: its two-level accumulator at full width
+  // would be 128 registers next to O's 128).
+  int pv_parts = 1;
 };
 
 // Register budget moved by setmaxnreg. The launch gives every thread R0 = floor(65536 / T / 8) * 8
@@ -32,15 +40,16 @@ struct FwdConfig {
 // the W consumer warpgroups grow to kConsumer, within the CTA's allocation:
 //   128 * kProducer + 128 * W * kConsumer <= T * R0
 // (setmaxnreg.inc blocks until the pool has the registers, so an over-ask hangs: checked below).
-template <int kConsumerWgs, bool kFp8 = false>
+template <int kConsumerWgs>
 struct RegisterBudget {
   static constexpr int kThreads = 128 * (1 + kConsumerWgs);
   static constexpr int kLaunch = kRegistersPerSm / kThreads / 8 * 8;
   // 2 WGs: 24 / 240 (168 at launch); 3 WGs: 32 / 160 (128 at launch). The producer needs only
-  // addressing and loop state; the consumers hold O, S and P. FP8 (2 WGs): 40 / 232, the
-  // transposer warps keep several 4 x 4 blocks in flight (transpose.h).
-  static constexpr int kProducer = kConsumerWgs == 2 ? (kFp8 ? 40 : 24) : 32;
-  static constexpr int kConsumer = kConsumerWgs == 2 ? (kFp8 ? 232 : 240) : 160;
+  // addressing and loop state (FP8's transposer warps too: one ldmatrix / stmatrix unit at a
+  // time, transpose.h); the consumers hold O, S and P (FP8 d256 needs all 240: O 128 + its
+  // two-level accumulator's part 64 + P 16 and the WGMMA descriptors; 232 spilled).
+  static constexpr int kProducer = kConsumerWgs == 2 ? 24 : 32;
+  static constexpr int kConsumer = kConsumerWgs == 2 ? 240 : 160;
   static_assert(128 * kProducer + 128 * kConsumerWgs * kConsumer <= kThreads * kLaunch,
                 "setmaxnreg budget exceeds the CTA's register allocation (would hang)");
   static_assert(kConsumer % 8 == 0 && kProducer % 8 == 0 && kConsumer <= 256 && kProducer >= 24);
@@ -98,22 +107,36 @@ constexpr FwdConfig fwd_config(int head_dim, TileFamily family = TileFamily::kDe
 // S (N/2) and P (e4m3, N/8). V is transposed in shared memory by warps 1-3 of the producer
 // warpgroup (transpose.h), into its own buffers (the PV GEMM needs V^T K-major in FP8).
 // d64:  192 x 64, three WGs (the exponentials bound d64: more WGs in flight): O + O_acc + S + P
-//       = 32 + 32 + 32 + 8 = 104 of 160 (N = 128 spilled at 160). Producer at 32 registers: the
-//       transposer batches two 4 x 4 blocks instead of four. +7-10 % at s16k over 128 x 128 with
-//       two WGs, -10 % at s512 causal (PERFLOG session 8). Q 2 x 12 K, K / V / V^T 2 x 4 K.
+//       = 32 + 32 + 32 + 8 = 104 of 160 (N = 128 spilled at 160). +7-10 % at s16k over 128 x 128
+//       with two WGs, -10 % at s512 causal (PERFLOG session 8). Q 2 x 12 K, K / V / V^T 2 x 4 K:
 //       36 KB.
 // d128: N = 128, two WGs: 64 + 64 + 64 + 16 = 208 of 240. Q 2 x 16 K, K / V / V^T 2 x 16 K:
 //       128 KB.
-// d256 has no FP8 tile yet: O and its two-level partner alone are 256 registers.
-constexpr bool has_fp8_config(int head_dim) { return head_dim == 64 || head_dim == 128; }
+// (Session 8's 40 / 232 registers for the 2-WG FP8 producer, for the first transposer's batched
+// 32-bit loads, went with that transposer: the ldmatrix / stmatrix one needs few.)
+// d256: O alone is 128 registers, so the two-level accumulator covers half the head dim and the
+//       PV GEMM runs in two parts (pv_parts = 2: part 0 into it, added into O, then part 1), and
+//       S is not kept across the PV GEMM (no intra-warpgroup overlap; ping-pong hides one WG's
+//       softmax under the other's GEMMs): O + S + P = 128 + 64 + 16 = 208 while converting, O +
+//       O_acc + P = 128 + 64 + 16 during PV, of 240 (232 spilled, as did N = 64 or four parts
+//       with the single-level ablation compiled in; it is not, at d256). N = 128: Q 1 x 32 K,
+//       K / V / V^T 2 x 32 K: 224 KB (no room for a second Q buffer).
+constexpr bool has_fp8_config(int head_dim) {
+  return head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
 
 constexpr FwdConfig fwd_config_fp8(int head_dim) {
   if (head_dim <= 64) {
     return {/*block_m=*/192, /*block_n=*/64, /*stages=*/2, /*q_stages=*/2, /*consumer_wgs=*/3,
             /*pingpong=*/true, /*rescale_o_before_pv=*/false};
   }
-  return {/*block_m=*/128, /*block_n=*/128, /*stages=*/2, /*q_stages=*/2, /*consumer_wgs=*/2,
-          /*pingpong=*/true, /*rescale_o_before_pv=*/false};
+  if (head_dim <= 128) {
+    return {/*block_m=*/128, /*block_n=*/128, /*stages=*/2, /*q_stages=*/2, /*consumer_wgs=*/2,
+            /*pingpong=*/true, /*rescale_o_before_pv=*/false};
+  }
+  return {/*block_m=*/128, /*block_n=*/128, /*stages=*/2, /*q_stages=*/1, /*consumer_wgs=*/2,
+          /*pingpong=*/true, /*rescale_o_before_pv=*/false, /*merge_tile_boundary=*/false,
+          /*intra_wg_overlap=*/false, /*pv_parts=*/2};
 }
 
 // Whether a bucket has its own kShortMasked tile (only where it measured faster).

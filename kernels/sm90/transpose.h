@@ -5,11 +5,14 @@
 // Key order: V^T holds the keys of each 32-key slice in the order of the P register fragment
 // (fp8_layout.h, key_of_slot), so P is packed without moving values between threads.
 //
-// Work unit: 64 keys (two slices) x 32 columns per warp; four iterations of one 4 x 4 byte block
-// per lane: 4 LDS.32 (4 keys x 4 columns), 8 PRMT, 4 STS.32 (4 columns x 4 slots). The lane ->
-// (slot group, column group) map below makes every LDS and STS of a warp hit 32 distinct banks
-// under the 128-byte swizzle of both buffers (d128 / d256; 2-way under the 64-byte rows of d64's
-// V and, at N = 64, V^T), checked by tests/cpp/test_fp8_layout.cpp against the same layouts.
+// Work unit (fp8_layout.h): 32 keys x 16 columns, 512 bytes per warp in one ldmatrix.trans (.x4,
+// b16: each lane gets two columns of two keys), four byte permutes and one stmatrix (.x4). The
+// byte permutes complete the b16 transposition to bytes and leave the keys in key_of_slot's order
+// as they are: keys 2q + {0, 1, 8, 9} of a 16-key half are what one lane holds. (The first
+// version moved 4 x 4 byte blocks with 32-bit loads and stores: 4x the shared-memory instructions
+// and an address computation per 4 bytes; it bounded d256 at 550 TFLOP/s against 982 with the
+// transposition skipped, PERFLOG session 9.) tests/cpp/test_fp8_layout.cpp simulates both
+// instructions on the kernel's swizzled layouts and counts their bank wavefronts.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -25,25 +28,12 @@ namespace flash_hopper::sm90 {
 
 using namespace cute;
 
-// 4 x 4 byte transposition: out[j] byte i = in[i] byte j.
-CUTE_DEVICE void transpose_4x4_bytes(uint32_t const (&in)[4], uint32_t (&out)[4]) {
-  const uint32_t ab_lo = __byte_perm(in[0], in[1], 0x5140);  // a0 b0 a1 b1
-  const uint32_t ab_hi = __byte_perm(in[0], in[1], 0x7362);  // a2 b2 a3 b3
-  const uint32_t cd_lo = __byte_perm(in[2], in[3], 0x5140);
-  const uint32_t cd_hi = __byte_perm(in[2], in[3], 0x7362);
-  out[0] = __byte_perm(ab_lo, cd_lo, 0x5410);  // a0 b0 c0 d0
-  out[1] = __byte_perm(ab_lo, cd_lo, 0x7632);  // a1 b1 c1 d1
-  out[2] = __byte_perm(ab_hi, cd_hi, 0x5410);
-  out[3] = __byte_perm(ab_hi, cd_hi, 0x7632);
-}
-
 template <class Traits>
 struct Transposer {
   static constexpr int kBlockN = Traits::kBlockN;
   static constexpr int kHeadDim = Traits::kHeadDim;
-  static constexpr int kUnitsN = kBlockN / 64;
-  static constexpr int kUnits = kUnitsN * (kHeadDim / 32);
-  static constexpr int kBatch = Traits::Registers::kProducer >= 40 ? 4 : 2;
+  static constexpr int kSlices = kBlockN / 32;
+  static constexpr int kUnits = kSlices * (kHeadDim / 16);
   using SharedStorage = typename Traits::SharedStorage;
   using VPipe = typename Traits::VPipe;
   using VtPipe = typename Traits::VtPipe;
@@ -58,13 +48,16 @@ struct Transposer {
         v_pipe{{smem_.v_full, smem_.v_empty}},
         vt_pipe{{smem_.fp8.vt_full, smem_.fp8.vt_empty}} {}
 
-  static CUTE_DEVICE uint32_t lds32(uint32_t addr) {
-    uint32_t x;
-    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(x) : "r"(addr) : "memory");
-    return x;
+  static CUTE_DEVICE void ldsm_t_x4(uint32_t addr, uint32_t (&r)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
   }
-  static CUTE_DEVICE void sts32(uint32_t addr, uint32_t x) {
-    asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(x) : "memory");
+  static CUTE_DEVICE void stsm_x4(uint32_t addr, uint32_t const (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
+                 "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
   }
 
   // Byte offset of a coordinate in a swizzled shared-memory layout (1-byte elements: element
@@ -88,39 +81,20 @@ struct Transposer {
     const int v_stage = v_pipe.stage();
     const int vt_stage = vt_pipe.stage();
     const int lane = threadIdx.x % 32;
+    const StsmRow st = stsm_row(lane);
+    // Register m's byte permute: the odd column where stsm_odd_column(lane, m), else the even.
+    const uint32_t sel_m_even = stsm_odd_column(lane, 0) ? kPermOdd : kPermEven;
+    const uint32_t sel_m_odd = stsm_odd_column(lane, 1) ? kPermOdd : kPermEven;
     CUTE_NO_UNROLL
     for (int unit = warp; unit < kUnits; unit += kTransposerWarps) {
-      const int n0 = (unit % kUnitsN) * 64;
-      const int d0 = (unit / kUnitsN) * 32;
-      // The loads of kBatch 4 x 4 blocks first (in flight together), then their transpositions
-      // and stores: all four blocks at the 40 registers of a 2-WG producer, two at 32 (3 WGs).
-      CUTE_UNROLL
-      for (int m0 = 0; m0 < 4; m0 += kBatch) {
-        uint32_t in[kBatch][4];
-        CUTE_UNROLL
-        for (int mm = 0; mm < kBatch; ++mm) {
-          const TransposeLane l = transpose_lane(lane, m0 + mm);
-          const int slot = n0 + 4 * l.u;  // 4 slots of one 32-key slice
-          const int col = d0 + 4 * l.q;
-          CUTE_UNROLL
-          for (int i = 0; i < 4; ++i) {
-            const int key = (slot & ~31) + key_of_slot((slot & 31) + i);
-            in[mm][i] = lds32(v_base + offset(layout_v, key, col, v_stage));
-          }
-        }
-        CUTE_UNROLL
-        for (int mm = 0; mm < kBatch; ++mm) {
-          const TransposeLane l = transpose_lane(lane, m0 + mm);
-          const int slot = n0 + 4 * l.u;
-          const int col = d0 + 4 * l.q;
-          uint32_t out[4];
-          transpose_4x4_bytes(in[mm], out);
-          CUTE_UNROLL
-          for (int j = 0; j < 4; ++j) {
-            sts32(vt_base + offset(layout_vt, col + j, slot, vt_stage), out[j]);
-          }
-        }
-      }
+      const int n0 = (unit % kSlices) * 32;
+      const int d0 = (unit / kSlices) * 16;
+      uint32_t r[4];
+      ldsm_t_x4(v_base + offset(layout_v, n0 + lane, d0, v_stage), r);
+      const uint32_t out[4] = {
+          __byte_perm(r[0], r[1], sel_m_even), __byte_perm(r[0], r[1], sel_m_odd),
+          __byte_perm(r[2], r[3], sel_m_even), __byte_perm(r[2], r[3], sel_m_odd)};
+      stsm_x4(vt_base + offset(layout_vt, d0 + st.col, n0 + st.slot, vt_stage), out);
     }
     // The stores are read by WGMMA (the async proxy): fence them before the barrier publishes them.
     cutlass::arch::fence_view_async_shared();

@@ -41,6 +41,17 @@ CUTE_DEVICE int opaque_thread_idx() {
   return tid;
 }
 
+// A zero-initializing GEMM ignores its accumulator's old values, but the WGMMA's inline asm reads
+// them ("+f"), which keeps the accumulator live across a whole loop. An empty asm that "defines"
+// every register ends the old values' lifetime here, without an instruction.
+template <class TensorAcc>
+CUTE_DEVICE void forget(TensorAcc& acc) {
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); ++i) {
+    asm("" : "=f"(acc(i)));
+  }
+}
+
 // Issues C (+)= A B as one WGMMA batch over the K slices. kZeroInit: C = A B. kWait >= 0 waits
 // until at most kWait batches are in flight; -1 returns with this batch in flight (the caller
 // waits later, which is how softmax overlaps the tensor cores).

@@ -466,6 +466,12 @@ FhStatus validate_fp8(const FhFwdParams* p, bool fp8, bool check_data) {
   FH_CHECK(p->head_dim % 16 == 0,
            "head_dim: expected a multiple of 16 for e4m3 inputs (16-byte rows), got %lld",
            (long long)p->head_dim);
+  // The d256 kernel's PV accumulator is split over the head dim and always two-level
+  // (kernels/sm90/tile_config.h, fwd_config_fp8).
+  FH_CHECK(p->fp8_accumulation == FH_FP8_ACCUM_TWO_LEVEL || p->head_dim <= 128,
+           "fp8_accumulation: the single-level ablation exists for head_dim <= 128 (the d256 "
+           "kernel accumulates in two levels only), got head_dim %lld",
+           (long long)p->head_dim);
   const NamedStride strides[] = {
       {"q_batch_stride", p->q_batch_stride}, {"q_row_stride", p->q_row_stride},
       {"q_head_stride", p->q_head_stride},   {"k_batch_stride", p->k_batch_stride},

@@ -35,7 +35,7 @@ set(FH_HEAD_DIM_TABLE 64 96 128 192 256)
 set(FH_DTYPE_TABLE
   "fp16|FH_DTYPE_FP16|cutlass::half_t|all|all"
   "bf16|FH_DTYPE_BF16|cutlass::bfloat16_t|all|all"
-  "e4m3|FH_DTYPE_E4M3|cutlass::float_e4m3_t|fwd:90a|64,128")
+  "e4m3|FH_DTYPE_E4M3|cutlass::float_e4m3_t|fwd:90a|64,128,256")
 
 # Variants of the FA-3 path (the FA3 paper's ablation): backend name | FhVariant value | the
 # variant whose kernel serves it. A value is a set of api.h's FH_VARIANT_FLAG_* bits; the name is

@@ -41,6 +41,9 @@ TORCH_DTYPES = {torch.float16: FhDtype.FP16, torch.bfloat16: FhDtype.BF16}
 FP8_DTYPES = {torch.float8_e4m3fn: FhDtype.E4M3}
 INPUT_DTYPES = {**TORCH_DTYPES, **FP8_DTYPES}
 FP8_HEAD_DIM_MULTIPLE = 16  # 16-byte rows of 1-byte elements
+# The FP8 single-level accumulation ablation: the d256 kernel splits its PV accumulator over the
+# head dim and accumulates in two levels only (kernels/sm90/tile_config.h).
+FP8_SINGLE_LEVEL_MAX_HEAD_DIM = 128
 
 
 def dtype_name(dtype: FhDtype | torch.dtype) -> str:

@@ -31,6 +31,7 @@ from ._tables import (
     BACKEND_NAMES,
     FP8_DTYPES,
     FP8_HEAD_DIM_MULTIPLE,
+    FP8_SINGLE_LEVEL_MAX_HEAD_DIM,
     HEAD_DIM_MULTIPLE,
     MAX_HEAD_DIM,
     MIN_HEAD_DIM,
@@ -404,6 +405,10 @@ def check_fp8_op_args(
     if fp8_accumulation not in FP8_ACCUMULATIONS:
         raise ValueError(f"fp8_accumulation: expected one of {', '.join(FP8_ACCUMULATIONS)}, "
                          f"got {fp8_accumulation!r}")
+    if fp8_accumulation == "single-level" and cfg.head_dim > FP8_SINGLE_LEVEL_MAX_HEAD_DIM:
+        # The d256 kernel splits its PV accumulator over the head dim: two levels only.
+        raise ValueError(f"fp8_accumulation: 'single-level' (the ablation) exists for head_dim "
+                         f"<= {FP8_SINGLE_LEVEL_MAX_HEAD_DIM}, got head_dim {cfg.head_dim}")
     strides = [_check_descale(name, t, cfg.batch, cfg.heads_kv) for name, t in
                (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))]
     if devices:

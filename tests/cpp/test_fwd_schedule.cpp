@@ -267,6 +267,10 @@ struct MockConsumer {
     issue_pv(f);
     wait_gemms<0>();
   }
+  void complete_pv(TileState&) {
+    CHECK(gemm_in_flight('P'), "WG %d completes a PV GEMM it did not issue", wg);
+    wait_gemms<0>();
+  }
   template <int kInFlight>
   void wait_gemms() {
     while (int(in_flight.size()) > kInFlight) {

@@ -108,6 +108,11 @@ class FlashHopperBackend(Backend):
         multiple = _tables.FP8_HEAD_DIM_MULTIPLE
         if case.head_dim % multiple:
             return f"FP8 needs head_dim a multiple of {multiple}, got {case.head_dim}"
+        if (self.fp8_accumulation == "single-level"
+                and case.head_dim > _tables.FP8_SINGLE_LEVEL_MAX_HEAD_DIM):
+            return (f"the single-level ablation exists for head_dim <= "
+                    f"{_tables.FP8_SINGLE_LEVEL_MAX_HEAD_DIM} (the d256 FP8 kernel accumulates "
+                    f"in two levels only), got {case.head_dim}")
         entries = _tables.kernel_entries(info, "fwd")
         try:
             bucket = _tables.head_dim_bucket(case.head_dim)
