@@ -30,6 +30,7 @@
 #include "sm90/params.h"
 #include "sm90/schedule.h"
 #include "sm90/softmax.h"
+#include "sm90/timeline.h"
 #include "sm90/utils.h"
 
 namespace flash_hopper::sm90 {
@@ -67,6 +68,7 @@ struct Consumer {
   QEnd q_pipe;
   KVEnd k_pipe;
   VEnd v_pipe;
+  Timeline timeline;  // FH_TIMELINE builds only (timeline.h)
 
   static CUTE_DEVICE SmemBarriers<VSpec> v_barriers(SharedStorage& smem) {
     if constexpr (kFp8) {
@@ -89,7 +91,8 @@ struct Consumer {
         smem(smem_),
         q_pipe{{smem_.q_full, smem_.q_empty}},
         k_pipe{{smem_.k_full, smem_.k_empty}},
-        v_pipe{v_barriers(smem_)} {}
+        v_pipe{v_barriers(smem_)},
+        timeline(params_.fwd.timeline) {}
 
   static CUTE_DEVICE int thread_idx() { return opaque_thread_idx() - 128; }
   CUTE_DEVICE PingPong<Traits::kConsumerWgs> pingpong() const {
@@ -133,13 +136,25 @@ struct Consumer {
   //     checks them, the kernel needs only the pipeline state) ----------------------------------
   CUTE_DEVICE void wait_q(TileWork const&) { q_pipe.wait(); }
   CUTE_DEVICE void release_q(TileWork const&) { q_pipe.release(wg_leader()); }
-  CUTE_DEVICE void wait_k(TileWork const&, KeyStep) { k_pipe.wait(); }
+  CUTE_DEVICE void wait_k(TileWork const&, KeyStep) {
+    timeline.mark(Ev::kKWait);
+    k_pipe.wait();
+    timeline.mark(Ev::kKReady);
+  }
   CUTE_DEVICE void release_k(TileWork const&, KeyStep) { k_pipe.release(wg_leader()); }
-  CUTE_DEVICE void wait_v(TileWork const&, KeyStep) { v_pipe.wait(); }
+  CUTE_DEVICE void wait_v(TileWork const&, KeyStep) {
+    timeline.mark(Ev::kVWait);
+    v_pipe.wait();
+    timeline.mark(Ev::kVReady);
+  }
   CUTE_DEVICE void release_v(TileWork const&, KeyStep) { v_pipe.release(wg_leader()); }
 
   CUTE_DEVICE void turn_start() const { pingpong().start(); }
-  CUTE_DEVICE void turn_wait() const { pingpong().wait_turn(); }
+  CUTE_DEVICE void turn_wait() {
+    timeline.mark(Ev::kTurnWait);
+    pingpong().wait_turn();
+    timeline.mark(Ev::kTurn);
+  }
   CUTE_DEVICE void turn_pass() const { pingpong().pass_turn(); }
 
   // FP8: the scales of one tile's (batch, kv head), from the descales (FwdParams).
@@ -202,6 +217,7 @@ struct Consumer {
       forget(f.s);  // not live across the PV GEMM (the overlapped schedule keeps it anyway)
     }
     wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_qk, tSrQ(), tSrK()(_, _, _, k_pipe.stage()), f.s);
+    timeline.mark(Ev::kQkIssued);
   }
   CUTE_DEVICE void issue_pv(TileState& f) {
     if constexpr (kPvParts > 1) {
@@ -218,6 +234,7 @@ struct Consumer {
     } else {
       wgmma<false, -1>(mma_pv, f.p, tOrV()(_, _, _, v_pipe.stage()), f.o);
     }
+    timeline.mark(Ev::kPvIssued);
   }
   CUTE_DEVICE void issue_pv_and_wait(TileState& f) {
     static_assert(kPvParts == 1, "the overlapped schedule's drain; parts use complete_pv");
@@ -227,10 +244,12 @@ struct Consumer {
     } else {
       wgmma<false, 0>(mma_pv, f.p, tOrV()(_, _, _, v_pipe.stage()), f.o);
     }
+    timeline.mark(Ev::kPvDone);
   }
   template <int kInFlight>
   CUTE_DEVICE void wait_gemms() {
     warpgroup_wait<kInFlight>();
+    timeline.mark(kInFlight == 0 ? Ev::kGemmsDone : Ev::kSReady);
   }
   // The sequential schedule's end of a PV GEMM: until it completed. In parts (two-level), part
   // 0's accumulator joins O, then each further part runs into it, waited for and added.
@@ -252,6 +271,7 @@ struct Consumer {
         }
       });
     }
+    timeline.mark(Ev::kPvDone);
   }
 
   // --- softmax ------------------------------------------------------------------------------
@@ -278,6 +298,7 @@ struct Consumer {
   CUTE_DEVICE void softmax(TileState& f) {
     Tensor s_rc = f.s_rc();
     f.softmax.template update<kFirst, kCheckInf>(s_rc);
+    timeline.mark(Ev::kSoftmaxDone);
   }
   // After the PV GEMM completed. FP8: its accumulator joins O first (two-level), or is O
   // itself (single level).
@@ -309,6 +330,7 @@ struct Consumer {
     } else {
       convert_into(f.s, f.p);
     }
+    timeline.mark(Ev::kPReady);
   }
 
   // S (fp32, ((2, 2, N/8), 1, 1)) -> P (e4m3, ((4, 2, 2), 1, N/32)) without moving values
@@ -391,6 +413,7 @@ struct Consumer {
       (kPrevious ? f.finishing : f.softmax).finalize(o_rc, p.lse_scale, lse);
       store_tile<Element, Traits>(p, mma_pv.get_thread_slice(thread_idx()), f.o, lse, w.tile);
     }
+    timeline.mark(Ev::kTileDone);
   }
   CUTE_DEVICE void store_empty(TileWork const& w) {
     auto thr = mma_pv.get_thread_slice(thread_idx());

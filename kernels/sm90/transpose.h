@@ -23,6 +23,7 @@
 #include "sm90/params.h"
 #include "sm90/pipeline.h"
 #include "sm90/schedule.h"
+#include "sm90/timeline.h"
 
 namespace flash_hopper::sm90 {
 
@@ -41,12 +42,14 @@ struct Transposer {
   int warp;  // 0 .. kTransposerWarps - 1
   ConsumerEnd<VPipe, SmemBarriers<VPipe>> v_pipe;
   WriterEnd<VtPipe, SmemBarriers<VtPipe>> vt_pipe;
+  Timeline timeline;  // FH_TIMELINE builds only (timeline.h)
 
-  CUTE_DEVICE Transposer(SharedStorage& smem_, int warp_)
+  CUTE_DEVICE Transposer(SharedStorage& smem_, int warp_, unsigned long long* timeline_buffer)
       : smem(smem_),
         warp(warp_),
         v_pipe{{smem_.v_full, smem_.v_empty}},
-        vt_pipe{{smem_.fp8.vt_full, smem_.fp8.vt_empty}} {}
+        vt_pipe{{smem_.fp8.vt_full, smem_.fp8.vt_empty}},
+        timeline(timeline_buffer) {}
 
   static CUTE_DEVICE void ldsm_t_x4(uint32_t addr, uint32_t (&r)[4]) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
@@ -73,7 +76,9 @@ struct Transposer {
   // 32-bit shared-window offsets (generic 64-bit pointers cost ~40 instructions per access).
   CUTE_DEVICE void v(TileWork const&, KeyStep) {
     v_pipe.wait();
+    timeline.mark(Ev::kTrVReady);
     vt_pipe.acquire();
+    timeline.mark(Ev::kTrVtFree);
     const uint32_t v_base = cast_smem_ptr_to_uint(smem.v.data());
     const uint32_t vt_base = cast_smem_ptr_to_uint(smem.fp8.vt.data());
     constexpr typename Traits::SmemLayoutV layout_v{};    // (N, D, PIPE)
@@ -102,6 +107,7 @@ struct Transposer {
     const bool leader = threadIdx.x % 32 == 0;
     v_pipe.release(leader);
     vt_pipe.commit(leader);
+    timeline.mark(Ev::kTrDone);
   }
 };
 
@@ -121,7 +127,7 @@ FH_ROLE void transpose_v(Schedule const& sched, Ops& ops) {
 template <class Traits>
 CUTE_DEVICE void transposer_loop(KernelParams<Traits> const& params,
                                  typename Traits::SharedStorage& smem, int warp) {
-  Transposer<Traits> transposer(smem, warp);
+  Transposer<Traits> transposer(smem, warp, params.fwd.timeline);
   transpose_v(cta_schedule(params), transposer);
 }
 

@@ -33,6 +33,7 @@
 #include "flash_hopper/bwd_params.h"
 #include "flash_hopper/fwd_params.h"
 #include "fh_tables.inc"
+#include "sm90/timeline.h"  // kTimelineBytes (fh_debug_set_timeline)
 #include "src/bwd_common.h"
 #include "src/registry.h"
 
@@ -105,6 +106,8 @@ static_assert(FH_VARIANT_NO_PINGPONG_NO_OVERLAP == kNumVariants - 1,
               "FhVariant (api.h) and the variant table disagree");
 
 thread_local std::string g_last_error;
+// fh_debug_set_timeline's buffer (FH_TIMELINE builds; null otherwise and by default).
+thread_local unsigned long long* g_timeline = nullptr;
 
 std::string vformat(const char* fmt, va_list args) {
   char buf[1024];
@@ -1239,6 +1242,7 @@ FwdParams derive(const FhFwdParams* p, const DeviceInfo& dev) {
   k.v_descale_head_stride = p->v_descale_head_stride;
   k.o_fp16 = p->dtype == FH_DTYPE_E4M3 && p->out_dtype == FH_DTYPE_FP16;
   k.fp8_single_level = p->fp8_accumulation == FH_FP8_ACCUM_SINGLE_LEVEL;
+  k.timeline = g_timeline;
   return k;
 }
 
@@ -1524,6 +1528,21 @@ FH_EXPORT const char* fh_last_error(void) { return g_last_error.c_str(); }
 FH_EXPORT int32_t fh_abi_version(void) { return FH_ABI_VERSION; }
 
 FH_EXPORT const char* fh_build_info(void) { return FH_BUILD_INFO_JSON; }
+
+FH_EXPORT FhStatus fh_debug_set_timeline(void* device_buffer, int64_t bytes) {
+#ifdef FH_TIMELINE
+  FH_CHECK(device_buffer == nullptr || bytes >= flash_hopper::sm90::kTimelineBytes,
+           "bytes: expected at least %lld for the timeline buffer, got %lld",
+           (long long)flash_hopper::sm90::kTimelineBytes, (long long)bytes);
+  g_timeline = static_cast<unsigned long long*>(device_buffer);
+  return FH_SUCCESS;
+#else
+  (void)device_buffer;
+  (void)bytes;
+  return fail(FH_ERROR_UNSUPPORTED,
+              "fh_debug_set_timeline: this library was built without FH_TIMELINE=ON");
+#endif
+}
 
 FH_EXPORT int32_t fh_has_fwd_kernel(int32_t backend, int32_t dtype, int64_t head_dim) {
   return find_kernel(backend, dtype, head_dim, FH_VARIANT_TUNED) != nullptr ? 1 : 0;

@@ -360,6 +360,8 @@ class Library:
         d.fh_build_info.restype = ctypes.c_char_p
         d.fh_has_fwd_kernel.argtypes = [ctypes.c_int32, ctypes.c_int32, ctypes.c_int64]
         d.fh_has_fwd_kernel.restype = ctypes.c_int32
+        d.fh_debug_set_timeline.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+        d.fh_debug_set_timeline.restype = ctypes.c_int
         bwd_p = ctypes.POINTER(FhBwdParams)
         d.fh_bwd.argtypes = [bwd_p, ctypes.c_void_p]
         d.fh_bwd.restype = ctypes.c_int
@@ -385,6 +387,13 @@ class Library:
     def fwd(self, params: FhFwdParams, stream: int | None) -> None:
         """Launch the forward on ``stream`` (a cudaStream_t as int; None = legacy default)."""
         self.check(self.fwd_status(params, stream), "fh_fwd")
+
+    def set_timeline(self, device_ptr: int | None, nbytes: int) -> None:
+        """Debug: record the FA-3 forward's event timeline into this device buffer (None: stop).
+        Only libraries built with FH_TIMELINE=ON record (others raise UnsupportedError); the
+        layout and its reader are bench/timeline.py's."""
+        self.check(self._dll.fh_debug_set_timeline(device_ptr, int(nbytes)),
+                   "fh_debug_set_timeline")
 
     def policy(self, params: FhFwdParams | FhBwdParams,
                capability: tuple[int, int]) -> tuple[FhBackend, str]:

@@ -62,6 +62,9 @@ struct FwdParams {
                          // two-level accumulation, mma.h)
 
   int num_sms;
+  // Debug: the FA-3 forward's event timeline (libraries built with FH_TIMELINE; null = off;
+  // sm90/timeline.h), from fh_debug_set_timeline.
+  unsigned long long* timeline;
   // FA-3 variant (FhVariant: a set of FH_VARIANT_FLAG_* bits, api.h); 0 = tuned. The launcher
   // reads the runtime flags from it (NO_PINGPONG); the FA-2 path ignores it.
   int variant;

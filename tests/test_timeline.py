@@ -1,0 +1,69 @@
+"""bench/timeline.py's reader on a synthetic buffer (CPU), and the debug hook's C side."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from flash_hopper import _lib
+from flash_hopper._errors import UnsupportedError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_timeline():
+    spec = importlib.util.spec_from_file_location("timeline", ROOT / "bench" / "timeline.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_layout_matches_the_kernel_header():
+    tl = load_timeline()
+    header = (ROOT / "kernels" / "sm90" / "timeline.h").read_text()
+    for name, value in (("kTimelineCtas", tl.CTAS), ("kTimelineWarps", tl.WARPS),
+                        ("kTimelineSlots", tl.SLOTS)):
+        assert f"{name} = {value};" in header, name
+    # every event id the header declares has a name here, with the same number
+    import re
+    declared = {int(v) for v in re.findall(r"k\w+ = (\d+),", header)}
+    assert declared == set(tl.EVENTS)
+
+
+def test_decode_and_transitions_of_a_synthetic_buffer():
+    tl = load_timeline()
+    words = [0] * (tl.BYTES // 8)
+    # CTA 0, warp 4 (consumer 0): two steps
+    base = (0 * tl.WARPS + 4) * tl.SLOTS
+    seq = [(100, 5), (110, 8), (400, 9), (900, 10), (950, 11), (1000, 12), (1300, 5)]
+    words[base] = len(seq)
+    for i, (clock, ev) in enumerate(seq):
+        words[base + 1 + i] = (clock << 8) | ev
+    # CTA 1, warp 1 (transposer): one stage
+    base = (1 * tl.WARPS + 1) * tl.SLOTS
+    words[base] = 3
+    words[base + 1: base + 4] = [(10 << 8) | 20, (30 << 8) | 21, (230 << 8) | 22]
+    decoded = tl.decode(words)
+    assert set(decoded) == {(0, 4), (1, 1)}
+    assert decoded[(0, 4)][2] == (400, "s_ready")
+    moves = tl.transitions(decoded[(0, 4)])
+    assert moves["s_ready -> softmax_done"] == 500 and moves["pv_issued -> s_ready"] == 290
+    assert tl.step_periods(decoded[(0, 4)]) == [1200]
+    summary = tl.summarize(decoded, consumer_wgs=2)
+    assert summary["consumer0"]["step_period_median"] == 1200
+    assert summary["transposer"]["share"]["tr_vt_free -> tr_done"] == pytest.approx(200 / 220,
+                                                                                     abs=1e-4)
+    assert tl.role(0, 2) == "producer" and tl.role(8, 2) == "consumer1" and tl.role(12, 2) == "idle"
+
+
+def test_the_debug_hook_needs_a_timeline_build(lib):
+    try:
+        lib.set_timeline(None, 0)
+    except UnsupportedError as exc:  # a release build: refused, with the reason
+        assert "fh_debug_set_timeline: this library was built without FH_TIMELINE=ON" in str(exc)
+        return
+    # an FH_TIMELINE=ON build: a buffer short of the layout is refused (nothing dereferenced)
+    with pytest.raises(ValueError, match="bytes: expected at least"):
+        lib.set_timeline(0x1000, 8)
+    lib.set_timeline(None, 0)
