@@ -31,3 +31,18 @@ class StandInTimer:
         for fn in fns:
             fn()
         return Stats(median=1.0, p20=0.9, p80=1.1, min=0.8, max=1.2, mean=1.0, n=3)
+
+
+def mock_h200_bench(monkeypatch):
+    """The bench command's GPU mocked for whole-command tests: an H200 as env.detect_gpu's answer,
+    StandInTimer for timing.Timer, runs on CPU tensors. Returns the mocked GpuInfo."""
+    import functools
+
+    from flash_hopper.bench import env, runner, timing
+
+    gpu = env.GpuInfo(index=0, name="NVIDIA H200", capability=(9, 0), sm_count=132,
+                      memory_bytes=141 << 30, l2_bytes=60 << 20)
+    monkeypatch.setattr(env, "detect_gpu", lambda index=None: (gpu, ""))
+    monkeypatch.setattr(timing, "Timer", StandInTimer)
+    monkeypatch.setattr(runner, "RunOptions", functools.partial(runner.RunOptions, device="cpu"))
+    return gpu

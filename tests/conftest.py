@@ -5,6 +5,7 @@
   message when there is none (a CPU-only checkout that never built it). CI builds the library:
   set FLASH_HOPPER_REQUIRE_LIB=1 there so a missing library fails these tests instead of
   skipping them silently.
+- ``exact_fp32_matmuls`` turns TF32 off for a test (the GPU modules' references must be fp32).
 - Without an installed package, the source tree's python/ is put on sys.path; tests/ too, for
   the shared _helpers module.
 """
@@ -52,6 +53,15 @@ def load_library_or_skip() -> _lib.Library:
 @pytest.fixture
 def lib() -> _lib.Library:
     return load_library_or_skip()
+
+
+@pytest.fixture
+def exact_fp32_matmuls():
+    """fp32 matmuls stay fp32 (not TF32) for the test: references must be what they say."""
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = previous
 
 
 @pytest.fixture

@@ -15,9 +15,9 @@ import types
 
 import pytest
 import torch
-from _helpers import StandInTimer
+from _helpers import mock_h200_bench
 from flash_hopper import cli
-from flash_hopper.bench import backends, check, env, peak, peers, registry, report, runner, timing
+from flash_hopper.bench import backends, check, peak, peers, registry, report, runner
 from flash_hopper.bench.base import Backend
 from flash_hopper.bench.cases import Case
 from flash_hopper.bench.fp8_inputs import Fp8Input, dequantize
@@ -634,11 +634,7 @@ def _fp8_library(monkeypatch):
 def test_bench_e4m3_pipeline_with_mocked_gpu(tmp_path, monkeypatch, capsys):
     pytest.importorskip("matplotlib")
 
-    gpu = env.GpuInfo(index=0, name="NVIDIA H200", capability=(9, 0), sm_count=132,
-                      memory_bytes=141 << 30, l2_bytes=60 << 20)
-    monkeypatch.setattr(env, "detect_gpu", lambda index=None: (gpu, ""))
-    monkeypatch.setattr(timing, "Timer", StandInTimer)
-    monkeypatch.setattr(runner, "RunOptions", functools.partial(runner.RunOptions, device="cpu"))
+    mock_h200_bench(monkeypatch)
     gemm_tflops = {"e4m3": 1435.0}
     monkeypatch.setattr(peak, "measure_gemm_ceiling", lambda timer, dtype, size: {
         "dtype": dtype, "size": size, "ms": 1.0, "op": "stand-in", "tflops": gemm_tflops[dtype]})
@@ -681,11 +677,7 @@ def test_bench_e4m3_pipeline_with_mocked_gpu(tmp_path, monkeypatch, capsys):
 def test_bench_mixed_dtypes_use_each_dtypes_ceilings(tmp_path, monkeypatch, capsys):
     # bf16 rows against bf16's ceilings, e4m3 rows against FP8's; a missing FP8 GEMM is a note.
 
-    gpu = env.GpuInfo(index=0, name="NVIDIA H200", capability=(9, 0), sm_count=132,
-                      memory_bytes=141 << 30, l2_bytes=60 << 20)
-    monkeypatch.setattr(env, "detect_gpu", lambda index=None: (gpu, ""))
-    monkeypatch.setattr(timing, "Timer", StandInTimer)
-    monkeypatch.setattr(runner, "RunOptions", functools.partial(runner.RunOptions, device="cpu"))
+    mock_h200_bench(monkeypatch)
     monkeypatch.setattr(torch.backends.cuda, "is_flash_attention_available", lambda: False,
                         raising=False)
     measure = peak.measure_gemm_ceiling

@@ -31,7 +31,8 @@ from flash_hopper.dispatch import head_dim_bucket
 from flash_hopper.mask import AttentionMask
 from flash_hopper.reference import attention_ref
 
-pytestmark = pytest.mark.gpu
+# fp32 references stay fp32, not TF32 (conftest.py)
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_matmuls")]
 
 DTYPES = [torch.bfloat16, torch.float16]
 BUCKETS = [64, 96, 128, 192, 256]
@@ -65,15 +66,6 @@ def require_bwd(lib, dtype: torch.dtype, head_dim: int, path: str = "fa2") -> No
                     "fa3: bwd_tile_config.h)")
     if not lib.has_fwd_kernel(_ENUM_PATH[path], _ENUM_DTYPE[dtype], head_dim):
         pytest.skip(f"this build has no {path} forward kernel for {dtype} hdim {head_dim}")
-
-
-@pytest.fixture(autouse=True)
-def _exact_fp32_matmuls():
-    # The references must be what they say (fp32 not TF32).
-    previous = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = previous
 
 
 def make_qkv(b, sq, sk, hq, hkv, d, dtype, layout="contiguous"):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _helpers import StandInTimer
+from _helpers import StandInTimer, mock_h200_bench
 from flash_hopper import cli
 from flash_hopper.bench import cases as sweep
 from flash_hopper.bench import report
@@ -197,16 +197,10 @@ def test_gpu_commands_without_gpu_fail_with_one_line(command):
 # ---- the whole bench command with the GPU mocked: CPU tensors, a stand-in timer ------------------
 
 def test_bench_pipeline_with_mocked_gpu(tmp_path, monkeypatch, capsys):
-    import functools
 
     pytest.importorskip("matplotlib")
-    from flash_hopper.bench import env, runner, timing
 
-    gpu = env.GpuInfo(index=0, name="NVIDIA H200", capability=(9, 0), sm_count=132,
-                      memory_bytes=141 << 30, l2_bytes=60 << 20)
-    monkeypatch.setattr(env, "detect_gpu", lambda index=None: (gpu, ""))
-    monkeypatch.setattr(timing, "Timer", StandInTimer)
-    monkeypatch.setattr(runner, "RunOptions", functools.partial(runner.RunOptions, device="cpu"))
+    mock_h200_bench(monkeypatch)
     # sdpa-flash must be unavailable here whatever torch runs the test (a CUDA build has it).
     monkeypatch.setattr(torch.backends.cuda, "is_flash_attention_available", lambda: False,
                         raising=False)  # torch < 2.5 has no such function
@@ -241,15 +235,10 @@ def test_bench_pipeline_with_mocked_gpu(tmp_path, monkeypatch, capsys):
 
 
 def test_bench_exits_1_when_a_gradient_check_fails(tmp_path, monkeypatch, capsys):
-    import functools
 
-    from flash_hopper.bench import env, peers, runner, timing
+    from flash_hopper.bench import peers
 
-    gpu = env.GpuInfo(index=0, name="NVIDIA H200", capability=(9, 0), sm_count=132,
-                      memory_bytes=141 << 30, l2_bytes=60 << 20)
-    monkeypatch.setattr(env, "detect_gpu", lambda index=None: (gpu, ""))
-    monkeypatch.setattr(timing, "Timer", StandInTimer)
-    monkeypatch.setattr(runner, "RunOptions", functools.partial(runner.RunOptions, device="cpu"))
+    mock_h200_bench(monkeypatch)
     checked = peers.SdpaBackend.run_checked_backward
 
     def wrong_dv(self, q, k, v, dout, case):

@@ -16,7 +16,8 @@ from flash_hopper import _lib, flash_attn_func
 from flash_hopper.dispatch import head_dim_bucket
 from flash_hopper.reference import attention_ref
 
-pytestmark = pytest.mark.gpu
+# fp32 references stay fp32, not TF32 (conftest.py)
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_matmuls")]
 
 E4M3 = torch.float8_e4m3fn
 HEAD_DIMS = [64, 128, 256]
@@ -32,14 +33,6 @@ def fp8(lib):
 def require_fp8_kernel(lib, head_dim):
     if not lib.has_fwd_kernel(_lib.FhBackend.FA3, _lib.FhDtype.E4M3, head_dim):
         pytest.skip(f"this build has no e4m3 kernel for hdim bucket {head_dim_bucket(head_dim)}")
-
-
-@pytest.fixture(autouse=True)
-def _exact_fp32_matmuls():
-    previous = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = previous
 
 
 def make_fp8(b, sq, sk, hq, hkv, d):

@@ -34,7 +34,8 @@ from flash_hopper._lib import FhBackend, FhDtype
 from flash_hopper.dispatch import head_dim_bucket
 from flash_hopper.reference import attention_ref
 
-pytestmark = pytest.mark.gpu
+# fp32 references stay fp32, not TF32 (conftest.py)
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_matmuls")]
 
 NEG_INF = float("-inf")
 DTYPES = [torch.bfloat16, torch.float16]
@@ -76,15 +77,6 @@ def require_kernel(lib, backend: str, dtype: torch.dtype, head_dim: int) -> None
     if not lib.has_fwd_kernel(_ENUM_BACKEND[backend], _ENUM_DTYPE[dtype], head_dim):
         pytest.skip(f"this build has no {backend} kernel for {dtype} hdim bucket "
                     f"{head_dim_bucket(head_dim)} (FH_HEAD_DIMS / FH_DTYPES)")
-
-
-@pytest.fixture(autouse=True)
-def _exact_fp32_matmuls():
-    # The fp32 reference must be fp32, not TF32.
-    previous = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = previous
 
 
 def make_qkv(b, sq, sk, hq, hkv, d, dtype, layout="contiguous"):

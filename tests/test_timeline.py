@@ -6,7 +6,6 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from flash_hopper import _lib
 from flash_hopper._errors import UnsupportedError
 
 ROOT = Path(__file__).resolve().parents[1]
