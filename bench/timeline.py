@@ -22,7 +22,7 @@ CTAS, WARPS, SLOTS = 2, 16, 8192
 EVENTS = {1: "k_wait", 2: "k_ready", 3: "turn_wait", 4: "turn", 5: "qk_issued", 6: "v_wait",
           7: "v_ready", 8: "pv_issued", 9: "s_ready", 10: "softmax_done", 11: "gemms_done",
           12: "p_ready", 13: "tile_done", 14: "pv_done", 20: "tr_v_ready", 21: "tr_vt_free",
-          22: "tr_done"}
+          22: "tr_done"}  # tr_*: the FP8 transposer's, or the mixed mode's converter's events
 BYTES = 8 * CTAS * WARPS * SLOTS
 
 
@@ -117,7 +117,9 @@ def plot(decoded, path: Path, consumer_wgs: int, window: int = 30000) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "e4m3"])
+    ap.add_argument("--dtype", default="bf16",
+                    choices=["bf16", "fp16", "e4m3", "bf16+e4m3", "fp16+e4m3", "bf16+e5m2",
+                             "fp16+e5m2"])
     ap.add_argument("-d", "--head-dim", type=int, default=128)
     ap.add_argument("-s", "--seqlen", type=int, default=8192)
     ap.add_argument("-b", "--batch", type=int, default=2)
@@ -131,9 +133,12 @@ def main() -> None:
 
     lib = _lib.get_library()
     h = 2048 // a.head_dim
-    dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "e4m3": torch.float8_e4m3fn}[a.dtype]
+    names = {"bf16": torch.bfloat16, "fp16": torch.float16, "e4m3": torch.float8_e4m3fn,
+             "e5m2": torch.float8_e5m2}
+    q_name, _, kv_name = a.dtype.partition("+")  # "bf16+e4m3": the mixed mode's q and K / V
+    q_dt, kv_dt = names[q_name], names[kv_name or q_name]
     q, k, v = (torch.randn(a.batch, a.seqlen, h, a.head_dim, device="cuda").to(dt)
-               for _ in range(3))
+               for dt in (q_dt, kv_dt, kv_dt))
     fh.flash_attn_func(q, k, v, causal=a.causal)  # warm-up, no recording
     buf = torch.zeros(BYTES // 8, dtype=torch.int64, device="cuda")
     lib.set_timeline(buf.data_ptr(), BYTES)

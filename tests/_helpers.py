@@ -46,3 +46,25 @@ def mock_h200_bench(monkeypatch):
     monkeypatch.setattr(timing, "Timer", StandInTimer)
     monkeypatch.setattr(runner, "RunOptions", functools.partial(runner.RunOptions, device="cpu"))
     return gpu
+
+
+class FixedTimer:
+    """bench's timing.Timer stand-in for runner tests on CPU: runs each callable once and reports
+    a fixed 2 ms."""
+
+    def sets_for(self, nbytes):
+        return 2
+
+    def measure(self, fns):
+        from flash_hopper.bench.timing import Stats
+
+        for fn in fns:
+            fn()
+        return Stats(median=2.0, p20=1.9, p80=2.1, min=1.8, max=2.5, mean=2.0, n=10)
+
+
+def run_on_cpu(backends_, cases, **options):
+    """bench's Runner over ``cases`` with the FixedTimer, on the CPU: the result rows."""
+    from flash_hopper.bench.runner import Runner, RunOptions
+
+    return Runner(backends_, FixedTimer(), RunOptions(device="cpu", **options)).run(list(cases))

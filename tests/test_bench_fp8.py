@@ -15,13 +15,13 @@ import types
 
 import pytest
 import torch
-from _helpers import mock_h200_bench
+from _helpers import mock_h200_bench, run_on_cpu
 from flash_hopper import cli
 from flash_hopper.bench import backends, check, peak, peers, registry, report, runner
 from flash_hopper.bench.base import Backend
 from flash_hopper.bench.cases import Case
 from flash_hopper.bench.fp8_inputs import Fp8Input, dequantize
-from flash_hopper.bench.runner import Runner, RunOptions
+from flash_hopper.bench.runner import RunOptions
 from flash_hopper.bench.timing import Stats
 from flash_hopper.mask import AttentionMask
 
@@ -104,19 +104,7 @@ class HalfOnly(Backend):
         raise AssertionError("an FP8 case must never reach a backend without an FP8 path")
 
 
-class FixedTimer:
-    def sets_for(self, nbytes):
-        return 2
-
-    def measure(self, fns):
-        for fn in fns:
-            fn()
-        return Stats(median=2.0, p20=1.9, p80=2.1, min=1.8, max=2.5, mean=2.0, n=10)
-
-
-def run(backends_, cases, **options):
-    opts = RunOptions(device="cpu", **options)
-    return Runner(backends_, FixedTimer(), opts).run(list(cases))
+run = run_on_cpu
 
 
 def fake_library(monkeypatch, info):

@@ -84,13 +84,6 @@ def test_fp8_inputs_must_all_be_fp8():
         flash_attn_func(q, k, v.to(torch.float8_e5m2))
 
 
-def test_the_mixed_mode_is_refused_as_not_implemented():
-    q, k, v = fp8_qkv()
-    with raises(UnsupportedError, "k: expected dtype torch.bfloat16", "mixed mode",
-                "not implemented yet"):
-        flash_attn_func(q.bfloat16(), k, v)
-
-
 def test_e5m2_inputs_name_the_supported_dtypes():
     q, k, v = fp8_qkv()
     e5 = torch.float8_e5m2

@@ -50,9 +50,9 @@ C_TYPES = {"int32_t": ctypes.c_int32, "int64_t": ctypes.c_int64, "float": ctypes
 # sizeof(FhFwdParams) per ABI version: a layout change without an FH_ABI_VERSION bump is a bug.
 # (Version 2 changed fh_fwd_select_backend's signature, version 3 added the backward: neither
 # changed the struct, which bench/ab_libs.py relies on to time older libraries.)
-SIZEOF_BY_ABI = {1: 376, 2: 376, 3: 376, 4: 408}
+SIZEOF_BY_ABI = {1: 376, 2: 376, 3: 376, 4: 408, 5: 416}
 # sizeof(FhBwdParams) per ABI version (it appeared in 3).
-SIZEOF_BWD_BY_ABI = {3: 504, 4: 504}
+SIZEOF_BWD_BY_ABI = {3: 504, 4: 504, 5: 504}
 
 
 def _source(path: Path) -> str:
@@ -111,7 +111,7 @@ def _cmake_list(name: str) -> list[str]:
 # --- the binding mirrors api.h -------------------------------------------------------------------
 
 
-STRUCTS = [(FhFwdParams, "FhFwdParams", SIZEOF_BY_ABI, 55),
+STRUCTS = [(FhFwdParams, "FhFwdParams", SIZEOF_BY_ABI, 56),
            (FhBwdParams, "FhBwdParams", SIZEOF_BWD_BY_ABI, 66)]
 
 
@@ -491,6 +491,24 @@ SHAPE_RULES = [
      "accumulates in two levels only), got head_dim 256"),
     ({"dtype": FhDtype.E4M3, "v_descale_head_stride": -1}, INVALID,
      "v_descale: expected strides >= 0 (0 broadcasts), got batch stride 0, head stride -1"),
+    # The mixed mode (bf16 / fp16 q, FP8 k / v): kv_dtype 0 or dtype's means k / v in dtype.
+    ({"kv_dtype": FhDtype.FP32}, INVALID,
+     "kv_dtype: expected 0 or 1 (bf16, same as dtype), or FH_DTYPE_E4M3 (2) or FH_DTYPE_E5M2 (4) "
+     "with fp16 / bf16 q (the mixed mode), got 3"),
+    ({"dtype": FhDtype.E4M3, "out_dtype": FhDtype.BF16, "kv_dtype": FhDtype.E5M2}, INVALID,
+     "kv_dtype: expected 0 or 2 (e4m3, same as dtype), or FH_DTYPE_E4M3 (2) or FH_DTYPE_E5M2 (4) "
+     "with fp16 / bf16 q (the mixed mode), got 4"),
+    ({"kv_dtype": FhDtype.E4M3, "q_descale": ADDR}, INVALID,
+     "q_descale: expected null in the mixed mode (q is bf16, not FP8), got 0x10000"),
+    ({"kv_dtype": FhDtype.E5M2, "fp8_accumulation": 1}, INVALID,
+     "fp8_accumulation: expected 0 in the mixed mode (its GEMMs are 16-bit), got 1"),
+    ({"kv_dtype": FhDtype.E4M3, "head_dim": 72, "head_dim_v": 72}, INVALID,
+     "head_dim: expected a multiple of 16 for FP8 k / v (16-byte rows), got 72"),
+    ({"kv_dtype": FhDtype.E4M3, "v_row_stride": _valid_params().v_row_stride + 8}, INVALID,
+     f"v_row_stride: expected a multiple of 16 elements for FP8 k / v (16-byte aligned rows), "
+     f"got {_valid_params().v_row_stride + 8}"),
+    ({"kv_dtype": FhDtype.E4M3, "k_descale_batch_stride": -2}, INVALID,
+     "k_descale: expected strides >= 0 (0 broadcasts), got batch stride -2, head stride 0"),
     ({"out_dtype": FhDtype.FP16}, INVALID, "out_dtype: expected 1 (bf16, same as dtype), got 0"),
     ({"out_dtype": FhDtype.FP32}, INVALID, "out_dtype: expected 1 (bf16, same as dtype), got 3"),
     ({"batch": -1}, INVALID, "batch: expected 0..65535, got -1"),

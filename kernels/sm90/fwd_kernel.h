@@ -6,7 +6,9 @@
 // second tile for short masked calls, chosen per call in fwd_launch.h, same contract):
 //   WG 0, producer: all four warps drop to RegisterBudget::kProducer registers; warp 0 walks the
 //     step schedule and one elected lane issues every TMA load (load.h). Warps 1-3 exit, except
-//     for FP8 inputs: they transpose each V stage into V^T (transpose.h).
+//     for FP8 inputs: they transpose each V stage into V^T (transpose.h), and in mixed mode
+//     (16-bit q, FP8 K / V): they convert the FP8 staging ring's K / V blocks into the K / V
+//     stages (convert.h).
 //   WG 1..W, consumers: grow to RegisterBudget::kConsumer registers; WG c computes query rows
 //     [64c, 64c + 64) of each tile (mma.h) and writes O and LSE (epilogue.h).
 // Both roles walk one step schedule (schedule.h: CtaSchedule -> TileWork -> KeyStep; produce() and
@@ -25,6 +27,10 @@
 //       proxy fence; vt_empty: W arrivals) takes V's place between them and the consumers.
 //   full[s]: 1 arrival (the producer's arrive_and_expect_tx; the TMA completes the bytes).
 //   empty[s]: W arrivals, thread 0 of each consumer WG.
+//   Mixed mode: the producer's K / V loads go into a ring of FP8 staging stages (full: its
+//   arrive_and_expect_tx; empty: one arrival per converter warp), K and V blocks taking the
+//   ring's stages in the load order; the converter warps fill the K / V stages, so K / V full
+//   barriers count one arrival per converter warp (after its stores and a proxy fence), no bytes.
 //   Producers start every empty barrier at phase 1 (reported complete: buffers start free).
 // Named barriers (barriers.h):
 //   PingPong c   256: WG c syncs before issuing its GEMMs, WG c - 1 arrives after issuing its
@@ -38,6 +44,7 @@
 #include <cutlass/cutlass.h>
 
 #include "sm90/barriers.h"
+#include "sm90/convert.h"
 #include "sm90/kernel_traits.h"
 #include "sm90/load.h"
 #include "sm90/mma.h"
@@ -66,8 +73,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   using VPipe = typename Traits::VPipe;
   static_assert(QPipe::kEmptyArrivals == Traits::kConsumerWgs &&
                 KVPipe::kEmptyArrivals == Traits::kConsumerWgs);
-  static_assert(QPipe::kFullArrivals == 1 && KVPipe::kFullArrivals == 1 &&
-                VPipe::kFullArrivals == 1);
+  static_assert(QPipe::kFullArrivals == 1 &&
+                KVPipe::kFullArrivals == (Traits::kMixed ? kConverterWarps : 1) &&
+                VPipe::kFullArrivals == KVPipe::kFullArrivals);
   static_assert(VPipe::kEmptyArrivals == (Traits::kFp8 ? kTransposerWarps : Traits::kConsumerWgs));
   static_assert(QPipe::kStages == Traits::kQStages && KVPipe::kStages == Traits::kStages);
   static_assert(Traits::kThreads == 128 * (1 + Traits::kConsumerWgs));
@@ -86,6 +94,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                     VtPipe::kEmptyArrivals == Traits::kConsumerWgs);
       SmemBarriers<VtPipe>{smem.fp8.vt_full, smem.fp8.vt_empty}.init();
     }
+    if constexpr (Traits::kMixed) {
+      using StagingPipe = typename Traits::StagingPipe;
+      static_assert(StagingPipe::kFullArrivals == 1 &&
+                    StagingPipe::kEmptyArrivals == kConverterWarps);
+      SmemBarriers<StagingPipe>{smem.staging.full, smem.staging.empty}.init();
+    }
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
@@ -97,6 +111,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       producer_loop<Traits>(params, smem);
     } else if constexpr (Traits::kFp8) {
       transposer_loop<Traits>(params, smem, warp_idx - 1);
+    } else if constexpr (Traits::kMixed) {
+      converter_loop<Traits>(params, smem, warp_idx - 1);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Registers::kConsumer>();

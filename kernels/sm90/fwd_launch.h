@@ -112,39 +112,51 @@ class TmaMemo {
 template <class Traits>
 LaunchResult launch_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t stream) {
   using Element = typename Traits::Element;
+  using KvElement = typename Traits::KvElement;  // Element's but in mixed mode (FP8 K / V)
   constexpr int kSmem = Traits::kSmemBytes;
   if (kSmem > max_smem_per_block) {
     return LaunchResult::no_tile_fits(kSmem);  // api.cu reports it; nothing launched
   }
   constexpr int kElem = sizeof(Element);
+  constexpr int kKvElem = sizeof(KvElement);
   const int seqlen_k = p.seqlen_k > 0 ? p.seqlen_k : 1;  // no key: every tile is empty
   const void* k_ptr = p.seqlen_k > 0 ? p.k : p.q;
   const void* v_ptr = p.seqlen_k > 0 ? p.v : p.q;
   const int64_t q_strides[3] = {tma_stride(p.q_row_stride, p.seqlen_q, kElem),
                                 tma_stride(p.q_head_stride, p.heads_q, kElem),
                                 tma_stride(p.q_batch_stride, p.batch, kElem)};
-  const int64_t k_strides[3] = {p.seqlen_k > 0 ? tma_stride(p.k_row_stride, seqlen_k, kElem)
-                                               : q_strides[0],
-                                tma_stride(p.k_head_stride, p.heads_kv, kElem),
-                                tma_stride(p.k_batch_stride, p.batch, kElem)};
-  const int64_t v_strides[3] = {p.seqlen_k > 0 ? tma_stride(p.v_row_stride, seqlen_k, kElem)
-                                               : q_strides[0],
-                                tma_stride(p.v_head_stride, p.heads_kv, kElem),
-                                tma_stride(p.v_batch_stride, p.batch, kElem)};
+  // Without keys K / V stand on q's bytes (never read): q's row stride in K / V elements.
+  const int64_t q_row_as_kv = q_strides[0] * kElem / kKvElem;
+  const int64_t k_strides[3] = {p.seqlen_k > 0 ? tma_stride(p.k_row_stride, seqlen_k, kKvElem)
+                                               : q_row_as_kv,
+                                tma_stride(p.k_head_stride, p.heads_kv, kKvElem),
+                                tma_stride(p.k_batch_stride, p.batch, kKvElem)};
+  const int64_t v_strides[3] = {p.seqlen_k > 0 ? tma_stride(p.v_row_stride, seqlen_k, kKvElem)
+                                               : q_row_as_kv,
+                                tma_stride(p.v_head_stride, p.heads_kv, kKvElem),
+                                tma_stride(p.v_batch_stride, p.batch, kKvElem)};
   // Order of the checks: row, head, batch stride of q, then k, then v (the FhFwdParams names).
-  const NamedStride tma_strides[] = {
+  const NamedStride q_tma_strides[] = {
       {"q_row_stride", q_strides[0]}, {"q_head_stride", q_strides[1]},
-      {"q_batch_stride", q_strides[2]}, {"k_row_stride", k_strides[0]},
-      {"k_head_stride", k_strides[1]}, {"k_batch_stride", k_strides[2]},
-      {"v_row_stride", v_strides[0]}, {"v_head_stride", v_strides[1]},
-      {"v_batch_stride", v_strides[2]},
+      {"q_batch_stride", q_strides[2]}};
+  const NamedStride kv_tma_strides[] = {
+      {"k_row_stride", k_strides[0]}, {"k_head_stride", k_strides[1]},
+      {"k_batch_stride", k_strides[2]}, {"v_row_stride", v_strides[0]},
+      {"v_head_stride", v_strides[1]}, {"v_batch_stride", v_strides[2]},
   };
-  if (LaunchResult r = check_tma_strides(tma_strides, kElem); r.status != LaunchStatus::kOk) {
+  if (LaunchResult r = check_tma_strides(q_tma_strides, kElem); r.status != LaunchStatus::kOk) {
+    return r;
+  }
+  if (LaunchResult r = check_tma_strides(kv_tma_strides, kKvElem);
+      r.status != LaunchStatus::kOk) {
     return r;
   }
 
   auto gmem = [&](const void* ptr, int seqlen, int heads, const int64_t* s) {
     return tma_gmem_tensor<Element>(ptr, seqlen, p.head_dim, heads, p.batch, s);
+  };
+  auto gmem_kv = [&](const void* ptr, int seqlen, int heads, const int64_t* s) {
+    return tma_gmem_tensor<KvElement>(ptr, seqlen, p.head_dim, heads, p.batch, s);
   };
   using TmaQ = typename Traits::TmaQ;
   using TmaKV = typename Traits::TmaKV;
@@ -167,17 +179,17 @@ LaunchResult launch_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t
                          Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{}, _1{});
   });
   kp.tma_k = k_memo.get(kv_key(k_ptr, k_strides), [&] {
-    return make_tma_copy(SM90_TMA_LOAD{}, gmem(k_ptr, seqlen_k, p.heads_kv, k_strides),
-                         take<0, 2>(typename Traits::SmemLayoutK{}),
+    return make_tma_copy(SM90_TMA_LOAD{}, gmem_kv(k_ptr, seqlen_k, p.heads_kv, k_strides),
+                         take<0, 2>(typename Traits::SmemLayoutKVLoad{}),
                          Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>{}, _1{});
   });
   kp.tma_v = v_memo.get(kv_key(v_ptr, v_strides), [&] {
-    return make_tma_copy(SM90_TMA_LOAD{}, gmem(v_ptr, seqlen_k, p.heads_kv, v_strides),
-                         take<0, 2>(typename Traits::SmemLayoutV{}),
+    return make_tma_copy(SM90_TMA_LOAD{}, gmem_kv(v_ptr, seqlen_k, p.heads_kv, v_strides),
+                         take<0, 2>(typename Traits::SmemLayoutKVLoad{}),
                          Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>{}, _1{});
   });
   const bool masked = p.window_left >= 0 || p.window_right >= 0;
-  const int64_t kv_bytes = int64_t(seqlen_k) * p.head_dim * 2 * kElem;
+  const int64_t kv_bytes = int64_t(seqlen_k) * p.head_dim * 2 * kKvElem;
   kp.scheduler = StaticTileScheduler::make(p.seqlen_q, Traits::kBlockM, p.heads_q, p.heads_per_kv,
                                            p.batch, kv_bytes, /*longest_first=*/masked,
                                            p.num_sms);
@@ -202,23 +214,29 @@ LaunchResult launch_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t
 // FhVariant whose template flags it compiles in (FH_VARIANT_FLAG_NO_OVERLAP -> kOverlap = false);
 // the runtime flags (FH_VARIANT_FLAG_NO_PINGPONG) arrive in p.variant. Masked calls with short key
 // sequences run the bucket's kShortMasked tile where it has one (tile_config.h); the no-overlap
-// ablation kernels keep the default tile.
-template <class Element, int kHeadDim, int kKernelVariant>
+// ablation kernels keep the default tile. KvElement differs from Element in mixed mode only
+// (16-bit q against FP8 K / V: its own tile, tile_config.h).
+template <class Element, int kHeadDim, int kKernelVariant, class KvElement = Element>
 LaunchResult run_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t stream) {
   static_assert((kKernelVariant & FH_VARIANT_FLAG_NO_PINGPONG) == 0,
                 "ping-pong is a runtime switch: the kernel without the flag serves it");
   constexpr bool kOverlap = (kKernelVariant & FH_VARIANT_FLAG_NO_OVERLAP) == 0;
-  if constexpr (sizeof(Element) == 1) {
-    static_assert(kOverlap && has_fp8_config(kHeadDim), "FP8: tuned kernel, fp8 buckets only");
-    return launch_fwd<FwdTraits<Element, kHeadDim, kOverlap>>(p, max_smem_per_block, stream);
-  } else if constexpr (kOverlap && has_short_masked_tile(kHeadDim)) {
-    const bool masked = p.window_left >= 0 || p.window_right >= 0;
-    if (masked && p.seqlen_k <= kShortMaskedMaxSeqlenK) {
-      return launch_fwd<FwdTraits<Element, kHeadDim, kOverlap, TileFamily::kShortMasked>>(
-          p, max_smem_per_block, stream);
+  if constexpr (!cute::is_same_v<Element, KvElement>) {
+    static_assert(kOverlap && has_mixed_config(kHeadDim), "mixed mode: tuned kernel, its buckets");
+    return launch_fwd<FwdTraits<Element, kHeadDim, kOverlap, TileFamily::kDefault, KvElement>>(
+        p, max_smem_per_block, stream);
+  } else {
+    if constexpr (sizeof(Element) == 1) {
+      static_assert(kOverlap && has_fp8_config(kHeadDim), "FP8: tuned kernel, fp8 buckets only");
+    } else if constexpr (kOverlap && has_short_masked_tile(kHeadDim)) {
+      const bool masked = p.window_left >= 0 || p.window_right >= 0;
+      if (masked && p.seqlen_k <= kShortMaskedMaxSeqlenK) {
+        return launch_fwd<FwdTraits<Element, kHeadDim, kOverlap, TileFamily::kShortMasked>>(
+            p, max_smem_per_block, stream);
+      }
     }
+    return launch_fwd<FwdTraits<Element, kHeadDim, kOverlap>>(p, max_smem_per_block, stream);
   }
-  return launch_fwd<FwdTraits<Element, kHeadDim, kOverlap>>(p, max_smem_per_block, stream);
 }
 
 }  // namespace flash_hopper::sm90

@@ -30,15 +30,19 @@ CUTE_HOST_DEVICE constexpr auto k_major_smem_atom() {
   }
 }
 
-// FP8: warps 1-3 of the producer warpgroup transpose V into V^T (transpose.h).
+// FP8: warps 1-3 of the producer warpgroup transpose V into V^T (transpose.h); in mixed mode
+// they convert the FP8 K / V staging stages into 16-bit ones (convert.h).
 inline constexpr int kTransposerWarps = 3;
+inline constexpr int kConverterWarps = 3;
 
 struct EmptyStorage {};
 
+// KvElement_: the element of K and V in user memory; Element's but for the mixed mode.
 template <class Element_, int kHeadDim_, bool kOverlap_,
-          TileFamily kFamily = TileFamily::kDefault>
+          TileFamily kFamily = TileFamily::kDefault, class KvElement_ = Element_>
 struct FwdTraits {
   using Element = Element_;
+  using KvElement = KvElement_;
   // fp16 / bf16, or FP8 e4m3 (issue 12): FP8 inputs write O in bf16 or fp16 (FwdParams::o_fp16),
   // take V^T from the transposer warps and accumulate PV in two levels (mma.h).
   static constexpr bool kFp8 = sizeof(Element) == 1;
@@ -46,9 +50,25 @@ struct FwdTraits {
                 "the FA-3 path forward handles fp16 / bf16 / e4m3 inputs");
   static_assert(!kFp8 || (kOverlap_ && kFamily == TileFamily::kDefault),
                 "FP8 has one tile: the tuned kernel of its bucket's config");
+  // Mixed mode (issue 12): 16-bit q and math against e4m3 / e5m2 K and V, which the TMA loads
+  // into a staging ring and warps 1-3 of the producer warpgroup convert into the 16-bit kernel's
+  // K / V stages (convert.h). The consumers are the 16-bit ones; the descales of K and V scale
+  // the scores and O as in the FP8 kernel.
+  static constexpr bool kMixed = !cute::is_same_v<Element, KvElement>;
+  static_assert(!kMixed || (sizeof(Element) == 2 &&
+                            (cute::is_same_v<KvElement, cutlass::float_e4m3_t> ||
+                             cute::is_same_v<KvElement, cutlass::float_e5m2_t>)),
+                "mixed mode: fp16 / bf16 q against e4m3 / e5m2 K and V");
+  static_assert(!kMixed || (kOverlap_ && kFamily == TileFamily::kDefault),
+                "mixed mode has one tile: the tuned kernel of its bucket's config");
+  // The descales of the FP8 inputs scale the scores and O (mma.h, TileScales).
+  static constexpr bool kScaled = kFp8 || kMixed;
 
   static constexpr FwdConfig kConfig =
-      kFp8 ? fwd_config_fp8(kHeadDim_) : fwd_config(kHeadDim_, kFamily);
+      kFp8 ? fwd_config_fp8(kHeadDim_)
+           : (kMixed ? fwd_config_mixed(kHeadDim_) : fwd_config(kHeadDim_, kFamily));
+  static constexpr int kStagingStages = kConfig.staging_stages;
+  static_assert(kMixed == (kStagingStages > 0), "the staging ring is the mixed mode's");
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kConfig.block_m;
   static constexpr int kBlockN = kConfig.block_n;
@@ -57,6 +77,9 @@ struct FwdTraits {
   static constexpr int kConsumerWgs = kConfig.consumer_wgs;
   // Intra-warpgroup overlap of softmax and PV: the variant's flag, where the config has room.
   static constexpr bool kOverlap = kOverlap_ && kConfig.intra_wg_overlap;
+  // The producer loads V(step i - 1) after K(step i) where the consumers use V a step late
+  // (overlap); FP8 loads V right after K, for its transposer (schedule.h, produce()).
+  static constexpr bool kVLag = kOverlap && !kFp8;
   // The PV GEMM's head-dim parts (tile_config.h): its atoms are d / kPvParts wide.
   static constexpr int kPvParts = kConfig.pv_parts;
   static_assert(kPvParts == 1 || (kFp8 && !kOverlap),
@@ -65,7 +88,7 @@ struct FwdTraits {
   static constexpr bool kPingpongDefault = kConfig.pingpong;
   static constexpr bool kMergeTileBoundary = kConfig.merge_tile_boundary;
 
-  using Registers = RegisterBudget<kConsumerWgs>;
+  using Registers = RegisterBudget<kConsumerWgs, /*kWideProducer=*/kMixed>;
   static constexpr int kThreads = Registers::kThreads;
   static constexpr int kConsumerThreads = 128 * kConsumerWgs;
   static_assert(kBlockM == 64 * kConsumerWgs, "each consumer warpgroup owns 64 query rows");
@@ -122,29 +145,48 @@ struct FwdTraits {
                                           ShapeQKV{}, StrideQKV{}));
   using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQ{},
                                       Shape<Int<kBlockM>, Int<kHeadDim>>{}, _1{}));
-  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{},
-                                       take<0, 2>(SmemLayoutK{}),
+  // Mixed mode: the FP8 staging ring, (N, D, STAGING) with FP8 rows; K and V blocks take its
+  // stages in the producer's load order.
+  using SmemLayoutStaging = decltype(tile_to_shape(
+      k_major_smem_atom<KvElement, kHeadDim>(),
+      Shape<Int<kBlockN>, Int<kHeadDim>, Int<kMixed ? kStagingStages : 1>>{}));
+  using GmemTensorKV = decltype(make_tensor(make_gmem_ptr(static_cast<KvElement const*>(nullptr)),
+                                            ShapeQKV{}, StrideQKV{}));
+  // K / V land in their stages, or in mixed mode in the staging ring.
+  using SmemLayoutKVLoad = conditional_t<kMixed, SmemLayoutStaging, SmemLayoutK>;
+  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensorKV{},
+                                       take<0, 2>(SmemLayoutKVLoad{}),
                                        Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
 
   // Bytes each TMA load brings (expect_tx counts the full box, also where it zero-fills).
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
-  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(KvElement);
   static_assert(kQBytes == cosize_v<SmemLayoutQ> * sizeof(Element));
   static_assert(kQBytes * kQStages == cosize_v<SmemLayoutQStages> * sizeof(Element));
-  static_assert(kKVBytes * kStages == cosize_v<SmemLayoutK> * sizeof(Element));
+  static_assert(kMixed || kKVBytes * kStages == cosize_v<SmemLayoutK> * sizeof(Element));
+  static_assert(!kMixed || kKVBytes * kStagingStages == cosize_v<SmemLayoutStaging>);
 
   // Q buffers and K / V stages between the producer and the consumer warpgroups (pipeline.h).
   // FP8: V goes from the producer to the transposer warps (VPipe), V^T from them to the
   // consumers (VtPipe, full barriers without transaction bytes).
+  // Mixed mode: the producer loads into the staging ring (StagingPipe, released by the converter
+  // warps), the converter warps write the K / V stages (KVPipe's full barriers: one arrival per
+  // converter warp, no transaction bytes).
   using QPipe = PipelineSpec<kQStages, kConsumerWgs>;
-  using KVPipe = PipelineSpec<kStages, kConsumerWgs>;
+  using KVPipe = PipelineSpec<kStages, kConsumerWgs, /*kFullArrivals=*/kMixed ? kConverterWarps : 1>;
   using VPipe = conditional_t<kFp8, PipelineSpec<kStages, kTransposerWarps>, KVPipe>;
   using VtPipe = PipelineSpec<kStages, kConsumerWgs, /*kFullArrivals=*/kTransposerWarps>;
+  using StagingPipe = PipelineSpec<kMixed ? kStagingStages : 1, kConverterWarps>;
 
   struct VtStorage {
     array_aligned<Element, cosize_v<SmemLayoutVt>, 1024> vt;
     cutlass::arch::ClusterTransactionBarrier vt_full[VtPipe::kStages];
     cutlass::arch::ClusterBarrier vt_empty[VtPipe::kStages];
+  };
+  struct StagingStorage {
+    array_aligned<KvElement, cosize_v<SmemLayoutStaging>, 1024> kv;
+    cutlass::arch::ClusterTransactionBarrier full[StagingPipe::kStages];
+    cutlass::arch::ClusterBarrier empty[StagingPipe::kStages];
   };
   struct SharedStorage {
     // 1024-byte alignment: the period of the 128-byte swizzle pattern.
@@ -158,6 +200,7 @@ struct FwdTraits {
     cutlass::arch::ClusterBarrier k_empty[KVPipe::kStages];
     cutlass::arch::ClusterBarrier v_empty[KVPipe::kStages];
     conditional_t<kFp8, VtStorage, EmptyStorage> fp8;
+    conditional_t<kMixed, StagingStorage, EmptyStorage> staging;
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= kSmemOptinBytes, "tile config exceeds sm_90 shared memory");

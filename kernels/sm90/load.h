@@ -1,11 +1,13 @@
 // Producer of the FA-3 path: one elected thread of warp 0 issues every TMA load, in the order
 // schedule.h's produce() walks (K of the first step, Q, then K and V per step). Each load first
-// waits until its buffer is empty (pipeline.h).
+// waits until its buffer is empty (pipeline.h). Mixed mode: K and V blocks go into the FP8
+// staging ring, one stage each in this order, for the converter warps (convert.h).
 #pragma once
 
 #include <cute/tensor.hpp>
 
 #include "sm90/barriers.h"
+#include "sm90/kernel_traits.h"  // EmptyStorage
 #include "sm90/params.h"
 #include "sm90/schedule.h"
 
@@ -27,6 +29,17 @@ struct Producer {
   ProducerEnd<typename Traits::QPipe, SmemBarriers<typename Traits::QPipe>> q_pipe;
   ProducerEnd<typename Traits::KVPipe, SmemBarriers<typename Traits::KVPipe>> k_pipe;
   ProducerEnd<typename Traits::VPipe, SmemBarriers<typename Traits::VPipe>> v_pipe;
+  using StagingPipe = typename Traits::StagingPipe;
+  using StagingEnd = ProducerEnd<StagingPipe, SmemBarriers<StagingPipe>>;
+  conditional_t<Traits::kMixed, StagingEnd, EmptyStorage> staging_pipe;
+
+  static CUTE_DEVICE auto staging_end(SharedStorage& smem) {
+    if constexpr (Traits::kMixed) {
+      return StagingEnd{{smem.staging.full, smem.staging.empty}};
+    } else {
+      return EmptyStorage{};
+    }
+  }
 
   CUTE_DEVICE Producer(KernelParams<Traits> const& params_, SharedStorage& smem_)
       : params(params_),
@@ -35,16 +48,27 @@ struct Producer {
         leader(cute::elect_one_sync()),
         q_pipe{{smem_.q_full, smem_.q_empty}},
         k_pipe{{smem_.k_full, smem_.k_empty}},
-        v_pipe{{smem_.v_full, smem_.v_empty}} {}
+        v_pipe{{smem_.v_full, smem_.v_empty}},
+        staging_pipe(staging_end(smem_)) {}
 
   CUTE_DEVICE auto sQ() const {  // (M, D, QPIPE)
     return make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQStages{});
   }
-  CUTE_DEVICE auto sK() const {  // (N, D, PIPE)
-    return make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutK{});
+  // Where K / V blocks land: their stages, or (mixed mode) the staging ring, both (N, D, PIPE).
+  CUTE_DEVICE auto sK() const {
+    if constexpr (Traits::kMixed) {
+      return make_tensor(make_smem_ptr(smem.staging.kv.data()),
+                         typename Traits::SmemLayoutStaging{});
+    } else {
+      return make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutK{});
+    }
   }
-  CUTE_DEVICE auto sV() const {  // (N, D, PIPE)
-    return make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutV{});
+  CUTE_DEVICE auto sV() const {
+    if constexpr (Traits::kMixed) {
+      return sK();
+    } else {
+      return make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutV{});
+    }
   }
   // The TMA's view of Q / K / V: (seqlen, head_dim, heads, batch) coordinates.
   CUTE_DEVICE auto mQ() const {
@@ -89,16 +113,31 @@ struct Producer {
   }
   template <class View>
   CUTE_DEVICE void k(View const& view, KeyStep step) {
-    k_pipe.load(leader, Traits::kKVBytes, [&](int stage) {
-      copy(params.tma_k.with(k_pipe.bar.tma_barrier(stage), 0, TMA::CacheHintSm90::EVICT_LAST),
-           get<2>(view)(_, step.n), get<3>(view)(_, stage));
-    });
+    load_kv(k_end(), params.tma_k, get<2>(view)(_, step.n), get<3>(view));
   }
   template <class View>
   CUTE_DEVICE void v(View const& view, KeyStep step) {
-    v_pipe.load(leader, Traits::kKVBytes, [&](int stage) {
-      copy(params.tma_v.with(v_pipe.bar.tma_barrier(stage), 0, TMA::CacheHintSm90::EVICT_LAST),
-           get<4>(view)(_, step.n), get<5>(view)(_, stage));
+    load_kv(v_end(), params.tma_v, get<4>(view)(_, step.n), get<5>(view));
+  }
+  CUTE_DEVICE auto& k_end() {
+    if constexpr (Traits::kMixed) {
+      return staging_pipe;
+    } else {
+      return k_pipe;
+    }
+  }
+  CUTE_DEVICE auto& v_end() {
+    if constexpr (Traits::kMixed) {
+      return staging_pipe;
+    } else {
+      return v_pipe;
+    }
+  }
+  template <class End, class Tma, class TensorG, class TensorS>
+  CUTE_DEVICE void load_kv(End& end, Tma const& tma, TensorG const& g, TensorS const& s) {
+    end.load(leader, Traits::kKVBytes, [&](int stage) {
+      copy(tma.with(end.bar.tma_barrier(stage), 0, TMA::CacheHintSm90::EVICT_LAST), g,
+           s(_, stage));
     });
   }
 
@@ -125,7 +164,7 @@ template <class Traits>
 CUTE_DEVICE void producer_loop(KernelParams<Traits> const& params,
                                typename Traits::SharedStorage& smem) {
   Producer<Traits> producer(params, smem);
-  produce</*kVLag=*/Traits::kOverlap && !Traits::kFp8>(cta_schedule(params), producer);
+  produce<Traits::kVLag>(cta_schedule(params), producer);
 }
 
 }  // namespace flash_hopper::sm90

@@ -17,6 +17,10 @@
 // accumulates every block, as O does for 16-bit inputs). At d256 (Traits::kPvParts = 2) the
 // accumulator covers half the head dim: the PV GEMM runs in two parts, each waited for and added
 // into its half of O (complete_pv); it has no single-level ablation (the host refuses it).
+//
+// Mixed mode (Traits::kMixed: 16-bit q against FP8 K / V converted in shared memory, convert.h):
+// the 16-bit consumers, with the FP8 kernel's tile scales (k_descale into the scores, v_descale
+// into O; no q_descale).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -50,6 +54,7 @@ struct Consumer {
   using SharedStorage = typename Traits::SharedStorage;
   using Softmax = OnlineSoftmax</*kRows=*/2>;
   static constexpr bool kFp8 = Traits::kFp8;
+  static constexpr bool kScaled = Traits::kScaled;  // FP8 or mixed: descales (TileScales)
   static constexpr int kPvParts = Traits::kPvParts;
   using QEnd = ConsumerEnd<typename Traits::QPipe, SmemBarriers<typename Traits::QPipe>>;
   using KVEnd = ConsumerEnd<typename Traits::KVPipe, SmemBarriers<typename Traits::KVPipe>>;
@@ -157,13 +162,23 @@ struct Consumer {
   }
   CUTE_DEVICE void turn_pass() const { pingpong().pass_turn(); }
 
-  // FP8: the scales of one tile's (batch, kv head), from the descales (FwdParams).
+  // FP8 and mixed mode: the scales of one tile's (batch, kv head), from the descales (FwdParams).
   struct TileScales {
     float scale_log2;
     float lse_scale;
     float softcap_prescale;
     float o_scale;  // v_descale
   };
+  // The mixed mode keeps no scale in registers across a tile (d64's three warpgroups have no
+  // room: holding the scales spilled in the softcap path): the softcap's factor and the
+  // epilogue's reload them (tile_scales: cached loads of two descales).
+  using Scales = conditional_t<kFp8, TileScales, EmptyStorage>;
+  template <class State>  // TileState (declared below)
+  CUTE_DEVICE void set_scales(State& f, TileScales const& sc) const {
+    if constexpr (kFp8) {
+      f.scales = sc;
+    }
+  }
   CUTE_DEVICE TileScales tile_scales(TileWork const& w) const {
     const int h_kv = w.tile.head / p.heads_per_kv;
     auto load = [&](const float* ptr, int64_t batch_stride, int64_t head_stride) {
@@ -202,7 +217,7 @@ struct Consumer {
     conditional_t<kFp8, OAccFragment, EmptyStorage> o_acc;
     Softmax softmax;
     Softmax finishing;
-    conditional_t<kFp8, TileScales, EmptyStorage> scales;
+    Scales scales;
     conditional_t<kFp8, TileScales, EmptyStorage> finishing_scales;
     static_assert(decltype(size<2>(p))::value == kBlockN / (kFp8 ? 32 : 16),
                   "P as the PV A operand");
@@ -282,6 +297,8 @@ struct Consumer {
     if (p.softcap != 0.f) {
       if constexpr (kFp8) {
         apply_softcap(f.s, p.softcap, f.scales.softcap_prescale);
+      } else if constexpr (kScaled) {
+        apply_softcap(f.s, p.softcap, tile_scales(w).softcap_prescale);
       } else {
         apply_softcap(f.s, p.softcap, p.softcap_prescale);
       }
@@ -361,10 +378,13 @@ struct Consumer {
 
   // --- tiles --------------------------------------------------------------------------------
   CUTE_DEVICE void start_tile(TileState& f, TileWork const& w) {
-    if constexpr (kFp8) {
-      f.scales = tile_scales(w);
-      f.softmax = Softmax(f.scales.scale_log2);
-      clear(f.o_acc);
+    if constexpr (kScaled) {
+      const TileScales sc = tile_scales(w);
+      set_scales(f, sc);
+      f.softmax = Softmax(sc.scale_log2);
+      if constexpr (kFp8) {
+        clear(f.o_acc);
+      }
     } else {
       f.softmax = Softmax(p.scale_log2);
     }
@@ -372,10 +392,13 @@ struct Consumer {
   }
   CUTE_DEVICE void begin_next_tile(TileState& f, TileWork const& w) {
     f.finishing = f.softmax;
-    if constexpr (kFp8) {
-      f.finishing_scales = f.scales;
-      f.scales = tile_scales(w);
-      f.softmax = Softmax(f.scales.scale_log2);
+    if constexpr (kScaled) {
+      if constexpr (kFp8) {
+        f.finishing_scales = f.scales;
+      }
+      const TileScales sc = tile_scales(w);
+      set_scales(f, sc);
+      f.softmax = Softmax(sc.scale_log2);
     } else {
       f.softmax = Softmax(p.scale_log2);
     }
@@ -409,6 +432,14 @@ struct Consumer {
       } else {
         store_tile<cutlass::bfloat16_t, Traits>(p, thr, f.o, lse, w.tile);
       }
+    } else if constexpr (kScaled) {
+      const TileScales sc = tile_scales(w);  // w: the finishing tile (kPrevious) or this one
+      (kPrevious ? f.finishing : f.softmax).finalize(o_rc, sc.lse_scale, lse);
+      CUTE_UNROLL
+      for (int i = 0; i < size(f.o); ++i) {
+        f.o(i) *= sc.o_scale;
+      }
+      store_tile<Element, Traits>(p, mma_pv.get_thread_slice(thread_idx()), f.o, lse, w.tile);
     } else {
       (kPrevious ? f.finishing : f.softmax).finalize(o_rc, p.lse_scale, lse);
       store_tile<Element, Traits>(p, mma_pv.get_thread_slice(thread_idx()), f.o, lse, w.tile);

@@ -33,6 +33,10 @@ struct FwdConfig {
   // accumulator of d / pv_parts columns (FP8 d256: its two-level accumulator at full width
   // would be 128 registers next to O's 128).
   int pv_parts = 1;
+  // Mixed mode (16-bit q against an FP8 K / V cache): stages of the ring the producer's TMA
+  // loads FP8 K and V blocks into, in its load order, before the converter warps write them into
+  // the 16-bit K / V stages (convert.h). 0 for every other kernel.
+  int staging_stages = 0;
 };
 
 // Register budget moved by setmaxnreg. The launch gives every thread R0 = floor(65536 / T / 8) * 8
@@ -40,7 +44,7 @@ struct FwdConfig {
 // the W consumer warpgroups grow to kConsumer, within the CTA's allocation:
 //   128 * kProducer + 128 * W * kConsumer <= T * R0
 // (setmaxnreg.inc blocks until the pool has the registers, so an over-ask hangs: checked below).
-template <int kConsumerWgs>
+template <int kConsumerWgs, bool kWideProducer = false>
 struct RegisterBudget {
   static constexpr int kThreads = 128 * (1 + kConsumerWgs);
   static constexpr int kLaunch = kRegistersPerSm / kThreads / 8 * 8;
@@ -48,8 +52,11 @@ struct RegisterBudget {
   // addressing and loop state (FP8's transposer warps too: one ldmatrix / stmatrix unit at a
   // time, transpose.h); the consumers hold O, S and P (FP8 d256 needs all 240: O 128 + its
   // two-level accumulator's part 64 + P 16 and the WGMMA descriptors; 232 spilled).
-  static constexpr int kProducer = kConsumerWgs == 2 ? 24 : 32;
-  static constexpr int kConsumer = kConsumerWgs == 2 ? 240 : 160;
+  // kWideProducer (the mixed mode's converter warps, convert.h: several 16-byte loads in
+  // flight): 40 / 232 with 2 WGs.
+  static_assert(!kWideProducer || kConsumerWgs == 2, "a wide producer leaves 2 WGs 232 each");
+  static constexpr int kProducer = kConsumerWgs == 2 ? (kWideProducer ? 40 : 24) : 32;
+  static constexpr int kConsumer = kConsumerWgs == 2 ? (kWideProducer ? 232 : 240) : 160;
   static_assert(128 * kProducer + 128 * kConsumerWgs * kConsumer <= kThreads * kLaunch,
                 "setmaxnreg budget exceeds the CTA's register allocation (would hang)");
   static_assert(kConsumer % 8 == 0 && kProducer % 8 == 0 && kConsumer <= 256 && kProducer >= 24);
@@ -137,6 +144,34 @@ constexpr FwdConfig fwd_config_fp8(int head_dim) {
   return {/*block_m=*/128, /*block_n=*/128, /*stages=*/2, /*q_stages=*/1, /*consumer_wgs=*/2,
           /*pingpong=*/true, /*rescale_o_before_pv=*/false, /*merge_tile_boundary=*/false,
           /*intra_wg_overlap=*/false, /*pv_parts=*/2};
+}
+
+// Mixed mode (issue 12: fp16 / bf16 q, e4m3 / e5m2 K and V): the 16-bit kernel's consumers on
+// 16-bit K / V stages, plus a ring of FP8 staging stages the TMA loads into (K and V blocks in the
+// producer's order), which warps 1-3 of the producer warpgroup convert (convert.h). The ring
+// costs N * d bytes per stage, so each bucket's tile shrinks to make room:
+// d64:  128 x 128, two WGs (the 16-bit tile's three WGs at 160 registers spilled with the mixed
+//       mode's per-tile scale, and leave the converter warps 32 registers): Q 2 x 16 K + 4 x 16 K
+//       + ring 2 x 8 K = 112 KB.
+// Every mixed tile has two consumer WGs at 232 registers and the converter warps 40
+// (RegisterBudget's wide producer: four conversion units in flight, convert.h).
+// d128: N = 128 (the 16-bit tile's N = 176 leaves no room for the ring): Q 2 x 32 K + 4 x 32 K +
+//       ring 2 x 16 K = 224 KB; O + S + P = 64 + 64 + 32.
+// d256: N = 64 (16-bit: 80): Q 64 K + 4 x 32 K + ring 2 x 16 K = 224 KB; O + S + P = 128 + 32
+//       + 16; as the 16-bit tile, O rescaled before the PV GEMM and no merged tile boundary.
+constexpr bool has_mixed_config(int head_dim) {
+  return head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
+
+constexpr FwdConfig fwd_config_mixed(int head_dim) {
+  if (head_dim <= 64) {
+    return {128, 128, 2, 2, 2, true, false, true, true, 1, /*staging_stages=*/2};
+  }
+  if (head_dim <= 128) {
+    return {128, 128, 2, 2, 2, true, false, true, true, 1, /*staging_stages=*/2};
+  }
+  return {128, 64, 2, 1, 2, false, true, /*merge_tile_boundary=*/false, true, 1,
+          /*staging_stages=*/2};
 }
 
 // Whether a bucket has its own kShortMasked tile (only where it measured faster).

@@ -39,7 +39,8 @@
 
 // Declarations of every launcher this build holds, then the dispatch tables. Each inclusion of
 // fh_registry.inc defines both row macros (the one a table does not want as empty).
-#define FH_REGISTER_FWD(backend, dtype, head_dim, variant, name) FH_DEFINE_FWD_LAUNCHER(name);
+#define FH_REGISTER_FWD(backend, dtype, kv_dtype, head_dim, variant, name) \
+  FH_DEFINE_FWD_LAUNCHER(name);
 #define FH_REGISTER_BWD(backend, dtype, head_dim, name) FH_DEFINE_BWD_LAUNCHER(name);
 #include "fh_registry.inc"
 #undef FH_REGISTER_FWD
@@ -60,17 +61,18 @@ namespace {
 struct RegistryEntry {
   int32_t backend;
   int32_t dtype;
+  int32_t kv_dtype;  // dtype's, but for the mixed mode's kernels (FP8 K / V)
   int32_t head_dim_bucket;
   int32_t variant;  // FhVariant: one launcher may serve several (runtime flags)
   FwdLauncher launch;
 };
 
-#define FH_REGISTER_FWD(backend, dtype, head_dim, variant, name) \
-  {backend, dtype, head_dim, variant, &name},
+#define FH_REGISTER_FWD(backend, dtype, kv_dtype, head_dim, variant, name) \
+  {backend, dtype, kv_dtype, head_dim, variant, &name},
 #define FH_REGISTER_BWD(backend, dtype, head_dim, name)
 constexpr RegistryEntry kRegistry[] = {
 #include "fh_registry.inc"
-    {-1, -1, -1, -1, nullptr},  // sentinel: keeps the array non-empty in a build with no kernels
+    {-1, -1, -1, -1, -1, nullptr},  // sentinel: keeps the array non-empty in a build with no kernels
 };
 #undef FH_REGISTER_FWD
 #undef FH_REGISTER_BWD
@@ -82,7 +84,7 @@ struct BwdRegistryEntry {
   BwdLauncher launch;
 };
 
-#define FH_REGISTER_FWD(backend, dtype, head_dim, variant, name)
+#define FH_REGISTER_FWD(backend, dtype, kv_dtype, head_dim, variant, name)
 #define FH_REGISTER_BWD(backend, dtype, head_dim, name) {backend, dtype, head_dim, &name},
 constexpr BwdRegistryEntry kBwdRegistry[] = {
 #include "fh_registry.inc"
@@ -209,11 +211,13 @@ int64_t head_dim_bucket(int64_t head_dim) {
   return -1;
 }
 
+// kv_dtype: the K / V dtype (the mixed mode's kernels); -1: dtype's.
 const RegistryEntry* find_kernel(int32_t backend, int32_t dtype, int64_t head_dim,
-                                 int32_t variant) {
+                                 int32_t variant, int32_t kv_dtype = -1) {
   const int64_t bucket = head_dim_bucket(head_dim);
+  const int32_t kv = kv_dtype < 0 ? dtype : kv_dtype;
   for (const RegistryEntry& e : kRegistry) {
-    if (e.launch != nullptr && e.backend == backend && e.dtype == dtype &&
+    if (e.launch != nullptr && e.backend == backend && e.dtype == dtype && e.kv_dtype == kv &&
         e.head_dim_bucket == bucket && e.variant == variant) {
       return &e;
     }
@@ -267,26 +271,53 @@ std::string fa3_bwd_buckets() {
   return list;
 }
 
-// Whether the FA-3 path has an FP8 (e4m3) forward tile for head_dim's bucket in the source tree
-// (FH_DTYPE_TABLE in kernels/src/tables.cmake), whatever this build compiled; and their list.
-bool fp8_covers(int64_t head_dim) {
+// Head-dim bucket lists of the source tree (FH_DTYPE_TABLE / FH_MIXED_TABLE in
+// kernels/src/tables.cmake), whatever this build compiled: the FA-3 path's FP8 (e4m3) forward
+// tiles and the mixed mode's.
+#define FH_LIST_ITEM(value) value,
+constexpr int64_t kFp8Buckets[] = {FH_FP8_HEAD_DIMS(FH_LIST_ITEM)};
+constexpr int64_t kMixedBuckets[] = {FH_MIXED_HEAD_DIMS(FH_LIST_ITEM)};
+#undef FH_LIST_ITEM
+
+// Whether head_dim's bucket is in a list; the list for messages ("64, 128, 256").
+template <size_t N>
+bool bucket_listed(int64_t head_dim, const int64_t (&buckets)[N]) {
   const int64_t bucket = head_dim_bucket(head_dim);
-#define FH_FP8_BUCKET(value) \
-  if (bucket == value) {     \
-    return true;             \
+  for (int64_t b : buckets) {
+    if (b == bucket) {
+      return true;
+    }
   }
-  FH_FP8_HEAD_DIMS(FH_FP8_BUCKET)
-#undef FH_FP8_BUCKET
   return false;
 }
 
-std::string fp8_buckets() {
+template <size_t N>
+std::string bucket_names(const int64_t (&buckets)[N]) {
   std::string list;
-#define FH_FP8_BUCKET_NAME(value) list += (list.empty() ? "" : ", ") + std::to_string(value);
-  FH_FP8_HEAD_DIMS(FH_FP8_BUCKET_NAME)
-#undef FH_FP8_BUCKET_NAME
+  for (int64_t b : buckets) {
+    list += (list.empty() ? "" : ", ") + std::to_string(b);
+  }
   return list;
 }
+
+bool fp8_covers(int64_t head_dim) { return bucket_listed(head_dim, kFp8Buckets); }
+std::string fp8_buckets() { return bucket_names(kFp8Buckets); }
+bool mixed_covers(int64_t head_dim) { return bucket_listed(head_dim, kMixedBuckets); }
+std::string mixed_buckets() { return bucket_names(kMixedBuckets); }
+
+// The mixed mode's FH_DTYPES name ("bf16+e4m3") of a (q, K / V) dtype pair, or null.
+const char* mixed_name(int32_t dtype, int32_t kv_dtype) {
+#define FH_MIXED_NAME(q_value, kv_value, name)   \
+  if (dtype == q_value && kv_dtype == kv_value) { \
+    return name;                                 \
+  }
+  FH_MIXED_TABLE(FH_MIXED_NAME)
+#undef FH_MIXED_NAME
+  return nullptr;
+}
+
+// Whether k / v are in another dtype than q (FhFwdParams::kv_dtype: 0 means dtype's).
+bool is_mixed(const FhFwdParams* p) { return p->kv_dtype != 0 && p->kv_dtype != p->dtype; }
 
 // The dtype's FH_DTYPES name, or null for an FhDtype without kernels.
 const char* dtype_name(int32_t dtype) {
@@ -439,7 +470,9 @@ FhStatus validate_tensor(const void* ptr, const char* name) {
 
 // The FP8 fields: only e4m3 inputs may set them; e4m3 rows are 16-byte vectors of 16 elements
 // (TMA boxes and k32 FP8 WGMMA slices), so head_dim and the q / k / v strides are multiples of 16.
-FhStatus validate_fp8(const FhFwdParams* p, bool fp8, bool check_data) {
+// Mixed mode (16-bit q, FP8 k / v): k_descale / v_descale as for e4m3 inputs, no q_descale,
+// 16-element k / v rows and strides.
+FhStatus validate_fp8(const FhFwdParams* p, bool fp8, bool mixed, bool check_data) {
   const struct {
     const char* name;
     const float* ptr;
@@ -450,6 +483,39 @@ FhStatus validate_fp8(const FhFwdParams* p, bool fp8, bool check_data) {
       {"k_descale", p->k_descale, p->k_descale_batch_stride, p->k_descale_head_stride},
       {"v_descale", p->v_descale, p->v_descale_batch_stride, p->v_descale_head_stride},
   };
+  if (mixed) {
+    FH_CHECK(p->q_descale == nullptr,
+             "q_descale: expected null in the mixed mode (q is %s, not FP8), got %p",
+             dtype_name(p->dtype), static_cast<const void*>(p->q_descale));
+    FH_CHECK(p->fp8_accumulation == FH_FP8_ACCUM_TWO_LEVEL,
+             "fp8_accumulation: expected 0 in the mixed mode (its GEMMs are 16-bit), got %d",
+             p->fp8_accumulation);
+    FH_CHECK(p->head_dim % 16 == 0,
+             "head_dim: expected a multiple of 16 for FP8 k / v (16-byte rows), got %lld",
+             (long long)p->head_dim);
+    const NamedStride kv_strides[] = {
+        {"k_batch_stride", p->k_batch_stride}, {"k_row_stride", p->k_row_stride},
+        {"k_head_stride", p->k_head_stride},   {"v_batch_stride", p->v_batch_stride},
+        {"v_row_stride", p->v_row_stride},     {"v_head_stride", p->v_head_stride},
+    };
+    for (const NamedStride& st : kv_strides) {
+      FH_CHECK(st.stride % 16 == 0,
+               "%s: expected a multiple of 16 elements for FP8 k / v (16-byte aligned rows), got "
+               "%lld",
+               st.name, (long long)st.stride);
+    }
+    for (const auto& d : descales) {
+      FH_CHECK(d.batch_stride >= 0 && d.head_stride >= 0,
+               "%s: expected strides >= 0 (0 broadcasts), got batch stride %lld, head stride %lld",
+               d.name, (long long)d.batch_stride, (long long)d.head_stride);
+      if (check_data) {
+        FH_CHECK(aligned(d.ptr, alignof(float)),
+                 "%s: expected a %d-byte aligned pointer (float) or null, got %p", d.name,
+                 int(alignof(float)), static_cast<const void*>(d.ptr));
+      }
+    }
+    return FH_SUCCESS;
+  }
   if (!fp8) {
     for (const auto& d : descales) {
       FH_CHECK(d.ptr == nullptr,
@@ -511,6 +577,11 @@ FhStatus validate(const FhFwdParams* p, bool check_data) {
   const char* dtype = dtype_name(p->dtype);
   FH_CHECK(dtype != nullptr, "dtype: expected %s, got %d", dtype_choices().c_str(), p->dtype);
   const bool fp8 = p->dtype == FH_DTYPE_E4M3;
+  const bool mixed = is_mixed(p);
+  FH_CHECK(!mixed || mixed_name(p->dtype, p->kv_dtype) != nullptr,
+           "kv_dtype: expected 0 or %d (%s, same as dtype), or FH_DTYPE_E4M3 (2) or FH_DTYPE_E5M2 "
+           "(4) with fp16 / bf16 q (the mixed mode), got %d",
+           p->dtype, dtype, p->kv_dtype);
   if (fp8) {
     FH_CHECK(p->out_dtype == FH_DTYPE_BF16 || p->out_dtype == FH_DTYPE_FP16,
              "out_dtype: expected FH_DTYPE_BF16 (1) or FH_DTYPE_FP16 (0) for e4m3 inputs, got %d",
@@ -522,7 +593,7 @@ FhStatus validate(const FhFwdParams* p, bool check_data) {
   FH_TRY(validate_shapes(p));
   FH_TRY(validate_score(p));
   FH_TRY(validate_qkvo_strides(p));
-  FH_TRY(validate_fp8(p, fp8, check_data));
+  FH_TRY(validate_fp8(p, fp8, mixed, check_data));
 
   const bool empty = p->batch == 0 || p->seqlen_q == 0;
   if (check_data && !empty) {
@@ -864,6 +935,48 @@ FhStatus select_backend(const FhFwdParams* p, int cc_major, int cc_minor, Choice
     }
     return FH_SUCCESS;
   };
+
+  // Mixed mode (16-bit q, FP8 K / V): the FA-3 path's tuned forward only, in its buckets.
+  if (is_mixed(p)) {
+    const char* name = request_name(p);
+    const char* mixed = mixed_name(p->dtype, p->kv_dtype);
+    const std::string mixed_what = format("%s hdim %lld", mixed, (long long)p->head_dim);
+    if (p->backend == FH_BACKEND_FA2 || p->variant != FH_VARIANT_TUNED) {
+      return fail(FH_ERROR_UNSUPPORTED,
+                  "backend='%s': %s (fp16 / bf16 q against FP8 k / v, the mixed mode) runs on the "
+                  "FA-3 path's tuned kernel only (backend 'fa3' or 'auto'); the FA-2 path and "
+                  "the FA-3 ablation variants have no mixed-mode kernels",
+                  name, mixed);
+    }
+    if (!fa3_runs) {
+      return fail(FH_ERROR_UNSUPPORTED,
+                  "backend='%s': %s (the mixed mode) needs a GPU of compute capability 9.0 (the "
+                  "FA-3 path), this GPU is cc %d.%d",
+                  name, mixed, cc_major, cc_minor);
+    }
+    if (!mixed_covers(p->head_dim)) {
+      return fail(FH_ERROR_UNSUPPORTED,
+                  "head_dim: the mixed mode (fp16 / bf16 q, FP8 k / v) has kernels for head-dim "
+                  "buckets %s, got %s",
+                  mixed_buckets().c_str(), mixed_what.c_str());
+    }
+    const RegistryEntry* kernel =
+        find_kernel(FH_BACKEND_FA3, p->dtype, p->head_dim, FH_VARIANT_TUNED, p->kv_dtype);
+    if (kernel == nullptr) {
+      return fail(FH_ERROR_UNSUPPORTED,
+                  "backend='%s': this build has no fa3 kernel for %s; rebuild with FH_ARCHS "
+                  "including 90a, FH_HEAD_DIMS including %lld and FH_DTYPES including %s",
+                  name, mixed_what.c_str(), (long long)head_dim_bucket(p->head_dim), mixed);
+    }
+    if (layout_bad) {
+      return fail(FH_ERROR_UNSUPPORTED, "backend='%s': %s; call %s.contiguous()", name,
+                  describe(layout).c_str(), layout.tensor);
+    }
+    return choose(FH_BACKEND_FA3, kernel,
+                  why ? format("%s (mixed mode): cc %d.%d and fa3 kernel built for %s -> fa3",
+                               mixed, cc_major, cc_minor, mixed_what.c_str())
+                      : std::string());
+  }
 
   // FP8: the FA-3 path's tuned forward only, in its FP8 buckets.
   if (p->dtype == FH_DTYPE_E4M3) {

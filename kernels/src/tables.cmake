@@ -37,6 +37,17 @@ set(FH_DTYPE_TABLE
   "bf16|FH_DTYPE_BF16|cutlass::bfloat16_t|all|all"
   "e4m3|FH_DTYPE_E4M3|cutlass::float_e4m3_t|fwd:90a|64,128,256")
 
+# Mixed mode (issue 12): fp16 / bf16 q against an FP8 K / V cache, the FA-3 path's forward only.
+# Name (FH_DTYPES, build_info) | q's FhDtype | K / V's FhDtype (api.h, FhFwdParams::kv_dtype) |
+# q's CUTLASS type | K / V's CUTLASS type | head-dim buckets (kernels/sm90/tile_config.h,
+# has_mixed_config). Its kernels have the names of FH_DTYPES too, so a build selects them like
+# any dtype.
+set(FH_MIXED_TABLE
+  "bf16+e4m3|FH_DTYPE_BF16|FH_DTYPE_E4M3|cutlass::bfloat16_t|cutlass::float_e4m3_t|64,128,256"
+  "fp16+e4m3|FH_DTYPE_FP16|FH_DTYPE_E4M3|cutlass::half_t|cutlass::float_e4m3_t|64,128,256"
+  "bf16+e5m2|FH_DTYPE_BF16|FH_DTYPE_E5M2|cutlass::bfloat16_t|cutlass::float_e5m2_t|64,128,256"
+  "fp16+e5m2|FH_DTYPE_FP16|FH_DTYPE_E5M2|cutlass::half_t|cutlass::float_e5m2_t|64,128,256")
+
 # Variants of the FA-3 path (the FA3 paper's ablation): backend name | FhVariant value | the
 # variant whose kernel serves it. A value is a set of api.h's FH_VARIANT_FLAG_* bits; the name is
 # "fa3" plus "-<flag>" per set bit in bit order (Python derives the same names from the enum).

@@ -32,7 +32,7 @@ import torch
 
 from . import _device, _lib, _plan_cache, _validate, dispatch
 from ._lib import FhFwdParams
-from ._tables import BACKENDS, INPUT_DTYPES, TORCH_DTYPES
+from ._tables import BACKENDS, INPUT_DTYPES, KV_FP8_DTYPES, TORCH_DTYPES
 
 _MAX_PLANS = 256
 
@@ -80,9 +80,11 @@ def fill_params(
     the FP8 extras (descale strides; their pointers are data, set per call)."""
     p = FhFwdParams()
     p.abi_version = _lib.ABI_VERSION
-    p.dtype = p.out_dtype = INPUT_DTYPES[cfg.dtype]
+    p.dtype = p.out_dtype = p.kv_dtype = INPUT_DTYPES[cfg.dtype]
     if fp8 is not None:
         p.out_dtype = TORCH_DTYPES[fp8.out_dtype]
+        if fp8.kv_dtype is not None:  # the mixed mode: FP8 k / v
+            p.kv_dtype = KV_FP8_DTYPES[fp8.kv_dtype]
         p.fp8_accumulation = (_lib.FhFp8Accumulation.TWO_LEVEL if fp8.two_level
                               else _lib.FhFp8Accumulation.SINGLE_LEVEL)
         for name in ("q", "k", "v"):

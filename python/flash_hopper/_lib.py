@@ -34,7 +34,7 @@ LIB_NAME = "libflash_hopper.so"
 ENV_VAR = "FLASH_HOPPER_LIB"
 
 # Must equal FH_ABI_VERSION in api.h; the library reports its own through fh_abi_version().
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 
 class FhStatus(enum.IntEnum):
@@ -54,6 +54,7 @@ class FhDtype(enum.IntEnum):
     BF16 = 1
     E4M3 = 2
     FP32 = 3
+    E5M2 = 4
 
 
 class FhBackend(enum.IntEnum):
@@ -107,6 +108,7 @@ class FhFwdParams(ctypes.Structure):
         ("lse", _PTR),
         ("dtype", _I32),
         ("out_dtype", _I32),
+        ("kv_dtype", _I32),
         # shapes
         ("batch", _I64),
         ("seqlen_q", _I64),

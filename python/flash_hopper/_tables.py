@@ -40,6 +40,15 @@ TORCH_DTYPES = {torch.float16: FhDtype.FP16, torch.bfloat16: FhDtype.BF16}
 # FP8 inputs: the FA-3 path's forward only (kernels/src/tables.cmake); o is fp16 or bf16.
 FP8_DTYPES = {torch.float8_e4m3fn: FhDtype.E4M3}
 INPUT_DTYPES = {**TORCH_DTYPES, **FP8_DTYPES}
+# The mixed mode (fp16 / bf16 q against an FP8 K / V cache, the FA-3 path's forward): K / V
+# dtypes (FhFwdParams.kv_dtype), and the FH_DTYPES / build_info names of its kernels
+# (kernels/src/tables.cmake, FH_MIXED_TABLE) -> (q dtype, K / V dtype).
+KV_FP8_DTYPES = {torch.float8_e4m3fn: FhDtype.E4M3, torch.float8_e5m2: FhDtype.E5M2}
+MIXED_DTYPES = {
+    f"{FhDtype(TORCH_DTYPES[q]).name.lower()}+{FhDtype(kv_code).name.lower()}": (q, kv)
+    for kv, kv_code in KV_FP8_DTYPES.items() for q in (torch.bfloat16, torch.float16)
+}
+MIXED_HEAD_DIM_BUCKETS = (64, 128, 256)
 FP8_HEAD_DIM_MULTIPLE = 16  # 16-byte rows of 1-byte elements
 # The FP8 single-level accumulation ablation: the d256 kernel splits its PV accumulator over the
 # head dim and accumulates in two levels only (kernels/sm90/tile_config.h).
@@ -125,7 +134,7 @@ def build_info_mismatch(info: dict[str, Any]) -> str | None:
     if tuple(info.get("head_dim_buckets", ())) != HEAD_DIM_BUCKETS:
         return (f"its head-dim buckets are {info.get('head_dim_buckets')}, this package has "
                 f"{HEAD_DIM_BUCKETS}")
-    unknown = [d for d in info.get("dtypes", ()) if d not in DTYPE_NAMES]
+    unknown = [d for d in info.get("dtypes", ()) if d not in DTYPE_NAMES and d not in MIXED_DTYPES]
     if unknown:
         return f"it has kernels for dtypes {unknown} this package does not know"
     return None

@@ -33,6 +33,7 @@ from ._tables import (
     FP8_HEAD_DIM_MULTIPLE,
     FP8_SINGLE_LEVEL_MAX_HEAD_DIM,
     HEAD_DIM_MULTIPLE,
+    KV_FP8_DTYPES,
     MAX_HEAD_DIM,
     MIN_HEAD_DIM,
     TORCH_DTYPES,
@@ -200,12 +201,13 @@ def _check_device(name: str, t: torch.Tensor, ref: torch.Tensor | None) -> None:
         raise ValueError(f"{name}: must be on q's device {ref.device}, got device {t.device}")
 
 
-def check_qkv(q: Any, k: Any, v: Any, devices: bool = True,
-              fp8: bool = False) -> tuple[int, int, int, int, int, int]:
+def check_qkv(q: Any, k: Any, v: Any, devices: bool = True, fp8: bool = False,
+              mixed: bool = False) -> tuple[int, int, int, int, int, int]:
     """Check q/k/v metadata; returns (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim).
     ``devices=False`` leaves the device checks to the caller (which has more tensors to check
     before them). ``fp8``: the FP8 forward's inputs (torch.float8_e4m3fn, head_dim % 16 == 0)
-    instead of fp16 / bf16."""
+    instead of fp16 / bf16. ``mixed``: fp16 / bf16 q against FP8 k and v of one dtype
+    (torch.float8_e4m3fn or torch.float8_e5m2, head_dim % 16 == 0), the mixed mode."""
     _check_tensor("q", q, 4, "(batch, seqlen_q, heads_q, head_dim)")
     _check_tensor("k", k, 4, "(batch, seqlen_k, heads_kv, head_dim)")
     _check_tensor("v", v, 4, "(batch, seqlen_k, heads_kv, head_dim)")
@@ -220,14 +222,21 @@ def check_qkv(q: Any, k: Any, v: Any, devices: bool = True,
             f"and v for the FP8 forward), got {q.dtype}"
             + (hint if q.dtype == torch.float32 else "")
         )
-    for name, t in (("k", k), ("v", v)):
+    if mixed:
+        if k.dtype not in KV_FP8_DTYPES:
+            raise ValueError(f"k: expected dtype torch.float8_e4m3fn or torch.float8_e5m2 (an FP8 "
+                             f"K/V cache for {q.dtype} q, the mixed mode), got {k.dtype}")
+        if v.dtype != k.dtype:
+            raise ValueError(f"v: expected dtype {k.dtype} (k's dtype: the mixed mode takes k "
+                             f"and v in one FP8 dtype), got {v.dtype}")
+    for name, t in (() if mixed else (("k", k), ("v", v))):
         if t.dtype != q.dtype:
-            if not fp8 and t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-                raise UnsupportedError(
-                    f"{name}: expected dtype {q.dtype} (q's dtype), got {t.dtype}: {q.dtype} "
-                    "queries against an FP8 KV cache (the mixed mode) are not implemented yet; "
-                    "pass FP8 q, k and v, or cast k and v to q's dtype")
-            raise ValueError(f"{name}: expected dtype {q.dtype} (q's dtype), got {t.dtype}")
+            hint = ""
+            if not fp8 and t.dtype in KV_FP8_DTYPES:
+                hint = (f" ({q.dtype} queries against an FP8 K/V cache, the mixed mode, take k "
+                        "and v both in one FP8 dtype)")
+            raise ValueError(f"{name}: expected dtype {q.dtype} (q's dtype), got {t.dtype}"
+                             + hint)
 
     batch, seqlen_q, heads_q, head_dim = _shape(q)
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
@@ -242,12 +251,13 @@ def check_qkv(q: Any, k: Any, v: Any, devices: bool = True,
             "asymmetric head dims are not supported yet"
         )
 
-    multiple = FP8_HEAD_DIM_MULTIPLE if fp8 else HEAD_DIM_MULTIPLE
+    multiple = FP8_HEAD_DIM_MULTIPLE if fp8 or mixed else HEAD_DIM_MULTIPLE
     if head_dim % multiple != 0 or not max(MIN_HEAD_DIM, multiple) <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(
             f"q: expected head_dim (dim 3) a multiple of {multiple} in "
             f"[{max(MIN_HEAD_DIM, multiple)}, {MAX_HEAD_DIM}]"
-            + (" for FP8 inputs" if fp8 else "") + f", got {head_dim}"
+            + (" for FP8 inputs" if fp8 else " for FP8 k / v" if mixed else "")
+            + f", got {head_dim}"
         )
     if heads_q < 1:
         raise ValueError(f"q: expected heads_q (dim 2) >= 1, got {heads_q}")
@@ -277,8 +287,9 @@ def check_qkv(q: Any, k: Any, v: Any, devices: bool = True,
 
 
 def _config(q, k, v, softmax_scale, left, right, softcap, backend, devices=True,
-            fp8=False) -> FwdConfig:
-    batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim = check_qkv(q, k, v, devices, fp8)
+            fp8=False, mixed=False) -> FwdConfig:
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim = check_qkv(q, k, v, devices, fp8,
+                                                                       mixed)
     if softmax_scale is None:
         scale = head_dim**-0.5  # ours, no need to check it (and symbolic under torch.compile)
     else:
@@ -349,6 +360,8 @@ class Fp8Options(NamedTuple):
     q_descale: tuple[int, int] | None
     k_descale: tuple[int, int] | None
     v_descale: tuple[int, int] | None
+    # The mixed mode's K / V dtype (fp16 / bf16 q, FP8 k / v); None when q is FP8 too.
+    kv_dtype: torch.dtype | None = None
 
 
 FP8_ACCUMULATIONS = ("two-level", "single-level")
@@ -393,10 +406,26 @@ def check_fp8_op_args(
     softcap: Any, backend: Any, q_descale: Any, k_descale: Any, v_descale: Any, out_dtype: Any,
     fp8_accumulation: Any, devices: bool = True,
 ) -> tuple[FwdConfig, Fp8Options]:
-    """check_fp8_args with the window resolved (the flash_hopper::fwd_fp8 op's arguments)."""
+    """check_fp8_args with the window resolved (the flash_hopper::fwd_fp8 op's arguments).
+    q not FP8: the mixed mode (fp16 / bf16 q, FP8 k and v): O in q's dtype, no q_descale."""
     left = _check_window_bound("window_left", window_left)
     right = _check_window_bound("window_right", window_right)
-    cfg = _config(q, k, v, softmax_scale, left, right, softcap, backend, devices=False, fp8=True)
+    mixed = getattr(q, "dtype", None) not in FP8_DTYPES
+    cfg = _config(q, k, v, softmax_scale, left, right, softcap, backend, devices=False,
+                  fp8=not mixed, mixed=mixed)
+    if mixed:
+        if out_dtype is not None and out_dtype != q.dtype:
+            raise ValueError(f"out_dtype: expected None or {q.dtype} (q's dtype) for {q.dtype} q "
+                             f"against FP8 k / v (the mixed mode), got {out_dtype!r}")
+        if fp8_accumulation != "two-level":
+            raise ValueError(f"fp8_accumulation: expected 'two-level' (the default) in the mixed "
+                             f"mode ({q.dtype} q, FP8 k / v: its GEMMs are 16-bit), got "
+                             f"{fp8_accumulation!r}")
+        if q_descale is not None:
+            raise ValueError(f"q_descale: expected None in the mixed mode (q is {q.dtype}, not "
+                             f"FP8; k_descale / v_descale scale the FP8 k / v), got a "
+                             f"{type(q_descale).__name__}")
+        out_dtype = q.dtype
     if out_dtype is None:
         out_dtype = torch.bfloat16
     elif out_dtype not in (torch.bfloat16, torch.float16):
@@ -417,7 +446,8 @@ def check_fp8_op_args(
                         ("k_descale", k_descale), ("v_descale", v_descale)):
             if t is not None:
                 _check_device(name, t, q)
-    return cfg, Fp8Options(out_dtype, fp8_accumulation == "two-level", *strides)
+    return cfg, Fp8Options(out_dtype, fp8_accumulation == "two-level", *strides,
+                           kv_dtype=k.dtype if mixed else None)
 
 
 def check_not_fp8_extras(q: Any, q_descale: Any, k_descale: Any, v_descale: Any,

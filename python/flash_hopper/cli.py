@@ -61,9 +61,16 @@ def _add_sweep_args(parser: argparse.ArgumentParser) -> None:
                         "inputs drawn as for bf16, quantized per head with "
                         "flash_hopper.fp8.quantize, passed with their descales; bf16 output; "
                         "runs on fa3, its variants and fa3-fp8-single-level, other backends are "
-                        "skipped as unsupported (no FP8); %%peak and %%gemm use FP8 ceilings")
+                        "skipped as unsupported (no FP8); %%peak and %%gemm use FP8 ceilings. "
+                        f"{' / '.join(sweep.MIXED_DTYPES)} = the mixed mode, forward only: "
+                        "16-bit q against a K / V cache quantized per kv head into e4m3 / e5m2, "
+                        "passed with k/v descales; output in q's dtype; runs on fa3 only, other "
+                        "backends are skipped as unsupported (no mixed mode); FLOPs, %%peak and "
+                        "%%gemm as for q's dtype. '--dtype bf16 bf16+e4m3' times both and "
+                        "compares them")
     g.add_argument("--direction", nargs="+", choices=("fwd", "bwd", "fwd+bwd"), default=None,
-                   help="what to time (default: fwd); bwd = 2.5x fwd FLOPs; e4m3 takes fwd only")
+                   help="what to time (default: fwd); bwd = 2.5x fwd FLOPs; e4m3 and the mixed "
+                        "dtypes take fwd only")
 
 
 def _add_backend_args(parser: argparse.ArgumentParser) -> None:
@@ -74,7 +81,7 @@ def _add_backend_args(parser: argparse.ArgumentParser) -> None:
                         "ablation), sdpa-flash, sdpa-cudnn, "
                         "sdpa-efficient, sdpa-math (small sizes), flex, flash-attn "
                         "(flash_attn), flash-attn3 (flash_attn_interface / flash_attn_3; takes "
-                        "e4m3 when its flash_attn_func has q/k/v_descale), "
+                        "e4m3 when its flash_attn_func has q/k/v_descale, never a mixed dtype), "
                         "flash-attn-cute (flash_attn.cute), or all "
                         f"(default: {' '.join(DEFAULT_BACKENDS)}); unavailable ones are "
                         "skipped with the reason")
@@ -101,13 +108,16 @@ def _add_measure_args(parser: argparse.ArgumentParser) -> None:
                         "and, for backward rows, of its dq, dk, dv, on the timed configuration, "
                         "once per configuration, against fp32 references computed on the GPU "
                         "in chunks of query rows; e4m3 rows against fp32 on the dequantized "
-                        "inputs, by relative RMS error (default: on)")
+                        "inputs, by relative RMS error; mixed rows against fp32 on q and the "
+                        "dequantized k, v, by the 16-bit rule (default: on)")
     g.add_argument("--peak-tflops", type=float, default=None,
                    help="dense peak for %%peak, for every dtype of the sweep (default: datasheet "
-                        "value by GPU name: bf16/fp16, or FP8 for e4m3)")
+                        "value by GPU name: bf16/fp16, or FP8 for e4m3; q's dtype's for the "
+                        "mixed dtypes)")
     g.add_argument("--gemm-size", type=int, default=8192,
-                   help="N of the NxNxN matmul measured once per dtype as the GEMM ceiling "
-                        "(torch.mm; torch._scaled_mm for e4m3) (default: 8192)")
+                   help="N of the NxNxN matmul measured once per GEMM dtype as the GEMM ceiling "
+                        "(torch.mm; torch._scaled_mm for e4m3; q's dtype's torch.mm for the "
+                        "mixed dtypes) (default: 8192)")
     g.add_argument("--no-gemm", action="store_true", help="skip the GEMM ceiling measurement")
     g.add_argument("--seed", type=int, default=0, help="input RNG seed (default: 0)")
 
@@ -156,7 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
                "also report the backward's memory (bwd_workspace_bytes, bwd_extra_bytes). "
                "e4m3 (FP8) rows: same FLOPs as bf16; checked against an fp32 reference on the "
                "dequantized inputs (fp8 values * descale), pass when the relative RMS error "
-               "<= 5% and the LSE is within 2e-3 (check_metric rel-rmse). Exit "
+               "<= 5% and the LSE is within 2e-3 (check_metric rel-rmse). Mixed-mode rows "
+               "(bf16+e4m3, fp16+e4m3, bf16+e5m2, fp16+e5m2: 16-bit q, FP8 K / V): q's dtype's "
+               "FLOPs and ceilings, K / V 1 byte per element; checked by the 16-bit rule "
+               "against fp32 on q and the dequantized k, v; next to rows of q's dtype in the "
+               "same sweep, a comparison of the two is printed. Exit "
                "status 1 when a check fails or a row errors.")
     _add_sweep_args(bench)
     _add_backend_args(bench)
@@ -226,15 +240,19 @@ def directions(args: argparse.Namespace) -> list[str]:
 
 
 def check_directions(dtypes, dirs) -> None:
-    """FP8 has no backward: --dtype e4m3 with --direction bwd / fwd+bwd is a usage error (a sweep
-    of skipped rows would hide it). ValueError names both options."""
+    """FP8 and the mixed mode have no backward: --dtype e4m3 (or a mixed dtype) with --direction
+    bwd / fwd+bwd is a usage error (a sweep of skipped rows would hide it). ValueError names both
+    options."""
     fp8 = [d for d in dtypes if d in sweep.FP8_DTYPES]
+    mixed = [d for d in dtypes if d in sweep.MIXED_DTYPES]
     backward = [d for d in dirs if "bwd" in d]
-    if fp8 and backward:
-        raise ValueError(f"--dtype {' '.join(fp8)} is forward only (the FP8 path has no "
-                         f"backward), but --direction asks for {' '.join(backward)}: use "
-                         f"--direction fwd, or time the backward in a separate run with --dtype "
-                         f"bf16 / fp16")
+    if (fp8 or mixed) and backward:
+        paths = " and ".join(filter(None, ["the FP8 path" if fp8 else "",
+                                           "the mixed mode" if mixed else ""]))
+        raise ValueError(f"--dtype {' '.join(fp8 + mixed)} is forward only ({paths} "
+                         f"{'have' if fp8 and mixed else 'has'} no backward), but --direction "
+                         f"asks for {' '.join(backward)}: use --direction fwd, or time the "
+                         f"backward in a separate run with --dtype bf16 / fp16")
 
 
 def backend_names(args: argparse.Namespace) -> list[str]:
@@ -371,7 +389,8 @@ def _bench_on_gpu(args, argv, cases, chosen, dirs, gpu) -> int:
     timer = Timer(TimerConfig(method=args.timer, warmup=args.warmup, repeats=args.repeats,
                               flush_l2=args.flush_l2, cuda_graph=args.cuda_graph,
                               rotate=not args.no_rotate))
-    # Ceilings per dtype of the sweep: an e4m3 row is compared with FP8's, a bf16 row with bf16's.
+    # Ceilings per dtype of the sweep: an e4m3 row is compared with FP8's, a bf16 row with bf16's,
+    # a bf16+e4m3 row with bf16's (its GEMMs are bf16): each GEMM dtype is measured once.
     dtypes = list(dict.fromkeys(case.dtype for case in cases))
     peaks = {}
     for dtype in dtypes:
@@ -379,8 +398,11 @@ def _bench_on_gpu(args, argv, cases, chosen, dirs, gpu) -> int:
                         else peak.lookup_peak(gpu.name, dtype))
         if peaks[dtype][0] is None:
             _print_err(f"note: {peaks[dtype][1]}; %peak left empty for {dtype}")
-    gemms = {dtype: None if args.no_gemm else _gemm_ceiling(timer, dtype, args.gemm_size)
-             for dtype in dtypes}
+    measured = {}
+    for gemm_dtype in dict.fromkeys(sweep.gemm_dtype(d) for d in dtypes):
+        measured[gemm_dtype] = (None if args.no_gemm
+                                else _gemm_ceiling(timer, gemm_dtype, args.gemm_size))
+    gemms = {dtype: measured[sweep.gemm_dtype(dtype)] for dtype in dtypes}
     options = RunOptions(directions=dirs, check=args.check,
                          peak_tflops={d: p[0] for d, p in peaks.items() if p[0]},
                          gemm_tflops={d: g["tflops"] for d, g in gemms.items() if g},
@@ -440,6 +462,9 @@ def _print_summary(rows, backend_status, report) -> None:
     if memory:
         print("\nbackward memory, MiB (ws: the library's workspace formula; extra: measured "
               "beyond the gradients):\n" + memory)
+    comparison = report.format_mixed_comparison(rows)
+    if comparison:
+        print("\nmixed mode vs its 16-bit path (same backend and configuration):\n" + comparison)
     skips = report.format_skips(rows)
     if skips:
         print("\nnot timed:\n" + skips)

@@ -61,12 +61,18 @@ def hypothetical(
         raise ValueError(
             f"backend: expected one of {', '.join(_tables.BACKEND_NAMES)}, got {backend!r}"
         )
-    if dtype not in _tables.DTYPE_NAMES:
-        raise ValueError(f"dtype: expected one of {', '.join(_tables.DTYPE_NAMES)}, got {dtype!r}")
+    if dtype not in _tables.DTYPE_NAMES and dtype not in _tables.MIXED_DTYPES:
+        names = (*_tables.DTYPE_NAMES, *_tables.MIXED_DTYPES)
+        raise ValueError(f"dtype: expected one of {', '.join(names)}, got {dtype!r}")
     seqlen = 128
     p = FhFwdParams()
     p.abi_version = _lib.ABI_VERSION
-    p.dtype = p.out_dtype = _tables.INPUT_DTYPES[_tables.DTYPE_NAMES[dtype]]
+    if dtype in _tables.MIXED_DTYPES:  # "bf16+e4m3": 16-bit q, FP8 k / v
+        q_dtype, kv_dtype = _tables.MIXED_DTYPES[dtype]
+        p.dtype = p.out_dtype = _tables.TORCH_DTYPES[q_dtype]
+        p.kv_dtype = _tables.KV_FP8_DTYPES[kv_dtype]
+    else:
+        p.dtype = p.out_dtype = p.kv_dtype = _tables.INPUT_DTYPES[_tables.DTYPE_NAMES[dtype]]
     if p.dtype == _lib.FhDtype.E4M3:
         p.out_dtype = _lib.FhDtype.BF16  # FP8 inputs write bf16 (or fp16) output
     p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv = 1, seqlen, seqlen, 1, 1

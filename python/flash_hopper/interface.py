@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_
 
 from . import _autograd, _fwd, _validate, ops
 from ._errors import UnsupportedError
-from ._tables import FP8_DTYPES
+from ._tables import FP8_DTYPES, KV_FP8_DTYPES, TORCH_DTYPES
 
 
 def flash_attn_func(
@@ -91,13 +91,23 @@ def flash_attn_func(
     accumulator carries the whole sum: the ablation). FP8 calls have no backward; under
     torch.compile they are the ``flash_hopper::fwd_fp8`` custom op. flash_hopper.fp8 has
     quantize() and hadamard_rotate().
+
+    Mixed mode (an FP8 K/V cache with fp16 / bf16 queries): q in torch.float16 / torch.bfloat16,
+    k and v both in torch.float8_e4m3fn or both in torch.float8_e5m2 (head_dim 64, 128 or 256
+    buckets, a multiple of 16; FA-3 path, cc 9.0). K and V are read from memory in FP8 and
+    converted exactly to q's dtype in shared memory; the GEMMs are 16-bit. k_descale / v_descale
+    as above; q_descale must be None; out in q's dtype. Same as the 16-bit call on
+    ``k.to(q.dtype) * k_descale`` and ``v.to(q.dtype) * v_descale`` up to the 16-bit rounding of
+    that product. No backward (inference).
     """
     if (qv is not None or attention_chunk != 0 or num_splits != 1 or pack_gqa is not None
             or sm_margin != 0):
         _validate.check_fa3_extras(qv, attention_chunk, num_splits, pack_gqa, sm_margin)
-    if (getattr(q, "dtype", None) in FP8_DTYPES or out_dtype is not None
+    q_dtype = getattr(q, "dtype", None)
+    mixed = q_dtype in TORCH_DTYPES and getattr(k, "dtype", None) in KV_FP8_DTYPES
+    if (q_dtype in FP8_DTYPES or mixed or out_dtype is not None
             or fp8_accumulation != "two-level"):
-        if getattr(q, "dtype", None) not in FP8_DTYPES:
+        if q_dtype not in FP8_DTYPES and not mixed:
             _validate.check_not_fp8_extras(q, q_descale, k_descale, v_descale, out_dtype,
                                            fp8_accumulation)
         else:
@@ -176,7 +186,9 @@ def which_backend(
 
     Raises like flash_attn_func would (invalid arguments, no kernel for this GPU/build).
     """
-    if getattr(q, "dtype", None) in FP8_DTYPES:  # FP8 q, k, v: the FP8 forward's policy
+    fp8 = getattr(q, "dtype", None) in FP8_DTYPES
+    mixed = getattr(q, "dtype", None) in TORCH_DTYPES and getattr(k, "dtype", None) in KV_FP8_DTYPES
+    if fp8 or mixed:  # FP8 q, k, v or FP8 k, v (the mixed mode): the FP8 forward's policy
         plan = _fwd.plan_fp8(q, k, v, softmax_scale, causal, window_size, softcap, backend)
     else:
         plan = _fwd.plan_eager(q, k, v, softmax_scale, causal, window_size, softcap, backend)

@@ -135,7 +135,7 @@ static void expect_rejected(const char* what, FhStatus status, std::vector<std::
 }
 
 static void test_abi_version() {
-  CHECK(fh_abi_version() == 4, "fh_abi_version() = %d, expected 4", int(fh_abi_version()));
+  CHECK(fh_abi_version() == 5, "fh_abi_version() = %d, expected 5", int(fh_abi_version()));
   CHECK(fh_abi_version() == FH_ABI_VERSION, "library and header disagree on FH_ABI_VERSION");
 }
 

@@ -15,6 +15,11 @@
 //     interleavings: every wait is eventually satisfied (no deadlock), every consumer reads the
 //     payload it expects (the producer visited the same steps, nothing overwritten early), and the
 //     arrivals balance (only WG 0's documented ping-pong token is left pending).
+// The mixed mode's shapes (kernels/sm90/convert.h) add a relay between the two: the producer loads
+// K and V into a ring of staging stages, and three converter agents (warps 1-3 of the producer
+// warpgroup) walk the producer's order, each waiting for a staging stage and a free K / V stage,
+// then arriving on both (the K / V full barriers count three arrivals, the ring's empty barriers
+// three). The simulation runs them with the others.
 // Then negative controls show the checks fail on a broken schedule. Prints "OK" on success.
 #include <algorithm>
 #include <cstdio>
@@ -29,6 +34,7 @@
 #include "flash_hopper/mask.h"
 #include "sm90/pipeline.h"
 #include "sm90/schedule.h"
+#include "sm90/tile_config.h"
 #include "sm90/tile_scheduler.h"
 
 using namespace flash_hopper;
@@ -53,15 +59,25 @@ static std::string context;
 // ------------------------------------------------------------------------------------------------
 // Events
 // ------------------------------------------------------------------------------------------------
-enum Pipe { kQ = 0, kK = 1, kV = 2, kNumPipes = 3 };
-static const char* kPipeName[] = {"Q", "K", "V"};
+enum Pipe { kQ = 0, kK = 1, kV = 2, kStaging = 3, kNumPipes = 4 };
+static const char* kPipeName[] = {"Q", "K", "V", "staging"};
+static constexpr int kRelays = 3;  // the mixed mode's converter warps (kernel_traits.h)
+// The mixed mode's staging ring (tile_config.h, fwd_config_mixed): one depth for every bucket.
+static constexpr int kStagingStages = fwd_config_mixed(128).staging_stages;
+static_assert(fwd_config_mixed(64).staging_stages == kStagingStages &&
+              fwd_config_mixed(256).staging_stages == kStagingStages);
 
 struct Payload {
   int tile = -1;  // tile index in the scheduler's order
   int n = -1;     // key block (-1 for Q)
-  bool operator==(Payload const& o) const { return tile == o.tile && n == o.n; }
+  int pipe = 0;   // staging stages: the pipe (kK / kV) the block is for; 0 elsewhere
+  bool operator==(Payload const& o) const {
+    return tile == o.tile && n == o.n && pipe == o.pipe;
+  }
   bool operator!=(Payload const& o) const { return !(*this == o); }
-  bool operator<(Payload const& o) const { return tile != o.tile ? tile < o.tile : n < o.n; }
+  bool operator<(Payload const& o) const {
+    return tile != o.tile ? tile < o.tile : n != o.n ? n < o.n : pipe < o.pipe;
+  }
 };
 
 enum Op { kWaitEmpty, kArriveFull, kWaitFull, kArriveEmpty, kTurnStart, kTurnWait, kTurnPass };
@@ -80,6 +96,7 @@ struct Recorder {
   int pipe;
   void wait_empty(int s, uint32_t phase) { out->push_back({kWaitEmpty, pipe, s, phase, {}}); }
   void arrive_full_tx(int s, uint32_t) { out->push_back({kArriveFull, pipe, s, 0, {}}); }
+  void arrive_full(int s) { out->push_back({kArriveFull, pipe, s, 0, {}}); }
   void wait_full(int s, uint32_t phase) { out->push_back({kWaitFull, pipe, s, phase, {}}); }
   void arrive_empty(int s) { out->push_back({kArriveEmpty, pipe, s, 0, {}}); }
 };
@@ -90,6 +107,7 @@ struct Recorder {
 struct Shape {
   int block_m, block_n, stages, q_stages, wgs;
   bool overlap, merge, rescale_before;
+  int staging = 0;  // the mixed mode's staging ring (stages); 0: the producer loads K / V stages
 };
 
 struct Problem {
@@ -114,6 +132,9 @@ struct MockProducer {
   ProducerEnd<QSpec, Recorder> q_pipe{{&ev, kQ}};
   ProducerEnd<KVSpec, Recorder> k_pipe{{&ev, kK}};
   ProducerEnd<KVSpec, Recorder> v_pipe{{&ev, kV}};
+  // The mixed mode: K and V blocks go into the staging ring in load order (convert.h).
+  bool relay = false;
+  ProducerEnd<PipelineSpec<kStagingStages, 1>, Recorder> staging_pipe{{&ev, kStaging}};
   // Sabotage for the negative controls: skip the load with this index, or load the next key
   // block instead of the scheduled one.
   int skip_load = -1;
@@ -135,9 +156,71 @@ struct MockProducer {
     end.load(/*leader=*/true, 0, [&](int) { ev.back().payload = payload; });
   }
   void q(TileWork const& view, TileWork const&) { load(q_pipe, {tile_id(sched, view.tile), -1}); }
-  void k(TileWork const& view, KeyStep s) { load(k_pipe, {tile_id(sched, view.tile), s.n}); }
-  void v(TileWork const& view, KeyStep s) { load(v_pipe, {tile_id(sched, view.tile), s.n}); }
+  void k(TileWork const& view, KeyStep s) {
+    if (relay) {
+      load(staging_pipe, {tile_id(sched, view.tile), s.n, kK});
+    } else {
+      load(k_pipe, {tile_id(sched, view.tile), s.n});
+    }
+  }
+  void v(TileWork const& view, KeyStep s) {
+    if (relay) {
+      load(staging_pipe, {tile_id(sched, view.tile), s.n, kV});
+    } else {
+      load(v_pipe, {tile_id(sched, view.tile), s.n});
+    }
+  }
   void prefetch(TileWork const&) {}
+};
+
+// ------------------------------------------------------------------------------------------------
+// Converter recorder (the mixed mode's relay, convert.h): the producer's operations, converting
+// instead of loading, with convert.h's order of waits and arrivals.
+// ------------------------------------------------------------------------------------------------
+template <int S>
+struct MockConverter {
+  using StagingSpec = PipelineSpec<kStagingStages, kRelays>;
+  using KVSpec = PipelineSpec<S, 1, kRelays>;
+  StaticTileScheduler const& sched;
+  std::vector<Event> ev;
+  ConsumerEnd<StagingSpec, Recorder> staging{{&ev, kStaging}};
+  WriterEnd<KVSpec, Recorder> k_out{{&ev, kK}};
+  WriterEnd<KVSpec, Recorder> v_out{{&ev, kV}};
+  // Sabotage for the negative controls: convert the blocks with this index and the next in
+  // swapped order.
+  int swap_at = -1;
+  int converts = 0;
+  std::vector<std::pair<int, Payload>> pending;  // a held-back conversion (swap sabotage)
+
+  explicit MockConverter(StaticTileScheduler const& s) : sched(s) {}
+
+  TileWork tile(TileWork const& w) { return w; }
+  void q(TileWork const&, TileWork const&) {}
+  void prefetch(TileWork const&) {}
+  void k(TileWork const& view, KeyStep s) { convert(kK, {tile_id(sched, view.tile), s.n}); }
+  void v(TileWork const& view, KeyStep s) { convert(kV, {tile_id(sched, view.tile), s.n}); }
+  void convert(int pipe, Payload payload) {
+    if (converts++ == swap_at) {
+      pending.push_back({pipe, payload});
+      return;
+    }
+    record(pipe, payload);
+    for (auto const& [p, pl] : pending) {
+      record(p, pl);
+    }
+    pending.clear();
+  }
+  // convert.h: staging.wait(); out.acquire(); stores; staging.release(); out.commit().
+  void record(int pipe, Payload payload) {
+    auto& out = pipe == kK ? k_out : v_out;
+    staging.wait();
+    ev.back().payload = {payload.tile, payload.n, pipe};
+    out.acquire();
+    staging.release(/*leader=*/true);
+    ev.back().payload = {payload.tile, payload.n, pipe};
+    out.commit(/*leader=*/true);
+    ev.back().payload = payload;
+  }
 };
 
 // ------------------------------------------------------------------------------------------------
@@ -386,25 +469,34 @@ struct Mbarrier {
   bool passes(uint32_t phase) const { return uint32_t(completed & 1) != phase; }
 };
 
+// relays: the mixed mode's converter agents (none otherwise), between the producer and the
+// consumers through the staging ring of `staging` stages.
 static bool simulate(std::vector<Event> const& producer,
                      std::vector<std::vector<Event>> const& cons, int q_stages, int stages,
-                     int wgs, std::mt19937& rng) {
-  const int num_stages[kNumPipes] = {q_stages, stages, stages};
+                     int wgs, std::mt19937& rng,
+                     std::vector<std::vector<Event>> const& relays = {}, int staging = 0) {
+  const int num_stages[kNumPipes] = {q_stages, stages, stages, relays.empty() ? 0 : staging};
   std::vector<Mbarrier> full[kNumPipes], empty[kNumPipes];
   std::vector<Payload> slot[kNumPipes];
   for (int p = 0; p < kNumPipes; ++p) {
     full[p].assign(num_stages[p], Mbarrier{});
     empty[p].assign(num_stages[p], Mbarrier{});
     for (auto& b : empty[p]) {
-      b.count = wgs;
+      b.count = p == kStaging ? int(relays.size()) : wgs;
+    }
+    if (!relays.empty() && (p == kK || p == kV)) {
+      for (auto& b : full[p]) {
+        b.count = int(relays.size());
+      }
     }
     slot[p].assign(num_stages[p], Payload{});
   }
   std::vector<int> turn_pending(wgs, 0);  // arrivals of the handing-over side per named barrier
-  const int agents = 1 + wgs;
+  const int num_relays = int(relays.size());
+  const int agents = 1 + num_relays + wgs;
   std::vector<size_t> pc(agents, 0);
   auto program = [&](int a) -> std::vector<Event> const& {
-    return a == 0 ? producer : cons[a - 1];
+    return a == 0 ? producer : a <= num_relays ? relays[a - 1] : cons[a - 1 - num_relays];
   };
   bool ok = true;
   auto fail = [&](char const* what, int a, Event const& e) {
@@ -431,6 +523,11 @@ static bool simulate(std::vector<Event> const& producer,
             ran = empty[e.pipe][e.stage].passes(e.phase);
             break;
           case kArriveFull:
+            // Several writers of one stage (the relays) must agree on what it holds.
+            if (full[e.pipe][e.stage].pending > 0 && slot[e.pipe][e.stage] != e.payload) {
+              fail("writers of one stage disagree on its block", a, e);
+              return false;
+            }
             slot[e.pipe][e.stage] = e.payload;
             full[e.pipe][e.stage].arrive();
             break;
@@ -532,6 +629,7 @@ struct Sabotage {
   int skip_release_k = -1;    // a consumer forgets to release a K buffer
   bool bad_split = false;     // the consumers run one masked block without the mask
   bool extra_q_stage = false;  // the producer counts one Q buffer more than the consumers
+  int swap_relay = -1;         // a converter agent converts two blocks out of order (mixed)
 };
 
 // A schedule whose unmasked split claims one block too many on the right (negative control).
@@ -574,16 +672,26 @@ static bool run_case(Problem const& prob, Shape const& shape, std::mt19937& rng,
   for (int cta = 0; cta < sched.grid; ++cta) {
     const CtaSchedule<BM, BN> cs{sched, prob.mask, cta};
     std::vector<Event> produced;
+    const bool relay = shape.staging > 0;
     if (sab.extra_q_stage) {
       MockProducer<QS + 1, S> producer(sched);
+      producer.relay = relay;
       produce<C::kOverlap>(cs, producer);
       produced = std::move(producer.ev);
     } else {
       MockProducer<QS, S> producer(sched);
+      producer.relay = relay;
       producer.skip_load = sab.skip_load;
       producer.wrong_block_load = sab.wrong_block_load;
       produce<C::kOverlap>(cs, producer);
       produced = std::move(producer.ev);
+    }
+    std::vector<std::vector<Event>> relays;
+    for (int r = 0; relay && r < kRelays; ++r) {
+      MockConverter<S> converter(sched);
+      converter.swap_at = r == 1 ? sab.swap_relay : -1;
+      produce<C::kOverlap>(cs, converter);
+      relays.push_back(std::move(converter.ev));
     }
     std::vector<std::vector<Event>> cons;
     for (int wg = 0; wg < shape.wgs; ++wg) {
@@ -609,7 +717,8 @@ static bool run_case(Problem const& prob, Shape const& shape, std::mt19937& rng,
       }
       cons.push_back(std::move(consumer.ev));
     }
-    if (!simulate(produced, cons, QS + int(sab.extra_q_stage), S, shape.wgs, rng)) {
+    if (!simulate(produced, cons, QS + int(sab.extra_q_stage), S, shape.wgs, rng, relays,
+                  shape.staging)) {
       ok = false;
     }
   }
@@ -679,13 +788,17 @@ static void negative_controls(Shape const& shape, std::mt19937& rng) {
   prob.grid_sms = 3;
   prob.mask = AttentionMask{700, 900, -1, 0};
   prob.pingpong = true;
-  Sabotage sabotages[5];
+  Sabotage sabotages[6];
   sabotages[0].skip_load = 5;
   sabotages[1].wrong_block_load = 4;
   sabotages[2].skip_release_k = 3;
   sabotages[3].bad_split = true;
   sabotages[4].extra_q_stage = true;
+  sabotages[5].swap_relay = 4;
   for (Sabotage const& s : sabotages) {
+    if (s.swap_relay >= 0 && shape.staging == 0) {
+      continue;  // no relay to sabotage
+    }
     const int before = failures;
     quiet = true;
     const bool ok = run_case<BM, BN, QS, S, C>(prob, shape, rng, s);
@@ -784,6 +897,13 @@ int main(int argc, char** argv) {
   negative_controls<128, 176, 1, 2, Merged>({128, 176, 2, 1, 2, true, true, false}, rng);
   negative_controls<128, 80, 1, 2, PerTile>({128, 80, 2, 1, 2, true, false, true}, rng);
   negative_controls<128, 176, 1, 2, Sequential>({128, 176, 2, 1, 2, false, true, false}, rng);
+  // The mixed mode (tile_config.h, fwd_config_mixed): d64 / d128 / d256 with the staging ring.
+  constexpr int R = kStagingStages;
+  run_shape<192, 128, 2, 2, Merged>({192, 128, 2, 2, 3, true, true, false, R}, rng, problems);
+  run_shape<128, 128, 2, 2, Merged>({128, 128, 2, 2, 2, true, true, false, R}, rng, problems);
+  run_shape<128, 64, 1, 2, PerTile>({128, 64, 2, 1, 2, true, false, true, R}, rng, problems);
+  negative_controls<128, 128, 2, 2, Merged>({128, 128, 2, 2, 2, true, true, false, R}, rng);
+  negative_controls<128, 64, 1, 2, PerTile>({128, 64, 2, 1, 2, true, false, true, R}, rng);
   if (failures == 0) {
     std::printf("OK\n");
   }

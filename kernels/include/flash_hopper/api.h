@@ -36,8 +36,9 @@ extern "C" {
 
 // Bumped whenever FhFwdParams, FhBwdParams or a function signature changes; Python refuses a
 // mismatch. 3: the backward (FhBwdParams, fh_bwd*). 4: the FP8 forward (per-tensor descale
-// strides and fp8_accumulation in FhFwdParams).
-#define FH_ABI_VERSION 4
+// strides and fp8_accumulation in FhFwdParams). 5: the mixed mode (FhFwdParams::kv_dtype,
+// FH_DTYPE_E5M2).
+#define FH_ABI_VERSION 5
 
 // The library's own status; the message (fh_last_error) tells the cases of one status apart.
 typedef enum FhStatus {
@@ -61,6 +62,7 @@ typedef enum FhDtype {
   FH_DTYPE_BF16 = 1,
   FH_DTYPE_E4M3 = 2,  // FP8 e4m3 q / k / v: the FA-3 path's forward (o in fp16 or bf16)
   FH_DTYPE_FP32 = 3,
+  FH_DTYPE_E5M2 = 4,  // FP8 e5m2 k / v of the mixed mode only (kv_dtype)
 } FhDtype;
 
 typedef enum FhBackend {
@@ -108,8 +110,14 @@ typedef struct FhFwdParams {
   void* o;
   float* lse;  // may be null when the caller does not need it
 
-  int32_t dtype;      // FhDtype of q/k/v
+  int32_t dtype;      // FhDtype of q (and of k/v but in the mixed mode)
   int32_t out_dtype;  // FhDtype of o: == dtype for fp16/bf16; fp16 or bf16 for e4m3
+  // FhDtype of k/v: 0 (a zero-initialized struct) or == dtype: k/v are in dtype. Else the mixed
+  // mode (the FA-3 path's forward): dtype fp16 / bf16 with kv_dtype FH_DTYPE_E4M3 or
+  // FH_DTYPE_E5M2, an FP8 K/V cache converted to q's dtype in shared memory; k_descale /
+  // v_descale apply (q_descale stays null), out_dtype == dtype, head_dim and the k/v strides
+  // multiples of 16 elements.
+  int32_t kv_dtype;
 
   // --- shapes -----------------------------------------------------------------------------
   int64_t batch;
@@ -144,7 +152,7 @@ typedef struct FhFwdParams {
   const int32_t* page_table;
   int64_t page_table_batch_stride;
   int64_t page_size;
-  // --- FP8 (dtype FH_DTYPE_E4M3 only; null / 0 otherwise) --------------------------------
+  // --- FP8 (dtype FH_DTYPE_E4M3; k/v descales also in the mixed mode; null / 0 otherwise) --
   // Descales: fp32 (batch, heads_kv) at ptr[b * batch_stride + h_kv * head_stride], the factor
   // that turns the stored e4m3 values back into the real ones (score = q_descale * k_descale *
   // q.k, o scaled by v_descale); strides may be 0 (a broadcast scalar, an expand()ed tensor);

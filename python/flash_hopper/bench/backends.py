@@ -8,12 +8,18 @@ flash_attn_func(q8, k8, v8, q_descale=, k_descale=, v_descale=), the output in b
 accumulator carries the whole P V sum instead of adding each key block's product into fp32
 registers): a backend of its own rather than an option, so that one sweep times both side by side
 and each row names what ran; it takes e4m3 cases only.
+
+Mixed-mode cases ("bf16+e4m3", "fp16+e5m2", ...: 16-bit q against an FP8 K / V cache) run on
+"fa3" only, forward only: flash_attn_func(q, k8, v8, k_descale=, v_descale=), the output in q's
+dtype. The host path refuses the mixed mode on the FA-2 path and on the FA-3 ablation variants
+(even where build_info lists a variant for the kernel, it runs the tuned one only), so "fa2", the
+variants and the FP8 accumulation ablation report it as unsupported (``mixed_reason``).
 """
 
 from __future__ import annotations
 
 from .base import Backend
-from .cases import FP8_DTYPES
+from .cases import FP8_DTYPES, FP8_NO_BACKWARD, MIXED_NO_BACKWARD
 from .errors import first_line
 
 FP8_SINGLE_LEVEL = "fa3-fp8-single-level"
@@ -78,6 +84,17 @@ class FlashHopperBackend(Backend):
                     f"{FP8_SINGLE_LEVEL})")
         return None
 
+    def mixed_reason(self) -> str | None:
+        if self.path == "fa2":
+            return "the FA-2 path has no mixed-mode kernels (the mixed mode runs on fa3)"
+        if self.fp8_accumulation is not None:
+            return (f"{self.name} is the FP8 accumulation ablation (e4m3 cases only); the mixed "
+                    f"mode's GEMMs are 16-bit (it runs on fa3)")
+        if self.variant:
+            return (f"the FA-3 ablation variants ({self.name}) have no mixed-mode kernels: the "
+                    f"mixed mode runs on the tuned fa3 kernel only")
+        return None
+
     def unsupported(self, case, direction: str | None = None) -> str | None:
         if self.only_dtypes is not None and case.dtype not in self.only_dtypes:
             return (f"FP8 accumulation ablation: {' / '.join(self.only_dtypes)} cases only, not "
@@ -90,6 +107,10 @@ class FlashHopperBackend(Backend):
             fp8_reason = self._fp8_case_reason(info, case, direction)
             if fp8_reason:
                 return fp8_reason
+        if case.is_mixed:
+            mixed_reason = self.mixed_reason() or self._mixed_case_reason(info, case, direction)
+            if mixed_reason:
+                return mixed_reason
         bucket_reason = self._head_dim_reason(info, case.head_dim)
         if bucket_reason:
             return bucket_reason
@@ -104,7 +125,7 @@ class FlashHopperBackend(Backend):
         from flash_hopper import _tables
 
         if direction and "bwd" in direction:
-            return "the FP8 (e4m3) forward has no backward"
+            return FP8_NO_BACKWARD
         multiple = _tables.FP8_HEAD_DIM_MULTIPLE
         if case.head_dim % multiple:
             return f"FP8 needs head_dim a multiple of {multiple}, got {case.head_dim}"
@@ -113,15 +134,13 @@ class FlashHopperBackend(Backend):
             return (f"the single-level ablation exists for head_dim <= "
                     f"{_tables.FP8_SINGLE_LEVEL_MAX_HEAD_DIM} (the d256 FP8 kernel accumulates "
                     f"in two levels only), got {case.head_dim}")
-        entries = _tables.kernel_entries(info, "fwd")
         try:
             bucket = _tables.head_dim_bucket(case.head_dim)
         except ValueError:  # d > 256: the call itself says why
             return None
-        if not entries:  # no exact list (an old library): the coarse checks decide
+        built = _fa3_forward_kernels(info, case.dtype, bucket)
+        if built is None:  # no exact list (an old library): the coarse checks decide
             return None
-        built = [e for e in entries if (e.get("backend"), e.get("dtype"), e.get("head_dim")) ==
-                 ("fa3", case.dtype, bucket)]
         if not built:
             return (f"library built without an fa3 {case.dtype} forward kernel for head-dim "
                     f"bucket {bucket}")
@@ -130,6 +149,32 @@ class FlashHopperBackend(Backend):
                                        for e in built):
             return (f"library built without the {self.path} variant of the fa3 {case.dtype} "
                     f"kernel for head-dim bucket {bucket}")
+        return None
+
+    @staticmethod
+    def _mixed_case_reason(info: dict, case, direction: str | None) -> str | None:
+        """Why this build cannot run the mixed-mode forward of ``case`` on the fa3 path, or None:
+        the direction (no backward), the head-dim rule (a multiple of 16 in the mixed mode's
+        buckets) and build_info's exact kernel list."""
+        from flash_hopper import _tables
+
+        if direction and "bwd" in direction:
+            return MIXED_NO_BACKWARD
+        multiple = _tables.FP8_HEAD_DIM_MULTIPLE
+        if case.head_dim % multiple:
+            return (f"the mixed mode needs head_dim a multiple of {multiple} (16-byte rows of "
+                    f"FP8 K / V), got {case.head_dim}")
+        try:
+            bucket = _tables.head_dim_bucket(case.head_dim)
+        except ValueError:  # d > 256: the call itself says why
+            return None
+        buckets = _tables.MIXED_HEAD_DIM_BUCKETS
+        if bucket not in buckets:
+            return (f"the mixed mode has kernels for head-dim buckets "
+                    f"{', '.join(map(str, buckets))}, got d={case.head_dim} (bucket {bucket})")
+        if _fa3_forward_kernels(info, case.dtype, bucket) == []:
+            return (f"library built without an fa3 {case.dtype} forward kernel for head-dim "
+                    f"bucket {bucket}")
         return None
 
     def _backward_reason(self, info: dict, case) -> str | None:
@@ -174,7 +219,11 @@ class FlashHopperBackend(Backend):
 
     def _fp8_call(self, q, k, v, case) -> tuple[tuple, dict]:
         """flash_attn_func's (args, kwargs) for Fp8Input q, k, v: the FP8 data, the descales and
-        the accumulation mode (when this backend sets one)."""
+        the accumulation mode (when this backend sets one). Mixed cases: q as it is, k and v's
+        FP8 data and their descales."""
+        if case.is_mixed:
+            kwargs = dict(self._call_kwargs(case), k_descale=k.descale, v_descale=v.descale)
+            return (q, k.data, v.data), kwargs
         kwargs = dict(self._call_kwargs(case), q_descale=q.descale, k_descale=k.descale,
                       v_descale=v.descale)
         if self.fp8_accumulation is not None:
@@ -184,7 +233,7 @@ class FlashHopperBackend(Backend):
     def make_forward(self, q, k, v, case):
         from flash_hopper import flash_attn_func
 
-        if case.is_fp8:
+        if case.is_fp8 or case.is_mixed:
             args, kwargs = self._fp8_call(q, k, v, case)
             return lambda: flash_attn_func(*args, **kwargs)
         kwargs = self._call_kwargs(case)
@@ -204,13 +253,13 @@ class FlashHopperBackend(Backend):
     def run_checked(self, q, k, v, case):
         """The timed call's kernel through ops.fwd_into, into NaN-filled buffers (an element the
         kernel does not write fails the check). flash_attn_func (what is timed) and fwd_into run
-        the same dispatch and launch; the path that ran must be the one asked for. FP8 cases:
-        ``_run_checked_fp8``."""
+        the same dispatch and launch; the path that ran must be the one asked for. FP8 and mixed
+        cases: ``_run_checked_fp8``."""
         import torch
 
         from flash_hopper import ops
 
-        if case.is_fp8:
+        if case.is_fp8 or case.is_mixed:
             return self._run_checked_fp8(q, k, v, case)
         out = torch.full_like(q, float("nan"))
         lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("nan"), dtype=torch.float32,
@@ -221,13 +270,13 @@ class FlashHopperBackend(Backend):
         return out, lse
 
     def _run_checked_fp8(self, q, k, v, case):
-        """The timed FP8 call itself (there is no fwd_into for FP8: no caller buffers), with its
-        LSE, in blocks that hold NaN. The first call finds the blocks the caching allocator gives
-        this call's out and LSE; they are NaN-filled and freed, and the second call gets the same
-        ones back: freeing them restores the pool the first call saw, and the call allocates the
-        same sizes in the same order on the same stream. Checked by address, so an element the
-        kernel does not write fails the check (it cannot pass on another backend's freed output,
-        as a plain fresh allocation could)."""
+        """The timed FP8 or mixed-mode call itself (there is no fwd_into for them: no caller
+        buffers), with its LSE, in blocks that hold NaN. The first call finds the blocks the
+        caching allocator gives this call's out and LSE; they are NaN-filled and freed, and the
+        second call gets the same ones back: freeing them restores the pool the first call saw,
+        and the call allocates the same sizes in the same order on the same stream. Checked by
+        address, so an element the kernel does not write fails the check (it cannot pass on
+        another backend's freed output, as a plain fresh allocation could)."""
         import math
 
         from flash_hopper import flash_attn_func
@@ -240,8 +289,9 @@ class FlashHopperBackend(Backend):
         del out, lse
         out, lse = flash_attn_func(*args, return_attn_probs=True, **kwargs)
         if out.is_cuda and (out.data_ptr(), lse.data_ptr()) != addresses:
-            raise RuntimeError("the FP8 check could not run in NaN-filled buffers: the caching "
-                               "allocator gave the second call other blocks (use --check off)")
+            raise RuntimeError(f"the {case.dtype} check could not run in NaN-filled buffers: "
+                               "the caching allocator gave the second call other blocks (use "
+                               "--check off)")
         return out, lse
 
     @property
@@ -284,23 +334,40 @@ class FlashHopperBackend(Backend):
     def kernel(self, q, k, v, case) -> tuple[str, str]:
         from flash_hopper import which_backend
 
-        if case.is_fp8:
+        if case.is_fp8 or case.is_mixed:
             return self._fp8_kernel(q, k, v, case)
         name, reason = which_backend(q, k, v, **self._call_kwargs(case))
         return str(name), str(reason)
 
     def _fp8_kernel(self, q, k, v, case) -> tuple[str, str]:
-        """(kernel, why) of an FP8 call: which_backend takes no FP8 arguments, so the host path's
-        own validation and plan are asked (metadata only, as for bwd_workspace_bytes)."""
+        """(kernel, why) of an FP8 or mixed-mode call: which_backend takes no descales, so the
+        host path's own validation and plan are asked (metadata only, as for
+        bwd_workspace_bytes)."""
         from flash_hopper import _fwd, _validate
 
         accumulation = self.fp8_accumulation or "two-level"
         args, kwargs = self._fp8_call(q, k, v, case)
         cfg, fp8 = _validate.check_fp8_args(
             *args, None, case.causal, tuple(case.window), case.softcap, self.path,
-            kwargs["q_descale"], kwargs["k_descale"], kwargs["v_descale"], None, accumulation)
+            kwargs.get("q_descale"), kwargs["k_descale"], kwargs["v_descale"], None, accumulation)
         plan = _fwd.make_plan(cfg, *args, fp8=fp8)
-        return str(plan.backend), f"{plan.reason}; FP8 e4m3, {accumulation} accumulation"
+        if case.is_mixed:
+            what = f"mixed mode: {case.q_dtype} q, {case.kv_dtype} K / V, 16-bit GEMMs"
+        else:
+            what = f"FP8 e4m3, {accumulation} accumulation"
+        return str(plan.backend), f"{plan.reason}; {what}"
+
+
+def _fa3_forward_kernels(info: dict, dtype: str, bucket: int) -> list[dict] | None:
+    """build_info's fa3 forward kernel entries of ``dtype`` at head-dim ``bucket``; None when the
+    build lists no kernels (an old library: coarse checks only)."""
+    from flash_hopper import _tables
+
+    entries = _tables.kernel_entries(info, "fwd")
+    if not entries:
+        return None
+    return [e for e in entries
+            if (e.get("backend"), e.get("dtype"), e.get("head_dim")) == ("fa3", dtype, bucket)]
 
 
 def arch_digits(arch: str) -> str:

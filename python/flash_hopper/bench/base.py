@@ -12,7 +12,9 @@ scratch memory by the backend's own formula, where it has one.
 
 FP8 (e4m3) cases come first through `fp8_reason`: a backend without an FP8 path is skipped for
 them with "unsupported (no FP8): <reason>" before anything else is asked; one with a path gets
-q, k, v as fp8_inputs.Fp8Input (data and descale) in every call below.
+q, k, v as fp8_inputs.Fp8Input (data and descale) in every call below. Mixed-mode cases
+("bf16+e4m3", ...) likewise come first through `mixed_reason` ("unsupported (no mixed mode):
+<reason>"); a backend with that path gets q as a 16-bit tensor and k, v as Fp8Inputs.
 """
 
 from __future__ import annotations
@@ -63,6 +65,12 @@ class Backend:
         """Why this backend takes no FP8 (e4m3) case, or None when it does (then q, k, v arrive
         as fp8_inputs.Fp8Input). Most have no FP8 path: the default says so."""
         return "no FP8 path"
+
+    def mixed_reason(self) -> str | None:
+        """Why this backend takes no mixed-mode case (fp16 / bf16 q against FP8 K / V with
+        descales), or None when it does (then k and v arrive as fp8_inputs.Fp8Input, q as a
+        tensor). Attention libraries take q, k and v of one dtype: the default says so."""
+        return "no mixed-mode path: q, k and v must share one dtype"
 
     def unsupported(self, case, direction: str | None = None) -> str | None:
         """Why this configuration (and direction, when given) cannot be timed, or None."""

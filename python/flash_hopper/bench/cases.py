@@ -5,6 +5,11 @@ h*d = 2048, s in {512 ... 16k}, d in {64, 128, 256}, causal and not, bf16.
 
 dtype e4m3 is FP8 inference (FA3 paper, Figure 6): forward only; fp8_inputs.py says how its inputs
 are made and checked. Its FLOPs are counted as for bf16: the same two GEMMs per visible pair.
+
+The mixed dtypes, "<q>+<kv>" (bf16+e4m3, fp16+e4m3, bf16+e5m2, fp16+e5m2: build_info's names), are
+the mixed mode: 16-bit q against an FP8 K / V cache with per-head descales, forward only. K and V
+are converted to q's dtype before the GEMMs, so the FLOPs, the peak and the GEMM ceiling are q's
+dtype's (``gemm_dtype``); only K and V are 1 byte per element.
 """
 
 from __future__ import annotations
@@ -23,11 +28,34 @@ DEFAULT_TOTAL_TOKENS = 16384
 DEFAULT_HIDDEN = 2048
 HALF_DTYPES = ("bf16", "fp16")  # forward and backward; what `info` and `demo` take
 FP8_DTYPES = ("e4m3",)  # torch.float8_e4m3fn q, k, v with descales: forward only
-DTYPES = (*HALF_DTYPES, *FP8_DTYPES)
-# Element size in bytes, for memory estimates (do inputs fit in L2? is sdpa-math too big?).
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "e4m3": 1}
+# The mixed mode's dtypes (flash_hopper._tables.MIXED_DTYPES, spelled out here so that the CLI's
+# --help imports no torch): name -> (q's dtype, K / V's FP8 dtype). Forward only.
+MIXED_PARTS = {
+    "bf16+e4m3": ("bf16", "e4m3"), "fp16+e4m3": ("fp16", "e4m3"),
+    "bf16+e5m2": ("bf16", "e5m2"), "fp16+e5m2": ("fp16", "e5m2"),
+}
+MIXED_DTYPES = tuple(MIXED_PARTS)
+DTYPES = (*HALF_DTYPES, *FP8_DTYPES, *MIXED_DTYPES)
+# Element size in bytes of one tensor's dtype, for memory estimates (do inputs fit in L2? is
+# sdpa-math too big?); a mixed case's tensors are sized by their parts (Case.q_dtype, kv_dtype).
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "e4m3": 1, "e5m2": 1}
 # An FP8 case's output dtype: flash_attn_func's out_dtype default (and FA3's) for FP8 inputs.
 FP8_OUT_DTYPE = "bf16"
+# Why a forward-only case's backward rows are skipped.
+FP8_NO_BACKWARD = "the FP8 (e4m3) forward has no backward"
+MIXED_NO_BACKWARD = "the mixed-mode forward (16-bit q, FP8 K / V) has no backward"
+
+
+def dtype_parts(dtype: str) -> tuple[str, str]:
+    """(q's dtype, K / V's dtype) of a sweep dtype: ('bf16', 'e4m3') for 'bf16+e4m3', the dtype
+    twice otherwise."""
+    return MIXED_PARTS.get(dtype, (dtype, dtype))
+
+
+def gemm_dtype(dtype: str) -> str:
+    """The dtype of a sweep dtype's tensor-core GEMMs, which picks its peak and GEMM ceiling: q's
+    (the mixed mode converts K / V to q's dtype before its 16-bit GEMMs)."""
+    return dtype_parts(dtype)[0]
 
 
 @dataclass(frozen=True)
@@ -48,8 +76,29 @@ class Case:
         return self.dtype in FP8_DTYPES
 
     @property
+    def is_mixed(self) -> bool:
+        """16-bit q against FP8 K / V (the mixed mode)."""
+        return self.dtype in MIXED_PARTS
+
+    @property
+    def no_backward_reason(self) -> str | None:
+        """Why this case has no backward rows, or None when it has them."""
+        if self.is_fp8:
+            return FP8_NO_BACKWARD
+        return MIXED_NO_BACKWARD if self.is_mixed else None
+
+    @property
+    def q_dtype(self) -> str:
+        return dtype_parts(self.dtype)[0]
+
+    @property
+    def kv_dtype(self) -> str:
+        return dtype_parts(self.dtype)[1]
+
+    @property
     def out_dtype(self) -> str:
-        return FP8_OUT_DTYPE if self.is_fp8 else self.dtype
+        """FP8: bf16 (flash_attn_func's default); otherwise q's dtype (the mixed mode's too)."""
+        return FP8_OUT_DTYPE if self.is_fp8 else self.q_dtype
 
     @property
     def has_window(self) -> bool:
@@ -74,10 +123,11 @@ class Case:
 
     def input_bytes(self) -> int:
         """Bytes of q, k, v and the output: what one forward call touches at least once (FP8:
-        1-byte inputs, a 2-byte output)."""
+        1-byte inputs, a 2-byte output; mixed: 1-byte K / V, 2-byte q and output)."""
         q_or_o = self.batch * self.seqlen_q * self.heads * self.head_dim
         k_and_v = 2 * self.batch * self.seqlen_k * self.heads_kv * self.head_dim
-        return (q_or_o + k_and_v) * DTYPE_BYTES[self.dtype] + q_or_o * DTYPE_BYTES[self.out_dtype]
+        return (q_or_o * (DTYPE_BYTES[self.q_dtype] + DTYPE_BYTES[self.out_dtype])
+                + k_and_v * DTYPE_BYTES[self.kv_dtype])
 
     def score_elements(self) -> int:
         """b*h*sq*sk: the size of the score matrix a naive implementation materializes."""

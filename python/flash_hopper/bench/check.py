@@ -46,6 +46,17 @@ block, a wrong descale, V^T in the wrong key order) gives errors of order 1, an 
 loses precision at long context (the single-level ablation) a few percent more. The LSE bound is
 tests/test_fp8_gpu.py's: the scores are exact products of the FP8 values, so the LSE keeps the
 bf16 rows' accuracy up to the accumulator's rounding.
+
+Mixed-mode rows ("bf16+e4m3", ...: 16-bit q, FP8 K / V with descales), forward only, by FA3's
+rule above (``MixedReferences``, check_metric "max-abs"):
+
+    ref_fp32 = fp32 attention of q on the dequantized k, v (k.data * k_descale, fp32)
+    ref_lowp = the same in q's dtype, on q and the dequantized k, v rounded to q's dtype
+
+The kernel converts the FP8 values exactly to q's dtype (every e4m3 / e5m2 value is a bf16 and an
+fp16 value) and folds the descales into the score scale and the output in fp32, so its GEMMs see
+what a 16-bit call on the dequantized k, v would see, less one rounding: the 16-bit rule applies
+unchanged. The quantization of k and v is in both references, so it is not counted.
 """
 
 from __future__ import annotations
@@ -169,7 +180,10 @@ def ieee_fp32_matmuls():
 class References:
     """The fp32 output and LSE of one case's inputs and the same-precision error, computed once
     (on the inputs' device, in chunks of at most ``max_scores`` scores) and shared by every
-    backend checked on those inputs. Holds no low-precision tensor: only its error is needed."""
+    backend checked on those inputs. Holds no low-precision tensor: only its error is needed.
+
+    The same-precision reference computes in q's dtype (attention_ref_chunked with upcast=False
+    casts k and v to it), so fp32 k, v (MixedReferences' dequantized ones) are rounded once."""
 
     def __init__(self, q, k, v, case, max_scores: int | None = None):
         from flash_hopper.reference import CHUNK_SCORES, attention_ref_chunked
@@ -194,6 +208,15 @@ class References:
             result.lse_tol = lse_tolerance(self.softcap)
             result.passed = result.passed and _within(result.lse_err, result.lse_tol)
         return result
+
+
+class MixedReferences(References):
+    """FA3's rule for one mixed-mode case (module docstring): q a 16-bit tensor, k and v
+    fp8_inputs.Fp8Input; the references of q on the dequantized k, v (fp32), computed once like
+    References' and shared by every backend checked on them."""
+
+    def __init__(self, q, k, v, case, max_scores: int | None = None):
+        super().__init__(q, k.dequantize(), v.dequantize(), case, max_scores)
 
 
 class Fp8References:

@@ -1,5 +1,5 @@
-"""FP8 (e4m3) benchmark inputs: how a case's q, k, v are made, what backends receive, and how the
-reference check undoes the quantization.
+"""FP8 (e4m3) and mixed-mode benchmark inputs: how a case's q, k, v are made, what backends
+receive, and how the reference check undoes the quantization.
 
 Made: the runner draws q, k, v exactly as for the bf16 case of the same seed (same shapes,
 N(0, 1), same generator calls), then quantizes each with flash_hopper.fp8.quantize per head; q
@@ -15,6 +15,14 @@ Undone: ``dequantize`` gives the real values the kernel multiplies (data * desca
 repeated over the query heads that share it). The reference is exact attention on those, so the
 check measures the kernel's own FP8 error (P rounded to e4m3 for P V), not the quantization of the
 inputs, which every FP8 implementation shares.
+
+Mixed mode ("bf16+e4m3", ...: 16-bit q against an FP8 K / V cache): q, k, v are drawn as for the
+case of q's dtype with the same seed; q stays as it is, and k and v are quantized per (batch, kv
+head) into the FP8 dtype (``quantize_kv_cache``), as a KV cache that stores one scale per head
+would hold them. Backends receive q as a tensor and k, v as Fp8Inputs, passed as flash_attn_func(q,
+k.data, v.data, k_descale=k.descale, v_descale=v.descale); the reference is fp32 attention of q on
+the dequantized k and v, by the 16-bit rule (check.MixedReferences), since the kernel converts K / V
+exactly to q's dtype and its GEMMs are 16-bit.
 """
 
 from __future__ import annotations
@@ -25,8 +33,9 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Fp8Input:
-    """One FP8 input: ``data`` (torch.float8_e4m3fn, (batch, seqlen, heads, head_dim)) and
-    ``descale`` (float32 (batch, heads_kv)), with data.float() * descale ~ the original values."""
+    """One FP8 input: ``data`` (torch.float8_e4m3fn, or float8_e5m2 for a mixed case's k / v;
+    (batch, seqlen, heads, head_dim)) and ``descale`` (float32 (batch, heads_kv)), with
+    data.float() * descale ~ the original values."""
 
     data: Any
     descale: Any
@@ -45,6 +54,27 @@ def quantize_inputs(q, k, v) -> tuple[Fp8Input, Fp8Input, Fp8Input]:
     k8 = Fp8Input(*fp8.quantize(k, "head"))
     v8 = Fp8Input(*fp8.quantize(v, "head"))
     return q8, k8, v8
+
+
+# The FP8 dtype names of the sweep (cases.py) -> torch's attribute names.
+TORCH_FP8_DTYPES = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
+
+
+def quantize_kv_cache(k, v, dtype: str = "e4m3") -> tuple[Fp8Input, Fp8Input]:
+    """k, v (batch, seqlen_k, heads_kv, head_dim), fp32 / fp16 / bf16 -> their Fp8Inputs in the FP8
+    ``dtype`` ("e4m3" or "e5m2"), each quantized per (batch, kv head) by flash_hopper.fp8.quantize
+    (amax-calibrated to the dtype's largest value: 448 for e4m3, 57344 for e5m2): a mixed case's
+    K / V cache."""
+    import torch
+
+    from flash_hopper import fp8
+
+    if dtype not in TORCH_FP8_DTYPES:
+        raise ValueError(f"dtype: expected one of {', '.join(TORCH_FP8_DTYPES)}, got {dtype!r}")
+    torch_dtype = getattr(torch, TORCH_FP8_DTYPES[dtype])
+    k8 = Fp8Input(*fp8.quantize(k, "head", torch_dtype))
+    v8 = Fp8Input(*fp8.quantize(v, "head", torch_dtype))
+    return k8, v8
 
 
 def dequantize(data, descale, dtype: Any = None):

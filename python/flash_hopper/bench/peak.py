@@ -5,14 +5,16 @@ FP32 accumulation, boost clock. Two ceilings are reported because they answer di
 % of datasheet peak says how far the hardware is from its limit; % of a measured cuBLAS GEMM says
 how close attention is to the best-known matmul on this particular board, clocks and power cap.
 Both are per dtype: FP8 (e4m3) rows are compared with the FP8 peak and an FP8 GEMM
-(torch._scaled_mm, e4m3 x e4m3 -> bf16), bf16 / fp16 rows with the 16-bit ones.
+(torch._scaled_mm, e4m3 x e4m3 -> bf16), bf16 / fp16 rows with the 16-bit ones. Mixed-mode rows
+(bf16+e4m3, ...) are compared with the 16-bit ones of q's dtype: K / V are FP8 in memory only, the
+GEMMs are 16-bit (cases.gemm_dtype).
 """
 
 from __future__ import annotations
 
 import re
 
-from .cases import FP8_DTYPES
+from .cases import FP8_DTYPES, gemm_dtype
 from .errors import first_line
 
 # Ordered: the first matching pattern wins, so variants (NVL, PCIe) precede the SXM family name.
@@ -39,9 +41,9 @@ class GemmUnavailable(RuntimeError):
 
 
 def lookup_peak(device_name: str, dtype: str = "bf16") -> tuple[float | None, str]:
-    """(TFLOP/s, which table entry) for a device name and a sweep dtype; (None, reason) when it
-    is unknown."""
-    fp8 = dtype in FP8_DTYPES
+    """(TFLOP/s, which table entry) for a device name and a sweep dtype (its GEMMs' dtype's peak);
+    (None, reason) when it is unknown."""
+    fp8 = gemm_dtype(dtype) in FP8_DTYPES
     kind = "FP8" if fp8 else "bf16/fp16"
     for pattern, half, fp8_peak, label in PEAK_TFLOPS:
         if re.search(pattern, device_name or ""):
@@ -58,11 +60,13 @@ def gemm_flops(size: int) -> float:
 
 def measure_gemm_ceiling(timer, dtype: str = "bf16", size: int = GEMM_SIZE,
                          device: str = "cuda") -> dict:
-    """Median TFLOP/s of one size^3 cuBLAS matmul in `dtype`, timed with the sweep's own timer:
-    torch.mm for bf16 / fp16, torch._scaled_mm (e4m3 x e4m3 -> bf16, unit scales, b column-major
-    as cuBLASLt's FP8 GEMM wants it) for e4m3. GemmUnavailable when the FP8 GEMM cannot run."""
+    """Median TFLOP/s of one size^3 cuBLAS matmul in `dtype`'s GEMM dtype, timed with the sweep's
+    own timer: torch.mm for bf16 / fp16 (and the mixed dtypes, by q's dtype), torch._scaled_mm
+    (e4m3 x e4m3 -> bf16, unit scales, b column-major as cuBLASLt's FP8 GEMM wants it) for e4m3.
+    The result's "dtype" is the GEMM's. GemmUnavailable when the FP8 GEMM cannot run."""
     import torch
 
+    dtype = gemm_dtype(dtype)
     if dtype in FP8_DTYPES:
         fn, op = _scaled_mm_call(size, device), "torch._scaled_mm (bf16 out)"
     else:

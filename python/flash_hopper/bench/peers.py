@@ -14,6 +14,11 @@ FP8 (e4m3): SDPA and flex take no float8_e4m3fn inputs, so they are skipped for 
 ("unsupported (no FP8)", fp8_reason). An FA package runs them only when its flash_attn_func
 declares q_descale, k_descale and v_descale (FA3's hopper interface does); it then gets the FP8
 data and the descales as flash-hopper's fa3 does.
+
+Mixed mode (bf16+e4m3, ...: 16-bit q against FP8 K / V): no peer runs it. SDPA, flex and the FA
+packages (FA2, FA3's hopper interface, the CuTe DSL FA4) all require q, k and v of one dtype, so
+each is skipped for mixed cases with its reason ("unsupported (no mixed mode)", mixed_reason);
+a peer without its own answer gets base.Backend's.
 """
 
 from __future__ import annotations
@@ -91,6 +96,10 @@ class SdpaBackend(Backend):
 
     def fp8_reason(self) -> str | None:
         return "torch SDPA takes fp16 / bf16 / fp32 inputs, not float8_e4m3fn"
+
+    def mixed_reason(self) -> str | None:
+        return ("torch SDPA takes q, k and v of one fp16 / bf16 / fp32 dtype, not FP8 k / v with "
+                "descales")
 
     def unsupported(self, case, direction: str | None = None) -> str | None:
         if case.softcap:
@@ -198,6 +207,9 @@ class FlexBackend(Backend):
     def fp8_reason(self) -> str | None:
         return "FlexAttention takes no float8_e4m3fn inputs with descales"
 
+    def mixed_reason(self) -> str | None:
+        return "FlexAttention takes q, k and v of one dtype, not FP8 k / v with descales"
+
     def make_forward(self, q, k, v, case):
         from torch.nn.attention.flex_attention import create_block_mask
 
@@ -280,6 +292,14 @@ class FlashAttnPackage(Backend):
         if missing:
             return f"{self._module_name}.flash_attn_func takes no {' / '.join(missing)}"
         return None
+
+    def mixed_reason(self) -> str | None:
+        """FA packages check that q, k and v share one dtype (FA3's FP8 forward takes FP8 q
+        too), whatever their signature: no mixed-mode path."""
+        if self._func is None and self.software_reason():
+            return "not importable"
+        return (f"{self._module_name}.flash_attn_func takes q, k and v of one dtype, not 16-bit "
+                f"q with FP8 k / v")
 
     def unsupported(self, case, direction: str | None = None) -> str | None:
         if self._func is None and self.software_reason():

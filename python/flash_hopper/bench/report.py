@@ -11,7 +11,11 @@ their check_pass covers the forward's check and the gradients') and the backward
 written before these columns existed read back with them empty.
 
 check_metric says what check_err / check_tol measure: "max-abs" (FA3's rule; also what an empty
-cell in an older file means) or "rel-rmse" (the FP8 rule, e4m3 rows: check.py).
+cell in an older file means; mixed-mode rows too) or "rel-rmse" (the FP8 rule, e4m3 rows:
+check.py).
+
+Mixed-mode rows (dtype "bf16+e4m3", ...) are reported next to the rows of q's dtype of the same
+sweep by ``format_mixed_comparison``: one line per configuration timed in both, with the speedup.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 
+from .cases import MIXED_PARTS
 from .check import FP8_REL_RMSE, METRIC_REL_RMSE
 
 SCHEMA = "flash-hopper.bench/1"
@@ -252,3 +257,31 @@ def format_memory(rows: Iterable[dict[str, object]]) -> str:
         configs.setdefault(key, {}).setdefault(str(row["backend"]), " ".join(parts))
     return "\n".join(f"{key}: " + " | ".join(f"{b} {text}" for b, text in backends.items())
                      for key, backends in configs.items())
+
+
+# What makes a mixed-mode row and a 16-bit row the same measurement, but for the dtype.
+_SAME_CONFIG = ("backend", "direction", "batch", "seqlen_q", "seqlen_k", "heads", "heads_kv",
+                "head_dim", "causal", "window_left", "window_right", "softcap")
+
+
+def format_mixed_comparison(rows: Iterable[dict[str, object]]) -> str:
+    """Each timed mixed-mode row next to the timed row of q's dtype with the same backend,
+    direction and configuration, one line each: both medians and the speedup (16-bit ms / mixed
+    ms; above 1: the FP8 K / V cache is faster). Empty when no such pair was timed."""
+    timed = [r for r in rows if r.get("status") == "ok"]
+    half = {(r["dtype"], *(r[f] for f in _SAME_CONFIG)): r for r in timed
+            if r["dtype"] not in MIXED_PARTS}
+    lines = []
+    for row in _table_order([r for r in timed if r["dtype"] in MIXED_PARTS]):
+        q_dtype = MIXED_PARTS[row["dtype"]][0]
+        other = half.get((q_dtype, *(row[f] for f in _SAME_CONFIG)))
+        if other is None:
+            continue
+        seqlen = (str(row["seqlen_q"]) if row["seqlen_q"] == row["seqlen_k"]
+                  else f"{row['seqlen_q']}/{row['seqlen_k']}")
+        lines.append(
+            f"{row['backend']} {row['direction']} {row['mask']} d={row['head_dim']} s={seqlen} "
+            f"b={row['batch']} h={row['heads']}/{row['heads_kv']}: {row['dtype']} "
+            f"{row['ms']:.3f} ms vs {q_dtype} {other['ms']:.3f} ms, "
+            f"{other['ms'] / row['ms']:.2f}x")
+    return "\n".join(lines)

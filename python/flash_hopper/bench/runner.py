@@ -14,6 +14,11 @@ that fails to run is classified like a failing first call, for the backward rows
 FP8 (e4m3) cases: inputs drawn as for bf16, then quantized (fp8_inputs.py); a backend without an
 FP8 path is skipped first ("unsupported (no FP8): ..."); the check is check.py's FP8 rule. %peak
 and %gemm use the ceilings of the row's dtype when RunOptions gives them per dtype.
+
+Mixed cases ("bf16+e4m3", ...): inputs drawn as for q's dtype, k and v quantized into the FP8 K / V
+dtype (fp8_inputs.py); a backend without a mixed-mode path is skipped first ("unsupported (no
+mixed mode): ..."); the check is the 16-bit rule against fp32 on q and the dequantized k, v
+(check.MixedReferences). Like FP8 cases they are forward only: backward rows are skipped.
 """
 
 from __future__ import annotations
@@ -24,15 +29,15 @@ from dataclasses import dataclass
 from typing import Callable, Union
 
 from . import check as checks
+from .cases import FP8_NO_BACKWARD, MIXED_NO_BACKWARD  # noqa: F401 - re-exported for callers
 from .errors import first_line
-from .fp8_inputs import quantize_inputs
+from .fp8_inputs import quantize_inputs, quantize_kv_cache
 from .memory import bwd_memory
 from .report import normalize
 
 TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 # What an FP8 case's inputs are drawn in before quantization: the bf16 case's values.
 FP8_SOURCE_DTYPE = "bf16"
-FP8_NO_BACKWARD = "the FP8 (e4m3) forward has no backward"
 # A ceiling in TFLOP/s for every dtype, or one per dtype ({"bf16": 989.4, "e4m3": 1978.9}).
 Ceiling = Union[float, Mapping[str, float], None]
 
@@ -118,25 +123,35 @@ def is_unsupported(exc: BaseException) -> bool:
 
 
 def fp8_skip_reason(backend, case) -> str | None:
-    """Why ``backend`` is skipped for an FP8 case (it has no FP8 path), or None."""
-    if not case.is_fp8:
-        return None
-    why = backend.fp8_reason()
-    return None if why is None else f"unsupported (no FP8): {why}"
+    """Why ``backend`` is skipped for an FP8 case (it has no FP8 path) or a mixed case (it has no
+    mixed-mode path), or None."""
+    if case.is_fp8:
+        why = backend.fp8_reason()
+        return None if why is None else f"unsupported (no FP8): {why}"
+    if case.is_mixed:
+        why = backend.mixed_reason()
+        return None if why is None else f"unsupported (no mixed mode): {why}"
+    return None
 
 
 def make_inputs(case, device, generator):
     """q, k, v: N(0, 1) in the case's dtype; for FP8, the bf16 case's values quantized per head
-    (fp8_inputs.Fp8Input each)."""
+    (fp8_inputs.Fp8Input each); for the mixed mode, the values of the case of q's dtype, q as it
+    is and k, v quantized per kv head into the FP8 K / V dtype (Fp8Inputs)."""
     import torch
 
-    dtype = getattr(torch, TORCH_DTYPES[FP8_SOURCE_DTYPE if case.is_fp8 else case.dtype])
+    dtype = getattr(torch, TORCH_DTYPES[FP8_SOURCE_DTYPE if case.is_fp8 else case.q_dtype])
     shapes = [(case.batch, case.seqlen_q, case.heads, case.head_dim),
               (case.batch, case.seqlen_k, case.heads_kv, case.head_dim),
               (case.batch, case.seqlen_k, case.heads_kv, case.head_dim)]
     inputs = tuple(torch.randn(s, device=device, dtype=dtype, generator=generator)
                    for s in shapes)
-    return quantize_inputs(*inputs) if case.is_fp8 else inputs
+    if case.is_fp8:
+        return quantize_inputs(*inputs)
+    if case.is_mixed:
+        q, k, v = inputs
+        return (q, *quantize_kv_cache(k, v, case.kv_dtype))
+    return inputs
 
 
 def _with_grad(inputs):
@@ -148,7 +163,8 @@ class CaseReferences:
     forward's check.References up front, the gradients' check.GradReferences at the first
     backend whose backward is checked (a case without one never pays for them). Each is the
     object, a string saying why there is none, or None when checks are off. FP8 cases get
-    check.Fp8References and never a gradient reference (no backward)."""
+    check.Fp8References, mixed cases check.MixedReferences, and neither a gradient reference (no
+    backward)."""
 
     def __init__(self, case, inputs, dout, check: str, max_scores: int | None = None):
         self.case, self.inputs, self.dout = case, inputs, dout
@@ -157,15 +173,16 @@ class CaseReferences:
         self._grads = None
         if check == "off":
             return
-        references = checks.Fp8References if case.is_fp8 else checks.References
+        references = (checks.Fp8References if case.is_fp8 else
+                      checks.MixedReferences if case.is_mixed else checks.References)
         try:
             self.forward = references(*inputs, case, max_scores=max_scores)
         except Exception as exc:  # noqa: BLE001 - no reference (or OOM) must not stop timing
             self.forward = f"reference unavailable: {first_line(exc)}"
 
     def grads(self):
-        if self.case.is_fp8 and self.forward is not None:
-            return "no gradient reference: the FP8 forward has no backward"
+        if self.case.no_backward_reason and self.forward is not None:
+            return f"no gradient reference: {self.case.no_backward_reason}"
         if self._grads is None and isinstance(self.forward, checks.References):
             try:
                 self._grads = checks.GradReferences(*self.inputs, self.dout, self.case,
@@ -222,7 +239,7 @@ class Runner:
         n_sets = self.timer.sets_for(case.input_bytes())
         inputs = [make_inputs(case, self.options.device, generator) for _ in range(n_sets)]
         dout = None
-        if not case.is_fp8 and any(has_backward(d) for d in self.options.directions):
+        if not case.no_backward_reason and any(has_backward(d) for d in self.options.directions):
             # One output gradient per case (drawn after the inputs, which stay as without it):
             # every backend's backward is checked and measured with it.
             q = inputs[0][0]
@@ -265,7 +282,7 @@ class Runner:
                 row["notes"] = result  # why there is no check
             else:
                 fill_check(row, result)
-            reason = ((FP8_NO_BACKWARD if case.is_fp8 and has_backward(direction) else None)
+            reason = ((case.no_backward_reason if has_backward(direction) else None)
                       or backend.unsupported(case, direction))
             if reason:
                 row.update({"status": "skipped", "reason": reason})
