@@ -483,40 +483,7 @@ FhStatus validate_fp8(const FhFwdParams* p, bool fp8, bool mixed, bool check_dat
       {"k_descale", p->k_descale, p->k_descale_batch_stride, p->k_descale_head_stride},
       {"v_descale", p->v_descale, p->v_descale_batch_stride, p->v_descale_head_stride},
   };
-  if (mixed) {
-    FH_CHECK(p->q_descale == nullptr,
-             "q_descale: expected null in the mixed mode (q is %s, not FP8), got %p",
-             dtype_name(p->dtype), static_cast<const void*>(p->q_descale));
-    FH_CHECK(p->fp8_accumulation == FH_FP8_ACCUM_TWO_LEVEL,
-             "fp8_accumulation: expected 0 in the mixed mode (its GEMMs are 16-bit), got %d",
-             p->fp8_accumulation);
-    FH_CHECK(p->head_dim % 16 == 0,
-             "head_dim: expected a multiple of 16 for FP8 k / v (16-byte rows), got %lld",
-             (long long)p->head_dim);
-    const NamedStride kv_strides[] = {
-        {"k_batch_stride", p->k_batch_stride}, {"k_row_stride", p->k_row_stride},
-        {"k_head_stride", p->k_head_stride},   {"v_batch_stride", p->v_batch_stride},
-        {"v_row_stride", p->v_row_stride},     {"v_head_stride", p->v_head_stride},
-    };
-    for (const NamedStride& st : kv_strides) {
-      FH_CHECK(st.stride % 16 == 0,
-               "%s: expected a multiple of 16 elements for FP8 k / v (16-byte aligned rows), got "
-               "%lld",
-               st.name, (long long)st.stride);
-    }
-    for (const auto& d : descales) {
-      FH_CHECK(d.batch_stride >= 0 && d.head_stride >= 0,
-               "%s: expected strides >= 0 (0 broadcasts), got batch stride %lld, head stride %lld",
-               d.name, (long long)d.batch_stride, (long long)d.head_stride);
-      if (check_data) {
-        FH_CHECK(aligned(d.ptr, alignof(float)),
-                 "%s: expected a %d-byte aligned pointer (float) or null, got %p", d.name,
-                 int(alignof(float)), static_cast<const void*>(d.ptr));
-      }
-    }
-    return FH_SUCCESS;
-  }
-  if (!fp8) {
+  if (!fp8 && !mixed) {
     for (const auto& d : descales) {
       FH_CHECK(d.ptr == nullptr,
                "%s: expected null for %s inputs (descales belong to e4m3 inputs), got %p", d.name,
@@ -527,13 +494,23 @@ FhStatus validate_fp8(const FhFwdParams* p, bool fp8, bool mixed, bool check_dat
              dtype_name(p->dtype), p->fp8_accumulation);
     return FH_SUCCESS;
   }
-  FH_CHECK(p->fp8_accumulation == FH_FP8_ACCUM_TWO_LEVEL ||
-               p->fp8_accumulation == FH_FP8_ACCUM_SINGLE_LEVEL,
-           "fp8_accumulation: expected FH_FP8_ACCUM_TWO_LEVEL (0) or FH_FP8_ACCUM_SINGLE_LEVEL "
-           "(1), got %d",
-           p->fp8_accumulation);
+  const char* what = fp8 ? "e4m3 inputs" : "FP8 k / v";
+  if (mixed) {
+    FH_CHECK(p->q_descale == nullptr,
+             "q_descale: expected null in the mixed mode (q is %s, not FP8), got %p",
+             dtype_name(p->dtype), static_cast<const void*>(p->q_descale));
+    FH_CHECK(p->fp8_accumulation == FH_FP8_ACCUM_TWO_LEVEL,
+             "fp8_accumulation: expected 0 in the mixed mode (its GEMMs are 16-bit), got %d",
+             p->fp8_accumulation);
+  } else {
+    FH_CHECK(p->fp8_accumulation == FH_FP8_ACCUM_TWO_LEVEL ||
+                 p->fp8_accumulation == FH_FP8_ACCUM_SINGLE_LEVEL,
+             "fp8_accumulation: expected FH_FP8_ACCUM_TWO_LEVEL (0) or FH_FP8_ACCUM_SINGLE_LEVEL "
+             "(1), got %d",
+             p->fp8_accumulation);
+  }
   FH_CHECK(p->head_dim % 16 == 0,
-           "head_dim: expected a multiple of 16 for e4m3 inputs (16-byte rows), got %lld",
+           "head_dim: expected a multiple of 16 for %s (16-byte rows), got %lld", what,
            (long long)p->head_dim);
   // The d256 kernel's PV accumulator is split over the head dim and always two-level
   // (kernels/sm90/tile_config.h, fwd_config_fp8).
@@ -548,11 +525,10 @@ FhStatus validate_fp8(const FhFwdParams* p, bool fp8, bool mixed, bool check_dat
       {"v_batch_stride", p->v_batch_stride}, {"v_row_stride", p->v_row_stride},
       {"v_head_stride", p->v_head_stride},
   };
-  for (const NamedStride& st : strides) {
-    FH_CHECK(st.stride % 16 == 0,
-             "%s: expected a multiple of 16 elements for e4m3 inputs (16-byte aligned rows), got "
-             "%lld",
-             st.name, (long long)st.stride);
+  for (int i = mixed ? 3 : 0; i < 9; ++i) {  // the mixed mode's q is 16-bit (8-element rule)
+    FH_CHECK(strides[i].stride % 16 == 0,
+             "%s: expected a multiple of 16 elements for %s (16-byte aligned rows), got %lld",
+             strides[i].name, what, (long long)strides[i].stride);
   }
   for (const auto& d : descales) {
     FH_CHECK(d.batch_stride >= 0 && d.head_stride >= 0,
