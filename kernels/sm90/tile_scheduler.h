@@ -101,4 +101,40 @@ struct StaticTileScheduler {
   }
 };
 
+// ---------------------------------------------------------------------------------------------
+// Varlen (issue 13, PLAN.md section 11; not wired into a kernel yet). The tiles of every sequence
+// of a packed batch in one persistent grid, without padding sequences to max_seqlen. A prepare
+// step (a one-CTA kernel on the device, to come; tests/cpp/test_tile_scheduler.cpp holds the
+// host one) lists every (sequence, query block) pair that has rows, costliest first (cost: the
+// key blocks its mask lets it visit, so one rule serves no mask, causal, windows and chunks),
+// into a workspace of at most total_q / block_m + batch pairs; tile t is pair t / heads of that
+// list, head t % heads (the heads of one pair adjacent: a GQA group's K / V shared in L2). The
+// CTAs walk the linear tile index in the static scheduler's snake order: no atomics,
+// reproducible, CUDA-graph safe (the prepare step runs in the graph). Cheaper orders measured
+// worse in the host test's random mixes (causal balance, against >= 0.85 for the sorted list):
+// sequences longest-first with each one's tiles together 0.78 (every sequence restarts at its
+// costliest tile), query-block rank from each sequence's end 0.72, query-block index from the
+// highest 0.73 (seqlen_k - seqlen_q differs per sequence).
+// ---------------------------------------------------------------------------------------------
+struct VarlenTileScheduler {
+  const int* pair_batch;    // per listed pair: its sequence (batch index)
+  const int* pair_m_block;  // and its query block
+  const int* num_pairs;     // written by the prepare step (the host knows only a bound)
+  int heads;
+  int grid;  // CTAs: min(SMs, the bound's tiles)
+
+  FH_HOST_DEVICE int total_tiles() const { return *num_pairs * heads; }
+  FH_HOST_DEVICE int index(int round, int cta) const {
+    return round * grid + ((round & 1) ? grid - 1 - cta : cta);
+  }
+  FH_HOST_DEVICE TileCoord coord(int t) const {
+    const int pair = t / heads;
+    TileCoord c;
+    c.head = t - pair * heads;
+    c.batch = pair_batch[pair];
+    c.m_block = pair_m_block[pair];
+    return c;
+  }
+};
+
 }  // namespace flash_hopper::sm90
