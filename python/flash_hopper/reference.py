@@ -339,3 +339,44 @@ def attention_bwd_ref_chunked(
 
     return (dq.transpose(1, 2), _per_kv_head(dk, heads_kv).to(store),
             _per_kv_head(dv, heads_kv).to(store))
+
+
+def attention_varlen_ref(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    seqused_q: Tensor | None = None,
+    seqused_k: Tensor | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: Sequence[int] = (-1, -1),
+    softcap: float = 0.0,
+    upcast: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """Naive attention of a packed variable-length batch (FA3's varlen layout, issue 13):
+    q (total_q, heads_q, d), k / v (total_k, heads_kv, d); sequence b is rows
+    cu_seqlens_q[b] .. cu_seqlens_q[b + 1] of q and likewise for k / v, of which only the first
+    seqused_q[b] / seqused_k[b] take part when given. Masks are per sequence, bottom-right
+    aligned on its used lengths. Returns (out (total_q, heads_q, d), lse (heads_q, total_q)); rows
+    past a sequence's seqused_q (and rows no sequence covers) are 0 in out and -inf in lse, as
+    are rows that see no key. Differentiable like attention_ref."""
+    dtype = _compute_dtype(q.dtype, upcast)
+    total_q, heads_q = q.shape[0], q.shape[1]
+    out = torch.zeros(total_q, heads_q, v.shape[-1], dtype=dtype, device=q.device)
+    lse = torch.full((heads_q, total_q), NEG_INF, dtype=dtype, device=q.device)
+    starts_q, starts_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    used_q = seqused_q.tolist() if seqused_q is not None else None
+    used_k = seqused_k.tolist() if seqused_k is not None else None
+    for b in range(len(starts_q) - 1):
+        q0, k0 = starts_q[b], starts_k[b]
+        sq = used_q[b] if used_q is not None else starts_q[b + 1] - q0
+        sk = used_k[b] if used_k is not None else starts_k[b + 1] - k0
+        if sq == 0:
+            continue
+        o, l = attention_ref(q[None, q0:q0 + sq], k[None, k0:k0 + sk], v[None, k0:k0 + sk],
+                             softmax_scale, causal, window_size, softcap, upcast)
+        out = out.index_copy(0, torch.arange(q0, q0 + sq, device=q.device), o[0])
+        lse = lse.index_copy(1, torch.arange(q0, q0 + sq, device=q.device), l[0])
+    return out, lse
