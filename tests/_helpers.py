@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
+import torch
 
 
 def raises(exc, *fragments):
@@ -68,3 +70,25 @@ def run_on_cpu(backends_, cases, **options):
     from flash_hopper.bench.runner import Runner, RunOptions
 
     return Runner(backends_, FixedTimer(), RunOptions(device="cpu", **options)).run(list(cases))
+
+
+
+def emulated_attention(qh, kh, vh, scale, causal, window_size, p_dtype, out_scale=1.0,
+                       error=None):
+    """The bench tests' CPU stand-in for a kernel: heads-first fp32 q / k / v (b, h, s, d),
+    scores times ``scale`` (a float or per-head (b, h, 1, 1)), the mask, P = exp(s - max) rounded
+    to ``p_dtype`` for P V and unrounded in the row sum, the output times ``out_scale``, then
+    ``error`` (a function standing in for a bug). Returns (out (b, h, sq, d) fp32, lse (b, h, sq))."""
+    from flash_hopper.mask import AttentionMask
+
+    scores = (qh @ kh.transpose(-1, -2)) * scale
+    mask = AttentionMask.from_args(qh.shape[2], kh.shape[2], causal, window_size)
+    if not mask.is_full:
+        scores = scores.masked_fill(~mask.dense(), -math.inf)
+    row_max = scores.amax(-1, keepdim=True)
+    p = torch.exp(scores - row_max)
+    row_sum = p.sum(-1, keepdim=True)
+    out = (p.to(p_dtype).float() @ vh) / row_sum * out_scale
+    if error is not None:
+        out = error(out)
+    return out, (row_max + row_sum.log()).squeeze(-1)

@@ -15,7 +15,7 @@ import types
 
 import pytest
 import torch
-from _helpers import mock_h200_bench, run_on_cpu
+from _helpers import emulated_attention, mock_h200_bench, run_on_cpu
 from flash_hopper import cli
 from flash_hopper.bench import backends, check, peak, peers, registry, report, runner
 from flash_hopper.bench.base import Backend
@@ -23,7 +23,6 @@ from flash_hopper.bench.cases import Case
 from flash_hopper.bench.fp8_inputs import Fp8Input, dequantize
 from flash_hopper.bench.runner import RunOptions
 from flash_hopper.bench.timing import Stats
-from flash_hopper.mask import AttentionMask
 
 E4M3 = torch.float8_e4m3fn
 H100 = (9, 0)
@@ -60,17 +59,9 @@ def fp8_attention(q8, k8, v8, q_descale=None, k_descale=None, v_descale=None, ca
     group = q.shape[2] // k.shape[2]
     qh = q.transpose(1, 2)
     kh, vh = (t.repeat_interleave(group, dim=2).transpose(1, 2) for t in (k, v))
-    scores = qh @ kh.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    mask = AttentionMask.from_args(q.shape[1], k.shape[1], causal, window_size)
-    if not mask.is_full:
-        scores = scores.masked_fill(~mask.dense(), -math.inf)
-    row_max = scores.amax(-1, keepdim=True)
-    p = torch.exp(scores - row_max)
-    row_sum = p.sum(-1, keepdim=True)
-    out = (p.to(E4M3).float() @ vh) / row_sum
-    if error is not None:
-        out = error(out)
-    return out.transpose(1, 2).to(torch.bfloat16), (row_max + row_sum.log()).squeeze(-1)
+    out, lse = emulated_attention(qh, kh, vh, 1 / math.sqrt(q.shape[-1]), causal, window_size,
+                                  E4M3, error=error)
+    return out.transpose(1, 2).to(torch.bfloat16), lse
 
 
 class EmulatedFp8(Backend):

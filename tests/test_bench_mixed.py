@@ -16,7 +16,7 @@ import types
 
 import pytest
 import torch
-from _helpers import mock_h200_bench, run_on_cpu
+from _helpers import emulated_attention, mock_h200_bench, run_on_cpu
 from flash_hopper import _tables, cli
 from flash_hopper.bench import backends, cases, check, peak, peers, registry, report, runner
 from flash_hopper.bench.base import Backend
@@ -24,7 +24,6 @@ from flash_hopper.bench.cases import Case
 from flash_hopper.bench.fp8_inputs import Fp8Input, dequantize, quantize_kv_cache
 from flash_hopper.bench.runner import RunOptions
 from flash_hopper.bench.timing import Stats
-from flash_hopper.mask import AttentionMask
 from flash_hopper.reference import attention_ref
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -75,18 +74,10 @@ def mixed_attention(q, k8, v8, k_descale=None, v_descale=None, causal=False,
     qh = q.float().transpose(1, 2)
     kh, vh = (t.to(q.dtype).float().repeat_interleave(group, dim=2).transpose(1, 2)
               for t in (k8, v8))
-    scale = per_head(k_descale, batch, heads) / math.sqrt(head_dim)
-    scores = (qh @ kh.transpose(-1, -2)) * scale
-    mask = AttentionMask.from_args(q.shape[1], k8.shape[1], causal, window_size)
-    if not mask.is_full:
-        scores = scores.masked_fill(~mask.dense(), -math.inf)
-    row_max = scores.amax(-1, keepdim=True)
-    p = torch.exp(scores - row_max)
-    row_sum = p.sum(-1, keepdim=True)
-    out = (p.to(q.dtype).float() @ vh) / row_sum * per_head(v_descale, batch, heads)
-    if error is not None:
-        out = error(out)
-    return out.transpose(1, 2).to(q.dtype), (row_max + row_sum.log()).squeeze(-1)
+    out, lse = emulated_attention(qh, kh, vh, per_head(k_descale, batch, heads) / math.sqrt(head_dim),
+                                  causal, window_size, q.dtype, per_head(v_descale, batch, heads),
+                                  error)
+    return out.transpose(1, 2).to(q.dtype), lse
 
 
 class EmulatedMixed(Backend):
