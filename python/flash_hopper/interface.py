@@ -103,11 +103,9 @@ def flash_attn_func(
     if (qv is not None or attention_chunk != 0 or num_splits != 1 or pack_gqa is not None
             or sm_margin != 0):
         _validate.check_fa3_extras(qv, attention_chunk, num_splits, pack_gqa, sm_margin)
-    q_dtype = getattr(q, "dtype", None)
-    mixed = q_dtype in TORCH_DTYPES and getattr(k, "dtype", None) in KV_FP8_DTYPES
-    if (q_dtype in FP8_DTYPES or mixed or out_dtype is not None
-            or fp8_accumulation != "two-level"):
-        if q_dtype not in FP8_DTYPES and not mixed:
+    fp8 = _fp8_call(q, k)
+    if fp8 or out_dtype is not None or fp8_accumulation != "two-level":
+        if not fp8:
             _validate.check_not_fp8_extras(q, q_descale, k_descale, v_descale, out_dtype,
                                            fp8_accumulation)
         else:
@@ -159,6 +157,14 @@ def _fp8_forward(q, k, v, softmax_scale, causal, window_size, softcap, backend, 
     return (out, lse) if return_attn_probs else out
 
 
+def _fp8_call(q: object, k: object) -> bool:
+    """Whether a call takes the FP8 forward: FP8 q (k and v validated to match), or fp16 / bf16 q
+    with FP8 k (the mixed mode)."""
+    q_dtype = getattr(q, "dtype", None)
+    return q_dtype in FP8_DTYPES or (q_dtype in TORCH_DTYPES
+                                     and getattr(k, "dtype", None) in KV_FP8_DTYPES)
+
+
 def _plain_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """True when no tracer, tensor subclass or dispatch mode needs to see the ops.
 
@@ -186,9 +192,7 @@ def which_backend(
 
     Raises like flash_attn_func would (invalid arguments, no kernel for this GPU/build).
     """
-    fp8 = getattr(q, "dtype", None) in FP8_DTYPES
-    mixed = getattr(q, "dtype", None) in TORCH_DTYPES and getattr(k, "dtype", None) in KV_FP8_DTYPES
-    if fp8 or mixed:  # FP8 q, k, v or FP8 k, v (the mixed mode): the FP8 forward's policy
+    if _fp8_call(q, k):  # FP8 q, k, v or FP8 k, v (the mixed mode): the FP8 forward's policy
         plan = _fwd.plan_fp8(q, k, v, softmax_scale, causal, window_size, softcap, backend)
     else:
         plan = _fwd.plan_eager(q, k, v, softmax_scale, causal, window_size, softcap, backend)
