@@ -50,9 +50,9 @@ C_TYPES = {"int32_t": ctypes.c_int32, "int64_t": ctypes.c_int64, "float": ctypes
 # sizeof(FhFwdParams) per ABI version: a layout change without an FH_ABI_VERSION bump is a bug.
 # (Version 2 changed fh_fwd_select_backend's signature, version 3 added the backward: neither
 # changed the struct, which bench/ab_libs.py relies on to time older libraries.)
-SIZEOF_BY_ABI = {1: 376, 2: 376, 3: 376, 4: 408, 5: 416}
+SIZEOF_BY_ABI = {1: 376, 2: 376, 3: 376, 4: 408, 5: 416, 6: 456}
 # sizeof(FhBwdParams) per ABI version (it appeared in 3).
-SIZEOF_BWD_BY_ABI = {3: 504, 4: 504, 5: 504}
+SIZEOF_BWD_BY_ABI = {3: 504, 4: 504, 5: 504, 6: 504}
 
 
 def _source(path: Path) -> str:
@@ -111,7 +111,7 @@ def _cmake_list(name: str) -> list[str]:
 # --- the binding mirrors api.h -------------------------------------------------------------------
 
 
-STRUCTS = [(FhFwdParams, "FhFwdParams", SIZEOF_BY_ABI, 56),
+STRUCTS = [(FhFwdParams, "FhFwdParams", SIZEOF_BY_ABI, 61),
            (FhBwdParams, "FhBwdParams", SIZEOF_BWD_BY_ABI, 66)]
 
 
@@ -545,9 +545,13 @@ SHAPE_RULES = [
     *[({name: getattr(_valid_params(), name) + 4}, INVALID,
        (f"{name}: expected a multiple of 8 elements (16-byte aligned rows), got "
        f"{getattr(_valid_params(), name) + 4}")) for name in STRIDES],
-    ({"cu_seqlens_q": ADDR}, UNSUPPORTED, "cu_seqlens_q/cu_seqlens_k/seqused_k: expected null"),
-    ({"cu_seqlens_k": ADDR}, UNSUPPORTED, "cu_seqlens_q/cu_seqlens_k/seqused_k: expected null"),
-    ({"seqused_k": ADDR}, UNSUPPORTED, "cu_seqlens_q/cu_seqlens_k/seqused_k: expected null"),
+    ({"cu_seqlens_q": ADDR}, INVALID,
+     "cu_seqlens_q / cu_seqlens_k: expected both (a varlen call; seqused_k without cu_seqlens_k "
+     "is the paged KV call, not implemented yet), got cu_seqlens_k null"),
+    ({"cu_seqlens_k": ADDR}, INVALID, "cu_seqlens_q / cu_seqlens_k: expected both"),
+    ({"seqused_k": ADDR}, INVALID, "cu_seqlens_q / cu_seqlens_k: expected both"),
+    ({"cu_seqlens_q": ADDR, "cu_seqlens_k": ADDR}, INVALID,
+     "q_batch_stride: expected 0 in a varlen call (packed tensors have no batch axis), got"),
     ({"page_table": ADDR}, UNSUPPORTED, "page_table/page_size: expected null/0"),
     ({"page_size": 16}, UNSUPPORTED, ("page_table/page_size: expected null/0 (paged KV is not "
                                      "implemented yet), got page_size 16")),

@@ -1,4 +1,5 @@
-// FA-2 path forward kernel (sm80: cp.async + mma.sync), one CTA per (query block, head, batch).
+// FA-2 path forward kernel (sm80: cp.async + mma.sync), one CTA per (query block, head, batch),
+// or per (listed pair, head) for varlen (flash_hopper/varlen.h).
 //
 // Algorithm (FlashAttention-2, Dao 2023), for the query tile Q_i held in shared memory:
 //   for key blocks j = n_max-1 down to n_min:      (diagonal / tail blocks come first)
@@ -31,19 +32,20 @@ namespace flash_hopper::sm80 {
 using namespace cute;
 
 template <class Traits>
-CUTE_DEVICE void write_empty_rows(FwdParams const& p, int m_block, int head, int batch) {
+CUTE_DEVICE void write_empty_rows(FwdParams const& p, int m_block, int head, int batch,
+                                  SequenceSpan const& seq) {
   // A query block that sees no key: O = 0 and LSE = -inf, never NaN.
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
-  const int rows = min(kBlockM, p.seqlen_q - m_block * kBlockM);
+  const int rows = min(kBlockM, seq.seqlen_q - m_block * kBlockM);
   Element* o = static_cast<Element*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
-               int64_t(m_block) * kBlockM * p.o_row_stride;
+               (int64_t(m_block) * kBlockM + seq.q_start) * p.o_row_stride;
   for (int i = threadIdx.x; i < rows * p.head_dim; i += Traits::kNThreads) {
     const int r = i / p.head_dim;
     o[r * p.o_row_stride + i % p.head_dim] = Element(0.f);
   }
   if (p.lse != nullptr) {
-    float* lse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
+    float* lse = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q_start;
     for (int r = threadIdx.x; r < rows; r += Traits::kNThreads) {
       lse[m_block * kBlockM + r] = -INFINITY;
     }
@@ -59,40 +61,60 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   constexpr int kHeadDim = Traits::kHeadDim;
   using SharedStorage = typename Traits::SharedStorage;
 
-  // Reverse order: under a causal mask the last query blocks see the most keys, so they start
-  // first and the grid's tail is made of short blocks.
-  const int m_block = gridDim.x - 1 - blockIdx.x;
+  // Dense: reverse order, since under a causal mask the last query blocks see the most keys, so
+  // they start first and the grid's tail is made of short blocks. Varlen: x is the index in the
+  // prepare kernel's list (costliest first; flash_hopper/varlen.h), past its end nothing to do.
+  int m_block;
+  int batch;
+  SequenceSpan seq;
+  if (p.varlen()) {
+    if (int(blockIdx.x) >= p.varlen_header->num_pairs) {
+      return;
+    }
+    VarlenPair const pair = p.varlen_pairs[blockIdx.x];
+    m_block = pair.m_block;
+    batch = pair.batch;
+    seq = {pair.q_start, pair.k_start, pair.seqlen_q, pair.seqlen_k};
+  } else {
+    m_block = gridDim.x - 1 - blockIdx.x;
+    batch = blockIdx.z;
+    seq = {0, 0, p.seqlen_q, p.seqlen_k};
+  }
   const int head = blockIdx.y;
-  const int batch = blockIdx.z;
   const int head_kv = head / p.heads_per_kv;
   const int tidx = threadIdx.x;
 
-  const AttentionMask mask = attention_mask(p);
+  const AttentionMask mask = attention_mask(p, seq.seqlen_q, seq.seqlen_k);
   const KeyBlockRange range = mask.key_blocks(m_block, kBlockM, kBlockN);
   if (range.empty()) {
-    write_empty_rows<Traits>(p, m_block, head, batch);
+    write_empty_rows<Traits>(p, m_block, head, batch, seq);
     return;
   }
 
   extern __shared__ char smem_buf[];
   SharedStorage& smem = *reinterpret_cast<SharedStorage*>(smem_buf);
 
-  // ---- Global tensors (64-bit strides) ----
+  // ---- Global tensors (64-bit strides), the tile's sequence only ----
+  // (Varlen: batch strides are 0, the span's start addresses the sequence; loads past its rows
+  // are predicated off and zero-filled, so the next sequence's tokens never enter.)
   Tensor mQ = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.q) +
-                                        batch * p.q_batch_stride + head * p.q_head_stride),
-                          make_shape(p.seqlen_q, p.head_dim),
+                                        batch * p.q_batch_stride + head * p.q_head_stride +
+                                        seq.q_start * p.q_row_stride),
+                          make_shape(seq.seqlen_q, p.head_dim),
                           make_stride(p.q_row_stride, _1{}));  // (SEQ_Q,D)
   Tensor mK = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.k) +
-                                        batch * p.k_batch_stride + head_kv * p.k_head_stride),
-                          make_shape(p.seqlen_k, p.head_dim),
+                                        batch * p.k_batch_stride + head_kv * p.k_head_stride +
+                                        seq.k_start * p.k_row_stride),
+                          make_shape(seq.seqlen_k, p.head_dim),
                           make_stride(p.k_row_stride, _1{}));  // (SEQ_K,D)
   Tensor mV = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.v) +
-                                        batch * p.v_batch_stride + head_kv * p.v_head_stride),
-                          make_shape(p.seqlen_k, p.head_dim),
+                                        batch * p.v_batch_stride + head_kv * p.v_head_stride +
+                                        seq.k_start * p.v_row_stride),
+                          make_shape(seq.seqlen_k, p.head_dim),
                           make_stride(p.v_row_stride, _1{}));  // (SEQ_K,D)
   Tensor mO = make_tensor(make_gmem_ptr(static_cast<Element*>(p.o) + batch * p.o_batch_stride +
-                                        head * p.o_head_stride),
-                          make_shape(p.seqlen_q, p.head_dim),
+                                        head * p.o_head_stride + seq.q_start * p.o_row_stride),
+                          make_shape(seq.seqlen_q, p.head_dim),
                           make_stride(p.o_row_stride, _1{}));  // (SEQ_Q,D)
 
   auto tile_q = Shape<Int<kBlockM>, Int<kHeadDim>>{};
@@ -121,9 +143,9 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   Tensor tQcQ = gmem_thr_copy.partition_S(make_identity_tensor(tile_q));    // (CPY,CPY_M,CPY_D)
   Tensor tKcK = gmem_thr_copy.partition_S(make_identity_tensor(tile_kv));   // (CPY,CPY_N,CPY_D)
 
-  const int q_rows = p.seqlen_q - m_block * kBlockM;
+  const int q_rows = seq.seqlen_q - m_block * kBlockM;
   const bool full_d = p.head_dim == kHeadDim;
-  auto kv_rows = [&](int n_block) { return p.seqlen_k - n_block * kBlockN; };
+  auto kv_rows = [&](int n_block) { return seq.seqlen_k - n_block * kBlockN; };
   auto kv_full = [&](int n_block) { return full_d && kv_rows(n_block) >= kBlockN; };
 
   // ---- MMA partitions ----
@@ -232,13 +254,14 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   copy(smem_copy_o, taccOrO, taccOsO);
 
   if (p.lse != nullptr) {
-    float* lse_ptr = p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride;
+    float* lse_ptr =
+        p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q_start;
     // Column 0 of the quad holds each row's final value; the other three skip the store.
     if (get<1>(tScS_rc(0, 0)) == 0) {
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
         const int row = m_block * kBlockM + get<0>(tScS_rc(r, 0));
-        if (row < p.seqlen_q) {
+        if (row < seq.seqlen_q) {
           lse_ptr[row] = lse[r];
         }
       }

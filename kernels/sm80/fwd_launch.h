@@ -11,6 +11,7 @@
 #include "sm80/fwd_kernel.h"
 #include "sm80/kernel_traits.h"
 #include "src/registry.h"
+#include "src/varlen_prepare.h"
 
 namespace flash_hopper::sm80 {
 
@@ -32,8 +33,22 @@ LaunchResult launch_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t
       return LaunchResult::cuda(err);
     }
   }
-  const int m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
-  dim3 grid(m_blocks, p.heads_q, p.batch);
+  dim3 grid;
+  if (p.varlen()) {
+    // One CTA per (listed pair, head): the prepare kernel writes the list (flash_hopper/varlen.h),
+    // CTAs past its length return at once.
+    if (p.varlen_capacity == 0) {
+      return LaunchResult::ok();
+    }
+    if (LaunchResult r = launch_varlen_prepare(p, Traits::kBlockM, Traits::kBlockN, stream);
+        r.status != LaunchStatus::kOk) {
+      return r;
+    }
+    grid = dim3(p.varlen_capacity, p.heads_q, 1);
+  } else {
+    const int m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+    grid = dim3(m_blocks, p.heads_q, p.batch);
+  }
   kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(p);
   return LaunchResult::cuda(cudaGetLastError());
 }

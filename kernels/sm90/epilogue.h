@@ -73,23 +73,26 @@ CUTE_DEVICE void store_rows(FwdParams const& p, ThrMma const& thr_mma_pv, TileCo
   Tensor tOcO = thr_mma_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   Tensor tOcO_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));  // (2, (2, D/8))
 
+  // Rows of the tile's sequence only (varlen: the next sequence's rows follow in memory; its
+  // batch strides are 0 and q_start addresses the sequence).
   Element* o = static_cast<Element*>(p.o) + tile.batch * p.o_batch_stride +
-               tile.head * p.o_head_stride;
+               tile.head * p.o_head_stride + int64_t(tile.q_start) * p.o_row_stride;
   const int row0 = tile.m_block * kBlockM;
   CUTE_UNROLL
   for (int r = 0; r < size<0>(tOcO_rc); ++r) {
     const int row = row0 + get<0>(tOcO_rc(r, 0));
     // head_dim % 8 == 0: whole 8-column groups are in or out
-    store_row_quad<Element, kHeadDim>(o + row * p.o_row_stride, row < p.seqlen_q, p.head_dim,
+    store_row_quad<Element, kHeadDim>(o + row * p.o_row_stride, row < tile.seqlen_q, p.head_dim,
                                       [&](int c) { return value(r, c); });
   }
   // The quad's first thread writes the LSE of its two rows.
   if (p.lse != nullptr && threadIdx.x % 4 == 0) {
-    float* lse_ptr = p.lse + tile.batch * p.lse_batch_stride + tile.head * p.lse_head_stride;
+    float* lse_ptr = p.lse + tile.batch * p.lse_batch_stride + tile.head * p.lse_head_stride +
+                     tile.q_start;
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) {
       const int row = row0 + get<0>(tOcO_rc(r, 0));
-      if (row < p.seqlen_q) {
+      if (row < tile.seqlen_q) {
         lse_ptr[row] = lse[r];
       }
     }

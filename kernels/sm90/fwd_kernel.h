@@ -8,7 +8,8 @@
 //     step schedule and one elected lane issues every TMA load (load.h). Warps 1-3 exit, except
 //     for FP8 inputs: they transpose each V stage into V^T (transpose.h), and in mixed mode
 //     (16-bit q, FP8 K / V): they convert the FP8 staging ring's K / V blocks into the K / V
-//     stages (convert.h).
+//     stages (convert.h). Varlen calls of the 16-bit kernels: warp 1 zeroes the rows past the
+//     sequence in each sequence's tail V block (vtail.h).
 //   WG 1..W, consumers: grow to RegisterBudget::kConsumer registers; WG c computes query rows
 //     [64c, 64c + 64) of each tile (mma.h) and writes O and LSE (epilogue.h).
 // Both roles walk one step schedule (schedule.h: CtaSchedule -> TileWork -> KeyStep; produce() and
@@ -51,6 +52,7 @@
 #include "sm90/params.h"
 #include "sm90/pipeline.h"
 #include "sm90/transpose.h"
+#include "sm90/vtail.h"
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "the FA-3 path needs sm_90a (setmaxnreg and WGMMA); compile with arch=compute_90a"
@@ -88,6 +90,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     SmemBarriers<QPipe>{smem.q_full, smem.q_empty}.init();
     SmemBarriers<KVPipe>{smem.k_full, smem.k_empty}.init();
     SmemBarriers<VPipe>{smem.v_full, smem.v_empty}.init();
+    CUTE_UNROLL
+    for (int s = 0; s < KVPipe::kStages; ++s) {
+      smem.v_landed[s].init(1);  // the producer's arrive_and_expect_tx (varlen tails, vtail.h)
+    }
     if constexpr (Traits::kFp8) {
       using VtPipe = typename Traits::VtPipe;
       static_assert(VtPipe::kFullArrivals == kTransposerWarps &&
@@ -113,6 +119,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       transposer_loop<Traits>(params, smem, warp_idx - 1);
     } else if constexpr (Traits::kMixed) {
       converter_loop<Traits>(params, smem, warp_idx - 1);
+    } else if constexpr (Traits::kVarlen) {
+      if (warp_idx == 1) {
+        vtail_loop<Traits>(params, smem);
+      }
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Registers::kConsumer>();

@@ -11,6 +11,7 @@
 #include "sm90/fwd_kernel.h"
 #include "sm90/kernel_traits.h"
 #include "src/registry.h"
+#include "src/varlen_prepare.h"
 
 namespace flash_hopper::sm90 {
 
@@ -120,21 +121,23 @@ LaunchResult launch_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t
   constexpr int kElem = sizeof(Element);
   constexpr int kKvElem = sizeof(KvElement);
   const int seqlen_k = p.seqlen_k > 0 ? p.seqlen_k : 1;  // no key: every tile is empty
+  // Varlen descriptors span the packed tokens (seqlen = total) with one batch entry.
+  const int tma_batch = Traits::kVarlen ? 1 : p.batch;
   const void* k_ptr = p.seqlen_k > 0 ? p.k : p.q;
   const void* v_ptr = p.seqlen_k > 0 ? p.v : p.q;
   const int64_t q_strides[3] = {tma_stride(p.q_row_stride, p.seqlen_q, kElem),
                                 tma_stride(p.q_head_stride, p.heads_q, kElem),
-                                tma_stride(p.q_batch_stride, p.batch, kElem)};
+                                tma_stride(p.q_batch_stride, tma_batch, kElem)};
   // Without keys K / V stand on q's bytes (never read): q's row stride in K / V elements.
   const int64_t q_row_as_kv = q_strides[0] * kElem / kKvElem;
   const int64_t k_strides[3] = {p.seqlen_k > 0 ? tma_stride(p.k_row_stride, seqlen_k, kKvElem)
                                                : q_row_as_kv,
                                 tma_stride(p.k_head_stride, p.heads_kv, kKvElem),
-                                tma_stride(p.k_batch_stride, p.batch, kKvElem)};
+                                tma_stride(p.k_batch_stride, tma_batch, kKvElem)};
   const int64_t v_strides[3] = {p.seqlen_k > 0 ? tma_stride(p.v_row_stride, seqlen_k, kKvElem)
                                                : q_row_as_kv,
                                 tma_stride(p.v_head_stride, p.heads_kv, kKvElem),
-                                tma_stride(p.v_batch_stride, p.batch, kKvElem)};
+                                tma_stride(p.v_batch_stride, tma_batch, kKvElem)};
   // Order of the checks: row, head, batch stride of q, then k, then v (the FhFwdParams names).
   const NamedStride q_tma_strides[] = {
       {"q_row_stride", q_strides[0]}, {"q_head_stride", q_strides[1]},
@@ -153,19 +156,19 @@ LaunchResult launch_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t
   }
 
   auto gmem = [&](const void* ptr, int seqlen, int heads, const int64_t* s) {
-    return tma_gmem_tensor<Element>(ptr, seqlen, p.head_dim, heads, p.batch, s);
+    return tma_gmem_tensor<Element>(ptr, seqlen, p.head_dim, heads, tma_batch, s);
   };
   auto gmem_kv = [&](const void* ptr, int seqlen, int heads, const int64_t* s) {
-    return tma_gmem_tensor<KvElement>(ptr, seqlen, p.head_dim, heads, p.batch, s);
+    return tma_gmem_tensor<KvElement>(ptr, seqlen, p.head_dim, heads, tma_batch, s);
   };
   using TmaQ = typename Traits::TmaQ;
   using TmaKV = typename Traits::TmaKV;
   auto key = [&](const void* ptr, int seqlen, int heads, const int64_t* s) {
-    return typename TmaMemo<TmaQ>::Key{ptr, {seqlen, p.head_dim, heads, p.batch},
+    return typename TmaMemo<TmaQ>::Key{ptr, {seqlen, p.head_dim, heads, tma_batch},
                                         {s[0], s[1], s[2]}};
   };
   auto kv_key = [&](const void* ptr, const int64_t* s) {
-    return typename TmaMemo<TmaKV>::Key{ptr, {seqlen_k, p.head_dim, p.heads_kv, p.batch},
+    return typename TmaMemo<TmaKV>::Key{ptr, {seqlen_k, p.head_dim, p.heads_kv, tma_batch},
                                          {s[0], s[1], s[2]}};
   };
   thread_local TmaMemo<TmaQ> q_memo;
@@ -190,12 +193,27 @@ LaunchResult launch_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t
   });
   const bool masked = p.window_left >= 0 || p.window_right >= 0;
   const int64_t kv_bytes = int64_t(seqlen_k) * p.head_dim * 2 * kKvElem;
-  kp.scheduler = StaticTileScheduler::make(p.seqlen_q, Traits::kBlockM, p.heads_q, p.heads_per_kv,
-                                           p.batch, kv_bytes, /*longest_first=*/masked,
-                                           p.num_sms);
   kp.pingpong = Traits::kPingpongDefault && (p.variant & FH_VARIANT_FLAG_NO_PINGPONG) == 0;
-  if (kp.scheduler.total_tiles == 0) {
-    return LaunchResult::ok();
+  if constexpr (!Traits::kVarlen) {
+    kp.scheduler = StaticTileScheduler::make(p.seqlen_q, p.seqlen_k, Traits::kBlockM, p.heads_q,
+                                             p.heads_per_kv, p.batch, kv_bytes,
+                                             /*longest_first=*/masked, p.num_sms);
+    if (kp.scheduler.total_tiles == 0) {
+      return LaunchResult::ok();
+    }
+  } else {
+    // Varlen: the prepare kernel lists the (sequence, query block) pairs on the device (the host
+    // knows only their bound, varlen_capacity); the persistent grid walks the list.
+    const int64_t bound_tiles = int64_t(p.varlen_capacity) * p.heads_q;
+    if (bound_tiles == 0) {
+      return LaunchResult::ok();
+    }
+    if (LaunchResult r = launch_varlen_prepare(p, Traits::kBlockM, Traits::kBlockN, stream);
+        r.status != LaunchStatus::kOk) {
+      return r;
+    }
+    const int grid = static_cast<int>(bound_tiles < p.num_sms ? bound_tiles : p.num_sms);
+    kp.scheduler = {p.varlen_pairs, p.varlen_header, p.heads_q, grid};
   }
 
   auto kernel = fwd_kernel<Traits>;
@@ -228,7 +246,16 @@ LaunchResult run_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t st
   } else {
     if constexpr (sizeof(Element) == 1) {
       static_assert(kOverlap && has_fp8_config(kHeadDim), "FP8: tuned kernel, fp8 buckets only");
-    } else if constexpr (kOverlap && has_short_masked_tile(kHeadDim)) {
+    } else if constexpr (kOverlap) {
+      if (p.varlen()) {  // the default tile's kernel for the packed layout
+        return launch_fwd<FwdTraits<Element, kHeadDim, kOverlap, TileFamily::kDefault, Element,
+                                    /*kVarlen=*/true>>(p, max_smem_per_block, stream);
+      }
+    }
+    if (p.varlen()) {  // api.cu refuses varlen calls of FP8 inputs and the ablation variants
+      return LaunchResult::internal("varlen call reached a kernel without a varlen instance");
+    }
+    if constexpr (sizeof(Element) == 2 && kOverlap && has_short_masked_tile(kHeadDim)) {
       const bool masked = p.window_left >= 0 || p.window_right >= 0;
       if (masked && p.seqlen_k <= kShortMaskedMaxSeqlenK) {
         return launch_fwd<FwdTraits<Element, kHeadDim, kOverlap, TileFamily::kShortMasked>>(

@@ -10,6 +10,7 @@
 
 #include "sm90/pipeline.h"
 #include "sm90/tile_config.h"
+#include "sm90/tile_scheduler.h"
 
 namespace flash_hopper::sm90 {
 
@@ -38,11 +39,16 @@ inline constexpr int kConverterWarps = 3;
 struct EmptyStorage {};
 
 // KvElement_: the element of K and V in user memory; Element's but for the mixed mode.
+// kVarlen_: the packed variable-length layout (issue 13): the prepare kernel's tile list instead
+// of the static scheduler, per-sequence offsets and masks, V tails zeroed in shared memory
+// (vtail.h). A kernel of its own: as a runtime branch it cost the dense d64 kernel spills.
 template <class Element_, int kHeadDim_, bool kOverlap_,
-          TileFamily kFamily = TileFamily::kDefault, class KvElement_ = Element_>
+          TileFamily kFamily = TileFamily::kDefault, class KvElement_ = Element_,
+          bool kVarlen_ = false>
 struct FwdTraits {
   using Element = Element_;
   using KvElement = KvElement_;
+  static constexpr bool kVarlen = kVarlen_;
   // fp16 / bf16, or FP8 e4m3 (issue 12): FP8 inputs write O in bf16 or fp16 (FwdParams::o_fp16),
   // take V^T from the transposer warps and accumulate PV in two levels (mma.h).
   static constexpr bool kFp8 = sizeof(Element) == 1;
@@ -63,6 +69,9 @@ struct FwdTraits {
                 "mixed mode has one tile: the tuned kernel of its bucket's config");
   // The descales of the FP8 inputs scale the scores and O (mma.h, TileScales).
   static constexpr bool kScaled = kFp8 || kMixed;
+  static_assert(!kVarlen || (!kScaled && kOverlap_ && kFamily == TileFamily::kDefault),
+                "varlen: the tuned 16-bit kernel of the bucket's default tile");
+  using TileOrder = conditional_t<kVarlen, VarlenTileScheduler, StaticTileScheduler>;
 
   static constexpr FwdConfig kConfig =
       kFp8 ? fwd_config_fp8(kHeadDim_)
@@ -199,6 +208,8 @@ struct FwdTraits {
     cutlass::arch::ClusterTransactionBarrier v_full[KVPipe::kStages];
     cutlass::arch::ClusterBarrier k_empty[KVPipe::kStages];
     cutlass::arch::ClusterBarrier v_empty[KVPipe::kStages];
+    // Varlen: a sequence's tail V block lands here; the zeroing warp arrives on v_full (vtail.h).
+    cutlass::arch::ClusterTransactionBarrier v_landed[KVPipe::kStages];
     conditional_t<kFp8, VtStorage, EmptyStorage> fp8;
     conditional_t<kMixed, StagingStorage, EmptyStorage> staging;
   };

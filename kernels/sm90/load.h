@@ -26,6 +26,7 @@ struct Producer {
   FwdParams const& p;
   SharedStorage& smem;
   bool leader;
+  TileCoord tile_{};  // the tile whose loads are being issued
   ProducerEnd<typename Traits::QPipe, SmemBarriers<typename Traits::QPipe>> q_pipe;
   ProducerEnd<typename Traits::KVPipe, SmemBarriers<typename Traits::KVPipe>> k_pipe;
   ProducerEnd<typename Traits::VPipe, SmemBarriers<typename Traits::VPipe>> v_pipe;
@@ -83,18 +84,23 @@ struct Producer {
     return params.tma_v.get_tma_tensor(
         make_shape(seqlen_k_tma(), p.head_dim, p.heads_kv, p.batch));
   }
+  // Varlen descriptors span the packed tokens with one batch entry: a sequence is its row offset.
+  CUTE_DEVICE int tma_batch(TileWork const& w) const { return Traits::kVarlen ? 0 : w.tile.batch; }
   CUTE_DEVICE auto gQ(TileWork const& w) const {  // (M, D)
-    return local_tile(mQ()(_, _, w.tile.head, w.tile.batch), Shape<Int<kBlockM>, Int<kHeadDim>>{},
-                      make_coord(w.tile.m_block, _0{}));
+    return local_tile(domain_offset(make_coord(w.tile.q_start, _0{}),
+                                    mQ()(_, _, w.tile.head, tma_batch(w))),
+                      Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(w.tile.m_block, _0{}));
   }
   template <class TensorM>
   CUTE_DEVICE auto g_kv(TensorM const& m, TileWork const& w) const {  // (N, D, n)
-    return local_tile(m(_, _, w.tile.head / p.heads_per_kv, w.tile.batch),
+    return local_tile(domain_offset(make_coord(w.tile.k_start, _0{}),
+                                    m(_, _, w.tile.head / p.heads_per_kv, tma_batch(w))),
                       Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
   }
 
   // The TMA partitions of one tile: (tQgQ, tQsQ, tKgK, tKsK, tVgV, tVsV).
-  CUTE_DEVICE auto tile(TileWork const& w) const {
+  CUTE_DEVICE auto tile(TileWork const& w) {
+    tile_ = w.tile;
     auto q = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ()),
                            group_modes<0, 2>(gQ(w)));  // (TMA), (TMA, QPIPE)
     auto k = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK()),
@@ -117,6 +123,22 @@ struct Producer {
   }
   template <class View>
   CUTE_DEVICE void v(View const& view, KeyStep step) {
+    if constexpr (Traits::kVarlen) {
+      if (v_zero_tail(tile_, step.n, kBlockN)) {
+        // The sequence's tail block: the TMA lands on v_landed; the zeroing warp (vtail.h)
+        // clears the rows past the sequence and arrives on v_full in its place.
+        const int s = v_pipe.state.index;
+        v_pipe.bar.wait_empty(s, v_pipe.state.phase);
+        if (leader) {
+          smem.v_landed[s].arrive_and_expect_tx(Traits::kKVBytes);
+          copy(params.tma_v.with(reinterpret_cast<uint64_t&>(smem.v_landed[s]), 0,
+                                 TMA::CacheHintSm90::EVICT_LAST),
+               get<4>(view)(_, step.n), get<5>(view)(_, s));
+        }
+        v_pipe.state.advance();
+        return;
+      }
+    }
     load_kv(v_end(), params.tma_v, get<4>(view)(_, step.n), get<5>(view));
   }
   CUTE_DEVICE auto& k_end() {

@@ -99,6 +99,23 @@ struct Consumer {
         v_pipe{v_barriers(smem_)},
         timeline(params_.fwd.timeline) {}
 
+  // The tile's sequence span (q_start, seqlen_q, seqlen_k), loaded where it is used rather than
+  // kept in the tile state across the steps (register pressure): dense calls take the call's
+  // lengths from the params, varlen calls the pair's record.
+  CUTE_DEVICE TileCoord spanned(TileCoord t) const {
+    if constexpr (Traits::kVarlen) {
+      VarlenPair const& v = params.scheduler.pairs[t.pair];
+      t.q_start = v.q_start;
+      t.seqlen_q = v.seqlen_q;
+      t.seqlen_k = v.seqlen_k;
+    } else {
+      t.q_start = 0;
+      t.seqlen_q = p.seqlen_q;
+      t.seqlen_k = p.seqlen_k;
+    }
+    return t;
+  }
+
   static CUTE_DEVICE int thread_idx() { return opaque_thread_idx() - 128; }
   CUTE_DEVICE PingPong<Traits::kConsumerWgs> pingpong() const {
     return {params.pingpong, cutlass::canonical_warp_group_idx() - 1};
@@ -307,7 +324,9 @@ struct Consumer {
       Tensor tScS = mma_qk.get_thread_slice(thread_idx())
                         .partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
       Tensor s_rc = f.s_rc();
-      apply_mask(s_rc, make_tensor(tScS.data(), acc_rowcol(tScS.layout())), attention_mask(p),
+      const TileCoord t = spanned(w.tile);
+      apply_mask(s_rc, make_tensor(tScS.data(), acc_rowcol(tScS.layout())),
+                 attention_mask(p, t.seqlen_q, t.seqlen_k),
                  w.tile.m_block * kBlockM, step.n * kBlockN);
     }
   }
@@ -428,9 +447,9 @@ struct Consumer {
       }
       auto thr = mma_pv.get_thread_slice(thread_idx());
       if (p.o_fp16) {
-        store_tile<cutlass::half_t, Traits>(p, thr, f.o, lse, w.tile);
+        store_tile<cutlass::half_t, Traits>(p, thr, f.o, lse, spanned(w.tile));
       } else {
-        store_tile<cutlass::bfloat16_t, Traits>(p, thr, f.o, lse, w.tile);
+        store_tile<cutlass::bfloat16_t, Traits>(p, thr, f.o, lse, spanned(w.tile));
       }
     } else if constexpr (kScaled) {
       const TileScales sc = tile_scales(w);  // w: the finishing tile (kPrevious) or this one
@@ -439,10 +458,10 @@ struct Consumer {
       for (int i = 0; i < size(f.o); ++i) {
         f.o(i) *= sc.o_scale;
       }
-      store_tile<Element, Traits>(p, mma_pv.get_thread_slice(thread_idx()), f.o, lse, w.tile);
+      store_tile<Element, Traits>(p, mma_pv.get_thread_slice(thread_idx()), f.o, lse, spanned(w.tile));
     } else {
       (kPrevious ? f.finishing : f.softmax).finalize(o_rc, p.lse_scale, lse);
-      store_tile<Element, Traits>(p, mma_pv.get_thread_slice(thread_idx()), f.o, lse, w.tile);
+      store_tile<Element, Traits>(p, mma_pv.get_thread_slice(thread_idx()), f.o, lse, spanned(w.tile));
     }
     timeline.mark(Ev::kTileDone);
   }
@@ -450,12 +469,12 @@ struct Consumer {
     auto thr = mma_pv.get_thread_slice(thread_idx());
     if constexpr (kFp8) {
       if (p.o_fp16) {
-        store_empty_tile<cutlass::half_t, Traits>(p, thr, w.tile);
+        store_empty_tile<cutlass::half_t, Traits>(p, thr, spanned(w.tile));
       } else {
-        store_empty_tile<cutlass::bfloat16_t, Traits>(p, thr, w.tile);
+        store_empty_tile<cutlass::bfloat16_t, Traits>(p, thr, spanned(w.tile));
       }
     } else {
-      store_empty_tile<Element, Traits>(p, thr, w.tile);
+      store_empty_tile<Element, Traits>(p, thr, spanned(w.tile));
     }
   }
 };

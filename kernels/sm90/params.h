@@ -16,14 +16,14 @@ struct KernelParams {
   typename Traits::TmaQ tma_q;
   typename Traits::TmaKV tma_k;
   typename Traits::TmaKV tma_v;
-  StaticTileScheduler scheduler;
+  typename Traits::TileOrder scheduler;  // StaticTileScheduler, or varlen's list
   bool pingpong;
 };
 
 // This CTA's walk over its tiles under the call's mask: what the producer and the consumers
 // iterate (schedule.h).
 template <class Traits>
-CUTE_DEVICE CtaSchedule<Traits::kBlockM, Traits::kBlockN> cta_schedule(
+CUTE_DEVICE CtaSchedule<Traits::kBlockM, Traits::kBlockN, typename Traits::TileOrder> cta_schedule(
     KernelParams<Traits> const& params) {
   return {params.scheduler, attention_mask(params.fwd), int(blockIdx.x)};
 }

@@ -30,6 +30,8 @@
 // finishing tile's epilogue (O / l, LSE, stores) runs after that PV, under the next tile's S.
 #pragma once
 
+#include <type_traits>
+
 #include "flash_hopper/host_device.h"
 #include "flash_hopper/mask.h"
 #include "sm90/tile_scheduler.h"
@@ -65,24 +67,45 @@ struct TileWork {
   }
 };
 
-// One CTA's walk over the tile order, with the mask applied per tile (varlen will build the mask
-// of the tile's sequence here).
-template <int kBlockM, int kBlockN>
+// Varlen: whether V's key block n holds rows past the tile's sequence that TMA does not
+// zero-fill (the packed layout's next sequence, or padding past seqused_k). P is 0 there, but
+// 0 * NaN is NaN: those rows are zeroed in shared memory before the PV GEMM reads them (the
+// producer and the zeroing warp both ask this, so they agree on which loads take the relay).
+FH_HOST_DEVICE bool v_zero_tail(TileCoord const& t, int n, int block_n) {
+  return t.seqlen_k % block_n != 0 && n == t.seqlen_k / block_n;
+}
+
+// One CTA's walk over the tile order, with the mask of each tile's sequence (the call's window on
+// the tile's own lengths: varlen sequences differ, dense tiles all carry the call's). Tiles:
+// StaticTileScheduler, or VarlenTileScheduler (tile_scheduler.h).
+template <int kBlockM, int kBlockN, class Tiles = StaticTileScheduler>
 struct CtaSchedule {
-  StaticTileScheduler const& tiles;
-  AttentionMask mask;
+  static constexpr bool kVarlen = std::is_same_v<Tiles, VarlenTileScheduler>;
+  Tiles const& tiles;
+  AttentionMask mask;  // the call's window; its lengths are replaced by each tile's
   int cta;
 
   // The tile of `round`, or false past the CTA's last round.
   FH_HOST_DEVICE bool work(int round, TileWork& w) const {
     const int t = tiles.index(round, cta);
-    if (t >= tiles.total_tiles) {
+    if (t >= tiles.tile_count()) {
       return false;
     }
+    if constexpr (kVarlen) {  // the prepare kernel computed the tile's blocks
+      w.tile = tiles.coord(t, w.range, w.split);
+      return true;
+    }
     w.tile = tiles.coord(t);
-    w.range = mask.key_blocks(w.tile.m_block, kBlockM, kBlockN);
-    w.split = mask.unmasked_blocks(w.range, w.tile.m_block, kBlockM, kBlockN);
+    const AttentionMask m = tile_mask(w.tile);
+    w.range = m.key_blocks(w.tile.m_block, kBlockM, kBlockN);
+    w.split = m.unmasked_blocks(w.range, w.tile.m_block, kBlockM, kBlockN);
     return true;
+  }
+  FH_HOST_DEVICE AttentionMask tile_mask(TileCoord const& c) const {
+    AttentionMask m = mask;
+    m.seqlen_q = c.seqlen_q;
+    m.seqlen_k = c.seqlen_k;
+    return m;
   }
 
   // From `round` on, the next tile with keys (round is left on it); keyless tiles on the way go

@@ -26,13 +26,22 @@
 #include <cstdint>
 
 #include "flash_hopper/host_device.h"
+#include "flash_hopper/mask.h"
+#include "flash_hopper/varlen.h"
 
 namespace flash_hopper::sm90 {
 
+// One tile: query block m_block of (batch, head), and its sequence's span (dense calls: the
+// call's lengths from token 0; varlen: the packed sequence's offsets and lengths).
 struct TileCoord {
   int m_block;
   int head;
   int batch;
+  int pair;  // varlen: its index in the prepare kernel's list (consumers reload the span from it)
+  int q_start;
+  int k_start;
+  int seqlen_q;
+  int seqlen_k;
 };
 
 struct StaticTileScheduler {
@@ -44,9 +53,11 @@ struct StaticTileScheduler {
   int total_tiles;
   int grid;           // CTAs
   bool longest_first;
+  int seqlen_q;
+  int seqlen_k;
 
   // kv_bytes_per_head: K + V bytes of one KV head (seqlen_k * head_dim * 2 * element size).
-  static StaticTileScheduler make(int seqlen_q, int block_m, int heads, int heads_per_kv,
+  static StaticTileScheduler make(int seqlen_q, int seqlen_k, int block_m, int heads, int heads_per_kv,
                                   int batch, int64_t kv_bytes_per_head, bool longest_first,
                                   int num_sms) {
     StaticTileScheduler s;
@@ -66,8 +77,12 @@ struct StaticTileScheduler {
     s.total_tiles = static_cast<int>(total);
     s.grid = s.total_tiles < num_sms ? s.total_tiles : num_sms;
     s.longest_first = longest_first;
+    s.seqlen_q = seqlen_q;
+    s.seqlen_k = seqlen_k;
     return s;
   }
+
+  FH_HOST_DEVICE int tile_count() const { return total_tiles; }
 
   // The index of round r for CTA c (snake order).
   FH_HOST_DEVICE int index(int round, int cta) const {
@@ -76,6 +91,11 @@ struct StaticTileScheduler {
 
   FH_HOST_DEVICE TileCoord coord(int t) const {
     TileCoord c;
+    c.pair = 0;
+    c.q_start = 0;
+    c.k_start = 0;
+    c.seqlen_q = seqlen_q;
+    c.seqlen_k = seqlen_k;
     if (!longest_first) {
       // Equal tiles: the query blocks of one head are adjacent, so the CTAs running at the same
       // time share that head's K/V in L2 (the rank-major order re-read K/V from DRAM at short
@@ -117,24 +137,38 @@ struct StaticTileScheduler {
 // highest 0.73 (seqlen_k - seqlen_q differs per sequence).
 // ---------------------------------------------------------------------------------------------
 struct VarlenTileScheduler {
-  const int* pair_batch;    // per listed pair: its sequence (batch index)
-  const int* pair_m_block;  // and its query block
-  const int* num_pairs;     // written by the prepare step (the host knows only a bound)
+  VarlenPair const* pairs;    // the prepare kernel's list (flash_hopper/varlen.h)
+  VarlenHeader const* header;  // its num_pairs (the host knows only the capacity)
   int heads;
-  int grid;  // CTAs: min(SMs, the bound's tiles)
+  int grid;  // CTAs: min(SMs, capacity * heads)
 
-  FH_HOST_DEVICE int total_tiles() const { return *num_pairs * heads; }
+  FH_HOST_DEVICE int tile_count() const { return header->num_pairs * heads; }
   FH_HOST_DEVICE int index(int round, int cta) const {
     return round * grid + ((round & 1) ? grid - 1 - cta : cta);
   }
   FH_HOST_DEVICE TileCoord coord(int t) const {
+    KeyBlockRange range;
+    KeyBlockSplit split;
+    return coord(t, range, split);
+  }
+  // Tile t with its key-block range and split (the prepare kernel computed them for this tile).
+  FH_HOST_DEVICE TileCoord coord(int t, KeyBlockRange& range, KeyBlockSplit& split) const {
     const int pair = t / heads;
+    VarlenPair const& v = pairs[pair];
+    range = {v.n_min, v.n_max};
+    split = {v.n_left, v.n_right};
     TileCoord c;
     c.head = t - pair * heads;
-    c.batch = pair_batch[pair];
-    c.m_block = pair_m_block[pair];
+    c.pair = pair;
+    c.batch = v.batch;
+    c.m_block = v.m_block;
+    c.q_start = v.q_start;
+    c.k_start = v.k_start;
+    c.seqlen_q = v.seqlen_q;
+    c.seqlen_k = v.seqlen_k;
     return c;
   }
 };
+
 
 }  // namespace flash_hopper::sm90

@@ -543,8 +543,69 @@ FhStatus validate_fp8(const FhFwdParams* p, bool fp8, bool mixed, bool check_dat
   return FH_SUCCESS;
 }
 
+bool is_varlen(const FhFwdParams* p) {
+  return p->cu_seqlens_q != nullptr || p->cu_seqlens_k != nullptr || p->seqused_q != nullptr ||
+         p->seqused_k != nullptr;
+}
+
+// The varlen fields (api.h): both offsets arrays, 3-D tensors (batch strides 0), 16-bit inputs,
+// and with check_data the workspace. The arrays' contents live on the device: the kernels clamp
+// them to the tensors (flash_hopper/varlen.h), callers validate them.
+FhStatus validate_varlen(const FhFwdParams* p, bool fp8, bool mixed, bool check_data) {
+  if (!is_varlen(p)) {
+    return FH_SUCCESS;
+  }
+  FH_CHECK(p->cu_seqlens_q != nullptr && p->cu_seqlens_k != nullptr,
+           "cu_seqlens_q / cu_seqlens_k: expected both (a varlen call; seqused_k without "
+           "cu_seqlens_k is the paged KV call, not implemented yet), got %s",
+           p->cu_seqlens_q ? "cu_seqlens_k null" : "cu_seqlens_q null");
+  const NamedStride batch_strides[] = {
+      {"q_batch_stride", p->q_batch_stride},     {"k_batch_stride", p->k_batch_stride},
+      {"v_batch_stride", p->v_batch_stride},     {"o_batch_stride", p->o_batch_stride},
+      {"lse_batch_stride", p->lse_batch_stride},
+  };
+  for (const NamedStride& st : batch_strides) {
+    FH_CHECK(st.stride == 0,
+             "%s: expected 0 in a varlen call (packed tensors have no batch axis), got %lld",
+             st.name, (long long)st.stride);
+  }
+  if (fp8 || mixed) {
+    return fail(FH_ERROR_UNSUPPORTED,
+                "cu_seqlens_q: varlen with %s inputs is not implemented yet (16-bit q / k / v "
+                "only)",
+                fp8 ? "FP8 (e4m3)" : "mixed-mode (FP8 k / v)");
+  }
+  if ((p->variant & FH_VARIANT_FLAG_NO_OVERLAP) != 0) {
+    return fail(FH_ERROR_UNSUPPORTED,
+                "variant: %d (%s) has no varlen kernel (the FA-3 ablation kernels are dense "
+                "only); varlen takes the tuned kernel (0) or fa3-no-pingpong (1)",
+                p->variant, kVariantNames[p->variant]);
+  }
+  FH_CHECK(p->max_seqlen_q >= 0 && p->max_seqlen_k >= 0,
+           "max_seqlen_q / max_seqlen_k: expected >= 0 (0 = unknown), got %lld / %lld",
+           (long long)p->max_seqlen_q, (long long)p->max_seqlen_k);
+  if (check_data) {
+    const int32_t* arrays[] = {p->cu_seqlens_q, p->cu_seqlens_k, p->seqused_q, p->seqused_k};
+    const char* names[] = {"cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k"};
+    for (int i = 0; i < 4; ++i) {
+      FH_CHECK(aligned(arrays[i], alignof(int32_t)),
+               "%s: expected a 4-byte aligned int32 pointer, got %p", names[i],
+               static_cast<const void*>(arrays[i]));
+    }
+    const int64_t need = varlen_workspace_bytes(p->seqlen_q, p->batch);
+    FH_CHECK(p->workspace != nullptr && aligned(p->workspace, 16),
+             "workspace: expected a 16-byte aligned device pointer (a varlen call's work list, "
+             "fh_fwd_workspace_size bytes), got %p",
+             p->workspace);
+    FH_CHECK(p->workspace_bytes >= need,
+             "workspace_bytes: expected >= %lld (fh_fwd_workspace_size), got %lld",
+             (long long)need, (long long)p->workspace_bytes);
+  }
+  return FH_SUCCESS;
+}
+
 // Host-only checks: ABI, dtype, shapes, head dim, heads, scale/mask, strides, pointers (only with
-// check_data: the policy alone does not read them), reserved fields, dispatch fields.
+// check_data: the policy alone does not read them), varlen, reserved fields, dispatch fields.
 FhStatus validate(const FhFwdParams* p, bool check_data) {
   FH_CHECK(p != nullptr, "params: expected a non-null FhFwdParams pointer, got null");
   FH_CHECK(p->abi_version == FH_ABI_VERSION,
@@ -584,11 +645,7 @@ FhStatus validate(const FhFwdParams* p, bool check_data) {
              int(alignof(float)), static_cast<const void*>(p->lse));
   }
 
-  if (p->cu_seqlens_q || p->cu_seqlens_k || p->seqused_k) {
-    return fail(FH_ERROR_UNSUPPORTED,
-                "cu_seqlens_q/cu_seqlens_k/seqused_k: expected null (varlen is not implemented "
-                "yet), got a pointer");
-  }
+  FH_TRY(validate_varlen(p, fp8, mixed, check_data && !empty));
   if (p->page_table || p->page_size != 0 || p->page_table_batch_stride != 0) {
     return fail(FH_ERROR_UNSUPPORTED,
                 "page_table/page_size: expected null/0 (paged KV is not implemented yet), got "
@@ -842,16 +899,17 @@ bool first_layout_problem(const LayoutProblem (&checks)[N], LayoutProblem* probl
 }
 
 // q, k and v: what both directions load with TMA (same field names in both structs).
+// batch: the extent of the batch dimension as TMA sees it (1 for varlen's packed tensors).
 template <class Params>
-bool qkv_layout_problem(const Params* p, LayoutProblem* problem) {
+bool qkv_layout_problem(const Params* p, LayoutProblem* problem, int64_t batch) {
   const LayoutProblem checks[] = {
-      {"q", 0, "q_batch_stride", p->q_batch_stride, p->batch},
+      {"q", 0, "q_batch_stride", p->q_batch_stride, batch},
       {"q", 1, "q_row_stride", p->q_row_stride, p->seqlen_q},
       {"q", 2, "q_head_stride", p->q_head_stride, p->heads_q},
-      {"k", 0, "k_batch_stride", p->k_batch_stride, p->batch},
+      {"k", 0, "k_batch_stride", p->k_batch_stride, batch},
       {"k", 1, "k_row_stride", p->k_row_stride, p->seqlen_k},
       {"k", 2, "k_head_stride", p->k_head_stride, p->heads_kv},
-      {"v", 0, "v_batch_stride", p->v_batch_stride, p->batch},
+      {"v", 0, "v_batch_stride", p->v_batch_stride, batch},
       {"v", 1, "v_row_stride", p->v_row_stride, p->seqlen_k},
       {"v", 2, "v_head_stride", p->v_head_stride, p->heads_kv},
   };
@@ -859,7 +917,7 @@ bool qkv_layout_problem(const Params* p, LayoutProblem* problem) {
 }
 
 bool fa3_layout_problem(const FhFwdParams* p, LayoutProblem* problem) {
-  return qkv_layout_problem(p, problem);
+  return qkv_layout_problem(p, problem, is_varlen(p) ? 1 : p->batch);
 }
 
 constexpr const char* kFwdTmaTensors = "q/k/v";
@@ -871,7 +929,7 @@ bool fa3_layout_problem(const FhBwdParams* p, LayoutProblem* problem) {
       {"dout", 1, "dout_row_stride", p->dout_row_stride, p->seqlen_q},
       {"dout", 2, "dout_head_stride", p->dout_head_stride, p->heads_q},
   };
-  return qkv_layout_problem(p, problem) || first_layout_problem(dout, problem);
+  return qkv_layout_problem(p, problem, p->batch) || first_layout_problem(dout, problem);
 }
 
 // Names the tensor dimension (as Python users see it) and the field (as C callers see it);
@@ -1332,6 +1390,16 @@ FwdParams derive(const FhFwdParams* p, const DeviceInfo& dev) {
   k.o_fp16 = p->dtype == FH_DTYPE_E4M3 && p->out_dtype == FH_DTYPE_FP16;
   k.fp8_single_level = p->fp8_accumulation == FH_FP8_ACCUM_SINGLE_LEVEL;
   k.timeline = g_timeline;
+  if (p->cu_seqlens_q != nullptr) {
+    k.cu_seqlens_q = p->cu_seqlens_q;
+    k.cu_seqlens_k = p->cu_seqlens_k;
+    k.seqused_q = p->seqused_q;
+    k.seqused_k = p->seqused_k;
+    k.varlen_header = static_cast<VarlenHeader*>(p->workspace);
+    k.varlen_pairs = reinterpret_cast<VarlenPair*>(static_cast<char*>(p->workspace) +
+                                                   sizeof(VarlenHeader));
+    k.varlen_capacity = int(varlen_capacity(p->seqlen_q, p->batch));
+  }
   return k;
 }
 
@@ -1535,6 +1603,18 @@ FH_EXPORT FhStatus fh_fwd_select_backend(const FhFwdParams* params, int32_t cc_m
                                          size_t reason_len) {
   return answer_policy<Choice>(params, cc_major, cc_minor, backend_out, reason, reason_len,
                                select_backend);
+}
+
+FH_EXPORT FhStatus fh_fwd_workspace_size(const FhFwdParams* params, int64_t* bytes) {
+  g_last_error.clear();
+  FH_CHECK(bytes != nullptr, "bytes: expected a non-null int64_t pointer, got null");
+  FhStatus st = validate(params, /*check_data=*/false);
+  if (st != FH_SUCCESS) {
+    return st;
+  }
+  *bytes = params->cu_seqlens_q != nullptr ? varlen_workspace_bytes(params->seqlen_q, params->batch)
+                                           : 0;
+  return FH_SUCCESS;
 }
 
 FH_EXPORT FhStatus fh_fwd(const FhFwdParams* params, void* stream) {

@@ -16,7 +16,7 @@ from ._errors import (
     LibraryNotFoundError,
     UnsupportedError,
 )
-from .interface import flash_attn_func, which_backend
+from .interface import flash_attn_func, flash_attn_varlen_func, which_backend
 
 __version__ = _lib.installed_version() or "0+unknown"  # unknown: a source tree never installed
 
@@ -47,6 +47,7 @@ __all__ = [
     "__version__",
     "build_info",
     "flash_attn_func",
+    "flash_attn_varlen_func",
     "fp8",
     "library_path",
     "which_backend",

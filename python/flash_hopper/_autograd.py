@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from . import _bwd, _fwd, ops
+from . import _bwd, _fwd, _varlen, ops
 
 
 class FlashAttnFunction(torch.autograd.Function):
@@ -45,3 +45,33 @@ class FlashAttnFunction(torch.autograd.Function):
         dout, dlse = ops.loadable_grads(out, dout, dlse)
         dq, dk, dv = _bwd.op(dout, q, k, v, out, lse, dlse, *ctx.bwd_args)
         return dq, dk, dv, None, None, None, None, None, None
+
+
+class FlashAttnVarlenFunction(torch.autograd.Function):
+    """(out, lse) of a varlen call (flash_attn_varlen_func); gradients for q, k, v (the
+    backward per sequence, _varlen.backward)."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: Any,
+                max_seqlen_k: Any, seqused_q: Any, seqused_k: Any, softmax_scale: Any,
+                causal: Any, window_size: Any, softcap: Any, backend: Any,
+                deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        out, lse, vp = _varlen.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                       max_seqlen_k, seqused_q, seqused_k, softmax_scale, causal,
+                                       window_size, softcap, backend)
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q,
+                              seqused_k)
+        cfg = vp.dense.cfg
+        ctx.bwd_args = (cfg.softmax_scale, cfg.window_left, cfg.window_right, cfg.softcap,
+                        cfg.backend, deterministic)
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx: Any, dout: torch.Tensor | None, dlse: torch.Tensor | None):
+        q, k, v, out, lse, cu_q, cu_k, used_q, used_k = ctx.saved_tensors
+        dout, dlse = ops.loadable_grads(out, dout, dlse)
+        dq, dk, dv = _varlen.backward(dout, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k,
+                                      *ctx.bwd_args)
+        return (dq, dk, dv) + (None,) * 12

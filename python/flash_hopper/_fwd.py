@@ -162,6 +162,11 @@ def _launch(plan: Plan, q_ptr: int, k_ptr: int, v_ptr: int, o_ptr: int, lse_ptr:
     p.q, p.k, p.v, p.o, p.lse = q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr
     if descales is not None:
         p.q_descale, p.k_descale, p.v_descale = descales
+    launch_params(plan, p)
+
+
+def launch_params(plan: Plan, p: FhFwdParams) -> None:
+    """fh_fwd for complete parameters on the plan's device and library (varlen fills its own)."""
     index = plan.device.index
     if _current_device() == index:
         status = plan.lib.fh_fwd(p, _raw_stream(index))

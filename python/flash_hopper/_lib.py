@@ -34,7 +34,7 @@ LIB_NAME = "libflash_hopper.so"
 ENV_VAR = "FLASH_HOPPER_LIB"
 
 # Must equal FH_ABI_VERSION in api.h; the library reports its own through fh_abi_version().
-ABI_VERSION = 5
+ABI_VERSION = 6
 
 
 class FhStatus(enum.IntEnum):
@@ -137,10 +137,15 @@ class FhFwdParams(ctypes.Structure):
         ("softcap", _F32),
         ("window_left", _I64),
         ("window_right", _I64),
-        # reserved: varlen
+        # varlen
         ("cu_seqlens_q", _PTR),
         ("cu_seqlens_k", _PTR),
         ("seqused_k", _PTR),
+        ("seqused_q", _PTR),
+        ("max_seqlen_q", _I64),
+        ("max_seqlen_k", _I64),
+        ("workspace", _PTR),
+        ("workspace_bytes", _I64),
         # reserved: paged KV
         ("page_table", _PTR),
         ("page_table_batch_stride", _I64),
@@ -369,6 +374,8 @@ class Library:
         d.fh_bwd.restype = ctypes.c_int
         d.fh_bwd_workspace_size.argtypes = [bwd_p, ctypes.POINTER(ctypes.c_int64)]
         d.fh_bwd_workspace_size.restype = ctypes.c_int
+        d.fh_fwd_workspace_size.argtypes = [params_p, ctypes.POINTER(ctypes.c_int64)]
+        d.fh_fwd_workspace_size.restype = ctypes.c_int
         d.fh_bwd_select_backend.argtypes = [
             bwd_p, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32),
             ctypes.c_char_p, ctypes.c_size_t,
@@ -464,6 +471,15 @@ class Library:
         pointers and workspace not read). Raises like fh_bwd for invalid params."""
         size = ctypes.c_int64(-1)
         status = self._dll.fh_bwd_workspace_size(ctypes.byref(params), ctypes.byref(size))
+        if status != FhStatus.SUCCESS:
+            raise status_error(int(status), self.last_error() or "(no message)")
+        return int(size.value)
+
+    def fwd_workspace_size(self, params: FhFwdParams) -> int:
+        """Bytes of workspace fh_fwd needs for ``params`` (0 for a dense call; pure host
+        arithmetic). Raises like fh_fwd for invalid params."""
+        size = ctypes.c_int64(-1)
+        status = self._dll.fh_fwd_workspace_size(ctypes.byref(params), ctypes.byref(size))
         if status != FhStatus.SUCCESS:
             raise status_error(int(status), self.last_error() or "(no message)")
         return int(size.value)

@@ -1,4 +1,5 @@
-"""Public API, FlashAttention-3 compatible: flash_attn_func and which_backend.
+"""Public API, FlashAttention-3 compatible: flash_attn_func, flash_attn_varlen_func and
+which_backend.
 
 Three ways down, one host path per direction (_fwd.py, _bwd.py):
 - plain eager inference (real tensors, no tracer, no input that needs a gradient): straight to
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
-from . import _autograd, _fwd, _validate, ops
+from . import _autograd, _fwd, _validate, _varlen, ops
 from ._errors import UnsupportedError
 from ._tables import FP8_DTYPES, KV_FP8_DTYPES, TORCH_DTYPES
 
@@ -132,6 +133,98 @@ def flash_attn_func(
         out, lse = ops.fwd(q, k, v, cfg.softmax_scale, cfg.window_left, cfg.window_right,
                            cfg.softcap, cfg.backend, deterministic)
     return (out, lse) if return_attn_probs else out
+
+
+def flash_attn_varlen_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    seqused_q: torch.Tensor | None = None,
+    seqused_k: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    qv: torch.Tensor | None = None,
+    q_descale: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
+    window_size: Sequence[int] = (-1, -1),
+    attention_chunk: int = 0,
+    softcap: float = 0.0,
+    num_splits: int = 1,
+    pack_gqa: bool | None = None,
+    deterministic: bool = False,
+    sm_margin: int = 0,
+    return_attn_probs: bool = False,
+    *,
+    backend: str = "auto",
+    out: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Attention over a batch of sequences of different lengths packed along one token axis
+    (FA3's flash_attn_varlen_func: its parameters, order and defaults), differentiable.
+
+    q: (total_q, heads_q, head_dim); k, v: (total_k, heads_kv, head_dim), fp16 or bf16 on one CUDA
+    device. cu_seqlens_q / cu_seqlens_k: int32 (batch + 1,) on q's device, sequence b at tokens
+    [cu_seqlens[b], cu_seqlens[b + 1]) (non-decreasing, the last <= the tensor's tokens; gaps
+    between sequences are allowed and never read). seqused_q / seqused_k: int32 (batch,), the
+    used prefix of each span (padded layouts); None = the whole span. max_seqlen_q / max_seqlen_k
+    are hints (ints; the kernels never rely on them).
+    causal / window_size / softcap / softmax_scale as in flash_attn_func, applied per sequence
+    and bottom-right aligned on its own lengths; GQA as there. A sequence without keys gets out 0
+    and lse -inf; one without queries computes nothing. Rows of out / lse outside every used span
+    are not written (out= keeps what was there; a fresh out holds uninitialized values there).
+    return_attn_probs: also return lse, fp32 (heads_q, total_q).
+    out (keyword only): write the result into this (total_q, heads_q, head_dim) tensor of q's
+    dtype (inference: no copy); not with inputs that require grad.
+    backend (keyword only): as in flash_attn_func (the FA-3 ablation kernels are dense only).
+
+    The offsets' values are checked before launching (one small device-to-host copy per call:
+    non-decreasing, within the tensors, seqused within its span), except while a CUDA graph is
+    being captured or with FLASH_HOPPER_CHECK_OFFSETS=0; the kernels clamp every offset to the
+    tensors, so unchecked bad offsets give wrong results but never touch memory outside them.
+    The backward runs the dense backward kernels once per sequence (exact; it reads the offsets
+    on the host). Not implemented yet, refused naming the argument: FP8 inputs, qv,
+    attention_chunk > 0. Performance hints accepted and not used: num_splits, pack_gqa,
+    sm_margin. Descales passed with fp16 / bf16 inputs are ignored, as in FA3.
+    """
+    if (qv is not None or attention_chunk != 0 or num_splits != 1 or pack_gqa is not None
+            or sm_margin != 0):
+        _validate.check_fa3_extras(qv, attention_chunk, num_splits, pack_gqa, sm_margin)
+    if return_attn_probs is not True and return_attn_probs is not False:
+        raise TypeError(f"return_attn_probs: expected a bool, got {return_attn_probs!r}")
+    if deterministic is not True and deterministic is not False:
+        raise TypeError(f"deterministic: expected a bool, got {deterministic!r}")
+    grad = torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
+    if out is not None and grad:
+        raise UnsupportedError("out: expected None when q, k or v requires grad (a result "
+                               "written into a given tensor has no autograd history)")
+    if _plain_eager(q, k, v):
+        if not grad:
+            result, lse, _ = _varlen.forward(
+                q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
+                seqused_k, softmax_scale, causal, window_size, softcap, backend, out=out,
+                need_lse=return_attn_probs)
+        else:
+            result, lse = _autograd.FlashAttnVarlenFunction.apply(
+                q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
+                seqused_k, softmax_scale, causal, window_size, softcap, backend, deterministic)
+    else:
+        if out is not None:
+            raise UnsupportedError("out: expected None under torch.compile / tracing (the "
+                                   "flash_hopper::fwd_varlen op returns a fresh tensor)")
+        vc = _varlen.check_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                seqused_q, seqused_k, softmax_scale, causal, window_size,
+                                softcap, backend)
+        cfg = vc.cfg
+        result, lse = ops.fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+                                     max_seqlen_q, max_seqlen_k, cfg.softmax_scale,
+                                     cfg.window_left, cfg.window_right, cfg.softcap, cfg.backend,
+                                     deterministic)
+    return (result, lse) if return_attn_probs else result
 
 
 def _fp8_forward(q, k, v, softmax_scale, causal, window_size, softcap, backend, q_descale,

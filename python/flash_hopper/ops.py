@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _bwd, _fwd, _validate
+from . import _bwd, _fwd, _validate, _varlen
 from ._lib import FhFwdParams
 
 
@@ -200,3 +200,74 @@ def _bwd_backward(ctx, grad_dq, grad_dk, grad_dv):
 
 
 bwd.register_autograd(_bwd_backward)
+
+
+# --- varlen (flash_attn_varlen_func under torch.compile) ---------------------------------------
+# The forward's implementation is _varlen.forward (the offsets' values checked on the host
+# outside graph capture); the backward runs per sequence through the dense backward kernels
+# (_varlen.backward), an op of its own so that compiled graphs keep it opaque.
+FWD_VARLEN_SCHEMA = (
+    "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+    "Tensor? seqused_q, Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, "
+    "float softmax_scale, int window_left, int window_right, float softcap, str backend, "
+    "bool deterministic) -> (Tensor, Tensor)"
+)
+BWD_VARLEN_SCHEMA = (
+    "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? dlse, "
+    "Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_q, Tensor? seqused_k, "
+    "float softmax_scale, int window_left, int window_right, float softcap, str backend, "
+    "bool deterministic) -> (Tensor, Tensor, Tensor)"
+)
+
+
+def _fwd_varlen_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
+                     max_seqlen_k, softmax_scale, window_left, window_right, softcap, backend,
+                     deterministic):
+    out, lse, _ = _varlen.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                  max_seqlen_k, seqused_q, seqused_k, softmax_scale, False,
+                                  (window_left, window_right), softcap, backend)
+    return out, lse
+
+
+fwd_varlen = torch.library.custom_op("flash_hopper::fwd_varlen", mutates_args=(),
+                                     schema=FWD_VARLEN_SCHEMA)(_fwd_varlen_impl)
+bwd_varlen = torch.library.custom_op("flash_hopper::bwd_varlen", mutates_args=(),
+                                     schema=BWD_VARLEN_SCHEMA)(_varlen.backward)
+
+
+@fwd_varlen.register_fake
+def _fwd_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
+                     max_seqlen_k, softmax_scale, window_left, window_right, softcap, backend,
+                     deterministic):
+    total_q, heads_q, _ = q.shape
+    out = q.new_empty((total_q, heads_q, v.shape[-1]))
+    lse = q.new_empty((heads_q, total_q), dtype=torch.float32)
+    return out, lse
+
+
+@bwd_varlen.register_fake
+def _bwd_varlen_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_q,
+                     seqused_k, softmax_scale, window_left, window_right, softcap, backend,
+                     deterministic):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape))
+
+
+def _fwd_varlen_setup_context(ctx, inputs, output):
+    (q, k, v, cu_q, cu_k, used_q, used_k, _, _, softmax_scale, window_left, window_right,
+     softcap, backend, deterministic) = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, used_q, used_k)
+    ctx.bwd_args = (softmax_scale, window_left, window_right, softcap, backend, deterministic)
+    ctx.set_materialize_grads(False)
+
+
+def _fwd_varlen_backward(ctx, dout, dlse):
+    q, k, v, out, lse, cu_q, cu_k, used_q, used_k = ctx.saved_tensors
+    dout, dlse = loadable_grads(out, dout, dlse)
+    dq, dk, dv = bwd_varlen(dout, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k,
+                            *ctx.bwd_args)
+    return (dq, dk, dv) + (None,) * 12
+
+
+fwd_varlen.register_autograd(_fwd_varlen_backward, setup_context=_fwd_varlen_setup_context)
+bwd_varlen.register_autograd(_bwd_backward)

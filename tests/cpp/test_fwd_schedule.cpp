@@ -662,7 +662,7 @@ struct BadSplitSchedule {
 template <int BM, int BN, int QS, int S, class C>
 static bool run_case(Problem const& prob, Shape const& shape, std::mt19937& rng, Sabotage sab) {
   const StaticTileScheduler sched = StaticTileScheduler::make(
-      prob.seqlen_q, BM, prob.heads, prob.heads_per_kv, prob.batch,
+      prob.seqlen_q, prob.seqlen_k, BM, prob.heads, prob.heads_per_kv, prob.batch,
       int64_t(prob.seqlen_k) * 128 * 4, /*longest_first=*/prob.mask.window_left >= 0 ||
                                             prob.mask.window_right >= 0 || prob.mask.chunk > 0,
       prob.grid_sms);

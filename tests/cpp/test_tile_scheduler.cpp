@@ -37,7 +37,7 @@ static bool quiet = false;  // the negative control: count failures without prin
 static void check(int seqlen_q, int block_m, int heads, int heads_per_kv, int batch,
                   long long kv_bytes, bool longest_first, int num_sms) {
   const StaticTileScheduler s = StaticTileScheduler::make(
-      seqlen_q, block_m, heads, heads_per_kv, batch, kv_bytes, longest_first, num_sms);
+      seqlen_q, seqlen_q, block_m, heads, heads_per_kv, batch, kv_bytes, longest_first, num_sms);
   const int num_m = (seqlen_q + block_m - 1) / block_m;
   CHECK(s.total_tiles == num_m * heads * batch, "total_tiles %d", s.total_tiles);
   CHECK(s.grid == (s.total_tiles < num_sms ? s.total_tiles : num_sms), "grid %d", s.grid);
@@ -91,7 +91,8 @@ struct VarlenLengths {
 // (sequence, query block) pair, costliest first (stable), cost = the key blocks the sequence's
 // mask lets the block visit (a block without keys still has a tile: its rows are written).
 struct VarlenPlan {
-  std::vector<int> pair_batch, pair_m_block, cost;
+  std::vector<flash_hopper::VarlenPair> pairs;
+  flash_hopper::VarlenHeader header{};
   int num_pairs = 0;
 
   static VarlenPlan build(std::vector<VarlenLengths> const& lengths, int block_m, int block_n,
@@ -112,17 +113,17 @@ struct VarlenPlan {
                      [](Pair const& a, Pair const& b) { return a.cost > b.cost; });
     VarlenPlan plan;
     for (Pair const& p : pairs) {
-      plan.pair_batch.push_back(p.batch);
-      plan.pair_m_block.push_back(p.m_block);
-      plan.cost.push_back(p.cost);
+      plan.pairs.push_back({p.batch, p.m_block, 0, 0, lengths[p.batch].seqlen_q,
+                            lengths[p.batch].seqlen_k, 0, 0, 0, 0, p.cost, 0});
     }
     plan.num_pairs = int(pairs.size());
+    plan.header.num_pairs = plan.num_pairs;
     return plan;
   }
 
   VarlenTileScheduler scheduler(int heads, int num_sms) const {
     const int total = num_pairs * heads;
-    return {pair_batch.data(), pair_m_block.data(), &num_pairs, heads,
+    return {pairs.data(), &header, heads,
             total < num_sms ? (total > 0 ? total : 1) : num_sms};
   }
 };
@@ -134,8 +135,7 @@ static bool check_varlen(std::vector<VarlenLengths> const& lengths, int block_m,
   const int failures_before = failures;
   VarlenPlan plan = VarlenPlan::build(lengths, block_m, block_n, -1, causal ? 0 : -1);
   if (corrupt >= 0 && corrupt < plan.num_pairs) {  // sabotage: one pair listed twice
-    plan.pair_m_block[corrupt] = plan.pair_m_block[(corrupt + 1) % plan.num_pairs];
-    plan.pair_batch[corrupt] = plan.pair_batch[(corrupt + 1) % plan.num_pairs];
+    plan.pairs[corrupt] = plan.pairs[(corrupt + 1) % plan.num_pairs];
   }
   const VarlenTileScheduler s = plan.scheduler(heads, num_sms);
   const int batch = int(lengths.size());
@@ -146,7 +146,7 @@ static bool check_varlen(std::vector<VarlenLengths> const& lengths, int block_m,
     blocks_of[b] = (lengths[b].seqlen_q + block_m - 1) / block_m;
     want += blocks_of[b];
   }
-  CHECK(s.total_tiles() == want * heads, "varlen total %d, want %lld", s.total_tiles(),
+  CHECK(s.tile_count() == want * heads, "varlen total %d, want %lld", s.tile_count(),
         want * heads);
   // A tile's cost: the key blocks its sequence's mask lets it visit, plus a fixed overhead.
   auto cost = [&](TileCoord c) {
@@ -158,7 +158,7 @@ static bool check_varlen(std::vector<VarlenLengths> const& lengths, int block_m,
   std::vector<int> seen(want * heads > 0 ? want * heads : 1, 0);
   std::vector<long long> load(s.grid, 0);
   long long largest_tile = 0, previous = -1;
-  for (int t = 0; t < s.total_tiles(); ++t) {  // the order: costliest first
+  for (int t = 0; t < s.tile_count(); ++t) {  // the order: costliest first
     const TileCoord c = s.coord(t);
     if (c.batch < 0 || c.batch >= batch || c.m_block < 0 || c.m_block >= blocks_of[c.batch]) {
       continue;  // reported below
@@ -170,7 +170,7 @@ static bool check_varlen(std::vector<VarlenLengths> const& lengths, int block_m,
   for (int cta = 0; cta < s.grid; ++cta) {
     for (int round = 0;; ++round) {  // the kernel's loop
       const int t = s.index(round, cta);
-      if (t >= s.total_tiles()) {
+      if (t >= s.tile_count()) {
         break;
       }
       const TileCoord c = s.coord(t);
@@ -189,7 +189,7 @@ static bool check_varlen(std::vector<VarlenLengths> const& lengths, int block_m,
   for (long long i = 0; i < want * heads; ++i) {
     CHECK(seen[i] == 1, "varlen tile %lld visited %d times", i, seen[i]);
   }
-  if (s.grid > 1 && s.total_tiles() >= 16 * s.grid) {
+  if (s.grid > 1 && s.tile_count() >= 16 * s.grid) {
     // Against what any order reaches: the mean load, or the largest tile when one dominates.
     long long total = 0, worst = 0;
     for (long long l : load) {
@@ -199,7 +199,7 @@ static bool check_varlen(std::vector<VarlenLengths> const& lengths, int block_m,
     const double reachable = std::max(double(total) / s.grid, double(largest_tile));
     const double balance = reachable / worst;
     CHECK(balance > 0.85, "varlen balance %.3f (grid %d, tiles %d, causal %d)", balance, s.grid,
-          s.total_tiles(), int(causal));
+          s.tile_count(), int(causal));
     worst_varlen_balance = std::min(worst_varlen_balance, balance);
   }
   return failures == failures_before;

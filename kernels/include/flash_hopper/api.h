@@ -10,7 +10,7 @@
 // - Tensors use FA3's layout: q (batch, seqlen_q, heads_q, head_dim), k/v (batch, seqlen_k,
 //   heads_kv, head_dim), o like q; the head_dim axis must be contiguous (stride 1).
 // - lse is fp32 (batch, heads_q, seqlen_q) with its own batch/head strides, row stride 1.
-// - Fields reserved for later features (varlen, paged KV, FP8 descales, split-KV) are part of the
+// - Fields reserved for later features (paged KV, split-KV) are part of the
 //   struct now so the ABI does not change when they land; until then a non-null / non-zero value in
 //   them is rejected with FH_ERROR_UNSUPPORTED, never silently ignored.
 // - Functions return FhStatus; on error fh_last_error() returns a message naming the argument,
@@ -37,8 +37,9 @@ extern "C" {
 // Bumped whenever FhFwdParams, FhBwdParams or a function signature changes; Python refuses a
 // mismatch. 3: the backward (FhBwdParams, fh_bwd*). 4: the FP8 forward (per-tensor descale
 // strides and fp8_accumulation in FhFwdParams). 5: the mixed mode (FhFwdParams::kv_dtype,
-// FH_DTYPE_E5M2).
-#define FH_ABI_VERSION 5
+// FH_DTYPE_E5M2). 6: varlen (FhFwdParams::seqused_q, max_seqlen_*, workspace;
+// fh_fwd_workspace_size).
+#define FH_ABI_VERSION 6
 
 // The library's own status; the message (fh_last_error) tells the cases of one status apart.
 typedef enum FhStatus {
@@ -144,10 +145,29 @@ typedef struct FhFwdParams {
   int64_t window_left;
   int64_t window_right;
 
-  // --- reserved: varlen (later issue) -----------------------------------------------------
+  // --- varlen: sequences of different lengths packed along one token axis ------------------
+  // cu_seqlens_q non-null makes the call varlen (FA3's flash_attn_varlen_func): q / o are
+  // (total_q, heads_q, head_dim), k / v (total_k, heads_kv, head_dim), lse (heads_q, total_q);
+  // batch is the number of sequences, seqlen_q / seqlen_k are total_q / total_k, and every
+  // *_batch_stride is 0. Sequence b has the tokens [cu_seqlens[b], cu_seqlens[b + 1]) (int32
+  // device arrays of batch + 1 non-decreasing offsets, cu_seqlens[batch] <= total), of which the
+  // first seqused[b] are used when seqused_q / seqused_k is given (int32 device arrays of batch
+  // entries, each <= its span; null: the whole span). Masks (causal, windows) apply per sequence,
+  // bottom-right aligned on its own lengths. Rows of o / lse outside every used span are not
+  // written. The library reads these arrays on the device only (no host synchronization, CUDA
+  // graph safe) and clamps offsets to the tensors, so offsets that break the rules above give
+  // wrong results but never touch memory outside q, k, v, o, lse: callers validate them
+  // (Python does, outside graph capture). Both paths; not with FP8 or mixed-mode inputs yet.
   const int32_t* cu_seqlens_q;
   const int32_t* cu_seqlens_k;
   const int32_t* seqused_k;
+  const int32_t* seqused_q;
+  int64_t max_seqlen_q;  // hints (0 = unknown); the kernels never rely on them
+  int64_t max_seqlen_k;
+  // Varlen: device scratch of >= fh_fwd_workspace_size bytes, 16-byte aligned (the call's work
+  // list, written and read on the stream; nothing needs initialising). Null / 0 otherwise.
+  void* workspace;
+  int64_t workspace_bytes;
   // --- reserved: paged KV (later issue) ---------------------------------------------------
   const int32_t* page_table;
   int64_t page_table_batch_stride;
@@ -190,6 +210,10 @@ FH_EXPORT FhStatus fh_fwd(const FhFwdParams* params, void* stream);
 FH_EXPORT FhStatus fh_fwd_select_backend(const FhFwdParams* params, int32_t cc_major,
                                          int32_t cc_minor, int32_t* backend_out, char* reason,
                                          size_t reason_len);
+
+// Bytes of workspace fh_fwd needs for params (0 for a dense call): pure host arithmetic on the
+// shapes (total_q and batch for varlen); pointers are not read.
+FH_EXPORT FhStatus fh_fwd_workspace_size(const FhFwdParams* params, int64_t* bytes);
 
 // Message of the last failing call on this thread ("" if none).
 FH_EXPORT const char* fh_last_error(void);

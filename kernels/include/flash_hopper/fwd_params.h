@@ -10,6 +10,7 @@
 
 #include "flash_hopper/host_device.h"
 #include "flash_hopper/mask.h"
+#include "flash_hopper/varlen.h"
 
 namespace flash_hopper {
 
@@ -20,9 +21,9 @@ struct FwdParams {
   void* o;
   float* lse;  // null: not written
 
-  int batch;
-  int seqlen_q;
-  int seqlen_k;
+  int batch;     // varlen: the number of sequences
+  int seqlen_q;  // varlen: total_q, the packed q rows (each sequence's length: its VarlenPair)
+  int seqlen_k;  // varlen: total_k
   int heads_q;
   int heads_kv;
   int heads_per_kv;  // heads_q / heads_kv (GQA group size)
@@ -61,6 +62,18 @@ struct FwdParams {
   int fp8_single_level;  // FP8: PV accumulates in the WGMMA accumulator alone (the ablation of
                          // two-level accumulation, mma.h)
 
+  // Varlen (flash_hopper/varlen.h; null cu_seqlens_q: a dense call). The batch strides of q, k,
+  // v, o and lse are 0: every row is addressed through its sequence's start.
+  const int32_t* cu_seqlens_q;
+  const int32_t* cu_seqlens_k;
+  const int32_t* seqused_q;  // null: the cu_seqlens spans
+  const int32_t* seqused_k;
+  VarlenHeader* varlen_header;  // the workspace: the prepare kernel's output
+  VarlenPair* varlen_pairs;
+  int varlen_capacity;
+
+  FH_HOST_DEVICE bool varlen() const { return cu_seqlens_q != nullptr; }
+
   int num_sms;
   // Debug: the FA-3 forward's event timeline (libraries built with FH_TIMELINE; null = off;
   // sm90/timeline.h), from fh_debug_set_timeline.
@@ -74,6 +87,11 @@ struct FwdParams {
 // will join the window when the API has it; varlen will build one per sequence).
 FH_HOST_DEVICE AttentionMask attention_mask(FwdParams const& p) {
   return {p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
+}
+
+// The mask of one sequence of the call (varlen: its own lengths; dense: the call's).
+FH_HOST_DEVICE AttentionMask attention_mask(FwdParams const& p, int seqlen_q, int seqlen_k) {
+  return {seqlen_q, seqlen_k, p.window_left, p.window_right};
 }
 
 }  // namespace flash_hopper

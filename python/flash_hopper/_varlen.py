@@ -1,0 +1,319 @@
+"""The varlen host path (issue 13): sequences of different lengths packed along one token axis.
+
+flash_attn_varlen_func (FA3's order), flash_hopper.vllm.flash_attn_varlen_func (vLLM's order) and
+the ``flash_hopper::fwd_varlen`` custom op all come down to ``forward`` here, in the four steps
+of _fwd.py:
+
+1. validate: the packed tensors as the dense path's (1, total, heads, d) views (the same rules and
+   messages for dtype, head dim, heads, strides, scale, window, softcap, backend), the offsets'
+   metadata (int32, 1-D, lengths batch + 1 / batch, on q's device), and -- unless a CUDA graph is
+   being captured -- their values (``check_offsets``: non-decreasing from >= 0 to <= total,
+   seqused within its span). That value check reads the offsets back to the host: one small
+   device-to-host copy per call. FLASH_HOPPER_CHECK_OFFSETS=0 skips it (the kernels clamp every
+   offset to the tensors, so bad offsets then give wrong results but never touch memory outside
+   q, k, v, out, lse).
+2./3. the library's policy on the dense view, and the FhFwdParams template with the varlen
+   fields (batch = number of sequences, batch strides 0, lse (heads, total_q)); kept per call
+   signature like the dense plans.
+4. launch: the work list's workspace from torch's caching allocator (fh_fwd_workspace_size
+   bytes), data and offset pointers written, fh_fwd on the current stream. The library's prepare
+   kernel builds the tile list on the device: no host synchronization in the launch itself.
+
+Backward (``backward``): per sequence through the dense backward kernels (one launch of the
+backward's three kernels per sequence with query rows, into views of dq / dk / dv), which needs
+the offsets on the host (one copy per backward call). Exact, but slower than a varlen backward
+kernel would be for batches of many short sequences.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import torch
+
+from . import _bwd, _fwd, _plan_cache, _validate
+from ._errors import UnsupportedError
+from ._lib import FhFwdParams
+from ._tables import FP8_DTYPES, KV_FP8_DTYPES
+
+_plans = _plan_cache.PlanCache(256)
+
+
+class VarlenPlan(NamedTuple):
+    dense: _fwd.Plan  # the (1, total) view's plan: backend, reason, device, library
+    template: bytes | None  # FhFwdParams with the varlen fields, no data pointers
+    batch: int
+    out_shape: tuple[int, int, int]
+    lse_shape: tuple[int, int]
+    workspace_bytes: int
+
+
+def _check_offsets_tensor(name: str, t: Any, length: int | None, q: torch.Tensor,
+                          what: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor of int32 {what}, got "
+                        f"{type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name}: expected dtype torch.int32, got {t.dtype}")
+    if t.dim() != 1:
+        raise ValueError(f"{name}: expected a 1-D tensor of {what}, got shape {tuple(t.shape)}")
+    if length is not None and t.shape[0] != length:
+        raise ValueError(f"{name}: expected {length} entries ({what}), got {t.shape[0]}")
+    if t.device != q.device:
+        raise ValueError(f"{name}: expected a tensor on q's device {q.device}, got {t.device}")
+    if t.shape[0] > 1 and t.stride(0) != 1:
+        raise ValueError(f"{name}: expected a contiguous tensor (stride 1), got stride "
+                         f"{t.stride(0)}")
+
+
+def _check_packed(name: str, t: Any, total: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 3:
+        raise ValueError(f"{name}: expected a 3-D tensor ({total}, heads, head_dim) for a varlen "
+                         f"call, got shape {tuple(t.shape)}")
+    if t.dtype in FP8_DTYPES or t.dtype in KV_FP8_DTYPES:
+        raise UnsupportedError(f"{name}: varlen with FP8 inputs ({t.dtype}) is not implemented "
+                               f"yet; use torch.float16 or torch.bfloat16")
+
+
+def _check_max_seqlen(name: str, x: Any) -> int:
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise TypeError(f"{name}: expected an int, got {type(x).__name__}")
+    if x < 0:
+        raise ValueError(f"{name}: expected >= 0, got {x}")
+    return x
+
+
+class VarlenConfig(NamedTuple):
+    cfg: _validate.FwdConfig  # of the (1, total) views
+    batch: int
+
+
+def check_args(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: Any,
+               max_seqlen_k: Any, seqused_q: Any, seqused_k: Any, softmax_scale: Any,
+               causal: Any, window_size: Any, softcap: Any, backend: Any) -> VarlenConfig:
+    """Metadata checks of a varlen call (no data read)."""
+    _check_packed("q", q, "total_q")
+    _check_packed("k", k, "total_k")
+    _check_packed("v", v, "total_k")
+    _check_offsets_tensor("cu_seqlens_q", cu_seqlens_q, None, q, "batch + 1 offsets")
+    if cu_seqlens_q.shape[0] < 1:
+        raise ValueError("cu_seqlens_q: expected batch + 1 >= 1 entries, got 0")
+    batch = cu_seqlens_q.shape[0] - 1
+    _check_offsets_tensor("cu_seqlens_k", cu_seqlens_k, batch + 1, q,
+                          "batch + 1 offsets, as cu_seqlens_q")
+    if seqused_q is not None:
+        _check_offsets_tensor("seqused_q", seqused_q, batch, q, "one length per sequence")
+    if seqused_k is not None:
+        _check_offsets_tensor("seqused_k", seqused_k, batch, q, "one length per sequence")
+    _check_max_seqlen("max_seqlen_q", max_seqlen_q)
+    _check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    cfg = _validate.check_fwd_args(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), softmax_scale,
+                                   causal, window_size, softcap, backend)
+    if batch > 65535:
+        raise ValueError(f"cu_seqlens_q: expected at most 65536 entries (65535 sequences), got "
+                         f"{batch + 1}")
+    return VarlenConfig(cfg, batch)
+
+
+def offsets_checked() -> bool:
+    """Whether calls read the offsets back to validate them (not while a CUDA graph is captured,
+    not with FLASH_HOPPER_CHECK_OFFSETS=0)."""
+    if os.environ.get("FLASH_HOPPER_CHECK_OFFSETS", "1") == "0":
+        return False
+    return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+def check_offsets(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                  seqused_q: torch.Tensor | None, seqused_k: torch.Tensor | None, total_q: int,
+                  total_k: int) -> None:
+    """The offsets' values: non-decreasing from >= 0 to <= the tensor's tokens, seqused within
+    [0, its span]. One device-to-host copy of all of them."""
+    parts = [cu_seqlens_q, cu_seqlens_k] + [t for t in (seqused_q, seqused_k) if t is not None]
+    host = torch.cat(parts).cpu().tolist()
+    n = cu_seqlens_q.shape[0]
+    cu = {"cu_seqlens_q": (host[:n], total_q, "q.shape[0]"),
+          "cu_seqlens_k": (host[n:2 * n], total_k, "k.shape[0]")}
+    for name, (offsets, total, src) in cu.items():
+        if offsets[0] < 0:
+            raise ValueError(f"{name}: expected offsets >= 0, got {offsets[0]} at index 0")
+        for i in range(1, n):
+            if offsets[i] < offsets[i - 1]:
+                raise ValueError(f"{name}: expected non-decreasing offsets, got {offsets[i - 1]} "
+                                 f"then {offsets[i]} at index {i}")
+        if offsets[-1] > total:
+            raise ValueError(f"{name}: expected the last offset <= total tokens ({src} = "
+                             f"{total}), got {offsets[-1]}")
+    pos = 2 * n
+    for name, t, key in (("seqused_q", seqused_q, "cu_seqlens_q"),
+                         ("seqused_k", seqused_k, "cu_seqlens_k")):
+        if t is None:
+            continue
+        used = host[pos:pos + n - 1]
+        pos += n - 1
+        offsets = cu[key][0]
+        for b, u in enumerate(used):
+            span = offsets[b + 1] - offsets[b]
+            if u < 0 or u > span:
+                raise ValueError(f"{name}: expected 0 <= {name}[{b}] <= its span in {key} "
+                                 f"({span}), got {u}")
+
+
+def _meta(t: Any) -> tuple | None:
+    if t is None:
+        return None
+    return (type(t), t.shape, t.stride(), t.dtype, t.device)
+
+
+def _key(q, k, v, cu_q, cu_k, seqused_q, seqused_k, max_q, max_k, out, softmax_scale, causal,
+         window_size, softcap, backend) -> tuple | None:
+    """Everything the metadata checks read: a plan is reused only for a call that would pass
+    them the same way (offsets' dtypes and devices included)."""
+    if type(window_size) not in (tuple, list) or len(window_size) != 2:
+        return None
+    left, right = window_size
+    try:
+        return ("varlen", _meta(q), _meta(k), _meta(v), _meta(cu_q), _meta(cu_k),
+                _meta(seqused_q), _meta(seqused_k), _meta(out), type(max_q), max_q, type(max_k),
+                max_k, type(softmax_scale), softmax_scale, type(causal), causal, type(left),
+                left, type(right), right, type(softcap), softcap, type(backend), backend)
+    except AttributeError:  # not a tensor: validation says so
+        return None
+
+
+def _check_out(out: Any, q: torch.Tensor, cfg: _validate.FwdConfig) -> None:
+    want = (cfg.seqlen_q, cfg.heads_q, cfg.head_dim)
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out: expected a torch.Tensor or None, got {type(out).__name__}")
+    if tuple(out.shape) != want:
+        raise ValueError(f"out: expected shape {want} (total_q, heads_q, head_dim), got "
+                         f"{tuple(out.shape)}")
+    if out.dtype != q.dtype:
+        raise TypeError(f"out: expected dtype {q.dtype} (q's), got {out.dtype}")
+    if out.device != q.device:
+        raise ValueError(f"out: expected a tensor on q's device {q.device}, got {out.device}")
+    _validate.check_outputs(out.unsqueeze(0), None, q.unsqueeze(0), cfg)
+
+
+def plan(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
+         softmax_scale, causal, window_size, softcap, backend, out=None) -> VarlenPlan:
+    key = _key(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
+               max_seqlen_k, out, softmax_scale, causal, window_size, softcap, backend)
+    cached = _plans.get(key)
+    if cached is not None:
+        return cached
+    vc = check_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
+                    seqused_k, softmax_scale, causal, window_size, softcap, backend)
+    cfg = vc.cfg
+    if out is not None:
+        _check_out(out, q, cfg)
+    q4, k4, v4 = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
+    dense = _fwd.make_plan(cfg, q4, k4, v4, out=None if out is None else out.unsqueeze(0))
+    out_shape = (cfg.seqlen_q, cfg.heads_q, cfg.head_dim)
+    lse_shape = (cfg.heads_q, cfg.seqlen_q)
+    template = None
+    workspace = 0
+    if dense.template is not None and vc.batch > 0:
+        p = FhFwdParams.from_buffer_copy(dense.template)
+        p.batch = vc.batch
+        p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = 0
+        p.lse_batch_stride, p.lse_head_stride = 0, cfg.seqlen_q
+        p.max_seqlen_q, p.max_seqlen_k = max_seqlen_q, max_seqlen_k
+        p.cu_seqlens_q = p.cu_seqlens_k = 16  # placeholders for the size query (not read)
+        workspace = dense.lib.fwd_workspace_size(p)
+        p.cu_seqlens_q = p.cu_seqlens_k = None
+        template = bytes(p)
+    result = VarlenPlan(dense, template, vc.batch, out_shape, lse_shape, workspace)
+    if key is not None:
+        _plans.remember(key, result)
+    return result
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+            cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
+            seqused_q: torch.Tensor | None, seqused_k: torch.Tensor | None, softmax_scale: Any,
+            causal: Any, window_size: Sequence[int], softcap: Any, backend: Any,
+            out: torch.Tensor | None = None,
+            need_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, VarlenPlan]:
+    """(out, lse, plan): out (total_q, heads_q, head_dim) written in place when given, lse fp32
+    (heads_q, total_q) or None. Rows outside every used span are not written."""
+    vp = plan(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
+              seqused_k, softmax_scale, causal, window_size, softcap, backend, out)
+    if vp.template is not None and offsets_checked():
+        check_offsets(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, q.shape[0], k.shape[0])
+    device = vp.dense.device
+    if out is None:
+        out = torch.empty(vp.out_shape, dtype=q.dtype, device=device)
+    lse = torch.empty(vp.lse_shape, dtype=torch.float32, device=device) if need_lse else None
+    if vp.template is None:
+        return out, lse, vp
+    if (q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr()) & (_validate.ALIGN_BYTES - 1):
+        _validate.check_alignment(q=q, k=k, v=v, out=out)
+    workspace = torch.empty(vp.workspace_bytes, dtype=torch.uint8, device=device)
+    p = FhFwdParams.from_buffer_copy(vp.template)
+    p.q, p.k, p.v, p.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+    p.lse = lse.data_ptr() if lse is not None else None
+    p.cu_seqlens_q, p.cu_seqlens_k = cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()
+    p.seqused_q = seqused_q.data_ptr() if seqused_q is not None else None
+    p.seqused_k = seqused_k.data_ptr() if seqused_k is not None else None
+    p.workspace, p.workspace_bytes = workspace.data_ptr(), vp.workspace_bytes
+    _fwd.launch_params(vp.dense, p)
+    return out, lse, vp
+
+
+def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             out: torch.Tensor, lse: torch.Tensor, dlse: torch.Tensor | None,
+             cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+             seqused_q: torch.Tensor | None, seqused_k: torch.Tensor | None,
+             softmax_scale: float, window_left: int, window_right: int, softcap: float,
+             backend: str, deterministic: bool,
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of a varlen forward: per sequence through the dense backward kernels, into
+    views of zero-initialized gradients (rows outside every used span get 0)."""
+    dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    if dout.stride(-1) != 1 or any(s % 8 for s in dout.stride()[:-1]):
+        dout = dout.contiguous()
+    parts = [cu_seqlens_q, cu_seqlens_k] + [t for t in (seqused_q, seqused_k) if t is not None]
+    host = torch.cat(parts).cpu().tolist()
+    n = cu_seqlens_q.shape[0]
+    cq, ck = host[:n], host[n:2 * n]
+    pos = 2 * n
+    used_q = used_k = None
+    if seqused_q is not None:
+        used_q, pos = host[pos:pos + n - 1], pos + n - 1
+    if seqused_k is not None:
+        used_k = host[pos:pos + n - 1]
+    for b in range(n - 1):
+        q0, k0 = cq[b], ck[b]
+        sq = used_q[b] if used_q is not None else cq[b + 1] - q0
+        sk = used_k[b] if used_k is not None else ck[b + 1] - k0
+        if sq == 0 or sk == 0:  # no dk / dv, or dq = 0: the zeros are the gradients
+            continue
+        rows, keys = slice(q0, q0 + sq), slice(k0, k0 + sk)
+        seq_lse = lse[:, rows].unsqueeze(0)
+        seq_dlse = dlse[:, rows].unsqueeze(0).contiguous() if dlse is not None else None
+        _bwd.into(dout[rows].unsqueeze(0), q[rows].unsqueeze(0), k[keys].unsqueeze(0),
+                  v[keys].unsqueeze(0), out[rows].unsqueeze(0), seq_lse,
+                  dq[rows].unsqueeze(0), dk[keys].unsqueeze(0), dv[keys].unsqueeze(0),
+                  softmax_scale, window_left, window_right, softcap, backend,
+                  deterministic, seq_dlse)
+    return dq, dk, dv
+
+
+def clear_plans() -> None:
+    _plans.clear()
+
+
+__all__ = [
+    "VarlenPlan",
+    "backward",
+    "check_args",
+    "check_offsets",
+    "clear_plans",
+    "forward",
+    "offsets_checked",
+    "plan",
+]

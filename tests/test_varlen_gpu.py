@@ -1,0 +1,369 @@
+"""flash_attn_varlen_func on the GPU (issue 13): packed batches of sequences of different lengths,
+both paths, against the reference per sequence.
+
+Reference: attention_varlen_ref in float64 (per sequence, masks bottom-right aligned on the
+sequence's own lengths); FA3's rule: the kernel's max error at most twice that of the same
+computation in the input dtype, plus a small absolute term. Every test poisons the padding
+between sequences (and the rows past seqused) with NaN: a kernel that reads one token of another
+sequence, or lets a masked key's V row into P V (0 * NaN), fails with NaN in the output.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from flash_hopper import _varlen, flash_attn_func, flash_attn_varlen_func
+from flash_hopper import vllm as fh_vllm
+from flash_hopper._errors import UnsupportedError
+from flash_hopper._lib import FhBackend, FhDtype
+from flash_hopper.reference import attention_varlen_ref
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_matmuls")]
+
+NEG_INF = float("-inf")
+BF16 = torch.bfloat16
+_ENUM_BACKEND = {"fa2": FhBackend.FA2, "fa3": FhBackend.FA3}
+_ENUM_DTYPE = {torch.float16: FhDtype.FP16, torch.bfloat16: FhDtype.BF16}
+
+
+@pytest.fixture(params=["fa2", "fa3"])
+def backend(request, lib) -> str:
+    cc = torch.cuda.get_device_capability()
+    if request.param == "fa3" and cc != (9, 0):
+        pytest.skip("fa3 needs compute capability 9.0")
+    if not any(lib.has_fwd_kernel(_ENUM_BACKEND[request.param], _ENUM_DTYPE[BF16], d)
+               for d in (64, 128, 256)):
+        pytest.skip(f"this build has no {request.param} bf16 kernels")
+    return request.param
+
+
+def require_kernel(lib, backend, dtype, head_dim):
+    if not lib.has_fwd_kernel(_ENUM_BACKEND[backend], _ENUM_DTYPE[dtype], head_dim):
+        pytest.skip(f"this build has no {backend} {dtype} kernel for head_dim {head_dim}")
+
+
+def packed(lengths_q, lengths_k, hq, hkv, d, dtype=BF16, pad_used=0, seed=0):
+    """Packed q, k, v: sequence b's span holds its lengths[b] tokens then ``pad_used`` NaN tokens
+    past its seqused (given iff pad_used > 0). Returns q, k, v, cu_q, cu_k, seqused_q, seqused_k."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+
+    def build(lengths, heads):
+        cu, pos = [0], 0
+        for n in lengths:
+            pos += n + pad_used
+            cu.append(pos)
+        t = torch.full((pos, heads, d), float("nan"), dtype=dtype, device="cuda")
+        for start, n in zip(cu, lengths):
+            t[start:start + n] = torch.randn(n, heads, d, device="cuda", generator=g).to(dtype)
+        return t, torch.tensor(cu, dtype=torch.int32, device="cuda")
+
+    q, cq = build(lengths_q, hq)
+    k, ck = build(lengths_k, hkv)
+    v, _ = build(lengths_k, hkv)
+    used_q = used_k = None
+    if pad_used:
+        used_q = torch.tensor(lengths_q, dtype=torch.int32, device="cuda")
+        used_k = torch.tensor(lengths_k, dtype=torch.int32, device="cuda")
+    return q, k, v, cq, ck, used_q, used_k
+
+
+def reference(q, k, v, cq, ck, used_q, used_k, **mask):
+    """(out64, lse64, lowp_out) of the used rows; NaN padding replaced by 0 for the reference
+    (it must never matter)."""
+    q0, k0, v0 = (torch.nan_to_num(t, nan=0.0) for t in (q, k, v))
+    ref_out, ref_lse = attention_varlen_ref(q0.double(), k0.double(), v0.double(), cq, ck,
+                                            used_q, used_k, **mask)
+    low_out, _ = attention_varlen_ref(q0, k0, v0, cq, ck, used_q, used_k, upcast=False, **mask)
+    return ref_out, ref_lse, low_out
+
+
+def used_rows(cq, used_q, total_q):
+    """Boolean (total_q,): rows inside some sequence's used prefix."""
+    rows = torch.zeros(total_q, dtype=torch.bool, device="cuda")
+    starts = cq.tolist()
+    for b in range(len(starts) - 1):
+        n = used_q[b].item() if used_q is not None else starts[b + 1] - starts[b]
+        rows[starts[b]:starts[b] + n] = True
+    return rows
+
+
+def check(out, lse, q, k, v, cq, ck, used_q=None, used_k=None, **mask):
+    ref_out, ref_lse, low_out = reference(q, k, v, cq, ck, used_q, used_k, **mask)
+    rows = used_rows(cq, used_q, q.shape[0])
+    o, r, lo = out[rows].double(), ref_out[rows], low_out[rows].double()
+    assert not o.isnan().any(), "NaN in a used row: padding or another sequence leaked in"
+    err = (o - r).abs().max().item() if o.numel() else 0.0
+    tol = 2 * ((lo - r).abs().max().item() if o.numel() else 0.0) + 1e-5
+    assert err <= tol, f"out: max error {err:.3g} > {tol:.3g}"
+    if lse is not None:
+        l_, rl = lse[:, rows].double(), ref_lse[:, rows]
+        empty = rl == NEG_INF
+        assert torch.equal(l_ == NEG_INF, empty), "rows without keys: lse must be -inf exactly"
+        assert (out[rows][empty.T.any(-1)] == 0).all() if empty.any() else True
+        seen = ~empty
+        if seen.any():
+            lerr = (l_[seen] - rl[seen]).abs().max().item()
+            assert lerr <= 1e-3 + mask.get("softcap", 0.0) * 2**-9, f"lse: max error {lerr:.3g}"
+
+
+def call(q, k, v, cq, ck, used_q, used_k, backend, out=None, **mask):
+    sq = (cq[1:] - cq[:-1]).max().item() if cq.numel() > 1 else 0
+    sk = (ck[1:] - ck[:-1]).max().item() if ck.numel() > 1 else 0
+    return flash_attn_varlen_func(q, k, v, cq, ck, sq, sk, seqused_q=used_q, seqused_k=used_k,
+                                  return_attn_probs=True, backend=backend, out=out, **mask)
+
+
+MIXES = {
+    "edge": ([0, 1, 63, 64, 65, 0, 128, 129, 1000], [5, 1, 63, 64, 65, 0, 128, 0, 1000]),
+    "long": ([3000, 17, 2048, 513], [3000, 4000, 2048, 1]),
+    "one": ([777], [777]),
+    "decode": ([1, 1, 1, 1, 2, 1], [300, 5000, 17, 64, 129, 1]),
+}
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mix", list(MIXES))
+def test_length_mixes(lib, backend, head_dim, causal, mix):
+    require_kernel(lib, backend, BF16, head_dim)
+    lq, lk = MIXES[mix]
+    q, k, v, cq, ck, uq, uk = packed(lq, lk, 4, 2, head_dim, pad_used=3, seed=head_dim)
+    out, lse = call(q, k, v, cq, ck, uq, uk, backend, causal=causal)
+    check(out, lse, q, k, v, cq, ck, uq, uk, causal=causal)
+
+
+@pytest.mark.parametrize("window_size", [(64, 0), (100, 37), (-1, 5), (0, -1)])
+@pytest.mark.parametrize("softcap", [0.0, 15.0])
+def test_windows_softcap_gqa(lib, backend, window_size, softcap):
+    require_kernel(lib, backend, BF16, 128)
+    lq, lk = [300, 1, 129, 0, 900], [500, 77, 129, 10, 700]
+    q, k, v, cq, ck, uq, uk = packed(lq, lk, 8, 2, 128, pad_used=5, seed=7)
+    out, lse = call(q, k, v, cq, ck, uq, uk, backend, window_size=window_size, softcap=softcap)
+    check(out, lse, q, k, v, cq, ck, uq, uk, window_size=window_size, softcap=softcap)
+
+
+def test_plain_cu_seqlens_with_nan_beyond_the_last_sequence(lib, backend):
+    """No seqused: sequences back to back, NaN after the last one (inside the tensor)."""
+    require_kernel(lib, backend, BF16, 64)
+    lengths = [65, 200, 1, 63]
+    q, k, v, cq, ck, _, _ = packed(lengths, lengths, 2, 2, 64, seed=3)
+    nan_tail = torch.full((50, 2, 64), float("nan"), dtype=BF16, device="cuda")
+    q2, k2, v2 = (torch.cat([t, nan_tail]) for t in (q, k, v))
+    out, lse = call(q2, k2, v2, cq, ck, None, None, backend, causal=True)
+    check(out, lse, q2, k2, v2, cq, ck, causal=True)
+
+
+def test_rows_outside_sequences_are_not_written(lib, backend):
+    require_kernel(lib, backend, BF16, 64)
+    q, k, v, cq, ck, uq, uk = packed([100, 3], [100, 50], 2, 2, 64, pad_used=7)
+    out = torch.full_like(q, 7.0)
+    res, _ = call(q, k, v, cq, ck, uq, uk, backend, out=out)
+    assert res.data_ptr() == out.data_ptr(), "out= must be written in place"
+    rows = used_rows(cq, uq, q.shape[0])
+    assert (out[~rows] == 7.0).all(), "a row past seqused_q was written"
+
+
+def test_equal_lengths_match_the_dense_kernel(lib, backend):
+    require_kernel(lib, backend, BF16, 128)
+    b, s, h, d = 3, 700, 4, 128
+    q, k, v = (torch.randn(b, s, h, d, dtype=BF16, device="cuda") for _ in range(3))
+    # Non-causal: a masked dense call may take a tile for short masked calls (tile_config.h)
+    # that varlen does not use.
+    dense, dense_lse = flash_attn_func(q, k, v, return_attn_probs=True, backend=backend)
+    cu = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device="cuda")
+    out, lse = flash_attn_varlen_func(q.reshape(b * s, h, d), k.reshape(b * s, h, d),
+                                      v.reshape(b * s, h, d), cu, cu, s, s,
+                                      return_attn_probs=True, backend=backend)
+    assert torch.equal(out.reshape(b, s, h, d), dense), "same tiles, same math: bitwise equal"
+    assert torch.equal(lse.reshape(h, b, s).permute(1, 0, 2), dense_lse)
+
+
+def test_non_contiguous_views_of_packed_qkv(lib, backend):
+    require_kernel(lib, backend, BF16, 64)
+    lengths = [130, 7, 64]
+    total, hq, hkv, d = sum(lengths), 4, 2, 64
+    qkv = torch.randn(total, hq + 2 * hkv, d, dtype=BF16, device="cuda")
+    q, k, v = qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:]
+    cu = torch.tensor([0, 130, 137, 201], dtype=torch.int32, device="cuda")
+    out, lse = call(q, k, v, cu, cu, None, None, backend, causal=True)
+    check(out, lse, q, k, v, cu, cu, causal=True)
+
+
+def test_empty_batch_and_all_empty_sequences(lib, backend):
+    require_kernel(lib, backend, BF16, 64)
+    q = torch.randn(10, 2, 64, dtype=BF16, device="cuda")
+    cu0 = torch.zeros(1, dtype=torch.int32, device="cuda")
+    out = flash_attn_varlen_func(q, q, q, cu0, cu0, 0, 0, backend=backend)
+    assert out.shape == q.shape
+    cu_q = torch.tensor([0, 0, 10], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 0, 0], dtype=torch.int32, device="cuda")
+    out, lse = flash_attn_varlen_func(q, q[:0], q[:0], cu_q, cu_k, 10, 0,
+                                      return_attn_probs=True, backend=backend)
+    assert (out == 0).all() and (lse == NEG_INF).all(), "no keys: out 0, lse -inf"
+
+
+def test_vllm_order_equals_fa3_order(lib):
+    q, k, v, cq, ck, _, _ = packed([300, 50], [400, 60], 4, 4, 128, seed=11)
+    a, lse_a = flash_attn_varlen_func(q, k, v, cq, ck, 300, 400, causal=True,
+                                      return_attn_probs=True)  # both "auto"
+    out = torch.empty_like(q)
+    res = fh_vllm.flash_attn_varlen_func(q, k, v, 300, cq, 400, ck, causal=True,
+                                         window_size=[-1, -1], return_softmax_lse=True, out=out,
+                                         fa_version=3, num_splits=0)
+    b, lse_b = res
+    assert b.data_ptr() == out.data_ptr()
+    rows = used_rows(cq, None, q.shape[0])
+    assert torch.equal(a[rows], b[rows]) and torch.equal(lse_a[:, rows], lse_b[:, rows])
+    with pytest.raises(UnsupportedError, match="block_table"):
+        fh_vllm.flash_attn_varlen_func(q, k, v, 300, cq, 400, ck,
+                                       block_table=torch.zeros(2, 4, dtype=torch.int32,
+                                                               device="cuda"))
+
+
+def test_bad_offsets_raise_before_launch(lib):
+    """Each bad offsets tensor after a good call of the same shapes (a cached plan must not let
+    a changed dtype or device through)."""
+    q = torch.randn(100, 2, 64, dtype=BF16, device="cuda")
+    good = torch.tensor([0, 50, 100], dtype=torch.int32, device="cuda")
+    cases = [
+        (torch.tensor([0, 60, 50], dtype=torch.int32, device="cuda"), "non-decreasing"),
+        (torch.tensor([0, 50, 101], dtype=torch.int32, device="cuda"), "last offset <= total"),
+        (torch.tensor([-1, 50, 100], dtype=torch.int32, device="cuda"), "offsets >= 0"),
+        (good.long(), "torch.int32"),
+        (good.cpu(), "q's device"),
+        (good[:2], "entries"),
+    ]
+    for cu, msg in cases:
+        flash_attn_varlen_func(q, q, q, good, good, 50, 50)
+        out = torch.full_like(q, 3.0)
+        with pytest.raises((ValueError, TypeError), match=msg):
+            flash_attn_varlen_func(q, q, q, good, cu, 50, 50, out=out)
+        torch.cuda.synchronize()
+        assert (out == 3.0).all(), "nothing may be written on an error"
+    with pytest.raises(ValueError, match="seqused_k"):
+        flash_attn_varlen_func(q, q, q, good, good, 50, 50,
+                               seqused_k=torch.tensor([10, 51], dtype=torch.int32,
+                                                      device="cuda"))
+
+
+def test_bad_offsets_unchecked_never_fault(lib, backend, monkeypatch):
+    """Offsets the host does not check (CUDA-graph capture, FLASH_HOPPER_CHECK_OFFSETS=0) are
+    clamped by the kernels: garbage in, no fault, nothing written outside out."""
+    require_kernel(lib, backend, BF16, 64)
+    monkeypatch.setenv("FLASH_HOPPER_CHECK_OFFSETS", "0")
+    q = torch.randn(100, 2, 64, dtype=BF16, device="cuda")
+    buf = torch.full((300, 2, 64), 5.0, dtype=BF16, device="cuda")
+    out = buf[100:200]
+    cu = torch.tensor([0, 90, 10, 5000, -7], dtype=torch.int32, device="cuda")
+    flash_attn_varlen_func(q, q, q, cu, cu, 100, 100, out=out, backend=backend)
+    torch.cuda.synchronize()
+    assert (buf[:100] == 5.0).all() and (buf[200:] == 5.0).all()
+
+
+def test_64bit_offsets(lib, backend):
+    """total_k * heads_kv * d over 2^31 elements: offsets into k / v need 64 bits."""
+    require_kernel(lib, backend, BF16, 128)
+    total_k, hkv, d = 2**31 // (8 * 128) + 4096, 8, 128
+    try:
+        k = torch.empty(total_k, hkv, d, dtype=BF16, device="cuda")
+        v = torch.empty(total_k, hkv, d, dtype=BF16, device="cuda")
+    except torch.OutOfMemoryError:
+        pytest.skip("not enough GPU memory")
+    k.normal_()
+    v.normal_()
+    q = torch.randn(300, 8, d, dtype=BF16, device="cuda")
+    cq = torch.tensor([0, 100, 300], dtype=torch.int32, device="cuda")
+    ck = torch.tensor([0, 1000, total_k], dtype=torch.int32, device="cuda")
+    # Only the last sequence's last 700 keys matter for a causal window of 600: slice the rest.
+    out, lse = flash_attn_varlen_func(q, k, v, cq, ck, 200, total_k - 1000,
+                                      window_size=(600, 0), return_attn_probs=True,
+                                      backend=backend)
+    tail = total_k - 2000
+    ck_small = torch.tensor([0, 1000, 1000 + 2000], dtype=torch.int32, device="cuda")
+    k_small = torch.cat([k[:1000], k[tail:]])
+    v_small = torch.cat([v[:1000], v[tail:]])
+    del k, v
+    check(out, lse, q, k_small, v_small, cq, ck_small, window_size=(600, 0))
+
+
+def test_backward_matches_reference(lib, backend):
+    require_kernel(lib, backend, BF16, 64)
+    lengths_q, lengths_k = [100, 1, 0, 257], [120, 30, 5, 257]
+    q, k, v, cq, ck, _, _ = packed(lengths_q, lengths_k, 4, 2, 64, seed=5)
+    for t in (q, k, v):
+        t.nan_to_num_(0.0)
+    qr, kr, vr = (t.detach().double().requires_grad_() for t in (q, k, v))
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+    out = flash_attn_varlen_func(qg, kg, vg, cq, ck, 257, 257, causal=True, backend=backend)
+    ref, _ = attention_varlen_ref(qr, kr, vr, cq, ck, causal=True)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    ref.backward(dout.double())
+    for name, got, want in (("dq", qg.grad, qr.grad), ("dk", kg.grad, kr.grad),
+                            ("dv", vg.grad, vr.grad)):
+        err = (got.double() - want).abs().max().item()
+        assert err <= 0.05 * want.abs().max().item() + 1e-3, f"{name}: max error {err:.3g}"
+
+
+def test_torch_compile_fullgraph(lib, backend):
+    require_kernel(lib, backend, BF16, 64)
+    q, k, v, cq, ck, _, _ = packed([70, 130], [70, 130], 2, 2, 64, seed=9)
+
+    def f(q, k, v):
+        return flash_attn_varlen_func(q, k, v, cq, ck, 130, 130, causal=True, backend=backend)
+
+    eager = f(q, k, v)
+    compiled = torch.compile(f, fullgraph=True)(q, k, v)
+    assert torch.equal(eager, compiled)
+
+
+def test_cuda_graph_capture_and_replay(lib, backend):
+    require_kernel(lib, backend, BF16, 64)
+    q, k, v, cq, ck, _, _ = packed([70, 130, 5], [70, 200, 9], 2, 2, 64, seed=2)
+    out = torch.empty_like(q)
+    flash_attn_varlen_func(q, k, v, cq, ck, 130, 200, causal=True, out=out, backend=backend)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        flash_attn_varlen_func(q, k, v, cq, ck, 130, 200, causal=True, out=out, backend=backend)
+    # New lengths of the same bounds, written into the captured offset tensors.
+    cq.copy_(torch.tensor([0, 10, 150, 205], dtype=torch.int32))
+    ck.copy_(torch.tensor([0, 60, 100, 279], dtype=torch.int32))
+    out.fill_(0)
+    graph.replay()
+    torch.cuda.synchronize()
+    want = torch.empty_like(q)
+    flash_attn_varlen_func(q, k, v, cq, ck, 140, 179, causal=True, out=want, backend=backend)
+    assert torch.equal(out, want)
+
+
+def test_plan_keeps_no_stale_offsets(lib, backend):
+    """Two calls of one signature with different offsets: the plan is shared, the offsets not."""
+    require_kernel(lib, backend, BF16, 64)
+    _varlen.clear_plans()
+    q = torch.randn(200, 2, 64, dtype=BF16, device="cuda")
+    a = torch.tensor([0, 100, 200], dtype=torch.int32, device="cuda")
+    b = torch.tensor([0, 30, 200], dtype=torch.int32, device="cuda")
+    for cu in (a, b):
+        out, lse = flash_attn_varlen_func(q, q, q, cu, cu, 170, 170, return_attn_probs=True,
+                                          backend=backend)
+        check(out, lse, q, q, q, cu, cu)
+
+
+def test_many_sequences_take_the_counting_sort(lib, backend):
+    """More pairs than the prepare kernel sorts in shared memory (8192): its counting-sort path.
+    9000 one-query sequences of two keys each, against a batched reference."""
+    require_kernel(lib, backend, BF16, 64)
+    n, h, d = 9000, 2, 64
+    q = torch.randn(n, h, d, dtype=BF16, device="cuda")
+    k = torch.randn(2 * n, h, d, dtype=BF16, device="cuda")
+    v = torch.randn(2 * n, h, d, dtype=BF16, device="cuda")
+    cq = torch.arange(0, n + 1, dtype=torch.int32, device="cuda")
+    ck = torch.arange(0, 2 * n + 1, 2, dtype=torch.int32, device="cuda")
+    out, lse = flash_attn_varlen_func(q, k, v, cq, ck, 1, 2, return_attn_probs=True,
+                                      backend=backend)
+    kb, vb = k.double().view(n, 2, h, d), v.double().view(n, 2, h, d)
+    s = torch.einsum("nhd,nkhd->nhk", q.double(), kb) / d**0.5
+    ref = torch.einsum("nhk,nkhd->nhd", s.softmax(-1), vb)
+    assert (out.double() - ref).abs().max().item() < 2e-2
+    assert (lse.T.double() - s.logsumexp(-1)).abs().max().item() < 1e-3

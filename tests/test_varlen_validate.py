@@ -1,0 +1,187 @@
+"""Varlen argument checks and the C ABI's varlen fields, on the CPU (issue 13).
+
+The offsets' metadata and values are checked before anything is launched, each failure naming
+the argument, the expected and the actual value; the library refuses what it does not implement
+(FP8 varlen, the FA-3 ablation kernels) and sizes the work list's workspace.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+from flash_hopper import _varlen, flash_attn_varlen_func
+from flash_hopper import vllm as fh_vllm
+from flash_hopper._errors import UnsupportedError
+from flash_hopper._lib import ABI_VERSION, FhBackend, FhDtype, FhFwdParams, FhStatus
+
+from tests._helpers import raises
+
+I32 = torch.int32
+
+
+def qkv(total_q=100, total_k=120, hq=4, hkv=2, d=64, dtype=torch.bfloat16):
+    return (torch.zeros(total_q, hq, d, dtype=dtype), torch.zeros(total_k, hkv, d, dtype=dtype),
+            torch.zeros(total_k, hkv, d, dtype=dtype))
+
+
+def cu(*offsets):
+    return torch.tensor(offsets, dtype=I32)
+
+
+def args(**over):
+    q, k, v = qkv()
+    a = {"q": q, "k": k, "v": v, "cu_seqlens_q": cu(0, 40, 100), "cu_seqlens_k": cu(0, 60, 120),
+             "max_seqlen_q": 60, "max_seqlen_k": 60, "seqused_q": None, "seqused_k": None,
+             "softmax_scale": None, "causal": False, "window_size": (-1, -1), "softcap": 0.0,
+             "backend": "auto"}
+    a.update(over)
+    return a
+
+
+@pytest.mark.parametrize(("over", "exc", "fragments"), [
+    ({"q": torch.zeros(1, 100, 4, 64)}, ValueError,
+     ("q: expected a 3-D tensor (total_q, heads, head_dim)", "got shape (1, 100, 4, 64)")),
+    ({"k": torch.zeros(120, 2, 64, dtype=torch.float8_e4m3fn)}, UnsupportedError,
+     ("k: varlen with FP8 inputs", "not implemented yet")),
+    ({"cu_seqlens_q": [0, 40, 100]}, TypeError, ("cu_seqlens_q: expected a torch.Tensor",)),
+    ({"cu_seqlens_q": cu(0, 40, 100).long()}, TypeError,
+     ("cu_seqlens_q: expected dtype torch.int32, got torch.int64",)),
+    ({"cu_seqlens_k": cu(0, 60)}, ValueError,
+     ("cu_seqlens_k: expected 3 entries", "got 2")),
+    ({"cu_seqlens_q": cu(0, 40, 100).reshape(1, 3)}, ValueError,
+     ("cu_seqlens_q: expected a 1-D tensor", "got shape (1, 3)")),
+    ({"cu_seqlens_q": torch.zeros(0, dtype=I32)}, ValueError,
+     ("cu_seqlens_q: expected batch + 1 >= 1 entries, got 0",)),
+    ({"cu_seqlens_q": torch.tensor([0, 0, 40, 0, 100, 0], dtype=I32)[::2]}, ValueError,
+     ("cu_seqlens_q: expected a contiguous tensor (stride 1), got stride 2",)),
+    ({"seqused_k": cu(1, 2, 3)}, ValueError, ("seqused_k: expected 2 entries",)),
+    ({"seqused_q": torch.tensor([1.0, 2.0])}, TypeError,
+     ("seqused_q: expected dtype torch.int32",)),
+    ({"max_seqlen_q": 60.0}, TypeError, ("max_seqlen_q: expected an int, got float",)),
+    ({"max_seqlen_k": True}, TypeError, ("max_seqlen_k: expected an int, got bool",)),
+    ({"max_seqlen_k": -1}, ValueError, ("max_seqlen_k: expected >= 0, got -1",)),
+])
+def test_metadata_errors_name_the_argument(over, exc, fragments):
+    with raises(exc, *fragments):
+        _varlen.check_args(**args(**over))
+
+
+@pytest.mark.parametrize(("cu_q", "cu_k", "used_q", "used_k", "fragments"), [
+    (cu(0, 60, 50), cu(0, 60, 120), None, None,
+     ("cu_seqlens_q: expected non-decreasing offsets, got 60 then 50 at index 2",)),
+    (cu(0, 40, 101), cu(0, 60, 120), None, None,
+     ("cu_seqlens_q: expected the last offset <= total tokens (q.shape[0] = 100), got 101",)),
+    (cu(0, 40, 100), cu(-3, 60, 120), None, None,
+     ("cu_seqlens_k: expected offsets >= 0, got -3 at index 0",)),
+    (cu(0, 40, 100), cu(0, 60, 121), None, None,
+     ("cu_seqlens_k: expected the last offset <= total tokens (k.shape[0] = 120), got 121",)),
+    (cu(0, 40, 100), cu(0, 60, 120), cu(40, 61), None,
+     ("seqused_q: expected 0 <= seqused_q[1] <= its span in cu_seqlens_q (60), got 61",)),
+    (cu(0, 40, 100), cu(0, 60, 120), None, cu(-1, 0),
+     ("seqused_k: expected 0 <= seqused_k[0] <= its span in cu_seqlens_k (60), got -1",)),
+])
+def test_offset_values(cu_q, cu_k, used_q, used_k, fragments):
+    with raises(ValueError, *fragments):
+        _varlen.check_offsets(cu_q, cu_k, used_q, used_k, 100, 120)
+
+
+def test_good_offsets_pass():
+    _varlen.check_offsets(cu(0, 40, 40, 100), cu(0, 0, 60, 120), cu(10, 0, 60),
+                          cu(0, 60, 60), 100, 120)
+    _varlen.check_offsets(cu(0), cu(0), None, None, 0, 0)  # no sequence
+
+
+def test_offsets_check_can_be_switched_off(monkeypatch):
+    assert _varlen.offsets_checked()
+    monkeypatch.setenv("FLASH_HOPPER_CHECK_OFFSETS", "0")
+    assert not _varlen.offsets_checked()
+
+
+@pytest.mark.parametrize(("kwargs", "exc", "fragment"), [
+    ({"block_table": torch.zeros(2, 3, dtype=I32)}, UnsupportedError, ("block_table: expected "
+     "None (a paged KV cache is not implemented yet)")),
+    ({"cu_seqlens_k": None}, UnsupportedError, "cu_seqlens_k: expected a tensor"),
+    ({"dropout_p": 0.1}, UnsupportedError, "dropout_p: expected 0.0"),
+    ({"alibi_slopes": torch.zeros(4)}, UnsupportedError, "alibi_slopes: expected None"),
+    ({"s_aux": torch.zeros(4)}, UnsupportedError, "s_aux: expected None"),
+    ({"q_v": torch.zeros(1)}, UnsupportedError, "q_v: expected None"),
+    ({"cp_world_size": 2}, UnsupportedError, "cp_world_size: expected 1"),
+    ({"return_attn_probs": True}, UnsupportedError, "return_attn_probs: expected False"),
+    ({"fa_version": 4}, ValueError, "fa_version: expected 2 or 3, got 4"),
+    ({"num_splits": -1}, TypeError, "num_splits: expected an int >= 0, got -1"),
+])
+def test_vllm_module_refuses_what_is_not_implemented(kwargs, exc, fragment):
+    q, k, v = qkv()
+    call = {"q": q, "k": k, "v": v, "max_seqlen_q": 60, "cu_seqlens_q": cu(0, 40, 100), "max_seqlen_k": 60,
+                "cu_seqlens_k": cu(0, 60, 120)}
+    call.update(kwargs)
+    with raises(exc, fragment):
+        fh_vllm.flash_attn_varlen_func(**call)
+
+
+def test_fa3_extras_are_checked():
+    q, k, v = qkv()
+    with raises(UnsupportedError, "attention_chunk: expected 0"):
+        flash_attn_varlen_func(q, k, v, cu(0, 100), cu(0, 120), 100, 120, attention_chunk=8)
+    with raises(UnsupportedError, "qv: expected None"):
+        flash_attn_varlen_func(q, k, v, cu(0, 100), cu(0, 120), 100, 120, qv=q)
+    with raises(TypeError, "return_attn_probs: expected a bool"):
+        flash_attn_varlen_func(q, k, v, cu(0, 100), cu(0, 120), 100, 120, return_attn_probs=1)
+
+
+# --- the C ABI ------------------------------------------------------------------------------------
+
+
+def _varlen_params(total_q=1000, total_k=1200, batch=5, **over) -> FhFwdParams:
+    p = FhFwdParams()
+    p.abi_version = ABI_VERSION
+    p.dtype = p.out_dtype = FhDtype.BF16
+    p.batch, p.seqlen_q, p.seqlen_k = batch, total_q, total_k
+    p.heads_q, p.heads_kv, p.head_dim, p.head_dim_v = 8, 2, 128, 128
+    p.q_row_stride, p.q_head_stride = 8 * 128, 128
+    p.k_row_stride = p.v_row_stride = 2 * 128
+    p.k_head_stride = p.v_head_stride = 128
+    p.o_row_stride, p.o_head_stride = 8 * 128, 128
+    p.lse_head_stride = total_q
+    p.softmax_scale = 0.125
+    p.window_left = p.window_right = -1
+    p.cu_seqlens_q = p.cu_seqlens_k = 0x1000
+    for name, value in over.items():
+        setattr(p, name, value)
+    return p
+
+
+@pytest.mark.parametrize(("total_q", "batch"), [(1000, 5), (0, 1), (64, 0), (100000, 300)])
+def test_workspace_size(lib, total_q, batch):
+    p = _varlen_params(total_q=total_q, batch=batch)
+    assert lib.fwd_workspace_size(p) == 32 + 48 * (total_q // 64 + batch)
+    p.cu_seqlens_q = p.cu_seqlens_k = None
+    p.q_batch_stride = 1000 * 8 * 128
+    assert lib.fwd_workspace_size(p) == 0  # dense
+
+
+@pytest.mark.parametrize(("over", "status", "fragment"), [
+    ({"cu_seqlens_k": None}, FhStatus.ERROR_INVALID_ARGUMENT,
+     "cu_seqlens_q / cu_seqlens_k: expected both"),
+    ({"o_batch_stride": 1000}, FhStatus.ERROR_INVALID_ARGUMENT,
+     "o_batch_stride: expected 0 in a varlen call"),
+    ({"variant": 2, "backend": FhBackend.FA3}, FhStatus.ERROR_UNSUPPORTED,
+     "has no varlen kernel"),
+    ({"dtype": FhDtype.E4M3, "out_dtype": FhDtype.BF16, "head_dim": 128}, FhStatus.ERROR_UNSUPPORTED,
+     "varlen with FP8 (e4m3) inputs is not implemented yet"),
+    ({"max_seqlen_q": -5}, FhStatus.ERROR_INVALID_ARGUMENT, "max_seqlen_q / max_seqlen_k"),
+    ({"workspace": None}, FhStatus.ERROR_INVALID_ARGUMENT,
+     "workspace: expected a 16-byte aligned device pointer"),
+    ({"workspace": 0x10000, "workspace_bytes": 8}, FhStatus.ERROR_INVALID_ARGUMENT,
+     "workspace_bytes: expected >= 992 (fh_fwd_workspace_size), got 8"),
+])
+def test_abi_rejects_bad_varlen_fields(lib, over, status, fragment):
+    fields = {"q": 0x10000, "k": 0x20000, "v": 0x30000, "o": 0x40000, "workspace": 0x50000,
+                  "workspace_bytes": 10**6}
+    fields.update(over)
+    p = _varlen_params(**fields)
+    got = lib._dll.fh_fwd(ctypes.byref(p), None)
+    assert got == status, lib.last_error()
+    assert fragment in lib.last_error()
