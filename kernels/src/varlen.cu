@@ -47,6 +47,19 @@ struct PrepareArgs {
   int capacity;
 };
 
+__device__ SequenceSpan span_of(PrepareArgs const& a, int b) {
+  return sequence_span(a.cu_q, a.cu_k, a.used_q, a.used_k, b, a.total_q, a.total_k);
+}
+
+// The record of query block m of sequence b (span s): its key blocks under the sequence's mask.
+__device__ VarlenPair make_pair(PrepareArgs const& a, SequenceSpan const& s, int b, int m) {
+  const AttentionMask mask{s.seqlen_q, s.seqlen_k, a.window_left, a.window_right};
+  const KeyBlockRange r = mask.key_blocks(m, a.block_m, a.block_n);
+  const KeyBlockSplit split = mask.unmasked_blocks(r, m, a.block_m, a.block_n);
+  return {b, m, s.q_start, s.k_start, s.seqlen_q, s.seqlen_k, r.n_min, r.n_max, split.n_left,
+          split.n_right, r.empty() ? 0 : r.n_max - r.n_min, 0};
+}
+
 // Calls f(pair, bin) for every pair this thread enumerates (the pair's record complete but for
 // its position).
 template <class F>
@@ -54,17 +67,11 @@ __device__ void for_each_pair(PrepareArgs const& a, F&& f) {
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   for (int b = warp; b < a.batch; b += kWarps) {
-    const SequenceSpan s =
-        sequence_span(a.cu_q, a.cu_k, a.used_q, a.used_k, b, a.total_q, a.total_k);
-    const AttentionMask mask{s.seqlen_q, s.seqlen_k, a.window_left, a.window_right};
+    const SequenceSpan s = span_of(a, b);
     const int m_blocks = (s.seqlen_q + a.block_m - 1) / a.block_m;
     for (int m = lane; m < m_blocks; m += 32) {
-      const KeyBlockRange r = mask.key_blocks(m, a.block_m, a.block_n);
-      const KeyBlockSplit split = mask.unmasked_blocks(r, m, a.block_m, a.block_n);
-      const int cost = r.empty() ? 0 : r.n_max - r.n_min;
-      const VarlenPair pair{b, m, s.q_start, s.k_start, s.seqlen_q, s.seqlen_k, r.n_min,
-                            r.n_max, split.n_left, split.n_right, cost, 0};
-      f(pair, kBins - 1 - (cost < kBins - 1 ? cost : kBins - 1));
+      const VarlenPair pair = make_pair(a, s, b, m);
+      f(pair, kBins - 1 - (pair.cost < kBins - 1 ? pair.cost : kBins - 1));
     }
   }
 }
@@ -108,13 +115,7 @@ __device__ void sort_pairs(PrepareArgs const& a, uint64_t* keys, int total) {
     const uint64_t key = keys[i];
     const int b = int((key >> 28) & 0xFFFFF);
     const int m = int(key & 0xFFFFFFF);
-    const SequenceSpan s =
-        sequence_span(a.cu_q, a.cu_k, a.used_q, a.used_k, b, a.total_q, a.total_k);
-    const AttentionMask mask{s.seqlen_q, s.seqlen_k, a.window_left, a.window_right};
-    const KeyBlockRange r = mask.key_blocks(m, a.block_m, a.block_n);
-    const KeyBlockSplit split = mask.unmasked_blocks(r, m, a.block_m, a.block_n);
-    a.pairs[i] = {b, m, s.q_start, s.k_start, s.seqlen_q, s.seqlen_k, r.n_min, r.n_max,
-                  split.n_left, split.n_right, r.empty() ? 0 : r.n_max - r.n_min, 0};
+    a.pairs[i] = make_pair(a, span_of(a, b), b, m);
   }
 }
 

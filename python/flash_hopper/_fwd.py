@@ -4,7 +4,8 @@ parameters -> launch.
 Every forward entry point runs through here: flash_attn_func in plain eager mode (``eager``), the
 ``flash_hopper::fwd`` custom op's implementation (``op``: what torch.compile graphs and autograd
 call), ``fwd_into`` with caller buffers (``into``) and which_backend (``plan_eager``, no launch).
-The entry points for varlen and the KV cache are meant to reuse the same four steps.
+The varlen entry point (_varlen.py) reuses steps 2-4 on the packed tensors' dense view; the KV
+cache's is meant to as well.
 
 1. validate: ``_validate.check_fwd_args`` / ``check_op_args`` (tensor metadata and scalars).
 2. choose the path: the library's own policy for the device's compute capability

@@ -127,16 +127,37 @@ def offsets_checked() -> bool:
     return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
+class HostOffsets(NamedTuple):
+    cu_q: list[int]
+    cu_k: list[int]
+    used_q: list[int] | None
+    used_k: list[int] | None
+
+
+def host_offsets(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                 seqused_q: torch.Tensor | None,
+                 seqused_k: torch.Tensor | None) -> HostOffsets:
+    """The offsets as Python lists, in one device-to-host copy of all of them."""
+    parts = [cu_seqlens_q, cu_seqlens_k] + [t for t in (seqused_q, seqused_k) if t is not None]
+    host = torch.cat(parts).cpu().tolist()
+    n = cu_seqlens_q.shape[0]
+    pos = 2 * n
+    used = []
+    for t in (seqused_q, seqused_k):
+        used.append(None if t is None else host[pos:pos + n - 1])
+        pos += 0 if t is None else n - 1
+    return HostOffsets(host[:n], host[n:2 * n], used[0], used[1])
+
+
 def check_offsets(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                   seqused_q: torch.Tensor | None, seqused_k: torch.Tensor | None, total_q: int,
                   total_k: int) -> None:
     """The offsets' values: non-decreasing from >= 0 to <= the tensor's tokens, seqused within
     [0, its span]. One device-to-host copy of all of them."""
-    parts = [cu_seqlens_q, cu_seqlens_k] + [t for t in (seqused_q, seqused_k) if t is not None]
-    host = torch.cat(parts).cpu().tolist()
-    n = cu_seqlens_q.shape[0]
-    cu = {"cu_seqlens_q": (host[:n], total_q, "q.shape[0]"),
-          "cu_seqlens_k": (host[n:2 * n], total_k, "k.shape[0]")}
+    h = host_offsets(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
+    n = len(h.cu_q)
+    cu = {"cu_seqlens_q": (h.cu_q, total_q, "q.shape[0]"),
+          "cu_seqlens_k": (h.cu_k, total_k, "k.shape[0]")}
     for name, (offsets, total, src) in cu.items():
         if offsets[0] < 0:
             raise ValueError(f"{name}: expected offsets >= 0, got {offsets[0]} at index 0")
@@ -147,13 +168,10 @@ def check_offsets(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
         if offsets[-1] > total:
             raise ValueError(f"{name}: expected the last offset <= total tokens ({src} = "
                              f"{total}), got {offsets[-1]}")
-    pos = 2 * n
-    for name, t, key in (("seqused_q", seqused_q, "cu_seqlens_q"),
-                         ("seqused_k", seqused_k, "cu_seqlens_k")):
-        if t is None:
+    for name, used, key in (("seqused_q", h.used_q, "cu_seqlens_q"),
+                            ("seqused_k", h.used_k, "cu_seqlens_k")):
+        if used is None:
             continue
-        used = host[pos:pos + n - 1]
-        pos += n - 1
         offsets = cu[key][0]
         for b, u in enumerate(used):
             span = offsets[b + 1] - offsets[b]
@@ -276,17 +294,8 @@ def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     if dout.stride(-1) != 1 or any(s % 8 for s in dout.stride()[:-1]):
         dout = dout.contiguous()
-    parts = [cu_seqlens_q, cu_seqlens_k] + [t for t in (seqused_q, seqused_k) if t is not None]
-    host = torch.cat(parts).cpu().tolist()
-    n = cu_seqlens_q.shape[0]
-    cq, ck = host[:n], host[n:2 * n]
-    pos = 2 * n
-    used_q = used_k = None
-    if seqused_q is not None:
-        used_q, pos = host[pos:pos + n - 1], pos + n - 1
-    if seqused_k is not None:
-        used_k = host[pos:pos + n - 1]
-    for b in range(n - 1):
+    cq, ck, used_q, used_k = host_offsets(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
+    for b in range(len(cq) - 1):
         q0, k0 = cq[b], ck[b]
         sq = used_q[b] if used_q is not None else cq[b + 1] - q0
         sk = used_k[b] if used_k is not None else ck[b + 1] - k0
