@@ -213,8 +213,6 @@ def test_softcap(value, exc, fragment):
 @pytest.mark.parametrize(
     ("window", "exc", "fragment"),
     [
-        ((-2, 0), ValueError, "window_size[0]: expected an int >= -1"),
-        ((0, -5), ValueError, "window_size[1]: expected an int >= -1"),
         ((2**63, 0), ValueError, "window_size[0]"),  # would wrap around in int64_t
         ((1.5, 0), TypeError, "window_size[0]"),
         ((0, True), TypeError, "window_size[1]"),
@@ -232,9 +230,24 @@ def test_causal_must_be_a_bool():
         check_fwd_args(*fake_cuda_qkv(), causal="yes")
 
 
-def test_causal_contradicting_a_right_window():
-    with raises(ValueError, "window_size", "causal=True", "(4, 4)"):
-        check_fwd_args(*fake_cuda_qkv(), causal=True, window_size=(4, 4))
+def test_window_size_as_fa3_reads_it():
+    """FA3's semantics: any negative bound is unbounded, causal=True sets the right bound to 0
+    whatever window_size says, and FA3's own tests pass the pair as a tensor."""
+    def window(**kw):
+        cfg = check_fwd_args(*fake_cuda_qkv(), **kw)
+        return cfg.window_left, cfg.window_right
+    assert window(window_size=(-2, -5)) == (-1, -1)
+    assert window(causal=True, window_size=(4, 4)) == (4, 0)
+    assert window(causal=True, window_size=(-1, 7)) == (-1, 0)
+    assert window(window_size=torch.tensor([3, 9])) == (3, 9)
+    assert window(window_size=(torch.tensor(2), torch.tensor(-1, dtype=torch.int32))) == (2, -1)
+    assert window(causal=True, window_size=torch.tensor([5, 6])) == (5, 0)
+    with raises(TypeError, "window_size[0]", "torch.float32"):
+        window(window_size=torch.tensor([1.0, 2.0]))
+    with raises(TypeError, "window_size: expected a pair"):
+        window(window_size=torch.tensor([[1, 2]]))
+    with raises(TypeError, "window_size: expected a pair"):
+        window(window_size=torch.tensor([1, 2, 3]))
 
 
 @pytest.mark.parametrize("backend", ["fa4", "FA3", ""])

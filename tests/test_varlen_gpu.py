@@ -10,6 +10,8 @@ sequence, or lets a masked key's V row into P V (0 * NaN), fails with NaN in the
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 from flash_hopper import _varlen, flash_attn_func, flash_attn_varlen_func
@@ -132,6 +134,20 @@ def test_length_mixes(lib, backend, head_dim, causal, mix):
     check(out, lse, q, k, v, cq, ck, uq, uk, causal=causal)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("hints", [(1, 1), (4000, 100000)])
+def test_max_seqlen_hints_only_steer_the_launch(lib, backend, head_dim, hints):
+    """max_seqlen_q / max_seqlen_k pick the FA-3 launch's tile and tile order (the short masked
+    tile for d128 causal up to 2048 keys, L2 sections for many long sequences); hints too small
+    or too large (even past the packed tokens) must not change what is computed."""
+    require_kernel(lib, backend, BF16, head_dim)
+    lq, lk = MIXES["long"]
+    q, k, v, cq, ck, uq, uk = packed(lq, lk, 4, 2, head_dim, pad_used=3, seed=11)
+    out, lse = flash_attn_varlen_func(q, k, v, cq, ck, *hints, seqused_q=uq, seqused_k=uk,
+                                      causal=True, return_attn_probs=True, backend=backend)
+    check(out, lse, q, k, v, cq, ck, uq, uk, causal=True)
+
+
 @pytest.mark.parametrize("window_size", [(64, 0), (100, 37), (-1, 5), (0, -1)])
 @pytest.mark.parametrize("softcap", [0.0, 15.0])
 def test_windows_softcap_gqa(lib, backend, window_size, softcap):
@@ -163,16 +179,19 @@ def test_rows_outside_sequences_are_not_written(lib, backend):
     assert (out[~rows] == 7.0).all(), "a row past seqused_q was written"
 
 
-def test_equal_lengths_match_the_dense_kernel(lib, backend):
+@pytest.mark.parametrize("causal", [False, True])
+def test_equal_lengths_match_the_dense_kernel(lib, backend, causal):
+    """Same tiles, same math. Causal: the short masked tile on both sides (dense by seqlen_k,
+    varlen by the max_seqlen_k hint), and five sequences as long as the longest take the FA-3
+    path's L2 sections (fwd_launch.h)."""
     require_kernel(lib, backend, BF16, 128)
-    b, s, h, d = 3, 700, 4, 128
+    b, s, h, d = 5, 700, 4, 128
     q, k, v = (torch.randn(b, s, h, d, dtype=BF16, device="cuda") for _ in range(3))
-    # Non-causal: a masked dense call may take a tile for short masked calls (tile_config.h)
-    # that varlen does not use.
-    dense, dense_lse = flash_attn_func(q, k, v, return_attn_probs=True, backend=backend)
+    dense, dense_lse = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True,
+                                       backend=backend)
     cu = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device="cuda")
     out, lse = flash_attn_varlen_func(q.reshape(b * s, h, d), k.reshape(b * s, h, d),
-                                      v.reshape(b * s, h, d), cu, cu, s, s,
+                                      v.reshape(b * s, h, d), cu, cu, s, s, causal=causal,
                                       return_attn_probs=True, backend=backend)
     assert torch.equal(out.reshape(b, s, h, d), dense), "same tiles, same math: bitwise equal"
     assert torch.equal(lse.reshape(h, b, s).permute(1, 0, 2), dense_lse)
@@ -348,6 +367,21 @@ def test_plan_keeps_no_stale_offsets(lib, backend):
         out, lse = flash_attn_varlen_func(q, q, q, cu, cu, 170, 170, return_attn_probs=True,
                                           backend=backend)
         check(out, lse, q, q, q, cu, cu)
+
+
+@pytest.mark.parametrize("sequences", [60, 1500, 6500])
+@pytest.mark.parametrize("causal", [False, True])
+def test_each_way_of_ordering_the_list(lib, backend, sequences, causal):
+    """The prepare kernel's three sorts, each with sequences of several query blocks, masked and
+    not: up to 1024 pairs in registers with their records cached, up to 8192 in shared memory,
+    beyond that the counting sort (unmasked, each sequence's blocks adjacent and in order: the
+    FA-3 tile order walks them as runs, tile_scheduler.h)."""
+    require_kernel(lib, backend, BF16, 64)
+    rng = random.Random(sequences)
+    lengths = [rng.randint(1, 450) for _ in range(sequences)]
+    q, k, v, cq, ck, uq, uk = packed(lengths, lengths, 2, 1, 64, seed=sequences)
+    out, lse = call(q, k, v, cq, ck, uq, uk, backend, causal=causal)
+    check(out, lse, q, k, v, cq, ck, uq, uk, causal=causal)
 
 
 def test_many_sequences_take_the_counting_sort(lib, backend):

@@ -109,6 +109,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
+  if constexpr (Traits::kVarlen) {
+    // Launched while the prepare kernel runs (programmatic dependent launch, fwd_launch.h): its
+    // tile list is complete and visible past this wait, before any role reads it.
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+  }
 
   const int warp_group = cutlass::canonical_warp_group_idx();
   if (warp_group == 0) {

@@ -213,7 +213,14 @@ LaunchResult launch_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t
       return r;
     }
     const int grid = static_cast<int>(bound_tiles < p.num_sms ? bound_tiles : p.num_sms);
-    kp.scheduler = {p.varlen_pairs, p.varlen_header, p.heads_q, grid};
+    // L2 sections when at least kSectionSequences sequences could be as long as the longest
+    // (tile_scheduler.h: then the list interleaves many sequences' blocks of equal cost).
+    constexpr int64_t kSectionSequences = 4;
+    const bool l2_sections = masked && p.varlen_max_seqlen_q > 0 &&
+                             int64_t(p.seqlen_q) >= kSectionSequences * p.varlen_max_seqlen_q;
+    kp.scheduler = VarlenTileScheduler::make(p.varlen_pairs, p.varlen_header, p.heads_q,
+                                             p.heads_per_kv, kv_bytes, masked, l2_sections,
+                                             grid);
   }
 
   auto kernel = fwd_kernel<Traits>;
@@ -223,6 +230,22 @@ LaunchResult launch_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t
   });
   if (err != cudaSuccess) {
     return LaunchResult::cuda(err);
+  }
+  if constexpr (Traits::kVarlen) {
+    // Programmatic dependent launch: the CTAs start (barriers, descriptor prefetch) while the
+    // prepare kernel, which allows it at its start, still runs; they wait for its list in the
+    // kernel (griddepcontrol.wait). Saves the launch gap between the two kernels.
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(kp.scheduler.grid);
+    config.blockDim = dim3(Traits::kThreads);
+    config.dynamicSmemBytes = kSmem;
+    config.stream = stream;
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+    return LaunchResult::cuda(cudaLaunchKernelEx(&config, kernel, kp));
   }
   kernel<<<kp.scheduler.grid, Traits::kThreads, kSmem, stream>>>(kp);
   return LaunchResult::cuda(cudaGetLastError());
@@ -247,7 +270,17 @@ LaunchResult run_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t st
     if constexpr (sizeof(Element) == 1) {
       static_assert(kOverlap && has_fp8_config(kHeadDim), "FP8: tuned kernel, fp8 buckets only");
     } else if constexpr (kOverlap) {
-      if (p.varlen()) {  // the default tile's kernel for the packed layout
+      if (p.varlen()) {  // the packed layout's kernels: the short masked tile as dense calls
+        // choose it, by the caller's max_seqlen_k hint (the tile is right for any length)
+        if constexpr (has_short_masked_tile(kHeadDim)) {
+          const bool masked = p.window_left >= 0 || p.window_right >= 0;
+          if (masked && p.varlen_max_seqlen_k > 0 &&
+              p.varlen_max_seqlen_k <= kShortMaskedMaxSeqlenK) {
+            return launch_fwd<FwdTraits<Element, kHeadDim, kOverlap, TileFamily::kShortMasked,
+                                        Element, /*kVarlen=*/true>>(p, max_smem_per_block,
+                                                                    stream);
+          }
+        }
         return launch_fwd<FwdTraits<Element, kHeadDim, kOverlap, TileFamily::kDefault, Element,
                                     /*kVarlen=*/true>>(p, max_smem_per_block, stream);
       }

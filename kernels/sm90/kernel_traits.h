@@ -69,8 +69,8 @@ struct FwdTraits {
                 "mixed mode has one tile: the tuned kernel of its bucket's config");
   // The descales of the FP8 inputs scale the scores and O (mma.h, TileScales).
   static constexpr bool kScaled = kFp8 || kMixed;
-  static_assert(!kVarlen || (!kScaled && kOverlap_ && kFamily == TileFamily::kDefault),
-                "varlen: the tuned 16-bit kernel of the bucket's default tile");
+  static_assert(!kVarlen || (!kScaled && kOverlap_),
+                "varlen: the tuned 16-bit kernels of the bucket (default and short masked tile)");
   using TileOrder = conditional_t<kVarlen, VarlenTileScheduler, StaticTileScheduler>;
 
   static constexpr FwdConfig kConfig =

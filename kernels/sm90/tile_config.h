@@ -63,9 +63,10 @@ struct RegisterBudget {
 };
 
 // Masked (causal / local) calls with at most kShortMaskedMaxSeqlenK keys run the kShortMasked tile
-// of their bucket where it differs (fwd_launch.h picks at run time): their query tiles hold 1-16
-// key blocks, half of them crossing the diagonal, so a key block wider than the 128-row query tile
-// computes and streams masked columns for nothing.
+// of their bucket where it differs (fwd_launch.h picks at run time; varlen calls by the caller's
+// max_seqlen_k hint): their query tiles hold 1-16 key blocks, half of them crossing the diagonal,
+// so a key block wider than the 128-row query tile computes and streams masked columns for
+// nothing.
 enum class TileFamily { kDefault, kShortMasked };
 inline constexpr int kShortMaskedMaxSeqlenK = 2048;
 

@@ -122,25 +122,68 @@ struct StaticTileScheduler {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Varlen (issue 13, PLAN.md section 11; not wired into a kernel yet). The tiles of every sequence
-// of a packed batch in one persistent grid, without padding sequences to max_seqlen. A prepare
-// step (a one-CTA kernel on the device, to come; tests/cpp/test_tile_scheduler.cpp holds the
-// host one) lists every (sequence, query block) pair that has rows, costliest first (cost: the
-// key blocks its mask lets it visit, so one rule serves no mask, causal, windows and chunks),
-// into a workspace of at most total_q / block_m + batch pairs; tile t is pair t / heads of that
-// list, head t % heads (the heads of one pair adjacent: a GQA group's K / V shared in L2). The
-// CTAs walk the linear tile index in the static scheduler's snake order: no atomics,
-// reproducible, CUDA-graph safe (the prepare step runs in the graph). Cheaper orders measured
-// worse in the host test's random mixes (causal balance, against >= 0.85 for the sorted list):
-// sequences longest-first with each one's tiles together 0.78 (every sequence restarts at its
-// costliest tile), query-block rank from each sequence's end 0.72, query-block index from the
-// highest 0.73 (seqlen_k - seqlen_q differs per sequence).
+// Varlen (issue 13, PLAN.md section 11). The tiles of every sequence of a packed batch in one
+// persistent grid, without padding sequences to max_seqlen. The prepare kernel
+// (kernels/src/varlen.cu; tests/cpp/test_tile_scheduler.cpp holds a host one) lists every
+// (sequence, query block) pair that has rows, costliest first (cost: the key blocks its mask lets
+// it visit, so one rule serves no mask, causal, windows and chunks), into a workspace of at most
+// total_q / block_m + batch pairs. Tiles are (pair, head); the CTAs walk the linear tile index in
+// the static scheduler's snake order: no atomics, reproducible, CUDA-graph safe (the prepare
+// kernel runs in the graph). The order puts tiles that read the same K / V close together (the
+// first order, the heads innermost over the whole list, read every head's K / V at once: on the
+// H200 2.7 GB of DRAM reads instead of the dense kernel's 0.2 GB for one 16k sequence at d128,
+// and 2-23 % of the kernel's time: bench/PERFLOG.md, session 12) and keeps the costliest first:
+// - Without a mask every query block of a sequence costs the same, and the list holds them
+//   adjacent in query-block order (the prepare kernel keeps them so): each sequence's run of
+//   pairs is walked head by head, query blocks fastest, so the CTAs running together share one
+//   head's K / V of one sequence (the dense kernel's order), and costs still never increase
+//   along t. One record load per tile: the run's other records differ only in m_block.
+// - With a mask the list's order, pair major and the heads fastest, and when many sequences are
+//   as long as the longest (the launcher's l2_sections: the caller's max_seqlen_q hint against
+//   the packed tokens) in L2 sections as the dense scheduler's: as many heads (whole GQA groups)
+//   as fit ~32 MiB of K / V (every sequence's), the sections alternating direction with the last
+//   one costliest first. Equal lengths list the same query-block rank of every sequence
+//   together, so heads innermost streamed K / V of 8 sequences x 16 heads at once and no two
+//   CTAs shared one (d128, 16 x 1k causal: 649 MB of DRAM reads against 329 MB in sections, the
+//   kernel 228 -> 208 us); a few long sequences list one sequence's blocks together instead,
+//   and there the sections' balance cost more than they saved (3 - 9 %, 3-4 sequences of 1k -
+//   8k). The host test's random mixes balance >= 0.93 heads innermost, >= 0.71 in sections.
+// Cheaper lists than the sorted one measured worse in the host test's random mixes (causal
+// balance, against >= 0.85 for the sorted list): sequences longest-first with each one's tiles
+// together 0.78 (every sequence restarts at its costliest tile), query-block rank from each
+// sequence's end 0.72, query-block index from the highest 0.73 (seqlen_k - seqlen_q differs per
+// sequence).
 // ---------------------------------------------------------------------------------------------
 struct VarlenTileScheduler {
   VarlenPair const* pairs;    // the prepare kernel's list (flash_hopper/varlen.h)
   VarlenHeader const* header;  // its num_pairs (the host knows only the capacity)
   int heads;
-  int grid;  // CTAs: min(SMs, capacity * heads)
+  int grid;           // CTAs: min(SMs, capacity * heads)
+  bool by_sequence;   // unmasked: each sequence's run of pairs head by head
+  int section_heads;  // masked: heads per L2 section (whole GQA groups; all heads: one section)
+  int num_sections;
+
+  // kv_bytes_per_head: K + V bytes of one KV head over the whole packed batch. l2_sections: a
+  // masked call's tiles in L2 sections (else heads innermost over the whole list).
+  static VarlenTileScheduler make(VarlenPair const* pairs, VarlenHeader const* header, int heads,
+                                  int heads_per_kv, int64_t kv_bytes_per_head, bool masked,
+                                  bool l2_sections, int grid) {
+    constexpr int64_t kL2Budget = int64_t(32) << 20;
+    int64_t kv_heads = kv_bytes_per_head > 0 && l2_sections ? kL2Budget / kv_bytes_per_head
+                                                            : heads;
+    kv_heads = kv_heads < 1 ? 1 : kv_heads;
+    const int64_t section = kv_heads * (heads_per_kv > 0 ? heads_per_kv : 1);
+    VarlenTileScheduler s;
+    s.pairs = pairs;
+    s.header = header;
+    s.heads = heads;
+    s.grid = grid;
+    s.by_sequence = !masked;
+    s.section_heads = static_cast<int>(section < heads ? section : heads);
+    s.section_heads = s.section_heads < 1 ? 1 : s.section_heads;
+    s.num_sections = (heads + s.section_heads - 1) / s.section_heads;
+    return s;
+  }
 
   FH_HOST_DEVICE int tile_count() const { return header->num_pairs * heads; }
   FH_HOST_DEVICE int index(int round, int cta) const {
@@ -153,15 +196,43 @@ struct VarlenTileScheduler {
   }
   // Tile t with its key-block range and split (the prepare kernel computed them for this tile).
   FH_HOST_DEVICE TileCoord coord(int t, KeyBlockRange& range, KeyBlockSplit& split) const {
-    const int pair = t / heads;
+    int pair;
+    int head;
+    int m_block = -1;  // by_sequence: the run's query block (the loaded record is the run's)
+    if (by_sequence) {
+      // Run [first, first + m_blocks) of the list covers tiles [first, first + m_blocks) * heads,
+      // so pair t / heads lies in t's run. Clamped: offsets the host did not check (graph
+      // capture) may break the runs; the tile is then wrong but inside the sequence.
+      pair = t / heads;
+      VarlenPair const& r = pairs[pair];
+      const int blocks = r.m_blocks > 0 ? r.m_blocks : 1;
+      const int first = pair - r.m_block;
+      const int within = t - first * heads;
+      head = within / blocks;
+      m_block = within - head * blocks;
+      head = head < 0 ? 0 : head >= heads ? heads - 1 : head;
+      m_block = m_block < 0 ? 0 : m_block >= blocks ? blocks - 1 : m_block;
+    } else {
+      const int num_pairs = header->num_pairs;
+      const int section_tiles = section_heads * num_pairs;
+      const int section = t / section_tiles;
+      const int within = t - section * section_tiles;
+      const int head_first = section * section_heads;
+      const int in_section =
+          heads - head_first < section_heads ? heads - head_first : section_heads;
+      const int rank = within / in_section;
+      const bool costliest_first = ((num_sections - 1 - section) & 1) == 0;
+      pair = costliest_first ? rank : num_pairs - 1 - rank;
+      head = head_first + (within - rank * in_section);
+    }
     VarlenPair const& v = pairs[pair];
     range = {v.n_min, v.n_max};
     split = {v.n_left, v.n_right};
     TileCoord c;
-    c.head = t - pair * heads;
+    c.head = head;
     c.pair = pair;
     c.batch = v.batch;
-    c.m_block = v.m_block;
+    c.m_block = m_block >= 0 ? m_block : v.m_block;
     c.q_start = v.q_start;
     c.k_start = v.k_start;
     c.seqlen_q = v.seqlen_q;
@@ -169,6 +240,5 @@ struct VarlenTileScheduler {
     return c;
   }
 };
-
 
 }  // namespace flash_hopper::sm90

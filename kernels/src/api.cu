@@ -1399,6 +1399,9 @@ FwdParams derive(const FhFwdParams* p, const DeviceInfo& dev) {
     k.varlen_pairs = reinterpret_cast<VarlenPair*>(static_cast<char*>(p->workspace) +
                                                    sizeof(VarlenHeader));
     k.varlen_capacity = int(varlen_capacity(p->seqlen_q, p->batch));
+    // Hints past the packed tokens are no information (api's check allows any value >= 0).
+    k.varlen_max_seqlen_q = int(p->max_seqlen_q <= p->seqlen_q ? p->max_seqlen_q : 0);
+    k.varlen_max_seqlen_k = int(p->max_seqlen_k <= p->seqlen_k ? p->max_seqlen_k : 0);
   }
   return k;
 }

@@ -106,23 +106,33 @@ def _check_window_bound(name: str, x: Any) -> int:
     return int(x) if isinstance(x, numbers.Integral) else x
 
 
+def _window_bound(name: str, x: Any) -> int:
+    """One bound of a public window_size: an int, or a 0-d integer tensor (FA3's tests pass
+    ``torch.randint(0, n, (2,))``); any negative value means unbounded, as in FA3 (-> -1)."""
+    if isinstance(x, torch.Tensor):
+        if x.dim() != 0 or x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+            raise TypeError(f"{name}: expected an int >= -1 (-1 = unbounded), got a tensor of "
+                            f"shape {tuple(x.shape)} and dtype {x.dtype}")
+        x = int(x.item())
+    if isinstance(x, numbers.Integral) and not isinstance(x, bool) and x < -1:
+        return -1
+    return _check_window_bound(name, x)
+
+
 def _check_window(window_size: Any, causal: Any) -> tuple[int, int]:
+    """FA3's window semantics: (left, right), any negative bound unbounded; causal=True sets the
+    right bound to 0 whatever window_size says (FA3's interface does the same) and keeps left."""
     if not isinstance(causal, bool):
         raise TypeError(f"causal: expected a bool, got {type(causal).__name__} {causal!r}")
-    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+    pair = isinstance(window_size, (tuple, list)) or (
+        isinstance(window_size, torch.Tensor) and window_size.dim() == 1)
+    if not pair or len(window_size) != 2:
         raise TypeError(
             f"window_size: expected a pair (left, right) of ints >= -1, got {window_size!r}"
         )
-    left = _check_window_bound("window_size[0]", window_size[0])
-    right = _check_window_bound("window_size[1]", window_size[1])
-    if causal:
-        if right > 0:
-            raise ValueError(
-                "window_size: causal=True means a right window of 0, got window_size="
-                f"{tuple(window_size)}; pass (left, 0) or (left, -1), or causal=False"
-            )
-        right = 0
-    return left, right
+    left = _window_bound("window_size[0]", window_size[0])
+    right = _window_bound("window_size[1]", window_size[1])
+    return left, 0 if causal else right
 
 
 def _check_backend(backend: Any) -> str:

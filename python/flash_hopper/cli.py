@@ -18,6 +18,8 @@ from .bench import cases as sweep
 from .bench.registry import DEFAULT_BACKENDS
 
 PROG = "flash-hopper"
+# --varlen given bare: "128,8k".
+VARLEN_DEFAULT = ",".join(map(sweep.short_count, sweep.DEFAULT_VARLEN))
 EXIT_FAILURE = 1  # a check failed, a row errored, or the command cannot run here
 EXIT_USAGE = 2  # argparse's own code for bad arguments
 
@@ -40,7 +42,17 @@ def _add_sweep_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("-b", "--batch", type=int, default=None,
                    help="batch size (default: total tokens // max(seqlen_q, seqlen_k))")
     g.add_argument("--total-tokens", default="16k", metavar="N",
-                   help="b*s when --batch is not given (default: 16k)")
+                   help="b*s when --batch is not given, and the tokens of a --varlen batch "
+                        "(default: 16k)")
+    g.add_argument("--varlen", nargs="?", const=VARLEN_DEFAULT, default=None,
+                   metavar="MIN,MAX",
+                   help="instead of the seqlen sweep, one realistic mixed batch: sequence "
+                        "lengths drawn uniformly from MIN..MAX (default when given bare: "
+                        f"{VARLEN_DEFAULT}; seeded by --seed) until --total-tokens, "
+                        "the last cut to fit; packed self-attention, timed through fa3 / fa2's "
+                        "flash_attn_varlen_func, SDPA on jagged nested tensors and FA packages' "
+                        "flash_attn_varlen_func; bf16 / fp16 only; backward rows are skipped; "
+                        "not with --seqlen, --seqlen-k or --batch")
     g.add_argument("--heads", type=int, default=None,
                    help="query heads (default: hidden // head_dim)")
     g.add_argument("--hidden", type=int, default=sweep.DEFAULT_HIDDEN,
@@ -232,7 +244,29 @@ def sweep_spec(args: argparse.Namespace) -> sweep.SweepSpec:
             raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
     if args.gqa_ratio <= 0:
         raise ValueError(f"--gqa-ratio must be positive, got {args.gqa_ratio}")
+    spec.seed = args.seed
+    if args.varlen is not None:
+        spec.varlen = varlen_bounds(args, spec)
     return spec
+
+
+def varlen_bounds(args: argparse.Namespace, spec: sweep.SweepSpec) -> tuple[int, int]:
+    """--varlen's (MIN, MAX), after the options it excludes and the dtypes it takes;
+    ValueError names the option."""
+    for option, value in (("--seqlen", args.seqlen), ("--seqlen-k", args.seqlen_k),
+                          ("--batch", args.batch)):
+        if value is not None:
+            raise ValueError(f"argument --varlen: not allowed with argument {option} (--varlen "
+                             f"draws the batch's lengths; --total-tokens sets its tokens)")
+    low, high = sweep.parse_varlen(args.varlen)
+    if high > spec.total_tokens:
+        raise ValueError(f"--varlen MAX ({high}) must be <= --total-tokens "
+                         f"({spec.total_tokens})")
+    other = [d for d in spec.dtypes if d not in sweep.HALF_DTYPES]
+    if other:
+        raise ValueError(f"--varlen takes --dtype {' / '.join(sweep.HALF_DTYPES)}: varlen with "
+                         f"{' '.join(other)} is not implemented")
+    return low, high
 
 
 def directions(args: argparse.Namespace) -> list[str]:
@@ -304,11 +338,11 @@ def _write_plot(data, path: str) -> bool:
 def _print_plan(cases, names: Sequence[str], dirs: Sequence[str]) -> None:
     print(f"{len(cases)} configurations x {len(dirs)} direction(s) x backends {' '.join(names)}")
     for case in cases:
-        seqlen = (f"{case.seqlen_q}" if case.seqlen_q == case.seqlen_k
-                  else f"{case.seqlen_q}/{case.seqlen_k}")
-        print(f"  {case.dtype} d={case.head_dim} s={seqlen} b={case.batch} "
+        print(f"  {case.dtype} d={case.head_dim} s={case.seqlen_label} b={case.batch} "
               f"h={case.heads}/{case.heads_kv} {case.mask_label}  "
               f"fwd {case.flops('fwd') / 1e12:.3f} TFLOP")
+    for lengths in dict.fromkeys(c.seqlens for c in cases if c.is_varlen):
+        print(f"varlen lengths: {' '.join(map(str, lengths))}")
 
 
 def _list_backends(names: Sequence[str]) -> int:

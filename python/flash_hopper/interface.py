@@ -57,8 +57,9 @@ def flash_attn_func(
     softmax_scale: defaults to 1/sqrt(head_dim); applied to q.k before ``softcap``.
     causal / window_size=(left, right): query i sees key j iff
         i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right
-    (bottom-right aligned; -1 = unbounded); causal=True is right = 0. A row that sees no key gets
-    out 0 and lse -inf.
+    (bottom-right aligned; any negative bound = unbounded); causal=True sets right = 0 whatever
+    window_size says (FA3's rule). The pair may be a 2-element integer tensor. A row that sees no
+    key gets out 0 and lse -inf.
     softcap: if > 0, score = softcap * tanh(score / softcap).
     deterministic: make the backward's dq bitwise reproducible (dk and dv always are), at a small
     cost in backward speed; the forward is deterministic either way.

@@ -71,6 +71,10 @@ struct FwdParams {
   VarlenHeader* varlen_header;  // the workspace: the prepare kernel's output
   VarlenPair* varlen_pairs;
   int varlen_capacity;
+  // The caller's max_seqlen_q / max_seqlen_k (0 = unknown): hints for the launch's choices (the
+  // tile, the tile order), never bounds the kernels rely on.
+  int varlen_max_seqlen_q;
+  int varlen_max_seqlen_k;
 
   FH_HOST_DEVICE bool varlen() const { return cu_seqlens_q != nullptr; }
 

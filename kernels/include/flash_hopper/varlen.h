@@ -49,7 +49,7 @@ struct VarlenPair {
   int n_left;  // KeyBlockSplit
   int n_right;
   int cost;
-  int reserved;
+  int m_blocks;  // the sequence's query blocks (its pairs are adjacent in unmasked lists)
 };
 static_assert(sizeof(VarlenPair) == 48, "one pair is three 16-byte loads");
 

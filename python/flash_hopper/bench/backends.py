@@ -14,15 +14,41 @@ Mixed-mode cases ("bf16+e4m3", "fp16+e5m2", ...: 16-bit q against an FP8 K / V c
 dtype. The host path refuses the mixed mode on the FA-2 path and on the FA-3 ablation variants
 (even where build_info lists a variant for the kernel, it runs the tuned one only), so "fa2", the
 variants and the FP8 accumulation ablation report it as unsupported (``mixed_reason``).
+
+Varlen cases (packed q, k, v and the case's cu_seqlens, built on the device before timing) run on
+"fa3" and "fa2", forward only: flash_attn_varlen_func(q, k, v, cu, cu, max_s, max_s, ...); the
+ablation variants and the FP8 ablation are dense only (``varlen_reason``). The varlen call reads
+its offsets back to the host to validate them (FLASH_HOPPER_CHECK_OFFSETS, read per call); the
+checked call keeps that check, the timed calls run without it (``timing_context``), so the time
+is the kernel's rather than a device-to-host round trip per call.
 """
 
 from __future__ import annotations
+
+import contextlib
+import os
 
 from .base import Backend
 from .cases import FP8_DTYPES, FP8_NO_BACKWARD, MIXED_NO_BACKWARD
 from .errors import first_line
 
 FP8_SINGLE_LEVEL = "fa3-fp8-single-level"
+# flash_hopper._varlen reads it on every call: "0" skips the offsets' device-to-host check.
+CHECK_OFFSETS_ENV = "FLASH_HOPPER_CHECK_OFFSETS"
+
+
+@contextlib.contextmanager
+def offsets_check_off():
+    """FLASH_HOPPER_CHECK_OFFSETS=0 for the block, restored after it."""
+    previous = os.environ.get(CHECK_OFFSETS_ENV)
+    os.environ[CHECK_OFFSETS_ENV] = "0"
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ[CHECK_OFFSETS_ENV]
+        else:
+            os.environ[CHECK_OFFSETS_ENV] = previous
 
 
 class FlashHopperBackend(Backend):
@@ -95,7 +121,21 @@ class FlashHopperBackend(Backend):
                     f"mixed mode runs on the tuned fa3 kernel only")
         return None
 
+    def varlen_reason(self) -> str | None:
+        if self.fp8_accumulation is None and not self.variant:
+            return None
+        what = ("the FP8 accumulation ablation (e4m3 cases only)" if self.fp8_accumulation
+                else "an FA-3 ablation variant, dense only")
+        return f"{self.name} is {what}; flash_attn_varlen_func runs the tuned fa3 kernel and fa2"
+
+    def timing_context(self, case):
+        """Varlen: the offsets check off while timing (module docstring)."""
+        return offsets_check_off() if case.is_varlen else contextlib.nullcontext()
+
     def unsupported(self, case, direction: str | None = None) -> str | None:
+        varlen_reason = self.varlen_reason() if case.is_varlen else None
+        if varlen_reason:
+            return varlen_reason
         if self.only_dtypes is not None and case.dtype not in self.only_dtypes:
             return (f"FP8 accumulation ablation: {' / '.join(self.only_dtypes)} cases only, not "
                     f"{case.dtype}")
@@ -230,9 +270,21 @@ class FlashHopperBackend(Backend):
             kwargs["fp8_accumulation"] = self.fp8_accumulation
         return (q.data, k.data, v.data), kwargs
 
-    def make_forward(self, q, k, v, case):
-        from flash_hopper import flash_attn_func
+    @staticmethod
+    def _offsets(q, case):
+        """(cu_seqlens, max_seqlen) of a varlen case: int32 offsets on q's device (for q and k:
+        self-attention)."""
+        import torch
 
+        return torch.tensor(case.cu_seqlens(), dtype=torch.int32, device=q.device), case.seqlen_q
+
+    def make_forward(self, q, k, v, case):
+        from flash_hopper import flash_attn_func, flash_attn_varlen_func
+
+        if case.is_varlen:
+            cu, longest = self._offsets(q, case)
+            kwargs = self._call_kwargs(case)
+            return lambda: flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, **kwargs)
         if case.is_fp8 or case.is_mixed:
             args, kwargs = self._fp8_call(q, k, v, case)
             return lambda: flash_attn_func(*args, **kwargs)
@@ -254,11 +306,13 @@ class FlashHopperBackend(Backend):
         """The timed call's kernel through ops.fwd_into, into NaN-filled buffers (an element the
         kernel does not write fails the check). flash_attn_func (what is timed) and fwd_into run
         the same dispatch and launch; the path that ran must be the one asked for. FP8 and mixed
-        cases: ``_run_checked_fp8``."""
+        cases: ``_run_checked_fp8``; varlen cases: ``_run_checked_varlen``."""
         import torch
 
         from flash_hopper import ops
 
+        if case.is_varlen:
+            return self._run_checked_varlen(q, k, v, case)
         if case.is_fp8 or case.is_mixed:
             return self._run_checked_fp8(q, k, v, case)
         out = torch.full_like(q, float("nan"))
@@ -271,28 +325,27 @@ class FlashHopperBackend(Backend):
 
     def _run_checked_fp8(self, q, k, v, case):
         """The timed FP8 or mixed-mode call itself (there is no fwd_into for them: no caller
-        buffers), with its LSE, in blocks that hold NaN. The first call finds the blocks the
-        caching allocator gives this call's out and LSE; they are NaN-filled and freed, and the
-        second call gets the same ones back: freeing them restores the pool the first call saw,
-        and the call allocates the same sizes in the same order on the same stream. Checked by
-        address, so an element the kernel does not write fails the check (it cannot pass on
-        another backend's freed output, as a plain fresh allocation could)."""
-        import math
-
+        buffers), with its LSE, in NaN-filled blocks (``in_nan_blocks``)."""
         from flash_hopper import flash_attn_func
 
         args, kwargs = self._fp8_call(q, k, v, case)
-        out, lse = flash_attn_func(*args, return_attn_probs=True, **kwargs)
-        addresses = (out.data_ptr(), lse.data_ptr())
-        out.fill_(math.nan)
-        lse.fill_(math.nan)
-        del out, lse
-        out, lse = flash_attn_func(*args, return_attn_probs=True, **kwargs)
-        if out.is_cuda and (out.data_ptr(), lse.data_ptr()) != addresses:
-            raise RuntimeError(f"the {case.dtype} check could not run in NaN-filled buffers: "
-                               "the caching allocator gave the second call other blocks (use "
-                               "--check off)")
-        return out, lse
+        return in_nan_blocks(lambda: flash_attn_func(*args, return_attn_probs=True, **kwargs),
+                             case.dtype)
+
+    def _run_checked_varlen(self, q, k, v, case):
+        """The timed varlen call with its LSE (heads, total), the output written into a
+        NaN-filled ``out=`` and the LSE in a NaN-filled block (``in_nan_blocks``). The offsets
+        check stays on here: the checked call also validates the offsets that are timed."""
+        import torch
+
+        from flash_hopper import flash_attn_varlen_func
+
+        cu, longest = self._offsets(q, case)
+        out = torch.full_like(q, float("nan"))
+        kwargs = dict(self._call_kwargs(case), return_attn_probs=True, out=out)
+        return in_nan_blocks(
+            lambda: flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, **kwargs),
+            "varlen")
 
     @property
     def bwd_path(self) -> str:
@@ -334,6 +387,8 @@ class FlashHopperBackend(Backend):
     def kernel(self, q, k, v, case) -> tuple[str, str]:
         from flash_hopper import which_backend
 
+        if case.is_varlen:
+            return self._varlen_kernel(q, k, v, case)
         if case.is_fp8 or case.is_mixed:
             return self._fp8_kernel(q, k, v, case)
         name, reason = which_backend(q, k, v, **self._call_kwargs(case))
@@ -356,6 +411,37 @@ class FlashHopperBackend(Backend):
         else:
             what = f"FP8 e4m3, {accumulation} accumulation"
         return str(plan.backend), f"{plan.reason}; {what}"
+
+    def _varlen_kernel(self, q, k, v, case) -> tuple[str, str]:
+        """(kernel, why) of a varlen call: its plan's (the (1, total) view's), metadata only."""
+        from flash_hopper import _varlen
+
+        cu, longest = self._offsets(q, case)
+        plan = _varlen.plan(q, k, v, cu, cu, longest, longest, None, None, None, case.causal,
+                            tuple(case.window), case.softcap, self.path)
+        why = f"{plan.dense.reason}; flash_attn_varlen_func, {case.batch} sequences"
+        return str(plan.dense.backend), why
+
+
+def in_nan_blocks(call, what: str):
+    """``call()`` -> (out, lse), run so that both come back in blocks that held NaN: the first
+    call finds the blocks the caching allocator gives it (or the out= it was given); they are
+    NaN-filled and freed, and the second call gets the same ones back: freeing them restores the
+    pool the first call saw, and the call allocates the same sizes in the same order on the same
+    stream. Checked by address, so an element the kernel does not write fails the check (it
+    cannot pass on another backend's freed output, as a plain fresh allocation could)."""
+    import math
+
+    out, lse = call()
+    addresses = (out.data_ptr(), lse.data_ptr())
+    out.fill_(math.nan)
+    lse.fill_(math.nan)
+    del out, lse
+    out, lse = call()
+    if out.is_cuda and (out.data_ptr(), lse.data_ptr()) != addresses:
+        raise RuntimeError(f"the {what} check could not run in NaN-filled buffers: the caching "
+                           "allocator gave the second call other blocks (use --check off)")
+    return out, lse
 
 
 def _fa3_forward_kernels(info: dict, dtype: str, bucket: int) -> list[dict] | None:

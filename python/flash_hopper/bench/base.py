@@ -15,10 +15,17 @@ them with "unsupported (no FP8): <reason>" before anything else is asked; one wi
 q, k, v as fp8_inputs.Fp8Input (data and descale) in every call below. Mixed-mode cases
 ("bf16+e4m3", ...) likewise come first through `mixed_reason` ("unsupported (no mixed mode):
 <reason>"); a backend with that path gets q as a 16-bit tensor and k, v as Fp8Inputs.
+Varlen cases (Case.seqlens) likewise come first through `varlen_reason` ("unsupported (no
+varlen): <reason>"); a backend with a varlen path gets q, k, v packed (total tokens, heads,
+head_dim), builds its offsets from case.cu_seqlens() outside the timed callable, and returns the
+output in the same packed layout (its LSE, where it has one, as (heads, total tokens)).
+`timing_context` wraps a backend's timed calls (warm-up included), for settings that belong to
+timing only.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, Optional
 
 # (major, minor) compute capability of the GPU, or None without one.
@@ -71,6 +78,16 @@ class Backend:
         descales), or None when it does (then k and v arrive as fp8_inputs.Fp8Input, q as a
         tensor). Attention libraries take q, k and v of one dtype: the default says so."""
         return "no mixed-mode path: q, k and v must share one dtype"
+
+    def varlen_reason(self) -> str | None:
+        """Why this backend takes no varlen case (sequences of different lengths packed along
+        one token axis), or None when it does. The default has no such path."""
+        return "no varlen path"
+
+    def timing_context(self, case) -> contextlib.AbstractContextManager:
+        """A context the timed calls of ``case`` run in (not the checked call); none by
+        default."""
+        return contextlib.nullcontext()
 
     def unsupported(self, case, direction: str | None = None) -> str | None:
         """Why this configuration (and direction, when given) cannot be timed, or None."""

@@ -57,6 +57,12 @@ The kernel converts the FP8 values exactly to q's dtype (every e4m3 / e5m2 value
 fp16 value) and folds the descales into the score scale and the output in fp32, so its GEMMs see
 what a 16-bit call on the dequantized k, v would see, less one rounding: the 16-bit rule applies
 unchanged. The quantization of k and v is in both references, so it is not counted.
+
+Varlen rows (packed (total, heads, d) inputs, forward only), by FA3's rule above
+(``VarlenReferences``): each sequence's slice gets the dense References of a batch of one (its
+own lengths, so causal and windows align on them), and the pieces are joined back into the packed
+output (total, heads, d) and LSE (heads, total); ref_err is the largest over the sequences, which
+is the same max as over the whole tensor. A result with a sequence's rows moved fails.
 """
 
 from __future__ import annotations
@@ -160,6 +166,8 @@ def compare(out, ref_fp32, ref_lowp, shape: str = "") -> CheckResult:
 
 
 def shape_label(case) -> str:
+    if case.is_varlen:
+        return f"varlen b{case.batch} total{case.tokens_q} max{case.seqlen_q}"
     return f"b{case.batch} sq{case.seqlen_q} sk{case.seqlen_k}"
 
 
@@ -208,6 +216,32 @@ class References:
             result.lse_tol = lse_tolerance(self.softcap)
             result.passed = result.passed and _within(result.lse_err, result.lse_tol)
         return result
+
+
+class VarlenReferences(References):
+    """FA3's rule for one varlen case (module docstring): References per sequence, joined into
+    the packed layout, computed once and shared by every backend checked on them. q, k, v are
+    packed (total, heads, d); check() is References' on the packed out and (heads, total) LSE."""
+
+    def __init__(self, q, k, v, case, max_scores: int | None = None):
+        import dataclasses
+
+        import torch
+
+        outs, lses, errors = [], [], []
+        offsets = case.cu_seqlens()
+        for start, stop in zip(offsets[:-1], offsets[1:]):
+            n = stop - start
+            one = dataclasses.replace(case, batch=1, seqlen_q=n, seqlen_k=n, seqlens=None)
+            piece = References(*(t[None, start:stop] for t in (q, k, v)), one, max_scores)
+            outs.append(piece.out[0])  # (n, heads, d)
+            lses.append(piece.lse[0])  # (heads, n)
+            errors.append(piece.ref_err)
+        self.out = torch.cat(outs)
+        self.lse = torch.cat(lses, dim=1)
+        self.ref_err = max(errors)
+        self.softcap = case.softcap
+        self.shape = shape_label(case)
 
 
 class MixedReferences(References):

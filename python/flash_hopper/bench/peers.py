@@ -1,8 +1,8 @@
 """Peer backends: PyTorch SDPA (one per kernel), FlexAttention, and installed FA packages.
 
-Layouts: every backend takes and returns (batch, seqlen, heads, head_dim). SDPA and flex want
-(batch, heads, seqlen, head_dim); they get transposed *views*, which is also what their flash
-kernels use internally, so no copy is timed.
+Layouts: every backend takes and returns (batch, seqlen, heads, head_dim), packed (total, heads,
+head_dim) for varlen. SDPA and flex want (batch, heads, seqlen, head_dim); they get transposed
+*views*, which is also what their flash kernels use internally, so no copy is timed.
 
 Masks come from flash_hopper.mask (the mirror of the kernels' policy). FA's causal is bottom-right
 aligned when seqlen_q != seqlen_k, SDPA's is_causal is top-left. SDPA's flash and cuDNN kernels take
@@ -19,6 +19,15 @@ Mixed mode (bf16+e4m3, ...: 16-bit q against FP8 K / V): no peer runs it. SDPA, 
 packages (FA2, FA3's hopper interface, the CuTe DSL FA4) all require q, k and v of one dtype, so
 each is skipped for mixed cases with its reason ("unsupported (no mixed mode)", mixed_reason);
 a peer without its own answer gets base.Backend's.
+
+Varlen (packed (total, heads, d) q, k, v of self-attention sequences): SDPA runs it on jagged
+nested tensors (``pack_jagged``: torch.nested.nested_tensor_from_jagged on the case's offsets,
+built before timing, transposed to (batch, heads, j, d)), is_causal per sequence (top-left and
+bottom-right agree when q and k have the same lengths), and the output goes back to the packed
+layout (``unpack_jagged``, a view). torch's jagged SDPA takes no mask and no enable_gqa, so
+windows and GQA are skipped with a reason, and its math kernel refuses is_causal. An FA package
+runs it when it has flash_attn_varlen_func taking cu_seqlens_q / cu_seqlens_k (FA2, FA3, FA4).
+Flex is not wired up for varlen (it would need a document mask over the packed batch).
 """
 
 from __future__ import annotations
@@ -42,6 +51,8 @@ _SDPA_ENUM = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION",
 MATH_MAX_SCORE_ELEMENTS = 1 << 28
 # FA3's FP8 arguments: a package's flash_attn_func must declare all three to get e4m3 cases.
 FP8_DESCALES = ("q_descale", "k_descale", "v_descale")
+# A package's flash_attn_varlen_func must take the offsets by these names to get varlen cases.
+VARLEN_OFFSETS = ("cu_seqlens_q", "cu_seqlens_k")
 
 
 def needs_mask(case) -> bool:
@@ -50,6 +61,20 @@ def needs_mask(case) -> bool:
 
 def _to_bhsd(*tensors):
     return tuple(t.transpose(1, 2) for t in tensors)
+
+
+def pack_jagged(packed, offsets):
+    """A packed (total, heads, d) tensor as a jagged nested tensor (batch, heads, j, d) for SDPA:
+    a view of ``packed``; ``offsets`` (int64, on its device) are the sequences' cu_seqlens."""
+    import torch
+
+    return torch.nested.nested_tensor_from_jagged(packed, offsets).transpose(1, 2)
+
+
+def unpack_jagged(nested):
+    """pack_jagged's inverse for an SDPA output: (batch, heads, j, d) back to the packed
+    (total, heads, d) values."""
+    return nested.transpose(1, 2).values()
 
 
 class SdpaBackend(Backend):
@@ -101,10 +126,17 @@ class SdpaBackend(Backend):
         return ("torch SDPA takes q, k and v of one fp16 / bf16 / fp32 dtype, not FP8 k / v with "
                 "descales")
 
+    def varlen_reason(self) -> str | None:
+        return None  # jagged nested tensors (module docstring)
+
     def unsupported(self, case, direction: str | None = None) -> str | None:
         if case.softcap:
             return "SDPA has no softcap"
-        if self.kind in ("flash", "cudnn") and needs_mask(case):
+        if case.is_varlen:
+            varlen_reason = self._varlen_unsupported(case)
+            if varlen_reason:
+                return varlen_reason
+        elif self.kind in ("flash", "cudnn") and needs_mask(case):
             if case.has_window:
                 return (f"SDPA {self.kind} takes no mask, so no sliding window "
                         "(sdpa-efficient / sdpa-math run it with an explicit mask)")
@@ -114,8 +146,17 @@ class SdpaBackend(Backend):
         if self.kind == "efficient" and case.heads != case.heads_kv:
             return "SDPA's efficient kernel has no GQA (enable_gqa runs on flash and math only)"
         if self.kind == "math" and case.score_elements() > MATH_MAX_SCORE_ELEMENTS:
-            return (f"sdpa-math materializes b*h*sq*sk = {case.score_elements():,} scores; "
-                    f"small sizes only (limit {MATH_MAX_SCORE_ELEMENTS:,})")
+            return (f"sdpa-math materializes {case.score_elements():,} scores (h*sq*sk per "
+                    f"sequence); small sizes only (limit {MATH_MAX_SCORE_ELEMENTS:,})")
+        return None
+
+    def _varlen_unsupported(self, case) -> str | None:
+        if case.has_window:
+            return "SDPA on jagged nested tensors takes no mask, so no sliding window"
+        if case.heads != case.heads_kv:
+            return "SDPA on jagged nested tensors has no GQA (no enable_gqa)"
+        if self.kind == "math" and case.causal:
+            return "SDPA math on jagged nested tensors refuses is_causal"
         return None
 
     @staticmethod
@@ -128,6 +169,8 @@ class SdpaBackend(Backend):
         import torch.nn.functional as F
         from torch.nn.attention import sdpa_kernel
 
+        if case.is_varlen:
+            return self._varlen_forward(q, k, v, case)
         qt, kt, vt = _to_bhsd(q, k, v)
         mask = None
         if self.explicit_mask(case):
@@ -145,7 +188,27 @@ class SdpaBackend(Backend):
 
         return run
 
+    def _varlen_forward(self, q, k, v, case):
+        """SDPA on jagged views of the packed inputs; the output as packed (total, heads, d)."""
+        import torch
+        import torch.nn.functional as F
+        from torch.nn.attention import sdpa_kernel
+
+        offsets = torch.tensor(case.cu_seqlens(), dtype=torch.int64, device=q.device)
+        qj, kj, vj = (pack_jagged(t, offsets) for t in (q, k, v))
+        enum = self._enum()
+
+        def run():
+            with sdpa_kernel([enum]):
+                return unpack_jagged(F.scaled_dot_product_attention(qj, kj, vj,
+                                                                    is_causal=case.causal))
+
+        return run
+
     def kernel(self, q, k, v, case) -> tuple[str, str]:
+        if case.is_varlen:
+            return self.name, (f"forced with sdpa_kernel(SDPBackend.{_SDPA_ENUM[self.kind]}), "
+                               f"jagged nested tensors ({case.batch} sequences)")
         if self.explicit_mask(case):
             return self.name, "explicit boolean mask (bottom-right causal / window)"
         return self.name, f"forced with sdpa_kernel(SDPBackend.{_SDPA_ENUM[self.kind]})"
@@ -210,6 +273,10 @@ class FlexBackend(Backend):
     def mixed_reason(self) -> str | None:
         return "FlexAttention takes q, k and v of one dtype, not FP8 k / v with descales"
 
+    def varlen_reason(self) -> str | None:
+        return ("not wired up: FlexAttention would need a document mask over the packed batch "
+                "(a block mask per drawn batch)")
+
     def make_forward(self, q, k, v, case):
         from torch.nn.attention.flex_attention import create_block_mask
 
@@ -245,6 +312,7 @@ class FlashAttnPackage(Backend):
         self.min_capability = min_capability
         self.only_major = only_major
         self._func: Callable | None = None
+        self._varlen_func: Callable | None = None
         self._module_name = ""
 
     def software_reason(self) -> str | None:
@@ -260,6 +328,7 @@ class FlashAttnPackage(Backend):
                 failures.append(f"{module_name}: has no flash_attn_func")
                 continue
             self._func, self._module_name = func, module_name
+            self._varlen_func = getattr(module, "flash_attn_varlen_func", None)
             return None
         return "not importable (" + "; ".join(failures) + ")"
 
@@ -273,9 +342,11 @@ class FlashAttnPackage(Backend):
                 continue
         return None
 
-    def _accepts(self, keyword: str) -> bool:
+    def _accepts(self, keyword: str, varlen: bool = False) -> bool:
+        """Does flash_attn_func (flash_attn_varlen_func with ``varlen``) take ``keyword``?"""
         try:
-            return keyword in inspect.signature(self._func).parameters
+            func = self._varlen_func if varlen else self._func
+            return keyword in inspect.signature(func).parameters
         except (TypeError, ValueError):  # builtins without a signature: let the call decide
             return True
 
@@ -301,18 +372,39 @@ class FlashAttnPackage(Backend):
         return (f"{self._module_name}.flash_attn_func takes q, k and v of one dtype, not 16-bit "
                 f"q with FP8 k / v")
 
+    def varlen_reason(self) -> str | None:
+        if self._func is None and self.software_reason():
+            return "not importable"
+        if self._varlen_func is None:
+            return f"{self._module_name} has no flash_attn_varlen_func (no varlen entry point)"
+        missing = [n for n in VARLEN_OFFSETS if not self._accepts(n, varlen=True)]
+        if missing:
+            return (f"{self._module_name}.flash_attn_varlen_func takes no "
+                    f"{' / '.join(missing)}")
+        return None
+
     def unsupported(self, case, direction: str | None = None) -> str | None:
         if self._func is None and self.software_reason():
             return "not importable"
-        if case.softcap and not self._accepts("softcap"):
-            return f"{self._module_name}.flash_attn_func has no softcap argument"
-        if case.has_window and not self._accepts("window_size"):
-            return f"{self._module_name}.flash_attn_func has no window_size argument"
+        name = "flash_attn_varlen_func" if case.is_varlen else "flash_attn_func"
+        if case.softcap and not self._accepts("softcap", case.is_varlen):
+            return f"{self._module_name}.{name} has no softcap argument"
+        if case.has_window and not self._accepts("window_size", case.is_varlen):
+            return f"{self._module_name}.{name} has no window_size argument"
         return None
 
     def _call(self, q, k, v, case) -> Callable[[], object]:
         func = self._func
         kwargs = {"causal": case.causal}
+        if case.is_varlen:
+            import torch
+
+            func = self._varlen_func
+            cu = torch.tensor(case.cu_seqlens(), dtype=torch.int32, device=q.device)
+            kwargs.update(dict.fromkeys(VARLEN_OFFSETS, cu))
+            for keyword in ("max_seqlen_q", "max_seqlen_k"):
+                if self._accepts(keyword, varlen=True):
+                    kwargs[keyword] = case.seqlen_q
         if case.has_window:
             kwargs["window_size"] = tuple(case.window)
         if case.softcap:
@@ -336,13 +428,16 @@ class FlashAttnPackage(Backend):
         result = self._call(q, k, v, case)()
         if not isinstance(result, (tuple, list)):
             return result, None
-        # (out, lse) from FA3's interface: check the LSE too when it has our (b, h, sq) layout.
+        # (out, lse) from FA3's interface: check the LSE too when it has our (b, h, sq) layout,
+        # (h, total) for varlen.
         lse = result[1] if len(result) > 1 else None
         shape = q.data.shape if case.is_fp8 else q.shape
-        lse_shape = (shape[0], shape[2], shape[1])
+        lse_shape = (shape[1], shape[0]) if case.is_varlen else (shape[0], shape[2], shape[1])
         return result[0], lse if getattr(lse, "shape", None) == lse_shape else None
 
     def kernel(self, q, k, v, case) -> tuple[str, str]:
+        if case.is_varlen:
+            return self.name, f"{self._module_name}.flash_attn_varlen_func"
         descales = " with q/k/v descales (FP8)" if case.is_fp8 else ""
         return self.name, f"{self._module_name}.flash_attn_func{descales}"
 

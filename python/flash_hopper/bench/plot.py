@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .cases import short_count
+from .report import row_seqlens, seqlen_cell
+
 # Stable colours: ours first (strong), torch peers next, external packages last.
 _PALETTE = ("#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
             "#7f7f7f", "#bcbd22", "#17becf")
@@ -19,11 +22,11 @@ _TITLES = {"fwd": "Forward", "bwd": "Backward", "fwd+bwd": "Forward + backward"}
 
 
 def seqlen_label(row: dict[str, object]) -> str:
-    def short(n: int) -> str:
-        return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
-
+    """An x tick: '16k', '512/2k', or a varlen batch's summary (its panel has that one x)."""
+    if row_seqlens(row):
+        return seqlen_cell(row)
     sq, sk = int(row["seqlen_q"]), int(row["seqlen_k"])
-    return short(sq) if sq == sk else f"{short(sq)}/{short(sk)}"
+    return short_count(sq) if sq == sk else f"{short_count(sq)}/{short_count(sk)}"
 
 
 def _direction_rank(direction: str) -> int:

@@ -16,6 +16,10 @@ check.py).
 
 Mixed-mode rows (dtype "bf16+e4m3", ...) are reported next to the rows of q's dtype of the same
 sweep by ``format_mixed_comparison``: one line per configuration timed in both, with the speedup.
+
+Varlen rows (--varlen) carry the batch's lengths in ``seqlens`` (space-separated, the same string
+in JSON and CSV; empty for dense rows), batch = their count and seqlen_q = seqlen_k = the longest;
+tables show them as "varlen 7 seqs 128..8k (16k tok)" (``seqlen_cell``).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 
-from .cases import MIXED_PARTS
+from .cases import MIXED_PARTS, varlen_label
 from .check import FP8_REL_RMSE, METRIC_REL_RMSE
 
 SCHEMA = "flash-hopper.bench/1"
@@ -37,7 +41,7 @@ _META_PREFIX = "# meta: "
 # Column order of the CSV, with the type each column is read back as.
 FIELDS: tuple[tuple[str, type], ...] = (
     ("backend", str), ("kernel", str), ("direction", str), ("dtype", str), ("batch", int),
-    ("seqlen_q", int), ("seqlen_k", int), ("heads", int), ("heads_kv", int),
+    ("seqlen_q", int), ("seqlen_k", int), ("seqlens", str), ("heads", int), ("heads_kv", int),
     ("head_dim", int), ("causal", bool), ("window_left", int), ("window_right", int),
     ("softcap", float), ("mask", str), ("status", str), ("reason", str), ("ms", float),
     ("ms_p20", float), ("ms_p80", float), ("ms_min", float), ("ms_max", float),
@@ -152,13 +156,28 @@ _ERR_LEGEND = ("err: max |out - ref_fp32| (FA3's rule), or with 'rms' the relati
                "against fp32 on the dequantized inputs (e4m3 rows: pass <= {:.0%})")
 
 
+def row_seqlens(row: dict[str, object]) -> list[int] | None:
+    """A varlen row's lengths, None for a dense row (or a file from before the column)."""
+    text = row.get("seqlens")
+    return [int(n) for n in str(text).split()] if text else None
+
+
+def seqlen_cell(row: dict[str, object]) -> str:
+    """'512', '512/2048', or a varlen row's 'varlen 7 seqs 128..8k (16k tok)'."""
+    lengths = row_seqlens(row)
+    if lengths:
+        return varlen_label(lengths)
+    if row["seqlen_q"] == row["seqlen_k"]:
+        return str(row["seqlen_q"])
+    return f"{row['seqlen_q']}/{row['seqlen_k']}"
+
+
 def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
 def table_cells(row: dict[str, object]) -> list[str]:
-    seqlen = (str(row["seqlen_q"]) if row["seqlen_q"] == row["seqlen_k"]
-              else f"{row['seqlen_q']}/{row['seqlen_k']}")
+    seqlen = seqlen_cell(row)
     spread = ("-" if row.get("ms_p20") is None
               else f"{row['ms_p20']:.3f}-{row['ms_p80']:.3f}")
     check = {True: "ok", False: "FAIL", None: "-"}[row.get("check_pass")]
@@ -248,9 +267,7 @@ def format_memory(rows: Iterable[dict[str, object]]) -> str:
         workspace, extra = row.get("bwd_workspace_bytes"), row.get("bwd_extra_bytes")
         if "bwd" not in str(row["direction"]) or (workspace is None and extra is None):
             continue
-        seqlen = (str(row["seqlen_q"]) if row["seqlen_q"] == row["seqlen_k"]
-                  else f"{row['seqlen_q']}/{row['seqlen_k']}")
-        key = (f"{row['dtype']} d={row['head_dim']} s={seqlen} b={row['batch']} "
+        key = (f"{row['dtype']} d={row['head_dim']} s={seqlen_cell(row)} b={row['batch']} "
                f"h={row['heads']}/{row['heads_kv']} {row['mask']}")
         parts = ([f"ws {_mib(workspace)}"] if workspace is not None else []) + (
             [f"extra {_mib(extra)}"] if extra is not None else [])
@@ -277,11 +294,10 @@ def format_mixed_comparison(rows: Iterable[dict[str, object]]) -> str:
         other = half.get((q_dtype, *(row[f] for f in _SAME_CONFIG)))
         if other is None:
             continue
-        seqlen = (str(row["seqlen_q"]) if row["seqlen_q"] == row["seqlen_k"]
-                  else f"{row['seqlen_q']}/{row['seqlen_k']}")
         lines.append(
-            f"{row['backend']} {row['direction']} {row['mask']} d={row['head_dim']} s={seqlen} "
-            f"b={row['batch']} h={row['heads']}/{row['heads_kv']}: {row['dtype']} "
+            f"{row['backend']} {row['direction']} {row['mask']} d={row['head_dim']} "
+            f"s={seqlen_cell(row)} b={row['batch']} h={row['heads']}/{row['heads_kv']}: "
+            f"{row['dtype']} "
             f"{row['ms']:.3f} ms vs {q_dtype} {other['ms']:.3f} ms, "
             f"{other['ms'] / row['ms']:.2f}x")
     return "\n".join(lines)

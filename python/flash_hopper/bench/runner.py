@@ -19,6 +19,11 @@ Mixed cases ("bf16+e4m3", ...): inputs drawn as for q's dtype, k and v quantized
 dtype (fp8_inputs.py); a backend without a mixed-mode path is skipped first ("unsupported (no
 mixed mode): ..."); the check is the 16-bit rule against fp32 on q and the dequantized k, v
 (check.MixedReferences). Like FP8 cases they are forward only: backward rows are skipped.
+
+Varlen cases (--varlen): q, k, v packed (total tokens, heads, head_dim); a backend without a varlen
+path is skipped first ("unsupported (no varlen): ..."); the check is check.VarlenReferences (the
+16-bit rule per sequence); backward rows are skipped (VARLEN_NO_BACKWARD). Each backend's timed
+calls run in its ``timing_context`` (flash-hopper's turns the varlen offsets check off there).
 """
 
 from __future__ import annotations
@@ -57,10 +62,13 @@ class RunOptions:
 
 
 def base_row(case, backend_name: str, direction: str) -> dict[str, object]:
+    """The row's configuration; a varlen case's lengths as one space-separated string (the same
+    in JSON and CSV)."""
+    seqlens = " ".join(map(str, case.seqlens)) if case.is_varlen else None
     return {
         "backend": backend_name, "kernel": None, "kernel_reason": None, "direction": direction,
         "dtype": case.dtype, "batch": case.batch, "seqlen_q": case.seqlen_q,
-        "seqlen_k": case.seqlen_k, "heads": case.heads, "heads_kv": case.heads_kv,
+        "seqlen_k": case.seqlen_k, "seqlens": seqlens, "heads": case.heads, "heads_kv": case.heads_kv,
         "head_dim": case.head_dim, "causal": case.causal, "window_left": case.window[0],
         "window_right": case.window[1], "softcap": case.softcap, "mask": case.mask_label,
         "status": None, "reason": None, "flops": case.flops(direction),
@@ -123,27 +131,36 @@ def is_unsupported(exc: BaseException) -> bool:
 
 
 def fp8_skip_reason(backend, case) -> str | None:
-    """Why ``backend`` is skipped for an FP8 case (it has no FP8 path) or a mixed case (it has no
-    mixed-mode path), or None."""
+    """Why ``backend`` is skipped for an FP8 case (it has no FP8 path), a mixed case (it has no
+    mixed-mode path) or a varlen case (it has no varlen path), or None."""
     if case.is_fp8:
         why = backend.fp8_reason()
         return None if why is None else f"unsupported (no FP8): {why}"
     if case.is_mixed:
         why = backend.mixed_reason()
         return None if why is None else f"unsupported (no mixed mode): {why}"
+    if case.is_varlen:
+        why = backend.varlen_reason()
+        return None if why is None else f"unsupported (no varlen): {why}"
     return None
 
 
 def make_inputs(case, device, generator):
     """q, k, v: N(0, 1) in the case's dtype; for FP8, the bf16 case's values quantized per head
     (fp8_inputs.Fp8Input each); for the mixed mode, the values of the case of q's dtype, q as it
-    is and k, v quantized per kv head into the FP8 K / V dtype (Fp8Inputs)."""
+    is and k, v quantized per kv head into the FP8 K / V dtype (Fp8Inputs). Varlen: packed
+    (total tokens, heads, head_dim), 16-bit."""
     import torch
 
     dtype = getattr(torch, TORCH_DTYPES[FP8_SOURCE_DTYPE if case.is_fp8 else case.q_dtype])
-    shapes = [(case.batch, case.seqlen_q, case.heads, case.head_dim),
-              (case.batch, case.seqlen_k, case.heads_kv, case.head_dim),
-              (case.batch, case.seqlen_k, case.heads_kv, case.head_dim)]
+    if case.is_varlen:
+        shapes = [(case.tokens_q, case.heads, case.head_dim),
+                  (case.tokens_k, case.heads_kv, case.head_dim),
+                  (case.tokens_k, case.heads_kv, case.head_dim)]
+    else:
+        shapes = [(case.batch, case.seqlen_q, case.heads, case.head_dim),
+                  (case.batch, case.seqlen_k, case.heads_kv, case.head_dim),
+                  (case.batch, case.seqlen_k, case.heads_kv, case.head_dim)]
     inputs = tuple(torch.randn(s, device=device, dtype=dtype, generator=generator)
                    for s in shapes)
     if case.is_fp8:
@@ -163,8 +180,8 @@ class CaseReferences:
     forward's check.References up front, the gradients' check.GradReferences at the first
     backend whose backward is checked (a case without one never pays for them). Each is the
     object, a string saying why there is none, or None when checks are off. FP8 cases get
-    check.Fp8References, mixed cases check.MixedReferences, and neither a gradient reference (no
-    backward)."""
+    check.Fp8References, mixed cases check.MixedReferences, varlen cases check.VarlenReferences,
+    and none of them a gradient reference (no backward)."""
 
     def __init__(self, case, inputs, dout, check: str, max_scores: int | None = None):
         self.case, self.inputs, self.dout = case, inputs, dout
@@ -174,7 +191,8 @@ class CaseReferences:
         if check == "off":
             return
         references = (checks.Fp8References if case.is_fp8 else
-                      checks.MixedReferences if case.is_mixed else checks.References)
+                      checks.MixedReferences if case.is_mixed else
+                      checks.VarlenReferences if case.is_varlen else checks.References)
         try:
             self.forward = references(*inputs, case, max_scores=max_scores)
         except Exception as exc:  # noqa: BLE001 - no reference (or OOM) must not stop timing
@@ -357,8 +375,9 @@ class Runner:
         import torch
 
         try:
-            fns = [direction_fn(backend, s, case, direction) for s in inputs]
-            stats = self.timer.measure(fns)
+            with backend.timing_context(case):
+                fns = [direction_fn(backend, s, case, direction) for s in inputs]
+                stats = self.timer.measure(fns)
             fill_timing(row, stats, self.options)
             message = f"{row['tflops']:.1f} TFLOP/s"
         except torch.cuda.OutOfMemoryError:
@@ -377,6 +396,4 @@ class Runner:
 
     @staticmethod
     def _label(case) -> str:
-        seqlen = (str(case.seqlen_q) if case.seqlen_q == case.seqlen_k
-                  else f"{case.seqlen_q}/{case.seqlen_k}")
-        return f"{case.dtype} d={case.head_dim} s={seqlen} {case.mask_label}"
+        return f"{case.dtype} d={case.head_dim} s={case.seqlen_label} {case.mask_label}"
