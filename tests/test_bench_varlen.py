@@ -142,7 +142,7 @@ def test_varlen_default_and_explicit_bounds():
     (["--varlen", "12x,1k"], "--varlen 12x,1k: expected an integer"),
     (["--varlen", "128,32k"], "--varlen MAX (32768) must be <= --total-tokens (16384)"),
     (["--varlen", "--dtype", "bf16", "e4m3"], "--varlen takes --dtype bf16 / fp16"),
-    (["--varlen", "--dtype", "bf16+e4m3"], "varlen with bf16+e4m3 is not implemented"),
+    (["--varlen", "--dtype", "bf16+e4m3"], "varlen mode with bf16+e4m3 is not implemented"),
 ])
 def test_bad_varlen_options_give_one_line(capsys, args, message):
     assert cli.main(["bench", "--dry-run", *args]) == cli.EXIT_FAILURE

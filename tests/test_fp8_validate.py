@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from _helpers import raises
-from flash_hopper import UnsupportedError, _validate, flash_attn_func
+from flash_hopper import UnsupportedError, _autograd, _validate, flash_attn_func
 
 E4M3 = torch.float8_e4m3fn
 
@@ -110,7 +110,10 @@ def test_fp8_strides_are_16_byte_multiples():
         flash_attn_func(q_odd, k, v)
 
 
-def test_fp8_refuses_autograd_and_tracing():
+def test_fp8_inputs_that_require_grad_run_forward_only():
+    """FA3's tests call the FP8 forward on inputs that require grad: the call is validated and
+    runs like one under no_grad (here on the CPU: the device check), and a backward through its
+    result raises, naming why (_autograd.ForwardOnly)."""
     q, k, v = fp8_qkv()
     if not torch.is_floating_point(q):  # pragma: no cover - torch always calls float8 floating
         pytest.skip("float8 is not a floating dtype in this torch")
@@ -118,10 +121,18 @@ def test_fp8_refuses_autograd_and_tracing():
         q.requires_grad_(True)
     except RuntimeError:
         pytest.skip("this torch does not let float8 tensors require grad")
-    with raises(UnsupportedError, "the FP8 forward has no backward", "torch.no_grad()"):
+    with raises(ValueError, *ON_DEVICE):
         flash_attn_func(q, k, v)
     with torch.no_grad(), raises(ValueError, *ON_DEVICE):
         flash_attn_func(q, k, v)
+
+
+def test_forward_only_results_refuse_a_backward():
+    x = torch.randn(3, requires_grad=True)
+    out, lse = _autograd.ForwardOnly.apply(lambda: (x.detach() * 2, None), x, x, x)
+    assert lse is None and out.requires_grad and torch.equal(out, x.detach() * 2)
+    with raises(UnsupportedError, "the FP8 forward has no backward", "torch.no_grad()"):
+        out.sum().backward()
 
 
 def test_fp8_traces_as_one_custom_op():

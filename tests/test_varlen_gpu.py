@@ -401,3 +401,66 @@ def test_many_sequences_take_the_counting_sort(lib, backend):
     ref = torch.einsum("nhk,nkhd->nhd", s.softmax(-1), vb)
     assert (out.double() - ref).abs().max().item() < 2e-2
     assert (lse.T.double() - s.logsumexp(-1)).abs().max().item() < 1e-3
+
+
+FP8 = torch.float8_e4m3fn
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp8_equals_the_dense_fp8_kernel_per_sequence(lib, head_dim, causal):
+    """FP8 (e4m3) varlen with per-sequence descales: each sequence's rows bitwise equal to the
+    dense FP8 forward on that sequence alone (same tile, same math), NaN padding past seqused
+    and between sequences never reaching a used row (the transposer zeroes the V rows past a
+    sequence before V^T is formed)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("FP8 runs on the FA-3 path (compute capability 9.0)")
+    require_kernel_fp8(lib, head_dim)
+    lq, lk = [0, 1, 65, 130, 7, 300], [3, 0, 64, 200, 129, 300]
+    q, k, v, cq, ck, uq, uk = packed(lq, lk, 4, 2, head_dim, pad_used=5, seed=head_dim)
+    q8, k8, v8 = (t.to(FP8) for t in (q, k, v))  # NaN stays NaN in e4m3fn
+    g = torch.Generator(device="cuda").manual_seed(1)
+    qd, kd, vd = (torch.rand(len(lq), 2, device="cuda", generator=g) + 0.5 for _ in range(3))
+    out, lse = flash_attn_varlen_func(q8, k8, v8, cq, ck, max(lq), max(lk), seqused_q=uq,
+                                      seqused_k=uk, causal=causal, q_descale=qd, k_descale=kd,
+                                      v_descale=vd, return_attn_probs=True)
+    assert out.dtype == torch.bfloat16
+    starts_q, starts_k = cq.tolist(), ck.tolist()
+    for b, (nq, nk) in enumerate(zip(lq, lk)):
+        if nq == 0:
+            continue
+        rows = slice(starts_q[b], starts_q[b] + nq)
+        keys = slice(starts_k[b], starts_k[b] + nk)
+        got_o, got_lse = out[rows], lse[:, rows]
+        assert not got_o.isnan().any(), f"sequence {b}: NaN leaked into a used row"
+        if nk == 0:
+            assert (got_o == 0).all() and (got_lse == NEG_INF).all()
+            continue
+        want_o, want_lse = flash_attn_func(q8[rows][None], k8[keys][None], v8[keys][None],
+                                           causal=causal, q_descale=qd[b:b + 1],
+                                           k_descale=kd[b:b + 1], v_descale=vd[b:b + 1],
+                                           return_attn_probs=True)
+        assert torch.equal(got_o, want_o[0]), f"sequence {b}: out differs from the dense kernel"
+        assert torch.equal(got_lse, want_lse[0]), f"sequence {b}: lse differs"
+
+
+def require_kernel_fp8(lib, head_dim):
+    if not lib.has_fwd_kernel(FhBackend.FA3, FhDtype.E4M3, head_dim):
+        pytest.skip(f"this build has no fa3 e4m3 kernel for head_dim {head_dim}")
+
+
+def test_fp8_on_inputs_that_require_grad_runs_forward_only(lib):
+    """FA3's varlen tests pass FP8 tensors that require grad: the forward runs (the same result
+    as under no_grad) and a backward through it raises, naming why."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("FP8 runs on the FA-3 path (compute capability 9.0)")
+    require_kernel_fp8(lib, 128)
+    q, k, v, cq, ck, _, _ = packed([100, 37], [80, 200], 4, 2, 128, seed=5)
+    q8, k8, v8 = (t.to(FP8) for t in (q, k, v))
+    with torch.no_grad():
+        want = flash_attn_varlen_func(q8, k8, v8, cq, ck, 100, 200, causal=True)
+    q8.requires_grad_()
+    got = flash_attn_varlen_func(q8, k8, v8, cq, ck, 100, 200, causal=True)
+    assert got.requires_grad and torch.equal(got.detach(), want)
+    with pytest.raises(UnsupportedError, match="the FP8 forward has no backward"):
+        got.float().sum().backward()

@@ -2,7 +2,8 @@
 
 The offsets' metadata and values are checked before anything is launched, each failure naming
 the argument, the expected and the actual value; the library refuses what it does not implement
-(FP8 varlen, the FA-3 ablation kernels) and sizes the work list's workspace.
+(the mixed mode in varlen, the FA-3 ablation kernels) and sizes the work list's workspace. FP8
+(e4m3) varlen takes descales of shape (batch, heads_kv), batch = the sequences.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from flash_hopper import _varlen, flash_attn_varlen_func
 from flash_hopper import vllm as fh_vllm
 from flash_hopper._errors import UnsupportedError
 from flash_hopper._lib import ABI_VERSION, FhBackend, FhDtype, FhFwdParams, FhStatus
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from tests._helpers import raises
 
@@ -44,7 +46,7 @@ def args(**over):
     ({"q": torch.zeros(1, 100, 4, 64)}, ValueError,
      ("q: expected a 3-D tensor (total_q, heads, head_dim)", "got shape (1, 100, 4, 64)")),
     ({"k": torch.zeros(120, 2, 64, dtype=torch.float8_e4m3fn)}, UnsupportedError,
-     ("k: varlen with FP8 inputs", "not implemented yet")),
+     ("k / v: varlen with FP8 k / v", "(the mixed mode) is not implemented yet")),
     ({"cu_seqlens_q": [0, 40, 100]}, TypeError, ("cu_seqlens_q: expected a torch.Tensor",)),
     ({"cu_seqlens_q": cu(0, 40, 100).long()}, TypeError,
      ("cu_seqlens_q: expected dtype torch.int32, got torch.int64",)),
@@ -169,8 +171,8 @@ def test_workspace_size(lib, total_q, batch):
      "o_batch_stride: expected 0 in a varlen call"),
     ({"variant": 2, "backend": FhBackend.FA3}, FhStatus.ERROR_UNSUPPORTED,
      "has no varlen kernel"),
-    ({"dtype": FhDtype.E4M3, "out_dtype": FhDtype.BF16, "head_dim": 128}, FhStatus.ERROR_UNSUPPORTED,
-     "varlen with FP8 (e4m3) inputs is not implemented yet"),
+    ({"kv_dtype": FhDtype.E4M3, "head_dim": 128}, FhStatus.ERROR_UNSUPPORTED,
+     "varlen with mixed-mode inputs (16-bit q, FP8 k / v) is not implemented yet"),
     ({"max_seqlen_q": -5}, FhStatus.ERROR_INVALID_ARGUMENT, "max_seqlen_q / max_seqlen_k"),
     ({"workspace": None}, FhStatus.ERROR_INVALID_ARGUMENT,
      "workspace: expected a 16-byte aligned device pointer"),
@@ -185,3 +187,45 @@ def test_abi_rejects_bad_varlen_fields(lib, over, status, fragment):
     got = lib._dll.fh_fwd(ctypes.byref(p), None)
     assert got == status, lib.last_error()
     assert fragment in lib.last_error()
+
+
+def cuda_args(dtype=torch.bfloat16, **over):
+    """args() on FakeTensors of device cuda: the checks past the metadata (devices) pass."""
+    with FakeTensorMode():
+        q, k, v = (torch.zeros(n, h, 64, dtype=dtype, device="cuda")
+                   for n, h in ((100, 4), (120, 2), (120, 2)))
+        a = args(q=q, k=k, v=v,
+                 cu_seqlens_q=torch.tensor([0, 40, 100], dtype=I32, device="cuda"),
+                 cu_seqlens_k=torch.tensor([0, 60, 120], dtype=I32, device="cuda"))
+        descales = {name: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cuda")
+                    for name, t in over.items()}
+    return a, descales
+
+
+def test_fp8_descales_are_per_sequence():
+    """FP8 q / k / v: descales (batch, heads_kv) with batch = the sequences (2 here), or 0-d /
+    (1,); the output dtype is bf16. 16-bit calls ignore descales, as FA3."""
+    a, d = cuda_args(torch.float8_e4m3fn, q_descale=torch.ones(2, 2),
+                     k_descale=torch.ones(()), v_descale=torch.ones(2, 2).t())
+    vc = _varlen.check_args(**a, **d)
+    assert vc.batch == 2 and vc.fp8 is not None and vc.fp8.out_dtype == torch.bfloat16
+    a, d = cuda_args(torch.float8_e4m3fn, q_descale=torch.ones(1, 2))
+    with raises(ValueError, "q_descale: expected shape (batch, heads_kv) = (2, 2)", "(1, 2)"):
+        _varlen.check_args(**a, **d)
+    a, d = cuda_args(torch.float8_e4m3fn, k_descale=torch.ones(2, 2, dtype=torch.float16))
+    with raises(ValueError, "k_descale: expected dtype torch.float32"):
+        _varlen.check_args(**a, **d)
+    a, d = cuda_args(q_descale=torch.ones(7))
+    assert _varlen.check_args(**a, **d).fp8 is None
+
+
+def test_fp8_varlen_checks():
+    """Inputs that require grad run forward only (validated like a no_grad call: here the CPU
+    device check); head_dim a multiple of 16."""
+    q, k, v = (t.to(torch.float8_e4m3fn) for t in qkv())
+    q.requires_grad_()
+    with raises(ValueError, "must be a CUDA tensor"):
+        flash_attn_varlen_func(q, k, v, cu(0, 40, 100), cu(0, 60, 120), 60, 60)
+    q8, k8, v8 = (t.to(torch.float8_e4m3fn) for t in qkv(d=40))
+    with raises(ValueError, "head_dim"):
+        _varlen.check_args(**args(q=q8, k=k8, v=v8))

@@ -269,6 +269,10 @@ LaunchResult run_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t st
   } else {
     if constexpr (sizeof(Element) == 1) {
       static_assert(kOverlap && has_fp8_config(kHeadDim), "FP8: tuned kernel, fp8 buckets only");
+      if (p.varlen()) {  // FP8's one tile over the packed layout
+        return launch_fwd<FwdTraits<Element, kHeadDim, kOverlap, TileFamily::kDefault, Element,
+                                    /*kVarlen=*/true>>(p, max_smem_per_block, stream);
+      }
     } else if constexpr (kOverlap) {
       if (p.varlen()) {  // the packed layout's kernels: the short masked tile as dense calls
         // choose it, by the caller's max_seqlen_k hint (the tile is right for any length)
@@ -285,7 +289,7 @@ LaunchResult run_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t st
                                     /*kVarlen=*/true>>(p, max_smem_per_block, stream);
       }
     }
-    if (p.varlen()) {  // api.cu refuses varlen calls of FP8 inputs and the ablation variants
+    if (p.varlen()) {  // api.cu refuses varlen calls of mixed inputs and the ablation variants
       return LaunchResult::internal("varlen call reached a kernel without a varlen instance");
     }
     if constexpr (sizeof(Element) == 2 && kOverlap && has_short_masked_tile(kHeadDim)) {

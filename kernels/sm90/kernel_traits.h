@@ -69,8 +69,9 @@ struct FwdTraits {
                 "mixed mode has one tile: the tuned kernel of its bucket's config");
   // The descales of the FP8 inputs scale the scores and O (mma.h, TileScales).
   static constexpr bool kScaled = kFp8 || kMixed;
-  static_assert(!kVarlen || (!kScaled && kOverlap_),
-                "varlen: the tuned 16-bit kernels of the bucket (default and short masked tile)");
+  static_assert(!kVarlen || (!kMixed && kOverlap_),
+                "varlen: the tuned kernels of the bucket (16-bit: default and short masked tile; "
+                "FP8: its one tile)");
   using TileOrder = conditional_t<kVarlen, VarlenTileScheduler, StaticTileScheduler>;
 
   static constexpr FwdConfig kConfig =

@@ -123,7 +123,7 @@ struct Producer {
   }
   template <class View>
   CUTE_DEVICE void v(View const& view, KeyStep step) {
-    if constexpr (Traits::kVarlen) {
+    if constexpr (Traits::kVarlen && !Traits::kFp8) {  // FP8: the transposer zeroes (transpose.h)
       if (v_zero_tail(tile_, step.n, kBlockN)) {
         // The sequence's tail block: the TMA lands on v_landed; the zeroing warp (vtail.h)
         // clears the rows past the sequence and arrives on v_full in its place.

@@ -74,7 +74,7 @@ struct Transposer {
 
   // V(step) -> V^T, in the order the producer loads V and the consumers use V^T. Addresses are
   // 32-bit shared-window offsets (generic 64-bit pointers cost ~40 instructions per access).
-  CUTE_DEVICE void v(TileWork const&, KeyStep) {
+  CUTE_DEVICE void v(TileWork const& w, KeyStep step) {
     v_pipe.wait();
     timeline.mark(Ev::kTrVReady);
     vt_pipe.acquire();
@@ -90,12 +90,27 @@ struct Transposer {
     // Register m's byte permute: the odd column where stsm_odd_column(lane, m), else the even.
     const uint32_t sel_m_even = stsm_odd_column(lane, 0) ? kPermOdd : kPermEven;
     const uint32_t sel_m_odd = stsm_odd_column(lane, 1) ? kPermOdd : kPermEven;
+    // Varlen: the keys of a sequence's tail block past the sequence hold the next sequence's
+    // tokens (or padding past seqused_k); P is 0 there, but 0 * NaN is NaN, so their V rows
+    // are zeroed before the transposition. Each lane addresses its own row's 16 bytes of the
+    // unit (ldmatrix: one row per lane), so it zeroes them itself, before the warp's load.
+    const int valid = Traits::kVarlen && v_zero_tail(w.tile, step.n, kBlockN)
+                          ? w.tile.seqlen_k - step.n * kBlockN
+                          : kBlockN;
     CUTE_NO_UNROLL
     for (int unit = warp; unit < kUnits; unit += kTransposerWarps) {
       const int n0 = (unit % kSlices) * 32;
       const int d0 = (unit / kSlices) * 16;
+      const uint32_t row_addr = v_base + offset(layout_v, n0 + lane, d0, v_stage);
+      if constexpr (Traits::kVarlen) {
+        if (n0 + lane >= valid) {
+          asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};" ::"r"(row_addr), "r"(0)
+                       : "memory");
+        }
+        __syncwarp();
+      }
       uint32_t r[4];
-      ldsm_t_x4(v_base + offset(layout_v, n0 + lane, d0, v_stage), r);
+      ldsm_t_x4(row_addr, r);
       const uint32_t out[4] = {
           __byte_perm(r[0], r[1], sel_m_even), __byte_perm(r[0], r[1], sel_m_odd),
           __byte_perm(r[2], r[3], sel_m_even), __byte_perm(r[2], r[3], sel_m_odd)};

@@ -569,11 +569,10 @@ FhStatus validate_varlen(const FhFwdParams* p, bool fp8, bool mixed, bool check_
              "%s: expected 0 in a varlen call (packed tensors have no batch axis), got %lld",
              st.name, (long long)st.stride);
   }
-  if (fp8 || mixed) {
+  if (mixed) {
     return fail(FH_ERROR_UNSUPPORTED,
-                "cu_seqlens_q: varlen with %s inputs is not implemented yet (16-bit q / k / v "
-                "only)",
-                fp8 ? "FP8 (e4m3)" : "mixed-mode (FP8 k / v)");
+                "cu_seqlens_q: varlen with mixed-mode inputs (16-bit q, FP8 k / v) is not "
+                "implemented yet (16-bit or FP8 e4m3 q / k / v)");
   }
   if ((p->variant & FH_VARIANT_FLAG_NO_OVERLAP) != 0) {
     return fail(FH_ERROR_UNSUPPORTED,

@@ -20,6 +20,26 @@ from typing import Any
 import torch
 
 from . import _bwd, _fwd, _varlen, ops
+from ._errors import UnsupportedError
+
+FORWARD_ONLY = ("q/k/v: the FP8 forward has no backward (its inputs required grad: the forward "
+                "ran, the gradient cannot); train in fp16 / bf16, or call it under "
+                "torch.no_grad() / torch.inference_mode()")
+
+
+class ForwardOnly(torch.autograd.Function):
+    """A forward without a backward (FP8 and the mixed mode) called on inputs that require grad,
+    as FA3's own tests call it: the forward runs (``run`` returns (out, lse or None)) and a
+    backward through its results raises, naming why, instead of returning no gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, run: Any, q: torch.Tensor, k: torch.Tensor,
+                v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return run()
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> tuple[None, ...]:
+        raise UnsupportedError(FORWARD_ONLY)
 
 
 class FlashAttnFunction(torch.autograd.Function):

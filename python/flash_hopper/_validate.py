@@ -402,19 +402,21 @@ def _check_descale(name: str, t: Any, batch: int, heads_kv: int) -> tuple[int, i
 def check_fp8_args(
     q: Any, k: Any, v: Any, softmax_scale: Any, causal: Any, window_size: Any, softcap: Any,
     backend: Any, q_descale: Any, k_descale: Any, v_descale: Any, out_dtype: Any,
-    fp8_accumulation: Any, devices: bool = True,
+    fp8_accumulation: Any, devices: bool = True, descale_batch: int | None = None,
 ) -> tuple[FwdConfig, Fp8Options]:
     """Validate an FP8 flash_attn_func call: q / k / v torch.float8_e4m3fn, descales as
-    ``_check_descale`` says, out_dtype None (bf16) / torch.bfloat16 / torch.float16."""
+    ``_check_descale`` says, out_dtype None (bf16) / torch.bfloat16 / torch.float16.
+    descale_batch: the descales' batch extent when it is not q's (varlen: the sequences)."""
     left, right = _check_window(window_size, causal)
     return check_fp8_op_args(q, k, v, softmax_scale, left, right, softcap, backend, q_descale,
-                             k_descale, v_descale, out_dtype, fp8_accumulation, devices)
+                             k_descale, v_descale, out_dtype, fp8_accumulation, devices,
+                             descale_batch)
 
 
 def check_fp8_op_args(
     q: Any, k: Any, v: Any, softmax_scale: Any, window_left: Any, window_right: Any,
     softcap: Any, backend: Any, q_descale: Any, k_descale: Any, v_descale: Any, out_dtype: Any,
-    fp8_accumulation: Any, devices: bool = True,
+    fp8_accumulation: Any, devices: bool = True, descale_batch: int | None = None,
 ) -> tuple[FwdConfig, Fp8Options]:
     """check_fp8_args with the window resolved (the flash_hopper::fwd_fp8 op's arguments).
     q not FP8: the mixed mode (fp16 / bf16 q, FP8 k and v): O in q's dtype, no q_descale."""
@@ -448,7 +450,8 @@ def check_fp8_op_args(
         # The d256 kernel splits its PV accumulator over the head dim: two levels only.
         raise ValueError(f"fp8_accumulation: 'single-level' (the ablation) exists for head_dim "
                          f"<= {FP8_SINGLE_LEVEL_MAX_HEAD_DIM}, got head_dim {cfg.head_dim}")
-    strides = [_check_descale(name, t, cfg.batch, cfg.heads_kv) for name, t in
+    batch = cfg.batch if descale_batch is None else descale_batch
+    strides = [_check_descale(name, t, batch, cfg.heads_kv) for name, t in
                (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))]
     if devices:
         _check_device("q", q, None)

@@ -42,7 +42,7 @@ _plans = _plan_cache.PlanCache(256)
 
 
 class VarlenPlan(NamedTuple):
-    dense: _fwd.Plan  # the (1, total) view's plan: backend, reason, device, library
+    dense: _fwd.Plan  # the (1, total) view's plan: backend, reason, device, library, out dtype
     template: bytes | None  # FhFwdParams with the varlen fields, no data pointers
     batch: int
     out_shape: tuple[int, int, int]
@@ -74,9 +74,6 @@ def _check_packed(name: str, t: Any, total: str) -> None:
     if t.dim() != 3:
         raise ValueError(f"{name}: expected a 3-D tensor ({total}, heads, head_dim) for a varlen "
                          f"call, got shape {tuple(t.shape)}")
-    if t.dtype in FP8_DTYPES or t.dtype in KV_FP8_DTYPES:
-        raise UnsupportedError(f"{name}: varlen with FP8 inputs ({t.dtype}) is not implemented "
-                               f"yet; use torch.float16 or torch.bfloat16")
 
 
 def _check_max_seqlen(name: str, x: Any) -> int:
@@ -90,15 +87,23 @@ def _check_max_seqlen(name: str, x: Any) -> int:
 class VarlenConfig(NamedTuple):
     cfg: _validate.FwdConfig  # of the (1, total) views
     batch: int
+    fp8: _validate.Fp8Options | None = None  # FP8 (e4m3) q / k / v: descales (batch, heads_kv)
 
 
 def check_args(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: Any,
                max_seqlen_k: Any, seqused_q: Any, seqused_k: Any, softmax_scale: Any,
-               causal: Any, window_size: Any, softcap: Any, backend: Any) -> VarlenConfig:
-    """Metadata checks of a varlen call (no data read)."""
+               causal: Any, window_size: Any, softcap: Any, backend: Any, q_descale: Any = None,
+               k_descale: Any = None, v_descale: Any = None) -> VarlenConfig:
+    """Metadata checks of a varlen call (no data read). FP8 (e4m3) q / k / v take descales of
+    shape (batch, heads_kv) (or broadcasting 0-d / (1,)); 16-bit calls ignore them, as FA3."""
     _check_packed("q", q, "total_q")
     _check_packed("k", k, "total_k")
     _check_packed("v", v, "total_k")
+    fp8 = q.dtype in FP8_DTYPES
+    if not fp8 and (k.dtype in KV_FP8_DTYPES or v.dtype in KV_FP8_DTYPES):
+        raise UnsupportedError(f"k / v: varlen with FP8 k / v ({k.dtype} / {v.dtype}) against "
+                               f"{q.dtype} q (the mixed mode) is not implemented yet; pass "
+                               f"FP8 q, k, v or 16-bit ones")
     _check_offsets_tensor("cu_seqlens_q", cu_seqlens_q, None, q, "batch + 1 offsets")
     if cu_seqlens_q.shape[0] < 1:
         raise ValueError("cu_seqlens_q: expected batch + 1 >= 1 entries, got 0")
@@ -111,12 +116,19 @@ def check_args(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max
         _check_offsets_tensor("seqused_k", seqused_k, batch, q, "one length per sequence")
     _check_max_seqlen("max_seqlen_q", max_seqlen_q)
     _check_max_seqlen("max_seqlen_k", max_seqlen_k)
-    cfg = _validate.check_fwd_args(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), softmax_scale,
-                                   causal, window_size, softcap, backend)
+    fp8_options = None
+    if fp8:
+        cfg, fp8_options = _validate.check_fp8_args(
+            q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), softmax_scale, causal, window_size,
+            softcap, backend, q_descale, k_descale, v_descale, None, "two-level",
+            descale_batch=batch)
+    else:
+        cfg = _validate.check_fwd_args(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
+                                       softmax_scale, causal, window_size, softcap, backend)
     if batch > 65535:
         raise ValueError(f"cu_seqlens_q: expected at most 65536 entries (65535 sequences), got "
                          f"{batch + 1}")
-    return VarlenConfig(cfg, batch)
+    return VarlenConfig(cfg, batch, fp8_options)
 
 
 def offsets_checked() -> bool:
@@ -187,9 +199,9 @@ def _meta(t: Any) -> tuple | None:
 
 
 def _key(q, k, v, cu_q, cu_k, seqused_q, seqused_k, max_q, max_k, out, softmax_scale, causal,
-         window_size, softcap, backend) -> tuple | None:
+         window_size, softcap, backend, descales=(None, None, None)) -> tuple | None:
     """Everything the metadata checks read: a plan is reused only for a call that would pass
-    them the same way (offsets' dtypes and devices included)."""
+    them the same way (offsets' dtypes and devices included; FP8 calls' descales too)."""
     if type(window_size) not in (tuple, list) or len(window_size) != 2:
         return None
     left, right = window_size
@@ -197,39 +209,45 @@ def _key(q, k, v, cu_q, cu_k, seqused_q, seqused_k, max_q, max_k, out, softmax_s
         return ("varlen", _meta(q), _meta(k), _meta(v), _meta(cu_q), _meta(cu_k),
                 _meta(seqused_q), _meta(seqused_k), _meta(out), type(max_q), max_q, type(max_k),
                 max_k, type(softmax_scale), softmax_scale, type(causal), causal, type(left),
-                left, type(right), right, type(softcap), softcap, type(backend), backend)
+                left, type(right), right, type(softcap), softcap, type(backend), backend,
+                *(_fwd._descale_key(t) for t in descales))
     except AttributeError:  # not a tensor: validation says so
         return None
 
 
-def _check_out(out: Any, q: torch.Tensor, cfg: _validate.FwdConfig) -> None:
+def _check_out(out: Any, q: torch.Tensor, cfg: _validate.FwdConfig,
+               out_dtype: torch.dtype) -> None:
     want = (cfg.seqlen_q, cfg.heads_q, cfg.head_dim)
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"out: expected a torch.Tensor or None, got {type(out).__name__}")
     if tuple(out.shape) != want:
         raise ValueError(f"out: expected shape {want} (total_q, heads_q, head_dim), got "
                          f"{tuple(out.shape)}")
-    if out.dtype != q.dtype:
-        raise TypeError(f"out: expected dtype {q.dtype} (q's), got {out.dtype}")
+    if out.dtype != out_dtype:
+        whose = "q's" if out_dtype == q.dtype else "the FP8 forward's output dtype"
+        raise TypeError(f"out: expected dtype {out_dtype} ({whose}), got {out.dtype}")
     if out.device != q.device:
         raise ValueError(f"out: expected a tensor on q's device {q.device}, got {out.device}")
     _validate.check_outputs(out.unsqueeze(0), None, q.unsqueeze(0), cfg)
 
 
 def plan(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
-         softmax_scale, causal, window_size, softcap, backend, out=None) -> VarlenPlan:
+         softmax_scale, causal, window_size, softcap, backend, out=None,
+         descales=(None, None, None)) -> VarlenPlan:
+    """descales: FP8 calls' (q_descale, k_descale, v_descale); 16-bit calls pass none."""
     key = _key(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
-               max_seqlen_k, out, softmax_scale, causal, window_size, softcap, backend)
+               max_seqlen_k, out, softmax_scale, causal, window_size, softcap, backend, descales)
     cached = _plans.get(key)
     if cached is not None:
         return cached
     vc = check_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
-                    seqused_k, softmax_scale, causal, window_size, softcap, backend)
+                    seqused_k, softmax_scale, causal, window_size, softcap, backend, *descales)
     cfg = vc.cfg
     if out is not None:
-        _check_out(out, q, cfg)
+        _check_out(out, q, cfg, vc.fp8.out_dtype if vc.fp8 is not None else q.dtype)
     q4, k4, v4 = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
-    dense = _fwd.make_plan(cfg, q4, k4, v4, out=None if out is None else out.unsqueeze(0))
+    dense = _fwd.make_plan(cfg, q4, k4, v4, out=None if out is None else out.unsqueeze(0),
+                           fp8=vc.fp8)
     out_shape = (cfg.seqlen_q, cfg.heads_q, cfg.head_dim)
     lse_shape = (cfg.heads_q, cfg.seqlen_q)
     template = None
@@ -254,17 +272,19 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: tor
             cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
             seqused_q: torch.Tensor | None, seqused_k: torch.Tensor | None, softmax_scale: Any,
             causal: Any, window_size: Sequence[int], softcap: Any, backend: Any,
-            out: torch.Tensor | None = None,
-            need_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, VarlenPlan]:
+            out: torch.Tensor | None = None, need_lse: bool = True,
+            descales: tuple = (None, None, None),
+            ) -> tuple[torch.Tensor, torch.Tensor | None, VarlenPlan]:
     """(out, lse, plan): out (total_q, heads_q, head_dim) written in place when given, lse fp32
-    (heads_q, total_q) or None. Rows outside every used span are not written."""
+    (heads_q, total_q) or None. Rows outside every used span are not written. FP8 (e4m3) q / k /
+    v: descales = (q_descale, k_descale, v_descale), out in bf16."""
     vp = plan(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
-              seqused_k, softmax_scale, causal, window_size, softcap, backend, out)
+              seqused_k, softmax_scale, causal, window_size, softcap, backend, out, descales)
     if vp.template is not None and offsets_checked():
         check_offsets(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, q.shape[0], k.shape[0])
     device = vp.dense.device
     if out is None:
-        out = torch.empty(vp.out_shape, dtype=q.dtype, device=device)
+        out = torch.empty(vp.out_shape, dtype=vp.dense.out_dtype, device=device)
     lse = torch.empty(vp.lse_shape, dtype=torch.float32, device=device) if need_lse else None
     if vp.template is None:
         return out, lse, vp
@@ -278,6 +298,12 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: tor
     p.seqused_q = seqused_q.data_ptr() if seqused_q is not None else None
     p.seqused_k = seqused_k.data_ptr() if seqused_k is not None else None
     p.workspace, p.workspace_bytes = workspace.data_ptr(), vp.workspace_bytes
+    if q.dtype in FP8_DTYPES:
+        p.q_descale, p.k_descale, p.v_descale = (0 if t is None else t.data_ptr()
+                                                 for t in descales)
+        if (p.q_descale or 0) % 4 or (p.k_descale or 0) % 4 or (p.v_descale or 0) % 4:
+            _validate.check_alignment(q_descale=descales[0], k_descale=descales[1],
+                                      v_descale=descales[2])
     _fwd.launch_params(vp.dense, p)
     return out, lse, vp
 

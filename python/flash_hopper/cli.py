@@ -264,8 +264,8 @@ def varlen_bounds(args: argparse.Namespace, spec: sweep.SweepSpec) -> tuple[int,
                          f"({spec.total_tokens})")
     other = [d for d in spec.dtypes if d not in sweep.HALF_DTYPES]
     if other:
-        raise ValueError(f"--varlen takes --dtype {' / '.join(sweep.HALF_DTYPES)}: varlen with "
-                         f"{' '.join(other)} is not implemented")
+        raise ValueError(f"--varlen takes --dtype {' / '.join(sweep.HALF_DTYPES)}: the bench's "
+                         f"varlen mode with {' '.join(other)} is not implemented")
     return low, high
 
 

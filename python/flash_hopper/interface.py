@@ -187,9 +187,12 @@ def flash_attn_varlen_func(
     being captured or with FLASH_HOPPER_CHECK_OFFSETS=0; the kernels clamp every offset to the
     tensors, so unchecked bad offsets give wrong results but never touch memory outside them.
     The backward runs the dense backward kernels once per sequence (exact; it reads the offsets
-    on the host). Not implemented yet, refused naming the argument: FP8 inputs, qv,
-    attention_chunk > 0. Performance hints accepted and not used: num_splits, pack_gqa,
-    sm_margin. Descales passed with fp16 / bf16 inputs are ignored, as in FA3.
+    on the host). FP8: torch.float8_e4m3fn q, k, v (FA-3 path, eager, no backward) with
+    q_descale / k_descale / v_descale fp32 (batch, heads_kv) as in flash_attn_func (batch = the
+    sequences), out in bf16. Not implemented yet, refused naming the argument: 16-bit q against
+    FP8 k / v (the mixed mode) in varlen, qv, attention_chunk > 0. Performance hints accepted and
+    not used: num_splits, pack_gqa, sm_margin. Descales passed with fp16 / bf16 inputs are
+    ignored, as in FA3.
     """
     if (qv is not None or attention_chunk != 0 or num_splits != 1 or pack_gqa is not None
             or sm_margin != 0):
@@ -203,12 +206,21 @@ def flash_attn_varlen_func(
     if out is not None and grad:
         raise UnsupportedError("out: expected None when q, k or v requires grad (a result "
                                "written into a given tensor has no autograd history)")
+    fp8 = getattr(q, "dtype", None) in FP8_DTYPES
+    if fp8 and not _plain_eager(q, k, v):
+        raise UnsupportedError("q: FP8 varlen runs eagerly only (no flash_hopper custom op "
+                               "takes it under torch.compile / tracing yet)")
     if _plain_eager(q, k, v):
-        if not grad:
-            result, lse, _ = _varlen.forward(
-                q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
-                seqused_k, softmax_scale, causal, window_size, softcap, backend, out=out,
-                need_lse=return_attn_probs)
+        if fp8 or not grad:
+            def run():
+                result, lse, _ = _varlen.forward(
+                    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
+                    seqused_k, softmax_scale, causal, window_size, softcap, backend, out=out,
+                    need_lse=return_attn_probs,
+                    descales=(q_descale, k_descale, v_descale) if fp8 else (None, None, None))
+                return result, lse
+            # FP8 inputs that require grad: the forward runs, a backward raises (FA3's way)
+            result, lse = _autograd.ForwardOnly.apply(run, q, k, v) if grad else run()
         else:
             result, lse = _autograd.FlashAttnVarlenFunction.apply(
                 q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
@@ -233,14 +245,16 @@ def _fp8_forward(q, k, v, softmax_scale, causal, window_size, softcap, backend, 
     """flash_attn_func for FP8 q / k / v (eager, no autograd)."""
     if return_attn_probs is not True and return_attn_probs is not False:
         raise TypeError(f"return_attn_probs: expected a bool, got {return_attn_probs!r}")
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        raise UnsupportedError(
-            "q/k/v: the FP8 forward has no backward; call it under torch.no_grad() or "
-            "torch.inference_mode(), or train in fp16 / bf16")
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if _plain_eager(q, k, v):
-        out, lse = _fwd.fp8_eager(q, k, v, softmax_scale, causal, window_size, softcap, backend,
+        def run():
+            return _fwd.fp8_eager(q, k, v, softmax_scale, causal, window_size, softcap, backend,
                                   q_descale, k_descale, v_descale, out_dtype, fp8_accumulation,
                                   need_lse=return_attn_probs)
+        # Inputs that require grad: the forward runs, a backward through it raises (FA3's way)
+        out, lse = _autograd.ForwardOnly.apply(run, q, k, v) if grad else run()
+    elif grad:
+        raise UnsupportedError(_autograd.FORWARD_ONLY)
     else:  # torch.compile / make_fx / FakeTensors: the custom op, validated here (metadata)
         cfg, fp8 = _validate.check_fp8_args(q, k, v, softmax_scale, causal, window_size, softcap,
                                             backend, q_descale, k_descale, v_descale, out_dtype,

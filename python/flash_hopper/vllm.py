@@ -6,8 +6,8 @@ computing exactly what flash_hopper.flash_attn_varlen_func computes for the same
 Performance hints are accepted and not used (fa_version 2 or 3, scheduler_metadata,
 num_splits). What this package does not implement yet is refused with an error naming the
 argument: a paged KV cache (block_table, or seqused_k without cu_seqlens_k), dropout, ALiBi,
-attention sinks (s_aux), MLA's q_v, FP8 inputs, context parallelism (cp_world_size > 1), FA2's
-attention probabilities (return_attn_probs).
+attention sinks (s_aux), MLA's q_v, 16-bit q against FP8 k / v (the mixed mode), context
+parallelism (cp_world_size > 1), FA2's attention probabilities (return_attn_probs).
 """
 
 from __future__ import annotations
