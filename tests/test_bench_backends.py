@@ -4,6 +4,7 @@ Every "no" must come with a reason: these tests pin the reasons' content, not ju
 """
 
 import ast
+import importlib
 import sys
 import types
 from pathlib import Path
@@ -431,3 +432,36 @@ def test_bench_modules_import_without_cycles():
 
     cycles = sorted(m for m in graph if m in reachable(m))
     assert cycles == []
+
+
+ARGV_PARSING_PEER = """
+import argparse
+parser = argparse.ArgumentParser()
+parser.add_argument("-diagnostic", action="store_true")
+parser.parse_args()  # argparse exits on what it does not know, as the CuTe DSL's parser did
+
+
+def flash_attn_func(q, k, v, causal=False):
+    return q
+"""
+
+
+def test_peers_import_with_argv_shielded(tmp_path, monkeypatch):
+    """Issue 15 item 6: `flash-hopper bench -d 128 --backends flash-attn-cute` died because the
+    CuTe DSL parses sys.argv on import (argparse read `-d` as a prefix of its `-diagnostic`,
+    then `128` as an unknown argument). A peer module that does the same imports cleanly, and
+    sys.argv is back afterwards; one that exits on import becomes a reason, not an exit."""
+    (tmp_path / "argv_peer.py").write_text(ARGV_PARSING_PEER)
+    (tmp_path / "exiting_peer.py").write_text("raise SystemExit(3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    argv = ["flash-hopper", "bench", "-d", "128", "--backends", "argv-peer"]
+    monkeypatch.setattr(sys, "argv", list(argv))
+    with pytest.raises(SystemExit):  # the negative control: unshielded, the import exits
+        importlib.import_module("argv_peer")
+    sys.modules.pop("argv_peer", None)
+    peer = peers.FlashAttnPackage("argv-peer", "argv peer", ["argv_peer"], ["argv-peer"])
+    assert peer.software_reason() is None
+    assert sys.argv == argv
+    exiting = peers.FlashAttnPackage("exiting", "exiting", ["exiting_peer"], ["exiting"])
+    assert "exiting_peer: exited on import (SystemExit 3)" in exiting.software_reason()
+    assert sys.argv == argv

@@ -32,10 +32,12 @@ Flex is not wired up for varlen (it would need a document mask over the packed b
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterator, Sequence
 from typing import Callable
 
 from flash_hopper.mask import AttentionMask
@@ -297,6 +299,19 @@ class FlexBackend(Backend):
         return "flex", "torch.compile(flex_attention), triton kernel"
 
 
+@contextlib.contextmanager
+def argv_shielded() -> Iterator[None]:
+    """sys.argv holds only the program name while a peer is imported: some packages parse it on
+    import (the CuTe DSL behind flash_attn.cute does, and argparse's prefix matching read our
+    `-d 128` as its `-diagnostic`, ending the run)."""
+    saved = sys.argv
+    sys.argv = saved[:1] or [""]
+    try:
+        yield
+    finally:
+        sys.argv = saved
+
+
 class FlashAttnPackage(Backend):
     """An installed FlashAttention package exposing flash_attn_func in FA's layout."""
 
@@ -319,9 +334,13 @@ class FlashAttnPackage(Backend):
         failures = []
         for module_name in self.modules:
             try:
-                module = importlib.import_module(module_name)
+                with argv_shielded():
+                    module = importlib.import_module(module_name)
             except Exception as exc:  # noqa: BLE001 - ImportError, OSError (torch-ABI mismatch)...
                 failures.append(f"{module_name}: {first_line(exc)}")
+                continue
+            except SystemExit as exc:  # a package that exits on import must not end the sweep
+                failures.append(f"{module_name}: exited on import (SystemExit {exc.code!r})")
                 continue
             func = getattr(module, "flash_attn_func", None)
             if func is None:
