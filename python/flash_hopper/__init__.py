@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import _lib, fp8
+from ._combine import flash_attn_combine
 from ._errors import (
     CudaError,
     DeviceQueryError,
@@ -46,6 +47,7 @@ __all__ = [
     "UnsupportedError",
     "__version__",
     "build_info",
+    "flash_attn_combine",
     "flash_attn_func",
     "flash_attn_varlen_func",
     "fp8",
