@@ -380,3 +380,94 @@ def attention_varlen_ref(
         out = out.index_copy(0, torch.arange(q0, q0 + sq, device=q.device), o[0])
         lse = lse.index_copy(1, torch.arange(q0, q0 + sq, device=q.device), l[0])
     return out, lse
+
+
+def _attend_with_sink(qh: Tensor, kh: Tensor, vh: Tensor, visible: Tensor | None, scale: float,
+                      softcap: float, sink: Tensor) -> tuple[Tensor, Tensor]:
+    """_attend with a per-head sink logit (gpt-oss style, ``sink`` (h,)): it joins each row's
+    softmax denominator without a value, so out = sum_j exp(s_j) v_j / (sum_j exp(s_j) +
+    exp(sink)) and lse = log(sum_j exp(s_j) + exp(sink)). A row that sees no key gets out 0 and
+    lse = sink."""
+    scores = _capped(qh @ kh.transpose(-1, -2) * scale, softcap)
+    if visible is not None:
+        scores = scores.masked_fill(~visible, NEG_INF)
+    sink = sink.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+    both = torch.cat([scores, sink], dim=-1)
+    lse = torch.logsumexp(both, dim=-1)
+    probs = torch.exp(scores - lse.unsqueeze(-1))
+    return probs @ vh, lse
+
+
+def attention_kvcache_ref(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    k: Tensor | None = None,
+    v: Tensor | None = None,
+    cache_seqlens: int | Tensor | None = None,
+    cache_batch_idx: Tensor | None = None,
+    cache_leftpad: Tensor | None = None,
+    page_table: Tensor | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: Sequence[int] = (-1, -1),
+    softcap: float = 0.0,
+    sinks: Tensor | None = None,
+    upcast: bool = True,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Naive attention over a KV cache with FA3's flash_attn_with_kvcache semantics (issue 14):
+    (out (b, sq, hq, d), lse (b, hq, sq), k_cache', v_cache'), the caches returned as new tensors
+    with the new keys written (what the kernel does in place).
+
+    Cache: dense (batch_cache, seqlen_cache, heads_kv, d), batch b reading row
+    cache_batch_idx[b] (default b); or paged (num_pages, page_size, heads_kv, d) with page_table
+    (b, max_pages) int32: logical position j of batch b is page page_table[b, j // page_size],
+    slot j % page_size. cache_seqlens (int or (b,)): the positions already filled; the new k / v
+    (b, seqlen_new, heads_kv, d), when given, are written at positions [cache_seqlens,
+    cache_seqlens + seqlen_new). The keys attended are positions [cache_leftpad[b] (default 0),
+    cache_seqlens[b] + seqlen_new); masks are bottom-right aligned on that span. Nothing past it
+    (garbage, NaN, unused pages) is read. sinks: fp32 (hq,), a logit per query head that joins
+    the softmax denominator without a value (_attend_with_sink); lse then includes it.
+    """
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    dtype = _compute_dtype(q.dtype, upcast)
+    paged = page_table is not None
+    page_size = k_cache.shape[1]
+    k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    new = 0 if k is None else k.shape[1]
+    if isinstance(cache_seqlens, int) or cache_seqlens is None:
+        filled = [int(cache_seqlens or 0)] * batch
+    else:
+        filled = [int(x) for x in cache_seqlens.tolist()]
+    leftpad = [0] * batch if cache_leftpad is None else [int(x) for x in cache_leftpad.tolist()]
+    rows = list(range(batch)) if cache_batch_idx is None else cache_batch_idx.tolist()
+
+    def slots(b: int, positions: range) -> tuple[Tensor, Tensor]:
+        """(cache row or page, slot) of batch b's logical positions."""
+        pos = torch.tensor(list(positions), dtype=torch.long, device=k_cache.device)
+        if paged:
+            return page_table[b].long()[pos // page_size], pos % page_size
+        return torch.full_like(pos, rows[b]), pos
+
+    out = torch.zeros(batch, seqlen_q, heads_q, v_cache.shape[-1], dtype=dtype, device=q.device)
+    lse = torch.full((batch, heads_q, seqlen_q), NEG_INF, dtype=dtype, device=q.device)
+    for b in range(batch):
+        if new:
+            page, slot = slots(b, range(filled[b], filled[b] + new))
+            k_cache[page, slot] = k[b].to(k_cache.dtype)
+            v_cache[page, slot] = v[b].to(v_cache.dtype)
+        page, slot = slots(b, range(leftpad[b], filled[b] + new))
+        kb, vb = k_cache[page, slot][None], v_cache[page, slot][None]
+        if sinks is None:
+            o, l = attention_ref(q[b:b + 1], kb, vb, softmax_scale, causal, window_size,
+                                 softcap, upcast)
+        else:
+            mask = _mask(q[b:b + 1], kb, causal, window_size, 0)
+            visible = None if mask.is_full else mask.dense(device=q.device)
+            oh, l = _attend_with_sink(q[b:b + 1].to(dtype).transpose(1, 2),
+                                      _heads_first(kb, heads_q, dtype),
+                                      _heads_first(vb, heads_q, dtype), visible,
+                                      _scale(softmax_scale, head_dim), softcap, sinks)
+            o = oh.transpose(1, 2)
+        out[b], lse[b] = o[0], l[0]
+    return out, lse, k_cache, v_cache
