@@ -1,0 +1,279 @@
+"""Context parallelism over torch.distributed (issue 16): ring attention.
+
+Each rank holds a shard of one long sequence (FA3 layout, (batch, seqlen, heads, head_dim)); the
+K / V shards travel around the ranks of a process group while every rank attends its queries to
+the block in hand, and the partial results merge exactly through their log-sum-exps (fp32):
+
+    lse = log(exp(lse_a) + exp(lse_b)),    out = exp(lse_a - lse) out_a + exp(lse_b - lse) out_b
+
+The backward runs the same ring: dQ stays local, dK / dV travel with their K / V block (fp32) and
+arrive home after the last step. Every block's gradient uses the merged output and LSE, so the
+result is the exact gradient of full attention.
+
+Layouts: the sequence is cut into chunks of equal length. "contiguous": rank r holds chunk r of
+W. "zigzag": chunks r and 2W - 1 - r of 2W, so under a causal mask every rank has the same work.
+A (query chunk, key chunk) pair is fully visible when the key chunk comes first, causal on the
+diagonal, and skipped when it comes after (causal); without a mask every pair is full.
+
+The attention of one block pair is pluggable (``BlockAttention``): ``reference_blocks`` (plain
+torch, any device, float64; what the CPU tests run over gloo) today; the kernels' block (the
+FA-3 / FA-2 forward and backward with their LSE) is the GPU step of issue 16.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple, Protocol
+
+import torch
+import torch.distributed as dist
+
+from . import reference
+
+LAYOUTS = ("zigzag", "contiguous")
+NEG_INF = float("-inf")
+
+
+class BlockAttention(Protocol):
+    """Attention of one (query chunk, key chunk) pair: ``fwd`` -> (out, lse (b, h, sq)), ``bwd``
+    -> (dq, dk, dv) given the final (merged) out and lse."""
+
+    def fwd(self, q, k, v, causal: bool, scale: float, softcap: float) -> tuple: ...
+
+    def bwd(self, dout, q, k, v, out, lse, causal: bool, scale: float,
+            softcap: float) -> tuple: ...
+
+
+class _ReferenceBlocks:
+    """The block pair in plain torch (reference.attention_ref / attention_bwd_ref)."""
+
+    def fwd(self, q, k, v, causal, scale, softcap):
+        return reference.attention_ref(q, k, v, scale, causal, softcap=softcap)
+
+    def bwd(self, dout, q, k, v, out, lse, causal, scale, softcap):
+        return reference.attention_bwd_ref(q, k, v, out, lse, dout, scale, causal,
+                                           softcap=softcap)
+
+
+reference_blocks = _ReferenceBlocks()
+
+
+def _chunk_ids(rank: int, world: int, layout: str) -> list[int]:
+    return [rank] if layout == "contiguous" else [rank, 2 * world - 1 - rank]
+
+
+def _num_chunks(world: int, layout: str) -> int:
+    return world if layout == "contiguous" else 2 * world
+
+
+def _check_layout(layout: Any) -> str:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected one of {', '.join(LAYOUTS)}, got {layout!r}")
+    return layout
+
+
+def shard(x: torch.Tensor, rank: int, world: int, layout: str = "zigzag",
+          dim: int = 1) -> torch.Tensor:
+    """This rank's shard of a full sequence tensor (seqlen along ``dim``), in ``layout``."""
+    _check_layout(layout)
+    n = _num_chunks(world, layout)
+    if x.shape[dim] % n:
+        raise ValueError(f"x: the sequence length {x.shape[dim]} (dim {dim}) must split into "
+                         f"{n} equal chunks for the {layout} layout over {world} ranks")
+    chunks = x.chunk(n, dim=dim)
+    return torch.cat([chunks[i] for i in _chunk_ids(rank, world, layout)], dim=dim)
+
+
+def unshard(shards: Sequence[torch.Tensor], layout: str = "zigzag",
+            dim: int = 1) -> torch.Tensor:
+    """The full sequence from every rank's shard (in rank order): ``shard``'s inverse."""
+    _check_layout(layout)
+    world = len(shards)
+    chunks: dict[int, torch.Tensor] = {}
+    for rank, piece in enumerate(shards):
+        ids = _chunk_ids(rank, world, layout)
+        for i, c in zip(ids, piece.chunk(len(ids), dim=dim)):
+            chunks[i] = c
+    return torch.cat([chunks[i] for i in range(_num_chunks(world, layout))], dim=dim)
+
+
+class _Ring(NamedTuple):
+    group: Any
+    rank: int
+    world: int
+    layout: str
+    causal: bool
+    scale: float
+    softcap: float
+    blocks: Any
+
+
+def _pairs(ring: _Ring, owner: int):
+    """(query piece index, key piece index, causal) of the visible chunk pairs between this
+    rank's queries and ``owner``'s keys."""
+    mine = _chunk_ids(ring.rank, ring.world, ring.layout)
+    theirs = _chunk_ids(owner, ring.world, ring.layout)
+    for i, qc in enumerate(mine):
+        for j, kc in enumerate(theirs):
+            if not ring.causal or kc < qc:
+                yield i, j, False
+            elif kc == qc:
+                yield i, j, True
+
+
+def _merge(out, lse, o, l):
+    """Merge (o, l) into the running (out (b, s, h, d) fp32, lse (b, h, s) fp32)."""
+    new = torch.logaddexp(lse, l)
+    finite = torch.isfinite(new)
+    safe = torch.where(finite, new, torch.zeros_like(new))
+    a = torch.where(finite, torch.exp(lse - safe), torch.zeros_like(new))
+    b = torch.where(finite, torch.exp(l - safe), torch.zeros_like(new))
+    out = out * a.transpose(1, 2).unsqueeze(-1) + o * b.transpose(1, 2).unsqueeze(-1)
+    return out, new
+
+
+def _exchange(ring: _Ring, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Send ``tensors`` to the next rank and receive the previous rank's (async); returns the
+    receive buffers after waiting."""
+    nxt, prv = (ring.rank + 1) % ring.world, (ring.rank - 1) % ring.world
+    recv = [torch.empty_like(t) for t in tensors]
+    ops = [dist.P2POp(dist.isend, t.contiguous(), dist.get_global_rank(ring.group, nxt)
+                      if ring.group is not None else nxt, ring.group) for t in tensors]
+    ops += [dist.P2POp(dist.irecv, r, dist.get_global_rank(ring.group, prv)
+                       if ring.group is not None else prv, ring.group) for r in recv]
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
+    return recv
+
+
+def _pieces(t: torch.Tensor, ring: _Ring) -> tuple[torch.Tensor, ...]:
+    return t.chunk(len(_chunk_ids(ring.rank, ring.world, ring.layout)), dim=1)
+
+
+def _ring_forward(ring: _Ring, q, k, v):
+    qs = _pieces(q, ring)
+    b, _, h, _ = q.shape
+    outs = [torch.zeros(*p.shape[:3], v.shape[-1], dtype=torch.float32, device=q.device)
+            for p in qs]
+    lses = [torch.full((b, h, p.shape[1]), NEG_INF, dtype=torch.float32, device=q.device)
+            for p in qs]
+    kv = [k, v]
+    for step in range(ring.world):
+        owner = (ring.rank - step) % ring.world
+        ks, vs = _pieces(kv[0], ring), _pieces(kv[1], ring)
+        for i, j, diag in _pairs(ring, owner):
+            o, l = ring.blocks.fwd(qs[i], ks[j], vs[j], diag, ring.scale, ring.softcap)
+            outs[i], lses[i] = _merge(outs[i], lses[i], o.float(), l.float())
+        if step < ring.world - 1:
+            kv = _exchange(ring, kv)
+    return torch.cat(outs, dim=1), torch.cat(lses, dim=2)
+
+
+def _ring_backward(ring: _Ring, dout, q, k, v, out, lse):
+    qs, dos, os_ = _pieces(q, ring), _pieces(dout, ring), _pieces(out, ring)
+    ls = lse.chunk(len(qs), dim=2)
+    dq = [torch.zeros(p.shape, dtype=torch.float32, device=q.device) for p in qs]
+    kv = [k, v]
+    dkv = [torch.zeros(k.shape, dtype=torch.float32, device=k.device),
+           torch.zeros(v.shape, dtype=torch.float32, device=v.device)]
+    for step in range(ring.world):
+        owner = (ring.rank - step) % ring.world
+        ks, vs = _pieces(kv[0], ring), _pieces(kv[1], ring)
+        dks, dvs = list(_pieces(dkv[0], ring)), list(_pieces(dkv[1], ring))
+        for i, j, diag in _pairs(ring, owner):
+            gq, gk, gv = ring.blocks.bwd(dos[i], qs[i], ks[j], vs[j], os_[i], ls[i], diag,
+                                         ring.scale, ring.softcap)
+            dq[i] += gq.float()
+            dks[j] = dks[j] + gk.float()
+            dvs[j] = dvs[j] + gv.float()
+        dkv = [torch.cat(dks, dim=1), torch.cat(dvs, dim=1)]
+        if step < ring.world - 1:
+            *kv, dk_in, dv_in = _exchange(ring, [*kv, *dkv])
+            dkv = [dk_in, dv_in]
+        else:  # the block in hand belongs to the next rank: its gradients go home
+            dkv = _exchange(ring, dkv)
+    return torch.cat(dq, dim=1), dkv[0], dkv[1]
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, ring: _Ring):
+        out, lse = _ring_forward(ring, q, k, v)
+        out = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.ring = ring
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        if dlse is not None and bool((dlse != 0).any()):
+            raise NotImplementedError("lse: ring_flash_attn_func's backward takes no gradient "
+                                      "through the returned lse")
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _ring_backward(ctx.ring, dout, q, k, v, out, lse)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
+
+
+def _resolve_group(group: Any):
+    if group is not None and hasattr(group, "get_group"):  # a 1-D DeviceMesh
+        if getattr(group, "ndim", 1) != 1:
+            raise ValueError(f"group: expected a ProcessGroup or a 1-D DeviceMesh, got a "
+                             f"{group.ndim}-D mesh")
+        group = group.get_group()
+    return group
+
+
+def _check_ranks_agree(ring: _Ring, q, k, v) -> None:
+    """One all_gather of the call's metadata: every rank must pass the same shapes and dtypes."""
+    code = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.float64: 4}
+    meta = torch.tensor([*q.shape, *k.shape, *v.shape, code.get(q.dtype, 0),
+                         _num_chunks(ring.world, ring.layout), int(ring.causal)],
+                        dtype=torch.int64, device=q.device)
+    everyone = [torch.empty_like(meta) for _ in range(ring.world)]
+    dist.all_gather(everyone, meta, group=ring.group)
+    for rank, other in enumerate(everyone):
+        if not torch.equal(other, meta):
+            raise ValueError(f"q / k / v: rank {ring.rank} has shapes {tuple(q.shape)}, "
+                             f"{tuple(k.shape)}, {tuple(v.shape)} ({q.dtype}, causal "
+                             f"{ring.causal}, layout {ring.layout}), rank {rank} differs "
+                             f"({other.tolist()} vs {meta.tolist()})")
+
+
+def ring_flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any = None,
+                         causal: bool = False, window_size: Sequence[int] = (-1, -1),
+                         softcap: float = 0.0, softmax_scale: float | None = None,
+                         layout: str = "zigzag", deterministic: bool = False,
+                         return_lse: bool = False, blocks: BlockAttention | None = None):
+    """Attention of one sequence sharded over the ranks of ``group`` (a ProcessGroup, a 1-D
+    DeviceMesh, or None for the default group): q, k, v (batch, seqlen / W, heads, head_dim),
+    this rank's shard in ``layout`` (``shard``), GQA allowed. Returns this rank's out shard
+    (and its lse (batch, heads, seqlen / W) with ``return_lse``), differentiable.
+
+    blocks: the block-pair attention (``reference_blocks`` by default). Not implemented yet:
+    windows (refused naming window_size). ``deterministic``: the ring's order is fixed, so the
+    result is reproducible whenever the block attention is.
+    """
+    _check_layout(layout)
+    if tuple(window_size) != (-1, -1):
+        raise NotImplementedError(f"window_size: expected (-1, -1) (windows over the ring are "
+                                  f"not implemented yet), got {tuple(window_size)}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal: expected a bool, got {causal!r}")
+    group = _resolve_group(group)
+    world = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    ring = _Ring(group, rank, world, layout, causal, scale, float(softcap),
+                 blocks if blocks is not None else reference_blocks)
+    pieces = len(_chunk_ids(rank, world, layout))
+    if q.shape[1] % pieces or k.shape[1] != q.shape[1]:
+        raise ValueError(f"q / k: expected equal shard lengths divisible by {pieces} (the "
+                         f"{layout} layout's chunks per rank), got {q.shape[1]} and "
+                         f"{k.shape[1]}")
+    _check_ranks_agree(ring, q, k, v)
+    out, lse = _RingAttention.apply(q, k, v, ring)
+    return (out, lse) if return_lse else out
+
+
+__all__ = ["LAYOUTS", "BlockAttention", "reference_blocks", "ring_flash_attn_func", "shard",
+           "unshard"]
