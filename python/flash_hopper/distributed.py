@@ -16,8 +16,9 @@ A (query chunk, key chunk) pair is fully visible when the key chunk comes first,
 diagonal, and skipped when it comes after (causal); without a mask every pair is full.
 
 The attention of one block pair is pluggable (``BlockAttention``): ``reference_blocks`` (plain
-torch, any device, float64; what the CPU tests run over gloo) today; the kernels' block (the
-FA-3 / FA-2 forward and backward with their LSE) is the GPU step of issue 16.
+torch, any device, float64; what the CPU tests run over gloo) and ``KernelBlocks`` (flash-hopper's
+forward and backward kernels; the default for CUDA fp16 / bf16 tensors; its GPU tests are issue
+16's next step: written, not yet run on a GPU).
 """
 
 from __future__ import annotations
@@ -56,6 +57,30 @@ class _ReferenceBlocks:
 
 
 reference_blocks = _ReferenceBlocks()
+
+
+class KernelBlocks:
+    """The block pair on flash-hopper's kernels (CUDA, fp16 / bf16): flash_attn_func with its
+    LSE forward, the backward kernels (ops.bwd_into) with the merged out and LSE. ``backend``
+    and ``deterministic`` as in flash_attn_func."""
+
+    def __init__(self, backend: str = "auto", deterministic: bool = False):
+        self.backend = backend
+        self.deterministic = deterministic
+
+    def fwd(self, q, k, v, causal, scale, softcap):
+        from .interface import flash_attn_func
+
+        return flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, softcap=softcap,
+                               return_attn_probs=True, backend=self.backend)
+
+    def bwd(self, dout, q, k, v, out, lse, causal, scale, softcap):
+        from . import ops
+
+        dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+        ops.bwd_into(dout, q, k, v, out, lse.contiguous(), dq, dk, dv, scale, -1,
+                     0 if causal else -1, softcap, self.backend, self.deterministic)
+        return dq, dk, dv
 
 
 def _chunk_ids(rank: int, world: int, layout: str) -> list[int]:
@@ -249,7 +274,8 @@ def ring_flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grou
     this rank's shard in ``layout`` (``shard``), GQA allowed. Returns this rank's out shard
     (and its lse (batch, heads, seqlen / W) with ``return_lse``), differentiable.
 
-    blocks: the block-pair attention (``reference_blocks`` by default). Not implemented yet:
+    blocks: the block-pair attention (``KernelBlocks()`` for CUDA fp16 / bf16 tensors, else
+    ``reference_blocks``). Not implemented yet:
     windows (refused naming window_size). ``deterministic``: the ring's order is fixed, so the
     result is reproducible whenever the block attention is.
     """
@@ -263,8 +289,10 @@ def ring_flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grou
     world = dist.get_world_size(group)
     rank = dist.get_rank(group)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
-    ring = _Ring(group, rank, world, layout, causal, scale, float(softcap),
-                 blocks if blocks is not None else reference_blocks)
+    if blocks is None:
+        kernels = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+        blocks = KernelBlocks(deterministic=deterministic) if kernels else reference_blocks
+    ring = _Ring(group, rank, world, layout, causal, scale, float(softcap), blocks)
     pieces = len(_chunk_ids(rank, world, layout))
     if q.shape[1] % pieces or k.shape[1] != q.shape[1]:
         raise ValueError(f"q / k: expected equal shard lengths divisible by {pieces} (the "
@@ -275,5 +303,5 @@ def ring_flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grou
     return (out, lse) if return_lse else out
 
 
-__all__ = ["LAYOUTS", "BlockAttention", "reference_blocks", "ring_flash_attn_func", "shard",
-           "unshard"]
+__all__ = ["LAYOUTS", "BlockAttention", "KernelBlocks", "reference_blocks",
+           "ring_flash_attn_func", "shard", "unshard"]

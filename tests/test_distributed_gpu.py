@@ -1,0 +1,84 @@
+"""Ring attention on the kernels (issue 16), on GPUs: the kernel block pair against the reference
+block pair on one GPU, and the ring over NCCL on two GPUs against single-GPU full attention
+(forward and gradients, FA3's tolerance rule: at most twice the error of the same computation in
+the input dtype, plus a small absolute term)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from flash_hopper import distributed as ring
+from flash_hopper import flash_attn_func
+from flash_hopper.reference import attention_ref
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_matmuls")]
+BF16 = torch.bfloat16
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_kernel_blocks_match_the_reference_blocks(lib, causal, head_dim):
+    g = torch.Generator(device="cuda").manual_seed(head_dim)
+    q = torch.randn(2, 200, 4, head_dim, device="cuda", dtype=BF16, generator=g)
+    k, v = (torch.randn(2, 200, 2, head_dim, device="cuda", dtype=BF16, generator=g)
+            for _ in range(2))
+    dout = torch.randn_like(q)
+    scale = head_dim**-0.5
+    kern = ring.KernelBlocks()
+    out, lse = kern.fwd(q, k, v, causal, scale, 0.0)
+    ref_out, ref_lse = ring.reference_blocks.fwd(q.double(), k.double(), v.double(), causal,
+                                                 scale, 0.0)
+    low, _ = attention_ref(q, k, v, scale, causal, upcast=False)
+    tol = 2 * (low.double() - ref_out).abs().max().item() + 1e-4
+    assert (out.double() - ref_out).abs().max().item() <= tol
+    assert (lse.double() - ref_lse).abs().max().item() <= 1e-3
+    grads = kern.bwd(dout, q, k, v, out, lse, causal, scale, 0.0)
+    ref_grads = ring.reference_blocks.bwd(dout.double(), q.double(), k.double(), v.double(),
+                                          out.double(), lse.double(), causal, scale, 0.0)
+    for name, got, want in zip("qkv", grads, ref_grads):
+        err = (got.double() - want).abs().max().item()
+        assert err <= 3e-2 * want.abs().max().item() + 1e-3, f"d{name}: {err:.3g}"
+
+
+def _worker(rank, world, init_file, layout, causal):
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    try:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        s = 2 * world * 256
+        q = torch.randn(1, s, 8, 128, device="cuda", dtype=BF16, generator=g)
+        k, v = (torch.randn(1, s, 2, 128, device="cuda", dtype=BF16, generator=g)
+                for _ in range(2))
+        dout = torch.randn_like(q)
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        full = flash_attn_func(*leaves, causal=causal)
+        full.backward(dout)
+        ref_leaves = [t.double().requires_grad_() for t in (q, k, v)]
+        ref, _ = attention_ref(*ref_leaves, causal=causal)
+        ref.backward(dout.double())
+        mine = [ring.shard(t, rank, world, layout).requires_grad_() for t in (q, k, v)]
+        out = ring.ring_flash_attn_func(*mine, causal=causal, layout=layout)
+        out.backward(ring.shard(dout, rank, world, layout))
+        pairs = [(out, full, ref)] + [(m.grad, f.grad, r.grad) for m, f, r in
+                                      zip(mine, leaves, ref_leaves)]
+        for got, single, want in pairs:
+            got, single = got.double(), ring.shard(single.double(), rank, world, layout)
+            want = ring.shard(want, rank, world, layout)
+            bound = 2 * (single - want).abs().max().item() + 1e-3
+            assert (got - want).abs().max().item() <= bound
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (nvidia-h200-x2)")
+@pytest.mark.parametrize(("layout", "causal"), [("zigzag", True), ("contiguous", False)])
+def test_ring_on_two_gpus_equals_one_gpu(lib, layout, causal):
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_worker, args=(2, os.path.join(tmp, "init"), layout, causal), nprocs=2,
+                 join=True)
