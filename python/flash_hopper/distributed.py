@@ -157,18 +157,27 @@ def _merge(out, lse, o, l):
     return out, new
 
 
-def _exchange(ring: _Ring, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Send ``tensors`` to the next rank and receive the previous rank's (async); returns the
-    receive buffers after waiting."""
-    nxt, prv = (ring.rank + 1) % ring.world, (ring.rank - 1) % ring.world
+class _Exchange(NamedTuple):
+    requests: list
+    received: list[torch.Tensor]
+
+    def wait(self) -> list[torch.Tensor]:
+        for req in self.requests:
+            req.wait()
+        return self.received
+
+
+def _start_exchange(ring: _Ring, tensors: list[torch.Tensor]) -> _Exchange:
+    """Start sending ``tensors`` to the next rank and receiving the previous rank's into fresh
+    buffers; the caller computes meanwhile and waits (``_Exchange.wait``) before using them."""
+    def peer(r: int) -> int:
+        return dist.get_global_rank(ring.group, r) if ring.group is not None else r
+
+    nxt, prv = peer((ring.rank + 1) % ring.world), peer((ring.rank - 1) % ring.world)
     recv = [torch.empty_like(t) for t in tensors]
-    ops = [dist.P2POp(dist.isend, t.contiguous(), dist.get_global_rank(ring.group, nxt)
-                      if ring.group is not None else nxt, ring.group) for t in tensors]
-    ops += [dist.P2POp(dist.irecv, r, dist.get_global_rank(ring.group, prv)
-                       if ring.group is not None else prv, ring.group) for r in recv]
-    for req in dist.batch_isend_irecv(ops):
-        req.wait()
-    return recv
+    ops = [dist.P2POp(dist.isend, t.contiguous(), nxt, ring.group) for t in tensors]
+    ops += [dist.P2POp(dist.irecv, r, prv, ring.group) for r in recv]
+    return _Exchange(dist.batch_isend_irecv(ops), recv)
 
 
 def _pieces(t: torch.Tensor, ring: _Ring) -> tuple[torch.Tensor, ...]:
@@ -185,12 +194,14 @@ def _ring_forward(ring: _Ring, q, k, v):
     kv = [k, v]
     for step in range(ring.world):
         owner = (ring.rank - step) % ring.world
+        # The next block travels while this one is attended.
+        pending = _start_exchange(ring, kv) if step < ring.world - 1 else None
         ks, vs = _pieces(kv[0], ring), _pieces(kv[1], ring)
         for i, j, diag in _pairs(ring, owner):
             o, l = ring.blocks.fwd(qs[i], ks[j], vs[j], diag, ring.scale, ring.softcap)
             outs[i], lses[i] = _merge(outs[i], lses[i], o.float(), l.float())
-        if step < ring.world - 1:
-            kv = _exchange(ring, kv)
+        if pending is not None:
+            kv = pending.wait()
     return torch.cat(outs, dim=1), torch.cat(lses, dim=2)
 
 
@@ -203,6 +214,9 @@ def _ring_backward(ring: _Ring, dout, q, k, v, out, lse):
            torch.zeros(v.shape, dtype=torch.float32, device=v.device)]
     for step in range(ring.world):
         owner = (ring.rank - step) % ring.world
+        # K / V of the next step travel during this step's compute; dK / dV after it (they are
+        # this step's result).
+        pending = _start_exchange(ring, kv) if step < ring.world - 1 else None
         ks, vs = _pieces(kv[0], ring), _pieces(kv[1], ring)
         dks, dvs = list(_pieces(dkv[0], ring)), list(_pieces(dkv[1], ring))
         for i, j, diag in _pairs(ring, owner):
@@ -211,12 +225,10 @@ def _ring_backward(ring: _Ring, dout, q, k, v, out, lse):
             dq[i] += gq.float()
             dks[j] = dks[j] + gk.float()
             dvs[j] = dvs[j] + gv.float()
-        dkv = [torch.cat(dks, dim=1), torch.cat(dvs, dim=1)]
-        if step < ring.world - 1:
-            *kv, dk_in, dv_in = _exchange(ring, [*kv, *dkv])
-            dkv = [dk_in, dv_in]
-        else:  # the block in hand belongs to the next rank: its gradients go home
-            dkv = _exchange(ring, dkv)
+        # The last step's block belongs to the next rank: its gradients go home with this send.
+        dkv = _start_exchange(ring, [torch.cat(dks, dim=1), torch.cat(dvs, dim=1)]).wait()
+        if pending is not None:
+            kv = pending.wait()
     return torch.cat(dq, dim=1), dkv[0], dkv[1]
 
 
