@@ -10,7 +10,8 @@ the same tokens, and a realistic mixed batch against torch SDPA's jagged (nested
    h = 16: varlen (fa3 and fa2) vs torch SDPA on a jagged nested tensor (its flash backend) and
    the dense kernel run per sequence (the no-varlen fallback a user would write).
 TFLOP/s by the FA convention per sequence (4 * sq * sk * h * d, halved when causal, i.e. the
-mask's visible pairs). Each timing: CUDA events around 20 calls after 5 warm-ups, median of 5.
+mask's visible pairs). Each timing: CUDA events around 20 calls after 5 warm-ups, median of 5;
+dense and varlen of one point alternate rep by rep (median of 7 each).
 The offsets check (one device-to-host copy per call) is off while timing
 (FLASH_HOPPER_CHECK_OFFSETS=0) and its cost is reported on its own.
 """
@@ -31,20 +32,35 @@ import torch.nn.functional as F
 from flash_hopper import flash_attn_func, flash_attn_varlen_func
 
 
+def _once(fn, iters) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
+
+
 def timed(fn, iters=20, warmup=5, reps=5) -> float:
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    times = []
+    return statistics.median(_once(fn, iters) for _ in range(reps))  # ms
+
+
+def timed_pair(fa, fb, iters=20, warmup=5, reps=7) -> tuple[float, float]:
+    """Medians (ms) of two calls timed alternately, rep by rep: a drift of the GPU's clock or of
+    the machine's load hits both sides alike (run-to-run noise at s <= 4k is 5-10 %)."""
+    for _ in range(warmup):
+        fa()
+        fb()
+    torch.cuda.synchronize()
+    a, b = [], []
     for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / iters)
-    return statistics.median(times)  # ms
+        a.append(_once(fa, iters))
+        b.append(_once(fb, iters))
+    return statistics.median(a), statistics.median(b)
 
 
 def flops(lengths_q, lengths_k, heads, d, causal) -> float:
@@ -71,10 +87,10 @@ def equal_lengths(backends, results):
             for causal in (False, True):
                 fl = flops([s] * b, [s] * b, h, d, causal)
                 for backend in backends:
-                    dense = timed(lambda: flash_attn_func(q, k, v, causal=causal,
-                                                          backend=backend))
-                    var = timed(lambda: flash_attn_varlen_func(qp, kp, vp, cu, cu, s, s,
-                                                               causal=causal, backend=backend))
+                    dense, var = timed_pair(
+                        lambda: flash_attn_func(q, k, v, causal=causal, backend=backend),
+                        lambda: flash_attn_varlen_func(qp, kp, vp, cu, cu, s, s, causal=causal,
+                                                       backend=backend))
                     row = {"case": "equal", "backend": backend, "d": d, "s": s, "b": b,
                            "h": h, "causal": causal, "dense_ms": dense, "varlen_ms": var,
                            "dense_tflops": fl / dense / 1e9, "varlen_tflops": fl / var / 1e9,
