@@ -29,17 +29,8 @@ import time
 import flash_hopper
 import torch
 import torch.nn.functional as F
+from ab_libs import time_burst as _once  # bench/ is the script's directory: on sys.path
 from flash_hopper import flash_attn_func, flash_attn_varlen_func
-
-
-def _once(fn, iters) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / iters
 
 
 def timed(fn, iters=20, warmup=5, reps=5) -> float:

@@ -35,6 +35,14 @@ class StandInTimer:
         return Stats(median=1.0, p20=0.9, p80=1.1, min=0.8, max=1.2, mean=1.0, n=3)
 
 
+def fake_build_info(monkeypatch, info):
+    """flash_hopper.build_info() answers ``info`` (a fresh copy per call): a library of that build
+    for the bench backends' capability checks, with none loaded."""
+    import flash_hopper
+
+    monkeypatch.setattr(flash_hopper, "build_info", lambda: dict(info))
+
+
 def mock_h200_bench(monkeypatch):
     """The bench command's GPU mocked for whole-command tests: an H200 as env.detect_gpu's answer,
     StandInTimer for timing.Timer, runs on CPU tensors. Returns the mocked GpuInfo."""

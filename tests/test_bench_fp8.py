@@ -15,7 +15,7 @@ import types
 
 import pytest
 import torch
-from _helpers import emulated_attention, mock_h200_bench, run_on_cpu
+from _helpers import emulated_attention, fake_build_info, mock_h200_bench, run_on_cpu
 from flash_hopper import cli
 from flash_hopper.bench import backends, check, peak, peers, registry, report, runner
 from flash_hopper.bench.base import Backend
@@ -96,12 +96,6 @@ class HalfOnly(Backend):
 
 
 run = run_on_cpu
-
-
-def fake_library(monkeypatch, info):
-    import flash_hopper
-
-    monkeypatch.setattr(flash_hopper, "build_info", lambda: dict(info))
 
 
 # ---- cases and inputs ------------------------------------------------------------------------
@@ -351,7 +345,7 @@ def test_a_package_that_is_not_importable_has_no_fp8_path(monkeypatch):
 
 
 def test_our_fp8_support_follows_the_kernel_list(monkeypatch):
-    fake_library(monkeypatch, FP8_BUILD)
+    fake_build_info(monkeypatch, FP8_BUILD)
     known = registry.known_backends()
     fa3, single = known["fa3"], known[backends.FP8_SINGLE_LEVEL]
     assert fa3.unsupported(fp8_case(head_dim=64)) is None
@@ -373,13 +367,13 @@ def test_our_fp8_support_follows_the_kernel_list(monkeypatch):
     # The ablation takes e4m3 cases only; a build without e4m3 says so.
     assert single.unsupported(fp8_case(dtype="bf16")) == (
         "FP8 accumulation ablation: e4m3 cases only, not bf16")
-    fake_library(monkeypatch, dict(FP8_BUILD, dtypes=["bf16"]))
+    fake_build_info(monkeypatch, dict(FP8_BUILD, dtypes=["bf16"]))
     assert backends.FlashHopperBackend("fa3", "fa3").unsupported(fp8_case()) == (
         "library built without e4m3 (dtypes: bf16)")
 
 
 def test_the_single_level_ablation_is_a_backend_of_its_own(monkeypatch):
-    fake_library(monkeypatch, FP8_BUILD)
+    fake_build_info(monkeypatch, FP8_BUILD)
     known = registry.known_backends()
     single = known[backends.FP8_SINGLE_LEVEL]
     assert (single.path, single.fp8_accumulation, single.only_dtypes) == (
@@ -602,7 +596,7 @@ def _fp8_library(monkeypatch):
     import flash_hopper
     from flash_hopper import _fwd, _validate
     fake = FakeFlashAttn()
-    monkeypatch.setattr(flash_hopper, "build_info", lambda: dict(FP8_BUILD))
+    fake_build_info(monkeypatch, FP8_BUILD)
     monkeypatch.setattr(flash_hopper, "flash_attn_func", fake)
     monkeypatch.setattr(_validate, "check_fp8_args", lambda *args: ("cfg", "fp8"))
     monkeypatch.setattr(_fwd, "make_plan", lambda *args, **kwargs: types.SimpleNamespace(

@@ -16,7 +16,7 @@ import types
 
 import pytest
 import torch
-from _helpers import emulated_attention, mock_h200_bench, run_on_cpu
+from _helpers import emulated_attention, fake_build_info, mock_h200_bench, run_on_cpu
 from flash_hopper import _tables, cli
 from flash_hopper.bench import backends, cases, check, peak, peers, registry, report, runner
 from flash_hopper.bench.base import Backend
@@ -111,12 +111,6 @@ class SameDtypeOnly(Backend):
 
 
 run = run_on_cpu
-
-
-def fake_library(monkeypatch, info):
-    import flash_hopper
-
-    monkeypatch.setattr(flash_hopper, "build_info", lambda: dict(info))
 
 
 # ---- dtype names, cases, FLOPs and bytes ------------------------------------------------------
@@ -418,7 +412,7 @@ def test_peers_have_no_mixed_mode(monkeypatch):
 
 
 def test_our_mixed_mode_runs_on_fa3_only(monkeypatch):
-    fake_library(monkeypatch, MIXED_BUILD)
+    fake_build_info(monkeypatch, MIXED_BUILD)
     known = registry.known_backends()
     c = mixed_case()
     assert runner.fp8_skip_reason(known["fa3"], c) is None
@@ -438,7 +432,7 @@ def test_our_mixed_mode_runs_on_fa3_only(monkeypatch):
 
 
 def test_our_mixed_support_follows_the_rules_and_the_kernel_list(monkeypatch):
-    fake_library(monkeypatch, MIXED_BUILD)
+    fake_build_info(monkeypatch, MIXED_BUILD)
     fa3 = backends.FlashHopperBackend("fa3", "fa3")
     assert fa3.unsupported(mixed_case(head_dim=128)) is None
     assert fa3.unsupported(mixed_case(), "bwd") == cases.MIXED_NO_BACKWARD
@@ -451,7 +445,7 @@ def test_our_mixed_support_follows_the_rules_and_the_kernel_list(monkeypatch):
         "library built without fp16+e5m2 (dtypes: bf16, bf16+e4m3)")
     only_128 = dict(MIXED_BUILD, kernels=[e for e in MIXED_BUILD["kernels"]
                                           if (e["dtype"], e["head_dim"]) != ("bf16+e4m3", 64)])
-    fake_library(monkeypatch, only_128)
+    fake_build_info(monkeypatch, only_128)
     fa3 = backends.FlashHopperBackend("fa3", "fa3")
     assert fa3.unsupported(mixed_case(head_dim=64)) == (
         "library built without an fa3 bf16+e4m3 forward kernel for head-dim bucket 64")
@@ -586,7 +580,7 @@ def _mixed_library(monkeypatch):
     import flash_hopper
     from flash_hopper import ops
 
-    fake_library(monkeypatch, MIXED_BUILD)
+    fake_build_info(monkeypatch, MIXED_BUILD)
     fake = FakeFlashAttn()
     monkeypatch.setattr(flash_hopper, "flash_attn_func", fake)
     fake_host_plan(monkeypatch)

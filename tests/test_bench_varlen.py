@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _helpers import mock_h200_bench, run_on_cpu
+from _helpers import fake_build_info, mock_h200_bench, run_on_cpu
 from flash_hopper import cli, reference
 from flash_hopper.bench import backends, check, peers, plot, report, runner
 from flash_hopper.bench import cases as sweep
@@ -415,11 +415,9 @@ def test_our_timing_context_turns_the_offsets_check_off(monkeypatch):
 
 
 def test_our_varlen_support(monkeypatch):
-    import flash_hopper
-
-    info = {"version": "0.1.0", "archs": ["sm80", "sm90a"], "head_dims": [64, 128],
-            "dtypes": ["bf16", "fp16"], "fa3_variants": ["fa3-noping"]}
-    monkeypatch.setattr(flash_hopper, "build_info", lambda: dict(info))
+    fake_build_info(monkeypatch, {"version": "0.1.0", "archs": ["sm80", "sm90a"],
+                                  "head_dims": [64, 128], "dtypes": ["bf16", "fp16"],
+                                  "fa3_variants": ["fa3-noping"]})
     c = varlen_case((100, 50), heads=8, heads_kv=2, head_dim=128, window=(32, 0), softcap=5.0)
     fa3, fa2 = backends.FlashHopperBackend("fa3", "fa3"), backends.FlashHopperBackend("fa2", "fa2")
     for ours in (fa3, fa2):

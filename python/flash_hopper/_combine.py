@@ -79,10 +79,9 @@ def flash_attn_combine(out_partial: torch.Tensor, lse_partial: torch.Tensor,
         lse = torch.empty(batch, heads, seqlen, dtype=torch.float32,
                           device=out_partial.device).transpose(1, 2)
         torch.logsumexp(lse_partial, dim=0, out=lse)
+        weight = torch.exp(lse_partial - lse.unsqueeze(0))
         # exp(-inf - (-inf)) is NaN: the partials of a row that sees no key weigh 0.
-        finite = torch.isfinite(lse).unsqueeze(0)
-        weight = torch.where(finite, torch.exp(lse_partial - torch.where(
-            finite, lse.unsqueeze(0), torch.zeros_like(lse.unsqueeze(0)))), 0.0)
+        weight = torch.where(torch.isnan(weight), 0.0, weight)
         merged = torch.einsum("nbsh,nbshd->bshd", weight, out_partial)
         if out is None:
             out = merged.to(dtype)

@@ -346,14 +346,19 @@ def fp8_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_descale: torch.T
     return _run_fp8(plan, q, k, v, q_descale, k_descale, v_descale, True)
 
 
+def descale_pointers(q_descale: Any, k_descale: Any, v_descale: Any) -> tuple[int, int, int]:
+    """The descales' data pointers for FhFwdParams (0 for None), each checked to be fp32-aligned
+    (check_alignment raises naming the tensor)."""
+    descales = tuple(0 if t is None else t.data_ptr() for t in (q_descale, k_descale, v_descale))
+    if any(ptr % 4 for ptr in descales):
+        _validate.check_alignment(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    return descales
+
+
 def _run_fp8(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_descale: Any,
              k_descale: Any, v_descale: Any,
              need_lse: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     descales = None
     if plan.template is not None:
-        descales = tuple(0 if t is None else t.data_ptr() for t in (q_descale, k_descale,
-                                                                   v_descale))
-        if any(ptr % 4 for ptr in descales):
-            _validate.check_alignment(q_descale=q_descale, k_descale=k_descale,
-                                      v_descale=v_descale)
+        descales = descale_pointers(q_descale, k_descale, v_descale)
     return _run_new_outputs(plan, q, k, v, need_lse, descales)

@@ -299,11 +299,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: tor
     p.seqused_k = seqused_k.data_ptr() if seqused_k is not None else None
     p.workspace, p.workspace_bytes = workspace.data_ptr(), vp.workspace_bytes
     if q.dtype in FP8_DTYPES:
-        p.q_descale, p.k_descale, p.v_descale = (0 if t is None else t.data_ptr()
-                                                 for t in descales)
-        if (p.q_descale or 0) % 4 or (p.k_descale or 0) % 4 or (p.v_descale or 0) % 4:
-            _validate.check_alignment(q_descale=descales[0], k_descale=descales[1],
-                                      v_descale=descales[2])
+        p.q_descale, p.k_descale, p.v_descale = _fwd.descale_pointers(*descales)
     _fwd.launch_params(vp.dense, p)
     return out, lse, vp
 

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from . import reference
+from ._combine import flash_attn_combine
 
 LAYOUTS = ("zigzag", "contiguous")
 NEG_INF = float("-inf")
@@ -147,14 +148,11 @@ def _pairs(ring: _Ring, owner: int):
 
 
 def _merge(out, lse, o, l):
-    """Merge (o, l) into the running (out (b, s, h, d) fp32, lse (b, h, s) fp32)."""
-    new = torch.logaddexp(lse, l)
-    finite = torch.isfinite(new)
-    safe = torch.where(finite, new, torch.zeros_like(new))
-    a = torch.where(finite, torch.exp(lse - safe), torch.zeros_like(new))
-    b = torch.where(finite, torch.exp(l - safe), torch.zeros_like(new))
-    out = out * a.transpose(1, 2).unsqueeze(-1) + o * b.transpose(1, 2).unsqueeze(-1)
-    return out, new
+    """Merge (o, l) into the running (out (b, s, h, d) fp32, lse (b, h, s) fp32): the LSE merge
+    of flash_attn_combine over the two."""
+    merged, merged_lse = flash_attn_combine(torch.stack([out, o]),
+                                            torch.stack([lse, l]).transpose(-1, -2))
+    return merged, merged_lse.transpose(1, 2)
 
 
 class _Exchange(NamedTuple):
