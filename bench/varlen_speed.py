@@ -66,13 +66,18 @@ def flops(lengths_q, lengths_k, heads, d, causal) -> float:
     return total
 
 
-def equal_lengths(backends, results):
+def inputs(shape, dtype):
+    """Three N(0, 1) tensors in bf16, or rounded to e4m3 (FP8: no descales, bf16 out)."""
+    t = [torch.randn(shape, dtype=torch.bfloat16, device="cuda") for _ in range(3)]
+    return [x.to(dtype) for x in t] if dtype != torch.bfloat16 else t
+
+
+def equal_lengths(backends, results, dtype=torch.bfloat16):
     for d in (64, 128, 256):
         h = 2048 // d
         for s in (1024, 2048, 4096, 8192, 16384):
             b = 16384 // s
-            q, k, v = (torch.randn(b, s, h, d, dtype=torch.bfloat16, device="cuda")
-                       for _ in range(3))
+            q, k, v = inputs((b, s, h, d), dtype)
             qp, kp, vp = (t.reshape(b * s, h, d) for t in (q, k, v))
             cu = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device="cuda")
             for causal in (False, True):
@@ -90,7 +95,7 @@ def equal_lengths(backends, results):
                     print(json.dumps(row), flush=True)
 
 
-def mixed_batch(backends, results, seed):
+def mixed_batch(backends, results, seed, dtype=torch.bfloat16):
     rng = random.Random(seed)
     lengths, total = [], 0
     while total < 16384:
@@ -98,7 +103,7 @@ def mixed_batch(backends, results, seed):
         lengths.append(n)
         total += n
     d, h = 128, 16
-    q, k, v = (torch.randn(total, h, d, dtype=torch.bfloat16, device="cuda") for _ in range(3))
+    q, k, v = inputs((total, h, d), dtype)
     cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()), dtype=torch.int32,
                       device="cuda")
     smax = max(lengths)
@@ -121,6 +126,10 @@ def mixed_batch(backends, results, seed):
             ms = timed(per_sequence, iters=5)
             row[f"{backend}_per_sequence_ms"] = ms
             row[f"{backend}_per_sequence_tflops"] = fl / ms / 1e9
+        if dtype != torch.bfloat16:  # SDPA has no FP8 attention
+            results.append(row)
+            print(json.dumps({k_: v_ for k_, v_ in row.items() if k_ != "lengths"}), flush=True)
+            continue
         try:  # torch SDPA on a jagged nested tensor: (B, j, h, d) -> transpose to (B, h, j, d)
             offsets = cu.long()
             nq, nk, nv = (torch.nested.nested_tensor_from_jagged(t, offsets).transpose(1, 2)
@@ -160,17 +169,22 @@ def main():
     ap.add_argument("--backends", default="fa3,fa2")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-equal", action="store_true")
+    ap.add_argument("--dtype", choices=["bf16", "e4m3"], default="bf16",
+                    help="e4m3: FP8 inputs (FA-3 path only; bf16 out, no descales)")
     args = ap.parse_args()
     backends = args.backends.split(",")
+    dtype = torch.float8_e4m3fn if args.dtype == "e4m3" else torch.bfloat16
+    if args.dtype == "e4m3":
+        backends = [b for b in backends if b == "fa3"]
     results = []
     check_cost(results)
     os.environ["FLASH_HOPPER_CHECK_OFFSETS"] = "0"
     if not args.skip_equal:
-        equal_lengths(backends, results)
-    mixed_batch(backends, results, args.seed)
+        equal_lengths(backends, results, dtype)
+    mixed_batch(backends, results, args.seed, dtype)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
             "date": time.strftime("%Y-%m-%d"), "build": flash_hopper.build_info().get("commit"),
-            "config": "bf16; equal: b*s = 16k, h*d = 2048; mixed: lengths 128..8k, 16k tokens, "
+            "config": f"{args.dtype}; equal: b*s = 16k, h*d = 2048; mixed: lengths 128..8k, 16k tokens, "
                       "h 16, d 128; CUDA events, 20 calls x median of 5"}
     with open(args.out, "w") as f:
         json.dump({"meta": meta, "results": results}, f, indent=1)

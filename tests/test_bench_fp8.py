@@ -353,8 +353,8 @@ def test_our_fp8_support_follows_the_kernel_list(monkeypatch):
     assert single.unsupported(fp8_case(head_dim=128)) is None
     assert fa3.unsupported(fp8_case(head_dim=256)) is None
     assert single.unsupported(fp8_case(head_dim=256)) == (
-        "the single-level ablation exists for head_dim <= 128 (the d256 FP8 kernel accumulates in "
-        "two levels only), got 256")
+        "the single-level ablation exists for head_dim <= 128 (the d192 / d256 FP8 kernels "
+        "accumulate in two levels only), got 256")
     assert fa3.unsupported(fp8_case(head_dim=96)) == (
         "library built without an fa3 e4m3 forward kernel for head-dim bucket 96")
     assert fa3.unsupported(fp8_case(head_dim=72)) == (

@@ -67,7 +67,7 @@ def test_bad_fp8_arguments_name_themselves(kwargs, exc, fragments):
 
 @pytest.mark.parametrize("head_dim", [144, 256])
 def test_single_level_ablation_is_refused_past_d128(head_dim):
-    # The d256 FP8 kernel splits its PV accumulator over the head dim: two levels only.
+    # The d192 / d256 FP8 kernels split their PV accumulator over the head dim: two levels only.
     q, k, v = fp8_qkv(d=head_dim)
     with raises(ValueError, "fp8_accumulation: 'single-level' (the ablation) exists for head_dim "
                 "<= 128", f"got head_dim {head_dim}"):

@@ -413,14 +413,15 @@ def test_has_bwd_kernel_agrees_with_the_kernel_list(lib):
 
 
 def test_fp8_kernels_are_the_fa3_forwards_of_the_fp8_buckets(lib):
-    # kernels/src/tables.cmake: e4m3 has FA-3 forward kernels in buckets 64, 128 and 256 only.
+    # kernels/src/tables.cmake: e4m3 has FA-3 forward kernels in every bucket (as FA3 does),
+    # no FA-2 kernel and no backward.
     info = lib.build_info()
     fp8 = {(k["backend"], k["head_dim"]) for k in _tables.kernel_entries(info)
            if k["dtype"] == "e4m3"}
-    assert fp8 <= {("fa3", 64), ("fa3", 128), ("fa3", 256)}
+    assert fp8 <= {("fa3", d) for d in (64, 96, 128, 192, 256)}
     assert not [k for k in _tables.kernel_entries(info, "bwd") if k["dtype"] == "e4m3"]
     if "e4m3" in info["dtypes"] and "sm90a" in info["archs"]:
-        assert fp8 == {("fa3", d) for d in info["head_dims"] if d in (64, 128, 256)}
+        assert fp8 == {("fa3", d) for d in info["head_dims"]}
 
 
 def test_library_buckets_head_dims_like_python(lib):
@@ -487,8 +488,8 @@ SHAPE_RULES = [
      "fp8_accumulation: expected FH_FP8_ACCUM_TWO_LEVEL (0) or FH_FP8_ACCUM_SINGLE_LEVEL (1), "
      "got 2"),
     ({"dtype": FhDtype.E4M3, "head_dim": 256, "head_dim_v": 256, "fp8_accumulation": 1}, INVALID,
-     "fp8_accumulation: the single-level ablation exists for head_dim <= 128 (the d256 kernel "
-     "accumulates in two levels only), got head_dim 256"),
+     "fp8_accumulation: the single-level ablation exists for head_dim <= 128 (the d192 / "
+     "d256 kernels accumulate in two levels only), got head_dim 256"),
     ({"dtype": FhDtype.E4M3, "v_descale_head_stride": -1}, INVALID,
      "v_descale: expected strides >= 0 (0 broadcasts), got batch stride 0, head stride -1"),
     # The mixed mode (bf16 / fp16 q, FP8 k / v): kv_dtype 0 or dtype's means k / v in dtype.

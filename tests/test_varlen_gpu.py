@@ -34,7 +34,7 @@ def backend(request, lib) -> str:
     if request.param == "fa3" and cc != (9, 0):
         pytest.skip("fa3 needs compute capability 9.0")
     if not any(lib.has_fwd_kernel(_ENUM_BACKEND[request.param], _ENUM_DTYPE[BF16], d)
-               for d in (64, 128, 256)):
+               for d in (64, 96, 128, 192, 256)):
         pytest.skip(f"this build has no {request.param} bf16 kernels")
     return request.param
 
@@ -123,7 +123,7 @@ MIXES = {
 }
 
 
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("mix", list(MIXES))
 def test_length_mixes(lib, backend, head_dim, causal, mix):
@@ -406,7 +406,7 @@ def test_many_sequences_take_the_counting_sort(lib, backend):
 FP8 = torch.float8_e4m3fn
 
 
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_fp8_equals_the_dense_fp8_kernel_per_sequence(lib, head_dim, causal):
     """FP8 (e4m3) varlen with per-sequence descales: each sequence's rows bitwise equal to the
@@ -442,6 +442,32 @@ def test_fp8_equals_the_dense_fp8_kernel_per_sequence(lib, head_dim, causal):
                                            return_attn_probs=True)
         assert torch.equal(got_o, want_o[0]), f"sequence {b}: out differs from the dense kernel"
         assert torch.equal(got_lse, want_lse[0]), f"sequence {b}: lse differs"
+
+
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
+@pytest.mark.parametrize("softcap", [0.0, 15.0])
+def test_fp8_with_more_tiles_than_sms_equals_the_dense_kernel(lib, head_dim, softcap):
+    """Nine sequences x six query heads (MQA) with descales drawn per sequence: more tiles than
+    SMs, so CTAs run tiles of different sequences back to back, each with its own descales (with
+    softcap they scale the tanh's argument of the tile's first block too); every sequence
+    bitwise equal to the dense FP8 forward on it alone (a few tiles, one per CTA)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("FP8 runs on the FA-3 path (compute capability 9.0)")
+    require_kernel_fp8(lib, head_dim)
+    lengths = [512, 500, 512, 384, 512, 450, 512, 512, 260]
+    q, k, v, cq, ck, _, _ = packed(lengths, [256] * 9, 6, 1, head_dim, seed=head_dim + 1)
+    q8, k8, v8 = (t.to(FP8) for t in ((q * (softcap / 4 if softcap else 1)), k, v))
+    g = torch.Generator(device="cuda").manual_seed(2)
+    qd, kd, vd = (torch.rand(9, 1, device="cuda", generator=g) * 2 for _ in range(3))
+    out = flash_attn_varlen_func(q8, k8, v8, cq, ck, max(lengths), 256, softcap=softcap,
+                                 q_descale=qd, k_descale=kd, v_descale=vd)
+    starts_q, starts_k = cq.tolist(), ck.tolist()
+    for b, n in enumerate(lengths):
+        rows, keys = slice(starts_q[b], starts_q[b] + n), slice(starts_k[b], starts_k[b] + 256)
+        want = flash_attn_func(q8[rows][None], k8[keys][None], v8[keys][None], softcap=softcap,
+                               q_descale=qd[b:b + 1], k_descale=kd[b:b + 1],
+                               v_descale=vd[b:b + 1])
+        assert torch.equal(out[rows], want[0]), f"sequence {b}: out differs from the dense kernel"
 
 
 def require_kernel_fp8(lib, head_dim):

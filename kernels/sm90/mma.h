@@ -409,15 +409,22 @@ struct Consumer {
     }
     clear(f.o);
   }
+  // At a tile boundary, before w's first S is transformed: the FP8 kernel keeps its tile's
+  // scales in registers (the softcap factor among them), so the finishing tile's go aside and
+  // w's come in first (16-bit kernels: nothing; their statistics move in begin_next_tile, after
+  // the transform, where the d192 kernel has the registers).
+  CUTE_DEVICE void begin_next_scales(TileState& f, TileWork const& w) {
+    if constexpr (kFp8) {
+      f.finishing_scales = f.scales;
+      set_scales(f, tile_scales(w));
+    }
+  }
   CUTE_DEVICE void begin_next_tile(TileState& f, TileWork const& w) {
     f.finishing = f.softmax;
-    if constexpr (kScaled) {
-      if constexpr (kFp8) {
-        f.finishing_scales = f.scales;
-      }
-      const TileScales sc = tile_scales(w);
-      set_scales(f, sc);
-      f.softmax = Softmax(sc.scale_log2);
+    if constexpr (kFp8) {
+      f.softmax = Softmax(f.scales.scale_log2);  // w's, from begin_next_scales
+    } else if constexpr (kScaled) {
+      f.softmax = Softmax(tile_scales(w).scale_log2);
     } else {
       f.softmax = Softmax(p.scale_log2);
     }

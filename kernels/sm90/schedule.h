@@ -171,7 +171,8 @@ FH_ROLE void produce(Schedule const& sched, Ops& ops) {
 //               complete_pv(f) (the sequential loop's wait for its PV GEMM)
 //   softmax     transform<kMasked>(f, w, step) (softcap, then the element mask),
 //               softmax<kFirst, kCheckInf>(f), rescale_o(f), convert_p(f)
-//   tiles       start_tile(f, w) (fresh statistics and w's scales, O = 0), begin_next_tile(f, w)
+//   tiles       start_tile(f, w) (fresh statistics and w's scales, O = 0), begin_next_scales(f, w)
+//               (FP8: keep the finishing tile's scales aside, load w's), begin_next_tile(f, w)
 //               (keep the finishing tile's statistics aside, start w's), finish<kPrevious>(f, w) (O / l, LSE, stores),
 //               clear_o(f), store_empty(w)
 // f is the register state of the tile(s) in flight (Ops::TileState).
@@ -229,6 +230,11 @@ FH_ROLE void overlapped_step(Ops& ops, State& f, TileWork const& w, KeyStep step
   ops.turn_pass();
   ops.template wait_gemms<1>();  // S done, PV in flight
   qk_done(ops, w, step);
+  if constexpr (kBoundary) {
+    // w's scales before its S is transformed: FP8's softcap factor is w's (q_descale *
+    // k_descale of its batch and kv head), not the finishing tile's.
+    ops.begin_next_scales(f, w);
+  }
   ops.template transform<kMasked>(f, w, step);
   if constexpr (kBoundary) {
     ops.begin_next_tile(f, w);

@@ -122,6 +122,13 @@ constexpr FwdConfig fwd_config(int head_dim, TileFamily family = TileFamily::kDe
 //       128 KB.
 // (Session 8's 40 / 232 registers for the 2-WG FP8 producer, for the first transposer's batched
 // 32-bit loads, went with that transposer: the ldmatrix / stmatrix one needs few.)
+// d96:  as d128: 128 x 128, two WGs: 48 + 48 + 64 + 16 = 176 of 240. Rows of 96 bytes take the
+//       32-byte swizzle (conflict-free in the transposer: tests/cpp/test_fp8_layout.cpp).
+//       Q 2 x 12 K, K / V / V^T 2 x 12 K: 96 KB.
+// d192: the overlap would hold O + O_acc + S + P = 96 + 96 + 64 + 16 (or 224 with the PV GEMM in
+//       two parts): d256's recipe instead, no intra-warpgroup overlap, the PV GEMM in two parts
+//       of 96 columns: 96 + 64 + 16 = 176 converting, 96 + 48 + 16 = 160 during PV. N = 128;
+//       Q 2 x 24 K, K / V / V^T 2 x 24 K: 192 KB.
 // d256: O alone is 128 registers, so the two-level accumulator covers half the head dim and the
 //       PV GEMM runs in two parts (pv_parts = 2: part 0 into it, added into O, then part 1), and
 //       S is not kept across the PV GEMM (no intra-warpgroup overlap; ping-pong hides one WG's
@@ -130,7 +137,8 @@ constexpr FwdConfig fwd_config(int head_dim, TileFamily family = TileFamily::kDe
 //       with the single-level ablation compiled in; it is not, at d256). N = 128: Q 1 x 32 K,
 //       K / V / V^T 2 x 32 K: 224 KB (no room for a second Q buffer).
 constexpr bool has_fp8_config(int head_dim) {
-  return head_dim == 64 || head_dim == 128 || head_dim == 256;
+  return head_dim == 64 || head_dim == 96 || head_dim == 128 || head_dim == 192 ||
+         head_dim == 256;
 }
 
 constexpr FwdConfig fwd_config_fp8(int head_dim) {
@@ -138,9 +146,14 @@ constexpr FwdConfig fwd_config_fp8(int head_dim) {
     return {/*block_m=*/192, /*block_n=*/64, /*stages=*/2, /*q_stages=*/2, /*consumer_wgs=*/3,
             /*pingpong=*/true, /*rescale_o_before_pv=*/false};
   }
-  if (head_dim <= 128) {
+  if (head_dim <= 128) {  // d96 and d128
     return {/*block_m=*/128, /*block_n=*/128, /*stages=*/2, /*q_stages=*/2, /*consumer_wgs=*/2,
             /*pingpong=*/true, /*rescale_o_before_pv=*/false};
+  }
+  if (head_dim <= 192) {
+    return {/*block_m=*/128, /*block_n=*/128, /*stages=*/2, /*q_stages=*/2, /*consumer_wgs=*/2,
+            /*pingpong=*/true, /*rescale_o_before_pv=*/false, /*merge_tile_boundary=*/false,
+            /*intra_wg_overlap=*/false, /*pv_parts=*/2};
   }
   return {/*block_m=*/128, /*block_n=*/128, /*stages=*/2, /*q_stages=*/1, /*consumer_wgs=*/2,
           /*pingpong=*/true, /*rescale_o_before_pv=*/false, /*merge_tile_boundary=*/false,

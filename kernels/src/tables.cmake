@@ -35,7 +35,7 @@ set(FH_HEAD_DIM_TABLE 64 96 128 192 256)
 set(FH_DTYPE_TABLE
   "fp16|FH_DTYPE_FP16|cutlass::half_t|all|all"
   "bf16|FH_DTYPE_BF16|cutlass::bfloat16_t|all|all"
-  "e4m3|FH_DTYPE_E4M3|cutlass::float_e4m3_t|fwd:90a|64,128,256")
+  "e4m3|FH_DTYPE_E4M3|cutlass::float_e4m3_t|fwd:90a|64,96,128,192,256")
 
 # Mixed mode (issue 12): fp16 / bf16 q against an FP8 K / V cache, the FA-3 path's forward only.
 # Name (FH_DTYPES, build_info) | q's FhDtype | K / V's FhDtype (api.h, FhFwdParams::kv_dtype) |

@@ -447,7 +447,7 @@ def check_fp8_op_args(
         raise ValueError(f"fp8_accumulation: expected one of {', '.join(FP8_ACCUMULATIONS)}, "
                          f"got {fp8_accumulation!r}")
     if fp8_accumulation == "single-level" and cfg.head_dim > FP8_SINGLE_LEVEL_MAX_HEAD_DIM:
-        # The d256 kernel splits its PV accumulator over the head dim: two levels only.
+        # The d192 / d256 kernels split their PV accumulator over the head dim: two levels only.
         raise ValueError(f"fp8_accumulation: 'single-level' (the ablation) exists for head_dim "
                          f"<= {FP8_SINGLE_LEVEL_MAX_HEAD_DIM}, got head_dim {cfg.head_dim}")
     batch = cfg.batch if descale_batch is None else descale_batch

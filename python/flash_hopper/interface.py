@@ -82,8 +82,8 @@ def flash_attn_func(
     num_splits (this package does not split the keys), pack_gqa, sm_margin.
     backend (keyword only, this package's): see above.
 
-    FP8 (FA3 / vLLM conventions): q, k, v in torch.float8_e4m3fn (head-dim buckets 64, 128, 256, a
-    multiple of 16) run the FA-3 path's FP8 forward on cc 9.0. q_descale / k_descale / v_descale:
+    FP8 (FA3 / vLLM conventions): q, k, v in torch.float8_e4m3fn (every head-dim bucket, a multiple
+    of 16) run the FA-3 path's FP8 forward on cc 9.0. q_descale / k_descale / v_descale:
     fp32 factors that turn the stored values back into the real ones, shape (batch, heads_kv)
     with any strides (``scale.expand(b, h_kv)`` works), or 0-d / (1,) to broadcast; None = 1.0.
     The scores are q_descale * k_descale * (q . k) * softmax_scale, the output is scaled by

@@ -70,7 +70,7 @@ static void check_p_packing(int block_n) {
 // Byte offset in a K-major swizzled atom of row_bytes-byte rows (1-byte elements), tiled over rows
 // then column blocks.
 static int swizzled(int row, int col, int rows, int row_bytes) {
-  const int mask = row_bytes == 128 ? 7 : 3;
+  const int mask = row_bytes / 16 - 1;  // SW128 / SW64 / SW32: Swizzle<3 / 2 / 1, 4, 3>
   const int x = (((row * row_bytes) >> 7) & mask) << 4;
   return (col / row_bytes) * rows * row_bytes + row * row_bytes + ((col % row_bytes) ^ x);
 }
@@ -147,7 +147,8 @@ static int matrix_wavefronts(std::vector<int> const& row_addr) {
 // (key 32k + key_of_slot(s), d).
 static bool transposes(int block_n, int head_dim, unsigned perm_even, unsigned perm_odd,
                        int* worst_ld, int* worst_st) {
-  const int v_row = head_dim % 128 == 0 ? 128 : 64;
+  // kernel_traits.h k_major_smem_atom: the widest swizzle row (128 / 64 / 32 bytes) dividing it
+  const int v_row = head_dim % 128 == 0 ? 128 : head_dim % 64 == 0 ? 64 : 32;
   const int vt_row = block_n % 128 == 0 ? 128 : 64;
   const int bytes = block_n * head_dim;
   std::vector<int> v(bytes), vt(bytes, -1);
@@ -217,6 +218,8 @@ int main() {
   check_transposer(128, 256, 1, 1);
   check_transposer(128, 64, 1, 1);
   check_transposer(64, 64, 1, 1);  // d64: N = 64, both buffers of 64-byte rows
+  check_transposer(128, 96, 1, 1);   // d96: V rows of 96 bytes, SW32
+  check_transposer(128, 192, 1, 1);  // d192: SW64
   // Negative control: the identity key order (slot s holds key s) must not pass the packing
   // check; the permuted one is what makes in-place packing correct.
   {

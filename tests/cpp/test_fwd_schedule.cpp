@@ -253,6 +253,7 @@ struct MockConsumer {
   std::set<Payload> o_blocks;      // PV blocks summed into O
   std::set<Payload> stats, finishing_stats;  // blocks in the running / set-aside statistics
   bool expect_first = false;
+  int scales_of = -1;  // the tile whose scales the state holds (FP8: transform's softcap factor)
   std::vector<int> finished, emptied;  // tile ids written
 
   MockConsumer(StaticTileScheduler const& s, Problem const& p, Shape const& sh, int wg_)
@@ -377,6 +378,8 @@ struct MockConsumer {
     CHECK(s_ready && !gemm_in_flight('S'), "WG %d transforms S before its GEMM completed", wg);
     CHECK((s_block == Payload{id(w), step.n}), "WG %d transforms S of (%d, %d) as (%d, %d)", wg,
           s_block.tile, s_block.n, id(w), step.n);
+    CHECK(scales_of == id(w), "WG %d transforms S of tile %d with tile %d's scales", wg, id(w),
+          scales_of);
     if (!kMasked) {
       // Every element of the block must be visible to every real row of the tile.
       const int r0 = w.tile.m_block * shape.block_m;
@@ -418,12 +421,19 @@ struct MockConsumer {
     p_ready = true;
   }
 
-  void start_tile(TileState&, TileWork const&) {
+  void start_tile(TileState&, TileWork const& w) {
     CHECK(o_blocks.empty() && stats.empty(), "WG %d starts a tile with state left", wg);
     expect_first = true;
+    scales_of = id(w);
   }
-  void begin_next_tile(TileState&, TileWork const&) {
+  void begin_next_scales(TileState&, TileWork const& w) {
+    CHECK(scales_of != id(w), "WG %d loads tile %d's scales twice", wg, id(w));
+    scales_of = id(w);
+  }
+  void begin_next_tile(TileState&, TileWork const& w) {
     CHECK(finishing_stats.empty(), "WG %d sets statistics aside twice", wg);
+    CHECK(scales_of == id(w), "WG %d starts tile %d's statistics with tile %d's scales", wg,
+          id(w), scales_of);
     finishing_stats.swap(stats);
     expect_first = true;
   }

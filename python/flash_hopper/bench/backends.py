@@ -172,8 +172,8 @@ class FlashHopperBackend(Backend):
         if (self.fp8_accumulation == "single-level"
                 and case.head_dim > _tables.FP8_SINGLE_LEVEL_MAX_HEAD_DIM):
             return (f"the single-level ablation exists for head_dim <= "
-                    f"{_tables.FP8_SINGLE_LEVEL_MAX_HEAD_DIM} (the d256 FP8 kernel accumulates "
-                    f"in two levels only), got {case.head_dim}")
+                    f"{_tables.FP8_SINGLE_LEVEL_MAX_HEAD_DIM} (the d192 / d256 FP8 kernels "
+                    f"accumulate in two levels only), got {case.head_dim}")
         try:
             bucket = _tables.head_dim_bucket(case.head_dim)
         except ValueError:  # d > 256: the call itself says why
