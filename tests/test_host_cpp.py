@@ -15,7 +15,9 @@ kernels use:
   dQ-writer role loops of families A and B simulated together (with a happens-before check of
   the sdS / sP buffer hazard), and negative controls;
 - test_fp8_layout.cpp: the FP8 forward's in-place P packing against PTX's fragment layouts and
-  the V^T key order, the transposer's coverage and shared-memory banks.
+  the V^T key order, the transposer's coverage and shared-memory banks;
+- test_varlen_span.cpp: a varlen sequence's spans (varlen.h): FA3's offsets rules, the KV-cache
+  entry index and left padding, the clamps that keep unvalidated offsets inside the tensors.
 """
 
 import shutil
@@ -56,3 +58,7 @@ def test_bwd_schedule_host(tmp_path):
 
 def test_fp8_layout_host(tmp_path):
     _compile_and_run(tmp_path, "test_fp8_layout")
+
+
+def test_varlen_span_host(tmp_path):
+    _compile_and_run(tmp_path, "test_varlen_span")

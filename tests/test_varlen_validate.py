@@ -178,6 +178,17 @@ def test_workspace_size(lib, total_q, batch):
      "workspace: expected a 16-byte aligned device pointer"),
     ({"workspace": 0x10000, "workspace_bytes": 8}, FhStatus.ERROR_INVALID_ARGUMENT,
      "workspace_bytes: expected >= 992 (fh_fwd_workspace_size), got 8"),
+    # KV-cache fields (issue 14): batch_k goes with kv_batch_idx, pointers int32-aligned
+    ({"kv_batch_idx": 0x6000}, FhStatus.ERROR_INVALID_ARGUMENT,
+     ("batch_k: expected the cache's entries (>= 1; cu_seqlens_k holds batch_k + 1 offsets) "
+      "with kv_batch_idx, got 0")),
+    ({"batch_k": 3}, FhStatus.ERROR_INVALID_ARGUMENT,
+     ("batch_k: expected 0 without kv_batch_idx (cu_seqlens_k then holds batch + 1 "
+      "offsets), got 3")),
+    ({"kv_batch_idx": 0x6002, "batch_k": 4}, FhStatus.ERROR_INVALID_ARGUMENT,
+     "kv_batch_idx: expected a 4-byte aligned int32 pointer, got 0x6002"),
+    ({"leftpad_k": 0x6001}, FhStatus.ERROR_INVALID_ARGUMENT,
+     "leftpad_k: expected a 4-byte aligned int32 pointer, got 0x6001"),
 ])
 def test_abi_rejects_bad_varlen_fields(lib, over, status, fragment):
     fields = {"q": 0x10000, "k": 0x20000, "v": 0x30000, "o": 0x40000, "workspace": 0x50000,
@@ -187,6 +198,18 @@ def test_abi_rejects_bad_varlen_fields(lib, over, status, fragment):
     got = lib._dll.fh_fwd(ctypes.byref(p), None)
     assert got == status, lib.last_error()
     assert fragment in lib.last_error()
+
+
+def test_abi_refuses_kv_cache_fields_in_a_dense_call(lib):
+    p = _varlen_params(q=0x10000, k=0x20000, v=0x30000, o=0x40000, leftpad_k=0x6000)
+    p.cu_seqlens_q = p.cu_seqlens_k = None
+    p.batch, p.seqlen_q, p.seqlen_k = 1, 1000, 1200
+    p.q_batch_stride, p.k_batch_stride = 1000 * 8 * 128, 1200 * 2 * 128
+    p.v_batch_stride, p.o_batch_stride = 1200 * 2 * 128, 1000 * 8 * 128
+    got = lib._dll.fh_fwd(ctypes.byref(p), None)
+    assert got == FhStatus.ERROR_INVALID_ARGUMENT, lib.last_error()
+    assert ("kv_batch_idx / leftpad_k / batch_k: expected null / null / 0 in a dense call"
+            in lib.last_error())
 
 
 def cuda_args(dtype=torch.bfloat16, **over):

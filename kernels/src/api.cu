@@ -553,6 +553,12 @@ bool is_varlen(const FhFwdParams* p) {
 // them to the tensors (flash_hopper/varlen.h), callers validate them.
 FhStatus validate_varlen(const FhFwdParams* p, bool fp8, bool mixed, bool check_data) {
   if (!is_varlen(p)) {
+    FH_CHECK(p->kv_batch_idx == nullptr && p->leftpad_k == nullptr && p->batch_k == 0,
+             "kv_batch_idx / leftpad_k / batch_k: expected null / null / 0 in a dense call (the "
+             "KV-cache fields belong to varlen calls: cu_seqlens_q / cu_seqlens_k), got %p / %p "
+             "/ %lld",
+             static_cast<const void*>(p->kv_batch_idx), static_cast<const void*>(p->leftpad_k),
+             (long long)p->batch_k);
     return FH_SUCCESS;
   }
   FH_CHECK(p->cu_seqlens_q != nullptr && p->cu_seqlens_k != nullptr,
@@ -580,13 +586,26 @@ FhStatus validate_varlen(const FhFwdParams* p, bool fp8, bool mixed, bool check_
                 "only); varlen takes the tuned kernel (0) or fa3-no-pingpong (1)",
                 p->variant, kVariantNames[p->variant]);
   }
+  if (p->kv_batch_idx != nullptr) {
+    FH_CHECK(p->batch_k >= 1 && p->batch_k <= INT32_MAX - 1,
+             "batch_k: expected the cache's entries (>= 1; cu_seqlens_k holds batch_k + 1 "
+             "offsets) with kv_batch_idx, got %lld",
+             (long long)p->batch_k);
+  } else {
+    FH_CHECK(p->batch_k == 0,
+             "batch_k: expected 0 without kv_batch_idx (cu_seqlens_k then holds batch + 1 "
+             "offsets), got %lld",
+             (long long)p->batch_k);
+  }
   FH_CHECK(p->max_seqlen_q >= 0 && p->max_seqlen_k >= 0,
            "max_seqlen_q / max_seqlen_k: expected >= 0 (0 = unknown), got %lld / %lld",
            (long long)p->max_seqlen_q, (long long)p->max_seqlen_k);
   if (check_data) {
-    const int32_t* arrays[] = {p->cu_seqlens_q, p->cu_seqlens_k, p->seqused_q, p->seqused_k};
-    const char* names[] = {"cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k"};
-    for (int i = 0; i < 4; ++i) {
+    const int32_t* arrays[] = {p->cu_seqlens_q, p->cu_seqlens_k, p->seqused_q,
+                               p->seqused_k,    p->kv_batch_idx, p->leftpad_k};
+    const char* names[] = {"cu_seqlens_q", "cu_seqlens_k",  "seqused_q",
+                           "seqused_k",    "kv_batch_idx", "leftpad_k"};
+    for (int i = 0; i < 6; ++i) {
       FH_CHECK(aligned(arrays[i], alignof(int32_t)),
                "%s: expected a 4-byte aligned int32 pointer, got %p", names[i],
                static_cast<const void*>(arrays[i]));
@@ -1394,6 +1413,9 @@ FwdParams derive(const FhFwdParams* p, const DeviceInfo& dev) {
     k.cu_seqlens_k = p->cu_seqlens_k;
     k.seqused_q = p->seqused_q;
     k.seqused_k = p->seqused_k;
+    k.kv_index.batch_idx = p->kv_batch_idx;
+    k.kv_index.leftpad = p->leftpad_k;
+    k.kv_index.batch_k = int(p->batch_k);
     k.varlen_header = static_cast<VarlenHeader*>(p->workspace);
     k.varlen_pairs = reinterpret_cast<VarlenPair*>(static_cast<char*>(p->workspace) +
                                                    sizeof(VarlenHeader));

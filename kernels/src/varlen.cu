@@ -39,6 +39,7 @@ struct PrepareArgs {
   const int32_t* cu_k;
   const int32_t* used_q;
   const int32_t* used_k;
+  KvIndex kv;
   int batch;
   int total_q;
   int total_k;
@@ -52,7 +53,7 @@ struct PrepareArgs {
 };
 
 __device__ SequenceSpan span_of(PrepareArgs const& a, int b) {
-  return sequence_span(a.cu_q, a.cu_k, a.used_q, a.used_k, b, a.total_q, a.total_k);
+  return sequence_span(a.cu_q, a.cu_k, a.used_q, a.used_k, b, a.total_q, a.total_k, a.kv);
 }
 
 // The record of query block m of sequence b (span s): its key blocks under the sequence's mask.
@@ -294,6 +295,7 @@ LaunchResult launch_varlen_prepare(FwdParams const& p, int block_m, int block_n,
   a.cu_k = p.cu_seqlens_k;
   a.used_q = p.seqused_q;
   a.used_k = p.seqused_k;
+  a.kv = p.kv_index;
   a.batch = p.batch;
   a.total_q = p.seqlen_q;
   a.total_k = p.seqlen_k;

@@ -18,6 +18,7 @@ from ._errors import (
     UnsupportedError,
 )
 from .interface import flash_attn_func, flash_attn_varlen_func, which_backend
+from .kvcache import flash_attn_with_kvcache
 
 __version__ = _lib.installed_version() or "0+unknown"  # unknown: a source tree never installed
 
@@ -50,6 +51,7 @@ __all__ = [
     "flash_attn_combine",
     "flash_attn_func",
     "flash_attn_varlen_func",
+    "flash_attn_with_kvcache",
     "fp8",
     "library_path",
     "which_backend",

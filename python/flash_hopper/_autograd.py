@@ -42,6 +42,17 @@ class ForwardOnly(torch.autograd.Function):
         raise UnsupportedError(FORWARD_ONLY)
 
 
+class KvCacheForwardOnly(ForwardOnly):
+    """flash_attn_with_kvcache on inputs that require grad: forward only, as FA3's."""
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> tuple[None, ...]:
+        raise UnsupportedError(
+            "flash_attn_with_kvcache has no backward (an inference call, as FA3's: its inputs "
+            "required grad, the forward ran, the gradient cannot); call it under torch.no_grad() "
+            "/ torch.inference_mode(), or train through flash_attn_func / flash_attn_varlen_func")
+
+
 class FlashAttnFunction(torch.autograd.Function):
     """(out, lse) = attention(q, k, v); gradients for q, k, v from dout and (when the lse was
     used) dlse."""

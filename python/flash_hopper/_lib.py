@@ -34,7 +34,7 @@ LIB_NAME = "libflash_hopper.so"
 ENV_VAR = "FLASH_HOPPER_LIB"
 
 # Must equal FH_ABI_VERSION in api.h; the library reports its own through fh_abi_version().
-ABI_VERSION = 6
+ABI_VERSION = 7
 
 
 class FhStatus(enum.IntEnum):
@@ -146,6 +146,10 @@ class FhFwdParams(ctypes.Structure):
         ("max_seqlen_k", _I64),
         ("workspace", _PTR),
         ("workspace_bytes", _I64),
+        # KV cache (varlen only)
+        ("kv_batch_idx", _PTR),
+        ("leftpad_k", _PTR),
+        ("batch_k", _I64),
         # reserved: paged KV
         ("page_table", _PTR),
         ("page_table_batch_stride", _I64),

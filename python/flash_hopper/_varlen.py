@@ -93,7 +93,8 @@ class VarlenConfig(NamedTuple):
 def check_args(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max_seqlen_q: Any,
                max_seqlen_k: Any, seqused_q: Any, seqused_k: Any, softmax_scale: Any,
                causal: Any, window_size: Any, softcap: Any, backend: Any, q_descale: Any = None,
-               k_descale: Any = None, v_descale: Any = None) -> VarlenConfig:
+               k_descale: Any = None, v_descale: Any = None,
+               batch_k: int = 0) -> VarlenConfig:
     """Metadata checks of a varlen call (no data read). FP8 (e4m3) q / k / v take descales of
     shape (batch, heads_kv) (or broadcasting 0-d / (1,)); 16-bit calls ignore them, as FA3."""
     _check_packed("q", q, "total_q")
@@ -108,8 +109,12 @@ def check_args(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max
     if cu_seqlens_q.shape[0] < 1:
         raise ValueError("cu_seqlens_q: expected batch + 1 >= 1 entries, got 0")
     batch = cu_seqlens_q.shape[0] - 1
-    _check_offsets_tensor("cu_seqlens_k", cu_seqlens_k, batch + 1, q,
-                          "batch + 1 offsets, as cu_seqlens_q")
+    if batch_k:  # a KV cache with an entry per sequence (kvcache.py): the cache's offsets
+        _check_offsets_tensor("cu_seqlens_k", cu_seqlens_k, batch_k + 1, q,
+                              "batch_cache + 1 offsets")
+    else:
+        _check_offsets_tensor("cu_seqlens_k", cu_seqlens_k, batch + 1, q,
+                              "batch + 1 offsets, as cu_seqlens_q")
     if seqused_q is not None:
         _check_offsets_tensor("seqused_q", seqused_q, batch, q, "one length per sequence")
     if seqused_k is not None:
@@ -233,15 +238,17 @@ def _check_out(out: Any, q: torch.Tensor, cfg: _validate.FwdConfig,
 
 def plan(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
          softmax_scale, causal, window_size, softcap, backend, out=None,
-         descales=(None, None, None)) -> VarlenPlan:
-    """descales: FP8 calls' (q_descale, k_descale, v_descale); 16-bit calls pass none."""
+         descales=(None, None, None), batch_k: int = 0) -> VarlenPlan:
+    """descales: FP8 calls' (q_descale, k_descale, v_descale); 16-bit calls pass none. batch_k:
+    cu_seqlens_k's entries when they are a KV cache's (kvcache.py), else 0."""
     key = _key(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
                max_seqlen_k, out, softmax_scale, causal, window_size, softcap, backend, descales)
     cached = _plans.get(key)
     if cached is not None:
         return cached
     vc = check_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
-                    seqused_k, softmax_scale, causal, window_size, softcap, backend, *descales)
+                    seqused_k, softmax_scale, causal, window_size, softcap, backend, *descales,
+                    batch_k=batch_k)
     cfg = vc.cfg
     if out is not None:
         _check_out(out, q, cfg, vc.fp8.out_dtype if vc.fp8 is not None else q.dtype)
@@ -273,14 +280,18 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: tor
             seqused_q: torch.Tensor | None, seqused_k: torch.Tensor | None, softmax_scale: Any,
             causal: Any, window_size: Sequence[int], softcap: Any, backend: Any,
             out: torch.Tensor | None = None, need_lse: bool = True,
-            descales: tuple = (None, None, None),
+            descales: tuple = (None, None, None), kv_batch_idx: torch.Tensor | None = None,
+            leftpad_k: torch.Tensor | None = None, batch_k: int = 0, checked: bool = False,
             ) -> tuple[torch.Tensor, torch.Tensor | None, VarlenPlan]:
     """(out, lse, plan): out (total_q, heads_q, head_dim) written in place when given, lse fp32
     (heads_q, total_q) or None. Rows outside every used span are not written. FP8 (e4m3) q / k /
-    v: descales = (q_descale, k_descale, v_descale), out in bf16."""
+    v: descales = (q_descale, k_descale, v_descale), out in bf16. KV-cache calls (kvcache.py):
+    kv_batch_idx / leftpad_k int32 (batch,) and batch_k (api.h), and ``checked``: the caller
+    built or validated the offsets itself (no read-back here)."""
     vp = plan(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
-              seqused_k, softmax_scale, causal, window_size, softcap, backend, out, descales)
-    if vp.template is not None and offsets_checked():
+              seqused_k, softmax_scale, causal, window_size, softcap, backend, out, descales,
+              batch_k if kv_batch_idx is not None else 0)
+    if vp.template is not None and not checked and offsets_checked():
         check_offsets(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, q.shape[0], k.shape[0])
     device = vp.dense.device
     if out is None:
@@ -298,6 +309,10 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: tor
     p.seqused_q = seqused_q.data_ptr() if seqused_q is not None else None
     p.seqused_k = seqused_k.data_ptr() if seqused_k is not None else None
     p.workspace, p.workspace_bytes = workspace.data_ptr(), vp.workspace_bytes
+    if kv_batch_idx is not None:
+        p.kv_batch_idx, p.batch_k = kv_batch_idx.data_ptr(), batch_k
+    if leftpad_k is not None:
+        p.leftpad_k = leftpad_k.data_ptr()
     if q.dtype in FP8_DTYPES:
         p.q_descale, p.k_descale, p.v_descale = _fwd.descale_pointers(*descales)
     _fwd.launch_params(vp.dense, p)

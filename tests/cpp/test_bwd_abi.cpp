@@ -15,15 +15,7 @@
 
 #include "flash_hopper/api.h"
 
-static int failures = 0;
-#define CHECK(cond, ...)                  \
-  do {                                    \
-    if (!(cond)) {                        \
-      std::printf("FAIL: " __VA_ARGS__);  \
-      std::printf("\n");                  \
-      ++failures;                         \
-    }                                     \
-  } while (0)
+#include "host_check.h"
 
 // A fake, 256-byte aligned device address: validation only looks at its value.
 static void* const kAddr = reinterpret_cast<void*>(uintptr_t(0x10000));
@@ -135,7 +127,7 @@ static void expect_rejected(const char* what, FhStatus status, std::vector<std::
 }
 
 static void test_abi_version() {
-  CHECK(fh_abi_version() == 6, "fh_abi_version() = %d, expected 6", int(fh_abi_version()));
+  CHECK(fh_abi_version() == 7, "fh_abi_version() = %d, expected 7", int(fh_abi_version()));
   CHECK(fh_abi_version() == FH_ABI_VERSION, "library and header disagree on FH_ABI_VERSION");
 }
 
@@ -196,7 +188,7 @@ static void test_validation() {
   const FhStatus INVALID = FH_ERROR_INVALID_ARGUMENT, UNSUPPORTED = FH_ERROR_UNSUPPORTED;
   CHECK(fh_bwd(nullptr, nullptr) == INVALID && contains(fh_last_error(), "params: expected"),
         "null params: %s", fh_last_error());
-  expect_rejected("abi_version", INVALID, S{"abi_version: expected 6", "got 2"},
+  expect_rejected("abi_version", INVALID, S{"abi_version: expected 7", "got 2"},
                   [](FhBwdParams& p) { p.abi_version = 2; });
   expect_rejected("dtype e4m3", INVALID, S{"dtype: expected", "FH_DTYPE_BF16", "the backward has no FP8", "got 2"},
                   [](FhBwdParams& p) { p.dtype = FH_DTYPE_E4M3; });
@@ -505,10 +497,5 @@ int main() {
   const Built built = test_has_bwd_kernel();
   test_select_backend(built);
   test_empty_batch();
-  if (failures != 0) {
-    std::printf("%d failures\n", failures);
-    return 1;
-  }
-  std::printf("OK\n");
-  return 0;
+  return host_check_exit();
 }

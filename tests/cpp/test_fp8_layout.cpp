@@ -21,15 +21,7 @@
 
 using namespace flash_hopper::sm90;
 
-static int failures = 0;
-#define CHECK(cond, ...)                  \
-  do {                                    \
-    if (!(cond)) {                        \
-      std::printf("FAIL: " __VA_ARGS__);  \
-      std::printf("\n");                  \
-      ++failures;                         \
-    }                                     \
-  } while (0)
+#include "host_check.h"
 
 // f32 accumulator of m64nN: value v = c + 2 r + 4 g of lane l: (row, col) inside the warp's 16
 // rows and the tile's N columns.
@@ -233,10 +225,5 @@ int main() {
     }
     CHECK(mismatches > 0, "the identity key order passes the packing check");
   }
-  if (failures) {
-    std::printf("%d failures\n", failures);
-    return 1;
-  }
-  std::printf("OK\n");
-  return 0;
+  return host_check_exit();
 }

@@ -38,8 +38,8 @@ extern "C" {
 // mismatch. 3: the backward (FhBwdParams, fh_bwd*). 4: the FP8 forward (per-tensor descale
 // strides and fp8_accumulation in FhFwdParams). 5: the mixed mode (FhFwdParams::kv_dtype,
 // FH_DTYPE_E5M2). 6: varlen (FhFwdParams::seqused_q, max_seqlen_*, workspace;
-// fh_fwd_workspace_size).
-#define FH_ABI_VERSION 6
+// fh_fwd_workspace_size). 7: KV-cache fields (FhFwdParams::kv_batch_idx, leftpad_k, batch_k).
+#define FH_ABI_VERSION 7
 
 // The library's own status; the message (fh_last_error) tells the cases of one status apart.
 typedef enum FhStatus {
@@ -157,7 +157,8 @@ typedef struct FhFwdParams {
   // written. The library reads these arrays on the device only (no host synchronization, CUDA
   // graph safe) and clamps offsets to the tensors, so offsets that break the rules above give
   // wrong results but never touch memory outside q, k, v, o, lse: callers validate them
-  // (Python does, outside graph capture). Both paths; not with FP8 or mixed-mode inputs yet.
+  // (Python does, outside graph capture). Both paths; FP8 (e4m3) on the FA-3 path; not with
+  // mixed-mode inputs yet.
   const int32_t* cu_seqlens_q;
   const int32_t* cu_seqlens_k;
   const int32_t* seqused_k;
@@ -168,6 +169,16 @@ typedef struct FhFwdParams {
   // list, written and read on the stream; nothing needs initialising). Null / 0 otherwise.
   void* workspace;
   int64_t workspace_bytes;
+  // --- KV cache (flash_attn_with_kvcache's cache_batch_idx / cache_leftpad; varlen only) ----
+  // kv_batch_idx (int32, batch entries; null: b): sequence b reads the K / V span of entry
+  // kv_batch_idx[b] of cu_seqlens_k, which then holds batch_k + 1 offsets (batch_k >= 1: the
+  // cache's entries; 0 without kv_batch_idx: batch). seqused_k[b] stays sequence b's. leftpad_k
+  // (int32, batch entries; null: 0): the first leftpad_k[b] of sequence b's used keys are not
+  // attended; its masks align on the rest. Clamped on the device like the offsets (an entry
+  // index outside [0, batch_k) reads the nearest entry, a leftpad past the used keys leaves none).
+  const int32_t* kv_batch_idx;
+  const int32_t* leftpad_k;
+  int64_t batch_k;
   // --- reserved: paged KV (later issue) ---------------------------------------------------
   const int32_t* page_table;
   int64_t page_table_batch_stride;

@@ -68,6 +68,7 @@ struct FwdParams {
   const int32_t* cu_seqlens_k;
   const int32_t* seqused_q;  // null: the cu_seqlens spans
   const int32_t* seqused_k;
+  KvIndex kv_index;  // KV-cache calls: cache entry and left padding per sequence (varlen.h)
   VarlenHeader* varlen_header;  // the workspace: the prepare kernel's output
   VarlenPair* varlen_pairs;
   int varlen_capacity;

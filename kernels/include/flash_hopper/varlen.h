@@ -75,21 +75,38 @@ namespace detail {
 FH_HOST_DEVICE int clamp_int(int x, int lo, int hi) { return x < lo ? lo : x > hi ? hi : x; }
 }  // namespace detail
 
+// A KV-cache call's extras (api.h: kv_batch_idx, leftpad_k, batch_k); all null / 0 otherwise.
+struct KvIndex {
+  const int32_t* batch_idx = nullptr;  // sequence b reads entry batch_idx[b] of cu_k
+  const int32_t* leftpad = nullptr;    // keys skipped at the start of sequence b's used keys
+  int batch_k = 0;                     // entries of cu_k (batch_k + 1 offsets) with batch_idx
+};
+
 // Sequence b's span under FA3's rule, clamped to the tensors (total_q / total_k tokens):
-// start = cu[b], length = seqused[b] if given else cu[b + 1] - cu[b].
+// start = cu[b], length = seqused[b] if given else cu[b + 1] - cu[b]. KV cache (kv): the keys
+// come from entry kv.batch_idx[b] of cu_k (clamped to [0, batch_k)), and the first
+// kv.leftpad[b] used keys (clamped to them) are dropped from the span.
 FH_HOST_DEVICE SequenceSpan sequence_span(const int32_t* cu_q, const int32_t* cu_k,
                                                  const int32_t* used_q, const int32_t* used_k,
-                                                 int b, int total_q, int total_k) {
+                                                 int b, int total_q, int total_k,
+                                                 KvIndex const& kv = KvIndex{}) {
   SequenceSpan s;
   s.q_start = detail::clamp_int(cu_q[b], 0, total_q);
   s.seqlen_q = detail::clamp_int(cu_q[b + 1], s.q_start, total_q) - s.q_start;
   if (used_q != nullptr) {
     s.seqlen_q = detail::clamp_int(used_q[b], 0, s.seqlen_q);
   }
-  s.k_start = detail::clamp_int(cu_k[b], 0, total_k);
-  s.seqlen_k = detail::clamp_int(cu_k[b + 1], s.k_start, total_k) - s.k_start;
+  const int entry =
+      kv.batch_idx != nullptr ? detail::clamp_int(kv.batch_idx[b], 0, kv.batch_k - 1) : b;
+  s.k_start = detail::clamp_int(cu_k[entry], 0, total_k);
+  s.seqlen_k = detail::clamp_int(cu_k[entry + 1], s.k_start, total_k) - s.k_start;
   if (used_k != nullptr) {
     s.seqlen_k = detail::clamp_int(used_k[b], 0, s.seqlen_k);
+  }
+  if (kv.leftpad != nullptr) {
+    const int skip = detail::clamp_int(kv.leftpad[b], 0, s.seqlen_k);
+    s.k_start += skip;
+    s.seqlen_k -= skip;
   }
   return s;
 }

@@ -1,0 +1,399 @@
+"""flash_attn_with_kvcache (issue 14): new queries against a KV cache, FA3's signature.
+
+This first step serves a dense cache (batch_cache, seqlen_cache, heads_kv, head_dim) through the
+varlen kernels (_varlen.forward): q (batch, seqlen_q, ...) is the packed (batch * seqlen_q, ...)
+view with sequences of seqlen_q rows (or, with cu_seqlens_q, already packed); the cache is the
+packed (rows, heads_kv, head_dim) view of its rows, sequence b reading cache entry
+cache_batch_idx[b] (the library's kv_batch_idx), keys [cache_leftpad[b], cache_seqlens[b] +
+new_b) (leftpad_k, seqused_k). Masks are bottom-right aligned on those keys, as in FA3. New k /
+v ((batch, seqlen_new, ...) or packed with cu_seqlens_k_new) are written into the cache first,
+in place, at positions [cache_seqlens[b], cache_seqlens[b] + new_b) (torch's index_put_: one
+small kernel; FA3 fuses it into the attention kernel).
+
+Values are checked on the host as the varlen offsets are (one device-to-host copy per call:
+cache_seqlens + new_b <= seqlen_cache, cache_batch_idx within the cache, cache_leftpad <= the
+filled length, the offsets non-decreasing within their tensors), except while a CUDA graph is
+captured or with FLASH_HOPPER_CHECK_OFFSETS=0; unchecked bad values then give wrong results but
+never touch memory outside the tensors (the append's positions are clamped to the cache, the
+kernels clamp every span).
+
+Not yet (each refused naming the argument): page_table (paged KV), rotary_cos / rotary_sin
+(rotary_seqlens alone is ignored, as in FA3), qv, attention_chunk, sinks, scheduler_metadata,
+and split-KV / packed-GQA decode kernels (num_splits and pack_gqa are accepted hints).
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from . import _autograd, _validate, _varlen
+from ._errors import UnsupportedError
+from ._tables import FP8_DTYPES
+
+_offsets: dict[tuple, torch.Tensor] = {}  # (device, n, step) -> int32 arange, built outside capture
+
+
+def _arange_offsets(n: int, step: int, device: torch.device) -> torch.Tensor:
+    """int32 [0, step, ..., n * step] on device. Cached when built eagerly; a tensor made while a
+    CUDA graph is captured holds its values only once the graph runs, so it is never cached."""
+    capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    key = (device, n, step)
+    t = None if capturing else _offsets.get(key)
+    if t is None:
+        t = torch.arange(0, (n + 1) * step, step, dtype=torch.int32, device=device)
+        if not capturing:
+            if len(_offsets) >= 64:
+                _offsets.clear()
+            _offsets[key] = t
+    return t
+
+
+def _check_tensor(name: str, t: Any, dims: int, what: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor {what}, got {type(t).__name__}")
+    if t.dim() != dims:
+        raise ValueError(f"{name}: expected a {dims}-D tensor {what}, got shape {tuple(t.shape)}")
+    return t
+
+
+def _check_index(name: str, t: Any, entries: int, q: torch.Tensor,
+                 what: str = "q's batch") -> torch.Tensor | None:
+    """An optional int32 1-D tensor of ``entries`` values on q's device."""
+    if t is None:
+        return None
+    _check_tensor(name, t, 1, "of int32 (batch,)" if what == "q's batch" else f"of int32 ({what})")
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name}: expected dtype torch.int32, got {t.dtype}")
+    if t.shape[0] != entries:
+        raise ValueError(f"{name}: expected {entries} entries ({what}), got {t.shape[0]}")
+    if t.device != q.device:
+        raise ValueError(f"{name}: expected a tensor on q's device {q.device}, got {t.device}")
+    return t
+
+
+def _refuse(name: str, value: Any, why: str) -> None:
+    if value is not None:
+        raise UnsupportedError(f"{name}: expected None ({why} is not implemented yet), got "
+                               f"{type(value).__name__}")
+
+
+def _rows_view(name: str, cache: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The cache (batch_cache, seqlen_cache, heads, d) as packed rows (rows, heads, d), a view, and
+    the rows from one cache entry to the next (cu_seqlens_k's step)."""
+    b, s, h, d = cache.shape
+    s0, s1, s2, _ = cache.stride()
+    if b == 0 or s == 0:
+        return cache.reshape(b * s, h, d), s
+    if s1 <= 0 or s0 % s1 or s0 // s1 < s:
+        raise ValueError(f"{name}: expected an entry stride that is a whole number of rows of at "
+                         f"least seqlen_cache ({s}) (stride(0) = k * stride(1)), got strides "
+                         f"{cache.stride()}")
+    step = s0 // s1
+    rows = (b - 1) * step + s
+    if b * step >= 2**31:
+        raise ValueError(f"{name}: expected at most 2^31 - 1 rows in the cache (int32 offsets), "
+                         f"got {b} entries of {step} rows")
+    return cache.as_strided((rows, h, d), (s1, s2, 1), cache.storage_offset()), step
+
+
+def _check_values(cache_seqlens: torch.Tensor, new: int | None, seqlen_cache: int,
+                  batch_cache: int, cache_batch_idx: torch.Tensor | None,
+                  cache_leftpad: torch.Tensor | None, cu_seqlens_q: torch.Tensor | None,
+                  total_q: int, cu_seqlens_k_new: torch.Tensor | None, total_new: int) -> None:
+    """One device-to-host copy of the per-sequence values and their rules. new: the new keys per
+    sequence (None: cu_seqlens_k_new gives them)."""
+    named = [("cache_seqlens", cache_seqlens), ("cache_batch_idx", cache_batch_idx),
+             ("cache_leftpad", cache_leftpad), ("cu_seqlens_q", cu_seqlens_q),
+             ("cu_seqlens_k_new", cu_seqlens_k_new)]
+    named = [(name, t) for name, t in named if t is not None]
+    host = torch.cat([t for _, t in named]).cpu().tolist()
+    values, pos = {}, 0
+    for name, t in named:
+        values[name], pos = host[pos:pos + t.shape[0]], pos + t.shape[0]
+    for name, total, src in (("cu_seqlens_q", total_q, "q.shape[0]"),
+                             ("cu_seqlens_k_new", total_new, "k.shape[0]")):
+        offsets = values.get(name)
+        if offsets is None:
+            continue
+        if offsets[0] != 0:
+            raise ValueError(f"{name}: expected 0 at index 0, got {offsets[0]}")
+        for i in range(1, len(offsets)):
+            if offsets[i] < offsets[i - 1]:
+                raise ValueError(f"{name}: expected non-decreasing offsets, got "
+                                 f"{offsets[i - 1]} then {offsets[i]} at index {i}")
+        exact = name == "cu_seqlens_k_new"  # the new keys are packed: all of them used
+        if (offsets[-1] != total) if exact else (offsets[-1] > total):
+            want = "=" if exact else "<="
+            raise ValueError(f"{name}: expected the last offset {want} {src} ({total}), got "
+                             f"{offsets[-1]}")
+    lengths = values["cache_seqlens"]
+    idx, lead = values.get("cache_batch_idx"), values.get("cache_leftpad")
+    cu_new = values.get("cu_seqlens_k_new")
+    for b, length in enumerate(lengths):
+        added = new if cu_new is None else cu_new[b + 1] - cu_new[b]
+        if length < 0 or length + added > seqlen_cache:
+            raise ValueError(
+                f"cache_seqlens: expected 0 <= cache_seqlens[{b}] <= seqlen_cache - its new keys "
+                f"({seqlen_cache} - {added} = {seqlen_cache - added}), got {length}")
+        if idx is not None and not 0 <= idx[b] < batch_cache:
+            raise ValueError(f"cache_batch_idx: expected 0 <= cache_batch_idx[{b}] < "
+                             f"k_cache.shape[0] ({batch_cache}), got {idx[b]}")
+        if lead is not None and not 0 <= lead[b] <= length + added:
+            raise ValueError(f"cache_leftpad: expected 0 <= cache_leftpad[{b}] <= cache_seqlens"
+                             f"[{b}] + its new keys ({length + added}), got {lead[b]}")
+
+
+def flash_attn_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor | None = None,
+    v: torch.Tensor | None = None,
+    qv: torch.Tensor | None = None,
+    rotary_cos: torch.Tensor | None = None,
+    rotary_sin: torch.Tensor | None = None,
+    cache_seqlens: int | torch.Tensor | None = None,
+    cache_batch_idx: torch.Tensor | None = None,
+    cache_leftpad: torch.Tensor | None = None,
+    page_table: torch.Tensor | None = None,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k_new: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    rotary_seqlens: torch.Tensor | None = None,
+    q_descale: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: Sequence[int] = (-1, -1),
+    attention_chunk: int = 0,
+    softcap: float = 0.0,
+    rotary_interleaved: bool = True,
+    scheduler_metadata: torch.Tensor | None = None,
+    num_splits: int = 0,
+    pack_gqa: bool | None = None,
+    sm_margin: int = 0,
+    return_softmax_lse: bool = False,
+    *,
+    sinks: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    backend: str = "auto",
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Attention of q against a KV cache, after writing the new k / v into it (FA3's
+    flash_attn_with_kvcache: its parameters, order and defaults; forward only).
+
+    q: (batch, seqlen_q, heads_q, head_dim); k_cache / v_cache: (batch_cache, seqlen_cache,
+    heads_kv, head_dim), q's dtype (fp16, bf16, or torch.float8_e4m3fn with q / k / v_descale
+    fp32 (batch, heads_kv) as in flash_attn_func), last dim contiguous. cache_seqlens: int or
+    int32 (batch,), the filled positions of each sequence's cache entry (None: all seqlen_cache).
+    k / v (optional, both or neither): (batch, seqlen_new, heads_kv, head_dim), written in place
+    at positions [cache_seqlens, cache_seqlens + seqlen_new) before attending (cache_seqlens
+    itself is not updated, as in FA3). cache_batch_idx: int32 (batch,), the cache entry of each
+    sequence (default b; with duplicates and new k / v, which write lands is unspecified, as in
+    FA3). cache_leftpad: int32 (batch,), the first position attended (default 0). The keys
+    attended are positions [cache_leftpad, cache_seqlens + seqlen_new); causal / window_size /
+    softcap / softmax_scale as in flash_attn_func, bottom-right aligned on those keys. A
+    sequence without keys gets out 0 and lse -inf.
+
+    Varlen queries: q (total_q, heads_q, head_dim) with cu_seqlens_q int32 (batch + 1,) and
+    max_seqlen_q (a hint); then new k / v may be packed too, (total_new, heads_kv, head_dim) with
+    cu_seqlens_k_new int32 (batch + 1,), sequence b's new keys at rows [cu_seqlens_k_new[b],
+    cu_seqlens_k_new[b + 1]).
+
+    Returns out (batch, seqlen_q, heads_q, head_dim) ((total_q, ...) for varlen queries; bf16
+    for FP8 inputs), and with return_softmax_lse also lse fp32 (batch, heads_q, seqlen_q)
+    ((heads_q, total_q) for varlen queries). out (keyword only): write the result into this
+    tensor. backend (keyword only): as in flash_attn_func.
+    Accepted performance hints: num_splits, pack_gqa, sm_margin. Not implemented yet, refused
+    naming the argument: page_table, rotary_cos / rotary_sin, qv, attention_chunk, sinks,
+    scheduler_metadata (see the module docstring).
+    Runs eagerly (no custom op under torch.compile yet); inputs that require grad run forward
+    only (a backward raises, as FA3 has none).
+    """
+    _refuse("page_table", page_table, "paged KV")
+    if rotary_cos is not None or rotary_sin is not None:
+        _refuse("rotary_cos" if rotary_cos is not None else "rotary_sin",
+                rotary_cos if rotary_cos is not None else rotary_sin,
+                "rotary embedding in flash_attn_with_kvcache")
+    # rotary_seqlens without rotary_cos / rotary_sin is ignored, as in FA3
+    _refuse("sinks", sinks, "attention sinks")
+    _refuse("scheduler_metadata", scheduler_metadata, "get_scheduler_metadata")
+    if max_seqlen_q is not None and (isinstance(max_seqlen_q, bool)
+                                     or not isinstance(max_seqlen_q, numbers.Integral)
+                                     or max_seqlen_q < 0):
+        raise TypeError(f"max_seqlen_q: expected None or an int >= 0, got {max_seqlen_q!r}")
+    _validate.check_fa3_extras(qv, attention_chunk, num_splits, pack_gqa, sm_margin)
+    if not isinstance(rotary_interleaved, bool):
+        raise TypeError(f"rotary_interleaved: expected a bool, got {rotary_interleaved!r}")
+    if return_softmax_lse is not True and return_softmax_lse is not False:
+        raise TypeError(f"return_softmax_lse: expected a bool, got {return_softmax_lse!r}")
+
+    varlen_q = cu_seqlens_q is not None
+    if varlen_q:
+        _check_tensor("q", q, 3, "(total_q, heads_q, head_dim) with cu_seqlens_q")
+        _check_tensor("cu_seqlens_q", cu_seqlens_q, 1, "of int32 (batch + 1,)")
+        if cu_seqlens_q.shape[0] < 1:
+            raise ValueError("cu_seqlens_q: expected batch + 1 >= 1 entries, got 0")
+        batch = cu_seqlens_q.shape[0] - 1
+        _check_index("cu_seqlens_q", cu_seqlens_q, batch + 1, q, "batch + 1 offsets")
+        total_q, heads_q, head_dim = q.shape
+        seqlen_q = total_q if max_seqlen_q is None else int(max_seqlen_q)
+    else:
+        _check_tensor("q", q, 4, "(batch, seqlen_q, heads_q, head_dim)")
+        batch, seqlen_q, heads_q, head_dim = q.shape
+        total_q = batch * seqlen_q
+    _check_tensor("k_cache", k_cache, 4, "(batch_cache, seqlen_cache, heads_kv, head_dim)")
+    _check_tensor("v_cache", v_cache, 4, "(batch_cache, seqlen_cache, heads_kv, head_dim)")
+    if tuple(v_cache.shape) != tuple(k_cache.shape):
+        raise ValueError(f"v_cache: expected k_cache's shape {tuple(k_cache.shape)}, got "
+                         f"{tuple(v_cache.shape)}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dtype != q.dtype:
+            raise ValueError(f"{name}: expected q's dtype {q.dtype}, got {t.dtype} (16-bit q "
+                             f"against an FP8 cache is not implemented yet in "
+                             f"flash_attn_with_kvcache)")
+        if t.device != q.device:
+            raise ValueError(f"{name}: expected q's device {q.device}, got {t.device}")
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name}: expected a contiguous last dimension (stride 1), got "
+                             f"stride {t.stride(-1)}")
+    batch_cache, seqlen_cache, heads_kv, _ = k_cache.shape
+    if batch_cache == 0 and batch > 0:
+        raise ValueError(f"k_cache: expected at least one cache entry for a batch of {batch}, "
+                         f"got batch_cache 0")
+    if cache_batch_idx is None and batch_cache != batch:
+        raise ValueError(f"k_cache: expected batch_cache = q's batch ({batch}) without "
+                         f"cache_batch_idx, got {batch_cache}")
+    if (k is None) != (v is None):
+        raise ValueError(f"k / v: expected both or neither, got k {type(k).__name__} and v "
+                         f"{type(v).__name__}")
+    if cu_seqlens_k_new is not None and k is None:
+        raise ValueError("cu_seqlens_k_new: expected None without new k / v")
+    new = 0  # new keys per sequence (cu_seqlens_k_new: per sequence, new = None)
+    total_new = 0
+    if k is not None:
+        packed = cu_seqlens_k_new is not None
+        for name, t in (("k", k), ("v", v)):
+            if packed:
+                _check_tensor(name, t, 3, "(total_new, heads_kv, head_dim) with cu_seqlens_k_new")
+                ok = t.shape[1:] == k_cache.shape[2:]
+                want = "(total_new, heads_kv, head_dim)"
+            else:
+                _check_tensor(name, t, 4, "(batch, seqlen_new, heads_kv, head_dim)")
+                ok = t.shape[0] == batch and t.shape[2:] == k_cache.shape[2:]
+                want = "(batch, seqlen_new, heads_kv, head_dim)"
+            if not ok:
+                raise ValueError(f"{name}: expected shape {want} with batch {batch}, heads_kv "
+                                 f"{heads_kv}, head_dim {k_cache.shape[3]}, got "
+                                 f"{tuple(t.shape)}")
+            if t.dtype != k_cache.dtype or t.device != q.device:
+                raise ValueError(f"{name}: expected the cache's dtype {k_cache.dtype} on "
+                                 f"{q.device}, got {t.dtype} on {t.device}")
+        if v.shape[0] != k.shape[0] or (not packed and v.shape[1] != k.shape[1]):
+            raise ValueError(f"v: expected k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
+        if packed:
+            _check_index("cu_seqlens_k_new", cu_seqlens_k_new, batch + 1, q,
+                         "batch + 1 offsets")
+            new, total_new = None, k.shape[0]
+        else:
+            new, total_new = k.shape[1], batch * k.shape[1]
+    if cache_seqlens is None:
+        if new is None:
+            raise ValueError("cache_seqlens: expected an int32 tensor (batch,) with "
+                             "cu_seqlens_k_new (where the new keys go)")
+        cache_seqlens = seqlen_cache - new
+    if isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
+        limit = seqlen_cache - (new or 0)
+        if not 0 <= int(cache_seqlens) <= limit:
+            raise ValueError(f"cache_seqlens: expected 0 <= cache_seqlens <= seqlen_cache - "
+                             f"seqlen_new ({limit}), got {cache_seqlens}")
+        cache_seqlens = torch.full((batch,), int(cache_seqlens), dtype=torch.int32,
+                                   device=q.device)
+    elif isinstance(cache_seqlens, torch.Tensor):
+        _check_index("cache_seqlens", cache_seqlens, batch, q)
+    else:
+        raise TypeError(f"cache_seqlens: expected None, an int or an int32 tensor (batch,), got "
+                        f"{type(cache_seqlens).__name__}")
+    cache_batch_idx = _check_index("cache_batch_idx", cache_batch_idx, batch, q)
+    cache_leftpad = _check_index("cache_leftpad", cache_leftpad, batch, q)
+    grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, k_cache, v_cache, k, v))
+    if out is not None and grad:
+        raise UnsupportedError("out: expected None when an input requires grad")
+    if torch.compiler.is_compiling():
+        raise UnsupportedError("flash_attn_with_kvcache runs eagerly only (no flash_hopper "
+                               "custom op takes it under torch.compile yet)")
+
+    k_rows, step = _rows_view("k_cache", k_cache)
+    v_rows, v_step = _rows_view("v_cache", v_cache)
+    if v_step != step:
+        raise ValueError(f"v_cache: expected k_cache's entry stride in rows ({step}), got {v_step}")
+    q_rows = q if varlen_q else q.reshape(total_q, heads_q, head_dim)
+    out_rows = None
+    if out is not None:
+        dims = 3 if varlen_q else 4
+        _check_tensor("out", out, dims, "of q's shape")
+        if tuple(out.shape) != tuple(q.shape):
+            raise ValueError(f"out: expected q's shape {tuple(q.shape)}, got {tuple(out.shape)}")
+        try:
+            out_rows = out if varlen_q else out.view(total_q, heads_q, head_dim)
+        except RuntimeError:
+            raise ValueError(f"out: expected a tensor whose (batch, seqlen_q) dims flatten to one "
+                             f"(strides {out.stride()})") from None
+    cu_q = cu_seqlens_q if varlen_q else _arange_offsets(batch, seqlen_q, q.device)
+    cu_k = _arange_offsets(batch_cache, step, q.device)
+    if new is None:  # per sequence, from the offsets
+        used_k = cache_seqlens + (cu_seqlens_k_new[1:] - cu_seqlens_k_new[:-1])
+    else:
+        used_k = cache_seqlens + new if new else cache_seqlens
+    descales = (q_descale, k_descale, v_descale) if q.dtype in FP8_DTYPES else (None, None, None)
+    args = (q_rows, k_rows, v_rows, cu_q, cu_k, seqlen_q, seqlen_cache, None, used_k,
+            softmax_scale, causal, window_size, softcap, backend)
+    # Every check (devices, dtypes, head dim, scale, window, descales, out) before the cache is
+    # written: a refused call leaves it as it was.
+    batch_k = batch_cache if cache_batch_idx is not None else 0
+    _varlen.plan(*args, out_rows, descales, batch_k)
+    if _varlen.offsets_checked() and batch > 0:
+        _check_values(cache_seqlens, new, seqlen_cache, batch_cache, cache_batch_idx,
+                      cache_leftpad, cu_seqlens_q, total_q, cu_seqlens_k_new, total_new)
+
+    def append() -> None:
+        """The new keys into the cache at [cache_seqlens, + new), positions clamped to it."""
+        device = q.device
+        if new is None:  # packed: token t belongs to the sequence whose span holds it
+            token = torch.arange(total_new, device=device, dtype=torch.int32)
+            seq = torch.searchsorted(cu_seqlens_k_new[1:], token, right=True)
+            seq = seq.clamp_(0, max(batch - 1, 0))
+            pos = cache_seqlens.long()[seq] + (token - cu_seqlens_k_new[seq]).long()
+            rows = cache_batch_idx.long()[seq] if cache_batch_idx is not None else seq
+            keys, values = k, v
+        else:
+            rows = (cache_batch_idx.long() if cache_batch_idx is not None
+                    else torch.arange(batch, device=device))[:, None]
+            pos = cache_seqlens.long()[:, None] + torch.arange(new, device=device)[None]
+            keys, values = k, v
+        pos = pos.clamp_(0, seqlen_cache - 1)  # unchecked values stay inside the cache
+        with torch.no_grad():
+            k_cache[rows, pos] = keys
+            v_cache[rows, pos] = values
+
+    def run() -> tuple[torch.Tensor, torch.Tensor | None]:
+        if total_new and batch:
+            append()
+        result, lse, _ = _varlen.forward(
+            *args, out=out_rows, need_lse=return_softmax_lse, descales=descales,
+            kv_batch_idx=cache_batch_idx, leftpad_k=cache_leftpad,
+            batch_k=batch_k, checked=True)
+        if varlen_q:  # out (total_q, heads, d), lse (heads, total_q), as FA3's varlen
+            return (out if out is not None else result), lse
+        result = out if out is not None else result.view(batch, seqlen_q, heads_q, head_dim)
+        if lse is not None:
+            lse = lse.view(heads_q, batch, seqlen_q).permute(1, 0, 2).contiguous()
+        return result, lse
+
+    result, lse = _autograd.KvCacheForwardOnly.apply(run, q, k_cache, v_cache) if grad else run()
+    return (result, lse) if return_softmax_lse else result

@@ -1,0 +1,274 @@
+"""flash_attn_with_kvcache on the GPU (issue 14, first step: a dense cache through the varlen
+kernels), both paths, against reference.attention_kvcache_ref.
+
+FA3's rule: the kernel's max error at most twice that of the same computation in the input
+dtype, plus a small absolute term. Every cache holds NaN past each sequence's keys (and before
+its left padding): a kernel that reads one key outside them, or lets a masked key's V row into
+P V (0 * NaN), fails with NaN in the output.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from flash_hopper import flash_attn_with_kvcache
+from flash_hopper._lib import FhBackend, FhDtype
+from flash_hopper.reference import attention_kvcache_ref
+
+from tests._helpers import raises
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_matmuls")]
+
+BF16 = torch.bfloat16
+I32 = torch.int32
+_BACKENDS = {"fa2": FhBackend.FA2, "fa3": FhBackend.FA3}
+
+
+@pytest.fixture(params=["fa2", "fa3"])
+def backend(request, lib) -> str:
+    if request.param == "fa3" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("fa3 needs compute capability 9.0")
+    return request.param
+
+
+def require(lib, backend, head_dim, dtype=FhDtype.BF16):
+    if not lib.has_fwd_kernel(_BACKENDS[backend], dtype, head_dim):
+        pytest.skip(f"this build has no {backend} kernel for head_dim {head_dim}")
+
+
+def poisoned_cache(batch_cache, seqlen_cache, heads_kv, d, filled, leftpad=None, idx=None,
+                   dtype=BF16, seed=0):
+    """k / v caches of N(0, 1) keys at each entry's filled positions, NaN elsewhere."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    kc, vc = (torch.randn(batch_cache, seqlen_cache, heads_kv, d, device="cuda", generator=g)
+              .to(BF16) for _ in range(2))
+    keep = torch.zeros(batch_cache, seqlen_cache, dtype=torch.bool, device="cuda")
+    rows = list(range(len(filled))) if idx is None else idx
+    for b, n in enumerate(filled):
+        lo = 0 if leftpad is None else leftpad[b]
+        keep[rows[b], lo:n] = True
+    for c in (kc, vc):
+        c[~keep] = float("nan")
+    return kc.to(dtype), vc.to(dtype)  # NaN stays NaN in e4m3fn
+
+
+def check(out, lse, ref_out, ref_lse, low_out):
+    assert not out.isnan().any(), "NaN from the cache's unused slots reached the output"
+    err = (out.double() - ref_out).abs().max().item()
+    low = (low_out.double() - ref_out).abs().max().item()
+    assert err <= 2 * low + 2e-3, (err, low)
+    if lse is not None:
+        finite = torch.isfinite(ref_lse)
+        assert torch.equal(torch.isfinite(lse), finite)
+        if finite.any():
+            assert (lse[finite].double() - ref_lse[finite]).abs().max().item() <= 1e-3
+
+
+def references(q, kc, vc, kn, vn, **kw):
+    """(float64 out, lse, caches after the append) and the bf16 computation's out. NaN in the
+    caches' unused slots becomes 0 for the reference (it must never matter)."""
+    k0, v0 = (torch.nan_to_num(t, nan=0.0) for t in (kc, vc))
+    ref_out, ref_lse, k1, v1 = attention_kvcache_ref(
+        q.double(), k0.double(), v0.double(), None if kn is None else kn.double(),
+        None if vn is None else vn.double(), **kw)
+    low_out = attention_kvcache_ref(q, k0, v0, kn, vn, upcast=False, **kw)[0]
+    return ref_out, ref_lse, k1, v1, low_out
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize(("seqlen_q", "new"), [(1, 0), (1, 1), (4, 4), (37, 0), (16, 5)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_matches_the_reference(lib, backend, head_dim, seqlen_q, new, causal):
+    require(lib, backend, head_dim)
+    b, hq, hk, sc = 5, 8, 2, 700
+    filled = [0, 1, 130, 300, 700 - new]
+    g = torch.Generator(device="cuda").manual_seed(head_dim + seqlen_q + new)
+    q = torch.randn(b, seqlen_q, hq, head_dim, device="cuda", generator=g).to(BF16)
+    kc, vc = poisoned_cache(b, sc, hk, head_dim, filled, seed=head_dim)
+    kn = vn = None
+    if new:
+        kn, vn = (torch.randn(b, new, hk, head_dim, device="cuda", generator=g).to(BF16)
+                  for _ in range(2))
+    seqlens = torch.tensor(filled, dtype=I32, device="cuda")
+    ref_out, ref_lse, _, _, low = references(q, kc, vc, kn, vn, cache_seqlens=seqlens,
+                                             causal=causal)
+    want_k, want_v = kc.clone(), vc.clone()
+    if new:
+        for b_, n in enumerate(filled):
+            want_k[b_, n:n + new], want_v[b_, n:n + new] = kn[b_], vn[b_]
+    out, lse = flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=seqlens, causal=causal,
+                                       return_softmax_lse=True, backend=backend)
+    assert out.shape == q.shape and lse.shape == (b, hq, seqlen_q)
+    check(out, lse, ref_out, ref_lse, low)
+    # the new keys landed in place and nothing else changed (NaN slots compared as 7)
+    for got, want in ((kc, want_k), (vc, want_v)):
+        assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_batch_idx_leftpad_window_softcap(lib, backend, head_dim):
+    require(lib, backend, head_dim)
+    b, bc, hq, hk, sc, sq, new = 4, 6, 6, 3, 300, 3, 2
+    idx = [5, 0, 3, 2]
+    filled = [100, 0, 298, 37]
+    pad = [10, 0, 200, 39]  # sequence 3: every key (37 cached + 2 new) left-padded away
+    g = torch.Generator(device="cuda").manual_seed(head_dim)
+    q = torch.randn(b, sq, hq, head_dim, device="cuda", generator=g).to(BF16)
+    kc, vc = poisoned_cache(bc, sc, hk, head_dim, [n + new for n in filled],
+                            leftpad=pad, idx=idx, seed=1)
+    kn, vn = (torch.randn(b, new, hk, head_dim, device="cuda", generator=g).to(BF16)
+              for _ in range(2))
+    kw = {"cache_seqlens": torch.tensor(filled, dtype=I32, device="cuda"),
+          "cache_batch_idx": torch.tensor(idx, dtype=I32, device="cuda"),
+          "cache_leftpad": torch.tensor(pad, dtype=I32, device="cuda")}
+    for mask in ({"causal": True}, {"window_size": (50, 0)}, {"window_size": (7, 3)},
+                 {"softcap": 5.0, "causal": True}):
+        k_in, v_in = kc.clone(), vc.clone()
+        ref_out, ref_lse, _, _, low = references(q, k_in, v_in, kn, vn, **kw, **mask)
+        out, lse = flash_attn_with_kvcache(q, k_in, v_in, kn, vn, **kw, **mask,
+                                           return_softmax_lse=True, backend=backend)
+        check(out, lse, ref_out, ref_lse, low)
+        # sequence 3: every key left-padded away -> no keys: out 0, lse -inf
+        assert (out[3] == 0).all() and torch.isneginf(lse[3]).all()
+        # the untouched cache entries (1, 4) kept their bits
+        for e in (1, 4):
+            assert torch.equal(k_in[e].nan_to_num(7.0), kc[e].nan_to_num(7.0))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_varlen_queries_and_new_keys(lib, backend, head_dim):
+    """q packed with cu_seqlens_q, new keys packed with cu_seqlens_k_new (FA3's varlen kvcache
+    call), cache entries through cache_batch_idx: each sequence against the reference on it
+    alone. Sequences without queries, without new keys, and without any key."""
+    require(lib, backend, head_dim)
+    lq, lnew = [3, 0, 17, 1, 5], [2, 1, 0, 4, 0]
+    filled = [40, 10, 0, 255 - 4, 0]
+    idx = [4, 2, 0, 5, 1]
+    bc, sc, hq, hk = 6, 256, 8, 4
+    g = torch.Generator(device="cuda").manual_seed(head_dim + 7)
+    q = torch.randn(sum(lq), hq, head_dim, device="cuda", generator=g).to(BF16)
+    kn, vn = (torch.randn(sum(lnew), hk, head_dim, device="cuda", generator=g).to(BF16)
+              for _ in range(2))
+    kc, vc = poisoned_cache(bc, sc, hk, head_dim, filled, idx=idx, seed=head_dim)
+    kc0, vc0 = kc.clone(), vc.clone()
+    cu = lambda xs: torch.tensor([0] + torch.tensor(xs).cumsum(0).tolist(), dtype=I32,
+                                 device="cuda")
+    cu_q, cu_new = cu(lq), cu(lnew)
+    seqlens = torch.tensor(filled, dtype=I32, device="cuda")
+    out, lse = flash_attn_with_kvcache(
+        q, kc, vc, kn, vn, cache_seqlens=seqlens, cache_batch_idx=torch.tensor(idx, dtype=I32,
+                                                                              device="cuda"),
+        cu_seqlens_q=cu_q, cu_seqlens_k_new=cu_new, max_seqlen_q=max(lq), causal=True,
+        return_softmax_lse=True, backend=backend)
+    assert out.shape == q.shape and lse.shape == (hq, sum(lq))
+    sq, sn = cu_q.tolist(), cu_new.tolist()
+    for b in range(len(lq)):
+        e = idx[b]
+        # the new keys are in the entry, nothing else of it changed
+        want = kc0[e].clone()
+        want[filled[b]:filled[b] + lnew[b]] = kn[sn[b]:sn[b + 1]]
+        assert torch.equal(kc[e].nan_to_num(7.0), want.nan_to_num(7.0)), b
+        if lq[b] == 0:
+            continue
+        qb = q[sq[b]:sq[b + 1]][None]
+        knb, vnb = kn[sn[b]:sn[b + 1]][None], vn[sn[b]:sn[b + 1]][None]
+        one = torch.tensor([filled[b]], dtype=I32, device="cuda")
+        ref_out, ref_lse, _, _, low = references(
+            qb, kc0[e:e + 1], vc0[e:e + 1], knb if lnew[b] else None, vnb if lnew[b] else None,
+            cache_seqlens=one, causal=True)
+        check(out[sq[b]:sq[b + 1]][None], lse[:, sq[b]:sq[b + 1]][None], ref_out, ref_lse, low)
+
+
+def test_fp8_cache(lib):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("FP8 runs on the FA-3 path (compute capability 9.0)")
+    require(lib, "fa3", 128, FhDtype.E4M3)
+    b, hq, hk, sc, d = 3, 8, 2, 500, 128
+    filled = [1, 257, 500]
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q = torch.randn(b, 2, hq, d, device="cuda", generator=g).to(torch.float8_e4m3fn)
+    kc, vc = poisoned_cache(b, sc, hk, d, filled, dtype=torch.float8_e4m3fn, seed=3)
+    qd, kd, vd = (torch.rand(b, hk, device="cuda", generator=g) + 0.5 for _ in range(3))
+    seqlens = torch.tensor(filled, dtype=I32, device="cuda")
+    out = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, causal=True, q_descale=qd,
+                                  k_descale=kd, v_descale=vd)
+    assert out.dtype == BF16 and not out.isnan().any()
+    g_ = hq // hk
+    qq = q.double() * qd.repeat_interleave(g_, 1)[:, None, :, None].double()
+    kk = kc.double().nan_to_num(0.0) * kd[:, None, :, None].double()
+    vv = vc.double().nan_to_num(0.0) * vd[:, None, :, None].double()
+    ref = attention_kvcache_ref(qq, kk, vv, cache_seqlens=seqlens, causal=True)[0]
+    rel = ((out.double() - ref).norm() / ref.norm()).item()
+    assert rel <= 0.05, rel  # P in e4m3: ~2-3 % relative RMS (tests/test_fp8_gpu.py)
+
+
+def test_out_and_int_seqlens(lib, backend):
+    require(lib, backend, 64)
+    q = torch.randn(2, 3, 4, 64, device="cuda").to(BF16)
+    kc, vc = poisoned_cache(2, 100, 4, 64, [60, 60])
+    out = torch.full_like(q, float("nan"))
+    got = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=60, out=out, backend=backend)
+    assert got is out and not out.isnan().any()
+    assert torch.equal(out, flash_attn_with_kvcache(q, kc, vc, cache_seqlens=60, backend=backend))
+
+
+@pytest.mark.parametrize(("kw", "fragment"), [
+    ({"cache_seqlens": [99, 0]}, ("cache_seqlens: expected 0 <= cache_seqlens[0] <= seqlen_cache "
+                                  "- its new keys (100 - 2 = 98), got 99")),
+    ({"cache_seqlens": [-1, 0]}, "cache_seqlens: expected 0 <= cache_seqlens[0]"),
+    ({"cache_batch_idx": [0, 2]}, ("cache_batch_idx: expected 0 <= cache_batch_idx[1] < "
+                                   "k_cache.shape[0] (2), got 2")),
+    ({"cache_leftpad": [0, 13]}, ("cache_leftpad: expected 0 <= cache_leftpad[1] <= "
+                                  "cache_seqlens[1] + its new keys (12), got 13")),
+])
+def test_bad_values_raise_before_the_cache_is_written(lib, kw, fragment):
+    if not any(lib.has_fwd_kernel(b, FhDtype.BF16, 64) for b in _BACKENDS.values()):
+        pytest.skip("this build has no bf16 hdim-64 kernel")
+    q = torch.randn(2, 1, 4, 64, device="cuda").to(BF16)
+    kc, vc = (torch.randn(2, 100, 2, 64, device="cuda").to(BF16) for _ in range(2))
+    kn, vn = (torch.randn(2, 2, 2, 64, device="cuda").to(BF16) for _ in range(2))
+    args = {"cache_seqlens": [10, 10]}
+    args.update(kw)
+    args = {k: torch.tensor(v, dtype=I32, device="cuda") for k, v in args.items()}
+    before = kc.clone(), vc.clone()
+    with raises(ValueError, fragment):
+        flash_attn_with_kvcache(q, kc, vc, kn, vn, **args)
+    assert torch.equal(kc, before[0]) and torch.equal(vc, before[1])
+
+
+def test_cuda_graph_replays_new_lengths(lib, backend):
+    """A graph captured once (the values unchecked during capture) replays correctly with new
+    cache_seqlens written into the same tensor: the decode loop of a server."""
+    require(lib, backend, 128)
+    b, hq, hk, sc, d = 4, 8, 2, 512, 128
+    q = torch.randn(b, 1, hq, d, device="cuda").to(BF16)
+    kc, vc = (torch.randn(b, sc, hk, d, device="cuda").to(BF16) for _ in range(2))
+    kn, vn = (torch.randn(b, 1, hk, d, device="cuda").to(BF16) for _ in range(2))
+    seqlens = torch.tensor([5, 100, 300, 510], dtype=I32, device="cuda")
+    flash_attn_with_kvcache(q, kc.clone(), vc.clone(), kn, vn, cache_seqlens=seqlens,
+                            causal=True, backend=backend)  # warm-up: plans cached
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.cuda.graph(graph, stream=s):
+        out = flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=seqlens, causal=True,
+                                      backend=backend)
+    torch.cuda.current_stream().wait_stream(s)
+    for lengths in ([0, 1, 2, 3], [400, 7, 300, 64]):
+        seqlens.copy_(torch.tensor(lengths, dtype=I32))
+        k_before, v_before = kc.clone(), vc.clone()
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = attention_kvcache_ref(q.double(), k_before.double(), v_before.double(),
+                                    kn.double(), vn.double(), cache_seqlens=seqlens,
+                                    causal=True)[0]
+        assert (out.double() - ref).abs().max().item() < 2e-2, lengths
+
+
+def test_inputs_that_require_grad_run_forward_only(lib, backend):
+    require(lib, backend, 64)
+    q = torch.randn(1, 2, 4, 64, device="cuda").to(BF16).requires_grad_()
+    kc, vc = (torch.randn(1, 50, 4, 64, device="cuda").to(BF16) for _ in range(2))
+    out = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=20, backend=backend)
+    with raises(Exception, "flash_attn_with_kvcache has no backward"):
+        out.sum().backward()

@@ -1,0 +1,134 @@
+"""flash_attn_with_kvcache's arguments, on the CPU (issue 14): FA3's signature, each refusal
+naming the argument, and a refused call never writing the cache."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+from flash_hopper import flash_attn_with_kvcache
+from flash_hopper._errors import UnsupportedError
+
+from tests._helpers import raises
+
+I32 = torch.int32
+
+# FA3's hopper/flash_attn_interface.py flash_attn_with_kvcache, in order (FA3 HEAD 0251105).
+FA3_PARAMETERS = [
+    "q", "k_cache", "v_cache", "k", "v", "qv", "rotary_cos", "rotary_sin", "cache_seqlens",
+    "cache_batch_idx", "cache_leftpad", "page_table", "cu_seqlens_q", "cu_seqlens_k_new",
+    "max_seqlen_q", "rotary_seqlens", "q_descale", "k_descale", "v_descale", "softmax_scale",
+    "causal", "window_size", "attention_chunk", "softcap", "rotary_interleaved",
+    "scheduler_metadata", "num_splits", "pack_gqa", "sm_margin", "return_softmax_lse",
+]
+
+
+def test_signature_is_fa3s():
+    sig = inspect.signature(flash_attn_with_kvcache)
+    positional = [n for n, p in sig.parameters.items()
+                  if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    assert positional == FA3_PARAMETERS
+    defaults = {n: p.default for n, p in sig.parameters.items()}
+    assert defaults["window_size"] == (-1, -1) and defaults["num_splits"] == 0
+    assert defaults["causal"] is False and defaults["return_softmax_lse"] is False
+    keyword_only = [n for n, p in sig.parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    assert keyword_only == ["sinks", "out", "backend"]
+
+
+def make(b=2, sq=1, h=4, hk=2, d=64, sc=32, new=0):
+    q = torch.randn(b, sq, h, d, dtype=torch.bfloat16)
+    kc, vc = (torch.randn(b, sc, hk, d, dtype=torch.bfloat16) for _ in range(2))
+    kn = vn = None
+    if new:
+        kn, vn = (torch.randn(b, new, hk, d, dtype=torch.bfloat16) for _ in range(2))
+    return q, kc, vc, kn, vn
+
+
+@pytest.mark.parametrize(("name", "value", "fragment"), [
+    ("page_table", torch.zeros(2, 4, dtype=I32), "paged KV is not implemented yet"),
+    ("rotary_cos", torch.zeros(32, 16), "rotary embedding"),
+    ("rotary_sin", torch.zeros(32, 16), "rotary embedding"),
+    ("sinks", torch.zeros(4), "attention sinks is not implemented yet"),
+    ("scheduler_metadata", torch.zeros(8, dtype=I32), "get_scheduler_metadata"),
+    ("qv", torch.zeros(2, 1, 4, 64), "MLA's extra query input is not implemented yet"),
+    ("attention_chunk", 128, "chunked-local attention is not implemented yet"),
+])
+def test_unimplemented_arguments_are_refused_before_anything_is_written(name, value, fragment):
+    q, kc, vc, kn, vn = make(new=3)
+    before = kc.clone(), vc.clone()
+    with raises(UnsupportedError, f"{name}:", fragment):
+        flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=5, **{name: value})
+    assert torch.equal(kc, before[0]) and torch.equal(vc, before[1])
+
+
+def test_rotary_seqlens_alone_is_ignored_as_in_fa3():
+    # FA3's own tests pass rotary_seqlens with every call; without rotary_cos it does nothing.
+    q, kc, vc, _, _ = make()
+    with raises(ValueError, "must be a CUDA tensor"):  # past the argument checks
+        flash_attn_with_kvcache(q, kc, vc, cache_seqlens=5,
+                                rotary_seqlens=torch.zeros(2, dtype=I32))
+
+
+def test_performance_hints_are_checked_for_type_only():
+    q, kc, vc, _, _ = make()
+    for name, value in (("num_splits", -1), ("sm_margin", 1.5), ("pack_gqa", "yes")):
+        with raises(TypeError, f"{name}:"):
+            flash_attn_with_kvcache(q, kc, vc, **{name: value})
+    with raises(TypeError, "return_softmax_lse: expected a bool, got 1"):
+        flash_attn_with_kvcache(q, kc, vc, return_softmax_lse=1)
+
+
+@pytest.mark.parametrize(("change", "exc", "fragments"), [
+    (lambda a: a.update(q=a["q"][0]), ValueError,
+     ("q: expected a 4-D tensor (batch, seqlen_q, heads_q, head_dim)", "(1, 4, 64)")),
+    (lambda a: a.update(v_cache=a["v_cache"][:, :16]), ValueError,
+     ("v_cache: expected k_cache's shape (2, 32, 2, 64)", "(2, 16, 2, 64)")),
+    (lambda a: a.update(k_cache=a["k_cache"].half(), v_cache=a["v_cache"].half()), ValueError,
+     ("k_cache: expected q's dtype torch.bfloat16, got torch.float16",)),
+    (lambda a: a.update(k_cache=a["k_cache"][:1], v_cache=a["v_cache"][:1]), ValueError,
+     ("k_cache: expected batch_cache = q's batch (2) without cache_batch_idx, got 1",)),
+    (lambda a: a.update(k_cache=a["k_cache"][..., ::2], v_cache=a["v_cache"][..., ::2]),
+     ValueError, ("k_cache: expected a contiguous last dimension (stride 1), got stride 2",)),
+    (lambda a: a.update(v=None), ValueError, ("k / v: expected both or neither",)),
+    (lambda a: a.update(k=a["k"][:, :, :1], v=a["v"][:, :, :1]), ValueError,
+     ("k: expected shape (batch, seqlen_new, heads_kv, head_dim) with batch 2, heads_kv 2",
+      "(2, 3, 1, 64)")),
+    (lambda a: a.update(v=a["v"][:, :2]), ValueError, ("v: expected k's shape (2, 3, 2, 64), got (2, 2, 2, 64)",)),
+    (lambda a: a.update(cache_seqlens=30), ValueError,
+     ("cache_seqlens: expected 0 <= cache_seqlens <= seqlen_cache - seqlen_new (29), got 30",)),
+    (lambda a: a.update(cache_seqlens=torch.zeros(2, dtype=torch.int64)), TypeError,
+     ("cache_seqlens: expected dtype torch.int32, got torch.int64",)),
+    (lambda a: a.update(cache_seqlens=torch.zeros(3, dtype=I32)), ValueError,
+     ("cache_seqlens: expected 2 entries (q's batch), got 3",)),
+    (lambda a: a.update(cache_seqlens=2.5), TypeError,
+     ("cache_seqlens: expected None, an int or an int32 tensor (batch,), got float",)),
+    (lambda a: a.update(cache_batch_idx=torch.zeros(2, 1, dtype=I32)), ValueError,
+     ("cache_batch_idx: expected a 1-D tensor of int32 (batch,), got shape (2, 1)",)),
+    (lambda a: a.update(cache_leftpad=[0, 0]), TypeError,
+     ("cache_leftpad: expected a torch.Tensor of int32 (batch,), got list",)),
+    (lambda a: a.update(k_cache=a["k_cache"].transpose(0, 1).contiguous().transpose(0, 1),
+                        v_cache=a["v_cache"].transpose(0, 1).contiguous().transpose(0, 1)),
+     ValueError, (("k_cache: expected an entry stride that is a whole number of rows of at "
+                   "least seqlen_cache (32)"),)),
+    (lambda a: None, ValueError, ("must be a CUDA tensor",)),  # CPU tensors: the kernels' check
+    (lambda a: a.update(cu_seqlens_q=torch.tensor([0, 1, 2], dtype=I32)), ValueError,
+     ("q: expected a 3-D tensor (total_q, heads_q, head_dim) with cu_seqlens_q",)),
+    (lambda a: a.update(q=a["q"][:, 0], cu_seqlens_q=torch.tensor([0, 1, 2], dtype=torch.int64)),
+     TypeError, ("cu_seqlens_q: expected dtype torch.int32, got torch.int64",)),
+    (lambda a: a.update(cu_seqlens_k_new=torch.tensor([0, 3, 6], dtype=I32)), ValueError,
+     ("k: expected a 3-D tensor (total_new, heads_kv, head_dim) with cu_seqlens_k_new",)),
+    (lambda a: a.update(k=a["k"].flatten(0, 1), v=a["v"].flatten(0, 1),
+                        cu_seqlens_k_new=torch.tensor([0, 6], dtype=I32)), ValueError,
+     ("cu_seqlens_k_new: expected 3 entries (batch + 1 offsets), got 2",)),
+    (lambda a: a.update(k=None, v=None, cu_seqlens_k_new=torch.tensor([0, 3, 6], dtype=I32)),
+     ValueError, ("cu_seqlens_k_new: expected None without new k / v",)),
+])
+def test_bad_arguments_raise_naming_them_and_write_nothing(change, exc, fragments):
+    q, kc, vc, kn, vn = make(new=3)
+    a = {"q": q, "k_cache": kc, "v_cache": vc, "k": kn, "v": vn, "cache_seqlens": 5}
+    change(a)
+    before = [t.clone() for t in (a["k_cache"], a["v_cache"])]
+    with raises(exc, *fragments):
+        flash_attn_with_kvcache(**a)
+    assert torch.equal(a["k_cache"], before[0]) and torch.equal(a["v_cache"], before[1])
