@@ -125,12 +125,12 @@ def check(out, lse, q, k, v, causal=False, q_descale=None, k_descale=None, v_des
                 assert head_err <= 1.5 * head_emu + 1e-2, (b, h, head_err, head_emu)
     worst = (out[rows].double() - ref[rows]).abs().max().item()
     emu_worst = (emu[rows] - ref[rows]).abs().max().item()
-    # The kernel rounds P to e4m3 against its lazily rescaled running max (softmax.h: up to 2^8
-    # stale), the emulation against the final max, where a row's largest P is exactly 1: rows
-    # dominated by one key carry that key's rounding (up to 1/16) in the kernel only, a whole-row
-    # factor of 0.94-1.06 (measured worst element ratio 4.9, d192 with FA3's descales, rand * 2;
-    # a tile with another tile's descales gave 30x); bf16 output: 2^-9 relative.
-    assert worst <= 6 * emu_worst + ref[rows].abs().max().item() * 2.0**-8, (worst, emu_worst)
+    # The kernel rounds P to e4m3 against its running max (eager for FP8, p offset by 2^8:
+    # softmax.h), the emulation against the final max: the same rounding in distribution, not
+    # element by element (measured worst ratio 0.9-1.05; the lazy max of session 12 gave up to
+    # 4.9, a whole-row factor of 0.94-1.06 on rows dominated by one key; a tile with another
+    # tile's descales gave 30x); bf16 output: 2^-9 relative.
+    assert worst <= 3 * emu_worst + ref[rows].abs().max().item() * 2.0**-8, (worst, emu_worst)
 
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)

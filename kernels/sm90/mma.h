@@ -52,8 +52,10 @@ struct Consumer {
   using TiledMmaQK = typename Traits::TiledMmaQK;
   using TiledMmaPV = typename Traits::TiledMmaPV;
   using SharedStorage = typename Traits::SharedStorage;
-  using Softmax = OnlineSoftmax</*kRows=*/2>;
   static constexpr bool kFp8 = Traits::kFp8;
+  // FP8: an eager max and p offset by 2^8 (softmax.h: every block's largest p exact in e4m3)
+  using Softmax = conditional_t<kFp8, OnlineSoftmax<2, /*kMaxStaleLog2=*/0, /*kOffsetLog2=*/8>,
+                                OnlineSoftmax</*kRows=*/2>>;
   static constexpr bool kScaled = Traits::kScaled;  // FP8 or mixed: descales (TileScales)
   static constexpr int kPvParts = Traits::kPvParts;
   using QEnd = ConsumerEnd<typename Traits::QPipe, SmemBarriers<typename Traits::QPipe>>;

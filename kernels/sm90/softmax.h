@@ -26,9 +26,17 @@ namespace flash_hopper::sm90 {
 
 using namespace cute;
 
-template <int kRows>
+// kMaxStaleLog2_: the lazy rescale's slack (above). kOffsetLog2: p = exp2(s - m + offset), so
+// p <= 2^offset (l and O carry the same factor; the LSE takes it out). The FP8 kernel's P is
+// e4m3: it takes slack 0 and offset 8 (mma.h), so every block's largest p is exactly 2^8 (an
+// e4m3 value; with slack it would be 2^frac, rounded by up to 1/16: a whole-row error of a
+// row dominated by one key) and p down to 2^-17 stays representable (e4m3's smallest
+// subnormal is 2^-9: without the offset every key more than 6.2 nats below the max would be 0).
+template <int kRows, int kMaxStaleLog2_ = 8, int kOffsetLog2 = 0>
 struct OnlineSoftmax {
-  static constexpr float kMaxStaleLog2 = 8.f;
+  static constexpr float kMaxStaleLog2 = float(kMaxStaleLog2_);
+  static constexpr float kOffset = float(kOffsetLog2);
+  static_assert(kMaxStaleLog2_ + kOffsetLog2 <= 8, "p <= 2^8: inside e4m3's range (448)");
 
   float row_max[kRows];
   float row_sum[kRows];
@@ -76,10 +84,11 @@ struct OnlineSoftmax {
         }
       }
       row_max[r] = m;
+      const float sub = m_scaled - kOffset;
       float sum = 0.f;
       CUTE_UNROLL
       for (int c = 0; c < size<1>(scores); ++c) {
-        const float p = exp2f(scores(r, c) * scale_log2 - m_scaled);
+        const float p = exp2f(scores(r, c) * scale_log2 - sub);
         scores(r, c) = p;
         sum += p;
       }
@@ -105,10 +114,10 @@ struct OnlineSoftmax {
     rescale_pending = false;
   }
 
-  // O /= l and LSE (flash_hopper::finalize_rows).
+  // O /= l and LSE (flash_hopper::finalize_rows), the offset's factor 2^offset out of the LSE.
   template <class TensorO>
   CUTE_DEVICE void finalize(TensorO& acc_o, float lse_scale, float (&lse)[kRows]) {
-    finalize_rows(row_max, row_sum, acc_o, lse_scale, lse);
+    finalize_rows(row_max, row_sum, acc_o, lse_scale, lse, kOffset * 0.693147181f);  // ln 2
   }
 };
 

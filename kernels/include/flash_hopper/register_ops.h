@@ -82,14 +82,15 @@ CUTE_DEVICE void apply_mask(TensorS& scores, TensorC const& coords, AttentionMas
 // thread's partial sum (reduced over the quad here), row_max the quad-wide max.
 template <int kRows, class TensorO>
 CUTE_DEVICE void finalize_rows(float const (&row_max)[kRows], float const (&row_sum)[kRows],
-                               TensorO& acc_o, float lse_scale, float (&lse)[kRows]) {
+                               TensorO& acc_o, float lse_scale, float (&lse)[kRows],
+                               float lse_offset = 0.f) {
   CUTE_UNROLL
   for (int r = 0; r < kRows; ++r) {
     const float sum = quad_allreduce(row_sum[r], [](float a, float b) { return a + b; });
     // Only an all-masked row sums to exactly 0 (every p = exp2(-inf)); NaN inputs stay NaN.
     const bool empty = sum == 0.f;
     const float inv = empty ? 0.f : 1.f / sum;
-    lse[r] = empty ? -INFINITY : row_max[r] * lse_scale + __logf(sum);
+    lse[r] = empty ? -INFINITY : row_max[r] * lse_scale + __logf(sum) - lse_offset;
     CUTE_UNROLL
     for (int c = 0; c < size<1>(acc_o); ++c) {
       acc_o(r, c) *= inv;
