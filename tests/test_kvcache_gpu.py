@@ -179,6 +179,35 @@ def test_varlen_queries_and_new_keys(lib, backend, head_dim):
         check(out[sq[b]:sq[b + 1]][None], lse[:, sq[b]:sq[b + 1]][None], ref_out, ref_lse, low)
 
 
+@pytest.mark.parametrize(("seqlen_q", "causal", "num_splits"), [
+    (1, True, 0), (1, False, 5), (1, True, 1), (3, False, 0), (3, False, 4), (1, False, 64)])
+@pytest.mark.parametrize(("heads_q", "heads_kv"), [(32, 8), (6, 1), (4, 4)])
+def test_decode_packed_gqa_and_split_kv(lib, backend, seqlen_q, causal, num_splits, heads_q,
+                                        heads_kv):
+    """Unmasked rows (one token, or non-causal) take the packed-GQA path (a KV head's query heads
+    as the rows of one sequence) and, with few tiles or num_splits > 1, the key splits merged by
+    their LSEs: the same results as the reference, with leftpad, batch_idx, NaN past the keys,
+    sequences without keys and a split count above some sequences' keys."""
+    require(lib, backend, 128)
+    b, bc, sc, d = 3, 4, 8192, 128
+    filled = [8000, 0, 37]
+    idx, pad = [2, 0, 3], [100, 0, 37]  # sequence 2: every key left-padded away
+    g = torch.Generator(device="cuda").manual_seed(heads_q * 10 + seqlen_q + num_splits)
+    q = torch.randn(b, seqlen_q, heads_q, d, device="cuda", generator=g).to(BF16)
+    kc, vc = poisoned_cache(bc, sc, heads_kv, d, filled, leftpad=pad, idx=idx, seed=heads_q)
+    kw = {"cache_seqlens": torch.tensor(filled, dtype=I32, device="cuda"),
+          "cache_batch_idx": torch.tensor(idx, dtype=I32, device="cuda"),
+          "cache_leftpad": torch.tensor(pad, dtype=I32, device="cuda"), "causal": causal}
+    ref_out, ref_lse, _, _, low = references(q, kc, vc, None, None, **kw)
+    out, lse = flash_attn_with_kvcache(q, kc, vc, **kw, num_splits=num_splits,
+                                       return_softmax_lse=True, backend=backend)
+    check(out, lse, ref_out, ref_lse, low)
+    assert (out[2] == 0).all() and torch.isneginf(lse[2]).all()
+    unpacked = flash_attn_with_kvcache(q, kc, vc, **kw, pack_gqa=False, num_splits=1,
+                                       backend=backend)
+    assert (unpacked.float() - out.float()).abs().max().item() <= 2e-2
+
+
 def test_fp8_cache(lib):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("FP8 runs on the FA-3 path (compute capability 9.0)")
@@ -200,6 +229,13 @@ def test_fp8_cache(lib):
     ref = attention_kvcache_ref(qq, kk, vv, cache_seqlens=seqlens, causal=True)[0]
     rel = ((out.double() - ref).norm() / ref.norm()).item()
     assert rel <= 0.05, rel  # P in e4m3: ~2-3 % relative RMS (tests/test_fp8_gpu.py)
+    # one token: packed GQA and 4 key splits, descales per (sequence, kv head) across the splits
+    q1 = q[:, :1]
+    out1 = flash_attn_with_kvcache(q1, kc, vc, cache_seqlens=seqlens, q_descale=qd,
+                                   k_descale=kd, v_descale=vd, num_splits=4)
+    ref1 = attention_kvcache_ref(qq[:, :1], kk, vv, cache_seqlens=seqlens)[0]
+    rel1 = ((out1.double() - ref1).norm() / ref1.norm()).item()
+    assert rel1 <= 0.05, rel1
 
 
 def test_out_and_int_seqlens(lib, backend):

@@ -30,7 +30,8 @@ from typing import Any
 
 import torch
 
-from . import _autograd, _validate, _varlen
+from . import _autograd, _device, _validate, _varlen
+from ._combine import flash_attn_combine
 from ._errors import UnsupportedError
 from ._tables import FP8_DTYPES
 
@@ -145,6 +146,88 @@ def _check_values(cache_seqlens: torch.Tensor, new: int | None, seqlen_cache: in
         if lead is not None and not 0 <= lead[b] <= length + added:
             raise ValueError(f"cache_leftpad: expected 0 <= cache_leftpad[{b}] <= cache_seqlens"
                              f"[{b}] + its new keys ({length + added}), got {lead[b]}")
+
+
+# Split-KV: a split is worth its combine only with at least this many keys.
+_MIN_KEYS_PER_SPLIT = 1024
+_MAX_SPLITS = 64
+
+
+def _splits(num_splits: int, batch: int, rows: int, heads_kv: int, seqlen_cache: int,
+            device: torch.device) -> int:
+    """The key splits of a packed decode call: num_splits when > 0 (FA3's meaning; 1 = none), else
+    enough to give every SM a tile when the tiles are few and the keys many (shapes only, so a
+    captured graph's choice holds for every replay)."""
+    if num_splits > 0:
+        return min(num_splits, _MAX_SPLITS)
+    tiles = batch * heads_kv * -(-rows // 128)
+    try:
+        sms = _device.device_info(device.index if device.index is not None
+                                  else torch.cuda.current_device()).sm_count
+    except Exception:  # noqa: BLE001 - no device query: no split
+        return 1
+    if tiles >= 0.8 * sms:
+        return 1
+    return max(1, min(-(-sms // tiles), seqlen_cache // _MIN_KEYS_PER_SPLIT, _MAX_SPLITS))
+
+
+def _decode(q, k_rows, v_rows, cu_k, seqlen_cache, used_k, cache_batch_idx, cache_leftpad,
+            batch_k, cfg, backend, descales, splits, out, return_lse):
+    """Unmasked rows (one query token, or no causal / window): exact with the query heads of a
+    KV head packed as the rows of one sequence of heads_kv heads (packed GQA: each K / V tile is
+    read once per KV head, not once per query head) and, with splits > 1, the keys split across
+    pseudo-sequences (the same cache entry, keys [start_s, stop_s) through leftpad_k /
+    seqused_k) merged by their LSEs (split-KV: batch 1 fills the GPU). Returns (out, lse) in
+    flash_attn_with_kvcache's layouts."""
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    heads_kv = k_rows.shape[1]
+    group = heads_q // heads_kv
+    rows = seqlen_q * group  # row t * group + g: token t, query head h_kv * group + g
+    qp = q.reshape(batch, seqlen_q, heads_kv, group, head_dim).transpose(2, 3)
+    qp = qp.reshape(batch, rows, heads_kv, head_dim)
+    entry = (cache_batch_idx if cache_batch_idx is not None
+             else torch.arange(batch, dtype=torch.int32, device=q.device))
+    lead = cache_leftpad
+    if splits > 1:
+        if lead is None:
+            lead = torch.zeros_like(used_k)
+        chunk = -(-seqlen_cache // splits)
+        edges = torch.arange(splits + 1, dtype=torch.int32, device=q.device) * chunk
+        start = torch.maximum(lead[:, None], edges[None, :-1]).minimum(used_k[:, None])
+        stop = torch.minimum(used_k[:, None], edges[None, 1:]).maximum(start)
+        lead, used = start.reshape(-1), stop.reshape(-1)
+        entry = entry.repeat_interleave(splits)
+        qp = qp.unsqueeze(1).expand(batch, splits, rows, heads_kv, head_dim)
+        descales = tuple(d if d is None or d.dim() < 2 else d.repeat_interleave(splits, 0)
+                         for d in descales)
+    else:
+        used = used_k
+    seqs = batch * splits
+    qp = qp.reshape(seqs * rows, heads_kv, head_dim)
+    cu_q = _arange_offsets(seqs, rows, q.device)
+    kv_index = entry if (cache_batch_idx is not None or splits > 1) else None
+    result, lse, _ = _varlen.forward(
+        qp, k_rows, v_rows, cu_q, cu_k, rows, seqlen_cache, None, used, cfg.softmax_scale,
+        False, (-1, -1), cfg.softcap, backend, need_lse=return_lse or splits > 1,
+        descales=descales, kv_batch_idx=kv_index, leftpad_k=lead,
+        batch_k=(batch_k or batch) if kv_index is not None else 0, checked=True)
+    if splits > 1:  # partials (splits, batch, rows, heads_kv, d) merged by their LSEs
+        part = result.view(batch, splits, rows, heads_kv, head_dim).transpose(0, 1).float()
+        part_lse = lse.view(heads_kv, batch, splits, rows).permute(2, 1, 3, 0)
+        merged, lse_rows = flash_attn_combine(part, part_lse, out_dtype=result.dtype)
+        lse = lse_rows.permute(0, 2, 1) if return_lse else None  # (batch, heads_kv, rows)
+    else:
+        merged = result.view(batch, rows, heads_kv, head_dim)
+        lse = lse.view(heads_kv, batch, rows).transpose(0, 1) if return_lse else None
+    o = merged.view(batch, seqlen_q, group, heads_kv, head_dim).transpose(2, 3)
+    o = o.reshape(batch, seqlen_q, heads_q, head_dim)
+    if out is not None:
+        out.copy_(o)
+        o = out
+    if lse is not None:  # (batch, heads_kv, seqlen_q * group) -> (batch, heads_q, seqlen_q)
+        lse = lse.reshape(batch, heads_kv, seqlen_q, group).transpose(2, 3)
+        lse = lse.reshape(batch, heads_q, seqlen_q)
+    return o, lse
 
 
 def flash_attn_with_kvcache(
@@ -356,7 +439,7 @@ def flash_attn_with_kvcache(
     # Every check (devices, dtypes, head dim, scale, window, descales, out) before the cache is
     # written: a refused call leaves it as it was.
     batch_k = batch_cache if cache_batch_idx is not None else 0
-    _varlen.plan(*args, out_rows, descales, batch_k)
+    cfg = _varlen.plan(*args, out_rows, descales, batch_k).dense.cfg
     if _varlen.offsets_checked() and batch > 0:
         _check_values(cache_seqlens, new, seqlen_cache, batch_cache, cache_batch_idx,
                       cache_leftpad, cu_seqlens_q, total_q, cu_seqlens_k_new, total_new)
@@ -381,9 +464,21 @@ def flash_attn_with_kvcache(
             k_cache[rows, pos] = keys
             v_cache[rows, pos] = values
 
+    # Unmasked rows (one query token, or neither causal nor a window): the query heads of a KV
+    # head can share its tiles, and the keys can be split (see _decode).
+    unmasked = cfg.window_left < 0 and (cfg.window_right < 0 or (not varlen_q and seqlen_q == 1))
+    group = heads_q // heads_kv
+    splits = _splits(num_splits, batch, seqlen_q * group, heads_kv, seqlen_cache, q.device)
+    packed = (unmasked and not varlen_q and batch > 0 and pack_gqa is not False
+              and (group > 1 or splits > 1))
+
     def run() -> tuple[torch.Tensor, torch.Tensor | None]:
         if total_new and batch:
             append()
+        if packed:
+            return _decode(q, k_rows, v_rows, cu_k, seqlen_cache, used_k, cache_batch_idx,
+                           cache_leftpad, batch_k, cfg, backend, descales, splits, out,
+                           return_softmax_lse)
         result, lse, _ = _varlen.forward(
             *args, out=out_rows, need_lse=return_softmax_lse, descales=descales,
             kv_batch_idx=cache_batch_idx, leftpad_k=cache_leftpad,
