@@ -1,4 +1,4 @@
-"""The `flash-hopper` command: bench, info, demo, plot.
+"""The `flash-hopper` command: bench, decode, info, demo, plot.
 
 Argument parsing and orchestration only; the work lives in flash_hopper.bench. Heavy imports
 (torch, matplotlib, the kernel library) happen inside the commands, so `--help` is instant and
@@ -164,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="flash-hopper: FlashAttention-3-class attention kernels.")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
-    sub = parser.add_subparsers(dest="command", metavar="{bench,info,demo,plot}")
+    sub = parser.add_subparsers(dest="command", metavar="{bench,decode,info,demo,plot}")
 
     bench = sub.add_parser(
         "bench", help="benchmark the FA-3/FA-2 paths against SDPA and installed peers",
@@ -188,6 +188,28 @@ def build_parser() -> argparse.ArgumentParser:
     _add_backend_args(bench)
     _add_measure_args(bench)
     _add_output_args(bench)
+
+    decode = sub.add_parser(
+        "decode", help="decode against a KV cache: K/V bandwidth vs SDPA cuDNN (issue 14)",
+        description="Times one decode step (seqlen_q new tokens per sequence against a full "
+                    "cache of CONTEXT keys, causal, GQA) as CUDA-graph replays; bandwidth = "
+                    "bytes of K and V read / time. Each backend's output is checked against a "
+                    "float32 reference on the first sequences. Exit status 1 when a check fails "
+                    "or a flash-hopper row errors.")
+    decode.add_argument("--points", nargs="+", metavar="BxC",
+                        help="batch x context points, k suffix = x1024 (default: "
+                             "1x8k 1x128k 8x32k 32x32k 128x16k 64x1k)")
+    decode.add_argument("--heads", default="32/8", metavar="Q/KV",
+                        help="query / KV heads (default: 32/8)")
+    decode.add_argument("-d", "--head-dim", type=int, default=128)
+    decode.add_argument("--seqlen-q", type=int, default=1,
+                        help="new query tokens per sequence (default: 1)")
+    decode.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    decode.add_argument("--backends", nargs="+", metavar="NAME",
+                        help="some of flash-hopper, flash-hopper-dense, sdpa-cudnn (default: all)")
+    decode.add_argument("--json", metavar="FILE", help="write every row")
+    decode.add_argument("--csv", metavar="FILE", help="write every row")
+    decode.add_argument("--plot", metavar="PNG", help="grouped bars of TB/s")
 
     info = sub.add_parser("info", help="GPU, driver, built kernels, and the path a call takes",
                           description="Works without a GPU (exit 0).")
@@ -555,6 +577,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "bench":
             return run_bench(args, argv)
+        if args.command == "decode":
+            from .bench.decode import run_decode
+
+            return run_decode(args)
         if args.command == "info":
             from .bench.info import run_info
 
@@ -568,9 +594,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _print_err(f"{PROG} {args.command}: interrupted")
         return 130
     except Exception as exc:
+        from .bench.decode import DecodeError
         from .bench.demo import DemoError
 
-        if isinstance(exc, (CliError, DemoError)):
+        if isinstance(exc, (CliError, DemoError, DecodeError)):
             _print_err(f"{PROG} {args.command}: error: {exc}")
             return EXIT_FAILURE
         raise
