@@ -17,6 +17,7 @@ from ._errors import (
     LibraryNotFoundError,
     UnsupportedError,
 )
+from .dispatch import supports
 from .interface import flash_attn_func, flash_attn_varlen_func, which_backend
 from .kvcache import flash_attn_with_kvcache
 
@@ -54,5 +55,6 @@ __all__ = [
     "flash_attn_with_kvcache",
     "fp8",
     "library_path",
+    "supports",
     "which_backend",
 ]

@@ -12,6 +12,8 @@ second one with the facts it knows:
   fh_bwd_select_backend); the backward's host path (_bwd.py) pins it in its plan.
 - ``hypothetical(capability, dtype, head_dim, backend, causal)``: for a GPU that is not here
   (``flash-hopper info --capability 9.0``, or any info on a machine without a GPU).
+- ``supports(**config)`` (``flash_hopper.supports``): (ok, reason) for a whole configuration
+  (heads, lengths, masks, varlen / KV cache), for servers to ask before capturing graphs.
 
 The rules it applies, in words (api.cu has them in code): "fa3" runs on compute capability 9.0
 only (sm90a code), when this build has the kernel for the dtype / head-dim bucket / variant and
@@ -26,7 +28,7 @@ from . import _lib, _tables
 from ._lib import FhBwdParams, FhFwdParams
 from ._tables import head_dim_bucket  # re-exported: bench/backends.py imports it from here
 
-__all__ = ["choose", "choose_bwd", "head_dim_bucket", "hypothetical"]
+__all__ = ["choose", "choose_bwd", "head_dim_bucket", "hypothetical", "supports"]
 
 
 def choose(params: FhFwdParams, capability: tuple[int, int]) -> tuple[str, str, _lib.FhBackend]:
@@ -51,6 +53,19 @@ def choose_bwd(params: FhBwdParams,
     return _tables.backend_name(backend), reason, backend
 
 
+def _set_dtypes(p: FhFwdParams, dtype: str) -> None:
+    """A request's dtype fields from a dtype name ("bf16", "e4m3", or a mixed "bf16+e4m3": 16-bit
+    q, FP8 k / v); FP8 inputs write bf16 output."""
+    if dtype in _tables.MIXED_DTYPES:
+        q_dtype, kv_dtype = _tables.MIXED_DTYPES[dtype]
+        p.dtype = p.out_dtype = _tables.TORCH_DTYPES[q_dtype]
+        p.kv_dtype = _tables.KV_FP8_DTYPES[kv_dtype]
+    else:
+        p.dtype = p.out_dtype = p.kv_dtype = _tables.INPUT_DTYPES[_tables.DTYPE_NAMES[dtype]]
+    if p.dtype == _lib.FhDtype.E4M3:
+        p.out_dtype = _lib.FhDtype.BF16
+
+
 def hypothetical(
     capability: tuple[int, int], dtype: str, head_dim: int, backend: str = "auto",
     causal: bool = False,
@@ -67,14 +82,7 @@ def hypothetical(
     seqlen = 128
     p = FhFwdParams()
     p.abi_version = _lib.ABI_VERSION
-    if dtype in _tables.MIXED_DTYPES:  # "bf16+e4m3": 16-bit q, FP8 k / v
-        q_dtype, kv_dtype = _tables.MIXED_DTYPES[dtype]
-        p.dtype = p.out_dtype = _tables.TORCH_DTYPES[q_dtype]
-        p.kv_dtype = _tables.KV_FP8_DTYPES[kv_dtype]
-    else:
-        p.dtype = p.out_dtype = p.kv_dtype = _tables.INPUT_DTYPES[_tables.DTYPE_NAMES[dtype]]
-    if p.dtype == _lib.FhDtype.E4M3:
-        p.out_dtype = _lib.FhDtype.BF16  # FP8 inputs write bf16 (or fp16) output
+    _set_dtypes(p, dtype)
     p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv = 1, seqlen, seqlen, 1, 1
     p.head_dim = p.head_dim_v = head_dim
     for prefix in ("q", "k", "v", "o"):
@@ -86,3 +94,90 @@ def hypothetical(
     p.backend, p.variant = _tables.BACKENDS[backend]
     name, reason, _ = choose(p, capability)
     return name, reason
+
+
+def supports(
+    *,
+    dtype: str = "bf16",
+    head_dim: int = 128,
+    heads_q: int = 32,
+    heads_kv: int | None = None,
+    seqlen_q: int = 1,
+    seqlen_k: int = 4096,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    backend: str = "auto",
+    varlen: bool = False,
+    kvcache: bool = False,
+    page_size: int | None = None,
+    sinks: bool = False,
+    rotary: bool = False,
+    capability: tuple[int, int] | None = None,
+) -> tuple[bool, str]:
+    """(ok, reason): whether a forward configuration runs, and on which kernel, before a server
+    captures graphs around it (issue 14). The library's own validation and policy answer
+    (fh_fwd_select_backend on this GPU, or on ``capability``): ok is False with the reason a call
+    would raise, naming the argument; True with the path ("fa3: cc 9.0 and fa3 kernel built for
+    bf16 hdim 128", plus how a KV-cache decode call is split when it applies).
+
+    dtype: "fp16", "bf16", "e4m3" or a mixed name ("bf16+e4m3": 16-bit q, FP8 K / V). varlen:
+    flash_attn_varlen_func; kvcache: flash_attn_with_kvcache (a dense cache: varlen kernels);
+    page_size (paged KV), sinks and rotary: not implemented yet (ok False, saying so)."""
+    for name, flag, what in (("page_size", page_size is not None, "paged KV"),
+                             ("sinks", sinks, "attention sinks"),
+                             ("rotary", rotary, "rotary embedding in flash_attn_with_kvcache")):
+        if flag:
+            return False, f"{name}: {what} is not implemented yet (issue 14)"
+    if dtype not in _tables.DTYPE_NAMES and dtype not in _tables.MIXED_DTYPES:
+        names = (*_tables.DTYPE_NAMES, *_tables.MIXED_DTYPES)
+        return False, f"dtype: expected one of {', '.join(names)}, got {dtype!r}"
+    if backend not in _tables.BACKENDS:
+        return False, (f"backend: expected one of {', '.join(_tables.BACKEND_NAMES)}, got "
+                       f"{backend!r}")
+    if (varlen or kvcache) and dtype in _tables.MIXED_DTYPES:
+        return False, ("dtype: varlen / KV-cache calls with 16-bit q against FP8 K / V (the "
+                       "mixed mode) are not implemented yet")
+    heads_kv = heads_q if heads_kv is None else heads_kv
+    if capability is None:
+        try:
+            import torch
+
+            from . import _device
+
+            capability = _device.device_info(torch.cuda.current_device()).capability
+        except Exception as exc:  # noqa: BLE001 - no GPU here: say so
+            return False, (f"no CUDA device to answer for ({type(exc).__name__}: {exc}); pass "
+                           f"capability=(9, 0) to ask for a GPU that is not here")
+    left, right = (int(window_size[0]), int(window_size[1]))
+    if causal:
+        right = 0
+    p = FhFwdParams()
+    p.abi_version = _lib.ABI_VERSION
+    _set_dtypes(p, dtype)
+    p.batch, p.seqlen_q, p.seqlen_k = 1, max(seqlen_q, 0), max(seqlen_k, 0)
+    p.heads_q, p.heads_kv = heads_q, heads_kv
+    p.head_dim = p.head_dim_v = head_dim
+    pad = -(-head_dim // 16) * 16  # a layout that is always loadable: rows 16-byte aligned
+    for prefix, heads, rows in (("q", heads_q, seqlen_q), ("k", heads_kv, seqlen_k),
+                                ("v", heads_kv, seqlen_k), ("o", heads_q, seqlen_q)):
+        setattr(p, f"{prefix}_row_stride", heads * pad)
+        setattr(p, f"{prefix}_head_stride", pad)
+        setattr(p, f"{prefix}_batch_stride", 0 if (varlen or kvcache) else rows * heads * pad)
+    p.lse_head_stride = seqlen_q if (varlen or kvcache) else 0
+    if varlen or kvcache:  # placeholders: the policy reads no pointer
+        p.cu_seqlens_q = p.cu_seqlens_k = 16
+    p.softmax_scale = float(head_dim) ** -0.5 if head_dim > 0 else 1.0
+    p.softcap = softcap
+    p.window_left, p.window_right = left, right
+    p.backend, p.variant = _tables.BACKENDS[backend]
+    try:
+        name, reason, _ = choose(p, capability)
+    except (ValueError, NotImplementedError) as exc:
+        return False, str(exc)
+    note = ""
+    unmasked = left < 0 and (right < 0 or seqlen_q == 1)
+    if kvcache and unmasked and (heads_q > heads_kv):
+        note = (f"; decode rows unmasked: {heads_q // heads_kv} query heads per KV head packed "
+                f"into one tile, keys split across SMs when the tiles are few")
+    return True, f"{name}: {reason}{note}"

@@ -1,0 +1,61 @@
+"""flash_hopper.supports (issue 14): a server's question before it captures graphs, answered by
+the built library's validation and policy for a GPU of a given compute capability (CPU)."""
+
+from __future__ import annotations
+
+import pytest
+from flash_hopper import supports
+from flash_hopper._lib import FhBackend, FhDtype
+
+
+def first_bucket(lib, backend, dtype=FhDtype.BF16):
+    return next((d for d in (64, 96, 128, 192, 256) if lib.has_fwd_kernel(backend, dtype, d)),
+                None)
+
+
+def test_a_built_kernel_is_named(lib):
+    d = first_bucket(lib, FhBackend.FA3)
+    if d is None:
+        pytest.skip("this build has no bf16 FA-3 kernel")
+    ok, reason = supports(capability=(9, 0), head_dim=d, heads_q=16, heads_kv=4)
+    assert ok and reason.startswith("fa3: cc 9.0 and fa3 kernel built for bf16"), reason
+    ok, reason = supports(capability=(9, 0), head_dim=d, heads_q=16, heads_kv=4, kvcache=True,
+                          causal=True, seqlen_q=1)
+    assert ok and "4 query heads per KV head packed into one tile" in reason, reason
+    ok, reason = supports(capability=(9, 0), head_dim=d, kvcache=True, causal=True, seqlen_q=4)
+    assert ok and "packed" not in reason  # masked multi-token rows: not packed
+    ok, reason = supports(capability=(9, 0), head_dim=d, varlen=True, window_size=(64, 0),
+                          softcap=30.0)
+    assert ok, reason
+
+
+def test_what_cannot_run_says_why(lib):
+    fp8_d = first_bucket(lib, FhBackend.FA3, FhDtype.E4M3) or 128
+    cases = [
+        ({"page_size": 16}, "page_size: paged KV is not implemented yet"),
+        ({"sinks": True}, "sinks: attention sinks is not implemented yet"),
+        ({"rotary": True}, "rotary: rotary embedding"),
+        ({"dtype": "fp8"}, "dtype: expected one of fp16, bf16, e4m3"),
+        ({"backend": "fa4"}, "backend: expected one of auto, fa2, fa3"),
+        ({"heads_q": 32, "heads_kv": 5}, "heads_kv: expected a divisor of heads_q (32)"),
+        ({"softcap": -1.0}, "softcap: expected a finite float >= 0"),
+        ({"head_dim": 300}, "head_dim"),
+        ({"dtype": "e4m3", "capability": (8, 0), "head_dim": fp8_d},
+         "need a GPU of compute capability 9.0"),
+        ({"dtype": "bf16+e4m3", "varlen": True}, "the mixed mode) are not implemented yet"),
+        ({"backend": "fa3", "capability": (8, 9)}, "cc 8.9"),
+    ]
+    for kwargs, fragment in cases:
+        kwargs = {"capability": (9, 0), **kwargs}
+        ok, reason = supports(**kwargs)
+        assert not ok and fragment in reason, (kwargs, reason)
+
+
+def test_a_bucket_this_build_lacks_names_the_build_variables(lib):
+    missing = next((d for d in (64, 96, 128, 192, 256)
+                    if not lib.has_fwd_kernel(FhBackend.FA3, FhDtype.BF16, d)
+                    and not lib.has_fwd_kernel(FhBackend.FA2, FhDtype.BF16, d)), None)
+    if missing is None:
+        pytest.skip("this build has every bf16 bucket")
+    ok, reason = supports(capability=(9, 0), head_dim=missing)
+    assert not ok and f"FH_HEAD_DIMS including {missing}" in reason, reason
