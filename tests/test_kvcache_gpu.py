@@ -208,6 +208,25 @@ def test_decode_packed_gqa_and_split_kv(lib, backend, seqlen_q, causal, num_spli
     assert (unpacked.float() - out.float()).abs().max().item() <= 2e-2
 
 
+def test_scheduler_metadata_carries_the_split_decision(lib, backend):
+    """get_scheduler_metadata(num_splits=4) once, then calls with it: bitwise the calls with
+    num_splits=4 (FA3's precompute_metadata path), for every step's new cache_seqlens."""
+    from flash_hopper import get_scheduler_metadata
+
+    require(lib, backend, 128)
+    q = torch.randn(2, 1, 8, 128, device="cuda").to(BF16)
+    kc, vc = (torch.randn(2, 4096, 2, 128, device="cuda").to(BF16) for _ in range(2))
+    lengths = torch.tensor([4000, 17], dtype=I32, device="cuda")
+    meta = get_scheduler_metadata(2, 1, 4096, 8, 2, 128, lengths, causal=True, num_splits=4)
+    for step in range(3):
+        lengths += step
+        a = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lengths, causal=True,
+                                    scheduler_metadata=meta, backend=backend)
+        b = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lengths, causal=True, num_splits=4,
+                                    backend=backend)
+        assert torch.equal(a, b)
+
+
 def test_fp8_cache(lib):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("FP8 runs on the FA-3 path (compute capability 9.0)")

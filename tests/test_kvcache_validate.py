@@ -50,7 +50,6 @@ def make(b=2, sq=1, h=4, hk=2, d=64, sc=32, new=0):
     ("rotary_cos", torch.zeros(32, 16), "rotary embedding"),
     ("rotary_sin", torch.zeros(32, 16), "rotary embedding"),
     ("sinks", torch.zeros(4), "attention sinks is not implemented yet"),
-    ("scheduler_metadata", torch.zeros(8, dtype=I32), "get_scheduler_metadata"),
     ("qv", torch.zeros(2, 1, 4, 64), "MLA's extra query input is not implemented yet"),
     ("attention_chunk", 128, "chunked-local attention is not implemented yet"),
 ])
@@ -132,3 +131,34 @@ def test_bad_arguments_raise_naming_them_and_write_nothing(change, exc, fragment
     with raises(exc, *fragments):
         flash_attn_with_kvcache(**a)
     assert torch.equal(a["k_cache"], before[0]) and torch.equal(a["v_cache"], before[1])
+
+
+def test_scheduler_metadata_is_fa3s_and_checked_against_the_call():
+    from flash_hopper import get_scheduler_metadata
+
+    params = list(inspect.signature(get_scheduler_metadata).parameters)
+    assert params == [  # FA3's hopper/flash_attn_interface.py, in order
+        "batch_size", "max_seqlen_q", "max_seqlen_k", "num_heads_q", "num_heads_kv", "headdim",
+        "cache_seqlens", "qkv_dtype", "headdim_v", "cu_seqlens_q", "cu_seqlens_k_new",
+        "cache_leftpad", "page_size", "max_seqlen_k_new", "causal", "window_size",
+        "attention_chunk", "has_softcap", "num_splits", "pack_gqa", "sm_margin"]
+    lengths = torch.full((2,), 5, dtype=I32)
+    meta = get_scheduler_metadata(2, 1, 32, 4, 2, 64, lengths, num_splits=3)
+    assert meta.dtype == I32 and meta.shape == (8,) and meta[1].item() == 3
+    assert meta.flash_hopper_schedule["splits"] == 3
+    q, kc, vc, _, _ = make()  # batch 2, heads 4 / 2, d64: the metadata's shapes
+    with raises(ValueError, "must be a CUDA tensor"):  # accepted: on to the kernels' checks
+        flash_attn_with_kvcache(q, kc, vc, cache_seqlens=5, scheduler_metadata=meta)
+    before = kc.clone()
+    other = get_scheduler_metadata(3, 1, 32, 4, 2, 64, torch.zeros(3, dtype=I32))
+    with raises(ValueError, "scheduler_metadata: made for batch = 3, this call has 2"):
+        flash_attn_with_kvcache(q, kc, vc, *make(new=1)[3:], cache_seqlens=5,
+                                scheduler_metadata=other)
+    assert torch.equal(kc, before)
+    with raises(ValueError, "scheduler_metadata: expected the tensor flash_hopper's"):
+        flash_attn_with_kvcache(q, kc, vc, scheduler_metadata=torch.zeros(8, dtype=I32))
+    with raises(UnsupportedError, "page_size: expected None (paged KV"):
+        get_scheduler_metadata(2, 1, 32, 4, 2, 64, lengths, page_size=16)
+    with raises(ValueError, "num_heads_kv: expected a divisor of num_heads_q (4), got 3"):
+        get_scheduler_metadata(2, 1, 32, 4, 3, 64, lengths)
+

@@ -19,7 +19,7 @@ from ._errors import (
 )
 from .dispatch import supports
 from .interface import flash_attn_func, flash_attn_varlen_func, which_backend
-from .kvcache import flash_attn_with_kvcache
+from .kvcache import flash_attn_with_kvcache, get_scheduler_metadata
 
 __version__ = _lib.installed_version() or "0+unknown"  # unknown: a source tree never installed
 
@@ -54,6 +54,7 @@ __all__ = [
     "flash_attn_varlen_func",
     "flash_attn_with_kvcache",
     "fp8",
+    "get_scheduler_metadata",
     "library_path",
     "supports",
     "which_backend",

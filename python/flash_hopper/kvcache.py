@@ -17,9 +17,12 @@ captured or with FLASH_HOPPER_CHECK_OFFSETS=0; unchecked bad values then give wr
 never touch memory outside the tensors (the append's positions are clamped to the cache, the
 kernels clamp every span).
 
+Decode rows that no mask cuts (one query token, or neither causal nor a window) take _decode:
+packed GQA and split-KV at this level (num_splits: 0 = heuristic, 1 = none; pack_gqa=False turns
+it off); get_scheduler_metadata makes the split decision once for a loop of calls.
+
 Not yet (each refused naming the argument): page_table (paged KV), rotary_cos / rotary_sin
-(rotary_seqlens alone is ignored, as in FA3), qv, attention_chunk, sinks, scheduler_metadata,
-and split-KV / packed-GQA decode kernels (num_splits and pack_gqa are accepted hints).
+(rotary_seqlens alone is ignored, as in FA3), qv, attention_chunk, sinks.
 """
 
 from __future__ import annotations
@@ -171,6 +174,74 @@ def _splits(num_splits: int, batch: int, rows: int, heads_kv: int, seqlen_cache:
     return max(1, min(-(-sms // tiles), seqlen_cache // _MIN_KEYS_PER_SPLIT, _MAX_SPLITS))
 
 
+# get_scheduler_metadata's tensor: int32 [tag, splits, batch, max_seqlen_q, max_seqlen_k,
+# heads_q, heads_kv, head_dim]; its host copy rides along as the tensor's attribute (reading the
+# device values back would cost a synchronization per call).
+_METADATA_TAG = 0x46484D31  # "FHM1"
+_METADATA_FIELDS = ("splits", "batch", "max_seqlen_q", "max_seqlen_k", "heads_q", "heads_kv",
+                    "head_dim")
+
+
+def get_scheduler_metadata(
+    batch_size: int, max_seqlen_q: int, max_seqlen_k: int, num_heads_q: int, num_heads_kv: int,
+    headdim: int, cache_seqlens: torch.Tensor, qkv_dtype: torch.dtype = torch.bfloat16,
+    headdim_v: int | None = None, cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k_new: torch.Tensor | None = None, cache_leftpad: torch.Tensor | None = None,
+    page_size: int | None = None, max_seqlen_k_new: int = 0, causal: bool = False,
+    window_size: Sequence[int] = (-1, -1), attention_chunk: int = 0, has_softcap: bool = False,
+    num_splits: int = 0, pack_gqa: bool | None = None, sm_margin: int = 0,
+) -> torch.Tensor:
+    """FA3's get_scheduler_metadata (its parameters and order): the scheduling decision of
+    flash_attn_with_kvcache calls of this shape, made once (outside a CUDA graph) and passed to
+    each call as ``scheduler_metadata``: today the key-split count of the decode path (the
+    heuristic of num_splits=0, or num_splits itself). The calls still build their tile list on
+    the device (the prepare kernel, ~4 us); the values that change per step (cache_seqlens,
+    leftpad) are read by each call, so one metadata serves every step of a decode loop with the
+    same shapes. A call whose shapes differ from the metadata's raises, naming both."""
+    for name, value in (("batch_size", batch_size), ("max_seqlen_q", max_seqlen_q),
+                        ("max_seqlen_k", max_seqlen_k), ("num_heads_q", num_heads_q),
+                        ("num_heads_kv", num_heads_kv), ("headdim", headdim)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+            raise TypeError(f"{name}: expected an int >= 0, got {value!r}")
+    if num_heads_kv == 0 or num_heads_q % num_heads_kv:
+        raise ValueError(f"num_heads_kv: expected a divisor of num_heads_q ({num_heads_q}), got "
+                         f"{num_heads_kv}")
+    if headdim_v not in (None, headdim):
+        raise UnsupportedError(f"headdim_v: expected None or headdim ({headdim}) (a V head dim "
+                               f"of its own is not implemented yet), got {headdim_v}")
+    _refuse("page_size", page_size, "paged KV")
+    if not isinstance(cache_seqlens, torch.Tensor):
+        raise TypeError(f"cache_seqlens: expected a torch.Tensor of int32 (batch,), got "
+                        f"{type(cache_seqlens).__name__}")
+    _validate.check_fa3_extras(None, attention_chunk, num_splits, pack_gqa, sm_margin)
+    group = num_heads_q // num_heads_kv
+    splits = _splits(num_splits, batch_size, max_seqlen_q * group, num_heads_kv, max_seqlen_k,
+                     cache_seqlens.device) if cache_seqlens.is_cuda else max(num_splits, 1)
+    values = (splits, batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim)
+    meta = torch.tensor((_METADATA_TAG, *values), dtype=torch.int32, device=cache_seqlens.device)
+    meta.flash_hopper_schedule = dict(zip(_METADATA_FIELDS, values))
+    return meta
+
+
+def _metadata_splits(meta: Any, **shape: int) -> int:
+    """The split count a scheduler_metadata tensor holds, after checking it was made for this
+    call's shapes."""
+    if not isinstance(meta, torch.Tensor):
+        raise TypeError(f"scheduler_metadata: expected None or get_scheduler_metadata's tensor, "
+                        f"got {type(meta).__name__}")
+    schedule = getattr(meta, "flash_hopper_schedule", None)
+    if (schedule is None or meta.dtype != torch.int32
+            or tuple(meta.shape) != (1 + len(_METADATA_FIELDS),)):
+        raise ValueError(f"scheduler_metadata: expected the tensor flash_hopper's "
+                         f"get_scheduler_metadata returned (int32 ({1 + len(_METADATA_FIELDS)},) "
+                         f"with its schedule), got {meta.dtype} {tuple(meta.shape)}")
+    for name, value in shape.items():
+        if schedule[name] != value:
+            raise ValueError(f"scheduler_metadata: made for {name} = {schedule[name]}, this call "
+                             f"has {value}")
+    return schedule["splits"]
+
+
 def _decode(q, k_rows, v_rows, cu_k, seqlen_cache, used_k, cache_batch_idx, cache_leftpad,
             batch_k, cfg, backend, descales, splits, out, return_lse):
     """Unmasked rows (one query token, or no causal / window): exact with the query heads of a
@@ -291,9 +362,10 @@ def flash_attn_with_kvcache(
     for FP8 inputs), and with return_softmax_lse also lse fp32 (batch, heads_q, seqlen_q)
     ((heads_q, total_q) for varlen queries). out (keyword only): write the result into this
     tensor. backend (keyword only): as in flash_attn_func.
-    Accepted performance hints: num_splits, pack_gqa, sm_margin. Not implemented yet, refused
-    naming the argument: page_table, rotary_cos / rotary_sin, qv, attention_chunk, sinks,
-    scheduler_metadata (see the module docstring).
+    Performance hints: num_splits (0 = heuristic, 1 = no key split), pack_gqa (False: no
+    packing), scheduler_metadata (get_scheduler_metadata's, for this call's shapes), sm_margin.
+    Not implemented yet, refused naming the argument: page_table, rotary_cos / rotary_sin, qv,
+    attention_chunk, sinks (see the module docstring).
     Runs eagerly (no custom op under torch.compile yet); inputs that require grad run forward
     only (a backward raises, as FA3 has none).
     """
@@ -304,7 +376,6 @@ def flash_attn_with_kvcache(
                 "rotary embedding in flash_attn_with_kvcache")
     # rotary_seqlens without rotary_cos / rotary_sin is ignored, as in FA3
     _refuse("sinks", sinks, "attention sinks")
-    _refuse("scheduler_metadata", scheduler_metadata, "get_scheduler_metadata")
     if max_seqlen_q is not None and (isinstance(max_seqlen_q, bool)
                                      or not isinstance(max_seqlen_q, numbers.Integral)
                                      or max_seqlen_q < 0):
@@ -403,6 +474,10 @@ def flash_attn_with_kvcache(
                         f"{type(cache_seqlens).__name__}")
     cache_batch_idx = _check_index("cache_batch_idx", cache_batch_idx, batch, q)
     cache_leftpad = _check_index("cache_leftpad", cache_leftpad, batch, q)
+    meta_splits = None
+    if scheduler_metadata is not None:
+        meta_splits = _metadata_splits(scheduler_metadata, batch=batch, heads_q=heads_q,
+                                       heads_kv=heads_kv, head_dim=head_dim)
     grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k_cache, v_cache, k, v))
     if out is not None and grad:
@@ -468,7 +543,10 @@ def flash_attn_with_kvcache(
     # head can share its tiles, and the keys can be split (see _decode).
     unmasked = cfg.window_left < 0 and (cfg.window_right < 0 or (not varlen_q and seqlen_q == 1))
     group = heads_q // heads_kv
-    splits = _splits(num_splits, batch, seqlen_q * group, heads_kv, seqlen_cache, q.device)
+    if meta_splits is not None:
+        splits = meta_splits
+    else:
+        splits = _splits(num_splits, batch, seqlen_q * group, heads_kv, seqlen_cache, q.device)
     packed = (unmasked and not varlen_q and batch > 0 and pack_gqa is not False
               and (group > 1 or splits > 1))
 
