@@ -20,9 +20,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_matmuls")]
 BF16 = torch.bfloat16
 
 
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (40, 7), (0, -1)])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_kernel_blocks_match_the_reference_blocks(lib, causal, head_dim):
+def test_kernel_blocks_match_the_reference_blocks(lib, window, head_dim):
     g = torch.Generator(device="cuda").manual_seed(head_dim)
     q = torch.randn(2, 200, 4, head_dim, device="cuda", dtype=BF16, generator=g)
     k, v = (torch.randn(2, 200, 2, head_dim, device="cuda", dtype=BF16, generator=g)
@@ -30,16 +30,16 @@ def test_kernel_blocks_match_the_reference_blocks(lib, causal, head_dim):
     dout = torch.randn_like(q)
     scale = head_dim**-0.5
     kern = ring.KernelBlocks()
-    out, lse = kern.fwd(q, k, v, causal, scale, 0.0)
-    ref_out, ref_lse = ring.reference_blocks.fwd(q.double(), k.double(), v.double(), causal,
+    out, lse = kern.fwd(q, k, v, window, scale, 0.0)
+    ref_out, ref_lse = ring.reference_blocks.fwd(q.double(), k.double(), v.double(), window,
                                                  scale, 0.0)
-    low, _ = attention_ref(q, k, v, scale, causal, upcast=False)
+    low, _ = attention_ref(q, k, v, scale, window_size=window, upcast=False)
     tol = 2 * (low.double() - ref_out).abs().max().item() + 1e-4
     assert (out.double() - ref_out).abs().max().item() <= tol
     assert (lse.double() - ref_lse).abs().max().item() <= 1e-3
-    grads = kern.bwd(dout, q, k, v, out, lse, causal, scale, 0.0)
+    grads = kern.bwd(dout, q, k, v, out, lse, window, scale, 0.0)
     ref_grads = ring.reference_blocks.bwd(dout.double(), q.double(), k.double(), v.double(),
-                                          out.double(), lse.double(), causal, scale, 0.0)
+                                          out.double(), lse.double(), window, scale, 0.0)
     for name, got, want in zip("qkv", grads, ref_grads):
         err = (got.double() - want).abs().max().item()
         assert err <= 3e-2 * want.abs().max().item() + 1e-3, f"d{name}: {err:.3g}"

@@ -16,13 +16,19 @@ from flash_hopper import distributed as ring
 from flash_hopper.reference import attention_ref
 
 F64 = torch.float64
-# (layout, causal, heads_q, heads_kv, tokens per chunk, head_dim, softcap)
+# (layout, causal, heads_q, heads_kv, tokens per chunk, head_dim, softcap, window_size)
 CASES = [
-    ("zigzag", True, 4, 2, 7, 16, 0.0),
-    ("zigzag", False, 2, 2, 5, 8, 0.0),
-    ("contiguous", True, 3, 1, 13, 16, 0.0),
-    ("contiguous", False, 4, 4, 6, 8, 4.0),
-    ("zigzag", True, 2, 1, 3, 8, 2.5),
+    ("zigzag", True, 4, 2, 7, 16, 0.0, (-1, -1)),
+    ("zigzag", False, 2, 2, 5, 8, 0.0, (-1, -1)),
+    ("contiguous", True, 3, 1, 13, 16, 0.0, (-1, -1)),
+    ("contiguous", False, 4, 4, 6, 8, 4.0, (-1, -1)),
+    ("zigzag", True, 2, 1, 3, 8, 2.5, (-1, -1)),
+    # windows: a left edge inside a chunk (causal), both edges crossing chunk boundaries, a band
+    # right of the diagonal only, a window wider than a chunk (pairs with every key and none)
+    ("zigzag", True, 4, 2, 7, 16, 0.0, (5, -1)),
+    ("contiguous", False, 2, 2, 5, 8, 0.0, (3, 2)),
+    ("zigzag", False, 2, 1, 6, 8, 0.0, (0, 9)),
+    ("contiguous", True, 2, 2, 4, 8, 1.5, (10, 3)),
 ]
 
 
@@ -41,17 +47,20 @@ def _worker(rank, world, init_file):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world)
     try:
-        for layout, causal, hq, hkv, chunk, d, softcap in CASES:
+        for layout, causal, hq, hkv, chunk, d, softcap, window in CASES:
             q, k, v, dout = _full_case(layout, causal, hq, hkv, chunk, d, softcap, world)
             leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-            ref, _ = attention_ref(*leaves, causal=causal, softcap=softcap)
+            ref, _ = attention_ref(*leaves, causal=causal, softcap=softcap,
+                                   window_size=(window[0], 0 if causal else window[1]))
             ref.backward(dout)
             mine = [ring.shard(t, rank, world, layout).detach().requires_grad_()
                     for t in (q, k, v)]
-            out = ring.ring_flash_attn_func(*mine, causal=causal, softcap=softcap, layout=layout)
+            out = ring.ring_flash_attn_func(*mine, causal=causal, softcap=softcap, layout=layout,
+                                            window_size=window)
             out.backward(ring.shard(dout, rank, world, layout))
             want = ring.shard(ref.detach(), rank, world, layout)
-            label = f"rank {rank}/{world} {layout} causal={causal} h{hq}/{hkv} softcap={softcap}"
+            label = (f"rank {rank}/{world} {layout} causal={causal} h{hq}/{hkv} softcap={softcap} "
+                     f"window={window}")
             assert (out - want).abs().max().item() < 1e-5, label
             for name, leaf, got in zip("qkv", leaves, mine):
                 err = (got.grad - ring.shard(leaf.grad, rank, world, layout)).abs().max().item()
@@ -89,3 +98,31 @@ def test_argument_errors():
         ring.shard(torch.zeros(1, 8, 1, 1), 0, 2, "striped")
     with pytest.raises(ValueError, match="must split into 4 equal chunks"):
         ring.shard(torch.zeros(1, 6, 1, 1), 0, 2, "zigzag")
+
+
+def test_pair_masks_express_every_band_exactly():
+    """_pair_mask against brute force: the cropped rectangle with its bottom-right aligned window
+    covers exactly the chunk pair's visible (query, key) pairs, for bands that miss the pair,
+    cross it anywhere, or cover it, on every side of the diagonal."""
+    import itertools
+
+    def kernel_visible(nq, nk, window):
+        left, right = window
+        off = nk - nq
+        return {(i, j) for i in range(nq) for j in range(nk)
+                if (left < 0 or j - i >= off - left) and (right < 0 or j - i <= off + right)}
+
+    chunk = 5
+    for delta_chunks, left, right in itertools.product(range(-3, 4), range(-1, 13),
+                                                       range(-1, 13)):
+        delta = delta_chunks * chunk
+        want = {(i, j) for i in range(chunk) for j in range(chunk)
+                if (left < 0 or j - (i + delta) >= -left) and (right < 0 or j - (i + delta) <= right)}
+        got = ring._pair_mask(delta, chunk, left, right)
+        if not want:
+            assert got is None, (delta, left, right)
+            continue
+        window, rows, keys = got
+        assert 1 <= rows <= chunk and 1 <= keys <= chunk
+        assert window[0] >= -1 and window[1] >= -1
+        assert kernel_visible(rows, keys, window) == want, (delta, left, right, got)

@@ -12,13 +12,16 @@ result is the exact gradient of full attention.
 
 Layouts: the sequence is cut into chunks of equal length. "contiguous": rank r holds chunk r of
 W. "zigzag": chunks r and 2W - 1 - r of 2W, so under a causal mask every rank has the same work.
-A (query chunk, key chunk) pair is fully visible when the key chunk comes first, causal on the
-diagonal, and skipped when it comes after (causal); without a mask every pair is full.
+Masks: a (query chunk, key chunk) pair sees the band of the whole sequence's causal / window
+mask that crosses it: none (skipped), all of it (no mask), or part, which a bottom-right aligned
+window expresses on the rectangle of the rows and keys that see each other (_pair_mask; causal:
+key chunks before the query chunk are full, the diagonal causal, later ones skipped).
 
 The attention of one block pair is pluggable (``BlockAttention``): ``reference_blocks`` (plain
 torch, any device, float64; what the CPU tests run over gloo) and ``KernelBlocks`` (flash-hopper's
-forward and backward kernels; the default for CUDA fp16 / bf16 tensors; its GPU tests are issue
-16's next step: written, not yet run on a GPU).
+forward and backward kernels; the default for CUDA fp16 / bf16 tensors; matched against the
+reference blocks on one H200 in session 13 for full and causal pairs (the window pairs of
+tests/test_distributed_gpu.py have not run yet); the two-GPU NCCL test awaits a 2-GPU machine).
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
-from . import reference
+from . import _validate, reference
 from ._combine import flash_attn_combine
 
 LAYOUTS = ("zigzag", "contiguous")
@@ -38,22 +42,24 @@ NEG_INF = float("-inf")
 
 class BlockAttention(Protocol):
     """Attention of one (query chunk, key chunk) pair: ``fwd`` -> (out, lse (b, h, sq)), ``bwd``
-    -> (dq, dk, dv) given the final (merged) out and lse."""
+    -> (dq, dk, dv) given the final (merged) out and lse. ``window``: (left, right) as
+    flash_attn_func's window_size on the pair, bottom-right aligned, -1 unbounded ((-1, 0) is
+    causal)."""
 
-    def fwd(self, q, k, v, causal: bool, scale: float, softcap: float) -> tuple: ...
+    def fwd(self, q, k, v, window: tuple[int, int], scale: float, softcap: float) -> tuple: ...
 
-    def bwd(self, dout, q, k, v, out, lse, causal: bool, scale: float,
+    def bwd(self, dout, q, k, v, out, lse, window: tuple[int, int], scale: float,
             softcap: float) -> tuple: ...
 
 
 class _ReferenceBlocks:
     """The block pair in plain torch (reference.attention_ref / attention_bwd_ref)."""
 
-    def fwd(self, q, k, v, causal, scale, softcap):
-        return reference.attention_ref(q, k, v, scale, causal, softcap=softcap)
+    def fwd(self, q, k, v, window, scale, softcap):
+        return reference.attention_ref(q, k, v, scale, window_size=window, softcap=softcap)
 
-    def bwd(self, dout, q, k, v, out, lse, causal, scale, softcap):
-        return reference.attention_bwd_ref(q, k, v, out, lse, dout, scale, causal,
+    def bwd(self, dout, q, k, v, out, lse, window, scale, softcap):
+        return reference.attention_bwd_ref(q, k, v, out, lse, dout, scale, window_size=window,
                                            softcap=softcap)
 
 
@@ -69,18 +75,18 @@ class KernelBlocks:
         self.backend = backend
         self.deterministic = deterministic
 
-    def fwd(self, q, k, v, causal, scale, softcap):
+    def fwd(self, q, k, v, window, scale, softcap):
         from .interface import flash_attn_func
 
-        return flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, softcap=softcap,
+        return flash_attn_func(q, k, v, softmax_scale=scale, window_size=window, softcap=softcap,
                                return_attn_probs=True, backend=self.backend)
 
-    def bwd(self, dout, q, k, v, out, lse, causal, scale, softcap):
+    def bwd(self, dout, q, k, v, out, lse, window, scale, softcap):
         from . import ops
 
         dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-        ops.bwd_into(dout, q, k, v, out, lse.contiguous(), dq, dk, dv, scale, -1,
-                     0 if causal else -1, softcap, self.backend, self.deterministic)
+        ops.bwd_into(dout, q, k, v, out, lse.contiguous(), dq, dk, dv, scale, window[0],
+                     window[1], softcap, self.backend, self.deterministic)
         return dq, dk, dv
 
 
@@ -128,23 +134,55 @@ class _Ring(NamedTuple):
     rank: int
     world: int
     layout: str
-    causal: bool
+    window: tuple[int, int]  # the whole sequence's (left, right), causal folded in; -1 unbounded
     scale: float
     softcap: float
     blocks: Any
 
 
-def _pairs(ring: _Ring, owner: int):
-    """(query piece index, key piece index, causal) of the visible chunk pairs between this
-    rank's queries and ``owner``'s keys."""
+class _Pair(NamedTuple):
+    i: int  # this rank's query piece
+    j: int  # the key piece
+    window: tuple[int, int]  # the pair's mask for flash_attn_func, on the rectangle below
+    rows: int  # the pair's query rows that see a key: the piece's first ``rows``
+    keys: int  # the keys some query sees: the piece's first ``keys``
+
+
+def _pair_mask(delta: int, chunk: int, left: int, right: int) -> tuple | None:
+    """A chunk pair's visible band and how a bottom-right aligned window expresses it.
+
+    Query i and key j of the pair (local positions, chunks of ``chunk`` tokens, the query chunk
+    ``delta`` tokens after the key chunk) see each other when j - i lies in [a, b] = [delta -
+    left, delta + right] (the whole sequence is square: its window is j - i in [-left, right];
+    -1 is unbounded). The kernels' window on an nq x nk rectangle is j - i in [(nk - nq) - left',
+    (nk - nq) + right'] with left', right' >= 0 (or unbounded): the rectangle's corner offset
+    nk - nq must lie in the band. Cropping the rectangle's bottom rows (a > 0: rows past
+    chunk - a see no key) or right keys (b < 0: keys past chunk + b are seen by none) puts it
+    there. Returns (window, rows, keys) or None when nothing is visible."""
+    a = delta - left if left >= 0 else None
+    b = delta + right if right >= 0 else None
+    if (a is not None and a > chunk - 1) or (b is not None and b < -(chunk - 1)):
+        return None
+    rows = chunk - a if a is not None and a > 0 else chunk
+    keys = chunk + b if b is not None and b < 0 else chunk
+    corner = keys - rows
+    # every pair of the rectangle visible: no mask (j - i spans [-(rows - 1), keys - 1])
+    left_ = -1 if a is None or a <= -(rows - 1) else corner - a
+    right_ = -1 if b is None or b >= keys - 1 else b - corner
+    return (left_, right_), rows, keys
+
+
+def _pairs(ring: _Ring, owner: int, chunk: int):
+    """The visible chunk pairs between this rank's queries and ``owner``'s keys (chunks of
+    ``chunk`` tokens), each with its mask and the rectangle it covers."""
     mine = _chunk_ids(ring.rank, ring.world, ring.layout)
     theirs = _chunk_ids(owner, ring.world, ring.layout)
+    left, right = ring.window
     for i, qc in enumerate(mine):
         for j, kc in enumerate(theirs):
-            if not ring.causal or kc < qc:
-                yield i, j, False
-            elif kc == qc:
-                yield i, j, True
+            mask = _pair_mask((qc - kc) * chunk, chunk, left, right)
+            if mask is not None:
+                yield _Pair(i, j, *mask)
 
 
 def _merge(out, lse, o, l):
@@ -190,14 +228,19 @@ def _ring_forward(ring: _Ring, q, k, v):
     lses = [torch.full((b, h, p.shape[1]), NEG_INF, dtype=torch.float32, device=q.device)
             for p in qs]
     kv = [k, v]
+    chunk = qs[0].shape[1]
     for step in range(ring.world):
         owner = (ring.rank - step) % ring.world
         # The next block travels while this one is attended.
         pending = _start_exchange(ring, kv) if step < ring.world - 1 else None
         ks, vs = _pieces(kv[0], ring), _pieces(kv[1], ring)
-        for i, j, diag in _pairs(ring, owner):
-            o, l = ring.blocks.fwd(qs[i], ks[j], vs[j], diag, ring.scale, ring.softcap)
-            outs[i], lses[i] = _merge(outs[i], lses[i], o.float(), l.float())
+        for pair in _pairs(ring, owner, chunk):
+            i, j, n, m = pair.i, pair.j, pair.rows, pair.keys
+            o, l = ring.blocks.fwd(qs[i][:, :n], ks[j][:, :m], vs[j][:, :m], pair.window,
+                                   ring.scale, ring.softcap)
+            merged, merged_lse = _merge(outs[i][:, :n], lses[i][:, :, :n], o.float(), l.float())
+            outs[i] = torch.cat([merged, outs[i][:, n:]], dim=1)
+            lses[i] = torch.cat([merged_lse, lses[i][:, :, n:]], dim=2)
         if pending is not None:
             kv = pending.wait()
     return torch.cat(outs, dim=1), torch.cat(lses, dim=2)
@@ -210,6 +253,11 @@ def _ring_backward(ring: _Ring, dout, q, k, v, out, lse):
     kv = [k, v]
     dkv = [torch.zeros(k.shape, dtype=torch.float32, device=k.device),
            torch.zeros(v.shape, dtype=torch.float32, device=v.device)]
+    chunk = qs[0].shape[1]
+
+    def grown(t: torch.Tensor) -> torch.Tensor:  # a cropped piece's gradient, zero to the chunk
+        return F.pad(t.float(), (0, 0, 0, 0, 0, chunk - t.shape[1]))
+
     for step in range(ring.world):
         owner = (ring.rank - step) % ring.world
         # K / V of the next step travel during this step's compute; dK / dV after it (they are
@@ -217,12 +265,14 @@ def _ring_backward(ring: _Ring, dout, q, k, v, out, lse):
         pending = _start_exchange(ring, kv) if step < ring.world - 1 else None
         ks, vs = _pieces(kv[0], ring), _pieces(kv[1], ring)
         dks, dvs = list(_pieces(dkv[0], ring)), list(_pieces(dkv[1], ring))
-        for i, j, diag in _pairs(ring, owner):
-            gq, gk, gv = ring.blocks.bwd(dos[i], qs[i], ks[j], vs[j], os_[i], ls[i], diag,
+        for pair in _pairs(ring, owner, chunk):
+            i, j, n, m = pair.i, pair.j, pair.rows, pair.keys
+            gq, gk, gv = ring.blocks.bwd(dos[i][:, :n], qs[i][:, :n], ks[j][:, :m], vs[j][:, :m],
+                                         os_[i][:, :n], ls[i][:, :, :n], pair.window,
                                          ring.scale, ring.softcap)
-            dq[i] += gq.float()
-            dks[j] = dks[j] + gk.float()
-            dvs[j] = dvs[j] + gv.float()
+            dq[i] += grown(gq)
+            dks[j] = dks[j] + grown(gk)
+            dvs[j] = dvs[j] + grown(gv)
         # The last step's block belongs to the next rank: its gradients go home with this send.
         dkv = _start_exchange(ring, [torch.cat(dks, dim=1), torch.cat(dvs, dim=1)]).wait()
         if pending is not None:
@@ -262,15 +312,15 @@ def _check_ranks_agree(ring: _Ring, q, k, v) -> None:
     """One all_gather of the call's metadata: every rank must pass the same shapes and dtypes."""
     code = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.float64: 4}
     meta = torch.tensor([*q.shape, *k.shape, *v.shape, code.get(q.dtype, 0),
-                         _num_chunks(ring.world, ring.layout), int(ring.causal)],
+                         _num_chunks(ring.world, ring.layout), *ring.window],
                         dtype=torch.int64, device=q.device)
     everyone = [torch.empty_like(meta) for _ in range(ring.world)]
     dist.all_gather(everyone, meta, group=ring.group)
     for rank, other in enumerate(everyone):
         if not torch.equal(other, meta):
             raise ValueError(f"q / k / v: rank {ring.rank} has shapes {tuple(q.shape)}, "
-                             f"{tuple(k.shape)}, {tuple(v.shape)} ({q.dtype}, causal "
-                             f"{ring.causal}, layout {ring.layout}), rank {rank} differs "
+                             f"{tuple(k.shape)}, {tuple(v.shape)} ({q.dtype}, window "
+                             f"{ring.window}, layout {ring.layout}), rank {rank} differs "
                              f"({other.tolist()} vs {meta.tolist()})")
 
 
@@ -284,17 +334,19 @@ def ring_flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grou
     this rank's shard in ``layout`` (``shard``), GQA allowed. Returns this rank's out shard
     (and its lse (batch, heads, seqlen / W) with ``return_lse``), differentiable.
 
+    causal / window_size: as flash_attn_func's over the whole sequence (FA3's semantics: causal
+    sets the right bound to 0, a negative bound is unbounded). A chunk pair the window leaves
+    empty is skipped (its K / V still travel: the ring passes every block on); a pair the band
+    crosses runs on the rectangle of its rows and keys that see each other.
+
     blocks: the block-pair attention (``KernelBlocks()`` for CUDA fp16 / bf16 tensors, else
-    ``reference_blocks``). Not implemented yet:
-    windows (refused naming window_size). ``deterministic``: the ring's order is fixed, so the
-    result is reproducible whenever the block attention is.
+    ``reference_blocks``). ``deterministic``: the ring's order is fixed, so the result is
+    reproducible whenever the block attention is.
     """
     _check_layout(layout)
-    if tuple(window_size) != (-1, -1):
-        raise NotImplementedError(f"window_size: expected (-1, -1) (windows over the ring are "
-                                  f"not implemented yet), got {tuple(window_size)}")
     if not isinstance(causal, bool):
         raise TypeError(f"causal: expected a bool, got {causal!r}")
+    left, right = _validate._check_window(window_size, causal)
     group = _resolve_group(group)
     world = dist.get_world_size(group)
     rank = dist.get_rank(group)
@@ -302,7 +354,7 @@ def ring_flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grou
     if blocks is None:
         kernels = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
         blocks = KernelBlocks(deterministic=deterministic) if kernels else reference_blocks
-    ring = _Ring(group, rank, world, layout, causal, scale, float(softcap), blocks)
+    ring = _Ring(group, rank, world, layout, (left, right), scale, float(softcap), blocks)
     pieces = len(_chunk_ids(rank, world, layout))
     if q.shape[1] % pieces or k.shape[1] != q.shape[1]:
         raise ValueError(f"q / k: expected equal shard lengths divisible by {pieces} (the "
