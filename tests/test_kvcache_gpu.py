@@ -227,6 +227,50 @@ def test_scheduler_metadata_carries_the_split_decision(lib, backend):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize(("causal", "varlen"), [(True, False), (False, False), (True, True)])
+def test_rotary_matches_the_rotated_reference(lib, backend, interleaved, causal, varlen):
+    """FA3's rotary semantics: the new keys rotated at positions cache_seqlens + i before they
+    land in the cache, the queries at cache_seqlens + i (causal / local) or all at
+    cache_seqlens (neither); the reference rotates by complex multiplication."""
+    from tests.test_kvcache_validate import _complex_rotary
+
+    require(lib, backend, 128)
+    b, sq, new, hq, hk, d, sc, half = 3, 4, 4, 8, 2, 128, 300, 32
+    filled = [0, 100, 250]
+    g = torch.Generator(device="cuda").manual_seed(int(interleaved) + 2 * causal + 4 * varlen)
+    q = torch.randn(b, sq, hq, d, device="cuda", generator=g).to(BF16)
+    kn, vn = (torch.randn(b, new, hk, d, device="cuda", generator=g).to(BF16) for _ in range(2))
+    kc, vc = poisoned_cache(b, sc, hk, d, filled, seed=5)
+    theta = torch.rand(sc, half, device="cuda", generator=g, dtype=torch.float64) * 6.3
+    cos, sin = theta.cos().to(BF16), theta.sin().to(BF16)
+    seqlens = torch.tensor(filled, dtype=I32, device="cuda")
+    base = seqlens.long()[:, None]
+    k_pos = base + torch.arange(new, device="cuda")
+    steps = torch.arange(sq, device="cuda") if causal else torch.zeros(sq, dtype=torch.long,
+                                                                        device="cuda")
+    q_pos = base + steps
+    k_rot = _complex_rotary(kn, cos[k_pos], sin[k_pos], interleaved).to(BF16)
+    q_rot = _complex_rotary(q, cos[q_pos], sin[q_pos], interleaved).to(BF16)
+    ref_out, ref_lse, _, _, low = references(q_rot, kc, vc, k_rot, vn, cache_seqlens=seqlens,
+                                             causal=causal)
+    kw = {"rotary_cos": cos, "rotary_sin": sin, "rotary_interleaved": interleaved,
+          "cache_seqlens": seqlens, "causal": causal, "backend": backend}
+    if varlen:
+        cu = torch.arange(0, (b + 1) * sq, sq, dtype=I32, device="cuda")
+        cu_new = torch.arange(0, (b + 1) * new, new, dtype=I32, device="cuda")
+        out = flash_attn_with_kvcache(q.reshape(b * sq, hq, d), kc, vc,
+                                      kn.reshape(b * new, hk, d), vn.reshape(b * new, hk, d),
+                                      cu_seqlens_q=cu, cu_seqlens_k_new=cu_new, max_seqlen_q=sq,
+                                      **kw).view(b, sq, hq, d)
+    else:
+        out = flash_attn_with_kvcache(q, kc, vc, kn, vn, **kw)
+    check(out, None, ref_out, ref_lse, low)
+    for i, n in enumerate(filled):  # the cache holds the rotated keys (fp32 math, one rounding)
+        err = (kc[i, n:n + new].double() - k_rot[i].double()).abs().max().item()
+        assert err <= 2 ** -7 * k_rot[i].double().abs().max().item(), (i, err)
+
+
 def test_fp8_cache(lib):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("FP8 runs on the FA-3 path (compute capability 9.0)")

@@ -47,8 +47,6 @@ def make(b=2, sq=1, h=4, hk=2, d=64, sc=32, new=0):
 
 @pytest.mark.parametrize(("name", "value", "fragment"), [
     ("page_table", torch.zeros(2, 4, dtype=I32), "paged KV is not implemented yet"),
-    ("rotary_cos", torch.zeros(32, 16), "rotary embedding"),
-    ("rotary_sin", torch.zeros(32, 16), "rotary embedding"),
     ("sinks", torch.zeros(4), "attention sinks is not implemented yet"),
     ("qv", torch.zeros(2, 1, 4, 64), "MLA's extra query input is not implemented yet"),
     ("attention_chunk", 128, "chunked-local attention is not implemented yet"),
@@ -162,3 +160,67 @@ def test_scheduler_metadata_is_fa3s_and_checked_against_the_call():
     with raises(ValueError, "num_heads_kv: expected a divisor of num_heads_q (4), got 3"):
         get_scheduler_metadata(2, 1, 32, 4, 3, 64, lengths)
 
+
+
+def _complex_rotary(x, cos, sin, interleaved):
+    """Rotary embedding as complex multiplication (an independent reference): feature pairs as
+    complex numbers times (cos + i sin), cos / sin (..., r/2) per position, broadcast over
+    heads."""
+    half = cos.shape[-1]
+    xr = x[..., :2 * half].double()
+    if interleaved:
+        z = torch.complex(xr[..., 0::2], xr[..., 1::2])
+    else:
+        z = torch.complex(xr[..., :half], xr[..., half:])
+    z = z * torch.complex(cos.double(), sin.double()).unsqueeze(-2)
+    rot = (torch.stack((z.real, z.imag), -1).flatten(-2) if interleaved
+           else torch.cat((z.real, z.imag), -1))
+    return torch.cat((rot, x[..., 2 * half:].double()), -1)
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_rotary_is_the_complex_rotation_at_each_position(interleaved):
+    from flash_hopper.kvcache import _rotate
+
+    g = torch.Generator().manual_seed(int(interleaved))
+    seqlen_ro, half, d = 50, 16, 64
+    theta = torch.rand(seqlen_ro, half, generator=g, dtype=torch.float64) * 6.3
+    cos, sin = theta.cos().float(), theta.sin().float()
+    x = torch.randn(3, 7, 4, d, generator=g)
+    pos = torch.randint(0, seqlen_ro, (3, 7), generator=g)
+    got = _rotate(x, cos, sin, pos, interleaved)
+    want = _complex_rotary(x, theta[pos].cos(), theta[pos].sin(), interleaved)
+    assert (got.double() - want).abs().max().item() < 1e-5
+    assert torch.equal(got[..., 2 * half:], x[..., 2 * half:])  # past rotary_dim: untouched
+    # packed (total, heads, d) with positions (total,): the same rotation per token
+    flat = _rotate(x.reshape(21, 4, d), cos, sin, pos.reshape(21), interleaved)
+    assert torch.equal(flat, got.reshape(21, 4, d))
+    # positions outside cos / sin are clamped, never an index error
+    far = _rotate(x, cos, sin, pos + 1000, interleaved)
+    assert torch.equal(far, _rotate(x, cos, sin, torch.full_like(pos, seqlen_ro - 1),
+                                    interleaved))
+
+
+@pytest.mark.parametrize(("change", "exc", "fragment"), [
+    (lambda a: a.update(rotary_sin=None), ValueError, "rotary_cos / rotary_sin: expected both"),
+    (lambda a: a.update(k=None, v=None), ValueError, "rotary_cos: expected new k / v with it"),
+    (lambda a: a.update(rotary_cos=torch.zeros(32, 12), rotary_sin=torch.zeros(32, 12)),
+     ValueError, "a multiple of 16 in [16, head_dim = 64], got 24"),
+    (lambda a: a.update(rotary_cos=torch.zeros(32, 40), rotary_sin=torch.zeros(32, 40)),
+     ValueError, "got 80"),
+    (lambda a: a.update(rotary_cos=torch.zeros(32, 16, dtype=torch.float16)), ValueError,
+     "rotary_cos: expected q's dtype torch.bfloat16 or torch.float32, got torch.float16"),
+    (lambda a: a.update(rotary_sin=torch.zeros(31, 16)), ValueError,
+     "rotary_sin: expected rotary_cos's shape (32, 16), got (31, 16)"),
+    (lambda a: a.update(rotary_seqlens=torch.zeros(3, dtype=I32)), ValueError,
+     "rotary_seqlens: expected 2 entries (q's batch), got 3"),
+])
+def test_rotary_arguments(change, exc, fragment):
+    q, kc, vc, kn, vn = make(new=3)
+    a = {"q": q, "k_cache": kc, "v_cache": vc, "k": kn, "v": vn, "cache_seqlens": 5,
+         "rotary_cos": torch.zeros(32, 16), "rotary_sin": torch.zeros(32, 16)}
+    change(a)
+    before = kc.clone()
+    with raises(exc, fragment):
+        flash_attn_with_kvcache(**a)
+    assert torch.equal(kc, before)

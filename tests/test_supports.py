@@ -34,7 +34,7 @@ def test_what_cannot_run_says_why(lib):
     cases = [
         ({"page_size": 16}, "page_size: paged KV is not implemented yet"),
         ({"sinks": True}, "sinks: attention sinks is not implemented yet"),
-        ({"rotary": True}, "rotary: rotary embedding"),
+        ({"rotary": True, "dtype": "e4m3"}, "rotary: rotary with FP8 inputs is not implemented"),
         ({"dtype": "fp8"}, "dtype: expected one of fp16, bf16, e4m3"),
         ({"backend": "fa4"}, "backend: expected one of auto, fa2, fa3"),
         ({"heads_q": 32, "heads_kv": 5}, "heads_kv: expected a divisor of heads_q (32)"),

@@ -21,8 +21,11 @@ Decode rows that no mask cuts (one query token, or neither causal nor a window) 
 packed GQA and split-KV at this level (num_splits: 0 = heuristic, 1 = none; pack_gqa=False turns
 it off); get_scheduler_metadata makes the split decision once for a loop of calls.
 
-Not yet (each refused naming the argument): page_table (paged KV), rotary_cos / rotary_sin
-(rotary_seqlens alone is ignored, as in FA3), qv, attention_chunk, sinks.
+Rotary embedding (rotary_cos / rotary_sin, FA3's positions and layouts) rotates q and the new
+keys in torch before they are attended / appended (fp32 math, one rounding), 16-bit only.
+
+Not yet (each refused naming the argument): page_table (paged KV), qv, attention_chunk, sinks,
+rotary with FP8 inputs.
 """
 
 from __future__ import annotations
@@ -149,6 +152,74 @@ def _check_values(cache_seqlens: torch.Tensor, new: int | None, seqlen_cache: in
         if lead is not None and not 0 <= lead[b] <= length + added:
             raise ValueError(f"cache_leftpad: expected 0 <= cache_leftpad[{b}] <= cache_seqlens"
                              f"[{b}] + its new keys ({length + added}), got {lead[b]}")
+
+
+def _unwindowed(causal: Any, window_size: Any) -> bool:
+    """Neither causal nor a window: FA3 rotates every query at the one position cache_seqlens."""
+    if causal:
+        return False
+    return all(int(x) < 0 for x in window_size)
+
+
+def _check_rotary(cos: Any, sin: Any, seqlens: Any, q: torch.Tensor, k: Any, head_dim: int,
+                  batch: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """FA3's rotary arguments: cos / sin (seqlen_ro, rotary_dim / 2) in q's dtype (or fp32),
+    rotary_dim <= head_dim and a multiple of 16, new k / v given; rotary_seqlens int32 (batch,).
+    Returns (cos, sin) or None (no rotary)."""
+    if cos is None and sin is None:
+        return None
+    if cos is None or sin is None:
+        raise ValueError("rotary_cos / rotary_sin: expected both or neither, got "
+                         f"{type(cos).__name__} and {type(sin).__name__}")
+    if k is None:
+        raise ValueError("rotary_cos: expected new k / v with it (FA3 rotates the keys it "
+                         "appends), got k None")
+    if q.dtype in FP8_DTYPES:
+        raise UnsupportedError("rotary_cos: rotary embedding of FP8 q / k is not implemented yet")
+    for name, t in (("rotary_cos", cos), ("rotary_sin", sin)):
+        _check_tensor(name, t, 2, "(seqlen_ro, rotary_dim / 2)")
+        if t.dtype not in (q.dtype, torch.float32):
+            raise ValueError(f"{name}: expected q's dtype {q.dtype} or torch.float32, got "
+                             f"{t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name}: expected q's device {q.device}, got {t.device}")
+    if tuple(sin.shape) != tuple(cos.shape):
+        raise ValueError(f"rotary_sin: expected rotary_cos's shape {tuple(cos.shape)}, got "
+                         f"{tuple(sin.shape)}")
+    rotary_dim = 2 * cos.shape[1]
+    if rotary_dim > head_dim or rotary_dim % 16 or rotary_dim == 0:
+        raise ValueError(f"rotary_cos: expected rotary_dim = 2 * rotary_cos.shape[1] a multiple "
+                         f"of 16 in [16, head_dim = {head_dim}], got {rotary_dim}")
+    if cos.shape[0] == 0:
+        raise ValueError("rotary_cos: expected seqlen_ro >= 1 positions, got 0")
+    _check_index("rotary_seqlens", seqlens, batch, q)
+    return cos, sin
+
+
+def _token_positions(cu: torch.Tensor, total: int, batch: int, base: torch.Tensor,
+                     fixed: bool) -> torch.Tensor:
+    """Rotary positions of packed tokens: base[b] + (t - cu[b]) (or base[b] when ``fixed``)."""
+    token = torch.arange(total, device=cu.device, dtype=torch.int32)
+    seq = torch.searchsorted(cu[1:], token, right=True).clamp_(0, max(batch - 1, 0))
+    return base[seq] if fixed else base[seq] + (token - cu[seq]).long()
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
+            interleaved: bool = True) -> torch.Tensor:
+    """x (..., heads, d) with its first rotary_dim features rotated at positions pos (...)
+    (clamped into cos / sin: unchecked values never index outside them), in fp32, then x's
+    dtype. Interleaved (GPT-J): pairs (0, 1), (2, 3), ...; else (GPT-NeoX) pairs (i, i + r/2)."""
+    half = cos.shape[1]
+    pos = pos.clamp(0, cos.shape[0] - 1)
+    c, s = cos[pos].float().unsqueeze(-2), sin[pos].float().unsqueeze(-2)  # (..., n, 1, r/2)
+    xr = x[..., :2 * half].float()
+    if interleaved:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+        rot = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
+    else:
+        x1, x2 = xr[..., :half], xr[..., half:]
+        rot = torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
+    return torch.cat((rot.to(x.dtype), x[..., 2 * half:]), dim=-1)
 
 
 # Split-KV: a split is worth its combine only with at least this many keys.
@@ -364,16 +435,16 @@ def flash_attn_with_kvcache(
     tensor. backend (keyword only): as in flash_attn_func.
     Performance hints: num_splits (0 = heuristic, 1 = no key split), pack_gqa (False: no
     packing), scheduler_metadata (get_scheduler_metadata's, for this call's shapes), sm_margin.
-    Not implemented yet, refused naming the argument: page_table, rotary_cos / rotary_sin, qv,
-    attention_chunk, sinks (see the module docstring).
+    rotary_cos / rotary_sin (seqlen_ro, rotary_dim / 2), rotary_interleaved, rotary_seqlens: as
+    FA3's (with new k / v; the keys rotated at cache_seqlens + i, or rotary_seqlens + i, before
+    they are appended; q at the same positions when causal / windowed, all at the first one
+    otherwise).
+    Not implemented yet, refused naming the argument: page_table, qv, attention_chunk, sinks,
+    rotary with FP8 inputs (see the module docstring).
     Runs eagerly (no custom op under torch.compile yet); inputs that require grad run forward
     only (a backward raises, as FA3 has none).
     """
     _refuse("page_table", page_table, "paged KV")
-    if rotary_cos is not None or rotary_sin is not None:
-        _refuse("rotary_cos" if rotary_cos is not None else "rotary_sin",
-                rotary_cos if rotary_cos is not None else rotary_sin,
-                "rotary embedding in flash_attn_with_kvcache")
     # rotary_seqlens without rotary_cos / rotary_sin is ignored, as in FA3
     _refuse("sinks", sinks, "attention sinks")
     if max_seqlen_q is not None and (isinstance(max_seqlen_q, bool)
@@ -474,6 +545,7 @@ def flash_attn_with_kvcache(
                         f"{type(cache_seqlens).__name__}")
     cache_batch_idx = _check_index("cache_batch_idx", cache_batch_idx, batch, q)
     cache_leftpad = _check_index("cache_leftpad", cache_leftpad, batch, q)
+    rotary = _check_rotary(rotary_cos, rotary_sin, rotary_seqlens, q, k, head_dim, batch)
     meta_splits = None
     if scheduler_metadata is not None:
         meta_splits = _metadata_splits(scheduler_metadata, batch=batch, heads_q=heads_q,
@@ -490,7 +562,18 @@ def flash_attn_with_kvcache(
     v_rows, v_step = _rows_view("v_cache", v_cache)
     if v_step != step:
         raise ValueError(f"v_cache: expected k_cache's entry stride in rows ({step}), got {v_step}")
-    q_rows = q if varlen_q else q.reshape(total_q, heads_q, head_dim)
+    q_att = q  # the queries attended: q, rotated when rotary_cos is given (FA3's positions)
+    if rotary is not None:
+        base = (rotary_seqlens if rotary_seqlens is not None else cache_seqlens).long()
+        fixed = _unwindowed(causal, window_size)  # non-causal, no window: one position
+        if varlen_q:
+            pos = _token_positions(cu_seqlens_q, total_q, batch, base, fixed)  # (total_q,)
+        else:
+            steps = torch.zeros(seqlen_q, dtype=torch.long, device=q.device) if fixed else \
+                torch.arange(seqlen_q, device=q.device)
+            pos = base[:, None] + steps[None]
+        q_att = _rotate(q, *rotary, pos, rotary_interleaved)
+    q_rows = q_att if varlen_q else q_att.reshape(total_q, heads_q, head_dim)
     out_rows = None
     if out is not None:
         dims = 3 if varlen_q else 4
@@ -529,11 +612,21 @@ def flash_attn_with_kvcache(
             pos = cache_seqlens.long()[seq] + (token - cu_seqlens_k_new[seq]).long()
             rows = cache_batch_idx.long()[seq] if cache_batch_idx is not None else seq
             keys, values = k, v
+            if rotary is not None:  # the new keys at positions base + i, as FA3 rotates them
+                ro_base = (rotary_seqlens if rotary_seqlens is not None
+                           else cache_seqlens).long()
+                ro = ro_base[seq] + (token - cu_seqlens_k_new[seq]).long()
+                keys = _rotate(k, *rotary, ro, rotary_interleaved)
         else:
             rows = (cache_batch_idx.long() if cache_batch_idx is not None
                     else torch.arange(batch, device=device))[:, None]
             pos = cache_seqlens.long()[:, None] + torch.arange(new, device=device)[None]
             keys, values = k, v
+            if rotary is not None:
+                ro_base = (rotary_seqlens if rotary_seqlens is not None
+                           else cache_seqlens).long()
+                keys = _rotate(k, *rotary, ro_base[:, None] + torch.arange(new, device=device),
+                               rotary_interleaved)
         pos = pos.clamp_(0, seqlen_cache - 1)  # unchecked values stay inside the cache
         with torch.no_grad():
             k_cache[rows, pos] = keys
@@ -554,7 +647,7 @@ def flash_attn_with_kvcache(
         if total_new and batch:
             append()
         if packed:
-            return _decode(q, k_rows, v_rows, cu_k, seqlen_cache, used_k, cache_batch_idx,
+            return _decode(q_att, k_rows, v_rows, cu_k, seqlen_cache, used_k, cache_batch_idx,
                            cache_leftpad, batch_k, cfg, backend, descales, splits, out,
                            return_softmax_lse)
         result, lse, _ = _varlen.forward(
