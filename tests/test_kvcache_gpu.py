@@ -271,6 +271,25 @@ def test_rotary_matches_the_rotated_reference(lib, backend, interleaved, causal,
         assert err <= 2 ** -7 * k_rot[i].double().abs().max().item(), (i, err)
 
 
+@pytest.mark.parametrize(("seqlen_q", "num_splits"), [(1, 0), (1, 4), (3, 1)])
+def test_sinks_match_the_reference(lib, backend, seqlen_q, num_splits):
+    """A sink logit per query head (gpt-oss), on the packed / split decode path and the general
+    one, rows without keys included (lse = sink, out 0)."""
+    require(lib, backend, 128)
+    b, hq, hk, d, sc = 3, 8, 2, 128, 3000
+    filled = [2999, 0, 40]
+    g = torch.Generator(device="cuda").manual_seed(seqlen_q * 10 + num_splits)
+    q = torch.randn(b, seqlen_q, hq, d, device="cuda", generator=g).to(BF16)
+    kc, vc = poisoned_cache(b, sc, hk, d, filled, seed=7)
+    sinks = torch.randn(hq, device="cuda", generator=g) * 3
+    kw = {"cache_seqlens": torch.tensor(filled, dtype=I32, device="cuda"), "causal": True}
+    ref_out, ref_lse, _, _, low = references(q, kc, vc, None, None, sinks=sinks, **kw)
+    out, lse = flash_attn_with_kvcache(q, kc, vc, **kw, sinks=sinks, num_splits=num_splits,
+                                       return_softmax_lse=True, backend=backend)
+    check(out, lse, ref_out, ref_lse, low)
+    assert torch.equal(lse[1], sinks[:, None].expand(hq, seqlen_q)) and (out[1] == 0).all()
+
+
 def test_fp8_cache(lib):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("FP8 runs on the FA-3 path (compute capability 9.0)")

@@ -47,7 +47,6 @@ def make(b=2, sq=1, h=4, hk=2, d=64, sc=32, new=0):
 
 @pytest.mark.parametrize(("name", "value", "fragment"), [
     ("page_table", torch.zeros(2, 4, dtype=I32), "paged KV is not implemented yet"),
-    ("sinks", torch.zeros(4), "attention sinks is not implemented yet"),
     ("qv", torch.zeros(2, 1, 4, 64), "MLA's extra query input is not implemented yet"),
     ("attention_chunk", 128, "chunked-local attention is not implemented yet"),
 ])
@@ -224,3 +223,40 @@ def test_rotary_arguments(change, exc, fragment):
     with raises(exc, fragment):
         flash_attn_with_kvcache(**a)
     assert torch.equal(kc, before)
+
+
+def test_sinks_follow_exactly_from_the_lse():
+    """apply_sinks on attention without a sink equals the reference with the sink (rows with
+    keys, rows without), in the dense and the varlen LSE layouts."""
+    from flash_hopper.kvcache import apply_sinks
+    from flash_hopper.reference import attention_kvcache_ref
+
+    g = torch.Generator().manual_seed(0)
+    b, sq, hq, hk, d, sc = 3, 2, 4, 2, 16, 20
+    q = torch.randn(b, sq, hq, d, generator=g, dtype=torch.float64)
+    kc, vc = (torch.randn(b, sc, hk, d, generator=g, dtype=torch.float64) for _ in range(2))
+    sinks = torch.tensor([0.5, -3.0, 2.0, 9.0])
+    lengths = torch.tensor([20, 0, 7], dtype=I32)  # sequence 1: no keys
+    kw = {"cache_seqlens": lengths, "causal": True}
+    out, lse, _, _ = attention_kvcache_ref(q, kc, vc, **kw)
+    want, want_lse, _, _ = attention_kvcache_ref(q, kc, vc, sinks=sinks, **kw)
+    got, got_lse = apply_sinks(out, lse, sinks.double(), 1)
+    assert (got - want).abs().max().item() < 1e-6  # the factor applied in fp32
+    assert (got_lse - want_lse).abs().max().item() < 1e-12
+    assert torch.equal(got_lse[1], sinks.double()[:, None].expand(hq, sq))  # no keys: lse = sink
+    # varlen layout: out (total, heads, d), lse (heads, total)
+    got_v, got_lse_v = apply_sinks(out.reshape(b * sq, hq, d),
+                                   lse.permute(1, 0, 2).reshape(hq, b * sq), sinks.double(), 0)
+    assert torch.equal(got_v, got.reshape(b * sq, hq, d))
+    assert torch.equal(got_lse_v, got_lse.permute(1, 0, 2).reshape(hq, b * sq))
+
+
+def test_sinks_arguments():
+    q, kc, vc, _, _ = make()
+    for value, exc, fragment in (
+            (torch.zeros(4, dtype=torch.float16), TypeError,
+             "sinks: expected dtype torch.float32, got torch.float16"),
+            (torch.zeros(3), ValueError, "sinks: expected 4 entries (heads_q), got 3"),
+            (torch.zeros(2, 2), ValueError, "sinks: expected a 1-D tensor of fp32 (heads_q,)")):
+        with raises(exc, fragment):
+            flash_attn_with_kvcache(q, kc, vc, cache_seqlens=5, sinks=value)

@@ -123,10 +123,11 @@ def supports(
 
     dtype: "fp16", "bf16", "e4m3" or a mixed name ("bf16+e4m3": 16-bit q, FP8 K / V). varlen:
     flash_attn_varlen_func; kvcache: flash_attn_with_kvcache (a dense cache: varlen kernels);
-    rotary: flash_attn_with_kvcache's rotary embedding (16-bit); page_size (paged KV) and sinks:
-    not implemented yet (ok False, saying so)."""
+    rotary / sinks: flash_attn_with_kvcache's rotary embedding (16-bit) and sink logits;
+    page_size (paged KV): not implemented yet (ok False, saying so)."""
     for name, flag, what in (("page_size", page_size is not None, "paged KV"),
-                             ("sinks", sinks, "attention sinks"),
+                             ("sinks", sinks and not kvcache,
+                              "attention sinks outside flash_attn_with_kvcache"),
                              ("rotary", rotary and dtype == "e4m3", "rotary with FP8 inputs")):
         if flag:
             return False, f"{name}: {what} is not implemented yet (issue 14)"

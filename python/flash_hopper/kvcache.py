@@ -24,8 +24,11 @@ it off); get_scheduler_metadata makes the split decision once for a loop of call
 Rotary embedding (rotary_cos / rotary_sin, FA3's positions and layouts) rotates q and the new
 keys in torch before they are attended / appended (fp32 math, one rounding), 16-bit only.
 
-Not yet (each refused naming the argument): page_table (paged KV), qv, attention_chunk, sinks,
-rotary with FP8 inputs.
+Sinks (a logit per query head joining the softmax denominator, gpt-oss style) follow exactly
+from the kernels' LSE (apply_sinks: out * exp(lse - logaddexp(lse, sink))).
+
+Not yet (each refused naming the argument): page_table (paged KV), qv, attention_chunk, rotary
+with FP8 inputs.
 """
 
 from __future__ import annotations
@@ -220,6 +223,38 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Te
         x1, x2 = xr[..., :half], xr[..., half:]
         rot = torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
     return torch.cat((rot.to(x.dtype), x[..., 2 * half:]), dim=-1)
+
+
+def _check_sinks(sinks: Any, heads_q: int, q: torch.Tensor) -> torch.Tensor | None:
+    """sinks: fp32 (heads_q,) on q's device, one logit per query head (gpt-oss style)."""
+    if sinks is None:
+        return None
+    _check_tensor("sinks", sinks, 1, "of fp32 (heads_q,)")
+    if sinks.dtype != torch.float32:
+        raise TypeError(f"sinks: expected dtype torch.float32, got {sinks.dtype}")
+    if sinks.shape[0] != heads_q:
+        raise ValueError(f"sinks: expected {heads_q} entries (heads_q), got {sinks.shape[0]}")
+    if sinks.device != q.device:
+        raise ValueError(f"sinks: expected a tensor on q's device {q.device}, got {sinks.device}")
+    return sinks
+
+
+def apply_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor,
+                heads_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention with a per-head sink logit from attention without it, exactly: the sink joins
+    each row's softmax denominator without a value, so with L = logaddexp(lse, sink)
+    out_sink = out * exp(lse - L) and lse_sink = L (a row without keys: out 0, lse = sink).
+    lse fp32 with the heads on dim ``heads_dim``; out with the heads on its dim -2. Returns
+    (out_sink in out's dtype, lse_sink)."""
+    shape = [1] * lse.dim()
+    shape[heads_dim] = -1
+    sink = sinks.view(shape)
+    total = torch.logaddexp(lse, sink)
+    factor = torch.exp(lse - total)  # (.., heads, ..) as lse
+    # the factor per (row, head) in out's layout: heads on out's dim -2, rows as in lse
+    # (batch, heads, seqlen) -> (batch, seqlen, heads, 1); (heads, total) -> (total, heads, 1)
+    f = factor.movedim(heads_dim, -1).unsqueeze(-1)
+    return (out.float() * f).to(out.dtype), total
 
 
 # Split-KV: a split is worth its combine only with at least this many keys.
@@ -439,14 +474,16 @@ def flash_attn_with_kvcache(
     FA3's (with new k / v; the keys rotated at cache_seqlens + i, or rotary_seqlens + i, before
     they are appended; q at the same positions when causal / windowed, all at the first one
     otherwise).
-    Not implemented yet, refused naming the argument: page_table, qv, attention_chunk, sinks,
-    rotary with FP8 inputs (see the module docstring).
+    sinks (keyword only): fp32 (heads_q,), a logit per query head that joins each row's softmax
+    denominator without a value (gpt-oss; the LSE then includes it, a row without keys gets
+    out 0 and lse = sink).
+    Not implemented yet, refused naming the argument: page_table, qv, attention_chunk, rotary
+    with FP8 inputs (see the module docstring).
     Runs eagerly (no custom op under torch.compile yet); inputs that require grad run forward
     only (a backward raises, as FA3 has none).
     """
     _refuse("page_table", page_table, "paged KV")
     # rotary_seqlens without rotary_cos / rotary_sin is ignored, as in FA3
-    _refuse("sinks", sinks, "attention sinks")
     if max_seqlen_q is not None and (isinstance(max_seqlen_q, bool)
                                      or not isinstance(max_seqlen_q, numbers.Integral)
                                      or max_seqlen_q < 0):
@@ -546,6 +583,7 @@ def flash_attn_with_kvcache(
     cache_batch_idx = _check_index("cache_batch_idx", cache_batch_idx, batch, q)
     cache_leftpad = _check_index("cache_leftpad", cache_leftpad, batch, q)
     rotary = _check_rotary(rotary_cos, rotary_sin, rotary_seqlens, q, k, head_dim, batch)
+    sinks = _check_sinks(sinks, heads_q, q)
     meta_splits = None
     if scheduler_metadata is not None:
         meta_splits = _metadata_splits(scheduler_metadata, batch=batch, heads_q=heads_q,
@@ -643,15 +681,17 @@ def flash_attn_with_kvcache(
     packed = (unmasked and not varlen_q and batch > 0 and pack_gqa is not False
               and (group > 1 or splits > 1))
 
-    def run() -> tuple[torch.Tensor, torch.Tensor | None]:
+    need_lse = return_softmax_lse or sinks is not None
+
+    def attend() -> tuple[torch.Tensor, torch.Tensor | None]:
         if total_new and batch:
             append()
         if packed:
             return _decode(q_att, k_rows, v_rows, cu_k, seqlen_cache, used_k, cache_batch_idx,
                            cache_leftpad, batch_k, cfg, backend, descales, splits, out,
-                           return_softmax_lse)
+                           need_lse)
         result, lse, _ = _varlen.forward(
-            *args, out=out_rows, need_lse=return_softmax_lse, descales=descales,
+            *args, out=out_rows, need_lse=need_lse, descales=descales,
             kv_batch_idx=cache_batch_idx, leftpad_k=cache_leftpad,
             batch_k=batch_k, checked=True)
         if varlen_q:  # out (total_q, heads, d), lse (heads, total_q), as FA3's varlen
@@ -659,6 +699,14 @@ def flash_attn_with_kvcache(
         result = out if out is not None else result.view(batch, seqlen_q, heads_q, head_dim)
         if lse is not None:
             lse = lse.view(heads_q, batch, seqlen_q).permute(1, 0, 2).contiguous()
+        return result, lse
+
+    def run() -> tuple[torch.Tensor, torch.Tensor | None]:
+        result, lse = attend()
+        if sinks is not None and batch > 0:
+            # lse: (heads, total_q) varlen, (batch, heads, seqlen_q) dense
+            sunk, lse = apply_sinks(result, lse, sinks, 0 if varlen_q else 1)
+            result.copy_(sunk)
         return result, lse
 
     result, lse = _autograd.KvCacheForwardOnly.apply(run, q, k_cache, v_cache) if grad else run()
