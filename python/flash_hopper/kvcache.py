@@ -70,14 +70,16 @@ def _check_tensor(name: str, t: Any, dims: int, what: str) -> torch.Tensor:
     return t
 
 
-def _check_index(name: str, t: Any, entries: int, q: torch.Tensor,
-                 what: str = "q's batch") -> torch.Tensor | None:
-    """An optional int32 1-D tensor of ``entries`` values on q's device."""
+def _check_index(name: str, t: Any, entries: int, q: torch.Tensor, what: str = "q's batch",
+                 dtype: torch.dtype = torch.int32) -> torch.Tensor | None:
+    """An optional 1-D tensor of ``entries`` values (int32 unless ``dtype``) on q's device."""
     if t is None:
         return None
-    _check_tensor(name, t, 1, "of int32 (batch,)" if what == "q's batch" else f"of int32 ({what})")
-    if t.dtype != torch.int32:
-        raise TypeError(f"{name}: expected dtype torch.int32, got {t.dtype}")
+    kind = "int32" if dtype == torch.int32 else "fp32"
+    shape = "batch," if what == "q's batch" else ("heads_q," if what == "heads_q" else what)
+    _check_tensor(name, t, 1, f"of {kind} ({shape})")
+    if t.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {dtype}, got {t.dtype}")
     if t.shape[0] != entries:
         raise ValueError(f"{name}: expected {entries} entries ({what}), got {t.shape[0]}")
     if t.device != q.device:
@@ -227,16 +229,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Te
 
 def _check_sinks(sinks: Any, heads_q: int, q: torch.Tensor) -> torch.Tensor | None:
     """sinks: fp32 (heads_q,) on q's device, one logit per query head (gpt-oss style)."""
-    if sinks is None:
-        return None
-    _check_tensor("sinks", sinks, 1, "of fp32 (heads_q,)")
-    if sinks.dtype != torch.float32:
-        raise TypeError(f"sinks: expected dtype torch.float32, got {sinks.dtype}")
-    if sinks.shape[0] != heads_q:
-        raise ValueError(f"sinks: expected {heads_q} entries (heads_q), got {sinks.shape[0]}")
-    if sinks.device != q.device:
-        raise ValueError(f"sinks: expected a tensor on q's device {q.device}, got {sinks.device}")
-    return sinks
+    return _check_index("sinks", sinks, heads_q, q, "heads_q", torch.float32)
 
 
 def apply_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor,
