@@ -290,6 +290,58 @@ def test_sinks_match_the_reference(lib, backend, seqlen_q, num_splits):
     assert torch.equal(lse[1], sinks[:, None].expand(hq, seqlen_q)) and (out[1] == 0).all()
 
 
+@pytest.mark.parametrize("page_size", [1, 16, 64, 256])
+@pytest.mark.parametrize(("seqlen_q", "new", "causal"), [(1, 1, True), (3, 2, True), (2, 0, False)])
+def test_paged_cache_matches_the_reference(lib, backend, page_size, seqlen_q, new, causal):
+    """Paged caches (issue 14's page sizes): a shuffled page table with a page shared between
+    two sequences (prefix sharing), K and V interleaved in one buffer (vLLM's strides), NaN in
+    every slot no sequence uses and garbage in unused table entries; the new keys land in the
+    pool; results as the reference's paged semantics."""
+    require(lib, backend, 128)
+    b, hq, hk, d = 3, 8, 2, 128
+    filled = [500, 0, 70]
+    max_pages = -(-(520) // page_size)
+    num_pages = b * max_pages + 3
+    g = torch.Generator(device="cuda").manual_seed(page_size + 10 * seqlen_q)
+    buf = torch.full((num_pages, page_size, hk, 2, d), float("nan"), device="cuda", dtype=BF16)
+    kc, vc = buf[..., 0, :], buf[..., 1, :]  # strides (ps*H*2D, H*2D, 2D, 1)
+    table = torch.randperm(num_pages, device="cuda", generator=g)[:b * max_pages]
+    table = table.view(b, max_pages).to(I32)
+    table[2, 0] = table[0, 0]  # sequences 0 and 2 share their first page (a common prefix)
+    for i, n in enumerate(filled):
+        for pos in range(n):
+            page, slot = int(table[i, pos // page_size]), pos % page_size
+            if not (i == 2 and pos < page_size):  # the shared page: sequence 0's keys
+                kc[page, slot] = torch.randn(hk, d, device="cuda", generator=g).to(BF16)
+                vc[page, slot] = torch.randn(hk, d, device="cuda", generator=g).to(BF16)
+    used = [-(-(n + new) // page_size) for n in filled]
+    for i, u in enumerate(used):  # unused entries: garbage the kernels must never follow
+        table[i, u:] = -12345
+    q = torch.randn(b, seqlen_q, hq, d, device="cuda", generator=g).to(BF16)
+    kn = vn = None
+    if new:
+        kn, vn = (torch.randn(b, new, hk, d, device="cuda", generator=g).to(BF16)
+                  for _ in range(2))
+    seqlens = torch.tensor(filled, dtype=I32, device="cuda")
+    safe = table.clamp(min=0)
+    kw = {"cache_seqlens": seqlens, "page_table": safe, "causal": causal}
+    k0, v0 = kc.nan_to_num(0.0), vc.nan_to_num(0.0)
+    ref_out, ref_lse, _, _ = attention_kvcache_ref(
+        q.double(), k0.double(), v0.double(), None if kn is None else kn.double(),
+        None if vn is None else vn.double(), **kw)
+    low = attention_kvcache_ref(q, k0, v0, kn, vn, upcast=False, **kw)[0]
+    out, lse = flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=seqlens,
+                                       page_table=table, causal=causal,
+                                       return_softmax_lse=True, backend=backend)
+    check(out, lse, ref_out, ref_lse, low)
+    if new:  # the new keys in the pool's pages
+        for i, n in enumerate(filled):
+            for j in range(new):
+                page, slot = int(table[i, (n + j) // page_size]), (n + j) % page_size
+                assert torch.equal(kc[page, slot], kn[i, j]) and torch.equal(vc[page, slot],
+                                                                            vn[i, j])
+
+
 def test_fp8_cache(lib):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("FP8 runs on the FA-3 path (compute capability 9.0)")

@@ -46,7 +46,6 @@ def make(b=2, sq=1, h=4, hk=2, d=64, sc=32, new=0):
 
 
 @pytest.mark.parametrize(("name", "value", "fragment"), [
-    ("page_table", torch.zeros(2, 4, dtype=I32), "paged KV is not implemented yet"),
     ("qv", torch.zeros(2, 1, 4, 64), "MLA's extra query input is not implemented yet"),
     ("attention_chunk", 128, "chunked-local attention is not implemented yet"),
 ])
@@ -154,8 +153,9 @@ def test_scheduler_metadata_is_fa3s_and_checked_against_the_call():
     assert torch.equal(kc, before)
     with raises(ValueError, "scheduler_metadata: expected the tensor flash_hopper's"):
         flash_attn_with_kvcache(q, kc, vc, scheduler_metadata=torch.zeros(8, dtype=I32))
-    with raises(UnsupportedError, "page_size: expected None (paged KV"):
-        get_scheduler_metadata(2, 1, 32, 4, 2, 64, lengths, page_size=16)
+    assert get_scheduler_metadata(2, 1, 32, 4, 2, 64, lengths, page_size=16).shape == (8,)
+    with raises(TypeError, "page_size: expected None or an int >= 1, got 0"):
+        get_scheduler_metadata(2, 1, 32, 4, 2, 64, lengths, page_size=0)
     with raises(ValueError, "num_heads_kv: expected a divisor of num_heads_q (4), got 3"):
         get_scheduler_metadata(2, 1, 32, 4, 3, 64, lengths)
 
@@ -260,3 +260,83 @@ def test_sinks_arguments():
             (torch.zeros(2, 2), ValueError, "sinks: expected a 1-D tensor of fp32 (heads_q,)")):
         with raises(exc, fragment):
             flash_attn_with_kvcache(q, kc, vc, cache_seqlens=5, sinks=value)
+
+
+def _paged_case(num_pages=12, page_size=4, b=2, max_pages=3, new=2):
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(b, 1, 4, 64, generator=g).to(torch.bfloat16)
+    kc, vc = (torch.randn(num_pages, page_size, 2, 64, generator=g).to(torch.bfloat16)
+              for _ in range(2))
+    kn, vn = (torch.randn(b, new, 2, 64, generator=g).to(torch.bfloat16) for _ in range(2))
+    table = torch.randperm(num_pages, generator=g)[:b * max_pages].view(b, max_pages).to(I32)
+    return q, kc, vc, kn, vn, table
+
+
+@pytest.mark.parametrize(("change", "exc", "fragment"), [
+    (lambda a: a.update(page_table=a["page_table"].long()), ValueError,
+     "page_table: expected an int32 2-D tensor (batch, max_pages), got torch.int64"),
+    (lambda a: a.update(page_table=a["page_table"][:1]), ValueError,
+     "page_table: expected 2 rows (q's batch) without cache_batch_idx, got 1"),
+    (lambda a: a.update(rotary_cos=torch.zeros(16, 16), rotary_sin=torch.zeros(16, 16)),
+     UnsupportedError, "rotary_cos: rotary embedding with page_table is not implemented yet"),
+    (lambda a: a.update(v_cache=a["v_cache"][:5]), ValueError, "v_cache: expected k_cache's"),
+    (lambda a: None, ValueError, "must be a CUDA tensor"),  # the dense path's checks, first
+])
+def test_paged_arguments_and_nothing_written_on_refusal(change, exc, fragment):
+    q, kc, vc, kn, vn, table = _paged_case()
+    a = {"q": q, "k_cache": kc, "v_cache": vc, "k": kn, "v": vn, "page_table": table,
+         "cache_seqlens": torch.tensor([3, 9], dtype=I32)}
+    change(a)
+    before = a["k_cache"].clone(), a["v_cache"].clone()
+    with raises(exc, fragment):
+        flash_attn_with_kvcache(**a)
+    assert torch.equal(a["k_cache"], before[0]) and torch.equal(a["v_cache"], before[1])
+
+
+def test_paged_pool_gets_the_new_keys(monkeypatch):
+    """The paged path around the dense one (stood in here: it appends into the gathered copy as
+    the real one does): the gathered copy holds each sequence's pages in table order, and the
+    new keys land in the pool at (page_table[b][pos // page_size], pos % page_size); nothing
+    else of the pool changes. Garbage in unused table entries is never an index error."""
+    from flash_hopper import kvcache
+
+    q, kc, vc, kn, vn, table = _paged_case()
+    table[1, 2] = 99999  # unused by sequence 1 (3 + 2 keys fit in its first two pages)
+    seqlens = torch.tensor([9, 3], dtype=I32)
+    seen = {}
+
+    def dense(**call):
+        dk, dv = call["k_cache"], call["v_cache"]
+        seen["k"] = dk.clone()
+        for b in range(2):
+            n = int(call["cache_seqlens"][b])
+            dk[b, n:n + 2], dv[b, n:n + 2] = call["k"][b], call["v"][b]
+        return torch.zeros_like(call["q"])
+
+    monkeypatch.setattr(kvcache, "flash_attn_with_kvcache", dense)
+    monkeypatch.setattr(kvcache._varlen, "offsets_checked", lambda: False)
+    pool_k, pool_v = kc.clone(), vc.clone()
+    kvcache._paged(page_table=table, k_cache=kc, v_cache=vc, cache_batch_idx=None,
+                   q=q, k=kn, v=vn, cache_seqlens=seqlens, cu_seqlens_q=None,
+                   cu_seqlens_k_new=None, rotary_cos=None)
+    for b in range(2):  # the copy: the sequence's pages in table order
+        pages = table[b].long().clamp(0, 11)
+        assert torch.equal(seen["k"][b], pool_k[pages].reshape(12, 2, 64))
+    for b, n in enumerate([9, 3]):
+        for i in range(2):
+            pos = n + i
+            page, slot = int(table[b, pos // 4]), pos % 4
+            pool_k[page, slot], pool_v[page, slot] = kn[b, i], vn[b, i]
+    assert torch.equal(kc, pool_k) and torch.equal(vc, pool_v)
+
+
+def test_used_page_entries_are_checked():
+    from flash_hopper.kvcache import _check_pages
+
+    table = torch.tensor([[3, 1, -1], [0, 7, 2]], dtype=I32)
+    _check_pages(table, torch.tensor([8, 5], dtype=I32), None, None, 4, 8)  # -1 unused: fine
+    with raises(ValueError, "page_table: expected page_table[0][2] (a page holding sequence 0's "
+                            "keys) in [0, num_pages = 8), got -1"):
+        _check_pages(table, torch.tensor([9, 5], dtype=I32), None, None, 4, 8)
+    with raises(ValueError, "page_table[1][1]", "got 7"):
+        _check_pages(table, torch.tensor([0, 3], dtype=I32), torch.zeros(2, 2, 1, 1), None, 4, 7)

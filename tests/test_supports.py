@@ -24,6 +24,8 @@ def test_a_built_kernel_is_named(lib):
     assert ok and "4 query heads per KV head packed into one tile" in reason, reason
     ok, reason = supports(capability=(9, 0), head_dim=d, kvcache=True, causal=True, seqlen_q=4)
     assert ok and "packed" not in reason  # masked multi-token rows: not packed
+    ok, reason = supports(capability=(9, 0), head_dim=d, kvcache=True, page_size=16)
+    assert ok and "paged: the pages gathered into a dense copy" in reason, reason
     ok, reason = supports(capability=(9, 0), head_dim=d, varlen=True, window_size=(64, 0),
                           softcap=30.0)
     assert ok, reason
@@ -32,7 +34,9 @@ def test_a_built_kernel_is_named(lib):
 def test_what_cannot_run_says_why(lib):
     fp8_d = first_bucket(lib, FhBackend.FA3, FhDtype.E4M3) or 128
     cases = [
-        ({"page_size": 16}, "page_size: paged KV is not implemented yet"),
+        ({"page_size": 16}, "page_size: paged KV outside flash_attn_with_kvcache is not"),
+        ({"page_size": 16, "kvcache": True, "rotary": True},
+         "rotary: rotary with a paged cache is not implemented"),
         ({"sinks": True}, "sinks: attention sinks outside flash_attn_with_kvcache is not"),
         ({"rotary": True, "dtype": "e4m3"}, "rotary: rotary with FP8 inputs is not implemented"),
         ({"dtype": "fp8"}, "dtype: expected one of fp16, bf16, e4m3"),

@@ -123,9 +123,12 @@ def supports(
 
     dtype: "fp16", "bf16", "e4m3" or a mixed name ("bf16+e4m3": 16-bit q, FP8 K / V). varlen:
     flash_attn_varlen_func; kvcache: flash_attn_with_kvcache (a dense cache: varlen kernels);
-    rotary / sinks: flash_attn_with_kvcache's rotary embedding (16-bit) and sink logits;
-    page_size (paged KV): not implemented yet (ok False, saying so)."""
-    for name, flag, what in (("page_size", page_size is not None, "paged KV"),
+    rotary / sinks / page_size: flash_attn_with_kvcache's rotary embedding (16-bit, dense
+    caches), sink logits and paged caches (gathered into a dense copy in this step)."""
+    for name, flag, what in (("page_size", page_size is not None and not kvcache,
+                              "paged KV outside flash_attn_with_kvcache"),
+                             ("rotary", rotary and page_size is not None,
+                              "rotary with a paged cache"),
                              ("sinks", sinks and not kvcache,
                               "attention sinks outside flash_attn_with_kvcache"),
                              ("rotary", rotary and dtype == "e4m3", "rotary with FP8 inputs")):
@@ -182,4 +185,6 @@ def supports(
     if kvcache and unmasked and (heads_q > heads_kv):
         note = (f"; decode rows unmasked: {heads_q // heads_kv} query heads per KV head packed "
                 f"into one tile, keys split across SMs when the tiles are few")
+    if kvcache and page_size is not None:
+        note += "; paged: the pages gathered into a dense copy per call (this step)"
     return True, f"{name}: {reason}{note}"

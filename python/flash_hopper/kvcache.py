@@ -27,8 +27,12 @@ keys in torch before they are attended / appended (fp32 math, one rounding), 16-
 Sinks (a logit per query head joining the softmax denominator, gpt-oss style) follow exactly
 from the kernels' LSE (apply_sinks: out * exp(lse - logaddexp(lse, sink))).
 
-Not yet (each refused naming the argument): page_table (paged KV), qv, attention_chunk, rotary
-with FP8 inputs.
+Paged caches (page_table; any page size): in this step each sequence's pages are gathered into
+a dense copy and the dense path runs on it, then the new keys are written into the pool (_paged):
+correct, with a copy per call until the kernels load pages themselves.
+
+Not yet (each refused naming the argument): qv, attention_chunk, rotary with FP8 inputs or with
+page_table.
 """
 
 from __future__ import annotations
@@ -250,6 +254,96 @@ def apply_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor,
     return (out.float() * f).to(out.dtype), total
 
 
+def _paged(*, page_table, k_cache, v_cache, cache_batch_idx, **call):
+    """A paged cache, in this step: each sequence's pages gathered into a dense copy (one index
+    kernel; unused table entries clamped into the pool, so garbage there is never an index
+    error), the dense path run on it (every check, the new keys appended into the copy,
+    attention), then the new keys written into the pool's pages. Correct for any page size;
+    costs a copy of the caches per call until the kernels load pages themselves (PLAN.md 12.1).
+    """
+    q, k = call["q"], call["k"]
+    if not isinstance(page_table, torch.Tensor):
+        raise TypeError(f"page_table: expected a torch.Tensor of int32 (batch, max_pages), got "
+                        f"{type(page_table).__name__}")
+    if page_table.dtype != torch.int32 or page_table.dim() != 2:
+        raise ValueError(f"page_table: expected an int32 2-D tensor (batch, max_pages), got "
+                         f"{page_table.dtype} of shape {tuple(page_table.shape)}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        _check_tensor(name, t, 4, "(num_pages, page_size, heads_kv, head_dim) with page_table")
+    if tuple(v_cache.shape) != tuple(k_cache.shape):
+        raise ValueError(f"v_cache: expected k_cache's shape {tuple(k_cache.shape)}, got "
+                         f"{tuple(v_cache.shape)}")
+    if page_table.device != k_cache.device:
+        raise ValueError(f"page_table: expected the cache's device {k_cache.device}, got "
+                         f"{page_table.device}")
+    if call["rotary_cos"] is not None:
+        raise UnsupportedError("rotary_cos: rotary embedding with page_table is not implemented "
+                               "yet (dense caches have it)")
+    num_pages, page_size = k_cache.shape[:2]
+    if num_pages == 0 or page_size == 0:
+        raise ValueError(f"k_cache: expected at least one page of at least one slot, got shape "
+                         f"{tuple(k_cache.shape)}")
+    batch = q.shape[0] if call["cu_seqlens_q"] is None else call["cu_seqlens_q"].shape[0] - 1
+    if cache_batch_idx is not None:
+        entries = _check_index("cache_batch_idx", cache_batch_idx, batch, q)
+        if page_table.shape[0] == 0:
+            raise ValueError("page_table: expected rows for cache_batch_idx to pick, got 0")
+        table = page_table[entries.long().clamp(0, page_table.shape[0] - 1)]
+    else:
+        if page_table.shape[0] != batch:
+            raise ValueError(f"page_table: expected {batch} rows (q's batch) without "
+                             f"cache_batch_idx, got {page_table.shape[0]}")
+        table = page_table
+    pages = table.long().clamp(0, num_pages - 1)  # (batch, max_pages)
+    capacity = table.shape[1] * page_size
+    dense_k = k_cache[pages].reshape(batch, capacity, *k_cache.shape[2:])
+    dense_v = v_cache[pages].reshape(batch, capacity, *v_cache.shape[2:])
+    seqlens = call["cache_seqlens"]
+    if (_varlen.offsets_checked() and batch > 0 and isinstance(seqlens, torch.Tensor)
+            and seqlens.shape == (batch,) and seqlens.dtype == torch.int32):
+        _check_pages(table, seqlens, k, call["cu_seqlens_k_new"], page_size, num_pages)
+    result = flash_attn_with_kvcache(k_cache=dense_k, v_cache=dense_v, cache_batch_idx=None,
+                                     page_table=None, **call)
+    if k is not None and batch > 0:  # the new keys, now in the copy, into the pool's pages
+        lengths = call["cache_seqlens"]
+        if not isinstance(lengths, torch.Tensor):
+            lengths = torch.full((batch,), int(lengths), dtype=torch.int32, device=q.device)
+        if call["cu_seqlens_k_new"] is not None:
+            cu = call["cu_seqlens_k_new"]
+            token = torch.arange(k.shape[0], device=q.device, dtype=torch.int32)
+            seq = torch.searchsorted(cu[1:], token, right=True).clamp_(0, batch - 1)
+            pos = lengths.long()[seq] + (token - cu[seq]).long()
+        else:
+            seq = torch.arange(batch, device=q.device)[:, None].expand(batch, k.shape[1])
+            pos = lengths.long()[:, None] + torch.arange(k.shape[1], device=q.device)[None]
+        pos = pos.clamp(0, capacity - 1)
+        page, slot = pages[seq, pos // page_size], pos % page_size
+        with torch.no_grad():
+            k_cache[page, slot] = dense_k[seq, pos]
+            v_cache[page, slot] = dense_v[seq, pos]
+    return result
+
+
+def _check_pages(table: torch.Tensor, seqlens: torch.Tensor, k: Any, cu_new: Any,
+                 page_size: int, num_pages: int) -> None:
+    """The used page-table entries (the pages holding positions below cache_seqlens + the new
+    keys) within the pool; unused entries may hold anything. One device-to-host copy."""
+    if k is None:
+        added = torch.zeros_like(seqlens)
+    elif cu_new is not None:
+        added = cu_new[1:] - cu_new[:-1]
+    else:
+        added = torch.full_like(seqlens, k.shape[1])
+    host_table = table.cpu().tolist()
+    for b, (length, extra) in enumerate(zip(seqlens.tolist(), added.tolist())):
+        used = min(-(-(max(length, 0) + extra) // page_size), len(host_table[b]))
+        for i, page in enumerate(host_table[b][:used]):
+            if not 0 <= page < num_pages:
+                raise ValueError(f"page_table: expected page_table[{b}][{i}] (a page holding "
+                                 f"sequence {b}'s keys) in [0, num_pages = {num_pages}), got "
+                                 f"{page}")
+
+
 # Split-KV: a split is worth its combine only with at least this many keys.
 _MIN_KEYS_PER_SPLIT = 1024
 _MAX_SPLITS = 64
@@ -308,7 +402,10 @@ def get_scheduler_metadata(
     if headdim_v not in (None, headdim):
         raise UnsupportedError(f"headdim_v: expected None or headdim ({headdim}) (a V head dim "
                                f"of its own is not implemented yet), got {headdim_v}")
-    _refuse("page_size", page_size, "paged KV")
+    if page_size is not None and (isinstance(page_size, bool)
+                                  or not isinstance(page_size, numbers.Integral)
+                                  or page_size < 1):
+        raise TypeError(f"page_size: expected None or an int >= 1, got {page_size!r}")
     if not isinstance(cache_seqlens, torch.Tensor):
         raise TypeError(f"cache_seqlens: expected a torch.Tensor of int32 (batch,), got "
                         f"{type(cache_seqlens).__name__}")
@@ -470,12 +567,18 @@ def flash_attn_with_kvcache(
     sinks (keyword only): fp32 (heads_q,), a logit per query head that joins each row's softmax
     denominator without a value (gpt-oss; the LSE then includes it, a row without keys gets
     out 0 and lse = sink).
-    Not implemented yet, refused naming the argument: page_table, qv, attention_chunk, rotary
-    with FP8 inputs (see the module docstring).
+    page_table: int32 (batch, max_pages) (or (batch_cache, max_pages) with cache_batch_idx) over
+    caches of shape (num_pages, page_size, heads_kv, head_dim) with any strides (e.g. vLLM's K
+    and V as views of one buffer); position j of a sequence is page page_table[b][j //
+    page_size], slot j % page_size; entries past a sequence's pages may hold anything.
+    Not implemented yet, refused naming the argument: qv, attention_chunk, rotary with FP8
+    inputs or with page_table (see the module docstring).
     Runs eagerly (no custom op under torch.compile yet); inputs that require grad run forward
     only (a backward raises, as FA3 has none).
     """
-    _refuse("page_table", page_table, "paged KV")
+    if page_table is not None:
+        args = dict(locals())
+        return _paged(**args)
     # rotary_seqlens without rotary_cos / rotary_sin is ignored, as in FA3
     if max_seqlen_q is not None and (isinstance(max_seqlen_q, bool)
                                      or not isinstance(max_seqlen_q, numbers.Integral)
