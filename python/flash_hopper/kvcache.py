@@ -299,6 +299,10 @@ def _paged(*, page_table, k_cache, v_cache, cache_batch_idx, **call):
     dense_k = k_cache[pages].reshape(batch, capacity, *k_cache.shape[2:])
     dense_v = v_cache[pages].reshape(batch, capacity, *v_cache.shape[2:])
     seqlens = call["cache_seqlens"]
+    if seqlens is None and k is None:
+        seqlens = capacity  # the dense path's default: every position of the sequence's pages
+    if isinstance(seqlens, numbers.Integral) and not isinstance(seqlens, bool):
+        seqlens = torch.full((batch,), int(seqlens), dtype=torch.int32, device=q.device)
     if (_varlen.offsets_checked() and batch > 0 and isinstance(seqlens, torch.Tensor)
             and seqlens.shape == (batch,) and seqlens.dtype == torch.int32):
         _check_pages(table, seqlens, k, call["cu_seqlens_k_new"], page_size, num_pages)
