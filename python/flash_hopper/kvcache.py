@@ -262,6 +262,10 @@ def _paged(*, page_table, k_cache, v_cache, cache_batch_idx, **call):
     costs a copy of the caches per call until the kernels load pages themselves (PLAN.md 12.1).
     """
     q, k = call["q"], call["k"]
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"q: expected a torch.Tensor, got {type(q).__name__}")
+    if k is not None and not isinstance(k, torch.Tensor):
+        raise TypeError(f"k: expected None or a torch.Tensor, got {type(k).__name__}")
     if not isinstance(page_table, torch.Tensor):
         raise TypeError(f"page_table: expected a torch.Tensor of int32 (batch, max_pages), got "
                         f"{type(page_table).__name__}")
@@ -310,6 +314,8 @@ def _paged(*, page_table, k_cache, v_cache, cache_batch_idx, **call):
                                      page_table=None, **call)
     if k is not None and batch > 0:  # the new keys, now in the copy, into the pool's pages
         lengths = call["cache_seqlens"]
+        if lengths is None:  # the dense path's default with new keys: they end the capacity
+            lengths = capacity - k.shape[1]
         if not isinstance(lengths, torch.Tensor):
             lengths = torch.full((batch,), int(lengths), dtype=torch.int32, device=q.device)
         if call["cu_seqlens_k_new"] is not None:
