@@ -101,7 +101,7 @@ def test_fp8_head_dims_are_multiples_of_16(head_dim):
 
 
 def test_fp8_strides_are_16_byte_multiples():
-    q, k, v = fp8_qkv(d=64)
+    _q, k, v = fp8_qkv(d=64)
     q_wide = torch.randn(2, 16, 4, 80).to(E4M3)[..., :64]  # head stride 80: 16-byte multiple
     with raises(ValueError, *ON_DEVICE):
         flash_attn_func(q_wide, k, v)

@@ -473,8 +473,8 @@ SHAPE_RULES = [
     ({"abi_version": ABI_VERSION + 1}, INVALID,
      f"abi_version: expected {ABI_VERSION} (this library's FH_ABI_VERSION), got {ABI_VERSION + 1}"),
     ({"dtype": 7}, INVALID,
-     "dtype: expected FH_DTYPE_FP16 (0, fp16) or FH_DTYPE_BF16 (1, bf16) or FH_DTYPE_E4M3 (2, "
-     "e4m3), got 7"),
+     ("dtype: expected FH_DTYPE_FP16 (0, fp16) or FH_DTYPE_BF16 (1, bf16) or FH_DTYPE_E4M3 (2, "
+     "e4m3), got 7")),
     ({"dtype": FhDtype.E4M3, "out_dtype": FhDtype.E4M3}, INVALID,
      "out_dtype: expected FH_DTYPE_BF16 (1) or FH_DTYPE_FP16 (0) for e4m3 inputs, got 2"),
     ({"dtype": FhDtype.E4M3, "out_dtype": FhDtype.FP32}, INVALID,
@@ -482,23 +482,23 @@ SHAPE_RULES = [
     ({"dtype": FhDtype.E4M3, "head_dim": 72, "head_dim_v": 72}, INVALID,
      "head_dim: expected a multiple of 16 for e4m3 inputs (16-byte rows), got 72"),
     ({"dtype": FhDtype.E4M3, "k_row_stride": _valid_params().k_row_stride + 8}, INVALID,
-     f"k_row_stride: expected a multiple of 16 elements for e4m3 inputs (16-byte aligned rows), "
-     f"got {_valid_params().k_row_stride + 8}"),
+     (f"k_row_stride: expected a multiple of 16 elements for e4m3 inputs (16-byte aligned rows), "
+     f"got {_valid_params().k_row_stride + 8}")),
     ({"dtype": FhDtype.E4M3, "fp8_accumulation": 2}, INVALID,
-     "fp8_accumulation: expected FH_FP8_ACCUM_TWO_LEVEL (0) or FH_FP8_ACCUM_SINGLE_LEVEL (1), "
-     "got 2"),
+     ("fp8_accumulation: expected FH_FP8_ACCUM_TWO_LEVEL (0) or FH_FP8_ACCUM_SINGLE_LEVEL (1), "
+     "got 2")),
     ({"dtype": FhDtype.E4M3, "head_dim": 256, "head_dim_v": 256, "fp8_accumulation": 1}, INVALID,
-     "fp8_accumulation: the single-level ablation exists for head_dim <= 128 (the d192 / "
-     "d256 kernels accumulate in two levels only), got head_dim 256"),
+     ("fp8_accumulation: the single-level ablation exists for head_dim <= 128 (the d192 / "
+     "d256 kernels accumulate in two levels only), got head_dim 256")),
     ({"dtype": FhDtype.E4M3, "v_descale_head_stride": -1}, INVALID,
      "v_descale: expected strides >= 0 (0 broadcasts), got batch stride 0, head stride -1"),
     # The mixed mode (bf16 / fp16 q, FP8 k / v): kv_dtype 0 or dtype's means k / v in dtype.
     ({"kv_dtype": FhDtype.FP32}, INVALID,
-     "kv_dtype: expected 0 or 1 (bf16, same as dtype), or FH_DTYPE_E4M3 (2) or FH_DTYPE_E5M2 (4) "
-     "with fp16 / bf16 q (the mixed mode), got 3"),
+     ("kv_dtype: expected 0 or 1 (bf16, same as dtype), or FH_DTYPE_E4M3 (2) or FH_DTYPE_E5M2 (4) "
+     "with fp16 / bf16 q (the mixed mode), got 3")),
     ({"dtype": FhDtype.E4M3, "out_dtype": FhDtype.BF16, "kv_dtype": FhDtype.E5M2}, INVALID,
-     "kv_dtype: expected 0 or 2 (e4m3, same as dtype), or FH_DTYPE_E4M3 (2) or FH_DTYPE_E5M2 (4) "
-     "with fp16 / bf16 q (the mixed mode), got 4"),
+     ("kv_dtype: expected 0 or 2 (e4m3, same as dtype), or FH_DTYPE_E4M3 (2) or FH_DTYPE_E5M2 (4) "
+     "with fp16 / bf16 q (the mixed mode), got 4")),
     ({"kv_dtype": FhDtype.E4M3, "q_descale": ADDR}, INVALID,
      "q_descale: expected null in the mixed mode (q is bf16, not FP8), got 0x10000"),
     ({"kv_dtype": FhDtype.E5M2, "fp8_accumulation": 1}, INVALID,
@@ -506,8 +506,8 @@ SHAPE_RULES = [
     ({"kv_dtype": FhDtype.E4M3, "head_dim": 72, "head_dim_v": 72}, INVALID,
      "head_dim: expected a multiple of 16 for FP8 k / v (16-byte rows), got 72"),
     ({"kv_dtype": FhDtype.E4M3, "v_row_stride": _valid_params().v_row_stride + 8}, INVALID,
-     f"v_row_stride: expected a multiple of 16 elements for FP8 k / v (16-byte aligned rows), "
-     f"got {_valid_params().v_row_stride + 8}"),
+     (f"v_row_stride: expected a multiple of 16 elements for FP8 k / v (16-byte aligned rows), "
+     f"got {_valid_params().v_row_stride + 8}")),
     ({"kv_dtype": FhDtype.E4M3, "k_descale_batch_stride": -2}, INVALID,
      "k_descale: expected strides >= 0 (0 broadcasts), got batch stride -2, head stride 0"),
     ({"out_dtype": FhDtype.FP16}, INVALID, "out_dtype: expected 1 (bf16, same as dtype), got 0"),
@@ -547,8 +547,8 @@ SHAPE_RULES = [
        (f"{name}: expected a multiple of 8 elements (16-byte aligned rows), got "
        f"{getattr(_valid_params(), name) + 4}")) for name in STRIDES],
     ({"cu_seqlens_q": ADDR}, INVALID,
-     "cu_seqlens_q / cu_seqlens_k: expected both (a varlen call; seqused_k without cu_seqlens_k "
-     "is the paged KV call, not implemented yet), got cu_seqlens_k null"),
+     ("cu_seqlens_q / cu_seqlens_k: expected both (a varlen call; seqused_k without cu_seqlens_k "
+     "is the paged KV call, not implemented yet), got cu_seqlens_k null")),
     ({"cu_seqlens_k": ADDR}, INVALID, "cu_seqlens_q / cu_seqlens_k: expected both"),
     ({"seqused_k": ADDR}, INVALID, "cu_seqlens_q / cu_seqlens_k: expected both"),
     ({"cu_seqlens_q": ADDR, "cu_seqlens_k": ADDR}, INVALID,
