@@ -342,6 +342,40 @@ def test_paged_cache_matches_the_reference(lib, backend, page_size, seqlen_q, ne
                                                                             vn[i, j])
 
 
+def test_vllm_paged_and_sink_calls(lib):
+    """vLLM's flash_attn_varlen_func: the paged call (block_table + seqused_k) equals
+    flash_attn_with_kvcache's varlen paged call; s_aux on the packed call equals the kernel
+    output with the sink applied from the reference's formula."""
+    from flash_hopper import vllm as fh_vllm
+    from flash_hopper.kvcache import apply_sinks
+
+    if not any(lib.has_fwd_kernel(be, FhDtype.BF16, 128) for be in _BACKENDS.values()):
+        pytest.skip("this build has no bf16 hdim-128 kernel")
+    hq, hk, d, ps = 8, 2, 128, 16
+    lq, lk = [3, 1], [40, 100]
+    g = torch.Generator(device="cuda").manual_seed(11)
+    q = torch.randn(sum(lq), hq, d, device="cuda", generator=g).to(BF16)
+    pool_k, pool_v = (torch.randn(20, ps, hk, d, device="cuda", generator=g).to(BF16)
+                      for _ in range(2))
+    table = torch.randperm(20, device="cuda", generator=g)[:14].view(2, 7).to(I32)
+    cu_q = torch.tensor([0, 3, 4], dtype=I32, device="cuda")
+    used = torch.tensor(lk, dtype=I32, device="cuda")
+    sinks = torch.randn(hq, device="cuda", generator=g)
+    a = fh_vllm.flash_attn_varlen_func(q, pool_k, pool_v, 3, cu_q, 112, seqused_k=used,
+                                       block_table=table, causal=True, s_aux=sinks)
+    b = flash_attn_with_kvcache(q, pool_k, pool_v, cache_seqlens=used, page_table=table,
+                                cu_seqlens_q=cu_q, max_seqlen_q=3, causal=True, sinks=sinks)
+    assert torch.equal(a, b)
+    k = torch.randn(140, hk, d, device="cuda", generator=g).to(BF16)
+    cu_k = torch.tensor([0, 40, 140], dtype=I32, device="cuda")
+    got = fh_vllm.flash_attn_varlen_func(q, k, k, 3, cu_q, 100, cu_seqlens_k=cu_k, s_aux=sinks)
+    from flash_hopper import flash_attn_varlen_func
+
+    plain, lse = flash_attn_varlen_func(q, k, k, cu_q, cu_k, 3, 100, return_attn_probs=True)
+    want, _ = apply_sinks(plain, lse, sinks, 0)
+    assert torch.equal(got, want)
+
+
 def test_fp8_cache(lib):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("FP8 runs on the FA-3 path (compute capability 9.0)")

@@ -102,12 +102,15 @@ def test_offsets_check_can_be_switched_off(monkeypatch):
 
 
 @pytest.mark.parametrize(("kwargs", "exc", "fragment"), [
-    ({"block_table": torch.zeros(2, 3, dtype=I32)}, UnsupportedError, ("block_table: expected "
-     "None (a paged KV cache is not implemented yet)")),
-    ({"cu_seqlens_k": None}, UnsupportedError, "cu_seqlens_k: expected a tensor"),
+    ({"block_table": torch.zeros(2, 3, dtype=I32)}, UnsupportedError,
+     "cu_seqlens_k: expected None with block_table"),
+    ({"block_table": torch.zeros(2, 3, dtype=I32), "cu_seqlens_k": None}, UnsupportedError,
+     "seqused_k: expected a tensor with block_table"),
+    ({"cu_seqlens_k": None}, UnsupportedError,
+     "cu_seqlens_k: expected a tensor, or block_table with seqused_k"),
+    ({"s_aux": torch.zeros(3)}, ValueError, "s_aux: expected 4 entries (heads_q), got 3"),
     ({"dropout_p": 0.1}, UnsupportedError, "dropout_p: expected 0.0"),
     ({"alibi_slopes": torch.zeros(4)}, UnsupportedError, "alibi_slopes: expected None"),
-    ({"s_aux": torch.zeros(4)}, UnsupportedError, "s_aux: expected None"),
     ({"q_v": torch.zeros(1)}, UnsupportedError, "q_v: expected None"),
     ({"cp_world_size": 2}, UnsupportedError, "cp_world_size: expected 1"),
     ({"return_attn_probs": True}, UnsupportedError, "return_attn_probs: expected False"),
@@ -121,6 +124,28 @@ def test_vllm_module_refuses_what_is_not_implemented(kwargs, exc, fragment):
     call.update(kwargs)
     with raises(exc, fragment):
         fh_vllm.flash_attn_varlen_func(**call)
+
+
+def test_vllm_paged_call_is_flash_attn_with_kvcache(monkeypatch):
+    """vLLM's paged call (block_table, seqused_k, no cu_seqlens_k) maps onto
+    flash_attn_with_kvcache's paged path argument by argument (s_aux as its sinks)."""
+    from flash_hopper import kvcache
+
+    seen = {}
+    monkeypatch.setattr(kvcache, "flash_attn_with_kvcache",
+                        lambda *a, **kw: seen.update(args=a, kw=kw) or "result")
+    q = torch.zeros(7, 4, 64, dtype=torch.bfloat16)
+    pool = torch.zeros(10, 16, 2, 64, dtype=torch.bfloat16)
+    table, used, cu_q = torch.zeros(2, 3, dtype=I32), torch.tensor([5, 40], dtype=I32), cu(0, 3, 7)
+    sinks = torch.zeros(4)
+    got = fh_vllm.flash_attn_varlen_func(q, pool, pool, 4, cu_q, 48, seqused_k=used,
+                                         block_table=table, causal=True, window_size=[8, 0],
+                                         softcap=3.0, return_softmax_lse=True, s_aux=sinks)
+    assert got == "result" and seen["args"] == (q, pool, pool)
+    kw = seen["kw"]
+    assert kw["page_table"] is table and kw["cache_seqlens"] is used and kw["sinks"] is sinks
+    assert kw["cu_seqlens_q"] is cu_q and kw["max_seqlen_q"] == 4 and kw["causal"] is True
+    assert kw["window_size"] == (8, 0) and kw["softcap"] == 3.0 and kw["return_softmax_lse"]
 
 
 def test_fa3_extras_are_checked():

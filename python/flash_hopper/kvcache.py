@@ -231,9 +231,20 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Te
     return torch.cat((rot.to(x.dtype), x[..., 2 * half:]), dim=-1)
 
 
-def _check_sinks(sinks: Any, heads_q: int, q: torch.Tensor) -> torch.Tensor | None:
+def _check_sinks(sinks: Any, heads_q: int, q: torch.Tensor,
+                 name: str = "sinks") -> torch.Tensor | None:
     """sinks: fp32 (heads_q,) on q's device, one logit per query head (gpt-oss style)."""
-    return _check_index("sinks", sinks, heads_q, q, "heads_q", torch.float32)
+    return _check_index(name, sinks, heads_q, q, "heads_q", torch.float32)
+
+
+def check_sinks(sinks: Any, q: Any, name: str = "sinks") -> torch.Tensor | None:
+    """_check_sinks for a q whose heads are its dim -2 (other entry points: vllm.py)."""
+    if sinks is None:
+        return None
+    if not isinstance(q, torch.Tensor) or q.dim() < 2:
+        raise TypeError(f"q: expected a torch.Tensor (..., heads, head_dim), got "
+                        f"{type(q).__name__}")
+    return _check_sinks(sinks, q.shape[-2], q, name)
 
 
 def apply_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor,

@@ -3,10 +3,14 @@ vLLM's ``vllm.vllm_flash_attn.flash_attn_varlen_func`` (max_seqlen_q, cu_seqlens
 first; ``out=``, ``return_softmax_lse``, ``fa_version``, ``scheduler_metadata``, ``num_splits``),
 computing exactly what flash_hopper.flash_attn_varlen_func computes for the same call.
 
+The paged call (block_table (batch, max_blocks) int32 over k / v caches (num_blocks,
+block_size, heads_kv, head_dim), seqused_k the keys per sequence, no cu_seqlens_k) runs through
+flash_hopper.flash_attn_with_kvcache's paged path with the same semantics; s_aux (attention sinks,
+fp32 (heads_q,)) joins each row's softmax denominator (kvcache.apply_sinks).
+
 Performance hints are accepted and not used (fa_version 2 or 3, scheduler_metadata,
 num_splits). What this package does not implement yet is refused with an error naming the
-argument: a paged KV cache (block_table, or seqused_k without cu_seqlens_k), dropout, ALiBi,
-attention sinks (s_aux), MLA's q_v, 16-bit q against FP8 k / v (the mixed mode), context
+argument: dropout, ALiBi, MLA's q_v, 16-bit q against FP8 k / v (the mixed mode), context
 parallelism (cp_world_size > 1), FA2's attention probabilities (return_attn_probs).
 """
 
@@ -17,6 +21,7 @@ from typing import Any
 
 import torch
 
+from . import kvcache
 from ._errors import UnsupportedError
 from .interface import flash_attn_varlen_func as _varlen_func
 
@@ -59,20 +64,19 @@ def flash_attn_varlen_func(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """vLLM's flash_attn_varlen_func: out, or (out, softmax_lse) with return_softmax_lse
     (lse fp32 (heads_q, total_q)). See flash_hopper.flash_attn_varlen_func for the semantics."""
-    if block_table is not None:
-        _refuse("block_table", type(block_table).__name__,
-                "None (a paged KV cache is not implemented yet)")
-    if cu_seqlens_k is None:
-        _refuse("cu_seqlens_k", None, "a tensor (without it the call is the paged KV one, not "
-                "implemented yet)")
+    if block_table is not None and cu_seqlens_k is not None:
+        _refuse("cu_seqlens_k", type(cu_seqlens_k).__name__, "None with block_table (the paged "
+                "call gives each sequence's keys by seqused_k)")
+    if block_table is None and cu_seqlens_k is None:
+        _refuse("cu_seqlens_k", None, "a tensor, or block_table with seqused_k (the paged call)")
+    if block_table is not None and seqused_k is None:
+        _refuse("seqused_k", None, "a tensor with block_table (the keys of each sequence)")
     if q_v is not None:
         _refuse("q_v", type(q_v).__name__, "None (MLA's extra query is not implemented yet)")
     if dropout_p != 0.0:
         _refuse("dropout_p", dropout_p, "0.0 (dropout is not implemented)")
     if alibi_slopes is not None:
         _refuse("alibi_slopes", type(alibi_slopes).__name__, "None (ALiBi is not implemented)")
-    if s_aux is not None:
-        _refuse("s_aux", type(s_aux).__name__, "None (attention sinks are not implemented yet)")
     if cp_world_size != 1 or cp_tot_seqused_k is not None:
         _refuse("cp_world_size", cp_world_size, "1 (context parallelism is not implemented in "
                 "this entry point)")
@@ -85,12 +89,28 @@ def flash_attn_varlen_func(
         raise TypeError(f"num_splits: expected an int >= 0, got {num_splits!r}")
     if window_size is None:
         window_size = (-1, -1)
+    if block_table is not None:  # the paged call: flash_attn_with_kvcache's paged path
+        return kvcache.flash_attn_with_kvcache(
+            q, k, v, cache_seqlens=seqused_k, page_table=block_table, cu_seqlens_q=cu_seqlens_q,
+            max_seqlen_q=max_seqlen_q, q_descale=q_descale, k_descale=k_descale,
+            v_descale=v_descale, softmax_scale=softmax_scale, causal=causal,
+            window_size=tuple(window_size), softcap=softcap,
+            return_softmax_lse=return_softmax_lse, sinks=s_aux, out=out)
+    sinks = kvcache.check_sinks(s_aux, q, name="s_aux")
     result = _varlen_func(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=seqused_k,
         softmax_scale=softmax_scale, causal=causal, q_descale=q_descale, k_descale=k_descale,
         v_descale=v_descale, window_size=tuple(window_size), softcap=softcap,
-        deterministic=deterministic, return_attn_probs=return_softmax_lse, out=out)
-    return result
+        deterministic=deterministic, return_attn_probs=return_softmax_lse or sinks is not None,
+        out=out)
+    if sinks is None:
+        return result
+    o, lse = result
+    sunk, lse = kvcache.apply_sinks(o, lse, sinks, 0)
+    if out is not None:
+        out.copy_(sunk)
+        sunk = out
+    return (sunk, lse) if return_softmax_lse else sunk
 
 
 __all__ = ["flash_attn_varlen_func"]
