@@ -132,9 +132,32 @@ def test_outputs(tmp_path, monkeypatch):
 @pytest.mark.gpu
 def test_decode_runs_on_the_gpu(lib, tmp_path):
     """The real sweep on one small point: every backend checked, bandwidth recorded."""
-    rc = cli.main(["decode", "--points", "4x2k", "--heads", "8/2", "--json",
-                   str(tmp_path / "d.json")])
+    rc = cli.main(["decode", "--points", "4x2k", "--heads", "8/2", "--page-size", "16",
+                   "--json", str(tmp_path / "d.json")])
     rows = json.loads((tmp_path / "d.json").read_text())["rows"]
-    fh = next(r for r in rows if r["backend"] == "flash-hopper")
-    assert fh["error"] is None and fh["passed"] and fh["tbps"] > 0, fh
+    for name in ("flash-hopper", "flash-hopper-paged"):
+        fh = next(r for r in rows if r["backend"] == name)
+        assert fh["error"] is None and fh["passed"] and fh["tbps"] > 0, fh
     assert rc == 0
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 5])
+def test_paged_copy_reads_back_the_cache(page_size):
+    """The flash-hopper-paged backend's pool: shuffled pages whose table reads every sequence's
+    keys back in order (the last page padded)."""
+    g = torch.Generator().manual_seed(page_size)
+    kc, vc = (torch.randn(3, 37, 2, 8, generator=g) for _ in range(2))
+    pool_k, pool_v, table = decode.paged_copy(kc, vc, page_size)
+    per_seq = -(-37 // page_size)
+    assert table.dtype == torch.int32 and table.shape == (3, per_seq)
+    assert sorted(table.flatten().tolist()) == list(range(3 * per_seq))  # each page once
+    for cache, pool in ((kc, pool_k), (vc, pool_v)):
+        back = pool[table.long()].reshape(3, per_seq * page_size, 2, 8)[:, :37]
+        assert torch.equal(back, cache)
+
+
+def test_page_size_adds_the_paged_backend(capsys):
+    points = decode.points_from_args(args("--points", "2x1k", "--page-size", "16"))
+    assert points[0].page_size == 16
+    assert cli.main(["decode", "--page-size", "0"]) == cli.EXIT_FAILURE
+    assert "--page-size: expected an int >= 1, got 0" in capsys.readouterr().err

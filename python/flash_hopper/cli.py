@@ -205,8 +205,13 @@ def build_parser() -> argparse.ArgumentParser:
     decode.add_argument("--seqlen-q", type=int, default=1,
                         help="new query tokens per sequence (default: 1)")
     decode.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    decode.add_argument("--page-size", type=int, default=None, metavar="P",
+                        help="also time the cache as shuffled P-token pages with a page table "
+                             "(backend flash-hopper-paged)")
     decode.add_argument("--backends", nargs="+", metavar="NAME",
-                        help="some of flash-hopper, flash-hopper-dense, sdpa-cudnn (default: all)")
+                        help="some of flash-hopper, flash-hopper-dense, sdpa-cudnn, "
+                             "flash-hopper-paged (default: the first three, and the paged one "
+                             "with --page-size)")
     decode.add_argument("--json", metavar="FILE", help="write every row")
     decode.add_argument("--csv", metavar="FILE", help="write every row")
     decode.add_argument("--plot", metavar="PNG", help="grouped bars of TB/s")

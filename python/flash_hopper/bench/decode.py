@@ -13,7 +13,9 @@ the same cache (the dense call, for comparison), torch SDPA's cuDNN backend on t
 output is checked against a float32 reference on the first sequences of the batch (max error
 within 2e-2 + FA3's rule of twice the same computation in the input dtype).
 
-Paged caches and FA4 / FlashInfer peers come with issue 14's paged kernels.
+--page-size P adds a "flash-hopper-paged" backend: the same cache as a pool of P-token pages
+in shuffled order with a page table (flash_attn_with_kvcache's paged path). FA4 / FlashInfer
+peers come with issue 14's paged kernels.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from .errors import first_line
 # Issue 14's table: batch x context.
 DEFAULT_POINTS = ("1x8k", "1x128k", "8x32k", "32x32k", "128x16k", "64x1k")
 DEFAULT_BACKENDS = ("flash-hopper", "flash-hopper-dense", "sdpa-cudnn")
+BACKENDS = (*DEFAULT_BACKENDS, "flash-hopper-paged")
 ELEMENT_BYTES = {"bf16": 2, "fp16": 2}
 CHECK_SEQUENCES = 2  # the reference check's sequences (the first ones of the batch)
 
@@ -78,6 +81,7 @@ class DecodePoint:
     head_dim: int = 128
     seqlen_q: int = 1
     dtype: str = "bf16"
+    page_size: int | None = None  # the flash-hopper-paged backend's pages
 
     def kv_bytes(self) -> int:
         """Bytes of K and V one call reads."""
@@ -142,6 +146,14 @@ def backend_call(name: str, point: DecodePoint, q, kc, vc, lengths) -> Callable[
         from flash_hopper import flash_attn_with_kvcache
 
         return lambda: flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lengths, causal=True)
+    if name == "flash-hopper-paged":
+        if point.page_size is None:
+            raise DecodeError("flash-hopper-paged: needs --page-size")
+        from flash_hopper import flash_attn_with_kvcache
+
+        pool_k, pool_v, table = paged_copy(kc, vc, point.page_size)
+        return lambda: flash_attn_with_kvcache(q, pool_k, pool_v, cache_seqlens=lengths,
+                                               page_table=table, causal=True)
     if name == "flash-hopper-dense":
         from flash_hopper import flash_attn_func
 
@@ -160,7 +172,28 @@ def backend_call(name: str, point: DecodePoint, q, kc, vc, lengths) -> Callable[
                 return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True).transpose(1, 2)
         return run
     raise DecodeError(f"unknown decode backend {name!r}; expected one of "
-                      f"{', '.join(DEFAULT_BACKENDS)}")
+                      f"{', '.join(BACKENDS)}")
+
+
+def paged_copy(kc, vc, page_size: int, seed: int = 0):
+    """The dense caches (batch, context, heads_kv, d) as pools of page_size-token pages in a
+    shuffled order and the page table that reads them back: (pool_k, pool_v, table int32)."""
+    import torch
+
+    batch, context = kc.shape[:2]
+    per_seq = -(-context // page_size)
+    pad = per_seq * page_size - context
+    order = torch.randperm(batch * per_seq, generator=torch.Generator().manual_seed(seed))
+    order = order.to(kc.device)
+    pools = []
+    for cache in (kc, vc):
+        padded = torch.nn.functional.pad(cache, (0, 0, 0, 0, 0, pad))
+        pages = padded.reshape(batch * per_seq, page_size, *cache.shape[2:])
+        pool = torch.empty_like(pages)
+        pool[order] = pages  # logical page i of the batch lives at pool slot order[i]
+        pools.append(pool)
+    table = order.view(batch, per_seq).to(torch.int32)
+    return pools[0], pools[1], table
 
 
 def reference_check(point: DecodePoint, out, q, kc, vc) -> tuple[float, float]:
@@ -288,7 +321,7 @@ def write_csv(path: str, rows: list[DecodeRow]) -> None:
     import csv
 
     fields = ["label", "batch", "context", "heads_q", "heads_kv", "head_dim", "seqlen_q",
-              "dtype", "kv_bytes", "backend", "tbps", "device_us", "host_us_eager",
+              "dtype", "page_size", "kv_bytes", "backend", "tbps", "device_us", "host_us_eager",
               "host_us_graph", "check_err", "check_tol", "passed", "error"]
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
@@ -338,7 +371,7 @@ def points_from_args(args) -> list[DecodePoint]:
         if args.seqlen_q > context:
             raise ValueError(f"--seqlen-q ({args.seqlen_q}) must be <= the context ({context})")
         points.append(DecodePoint(batch, context, hq, hk, args.head_dim, args.seqlen_q,
-                                  args.dtype))
+                                  args.dtype, args.page_size))
     return points
 
 
@@ -347,12 +380,15 @@ def run_decode(args) -> int:
         points = points_from_args(args)
     except ValueError as exc:
         raise DecodeError(str(exc)) from None
-    backends = list(dict.fromkeys(b for item in (args.backends or DEFAULT_BACKENDS)
+    default = (*DEFAULT_BACKENDS, "flash-hopper-paged") if args.page_size else DEFAULT_BACKENDS
+    backends = list(dict.fromkeys(b for item in (args.backends or default)
                                   for b in item.split(",") if b))
-    unknown = [b for b in backends if b not in DEFAULT_BACKENDS]
+    unknown = [b for b in backends if b not in BACKENDS]
     if unknown:
         raise DecodeError(f"--backends: unknown {', '.join(unknown)}; expected some of "
-                          f"{', '.join(DEFAULT_BACKENDS)}")
+                          f"{', '.join(BACKENDS)}")
+    if args.page_size is not None and args.page_size < 1:
+        raise DecodeError(f"--page-size: expected an int >= 1, got {args.page_size}")
     from . import env
 
     gpu, reason = env.detect_gpu()
