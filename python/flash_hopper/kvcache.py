@@ -205,12 +205,22 @@ def _check_rotary(cos: Any, sin: Any, seqlens: Any, q: torch.Tensor, k: Any, hea
     return cos, sin
 
 
-def _token_positions(cu: torch.Tensor, total: int, batch: int, base: torch.Tensor,
-                     fixed: bool) -> torch.Tensor:
-    """Rotary positions of packed tokens: base[b] + (t - cu[b]) (or base[b] when ``fixed``)."""
+def _packed_index(cu: torch.Tensor, total: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sequence, index within it) of each of ``total`` packed tokens, from the offsets ``cu``
+    (int64; tokens past the last offset count as the last sequence's: never an index error)."""
     token = torch.arange(total, device=cu.device, dtype=torch.int32)
     seq = torch.searchsorted(cu[1:], token, right=True).clamp_(0, max(batch - 1, 0))
-    return base[seq] if fixed else base[seq] + (token - cu[seq]).long()
+    return seq, (token - cu[seq]).long()
+
+
+def _new_key_index(batch: int, new: int | None, cu_new: torch.Tensor | None, total_new: int,
+                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sequence, index among its new keys) of each new key, in k's layout: (batch, seqlen_new)
+    for k (batch, seqlen_new, ...), (total_new,) for packed k (new None: cu_new gives them)."""
+    if new is None:
+        return _packed_index(cu_new, total_new, batch)
+    seq = torch.arange(batch, device=device)[:, None].expand(batch, new)
+    return seq, torch.arange(new, device=device)[None].expand(batch, new)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
@@ -313,31 +323,21 @@ def _paged(*, page_table, k_cache, v_cache, cache_batch_idx, **call):
     capacity = table.shape[1] * page_size
     dense_k = k_cache[pages].reshape(batch, capacity, *k_cache.shape[2:])
     dense_v = v_cache[pages].reshape(batch, capacity, *v_cache.shape[2:])
-    seqlens = call["cache_seqlens"]
-    if seqlens is None and k is None:
-        seqlens = capacity  # the dense path's default: every position of the sequence's pages
-    if isinstance(seqlens, numbers.Integral) and not isinstance(seqlens, bool):
-        seqlens = torch.full((batch,), int(seqlens), dtype=torch.int32, device=q.device)
-    if (_varlen.offsets_checked() and batch > 0 and isinstance(seqlens, torch.Tensor)
-            and seqlens.shape == (batch,) and seqlens.dtype == torch.int32):
-        _check_pages(table, seqlens, k, call["cu_seqlens_k_new"], page_size, num_pages)
+    cu_new = call["cu_seqlens_k_new"]
+    lengths = call["cache_seqlens"]  # as the dense path reads it: None = pages full (new keys last)
+    if lengths is None and cu_new is None:
+        lengths = capacity - (0 if k is None else k.shape[1])
+    if isinstance(lengths, numbers.Integral) and not isinstance(lengths, bool):
+        lengths = torch.full((batch,), int(lengths), dtype=torch.int32, device=q.device)
+    if (_varlen.offsets_checked() and batch > 0 and isinstance(lengths, torch.Tensor)
+            and lengths.shape == (batch,) and lengths.dtype == torch.int32):
+        _check_pages(table, lengths, k, cu_new, page_size, num_pages)
     result = flash_attn_with_kvcache(k_cache=dense_k, v_cache=dense_v, cache_batch_idx=None,
                                      page_table=None, **call)
     if k is not None and batch > 0:  # the new keys, now in the copy, into the pool's pages
-        lengths = call["cache_seqlens"]
-        if lengths is None:  # the dense path's default with new keys: they end the capacity
-            lengths = capacity - k.shape[1]
-        if not isinstance(lengths, torch.Tensor):
-            lengths = torch.full((batch,), int(lengths), dtype=torch.int32, device=q.device)
-        if call["cu_seqlens_k_new"] is not None:
-            cu = call["cu_seqlens_k_new"]
-            token = torch.arange(k.shape[0], device=q.device, dtype=torch.int32)
-            seq = torch.searchsorted(cu[1:], token, right=True).clamp_(0, batch - 1)
-            pos = lengths.long()[seq] + (token - cu[seq]).long()
-        else:
-            seq = torch.arange(batch, device=q.device)[:, None].expand(batch, k.shape[1])
-            pos = lengths.long()[:, None] + torch.arange(k.shape[1], device=q.device)[None]
-        pos = pos.clamp(0, capacity - 1)
+        seq, index = _new_key_index(batch, None if cu_new is not None else k.shape[1], cu_new,
+                                    k.shape[0], q.device)
+        pos = (lengths.long()[seq] + index).clamp(0, capacity - 1)
         page, slot = pages[seq, pos // page_size], pos % page_size
         with torch.no_grad():
             k_cache[page, slot] = dense_k[seq, pos]
@@ -721,8 +721,9 @@ def flash_attn_with_kvcache(
     if rotary is not None:
         base = (rotary_seqlens if rotary_seqlens is not None else cache_seqlens).long()
         fixed = _unwindowed(causal, window_size)  # non-causal, no window: one position
-        if varlen_q:
-            pos = _token_positions(cu_seqlens_q, total_q, batch, base, fixed)  # (total_q,)
+        if varlen_q:  # (total_q,): each token at its sequence's base (+ its index)
+            seq, index = _packed_index(cu_seqlens_q, total_q, batch)
+            pos = base[seq] if fixed else base[seq] + index
         else:
             steps = torch.zeros(seqlen_q, dtype=torch.long, device=q.device) if fixed else \
                 torch.arange(seqlen_q, device=q.device)
@@ -758,34 +759,15 @@ def flash_attn_with_kvcache(
                       cache_leftpad, cu_seqlens_q, total_q, cu_seqlens_k_new, total_new)
 
     def append() -> None:
-        """The new keys into the cache at [cache_seqlens, + new), positions clamped to it."""
-        device = q.device
-        if new is None:  # packed: token t belongs to the sequence whose span holds it
-            token = torch.arange(total_new, device=device, dtype=torch.int32)
-            seq = torch.searchsorted(cu_seqlens_k_new[1:], token, right=True)
-            seq = seq.clamp_(0, max(batch - 1, 0))
-            pos = cache_seqlens.long()[seq] + (token - cu_seqlens_k_new[seq]).long()
-            rows = cache_batch_idx.long()[seq] if cache_batch_idx is not None else seq
-            keys, values = k, v
-            if rotary is not None:  # the new keys at positions base + i, as FA3 rotates them
-                ro_base = (rotary_seqlens if rotary_seqlens is not None
-                           else cache_seqlens).long()
-                ro = ro_base[seq] + (token - cu_seqlens_k_new[seq]).long()
-                keys = _rotate(k, *rotary, ro, rotary_interleaved)
-        else:
-            rows = (cache_batch_idx.long() if cache_batch_idx is not None
-                    else torch.arange(batch, device=device))[:, None]
-            pos = cache_seqlens.long()[:, None] + torch.arange(new, device=device)[None]
-            keys, values = k, v
-            if rotary is not None:
-                ro_base = (rotary_seqlens if rotary_seqlens is not None
-                           else cache_seqlens).long()
-                keys = _rotate(k, *rotary, ro_base[:, None] + torch.arange(new, device=device),
-                               rotary_interleaved)
-        pos = pos.clamp_(0, seqlen_cache - 1)  # unchecked values stay inside the cache
+        """The new keys into the cache at [cache_seqlens, + new), positions clamped to it; with
+        rotary, each key rotated at its position from the rotary base first (FA3's order)."""
+        seq, index = _new_key_index(batch, new, cu_seqlens_k_new, total_new, q.device)
+        pos = (cache_seqlens.long()[seq] + index).clamp_(0, seqlen_cache - 1)
+        rows = cache_batch_idx.long()[seq] if cache_batch_idx is not None else seq
+        keys = k if rotary is None else _rotate(k, *rotary, base[seq] + index, rotary_interleaved)
         with torch.no_grad():
             k_cache[rows, pos] = keys
-            v_cache[rows, pos] = values
+            v_cache[rows, pos] = v
 
     # Unmasked rows (one query token, or neither causal nor a window): the query heads of a KV
     # head can share its tiles, and the keys can be split (see _decode).

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from . import cases
 from .errors import first_line
 
 # Issue 14's table: batch x context.
@@ -41,13 +42,11 @@ class DecodeError(RuntimeError):
 
 
 def parse_count(text: str) -> int:
-    """'8k' -> 8192, '300' -> 300."""
-    t = text.strip().lower()
-    scale = 1024 if t.endswith("k") else 1
-    digits = t.removesuffix("k")
-    if not digits.isdigit() or int(digits) == 0:
-        raise ValueError(f"expected a positive count like 300 or 8k, got {text!r}")
-    return int(digits) * scale
+    """'8k' -> 8192, '300' -> 300 (the bench's counts: cases.parse_count)."""
+    try:
+        return cases.parse_count(text)
+    except ValueError:
+        raise ValueError(f"expected a positive count like 300 or 8k, got {text!r}") from None
 
 
 def parse_point(text: str) -> tuple[int, int]:
@@ -89,9 +88,7 @@ class DecodePoint:
             ELEMENT_BYTES[self.dtype]
 
     def label(self) -> str:
-        def short(n: int) -> str:
-            return f"{n // 1024}k" if n % 1024 == 0 else str(n)
-        return f"{self.batch}x{short(self.context)}"
+        return f"{self.batch}x{cases.short_count(self.context)}"
 
 
 def tbps(nbytes: int, seconds: float) -> float:
@@ -366,7 +363,7 @@ def points_from_args(args) -> list[DecodePoint]:
     hq, hk = parse_heads(args.heads)
     specs = args.points or list(DEFAULT_POINTS)
     points = []
-    for spec in (s for item in specs for s in item.split(",") if s):
+    for spec in cases.split_list(specs):
         batch, context = parse_point(spec)
         if args.seqlen_q > context:
             raise ValueError(f"--seqlen-q ({args.seqlen_q}) must be <= the context ({context})")
@@ -381,8 +378,7 @@ def run_decode(args) -> int:
     except ValueError as exc:
         raise DecodeError(str(exc)) from None
     default = (*DEFAULT_BACKENDS, "flash-hopper-paged") if args.page_size else DEFAULT_BACKENDS
-    backends = list(dict.fromkeys(b for item in (args.backends or default)
-                                  for b in item.split(",") if b))
+    backends = list(dict.fromkeys(cases.split_list(args.backends or default)))
     unknown = [b for b in backends if b not in BACKENDS]
     if unknown:
         raise DecodeError(f"--backends: unknown {', '.join(unknown)}; expected some of "
