@@ -100,3 +100,18 @@ def emulated_attention(qh, kh, vh, scale, causal, window_size, p_dtype, out_scal
     if error is not None:
         out = error(out)
     return out, (row_max + row_sum.log()).squeeze(-1)
+
+
+def check_kvcache(out, lse, ref_out, ref_lse, low_out):
+    """FA3's rule for a KV-cache call: no NaN (a cache's unused slots hold NaN), the max error at
+    most twice the input-dtype computation's plus 2e-3, the LSE's finite entries where the
+    reference's are and within 1e-3."""
+    assert not out.isnan().any(), "NaN from the cache's unused slots reached the output"
+    err = (out.double() - ref_out).abs().max().item()
+    low = (low_out.double() - ref_out).abs().max().item()
+    assert err <= 2 * low + 2e-3, (err, low)
+    if lse is not None:
+        finite = torch.isfinite(ref_lse)
+        assert torch.equal(torch.isfinite(lse), finite)
+        if finite.any():
+            assert (lse[finite].double() - ref_lse[finite]).abs().max().item() <= 1e-3

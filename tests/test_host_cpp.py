@@ -17,7 +17,10 @@ kernels use:
 - test_fp8_layout.cpp: the FP8 forward's in-place P packing against PTX's fragment layouts and
   the V^T key order, the transposer's coverage and shared-memory banks;
 - test_varlen_span.cpp: a varlen sequence's spans (varlen.h): FA3's offsets rules, the KV-cache
-  entry index and left padding, the clamps that keep unvalidated offsets inside the tensors.
+  entry index and left padding, the clamps that keep unvalidated offsets inside the tensors;
+- test_decode_plan.cpp: the decode kernel's plan (decode_plan.h): each row's keys against a
+  brute-force mask, splits covering a range once in balanced whole blocks, page lookups, the
+  split heuristic's one-wave bound, the workspace layout.
 """
 
 import shutil
@@ -62,3 +65,8 @@ def test_fp8_layout_host(tmp_path):
 
 def test_varlen_span_host(tmp_path):
     _compile_and_run(tmp_path, "test_varlen_span")
+
+
+def test_decode_plan_host(tmp_path):
+    # The decode kernel's rows, key ranges, splits, page lookups and workspace (decode_plan.h).
+    _compile_and_run(tmp_path, "test_decode_plan")

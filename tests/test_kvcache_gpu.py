@@ -15,7 +15,7 @@ from flash_hopper import flash_attn_with_kvcache
 from flash_hopper._lib import FhBackend, FhDtype
 from flash_hopper.reference import attention_kvcache_ref
 
-from tests._helpers import raises
+from tests._helpers import check_kvcache, raises
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_matmuls")]
 
@@ -50,18 +50,6 @@ def poisoned_cache(batch_cache, seqlen_cache, heads_kv, d, filled, leftpad=None,
     for c in (kc, vc):
         c[~keep] = float("nan")
     return kc.to(dtype), vc.to(dtype)  # NaN stays NaN in e4m3fn
-
-
-def check(out, lse, ref_out, ref_lse, low_out):
-    assert not out.isnan().any(), "NaN from the cache's unused slots reached the output"
-    err = (out.double() - ref_out).abs().max().item()
-    low = (low_out.double() - ref_out).abs().max().item()
-    assert err <= 2 * low + 2e-3, (err, low)
-    if lse is not None:
-        finite = torch.isfinite(ref_lse)
-        assert torch.equal(torch.isfinite(lse), finite)
-        if finite.any():
-            assert (lse[finite].double() - ref_lse[finite]).abs().max().item() <= 1e-3
 
 
 def references(q, kc, vc, kn, vn, **kw):
@@ -99,7 +87,7 @@ def test_matches_the_reference(lib, backend, head_dim, seqlen_q, new, causal):
     out, lse = flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=seqlens, causal=causal,
                                        return_softmax_lse=True, backend=backend)
     assert out.shape == q.shape and lse.shape == (b, hq, seqlen_q)
-    check(out, lse, ref_out, ref_lse, low)
+    check_kvcache(out, lse, ref_out, ref_lse, low)
     # the new keys landed in place and nothing else changed (NaN slots compared as 7)
     for got, want in ((kc, want_k), (vc, want_v)):
         assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0))
@@ -127,7 +115,7 @@ def test_batch_idx_leftpad_window_softcap(lib, backend, head_dim):
         ref_out, ref_lse, _, _, low = references(q, k_in, v_in, kn, vn, **kw, **mask)
         out, lse = flash_attn_with_kvcache(q, k_in, v_in, kn, vn, **kw, **mask,
                                            return_softmax_lse=True, backend=backend)
-        check(out, lse, ref_out, ref_lse, low)
+        check_kvcache(out, lse, ref_out, ref_lse, low)
         # sequence 3: every key left-padded away -> no keys: out 0, lse -inf
         assert (out[3] == 0).all() and torch.isneginf(lse[3]).all()
         # the untouched cache entries (1, 4) kept their bits
@@ -176,7 +164,8 @@ def test_varlen_queries_and_new_keys(lib, backend, head_dim):
         ref_out, ref_lse, _, _, low = references(
             qb, kc0[e:e + 1], vc0[e:e + 1], knb if lnew[b] else None, vnb if lnew[b] else None,
             cache_seqlens=one, causal=True)
-        check(out[sq[b]:sq[b + 1]][None], lse[:, sq[b]:sq[b + 1]][None], ref_out, ref_lse, low)
+        check_kvcache(out[sq[b]:sq[b + 1]][None], lse[:, sq[b]:sq[b + 1]][None], ref_out,
+                      ref_lse, low)
 
 
 @pytest.mark.parametrize(("seqlen_q", "causal", "num_splits"), [
@@ -201,7 +190,7 @@ def test_decode_packed_gqa_and_split_kv(lib, backend, seqlen_q, causal, num_spli
     ref_out, ref_lse, _, _, low = references(q, kc, vc, None, None, **kw)
     out, lse = flash_attn_with_kvcache(q, kc, vc, **kw, num_splits=num_splits,
                                        return_softmax_lse=True, backend=backend)
-    check(out, lse, ref_out, ref_lse, low)
+    check_kvcache(out, lse, ref_out, ref_lse, low)
     assert (out[2] == 0).all() and torch.isneginf(lse[2]).all()
     unpacked = flash_attn_with_kvcache(q, kc, vc, **kw, pack_gqa=False, num_splits=1,
                                        backend=backend)
@@ -265,7 +254,7 @@ def test_rotary_matches_the_rotated_reference(lib, backend, interleaved, causal,
                                       **kw).view(b, sq, hq, d)
     else:
         out = flash_attn_with_kvcache(q, kc, vc, kn, vn, **kw)
-    check(out, None, ref_out, ref_lse, low)
+    check_kvcache(out, None, ref_out, ref_lse, low)
     for i, n in enumerate(filled):  # the cache holds the rotated keys (fp32 math, one rounding)
         err = (kc[i, n:n + new].double() - k_rot[i].double()).abs().max().item()
         assert err <= 2 ** -7 * k_rot[i].double().abs().max().item(), (i, err)
@@ -286,7 +275,7 @@ def test_sinks_match_the_reference(lib, backend, seqlen_q, num_splits):
     ref_out, ref_lse, _, _, low = references(q, kc, vc, None, None, sinks=sinks, **kw)
     out, lse = flash_attn_with_kvcache(q, kc, vc, **kw, sinks=sinks, num_splits=num_splits,
                                        return_softmax_lse=True, backend=backend)
-    check(out, lse, ref_out, ref_lse, low)
+    check_kvcache(out, lse, ref_out, ref_lse, low)
     assert torch.equal(lse[1], sinks[:, None].expand(hq, seqlen_q)) and (out[1] == 0).all()
 
 
@@ -333,7 +322,7 @@ def test_paged_cache_matches_the_reference(lib, backend, page_size, seqlen_q, ne
     out, lse = flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=seqlens,
                                        page_table=table, causal=causal,
                                        return_softmax_lse=True, backend=backend)
-    check(out, lse, ref_out, ref_lse, low)
+    check_kvcache(out, lse, ref_out, ref_lse, low)
     if new:  # the new keys in the pool's pages
         for i, n in enumerate(filled):
             for j in range(new):

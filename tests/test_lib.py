@@ -34,6 +34,7 @@ from flash_hopper._lib import (
     ABI_VERSION,
     FhBackend,
     FhBwdParams,
+    FhDecodeParams,
     FhDtype,
     FhFp8Accumulation,
     FhFwdParams,
@@ -50,9 +51,11 @@ C_TYPES = {"int32_t": ctypes.c_int32, "int64_t": ctypes.c_int64, "float": ctypes
 # sizeof(FhFwdParams) per ABI version: a layout change without an FH_ABI_VERSION bump is a bug.
 # (Version 2 changed fh_fwd_select_backend's signature, version 3 added the backward: neither
 # changed the struct, which bench/ab_libs.py relies on to time older libraries.)
-SIZEOF_BY_ABI = {1: 376, 2: 376, 3: 376, 4: 408, 5: 416, 6: 456, 7: 480}
+SIZEOF_BY_ABI = {1: 376, 2: 376, 3: 376, 4: 408, 5: 416, 6: 456, 7: 480, 8: 480}
 # sizeof(FhBwdParams) per ABI version (it appeared in 3).
-SIZEOF_BWD_BY_ABI = {3: 504, 4: 504, 5: 504, 6: 504, 7: 504}
+SIZEOF_BWD_BY_ABI = {3: 504, 4: 504, 5: 504, 6: 504, 7: 504, 8: 504}
+# sizeof(FhDecodeParams) per ABI version (it appeared in 8).
+SIZEOF_DECODE_BY_ABI = {8: 336}
 
 
 def _source(path: Path) -> str:
@@ -112,15 +115,16 @@ def _cmake_list(name: str) -> list[str]:
 
 
 STRUCTS = [(FhFwdParams, "FhFwdParams", SIZEOF_BY_ABI, 64),
-           (FhBwdParams, "FhBwdParams", SIZEOF_BWD_BY_ABI, 66)]
+           (FhBwdParams, "FhBwdParams", SIZEOF_BWD_BY_ABI, 66),
+           (FhDecodeParams, "FhDecodeParams", SIZEOF_DECODE_BY_ABI, 45)]
 
 
-@pytest.mark.parametrize(("mirror", "c_name", "sizes", "count"), STRUCTS, ids=["fwd", "bwd"])
+@pytest.mark.parametrize(("mirror", "c_name", "sizes", "count"), STRUCTS, ids=["fwd", "bwd", "decode"])
 def test_struct_fields_match_api_h(mirror, c_name, sizes, count):
     assert [(n, t) for n, t in mirror._fields_] == _header_fields(c_name)
 
 
-@pytest.mark.parametrize(("mirror", "c_name", "sizes", "count"), STRUCTS, ids=["fwd", "bwd"])
+@pytest.mark.parametrize(("mirror", "c_name", "sizes", "count"), STRUCTS, ids=["fwd", "bwd", "decode"])
 def test_struct_layout_is_the_c_layout(mirror, c_name, sizes, count):
     # LP64 C layout: each field at the next multiple of its own size; the struct padded to 8.
     offset = 0

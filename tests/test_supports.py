@@ -19,13 +19,25 @@ def test_a_built_kernel_is_named(lib):
         pytest.skip("this build has no bf16 FA-3 kernel")
     ok, reason = supports(capability=(9, 0), head_dim=d, heads_q=16, heads_kv=4)
     assert ok and reason.startswith("fa3: cc 9.0 and fa3 kernel built for bf16"), reason
+    # explicit FA-3 backend: the varlen kernels (packed at the API level when rows are unmasked)
     ok, reason = supports(capability=(9, 0), head_dim=d, heads_q=16, heads_kv=4, kvcache=True,
-                          causal=True, seqlen_q=1)
+                          causal=True, seqlen_q=1, backend="fa3")
     assert ok and "4 query heads per KV head packed into one tile" in reason, reason
-    ok, reason = supports(capability=(9, 0), head_dim=d, kvcache=True, causal=True, seqlen_q=4)
+    ok, reason = supports(capability=(9, 0), head_dim=d, kvcache=True, causal=True, seqlen_q=4,
+                          backend="fa3")
     assert ok and "packed" not in reason  # masked multi-token rows: not packed
-    ok, reason = supports(capability=(9, 0), head_dim=d, kvcache=True, page_size=16)
+    ok, reason = supports(capability=(9, 0), head_dim=d, kvcache=True, page_size=16,
+                          backend="fa3")
     assert ok and "paged: the pages gathered into a dense copy" in reason, reason
+    # "auto": short queries on the decode kernel, paged caches read in place, rotary included
+    ok, reason = supports(capability=(9, 0), head_dim=128, heads_q=32, heads_kv=8, kvcache=True,
+                          causal=True, seqlen_q=4, page_size=16, rotary=True)
+    assert ok and reason.startswith("decode: the decode kernel (cc 9.0): 4 query heads per KV "
+                                    "head x 4 tokens") and "page size 16" in reason, reason
+    ok, reason = supports(capability=(8, 0), head_dim=64, dtype="fp16", kvcache=True)
+    assert ok and reason.startswith("decode:"), reason
+    ok, reason = supports(capability=(9, 0), head_dim=d, kvcache=True, seqlen_q=512)
+    assert ok and not reason.startswith("decode:"), reason  # 512 rows: the varlen kernels
     ok, reason = supports(capability=(9, 0), head_dim=d, varlen=True, window_size=(64, 0),
                           softcap=30.0)
     assert ok, reason
@@ -35,8 +47,8 @@ def test_what_cannot_run_says_why(lib):
     fp8_d = first_bucket(lib, FhBackend.FA3, FhDtype.E4M3) or 128
     cases = [
         ({"page_size": 16}, "page_size: paged KV outside flash_attn_with_kvcache is not"),
-        ({"page_size": 16, "kvcache": True, "rotary": True},
-         "rotary: rotary with a paged cache is not implemented"),
+        ({"page_size": 16, "kvcache": True, "rotary": True, "backend": "fa3"},
+         "rotary: rotary with a paged cache off the decode kernel is not implemented"),
         ({"sinks": True}, "sinks: attention sinks outside flash_attn_with_kvcache is not"),
         ({"rotary": True, "dtype": "e4m3"}, "rotary: rotary with FP8 inputs is not implemented"),
         ({"dtype": "fp8"}, "dtype: expected one of fp16, bf16, e4m3"),

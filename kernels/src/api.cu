@@ -35,6 +35,8 @@
 #include "fh_tables.inc"
 #include "sm90/timeline.h"  // kTimelineBytes (fh_debug_set_timeline)
 #include "src/bwd_common.h"
+#include "src/decode.h"
+#include "flash_hopper/decode_plan.h"
 #include "src/registry.h"
 
 // Declarations of every launcher this build holds, then the dispatch tables. Each inclusion of
@@ -1580,6 +1582,109 @@ FhStatus answer_policy(const Params* params, int32_t cc_major, int32_t cc_minor,
   return FH_SUCCESS;
 }
 
+// --- decode (FhDecodeParams) ---------------------------------------------------------------
+
+int64_t decode_row_blocks(const FhDecodeParams* p) {
+  const int64_t rows = p->seqlen_q * (p->heads_q / p->heads_kv);
+  return (rows + decode::kRowsPerCta - 1) / decode::kRowsPerCta;
+}
+
+// Everything fh_decode_plan needs (no data pointers): shapes, the cache's geometry, the score.
+FhStatus validate_decode_shapes(const FhDecodeParams* p) {
+  FH_CHECK(p != nullptr, "params: expected a pointer to FhDecodeParams, got null");
+  FH_CHECK(p->abi_version == FH_ABI_VERSION,
+           "abi_version: expected %d (this library's FH_ABI_VERSION), got %d", FH_ABI_VERSION,
+           p->abi_version);
+  FH_CHECK(p->dtype == FH_DTYPE_FP16 || p->dtype == FH_DTYPE_BF16,
+           "dtype: expected FH_DTYPE_FP16 (0) or FH_DTYPE_BF16 (1) for decode, got %d", p->dtype);
+  FH_CHECK(p->head_dim == 64 || p->head_dim == 128 || p->head_dim == 256,
+           "head_dim: expected 64, 128 or 256 for decode, got %lld", (long long)p->head_dim);
+  FH_CHECK(p->batch >= 0 && p->batch <= kMaxGridYZ, "batch: expected 0..%lld, got %lld",
+           (long long)kMaxGridYZ, (long long)p->batch);
+  FH_CHECK(p->heads_q >= 1, "heads_q: expected >= 1, got %lld", (long long)p->heads_q);
+  FH_CHECK(p->heads_kv >= 1 && p->heads_q % p->heads_kv == 0,
+           "heads_kv: expected a divisor of heads_q (%lld), got %lld", (long long)p->heads_q,
+           (long long)p->heads_kv);
+  FH_CHECK(p->seqlen_q >= 1 && p->seqlen_q <= kMaxSeqlen, "seqlen_q: expected 1..%lld, got %lld",
+           (long long)kMaxSeqlen, (long long)p->seqlen_q);
+  FH_CHECK(p->heads_kv * decode_row_blocks(p) <= kMaxGridYZ,
+           "seqlen_q: expected seqlen_q * heads_q / 16 rounded up per kv head <= %lld, got "
+           "seqlen_q %lld with heads_q %lld",
+           (long long)kMaxGridYZ, (long long)p->seqlen_q, (long long)p->heads_q);
+  FH_CHECK(p->page_size >= 1, "page_size: expected >= 1, got %lld", (long long)p->page_size);
+  FH_CHECK(p->num_pages >= 1 && p->num_pages <= INT32_MAX, "num_pages: expected 1..%d, got %lld",
+           INT32_MAX, (long long)p->num_pages);
+  if (p->page_table != nullptr) {
+    FH_CHECK(p->max_pages >= 1, "max_pages: expected >= 1 with a page_table, got %lld",
+             (long long)p->max_pages);
+    FH_CHECK(p->page_table_stride >= p->max_pages,
+             "page_table_stride: expected >= max_pages (%lld), got %lld", (long long)p->max_pages,
+             (long long)p->page_table_stride);
+    FH_CHECK(p->max_pages * p->page_size <= INT32_MAX,
+             "max_pages: expected max_pages * page_size <= %d keys per sequence, got %lld * %lld",
+             INT32_MAX, (long long)p->max_pages, (long long)p->page_size);
+    FH_CHECK(p->kv_batch_idx == nullptr,
+             "kv_batch_idx: expected null with a page_table (pass the page-table rows of the "
+             "batch instead), got %p", (const void*)p->kv_batch_idx);
+  } else {
+    FH_CHECK(p->page_size <= INT32_MAX, "page_size: expected a dense cache of <= %d keys, got %lld",
+             INT32_MAX, (long long)p->page_size);
+  }
+  FH_TRY(validate_score(p));
+  FH_CHECK(p->num_splits >= 0, "num_splits: expected >= 0, got %d", p->num_splits);
+  return FH_SUCCESS;
+}
+
+int decode_splits(const FhDecodeParams* p, int num_sms) {
+  if (p->num_splits > 0) {
+    return p->num_splits < decode::kMaxSplits ? p->num_splits : decode::kMaxSplits;
+  }
+  const int64_t tiles = p->batch * p->heads_kv * decode_row_blocks(p);
+  const int64_t keys = p->page_table != nullptr ? p->max_pages * p->page_size : p->page_size;
+  return decode::default_splits(tiles, keys, num_sms, decode_ctas_per_sm(p->head_dim),
+                                /*min_keys=*/256);
+}
+
+int64_t decode_workspace_bytes(const FhDecodeParams* p, int splits) {
+  return decode::decode_workspace(p->batch * p->heads_kv * decode_row_blocks(p), splits,
+                                  static_cast<int>(p->head_dim))
+      .bytes;
+}
+
+FhStatus validate_decode(const FhDecodeParams* p) {
+  FH_TRY(validate_decode_shapes(p));
+  FH_CHECK(p->num_splits >= 1 && p->num_splits <= decode::kMaxSplits,
+           "num_splits: expected 1..%d (fh_decode_plan chooses), got %d", decode::kMaxSplits,
+           p->num_splits);
+  FH_TRY(validate_tensor(p->q, "q"));
+  FH_TRY(validate_tensor(p->k, "k"));
+  FH_TRY(validate_tensor(p->v, "v"));
+  FH_TRY(validate_tensor(p->o, "o"));
+  FH_CHECK(p->seqlens_k != nullptr, "seqlens_k: expected an int32 device array, got null");
+  const NamedStride strides[] = {
+      {"q_batch_stride", p->q_batch_stride}, {"q_row_stride", p->q_row_stride},
+      {"q_head_stride", p->q_head_stride},   {"k_page_stride", p->k_page_stride},
+      {"k_row_stride", p->k_row_stride},     {"k_head_stride", p->k_head_stride},
+      {"v_page_stride", p->v_page_stride},   {"v_row_stride", p->v_row_stride},
+      {"v_head_stride", p->v_head_stride},   {"o_batch_stride", p->o_batch_stride},
+      {"o_row_stride", p->o_row_stride},     {"o_head_stride", p->o_head_stride},
+  };
+  FH_TRY(validate_strides(strides));
+  if (p->num_splits > 1) {
+    const int64_t need = decode_workspace_bytes(p, p->num_splits);
+    FH_CHECK(p->workspace != nullptr && aligned(p->workspace, 256),
+             "workspace: expected a 256-byte aligned device pointer with num_splits %d, got %p",
+             p->num_splits, p->workspace);
+    FH_CHECK(p->workspace_bytes >= need,
+             "workspace_bytes: expected >= %lld (fh_decode_plan) for num_splits %d, got %lld",
+             (long long)need, p->num_splits, (long long)p->workspace_bytes);
+    FH_CHECK(p->counters != nullptr && aligned(p->counters, 4),
+             "counters: expected a 4-byte aligned device array of zeros with num_splits %d, got "
+             "%p", p->num_splits, (void*)p->counters);
+  }
+  return FH_SUCCESS;
+}
+
 }  // namespace
 }  // namespace flash_hopper
 
@@ -1746,3 +1851,42 @@ FH_EXPORT int32_t fh_has_bwd_kernel(int32_t backend, int32_t dtype, int64_t head
 }
 
 }  // extern "C"
+
+FH_EXPORT FhStatus fh_decode_plan(const FhDecodeParams* params, int32_t num_sms,
+                                  int32_t* num_splits_out, int64_t* workspace_bytes_out) {
+  g_last_error.clear();
+  FH_TRY(validate_decode_shapes(params));
+  FH_CHECK(num_splits_out != nullptr && workspace_bytes_out != nullptr,
+           "num_splits_out, workspace_bytes_out: expected pointers, got null");
+  FH_CHECK(num_sms >= 0, "num_sms: expected >= 0 (0 = the current device's), got %d", num_sms);
+  if (num_sms == 0 && params->num_splits == 0) {
+    DeviceInfo dev;
+    FH_TRY(query_device(&dev));
+    num_sms = dev.sm_count;
+  }
+  const int splits = decode_splits(params, num_sms);
+  *num_splits_out = splits;
+  *workspace_bytes_out = decode_workspace_bytes(params, splits);
+  return FH_SUCCESS;
+}
+
+FH_EXPORT FhStatus fh_decode(const FhDecodeParams* params, void* stream) {
+  g_last_error.clear();
+  FH_TRY(validate_decode(params));
+  if (params->batch == 0) {
+    return FH_SUCCESS;
+  }
+  DeviceInfo dev;
+  FH_TRY(query_device(&dev));
+  FH_CHECK(dev.major >= 8, "device: the decode kernel needs compute capability >= 8.0, got %d.%d",
+           dev.major, dev.minor);
+  const int limit = smem_limit(dev);
+  const LaunchResult result = launch_decode(params, limit, static_cast<cudaStream_t>(stream));
+  char message[1024];
+  const FhStatus st = describe_launch(result, "decode", params->head_dim, limit, message,
+                                      sizeof(message));
+  if (st != FH_SUCCESS) {
+    g_last_error = message;
+  }
+  return st;
+}

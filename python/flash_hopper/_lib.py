@@ -34,7 +34,7 @@ LIB_NAME = "libflash_hopper.so"
 ENV_VAR = "FLASH_HOPPER_LIB"
 
 # Must equal FH_ABI_VERSION in api.h; the library reports its own through fh_abi_version().
-ABI_VERSION = 7
+ABI_VERSION = 8
 
 
 class FhStatus(enum.IntEnum):
@@ -233,6 +233,56 @@ class FhBwdParams(ctypes.Structure):
     ]
 
 
+class FhDecodeParams(ctypes.Structure):
+    """Mirror of api.h's FhDecodeParams (since ABI 8), checked against api.h like FhFwdParams."""
+
+    _fields_ = [
+        ("abi_version", _I32),
+        ("dtype", _I32),
+        # data
+        ("q", _PTR),
+        ("k", _PTR),
+        ("v", _PTR),
+        ("o", _PTR),
+        ("lse", _PTR),
+        ("seqlens_k", _PTR),
+        ("leftpad_k", _PTR),
+        ("kv_batch_idx", _PTR),
+        ("page_table", _PTR),
+        ("cu_seqlens_q", _PTR),
+        ("sinks", _PTR),
+        ("workspace", _PTR),
+        ("workspace_bytes", _I64),
+        ("counters", _PTR),
+        # shapes
+        ("batch", _I64),
+        ("seqlen_q", _I64),
+        ("heads_q", _I64),
+        ("heads_kv", _I64),
+        ("head_dim", _I64),
+        ("page_size", _I64),
+        ("num_pages", _I64),
+        ("max_pages", _I64),
+        ("page_table_stride", _I64),
+        # strides in elements; the head_dim stride is 1 and not stored
+        *[(f"{t}_{s}_stride", _I64) for t, names in (("q", ("batch", "row", "head")),
+                                                      ("k", ("page", "row", "head")),
+                                                      ("v", ("page", "row", "head")),
+                                                      ("o", ("batch", "row", "head")))
+          for s in names],
+        ("lse_batch_stride", _I64),
+        ("lse_head_stride", _I64),
+        # score transform and mask
+        ("softmax_scale", _F32),
+        ("softcap", _F32),
+        ("window_left", _I64),
+        ("window_right", _I64),
+        # schedule
+        ("num_splits", _I32),
+        ("reserved", _I32),
+    ]
+
+
 def candidate_paths() -> list[Path]:
     """Where the library is looked for, in order (see the module docstring)."""
     paths = []
@@ -387,6 +437,12 @@ class Library:
         d.fh_bwd_select_backend.restype = ctypes.c_int
         d.fh_has_bwd_kernel.argtypes = [ctypes.c_int32, ctypes.c_int32, ctypes.c_int64]
         d.fh_has_bwd_kernel.restype = ctypes.c_int32
+        dec_p = ctypes.POINTER(FhDecodeParams)
+        d.fh_decode.argtypes = [dec_p, ctypes.c_void_p]
+        d.fh_decode.restype = ctypes.c_int
+        d.fh_decode_plan.argtypes = [dec_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32),
+                                     ctypes.POINTER(ctypes.c_int64)]
+        d.fh_decode_plan.restype = ctypes.c_int
 
     # --- raw calls (status codes), for tests of the ABI itself ---------------------------------
     def fwd_status(self, params: FhFwdParams, stream: int | None) -> int:
@@ -487,6 +543,21 @@ class Library:
         if status != FhStatus.SUCCESS:
             raise status_error(int(status), self.last_error() or "(no message)")
         return int(size.value)
+
+    def decode(self, params: FhDecodeParams, stream: int | None) -> None:
+        """Launch the decode kernel on ``stream`` (a cudaStream_t as int; None = legacy)."""
+        self.check(int(self._dll.fh_decode(ctypes.byref(params), stream)), "fh_decode")
+
+    def decode_plan(self, params: FhDecodeParams, num_sms: int = 0) -> tuple[int, int]:
+        """(num_splits, workspace bytes) of a decode call: params.num_splits when > 0, else the
+        library's choice for ``num_sms`` SMs (0: the current device's), from the shapes alone."""
+        splits = ctypes.c_int32(-1)
+        size = ctypes.c_int64(-1)
+        status = self._dll.fh_decode_plan(ctypes.byref(params), int(num_sms),
+                                          ctypes.byref(splits), ctypes.byref(size))
+        if status != FhStatus.SUCCESS:
+            raise status_error(int(status), self.last_error() or "(no message)")
+        return int(splits.value), int(size.value)
 
     def check(self, status: int, what: str) -> None:
         """Raise the Python exception that corresponds to an FhStatus (nothing on success)."""

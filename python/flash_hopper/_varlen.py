@@ -236,6 +236,38 @@ def _check_out(out: Any, q: torch.Tensor, cfg: _validate.FwdConfig,
     _validate.check_outputs(out.unsqueeze(0), None, q.unsqueeze(0), cfg)
 
 
+def _checked_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                  seqused_q, seqused_k, softmax_scale, causal, window_size, softcap, backend,
+                  out, descales, batch_k) -> VarlenConfig:
+    """check_args, then out against it: what plan() and check_call() both need."""
+    vc = check_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
+                    seqused_k, softmax_scale, causal, window_size, softcap, backend, *descales,
+                    batch_k=batch_k)
+    if out is not None:
+        _check_out(out, q, vc.cfg, vc.fp8.out_dtype if vc.fp8 is not None else q.dtype)
+    return vc
+
+
+_checked = _plan_cache.PlanCache(256)
+
+
+def check_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
+               seqused_k, softmax_scale, causal, window_size, softcap, backend, out=None,
+               descales=(None, None, None), batch_k: int = 0) -> _validate.FwdConfig:
+    """plan()'s checks without a kernel plan (for callers that launch another kernel, the
+    decode kernel): the call's FwdConfig, cached per call signature as plans are."""
+    key = _key(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
+               max_seqlen_k, out, softmax_scale, causal, window_size, softcap, backend, descales)
+    cfg = _checked.get(key)
+    if cfg is None:
+        cfg = _checked_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                            seqused_q, seqused_k, softmax_scale, causal, window_size, softcap,
+                            backend, out, descales, batch_k).cfg
+        if key is not None:
+            _checked.remember(key, cfg)
+    return cfg
+
+
 def plan(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
          softmax_scale, causal, window_size, softcap, backend, out=None,
          descales=(None, None, None), batch_k: int = 0) -> VarlenPlan:
@@ -246,12 +278,10 @@ def plan(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sequse
     cached = _plans.get(key)
     if cached is not None:
         return cached
-    vc = check_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
-                    seqused_k, softmax_scale, causal, window_size, softcap, backend, *descales,
-                    batch_k=batch_k)
+    vc = _checked_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                       seqused_q, seqused_k, softmax_scale, causal, window_size, softcap, backend,
+                       out, descales, batch_k)
     cfg = vc.cfg
-    if out is not None:
-        _check_out(out, q, cfg, vc.fp8.out_dtype if vc.fp8 is not None else q.dtype)
     q4, k4, v4 = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
     dense = _fwd.make_plan(cfg, q4, k4, v4, out=None if out is None else out.unsqueeze(0),
                            fp8=vc.fp8)

@@ -25,7 +25,7 @@ build variables to change or the stride at fault.
 from __future__ import annotations
 
 from . import _lib, _tables
-from ._lib import FhBwdParams, FhFwdParams
+from ._lib import FhBwdParams, FhDecodeParams, FhFwdParams
 from ._tables import head_dim_bucket  # re-exported: bench/backends.py imports it from here
 
 __all__ = ["choose", "choose_bwd", "head_dim_bucket", "hypothetical", "supports"]
@@ -124,11 +124,20 @@ def supports(
     dtype: "fp16", "bf16", "e4m3" or a mixed name ("bf16+e4m3": 16-bit q, FP8 K / V). varlen:
     flash_attn_varlen_func; kvcache: flash_attn_with_kvcache (a dense cache: varlen kernels);
     rotary / sinks / page_size: flash_attn_with_kvcache's rotary embedding (16-bit, dense
-    caches), sink logits and paged caches (gathered into a dense copy in this step)."""
+    caches), sink logits and paged caches. Short KV-cache queries (fp16 / bf16, head_dim 64 /
+    128 / 256, seqlen_q x heads_q / heads_kv <= 128, backend "auto") run on the decode kernel,
+    paged caches read in place; others on the varlen kernels, paged caches gathered first."""
+    from . import _decode  # torch-dependent: imported when asked
+
+    heads_kv_ = heads_q if heads_kv is None else heads_kv
+    decode = (kvcache and backend == "auto" and dtype in ("fp16", "bf16")
+              and head_dim in _decode.HEAD_DIMS and heads_kv_ > 0 and heads_q % heads_kv_ == 0
+              and 0 < seqlen_q * (heads_q // heads_kv_) <= _decode.MAX_ROWS
+              and (capability is None or capability[0] >= 8))
     for name, flag, what in (("page_size", page_size is not None and not kvcache,
                               "paged KV outside flash_attn_with_kvcache"),
-                             ("rotary", rotary and page_size is not None,
-                              "rotary with a paged cache"),
+                             ("rotary", rotary and page_size is not None and not decode,
+                              "rotary with a paged cache off the decode kernel"),
                              ("sinks", sinks and not kvcache,
                               "attention sinks outside flash_attn_with_kvcache"),
                              ("rotary", rotary and dtype == "e4m3", "rotary with FP8 inputs")):
@@ -176,6 +185,29 @@ def supports(
     p.softcap = softcap
     p.window_left, p.window_right = left, right
     p.backend, p.variant = _tables.BACKENDS[backend]
+    decode = decode and capability[0] >= 8
+    if decode:  # the decode kernel's own checks (fh_decode_plan), no FA kernel needed
+        d = FhDecodeParams()
+        d.abi_version = _lib.ABI_VERSION
+        d.dtype = int(_lib.FhDtype.BF16 if dtype == "bf16" else _lib.FhDtype.FP16)
+        d.batch, d.seqlen_q, d.heads_q, d.heads_kv, d.head_dim = (1, seqlen_q, heads_q,
+                                                                  heads_kv, head_dim)
+        d.page_size = page_size if page_size is not None else max(seqlen_k, 1)
+        d.num_pages = d.max_pages = d.page_table_stride = 1
+        if page_size is not None:
+            d.page_table = 16  # a placeholder: the plan reads whether, not where
+            d.max_pages = d.page_table_stride = max(-(-seqlen_k // max(page_size, 1)), 1)
+        d.softmax_scale, d.softcap = p.softmax_scale, softcap
+        d.window_left, d.window_right = left, right
+        try:
+            _lib.get_library().decode_plan(d, num_sms=1)
+        except (ValueError, NotImplementedError) as exc:
+            return False, str(exc)
+        return True, (f"decode: the decode kernel (cc {capability[0]}.{capability[1]}): "
+                      f"{heads_q // heads_kv} query heads per KV head x {seqlen_q} tokens packed "
+                      f"into 16-row tiles, keys split across SMs and merged in the same launch, "
+                      f"K / V read in place" + (f" through the page table (page size "
+                                                f"{page_size})" if page_size is not None else ""))
     try:
         name, reason, _ = choose(p, capability)
     except (ValueError, NotImplementedError) as exc:
@@ -186,5 +218,5 @@ def supports(
         note = (f"; decode rows unmasked: {heads_q // heads_kv} query heads per KV head packed "
                 f"into one tile, keys split across SMs when the tiles are few")
     if kvcache and page_size is not None:
-        note += "; paged: the pages gathered into a dense copy per call (this step)"
+        note += "; paged: the pages gathered into a dense copy per call (off the decode kernel)"
     return True, f"{name}: {reason}{note}"

@@ -1,38 +1,41 @@
 """flash_attn_with_kvcache (issue 14): new queries against a KV cache, FA3's signature.
 
-This first step serves a dense cache (batch_cache, seqlen_cache, heads_kv, head_dim) through the
-varlen kernels (_varlen.forward): q (batch, seqlen_q, ...) is the packed (batch * seqlen_q, ...)
-view with sequences of seqlen_q rows (or, with cu_seqlens_q, already packed); the cache is the
-packed (rows, heads_kv, head_dim) view of its rows, sequence b reading cache entry
-cache_batch_idx[b] (the library's kv_batch_idx), keys [cache_leftpad[b], cache_seqlens[b] +
-new_b) (leftpad_k, seqused_k). Masks are bottom-right aligned on those keys, as in FA3. New k /
-v ((batch, seqlen_new, ...) or packed with cu_seqlens_k_new) are written into the cache first,
-in place, at positions [cache_seqlens[b], cache_seqlens[b] + new_b) (torch's index_put_: one
-small kernel; FA3 fuses it into the attention kernel).
+Short queries (at most _decode.MAX_ROWS = 128 packed rows, seqlen_q x heads_q / heads_kv; fp16 /
+bf16; head_dim 64 / 128 / 256) run on the decode kernel (_decode, kernels/decode/): the query
+heads of a KV head packed as one tile's rows, the keys split across CTAs and merged in the same
+launch, K / V read in place from a dense cache or through the page table of a paged one (any
+page size, any strides), masks, softcap and sinks in the kernel.
+
+Everything else (FP8, long queries, other head dims) goes through the varlen kernels
+(_varlen.forward): q (batch, seqlen_q, ...) is the packed (batch * seqlen_q, ...) view with
+sequences of seqlen_q rows (or, with cu_seqlens_q, already packed); the cache is the packed (rows,
+heads_kv, head_dim) view of its rows, sequence b reading cache entry cache_batch_idx[b] (the
+library's kv_batch_idx), keys [cache_leftpad[b], cache_seqlens[b] + new_b) (leftpad_k,
+seqused_k). Unmasked rows there take _packed_varlen (packed GQA and split-KV at this level). A
+paged cache on that path is gathered into a dense copy first and the new keys written back into
+the pool (_paged): correct for any page size, with a copy per call.
+
+Masks are bottom-right aligned on the attended keys, as in FA3. New k / v ((batch, seqlen_new,
+...) or packed with cu_seqlens_k_new) are written into the cache first, in place, at positions
+[cache_seqlens[b], cache_seqlens[b] + new_b) (torch's index_put_: one small kernel; FA3 fuses it
+into the attention kernel); in a paged cache at (page_table[b][pos // page_size], pos %
+page_size).
 
 Values are checked on the host as the varlen offsets are (one device-to-host copy per call:
 cache_seqlens + new_b <= seqlen_cache, cache_batch_idx within the cache, cache_leftpad <= the
-filled length, the offsets non-decreasing within their tensors), except while a CUDA graph is
-captured or with FLASH_HOPPER_CHECK_OFFSETS=0; unchecked bad values then give wrong results but
-never touch memory outside the tensors (the append's positions are clamped to the cache, the
-kernels clamp every span).
-
-Decode rows that no mask cuts (one query token, or neither causal nor a window) take _decode:
-packed GQA and split-KV at this level (num_splits: 0 = heuristic, 1 = none; pack_gqa=False turns
-it off); get_scheduler_metadata makes the split decision once for a loop of calls.
+filled length, the offsets non-decreasing within their tensors, the used pages within the pool),
+except while a CUDA graph is captured or with FLASH_HOPPER_CHECK_OFFSETS=0; unchecked bad values
+then give wrong results but never touch memory outside the tensors (the append's positions are
+clamped to the cache, the kernels clamp every span and page id).
 
 Rotary embedding (rotary_cos / rotary_sin, FA3's positions and layouts) rotates q and the new
 keys in torch before they are attended / appended (fp32 math, one rounding), 16-bit only.
 
-Sinks (a logit per query head joining the softmax denominator, gpt-oss style) follow exactly
-from the kernels' LSE (apply_sinks: out * exp(lse - logaddexp(lse, sink))).
-
-Paged caches (page_table; any page size): in this step each sequence's pages are gathered into
-a dense copy and the dense path runs on it, then the new keys are written into the pool (_paged):
-correct, with a copy per call until the kernels load pages themselves.
+Sinks (a logit per query head joining the softmax denominator, gpt-oss style): in the decode
+kernel, else exactly from the kernels' LSE (apply_sinks: out * exp(lse - logaddexp(lse, sink))).
 
 Not yet (each refused naming the argument): qv, attention_chunk, rotary with FP8 inputs or with
-page_table.
+a paged cache off the decode kernel.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from typing import Any
 
 import torch
 
-from . import _autograd, _device, _validate, _varlen
+from . import _autograd, _decode, _device, _validate, _varlen
 from ._combine import flash_attn_combine
 from ._errors import UnsupportedError
 from ._tables import FP8_DTYPES
@@ -275,14 +278,10 @@ def apply_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor,
     return (out.float() * f).to(out.dtype), total
 
 
-def _paged(*, page_table, k_cache, v_cache, cache_batch_idx, **call):
-    """A paged cache, in this step: each sequence's pages gathered into a dense copy (one index
-    kernel; unused table entries clamped into the pool, so garbage there is never an index
-    error), the dense path run on it (every check, the new keys appended into the copy,
-    attention), then the new keys written into the pool's pages. Correct for any page size;
-    costs a copy of the caches per call until the kernels load pages themselves (PLAN.md 12.1).
-    """
-    q, k = call["q"], call["k"]
+def _check_page_table(page_table: Any, k_cache: Any, v_cache: Any, q: Any, k: Any,
+                      cache_batch_idx: Any, cu_seqlens_q: Any) -> tuple[torch.Tensor, int, int]:
+    """The page table's and the pool's checks; returns (the page table's rows of the batch in
+    order (cache_batch_idx applied), num_pages, page_size)."""
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"q: expected a torch.Tensor, got {type(q).__name__}")
     if k is not None and not isinstance(k, torch.Tensor):
@@ -301,14 +300,11 @@ def _paged(*, page_table, k_cache, v_cache, cache_batch_idx, **call):
     if page_table.device != k_cache.device:
         raise ValueError(f"page_table: expected the cache's device {k_cache.device}, got "
                          f"{page_table.device}")
-    if call["rotary_cos"] is not None:
-        raise UnsupportedError("rotary_cos: rotary embedding with page_table is not implemented "
-                               "yet (dense caches have it)")
     num_pages, page_size = k_cache.shape[:2]
     if num_pages == 0 or page_size == 0:
         raise ValueError(f"k_cache: expected at least one page of at least one slot, got shape "
                          f"{tuple(k_cache.shape)}")
-    batch = q.shape[0] if call["cu_seqlens_q"] is None else call["cu_seqlens_q"].shape[0] - 1
+    batch = q.shape[0] if cu_seqlens_q is None else cu_seqlens_q.shape[0] - 1
     if cache_batch_idx is not None:
         entries = _check_index("cache_batch_idx", cache_batch_idx, batch, q)
         if page_table.shape[0] == 0:
@@ -319,6 +315,36 @@ def _paged(*, page_table, k_cache, v_cache, cache_batch_idx, **call):
             raise ValueError(f"page_table: expected {batch} rows (q's batch) without "
                              f"cache_batch_idx, got {page_table.shape[0]}")
         table = page_table
+    return table, num_pages, page_size
+
+
+def _packed_rows(q: torch.Tensor, k_cache: torch.Tensor, cu_seqlens_q: Any,
+                 max_seqlen_q: Any) -> int:
+    """The decode kernel's packed rows per sequence (seqlen_q x heads_q / heads_kv); 0 for
+    shapes the full checks will refuse."""
+    varlen = isinstance(cu_seqlens_q, torch.Tensor)
+    if q.dim() != (3 if varlen else 4) or q.shape[-2] % k_cache.shape[2]:
+        return 0
+    tokens = q.shape[1] if not varlen else (
+        int(max_seqlen_q) if isinstance(max_seqlen_q, numbers.Integral) else q.shape[0])
+    return tokens * (q.shape[-2] // k_cache.shape[2])
+
+
+def _paged(*, page_table, k_cache, v_cache, cache_batch_idx, **call):
+    """A paged cache the decode kernel does not serve (FP8, long queries, other head dims):
+    each sequence's pages gathered into a dense copy (one index kernel; unused table entries
+    clamped into the pool, so garbage there is never an index error), the dense path run on it
+    (every check, the new keys appended into the copy, attention), then the new keys written into
+    the pool's pages. Correct for any page size; costs a copy of the caches per call.
+    """
+    q, k = call["q"], call["k"]
+    table, num_pages, page_size = _check_page_table(page_table, k_cache, v_cache, q, k,
+                                                    cache_batch_idx, call["cu_seqlens_q"])
+    if call["rotary_cos"] is not None:
+        raise UnsupportedError("rotary_cos: rotary embedding with page_table is implemented on "
+                               "the decode kernel only (fp16 / bf16, head_dim 64 / 128 / 256, "
+                               "seqlen_q * heads_q / heads_kv <= 128)")
+    batch = table.shape[0]
     pages = table.long().clamp(0, num_pages - 1)  # (batch, max_pages)
     capacity = table.shape[1] * page_size
     dense_k = k_cache[pages].reshape(batch, capacity, *k_cache.shape[2:])
@@ -348,21 +374,23 @@ def _paged(*, page_table, k_cache, v_cache, cache_batch_idx, **call):
 def _check_pages(table: torch.Tensor, seqlens: torch.Tensor, k: Any, cu_new: Any,
                  page_size: int, num_pages: int) -> None:
     """The used page-table entries (the pages holding positions below cache_seqlens + the new
-    keys) within the pool; unused entries may hold anything. One device-to-host copy."""
+    keys) within the pool; unused entries may hold anything. Found on the device, one scalar
+    copied back (a table of 10^5 entries read into Python cost milliseconds per call); the first
+    bad entry is located on the host only when there is one."""
     if k is None:
         added = torch.zeros_like(seqlens)
     elif cu_new is not None:
         added = cu_new[1:] - cu_new[:-1]
     else:
         added = torch.full_like(seqlens, k.shape[1])
-    host_table = table.cpu().tolist()
-    for b, (length, extra) in enumerate(zip(seqlens.tolist(), added.tolist())):
-        used = min(-(-(max(length, 0) + extra) // page_size), len(host_table[b]))
-        for i, page in enumerate(host_table[b][:used]):
-            if not 0 <= page < num_pages:
-                raise ValueError(f"page_table: expected page_table[{b}][{i}] (a page holding "
-                                 f"sequence {b}'s keys) in [0, num_pages = {num_pages}), got "
-                                 f"{page}")
+    used = (seqlens.clamp(min=0) + added + page_size - 1) // page_size  # (batch,)
+    columns = torch.arange(table.shape[1], device=table.device)
+    bad = ((table < 0) | (table >= num_pages)) & (columns[None, :] < used[:, None])
+    if not bool(bad.any()):
+        return
+    b, i = (int(x) for x in bad.nonzero()[0])
+    raise ValueError(f"page_table: expected page_table[{b}][{i}] (a page holding sequence {b}'s "
+                     f"keys) in [0, num_pages = {num_pages}), got {int(table[b, i])}")
 
 
 # Split-KV: a split is worth its combine only with at least this many keys.
@@ -459,8 +487,8 @@ def _metadata_splits(meta: Any, **shape: int) -> int:
     return schedule["splits"]
 
 
-def _decode(q, k_rows, v_rows, cu_k, seqlen_cache, used_k, cache_batch_idx, cache_leftpad,
-            batch_k, cfg, backend, descales, splits, out, return_lse):
+def _packed_varlen(q, k_rows, v_rows, cu_k, seqlen_cache, used_k, cache_batch_idx,
+                   cache_leftpad, batch_k, cfg, backend, descales, splits, out, return_lse):
     """Unmasked rows (one query token, or no causal / window): exact with the query heads of a
     KV head packed as the rows of one sequence of heads_kv heads (packed GQA: each K / V tile is
     read once per KV head, not once per query head) and, with splits > 1, the keys split across
@@ -578,7 +606,8 @@ def flash_attn_with_kvcache(
     Returns out (batch, seqlen_q, heads_q, head_dim) ((total_q, ...) for varlen queries; bf16
     for FP8 inputs), and with return_softmax_lse also lse fp32 (batch, heads_q, seqlen_q)
     ((heads_q, total_q) for varlen queries). out (keyword only): write the result into this
-    tensor. backend (keyword only): as in flash_attn_func.
+    tensor. backend (keyword only): as in flash_attn_func; "auto" runs short queries on the
+    decode kernel (module docstring), an explicit path name its varlen kernels.
     Performance hints: num_splits (0 = heuristic, 1 = no key split), pack_gqa (False: no
     packing), scheduler_metadata (get_scheduler_metadata's, for this call's shapes), sm_margin.
     rotary_cos / rotary_sin (seqlen_ro, rotary_dim / 2), rotary_interleaved, rotary_seqlens: as
@@ -597,9 +626,17 @@ def flash_attn_with_kvcache(
     Runs eagerly (no custom op under torch.compile yet); inputs that require grad run forward
     only (a backward raises, as FA3 has none).
     """
+    pages = None  # a paged cache the decode kernel reads in place: (table, num_pages, page_size)
     if page_table is not None:
-        args = dict(locals())
-        return _paged(**args)
+        args = {k: v for k, v in locals().items() if k != "pages"}
+        table, num_pages, page_size = _check_page_table(page_table, k_cache, v_cache, q, k,
+                                                        cache_batch_idx, cu_seqlens_q)
+        rows = _packed_rows(q, k_cache, cu_seqlens_q, max_seqlen_q)
+        if backend != "auto" or qv is not None or not _decode.usable(q, k_cache, v_cache,
+                                                                       rows, out):
+            return _paged(**args)
+        pages = (table, num_pages, page_size)
+        page_table, cache_batch_idx = None, None  # the table's rows are the batch's, in order
     # rotary_seqlens without rotary_cos / rotary_sin is ignored, as in FA3
     if max_seqlen_q is not None and (isinstance(max_seqlen_q, bool)
                                      or not isinstance(max_seqlen_q, numbers.Integral)
@@ -641,6 +678,8 @@ def flash_attn_with_kvcache(
             raise ValueError(f"{name}: expected a contiguous last dimension (stride 1), got "
                              f"stride {t.stride(-1)}")
     batch_cache, seqlen_cache, heads_kv, _ = k_cache.shape
+    if pages is not None:  # the capacity of a sequence: its table row's pages
+        batch_cache, seqlen_cache = pages[0].shape[0], pages[0].shape[1] * pages[2]
     if batch_cache == 0 and batch > 0:
         raise ValueError(f"k_cache: expected at least one cache entry for a batch of {batch}, "
                          f"got batch_cache 0")
@@ -713,10 +752,14 @@ def flash_attn_with_kvcache(
         raise UnsupportedError("flash_attn_with_kvcache runs eagerly only (no flash_hopper "
                                "custom op takes it under torch.compile yet)")
 
-    k_rows, step = _rows_view("k_cache", k_cache)
-    v_rows, v_step = _rows_view("v_cache", v_cache)
-    if v_step != step:
-        raise ValueError(f"v_cache: expected k_cache's entry stride in rows ({step}), got {v_step}")
+    if pages is None:
+        k_rows, step = _rows_view("k_cache", k_cache)
+        v_rows, v_step = _rows_view("v_cache", v_cache)
+        if v_step != step:
+            raise ValueError(f"v_cache: expected k_cache's entry stride in rows ({step}), got "
+                             f"{v_step}")
+    else:  # the checks of the rows of one page (the kernel reads the pool itself)
+        k_rows, v_rows, step = k_cache[0], v_cache[0], 1
     q_att = q  # the queries attended: q, rotated when rotary_cos is given (FA3's positions)
     if rotary is not None:
         base = (rotary_seqlens if rotary_seqlens is not None else cache_seqlens).long()
@@ -753,26 +796,41 @@ def flash_attn_with_kvcache(
     # Every check (devices, dtypes, head dim, scale, window, descales, out) before the cache is
     # written: a refused call leaves it as it was.
     batch_k = batch_cache if cache_batch_idx is not None else 0
-    cfg = _varlen.plan(*args, out_rows, descales, batch_k).dense.cfg
+    # The decode kernel (backend "auto"): short queries (at most _decode.MAX_ROWS packed rows),
+    # fp16 / bf16, any mask; it takes the sinks itself. A paged cache came here only if it serves
+    # it. An explicit backend ("fa2", "fa3") runs that path's varlen kernels.
+    group = heads_q // heads_kv if heads_q % heads_kv == 0 else 0
+    direct = pages is not None or (backend == "auto" and _decode.usable(
+        q, k_cache, v_cache, seqlen_q * group, out))
+    if direct:  # the checks alone: no FA kernel needs to exist for this dtype / head dim
+        cfg = _varlen.check_call(*args, out_rows, descales, batch_k)
+    else:
+        cfg = _varlen.plan(*args, out_rows, descales, batch_k).dense.cfg
     if _varlen.offsets_checked() and batch > 0:
         _check_values(cache_seqlens, new, seqlen_cache, batch_cache, cache_batch_idx,
                       cache_leftpad, cu_seqlens_q, total_q, cu_seqlens_k_new, total_new)
+        if pages is not None:
+            _check_pages(pages[0], cache_seqlens, k, cu_seqlens_k_new, pages[2], pages[1])
 
     def append() -> None:
         """The new keys into the cache at [cache_seqlens, + new), positions clamped to it; with
         rotary, each key rotated at its position from the rotary base first (FA3's order)."""
         seq, index = _new_key_index(batch, new, cu_seqlens_k_new, total_new, q.device)
         pos = (cache_seqlens.long()[seq] + index).clamp_(0, seqlen_cache - 1)
-        rows = cache_batch_idx.long()[seq] if cache_batch_idx is not None else seq
+        if pages is not None:  # position -> (page, slot) through the table
+            table, num_pages, page_size = pages
+            rows = table.long()[seq, pos // page_size].clamp_(0, num_pages - 1)
+            pos = pos % page_size
+        else:
+            rows = cache_batch_idx.long()[seq] if cache_batch_idx is not None else seq
         keys = k if rotary is None else _rotate(k, *rotary, base[seq] + index, rotary_interleaved)
         with torch.no_grad():
             k_cache[rows, pos] = keys
             v_cache[rows, pos] = v
 
     # Unmasked rows (one query token, or neither causal nor a window): the query heads of a KV
-    # head can share its tiles, and the keys can be split (see _decode).
+    # head can share its tiles, and the keys can be split (see _packed_varlen).
     unmasked = cfg.window_left < 0 and (cfg.window_right < 0 or (not varlen_q and seqlen_q == 1))
-    group = heads_q // heads_kv
     if meta_splits is not None:
         splits = meta_splits
     else:
@@ -785,10 +843,19 @@ def flash_attn_with_kvcache(
     def attend() -> tuple[torch.Tensor, torch.Tensor | None]:
         if total_new and batch:
             append()
+        if direct:
+            return _decode.forward(
+                q_att, k_cache, v_cache, used_k, softmax_scale=cfg.softmax_scale,
+                softcap=cfg.softcap, window=(cfg.window_left, cfg.window_right),
+                page_table=None if pages is None else pages[0], kv_batch_idx=cache_batch_idx,
+                leftpad_k=cache_leftpad, cu_seqlens_q=cu_seqlens_q if varlen_q else None,
+                max_seqlen_q=seqlen_q, sinks=sinks,
+                num_splits=meta_splits if meta_splits is not None else num_splits, out=out,
+                return_lse=return_softmax_lse)
         if packed:
-            return _decode(q_att, k_rows, v_rows, cu_k, seqlen_cache, used_k, cache_batch_idx,
-                           cache_leftpad, batch_k, cfg, backend, descales, splits, out,
-                           need_lse)
+            return _packed_varlen(q_att, k_rows, v_rows, cu_k, seqlen_cache, used_k,
+                                  cache_batch_idx, cache_leftpad, batch_k, cfg, backend,
+                                  descales, splits, out, need_lse)
         result, lse, _ = _varlen.forward(
             *args, out=out_rows, need_lse=need_lse, descales=descales,
             kv_batch_idx=cache_batch_idx, leftpad_k=cache_leftpad,
@@ -802,7 +869,7 @@ def flash_attn_with_kvcache(
 
     def run() -> tuple[torch.Tensor, torch.Tensor | None]:
         result, lse = attend()
-        if sinks is not None and batch > 0:
+        if sinks is not None and batch > 0 and not direct:
             # lse: (heads, total_q) varlen, (batch, heads, seqlen_q) dense
             sunk, lse = apply_sinks(result, lse, sinks, 0 if varlen_q else 1)
             result.copy_(sunk)

@@ -39,7 +39,8 @@ extern "C" {
 // strides and fp8_accumulation in FhFwdParams). 5: the mixed mode (FhFwdParams::kv_dtype,
 // FH_DTYPE_E5M2). 6: varlen (FhFwdParams::seqused_q, max_seqlen_*, workspace;
 // fh_fwd_workspace_size). 7: KV-cache fields (FhFwdParams::kv_batch_idx, leftpad_k, batch_k).
-#define FH_ABI_VERSION 7
+// 8: the decode kernel (FhDecodeParams, fh_decode, fh_decode_plan).
+#define FH_ABI_VERSION 8
 
 // The library's own status; the message (fh_last_error) tells the cases of one status apart.
 typedef enum FhStatus {
@@ -352,6 +353,87 @@ FH_EXPORT FhStatus fh_bwd_select_backend(const FhBwdParams* params, int32_t cc_m
 
 // 1 if this build holds a backward kernel for (backend, dtype, head-dim bucket of head_dim).
 FH_EXPORT int32_t fh_has_bwd_kernel(int32_t backend, int32_t dtype, int64_t head_dim);
+
+// ---------------------------------------------------------------------------------------------
+// Decode (ABI 8): few query rows against a KV cache, paged or dense
+// ---------------------------------------------------------------------------------------------
+//
+// flash_attn_with_kvcache's kernel for short queries (decode, speculative decoding): the query
+// heads of a KV head packed as the rows of one tile (each K / V tile read once per KV head), the
+// keys optionally split across CTAs (split-KV: a batch of one still fills the GPU) and merged by
+// their LSEs inside the same launch (the last CTA of a row block to finish merges), K / V loaded
+// row by row through the page table (cp.async: any page size, any strides, vLLM's interleaved
+// K / V views included). fp16 / bf16; head_dim 64, 128 or 256. Both sm_80 and sm_90.
+//
+// Keys: sequence b attends keys [leftpad_k[b], seqlens_k[b]) of its cache, both clamped to the
+// cache's capacity (dense: page_size; paged: max_pages * page_size); masks (causal, windows)
+// aligned bottom-right on them as in FhFwdParams. Rows without keys: o = 0, lse = -inf (with
+// sinks: lse = the sink, o = 0).
+typedef struct FhDecodeParams {
+  int32_t abi_version;  // must be FH_ABI_VERSION
+  int32_t dtype;        // FhDtype of q, k, v and o: FH_DTYPE_FP16 or FH_DTYPE_BF16
+
+  // --- data -------------------------------------------------------------------------------
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  float* lse;                     // null: not written
+  const int32_t* seqlens_k;       // (batch,) keys of each sequence (required)
+  const int32_t* leftpad_k;       // (batch,) first attended key; null: 0
+  const int32_t* kv_batch_idx;    // (batch,) cache entry (dense) / page-table row (paged); null: b
+  const int32_t* page_table;      // (rows, max_pages) page ids; null: a dense cache
+  const int32_t* cu_seqlens_q;    // (batch + 1,) varlen q / o / lse offsets; null: dense q
+  const float* sinks;             // (heads_q,) fp32 sink logits; null: none
+  // When num_splits > 1: fh_decode_plan's workspace_bytes of device scratch, 256-byte aligned
+  // (the splits' partial outputs and LSEs; nothing to initialise), and the merge counters, int32
+  // batch * heads_kv * ceil(seqlen_q * heads_q / heads_kv / 16) of them, zero before the call
+  // and left zero by it (one zeroed array serves call after call on one stream). Null otherwise.
+  void* workspace;
+  int64_t workspace_bytes;
+  int32_t* counters;
+
+  // --- shapes -----------------------------------------------------------------------------
+  int64_t batch;
+  int64_t seqlen_q;     // tokens per sequence (varlen: the maximum, max_seqlen_q)
+  int64_t heads_q;
+  int64_t heads_kv;     // heads_q % heads_kv == 0
+  int64_t head_dim;
+  int64_t page_size;    // paged: keys per page (>= 1); dense: the cache's keys per entry
+  int64_t num_pages;    // paged: pages in the pool; dense: the cache's entries
+  int64_t max_pages;    // paged: the page table's columns; dense: 1
+  int64_t page_table_stride;  // paged: elements between page-table rows
+
+  // --- strides (elements); head_dim contiguous -------------------------------------------
+  // q / o: (batch, seqlen_q, heads, head_dim), varlen (total_q, heads, head_dim) with batch
+  // strides unused. k / v: per page (dense: per entry), per key within it, per head.
+  int64_t q_batch_stride, q_row_stride, q_head_stride;
+  int64_t k_page_stride, k_row_stride, k_head_stride;
+  int64_t v_page_stride, v_row_stride, v_head_stride;
+  int64_t o_batch_stride, o_row_stride, o_head_stride;
+  // lse: (batch, heads_q, seqlen_q), varlen (heads_q, total_q) with the batch stride unused
+  int64_t lse_batch_stride, lse_head_stride;
+
+  // --- score transform and mask (as FhFwdParams) ------------------------------------------
+  float softmax_scale;
+  float softcap;
+  int64_t window_left;
+  int64_t window_right;
+
+  // --- schedule ---------------------------------------------------------------------------
+  int32_t num_splits;  // >= 1: key splits per row block (fh_decode_plan chooses for 0)
+  int32_t reserved;
+} FhDecodeParams;
+
+// The split count and workspace bytes of a decode call: params->num_splits when > 0 (capped at
+// 128), else the library's choice for num_sms SMs (0: the current device's) from the shapes alone
+// (batch, heads, seqlen_q, the cache's capacity), so the plan of a captured CUDA graph holds for
+// every replay with the same shapes. Data pointers are not read.
+FH_EXPORT FhStatus fh_decode_plan(const FhDecodeParams* params, int32_t num_sms,
+                                  int32_t* num_splits_out, int64_t* workspace_bytes_out);
+
+// Decode attention on `stream` on the current device. batch == 0 returns at once.
+FH_EXPORT FhStatus fh_decode(const FhDecodeParams* params, void* stream);
 
 #ifdef __cplusplus
 }  // extern "C"

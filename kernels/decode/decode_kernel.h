@@ -1,0 +1,615 @@
+// The decode kernel (issue 14): a few query rows against a long KV cache, paged or dense.
+//
+// Decode reads every cached key and value once and does little arithmetic on them (4 query rows
+// of GQA 32 / 8 make 16 FLOP per byte read): the kernel is bound by how many bytes it keeps in
+// flight, not by its tensor cores. So it is a plain cp.async + mma.sync kernel (sm_80 and up):
+//
+//   CTA = (split, kv head x row block, sequence); 4 warps; kStages-deep cp.async ring of key
+//   blocks of kBlockN = 64 keys (K and V), loaded row by row through the page table, so any page
+//   size and any strides load the same way (vLLM's interleaved K / V views, a page of one key).
+//   Every thread loads, every warp computes: warp w takes keys [16 w, 16 w + 16) of each block
+//   and keeps its own online softmax (m, l, O) over them, so the warps never wait on each other
+//   inside the loop; one __syncthreads per block guards the ring.
+//
+//   timeline per block j:   wait block j's group; sync | issue block j + kStages - 1 | S = Q K^T
+//                           (16 x 16 per warp), mask, online softmax, O += P V (16 x d per warp)
+//
+//   after the loop:  the 4 warps' (m, l, O) merged through shared memory (aliasing the ring);
+//   one split: O / l and the LSE written; several: the partial O and LSE to the workspace, then
+//   the last split of the row block to finish (an atomic counter, reset by it) merges all
+//   splits' partials by their LSEs and writes the result. One launch, no separate combine.
+//
+// The query heads of a KV head are the tile's rows (packed GQA, decode_plan.h); a tile holds 16
+// rows, the m16 of one MMA, whatever the number of valid ones (4 for GQA 32 / 8): the kernel has
+// the tensor throughput to waste, not the bytes.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cute/arch/copy_sm75.hpp>
+#include <cute/arch/copy_sm80.hpp>
+#include <cute/arch/mma_sm80.hpp>
+#include <cstdint>
+
+#include "flash_hopper/decode_plan.h"
+
+namespace flash_hopper {
+namespace decode {
+
+// Kernel-side parameters (kernels/src/decode.cu derives them from FhDecodeParams).
+struct DecodeParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  float* lse;
+  const int32_t* seqlens_k;
+  const int32_t* leftpad_k;
+  const int32_t* kv_batch_idx;
+  const int32_t* page_table;
+  const int32_t* cu_seqlens_q;
+  const float* sinks;
+  int* counters;      // split calls: one per row block
+  float* lse_partial; // (splits, row blocks, kRowsPerCta), base 2
+  float* o_partial;   // (splits, row blocks, kRowsPerCta, head_dim)
+
+  int batch;
+  int seqlen_q;  // varlen: the maximum
+  int heads_kv;
+  int group;        // heads_q / heads_kv
+  int row_blocks;   // per kv head: ceil(seqlen_q * group / kRowsPerCta)
+  int capacity;     // keys a sequence's cache can hold
+  int page_size;
+  int page_shift;
+  int num_pages;    // paged: pool pages; dense: entries
+  int64_t page_table_stride;
+
+  int64_t q_batch_stride, q_row_stride, q_head_stride;
+  int64_t k_page_stride, k_row_stride, k_head_stride;
+  int64_t v_page_stride, v_row_stride, v_head_stride;
+  int64_t o_batch_stride, o_row_stride, o_head_stride;
+  int64_t lse_batch_stride, lse_head_stride;
+
+  float scale_log2;     // the exponent's scale: softmax_scale * log2(e), log2(e) with softcap
+  float softcap;        // 0: off
+  float softcap_scale;  // softmax_scale / softcap
+  int window_left;
+  int window_right;
+  int splits;
+};
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+template <class Element>
+struct MmaOps;
+
+template <>
+struct MmaOps<__nv_bfloat16> {
+  using Atom = cute::SM80_16x8x16_F32BF16BF16F32_TN;
+  static __device__ __forceinline__ uint32_t pack(float a, float b) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+};
+
+template <>
+struct MmaOps<__half> {
+  using Atom = cute::SM80_16x8x16_F32F16F16F32_TN;
+  static __device__ __forceinline__ uint32_t pack(float a, float b) {
+    __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+};
+
+template <int kHeadDim, int kStages>
+struct DecodeConfig {
+  static_assert(kHeadDim % 64 == 0, "the swizzle XORs 3 bits of a row's 16-byte chunk index");
+  static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+  static constexpr int kStageChunks = kBlockN * kChunks;
+  // The merge of the warps: each thread owns kCols columns of one row.
+  static constexpr int kCols = kHeadDim * kRowsPerCta / kThreads;
+  static constexpr int kThreadsPerRow = kHeadDim / kCols;
+  static_assert(kThreadsPerRow * kRowsPerCta == kThreads, "one row segment per thread");
+
+  struct SharedStorage {
+    uint4 q[kRowsPerCta * kChunks];
+    union {
+      struct {
+        uint4 k[kStages][kStageChunks];
+        uint4 v[kStages][kStageChunks];
+      } ring;
+      float o[kWarps][kRowsPerCta][kHeadDim];  // after the loop: the warps' outputs
+    };
+    float m[kWarps][kRowsPerCta];
+    float l[kWarps][kRowsPerCta];
+    int last;
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+
+  // A row's 16-byte chunk c in a tile: chunks XOR-swizzled by the row's low 3 bits, so the 8 rows
+  // one ldmatrix phase reads fall in 8 different bank groups.
+  static __device__ __forceinline__ int chunk(int row, int c) {
+    return row * kChunks + (c ^ (row & 7));
+  }
+};
+
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ int clamp_int(int x, int lo, int hi) {
+  return x < lo ? lo : (x > hi ? hi : x);
+}
+
+template <class Element, int kHeadDim, int kStages>
+__global__ void __launch_bounds__(kThreads)
+    decode_kernel(const __grid_constant__ DecodeParams p) {
+  using Cfg = DecodeConfig<kHeadDim, kStages>;
+  using Storage = typename Cfg::SharedStorage;
+  using Ops = MmaOps<Element>;
+  using Atom = typename Ops::Atom;
+  using Copy = cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>;
+  constexpr int kChunks = Cfg::kChunks;
+  constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of O
+
+  extern __shared__ __align__(128) char smem_raw[];
+  Storage& s = *reinterpret_cast<Storage*>(smem_raw);
+
+  const int split = blockIdx.x;
+  const int head_kv = blockIdx.y / p.row_blocks;
+  const int row_block = blockIdx.y % p.row_blocks;
+  const int b = blockIdx.z;
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+
+  // --- the sequence and this CTA's rows and keys ------------------------------------------
+  int seqlen_q = p.seqlen_q;
+  int64_t q_row0 = 0;  // varlen: the sequence's first token in q / o / lse
+  if (p.cu_seqlens_q != nullptr) {
+    const int start = p.cu_seqlens_q[b];
+    seqlen_q = clamp_int(p.cu_seqlens_q[b + 1] - start, 0, p.seqlen_q);
+    q_row0 = start;
+  }
+  const int first_row = row_block * kRowsPerCta;
+  const int count = imin(kRowsPerCta, seqlen_q * p.group - first_row);
+  if (count <= 0) {
+    return;  // a varlen sequence shorter than the longest: every split of the block returns
+  }
+  const int seqlen = clamp_int(p.seqlens_k[b], 0, p.capacity);
+  const int lead = p.leftpad_k != nullptr ? clamp_int(p.leftpad_k[b], 0, seqlen) : 0;
+  const KeyRange all = block_keys(seqlen, lead, seqlen_q, p.group, first_row, count,
+                                  p.window_left, p.window_right);
+  const KeyRange mine = split_keys(all, split, p.splits, kBlockN);
+  const int n_blocks = (mine.size() + kBlockN - 1) / kBlockN;
+
+  KvPages pages;
+  pages.table = nullptr;
+  pages.entry = p.kv_batch_idx != nullptr ? clamp_int(p.kv_batch_idx[b], 0, p.num_pages - 1) : b;
+  pages.page_size = p.page_size;
+  pages.page_shift = p.page_shift;
+  pages.num_pages = p.num_pages;
+  if (p.page_table != nullptr) {
+    pages.table = p.page_table + int64_t(b) * p.page_table_stride;
+  }
+  const Element* k_head = static_cast<const Element*>(p.k) + head_kv * p.k_head_stride;
+  const Element* v_head = static_cast<const Element*>(p.v) + head_kv * p.v_head_stride;
+
+  // Row i of the tile: token and query head.
+  auto token_of = [&](int i) { return (first_row + i) / p.group; };
+  auto head_of = [&](int i) { return head_kv * p.group + (first_row + i) % p.group; };
+
+  // --- loads ---------------------------------------------------------------------------------
+  {  // Q: rows past `count` zero-filled
+    const Element* q = static_cast<const Element*>(p.q);
+    for (int idx = tid; idx < kRowsPerCta * kChunks; idx += kThreads) {
+      const int i = idx / kChunks;
+      const int c = idx % kChunks;
+      const bool ok = i < count;
+      const int t = ok ? token_of(i) : 0;
+      const int h = ok ? head_of(i) : 0;
+      const int64_t row = p.cu_seqlens_q != nullptr ? (q_row0 + t) * p.q_row_stride
+                                                    : b * p.q_batch_stride + t * p.q_row_stride;
+      const Element* src = ok ? q + row + h * p.q_head_stride + c * 8 : q;
+      Copy::copy(*reinterpret_cast<const cute::uint128_t*>(src),
+                 *reinterpret_cast<cute::uint128_t*>(&s.q[Cfg::chunk(i, c)]), ok);
+    }
+  }
+  // Keys [n0, n0 + kBlockN) into stage `stage`; keys past the split zero-filled (their scores are
+  // masked; zero V rows keep NaN garbage out of P V). A thread keeps one 16-byte chunk column of
+  // kPasses rows. Paged: the rows' page ids were read into `ids` one block earlier (fetch_ids).
+  static_assert(kThreads % kChunks == 0, "a thread keeps one chunk column");
+  constexpr int kRowsPerPass = kThreads / kChunks;
+  constexpr int kPasses = kBlockN / kRowsPerPass;
+  const int c = tid % kChunks;
+  int ids[kPasses];
+  // Paged: a thread's rows of a block are kRowsPerPass keys apart, so their (table entry, slot)
+  // follow from the first row's (PageWalk): one division per block (none for power-of-two pages)
+  // instead of one per row, which cost the paged call ~13 % of its bandwidth in instructions
+  // (bench/PERFLOG.md).
+  auto walk_pages = [&](int first_key, auto&& visit) {
+    PageWalk w = PageWalk::start(pages, first_key, kRowsPerPass);
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      visit(pass, w.index, w.slot);
+      w.next();
+    }
+  };
+  auto fetch_ids = [&](int n0) {
+    if (pages.table != nullptr) {
+      walk_pages(n0 + tid / kChunks, [&](int pass, int index, int) {
+        const int key = n0 + tid / kChunks + pass * kRowsPerPass;
+        ids[pass] = key < mine.hi ? pages.table[index] : 0;
+      });
+    }
+  };
+  auto issue = [&](int stage, int pass, int key, int64_t page, int64_t slot) {
+    const int row = tid / kChunks + pass * kRowsPerPass;
+    const bool ok = key < mine.hi;
+    const Element* ks = k_head + page * p.k_page_stride + slot * p.k_row_stride + c * 8;
+    const Element* vs = v_head + page * p.v_page_stride + slot * p.v_row_stride + c * 8;
+    Copy::copy(*reinterpret_cast<const cute::uint128_t*>(ok ? ks : k_head),
+               *reinterpret_cast<cute::uint128_t*>(&s.ring.k[stage][Cfg::chunk(row, c)]), ok);
+    Copy::copy(*reinterpret_cast<const cute::uint128_t*>(ok ? vs : v_head),
+               *reinterpret_cast<cute::uint128_t*>(&s.ring.v[stage][Cfg::chunk(row, c)]), ok);
+  };
+  auto load_block = [&](int n0, int stage) {
+    const int first_key = n0 + tid / kChunks;
+    if (pages.table != nullptr) {
+      walk_pages(first_key, [&](int pass, int, int slot) {
+        issue(stage, pass, first_key + pass * kRowsPerPass, pages.clamp_page(ids[pass]), slot);
+      });
+    } else {
+#pragma unroll
+      for (int pass = 0; pass < kPasses; ++pass) {
+        const int key = first_key + pass * kRowsPerPass;
+        issue(stage, pass, key, pages.entry, key);
+      }
+    }
+  };
+
+#pragma unroll
+  for (int stage = 0; stage < kStages - 1; ++stage) {
+    if (stage < n_blocks) {
+      fetch_ids(mine.lo + stage * kBlockN);
+      load_block(mine.lo + stage * kBlockN, stage);
+    }
+    cute::cp_async_fence();  // one group per stage, empty or not: the waits count groups
+  }
+  if (kStages - 1 < n_blocks) {
+    fetch_ids(mine.lo + (kStages - 1) * kBlockN);  // the first block the loop issues
+  }
+
+  // --- this warp's online softmax over its keys of every block -----------------------------
+  // A lane holds rows lane / 4 and lane / 4 + 8 of the m16n8 fragments.
+  KeyRange row_range[2];
+  float m[2];
+  float l[2];
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    const int i = lane / 4 + 8 * ri;
+    row_range[ri] = i < count ? row_keys(seqlen, lead, seqlen_q, token_of(i), p.window_left,
+                                         p.window_right)
+                              : KeyRange{0, 0};
+    row_range[ri].hi = imin(row_range[ri].hi, mine.hi);
+    m[ri] = -INFINITY;
+    l[ri] = 0.f;
+  }
+  float o[kDTiles][4];
+#pragma unroll
+  for (int t = 0; t < kDTiles; ++t) {
+    o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
+  }
+
+  for (int j = 0; j < n_blocks; ++j) {
+    cute::cp_async_wait<kStages - 2>();
+    __syncthreads();  // block j landed for every thread; block j - 1's stage is free
+    {
+      const int next = j + kStages - 1;
+      if (next < n_blocks) {
+        load_block(mine.lo + next * kBlockN, next % kStages);
+        if (next + 1 < n_blocks) {
+          fetch_ids(mine.lo + (next + 1) * kBlockN);  // consumed one iteration later
+        }
+      }
+      cute::cp_async_fence();
+    }
+    const int stage = j % kStages;
+    const int key0 = mine.lo + j * kBlockN + warp * kKeysPerWarp;
+    if (key0 >= mine.hi) {
+      continue;  // this warp's keys are past the split
+    }
+    // S = Q K^T: 16 rows x this warp's 16 keys (two n8 tiles)
+    float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      uint32_t a[4];
+      uint32_t bk[4];
+      cute::SM75_U32x4_LDSM_N::copy(
+          *reinterpret_cast<const cute::uint128_t*>(
+              &s.q[Cfg::chunk(lane % 16, 2 * kk + lane / 16)]),
+          a[0], a[1], a[2], a[3]);
+      const int krow = warp * kKeysPerWarp + (lane / 16) * 8 + lane % 8;
+      cute::SM75_U32x4_LDSM_N::copy(
+          *reinterpret_cast<const cute::uint128_t*>(
+              &s.ring.k[stage][Cfg::chunk(krow, 2 * kk + (lane / 8) % 2)]),
+          bk[0], bk[1], bk[2], bk[3]);
+      Atom::fma(sc[0][0], sc[0][1], sc[0][2], sc[0][3], a[0], a[1], a[2], a[3], bk[0], bk[1],
+                sc[0][0], sc[0][1], sc[0][2], sc[0][3]);
+      Atom::fma(sc[1][0], sc[1][1], sc[1][2], sc[1][3], a[0], a[1], a[2], a[3], bk[2], bk[3],
+                sc[1][0], sc[1][1], sc[1][2], sc[1][3]);
+    }
+    // score transform and mask, in base 2
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = key0 + 8 * n + (lane % 4) * 2 + (e & 1);
+        const KeyRange& r = row_range[e >> 1];
+        float x = sc[n][e];
+        if (p.softcap > 0.f) {
+          x = p.softcap * tanh_approx(x * p.softcap_scale);
+        }
+        sc[n][e] = (key >= r.lo && key < r.hi) ? x * p.scale_log2 : -INFINITY;
+      }
+    }
+    // online softmax per row (a row's 16 scores live in the 4 lanes of a quad)
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      float mx = fmaxf(fmaxf(sc[0][2 * ri], sc[0][2 * ri + 1]),
+                       fmaxf(sc[1][2 * ri], sc[1][2 * ri + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+      const float m_new = fmaxf(m[ri], mx);
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row without keys so far
+      const float alpha = exp2f(m[ri] - m_use);
+      m[ri] = m_new;
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        sc[n][2 * ri] = exp2f(sc[n][2 * ri] - m_use);
+        sc[n][2 * ri + 1] = exp2f(sc[n][2 * ri + 1] - m_use);
+        sum += sc[n][2 * ri] + sc[n][2 * ri + 1];
+      }
+      l[ri] = l[ri] * alpha + sum;
+#pragma unroll
+      for (int t = 0; t < kDTiles; ++t) {
+        o[t][2 * ri] *= alpha;
+        o[t][2 * ri + 1] *= alpha;
+      }
+    }
+    // O += P V: the S accumulators are the A fragment of one k16 step
+    const uint32_t pa[4] = {Ops::pack(sc[0][0], sc[0][1]), Ops::pack(sc[0][2], sc[0][3]),
+                            Ops::pack(sc[1][0], sc[1][1]), Ops::pack(sc[1][2], sc[1][3])};
+    const int vrow = warp * kKeysPerWarp + lane % 8 + ((lane / 8) % 2) * 8;
+#pragma unroll
+    for (int t = 0; t < kDTiles; t += 2) {
+      uint32_t bv[4];
+      cute::SM75_U16x8_LDSM_T::copy(
+          *reinterpret_cast<const cute::uint128_t*>(
+              &s.ring.v[stage][Cfg::chunk(vrow, t + lane / 16)]),
+          bv[0], bv[1], bv[2], bv[3]);
+      Atom::fma(o[t][0], o[t][1], o[t][2], o[t][3], pa[0], pa[1], pa[2], pa[3], bv[0], bv[1],
+                o[t][0], o[t][1], o[t][2], o[t][3]);
+      Atom::fma(o[t + 1][0], o[t + 1][1], o[t + 1][2], o[t + 1][3], pa[0], pa[1], pa[2], pa[3],
+                bv[2], bv[3], o[t + 1][0], o[t + 1][1], o[t + 1][2], o[t + 1][3]);
+    }
+  }
+
+  // --- merge the warps ----------------------------------------------------------------------
+  cute::cp_async_wait<0>();
+  __syncthreads();  // the ring is free: s.o aliases it
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    l[ri] += __shfl_xor_sync(0xffffffff, l[ri], 1);
+    l[ri] += __shfl_xor_sync(0xffffffff, l[ri], 2);
+    if (lane % 4 == 0) {
+      s.m[warp][lane / 4 + 8 * ri] = m[ri];
+      s.l[warp][lane / 4 + 8 * ri] = l[ri];
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kDTiles; ++t) {
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      *reinterpret_cast<float2*>(&s.o[warp][lane / 4 + 8 * ri][8 * t + (lane % 4) * 2]) =
+          make_float2(o[t][2 * ri], o[t][2 * ri + 1]);
+    }
+  }
+  __syncthreads();
+
+  constexpr int kCols = Cfg::kCols;
+  const int row = tid / Cfg::kThreadsPerRow;
+  const int col0 = (tid % Cfg::kThreadsPerRow) * kCols;
+  float acc[kCols];
+  float lse2;  // base 2, in the exponent's units
+  {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      mx = fmaxf(mx, s.m[w][row]);
+    }
+    float sum = 0.f;
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      acc[c] = 0.f;
+    }
+    if (mx != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float f = exp2f(s.m[w][row] - mx);
+        sum += f * s.l[w][row];
+#pragma unroll
+        for (int c = 0; c < kCols; c += 4) {
+          const float4 x = *reinterpret_cast<const float4*>(&s.o[w][row][col0 + c]);
+          acc[c] += f * x.x;
+          acc[c + 1] += f * x.y;
+          acc[c + 2] += f * x.z;
+          acc[c + 3] += f * x.w;
+        }
+      }
+    }
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      acc[c] *= inv;
+    }
+    lse2 = sum > 0.f ? mx + __log2f(sum) : -INFINITY;
+  }
+  const bool valid = row < count;
+
+  // Row i's output row, its LSE slot, and the sinks: a sink joins the row's denominator without
+  // a value (total = log2(2^lse2 + 2^sink2); O scaled by 2^(lse2 - total)).
+  auto out_row = [&](int i) {
+    const int t = token_of(i);
+    const int64_t r = p.cu_seqlens_q != nullptr ? (q_row0 + t) * p.o_row_stride
+                                                : b * p.o_batch_stride + t * p.o_row_stride;
+    return static_cast<Element*>(p.o) + r + head_of(i) * p.o_head_stride;
+  };
+  auto write_lse = [&](int i, float row_lse2) {
+    const int t = token_of(i);
+    const int h = head_of(i);
+    const int64_t at = p.cu_seqlens_q != nullptr
+                           ? h * p.lse_head_stride + q_row0 + t
+                           : b * p.lse_batch_stride + h * p.lse_head_stride + t;
+    p.lse[at] = row_lse2 * kLn2;
+  };
+  auto sink = [&](int i, float* row_lse2) {  // returns O's factor, updates the LSE
+    if (p.sinks == nullptr) {
+      return 1.f;
+    }
+    const float sink2 = p.sinks[head_of(i)] * kLog2e;
+    const float top = fmaxf(*row_lse2, sink2);
+    const float total = top + __log2f(exp2f(*row_lse2 - top) + exp2f(sink2 - top));
+    const float f = exp2f(*row_lse2 - total);
+    *row_lse2 = total;
+    return f;
+  };
+
+  if (p.splits == 1) {
+    if (valid) {
+      const float f = sink(row, &lse2);
+      Element* dst = out_row(row) + col0;
+#pragma unroll
+      for (int c = 0; c < kCols; c += 8) {
+        uint4 packed;
+        packed.x = Ops::pack(acc[c] * f, acc[c + 1] * f);
+        packed.y = Ops::pack(acc[c + 2] * f, acc[c + 3] * f);
+        packed.z = Ops::pack(acc[c + 4] * f, acc[c + 5] * f);
+        packed.w = Ops::pack(acc[c + 6] * f, acc[c + 7] * f);
+        *reinterpret_cast<uint4*>(dst + c) = packed;
+      }
+      if (p.lse != nullptr && col0 == 0) {
+        write_lse(row, lse2);
+      }
+    }
+    return;
+  }
+
+  // --- split-KV: publish this split's rows; the last split of the row block merges ------------
+  const int64_t block_id = (int64_t(b) * p.heads_kv + head_kv) * p.row_blocks + row_block;
+  const int64_t blocks = int64_t(p.batch) * p.heads_kv * p.row_blocks;
+  const int64_t split_stride = blocks * kRowsPerCta * kHeadDim;  // partials of consecutive splits
+  auto partial_at = [&](int sp, int i) {
+    return p.o_partial + ((sp * blocks + block_id) * kRowsPerCta + i) * kHeadDim;
+  };
+  auto lse_at = [&](int sp, int i) {
+    return p.lse_partial + (sp * blocks + block_id) * kRowsPerCta + i;
+  };
+  if (valid) {
+    float* dst = partial_at(split, row) + col0;
+#pragma unroll
+    for (int c = 0; c < kCols; c += 4) {
+      *reinterpret_cast<float4*>(dst + c) = make_float4(acc[c], acc[c + 1], acc[c + 2], acc[c + 3]);
+    }
+    if (col0 == 0) {
+      *lse_at(split, row) = lse2;
+    }
+  }
+  __threadfence();  // this split's partials visible device-wide before it is counted
+  __syncthreads();
+  if (tid == 0) {
+    const int done = atomicAdd(&p.counters[block_id], 1);
+    s.last = done == p.splits - 1;
+  }
+  __syncthreads();
+  if (!s.last) {
+    return;
+  }
+  __threadfence();  // every other split counted itself after publishing
+  if (tid == 0) {
+    p.counters[block_id] = 0;  // ready for the next call
+  }
+  // The merge, every thread busy and many loads in flight (a loop over the splits one load at a
+  // time would wait an L2 round trip per split): (1) every split's LSE of the valid rows into
+  // shared memory (the ring is free), (2) a warp per row turns them into weights (the sink
+  // folded in), (3) each thread accumulates float4 columns of a row over the splits.
+  const int splits = p.splits;
+  float* s_weight = reinterpret_cast<float*>(&s.ring);  // (count, splits)
+  static_assert(sizeof(s.ring) >= kRowsPerCta * kMaxSplits * sizeof(float), "weights fit");
+  for (int u = tid; u < count * splits; u += kThreads) {
+    s_weight[u] = __ldcg(lse_at(u % splits, u / splits));
+  }
+  __syncthreads();
+  for (int i = warp; i < count; i += kWarps) {
+    float* w = s_weight + i * splits;
+    float mx = -INFINITY;
+    for (int sp = lane; sp < splits; sp += 32) {
+      mx = fmaxf(mx, w[sp]);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) {
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, off));
+    }
+    float sum = 0.f;
+    if (mx != -INFINITY) {
+      for (int sp = lane; sp < splits; sp += 32) {
+        sum += exp2f(w[sp] - mx);
+      }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) {
+      sum += __shfl_xor_sync(0xffffffff, sum, off);
+    }
+    float row_lse2 = sum > 0.f ? mx + __log2f(sum) : -INFINITY;
+    const float with_sink = sink(i, &row_lse2);  // a row without keys: lse = the sink
+    const float scale = sum > 0.f ? with_sink / sum : 0.f;
+    __syncwarp();
+    for (int sp = lane; sp < splits; sp += 32) {
+      w[sp] = sum > 0.f ? exp2f(w[sp] - mx) * scale : 0.f;
+    }
+    if (lane == 0 && p.lse != nullptr) {
+      write_lse(i, row_lse2);
+    }
+  }
+  __syncthreads();
+  constexpr int kVec = kHeadDim / 4;
+  for (int u = tid; u < count * kVec; u += kThreads) {
+    const int i = u / kVec;
+    const int c = (u % kVec) * 4;
+    const float* w = s_weight + i * splits;
+    const float* src = partial_at(0, i) + c;
+    float4 o4 = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 16  // 16 float4 loads in flight per thread: a round trip per 16 splits
+    for (int sp = 0; sp < splits; ++sp) {
+      const float f = w[sp];
+      const float4 x = __ldcg(reinterpret_cast<const float4*>(src + sp * split_stride));
+      o4.x += f * x.x;
+      o4.y += f * x.y;
+      o4.z += f * x.z;
+      o4.w += f * x.w;
+    }
+    uint2 packed;
+    packed.x = Ops::pack(o4.x, o4.y);
+    packed.y = Ops::pack(o4.z, o4.w);
+    *reinterpret_cast<uint2*>(out_row(i) + c) = packed;
+  }
+}
+
+}  // namespace decode
+}  // namespace flash_hopper

@@ -1,0 +1,218 @@
+// The decode kernel's instantiations (fp16 / bf16 x head_dim 64 / 128 / 256) and launch.
+//
+// Stages: enough key blocks in flight to cover DRAM latency at the SM's share of the bandwidth
+// (~35 bytes / ns / SM on an H200: a 64-key block of d128 K and V, 32 KiB, every ~1 us) while
+// two CTAs share an SM, so that one's merge or ramp hides under the other's loads:
+//   d64:  4 x 16 KiB = 66 KiB per CTA (3 per SM)
+//   d128: 3 x 32 KiB = 100 KiB (2 per SM)
+//   d256: 3 x 64 KiB = 200 KiB (1 per SM; 2 stages would still leave 1)
+// Every stage count 2..5 that fits is compiled (24 small kernels) so that FH_DECODE_STAGES can
+// measure the others without a rebuild.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+
+#include "decode/decode_kernel.h"
+#include "src/decode.h"
+
+namespace flash_hopper {
+namespace {
+
+using decode::DecodeConfig;
+using decode::DecodeParams;
+
+// The tuned stage count per head dim; FH_DECODE_STAGES (2..5, read per call) overrides it for
+// measurements (bench/PERFLOG.md), when that many stages fit the shared memory.
+constexpr int kMinStages = 2;
+constexpr int kMaxStages = 5;
+constexpr int kMaxSmemPerBlock = 227 * 1024;
+
+int default_stages(int64_t head_dim) { return head_dim == 64 ? 4 : 3; }
+
+template <int kHeadDim, int kStages>
+constexpr int smem_bytes() {
+  return DecodeConfig<kHeadDim, kStages>::kSmemBytes;
+}
+
+template <int kHeadDim>
+int smem_for(int stages) {
+  switch (stages) {
+    case 2:
+      return smem_bytes<kHeadDim, 2>();
+    case 3:
+      return smem_bytes<kHeadDim, 3>();
+    case 4:
+      return smem_bytes<kHeadDim, 4>();
+    default:
+      return smem_bytes<kHeadDim, 5>();
+  }
+}
+
+int smem_of(int64_t head_dim, int stages) {
+  switch (head_dim) {
+    case 64:
+      return smem_for<64>(stages);
+    case 128:
+      return smem_for<128>(stages);
+    case 256:
+      return smem_for<256>(stages);
+    default:
+      return 0;
+  }
+}
+
+int stages_for(int64_t head_dim) {
+  if (const char* env = std::getenv("FH_DECODE_STAGES")) {
+    const int v = std::atoi(env);
+    if (v >= kMinStages && v <= kMaxStages && smem_of(head_dim, v) <= kMaxSmemPerBlock) {
+      return v;
+    }
+  }
+  return default_stages(head_dim);
+}
+
+constexpr int kSmPerSmBytes = 228 * 1024;
+constexpr int kReservedPerCta = 1024;
+
+DecodeParams derive(FhDecodeParams const* p) {
+  DecodeParams d{};
+  d.q = p->q;
+  d.k = p->k;
+  d.v = p->v;
+  d.o = p->o;
+  d.lse = p->lse;
+  d.seqlens_k = p->seqlens_k;
+  d.leftpad_k = p->leftpad_k;
+  d.kv_batch_idx = p->kv_batch_idx;
+  d.page_table = p->page_table;
+  d.cu_seqlens_q = p->cu_seqlens_q;
+  d.sinks = p->sinks;
+  d.batch = static_cast<int>(p->batch);
+  d.seqlen_q = static_cast<int>(p->seqlen_q);
+  d.heads_kv = static_cast<int>(p->heads_kv);
+  d.group = static_cast<int>(p->heads_q / p->heads_kv);
+  d.row_blocks = static_cast<int>((p->seqlen_q * d.group + decode::kRowsPerCta - 1) /
+                                  decode::kRowsPerCta);
+  const bool paged = p->page_table != nullptr;
+  d.capacity = static_cast<int>(paged ? p->max_pages * p->page_size : p->page_size);
+  d.page_size = static_cast<int>(p->page_size);
+  d.page_shift = decode::power_of_two_shift(p->page_size);
+  d.num_pages = static_cast<int>(p->num_pages);
+  d.page_table_stride = p->page_table_stride;
+  d.q_batch_stride = p->q_batch_stride;
+  d.q_row_stride = p->q_row_stride;
+  d.q_head_stride = p->q_head_stride;
+  d.k_page_stride = p->k_page_stride;
+  d.k_row_stride = p->k_row_stride;
+  d.k_head_stride = p->k_head_stride;
+  d.v_page_stride = p->v_page_stride;
+  d.v_row_stride = p->v_row_stride;
+  d.v_head_stride = p->v_head_stride;
+  d.o_batch_stride = p->o_batch_stride;
+  d.o_row_stride = p->o_row_stride;
+  d.o_head_stride = p->o_head_stride;
+  d.lse_batch_stride = p->lse_batch_stride;
+  d.lse_head_stride = p->lse_head_stride;
+  if (p->softcap > 0.f) {
+    d.softcap = p->softcap;
+    d.softcap_scale = p->softmax_scale / p->softcap;
+    d.scale_log2 = decode::kLog2e;
+  } else {
+    d.softcap = 0.f;
+    d.softcap_scale = 0.f;
+    d.scale_log2 = p->softmax_scale * decode::kLog2e;
+  }
+  d.window_left = static_cast<int>(p->window_left < 0 ? -1 : p->window_left);
+  d.window_right = static_cast<int>(p->window_right < 0 ? -1 : p->window_right);
+  d.splits = p->num_splits;
+  if (p->num_splits > 1) {
+    const int64_t blocks = p->batch * p->heads_kv * d.row_blocks;
+    const decode::DecodeWorkspace w =
+        decode::decode_workspace(blocks, p->num_splits, static_cast<int>(p->head_dim));
+    char* base = static_cast<char*>(p->workspace);
+    d.counters = p->counters;
+    d.lse_partial = reinterpret_cast<float*>(base + w.lse);
+    d.o_partial = reinterpret_cast<float*>(base + w.partial);
+  }
+  return d;
+}
+
+template <class Element, int kHeadDim, int kStages>
+LaunchResult launch(FhDecodeParams const* p, int max_smem_per_block, cudaStream_t stream) {
+  constexpr int kSmem = smem_bytes<kHeadDim, kStages>();
+  if constexpr (kSmem > kMaxSmemPerBlock) {
+    return LaunchResult::no_tile_fits(kSmem);
+  } else {
+    if (kSmem > max_smem_per_block) {
+      return LaunchResult::no_tile_fits(kSmem);
+    }
+    auto kernel = decode::decode_kernel<Element, kHeadDim, kStages>;
+    static std::atomic<uint64_t> configured{0};
+    cudaError_t err = once_per_device(configured, [&] {
+      return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    });
+    if (err != cudaSuccess) {
+      return LaunchResult::cuda(err);
+    }
+    const DecodeParams d = derive(p);
+    const dim3 grid(d.splits, d.heads_kv * d.row_blocks, d.batch);
+    kernel<<<grid, decode::kThreads, kSmem, stream>>>(d);
+    return LaunchResult::cuda(cudaGetLastError());
+  }
+}
+
+template <class Element, int kHeadDim>
+LaunchResult launch_stages(FhDecodeParams const* p, int max_smem_per_block, cudaStream_t stream) {
+  switch (stages_for(kHeadDim)) {
+    case 2:
+      return launch<Element, kHeadDim, 2>(p, max_smem_per_block, stream);
+    case 3:
+      return launch<Element, kHeadDim, 3>(p, max_smem_per_block, stream);
+    case 4:
+      return launch<Element, kHeadDim, 4>(p, max_smem_per_block, stream);
+    default:
+      return launch<Element, kHeadDim, 5>(p, max_smem_per_block, stream);
+  }
+}
+
+template <class Element>
+LaunchResult launch_dtype(FhDecodeParams const* p, int max_smem_per_block, cudaStream_t stream) {
+  switch (p->head_dim) {
+    case 64:
+      return launch_stages<Element, 64>(p, max_smem_per_block, stream);
+    case 128:
+      return launch_stages<Element, 128>(p, max_smem_per_block, stream);
+    case 256:
+      return launch_stages<Element, 256>(p, max_smem_per_block, stream);
+    default:
+      return LaunchResult::internal("decode head_dim outside 64 / 128 / 256");
+  }
+}
+
+}  // namespace
+
+int decode_smem_bytes(int64_t head_dim) { return smem_of(head_dim, stages_for(head_dim)); }
+
+int decode_ctas_per_sm(int64_t head_dim) {
+  const int smem = decode_smem_bytes(head_dim);
+  if (smem <= 0) {
+    return 1;
+  }
+  const int n = kSmPerSmBytes / (smem + kReservedPerCta);
+  return n < 1 ? 1 : (n > 4 ? 4 : n);
+}
+
+LaunchResult launch_decode(FhDecodeParams const* p, int max_smem_per_block, cudaStream_t stream) {
+  if (p->dtype == FH_DTYPE_BF16) {
+    return launch_dtype<__nv_bfloat16>(p, max_smem_per_block, stream);
+  }
+  if (p->dtype == FH_DTYPE_FP16) {
+    return launch_dtype<__half>(p, max_smem_per_block, stream);
+  }
+  return LaunchResult::internal("decode dtype other than fp16 / bf16");
+}
+
+}  // namespace flash_hopper

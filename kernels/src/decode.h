@@ -1,0 +1,21 @@
+// The decode kernel's launcher (kernels/decode/decode_kernel.h), for api.cu: validation and the
+// plan live there, the kernel's configuration and launch here, behind a header without CuTe.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "flash_hopper/api.h"
+#include "src/launch_result.h"
+
+namespace flash_hopper {
+
+// Shared memory of the decode kernel for head_dim (64, 128 or 256; 0 for others).
+int decode_smem_bytes(int64_t head_dim);
+
+// CTAs of that kernel one SM holds (shared memory bound; 228 KiB per SM, 1 KiB reserved per CTA).
+int decode_ctas_per_sm(int64_t head_dim);
+
+// Launches the kernel for a validated call with p->num_splits >= 1 (and its workspace).
+LaunchResult launch_decode(FhDecodeParams const* p, int max_smem_per_block, cudaStream_t stream);
+
+}  // namespace flash_hopper

@@ -1,0 +1,204 @@
+"""The decode kernel (kernels/decode/decode_kernel.h, api.h's fh_decode) from Python.
+
+flash_attn_with_kvcache (kvcache.py) routes short queries here: a few query rows per sequence
+(decode, speculative decoding) against a dense or paged cache, the query heads of a KV head
+packed into one tile, the keys split across CTAs and merged inside the same launch. What it
+takes is what the kernel serves (``usable``); everything else stays on the varlen kernels.
+
+The caller has validated the arguments (kvcache.py); this module checks only what the kernel adds
+(head dims, alignment) and fills FhDecodeParams. Per call: one plan lookup (cached per call
+signature: the split count and workspace size from fh_decode_plan), for split calls a scratch
+workspace and the merge counters (cached per device and stream, zeroed once: the kernel leaves
+them zero), one launch.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple
+
+import torch
+
+from . import _lib, _plan_cache
+from ._lib import FhDecodeParams
+
+HEAD_DIMS = (64, 128, 256)
+DTYPES = {torch.float16: _lib.FhDtype.FP16, torch.bfloat16: _lib.FhDtype.BF16}
+# Packed rows (seqlen_q x heads_q / heads_kv) a call may have: each 16 rows re-read the keys (from
+# L2), so long queries (prefill against a cache) stay on the varlen kernels.
+MAX_ROWS = 128
+ROWS_PER_CTA = 16
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+    lambda index: torch.cuda.current_stream(index).cuda_stream
+)
+
+
+def enabled() -> bool:
+    """FLASH_HOPPER_DECODE=0 turns the kernel off (A/B measurements, a fallback while debugging)."""
+    return os.environ.get("FLASH_HOPPER_DECODE", "1") != "0"
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    return t.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in t.stride()[:-1])
+
+
+def usable(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: int,
+           out: torch.Tensor | None = None) -> bool:
+    """Whether the decode kernel serves a call: fp16 / bf16 everywhere, head_dim 64 / 128 / 256,
+    at most MAX_ROWS packed rows, 16-byte aligned rows (cp.async), a GPU of cc >= 8.0."""
+    if not enabled() or q.dtype not in DTYPES or not q.is_cuda:
+        return False
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype or q.shape[-1] not in HEAD_DIMS:
+        return False
+    if not 0 < rows <= MAX_ROWS:
+        return False
+    tensors = (q, k_cache, v_cache) + ((out,) if out is not None else ())
+    if not all(_aligned(t) for t in tensors):
+        return False
+    try:
+        return torch.cuda.get_device_capability(q.device)[0] >= 8
+    except Exception:  # noqa: BLE001 - no device: not usable
+        return False
+
+
+class _Plan(NamedTuple):
+    template: bytes
+    splits: int
+    workspace_bytes: int
+    counters: int  # merge counters (int32) of a split call
+
+
+_plans = _plan_cache.PlanCache(256)
+_counters: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def _counters_for(device: torch.device, stream: int, count: int) -> torch.Tensor:
+    """int32 zeros for the merge counters. Cached per (device, stream): the kernel leaves them
+    zero, so a cached array serves every later call as it is (a CUDA graph captured after a
+    warm-up call included); one allocated during capture is zeroed inside the graph and not
+    cached."""
+    key = (device.index if device.index is not None else torch.cuda.current_device(), stream)
+    cached = _counters.get(key)
+    if cached is not None and cached.numel() >= count:
+        return cached
+    fresh = torch.zeros(max(count, 4096), dtype=torch.int32, device=device)
+    if not torch.cuda.is_current_stream_capturing():
+        _counters[key] = fresh  # kept for the process's life: no graph ever sees it freed
+    return fresh
+
+
+def _plan(lib: _lib.Library, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+          out: torch.Tensor, lse_strides: tuple[int, int], batch: int, seqlen_q: int,
+          heads_kv: int, page_table: torch.Tensor | None, varlen: bool, flags: tuple,
+          softmax_scale: float, softcap: float, window: tuple[int, int],
+          num_splits: int) -> _Plan:
+    key = (q.device, q.dtype, tuple(q.shape), q.stride(), tuple(k_cache.shape), k_cache.stride(),
+           v_cache.stride(), out.stride(), lse_strides, batch, seqlen_q,
+           None if page_table is None else (tuple(page_table.shape), page_table.stride()),
+           varlen, flags, softmax_scale, softcap, window, num_splits)
+    cached = _plans.get(key)
+    if cached is not None:
+        return cached
+    heads_q, head_dim = q.shape[-2], q.shape[-1]
+    p = FhDecodeParams()
+    p.abi_version = _lib.ABI_VERSION
+    p.dtype = int(DTYPES[q.dtype])
+    p.batch, p.seqlen_q, p.heads_q, p.heads_kv, p.head_dim = (batch, seqlen_q, heads_q,
+                                                               heads_kv, head_dim)
+    if page_table is not None:
+        p.num_pages, p.page_size = k_cache.shape[0], k_cache.shape[1]
+        p.max_pages, p.page_table_stride = page_table.shape[1], page_table.stride(0)
+    else:  # a dense cache: one "page" per entry
+        p.num_pages, p.page_size, p.max_pages = k_cache.shape[0], k_cache.shape[1], 1
+    if varlen:
+        p.q_batch_stride, (p.q_row_stride, p.q_head_stride) = 0, q.stride()[:2]
+        p.o_batch_stride, (p.o_row_stride, p.o_head_stride) = 0, out.stride()[:2]
+    else:
+        p.q_batch_stride, p.q_row_stride, p.q_head_stride = q.stride()[:3]
+        p.o_batch_stride, p.o_row_stride, p.o_head_stride = out.stride()[:3]
+    p.k_page_stride, p.k_row_stride, p.k_head_stride = k_cache.stride()[:3]
+    p.v_page_stride, p.v_row_stride, p.v_head_stride = v_cache.stride()[:3]
+    p.lse_batch_stride, p.lse_head_stride = lse_strides
+    p.softmax_scale, p.softcap = softmax_scale, softcap
+    p.window_left, p.window_right = window
+    p.num_splits = num_splits
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    from . import _device
+
+    if page_table is not None:
+        p.page_table = 16  # a placeholder: the plan reads whether the cache is paged, not where
+    splits, nbytes = lib.decode_plan(p, _device.device_info(index).sm_count)
+    p.page_table = None
+    p.num_splits = splits
+    group = heads_q // heads_kv
+    plan = _Plan(bytes(p), splits, nbytes, batch * heads_kv * -(-seqlen_q * group // ROWS_PER_CTA))
+    _plans.remember(key, plan)
+    return plan
+
+
+def forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+            seqlens_k: torch.Tensor, *, softmax_scale: float, softcap: float = 0.0,
+            window: tuple[int, int] = (-1, -1), page_table: torch.Tensor | None = None,
+            kv_batch_idx: torch.Tensor | None = None, leftpad_k: torch.Tensor | None = None,
+            cu_seqlens_q: torch.Tensor | None = None, max_seqlen_q: int | None = None,
+            sinks: torch.Tensor | None = None, num_splits: int = 0,
+            out: torch.Tensor | None = None, return_lse: bool = False,
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Attention of q against a cache through the decode kernel; arguments validated by the
+    caller. q (batch, seqlen_q, heads_q, d), or (total_q, heads_q, d) with cu_seqlens_q and
+    max_seqlen_q; k_cache / v_cache dense (entries, capacity, heads_kv, d) or, with page_table
+    (batch, max_pages) int32, paged (num_pages, page_size, heads_kv, d); seqlens_k int32
+    (batch,): keys [leftpad_k, seqlens_k) of each sequence's cache entry (kv_batch_idx: which;
+    dense only). sinks fp32 (heads_q,). Returns (out like q, lse fp32 (batch, heads_q, seqlen_q)
+    or (heads_q, total_q) when return_lse, else None)."""
+    varlen = cu_seqlens_q is not None
+    if varlen:
+        batch = cu_seqlens_q.shape[0] - 1
+        seqlen_q = int(max_seqlen_q) if max_seqlen_q is not None else q.shape[0]
+    else:
+        batch, seqlen_q = q.shape[0], q.shape[1]
+    heads_q = q.shape[-2]
+    heads_kv = k_cache.shape[2]
+    if out is None:
+        out = torch.empty_like(q)
+    lse = None
+    if return_lse:
+        if varlen:
+            lse = torch.empty((heads_q, q.shape[0]), dtype=torch.float32, device=q.device)
+            lse_strides = (0, lse.stride(0))
+        else:
+            lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
+            lse_strides = lse.stride()[:2]
+    else:
+        lse_strides = (0, 0)
+    if batch == 0 or seqlen_q == 0:
+        if lse is not None:
+            lse.fill_(float("-inf"))
+        return out, lse
+    lib = _lib.get_library()
+    flags = (kv_batch_idx is not None, leftpad_k is not None, sinks is not None)
+    plan = _plan(lib, q, k_cache, v_cache, out, lse_strides, batch, seqlen_q, heads_kv,
+                 page_table, varlen, flags, float(softmax_scale), float(softcap),
+                 (int(window[0]), int(window[1])), int(num_splits))
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    stream = _raw_stream(index)
+    p = FhDecodeParams.from_buffer_copy(plan.template)
+    p.q, p.k, p.v, p.o = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr()
+    p.lse = lse.data_ptr() if lse is not None else None
+    p.seqlens_k = seqlens_k.data_ptr()
+    p.leftpad_k = _ptr(leftpad_k)
+    p.kv_batch_idx = _ptr(kv_batch_idx)
+    p.page_table = _ptr(page_table)
+    p.cu_seqlens_q = _ptr(cu_seqlens_q)
+    p.sinks = _ptr(sinks)
+    if plan.splits > 1:  # scratch from torch's caching allocator: no memset, no host sync
+        ws = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=q.device)
+        p.workspace, p.workspace_bytes = ws.data_ptr(), plan.workspace_bytes
+        p.counters = _counters_for(q.device, stream, plan.counters).data_ptr()
+    lib.decode(p, stream)
+    return out, lse
+
+
+def _ptr(t: Any) -> int | None:
+    return t.data_ptr() if t is not None else None

@@ -1,0 +1,169 @@
+// Host test of the decode kernel's plan (kernels/include/flash_hopper/decode_plan.h): the keys a
+// row sees against a brute-force mask, a row block's range as the union of its rows', splits
+// that cover each range exactly once in whole blocks, page lookups (power-of-two and other page
+// sizes, clamped ids, 64-bit offsets), the split heuristic's bounds and the workspace layout.
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include "flash_hopper/decode_plan.h"
+#include "host_check.h"
+
+using namespace flash_hopper::decode;
+
+// FA3's bottom-right aligned mask on keys [lead, seqlen), brute force.
+static bool visible(int seqlen, int lead, int seqlen_q, int t, int key, int wl, int wr) {
+  if (key < lead || key >= seqlen) {
+    return false;
+  }
+  const int pos = seqlen - seqlen_q + t;
+  if (wr >= 0 && key > pos + wr) {
+    return false;
+  }
+  if (wl >= 0 && key < pos - wl) {
+    return false;
+  }
+  return true;
+}
+
+static void rows_and_blocks() {
+  const int windows[][2] = {{-1, -1}, {-1, 0}, {5, 0}, {0, 0}, {30, 7}, {-1, 3}, {2, -1}};
+  for (int seqlen = 0; seqlen <= 70; seqlen += 7) {
+    for (int lead = 0; lead <= seqlen; lead += 9) {
+      for (int seqlen_q = 1; seqlen_q <= 9; seqlen_q += 4) {
+        for (const auto& w : windows) {
+          for (int t = 0; t < seqlen_q; ++t) {
+            const KeyRange r = row_keys(seqlen, lead, seqlen_q, t, w[0], w[1]);
+            for (int key = -2; key < seqlen + 2; ++key) {
+              const bool in = key >= r.lo && key < r.hi;
+              CHECK(in == visible(seqlen, lead, seqlen_q, t, key, w[0], w[1]),
+                    "row_keys seqlen %d lead %d sq %d t %d key %d window (%d, %d)", seqlen, lead,
+                    seqlen_q, t, key, w[0], w[1]);
+            }
+          }
+          for (int group = 1; group <= 8; group *= 2) {
+            const int rows = seqlen_q * group;
+            for (int first = 0; first < rows; first += kRowsPerCta) {
+              const int count = imin(kRowsPerCta, rows - first);
+              const KeyRange b = block_keys(seqlen, lead, seqlen_q, group, first, count, w[0],
+                                            w[1]);
+              for (int i = first; i < first + count; ++i) {  // every row's keys inside
+                const KeyRange r = row_keys(seqlen, lead, seqlen_q, i / group, w[0], w[1]);
+                CHECK(r.empty() || (r.lo >= b.lo && r.hi <= b.hi),
+                      "block_keys misses row %d's keys", i);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+static void splits_cover_once() {
+  for (int lo = 0; lo < 130; lo += 37) {
+    for (int size = 0; size <= 1000; size += 61) {
+      for (int splits = 1; splits <= 40; splits += 3) {
+        const KeyRange r{lo, lo + size};
+        int next = lo;
+        int blocks = 0;
+        for (int s = 0; s < splits; ++s) {
+          const KeyRange k = split_keys(r, s, splits, kBlockN);
+          if (k.empty()) {
+            continue;
+          }
+          CHECK(k.lo == next, "split %d of %d starts at %d, expected %d", s, splits, k.lo, next);
+          CHECK(k.hi == r.hi || (k.hi - k.lo) % kBlockN == 0, "split %d not whole blocks", s);
+          blocks += (k.size() + kBlockN - 1) / kBlockN;
+          next = k.hi;
+        }
+        CHECK(next == r.hi || size == 0, "splits end at %d, expected %d", next, r.hi);
+        CHECK(blocks == (size + kBlockN - 1) / kBlockN, "splits hold %d blocks", blocks);
+        if (splits > 1 && size > 0) {  // balanced: block counts differ by at most one
+          int most = 0;
+          int least = 1 << 30;
+          for (int s = 0; s < splits; ++s) {
+            const KeyRange k = split_keys(r, s, splits, kBlockN);
+            const int n = (k.size() + kBlockN - 1) / kBlockN;
+            most = n > most ? n : most;
+            least = n < least ? n : least;
+          }
+          CHECK(most - least <= 1, "unbalanced splits %d..%d", least, most);
+        }
+      }
+    }
+  }
+}
+
+static void pages() {
+  const int sizes[] = {1, 3, 16, 17, 64, 256};
+  for (int ps : sizes) {
+    std::vector<int32_t> table = {5, -7, 2, 1000000, 0, 3, 4, 1};
+    KvPages p{table.data(), 0, ps, power_of_two_shift(ps), 6};
+    for (int key = 0; key < int(table.size()) * ps; ++key) {
+      int64_t page;
+      int64_t slot;
+      p.locate(key, &page, &slot);
+      int32_t want = table[key / ps];
+      want = want < 0 ? 0 : (want > 5 ? 5 : want);
+      CHECK(page == want && slot == key % ps, "page size %d key %d -> (%lld, %lld)", ps, key,
+            (long long)page, (long long)slot);
+    }
+  }
+  for (int ps : sizes) {  // PageWalk: the same (entry, slot) as a division per key
+    KvPages p{nullptr, 0, ps, power_of_two_shift(ps), 1};
+    for (int first = 0; first < 40; first += 13) {
+      for (int step = 1; step <= 64; step *= 4) {
+        PageWalk w = PageWalk::start(p, first, step);
+        for (int i = 0; i < 50; ++i) {
+          const int key = first + i * step;
+          CHECK(w.index == key / ps && w.slot == key % ps,
+                "PageWalk page %d first %d step %d i %d -> (%d, %d)", ps, first, step, i, w.index,
+                w.slot);
+          w.next();
+        }
+      }
+    }
+  }
+  KvPages dense{nullptr, 7, 1 << 20, -1, 9};
+  int64_t page;
+  int64_t slot;
+  dense.locate(123456, &page, &slot);
+  CHECK(page == 7 && slot == 123456, "dense lookup");
+  // 64-bit offsets: a page id near 2^31 / page elements times the page stride
+  const int64_t stride = int64_t(16) * 8 * 128;
+  std::vector<int32_t> far = {3000000};
+  KvPages big{far.data(), 0, 16, 4, 4000000};
+  big.locate(5, &page, &slot);
+  CHECK(page * stride > (int64_t(1) << 31) && slot == 5, "64-bit page offset");
+  CHECK(power_of_two_shift(1) == 0 && power_of_two_shift(64) == 6 && power_of_two_shift(48) == -1,
+        "power_of_two_shift");
+}
+
+static void heuristic_and_workspace() {
+  // One wave: tiles x splits never past the slots, at least min_keys per split, capped.
+  for (int64_t tiles = 1; tiles <= 600; tiles += 13) {
+    for (int64_t keys = 0; keys <= 300000; keys += 7777) {
+      const int s = default_splits(tiles, keys, 132, 2, 256);
+      CHECK(s >= 1 && s <= kMaxSplits, "splits %d out of range", s);
+      if (s > 1) {
+        CHECK(tiles * s <= 264, "tiles %lld x splits %d past one wave", (long long)tiles, s);
+        CHECK(keys / s >= 256, "splits %d of %lld keys below min_keys", s, (long long)keys);
+      }
+    }
+  }
+  CHECK(default_splits(8, 8192, 132, 2, 256) == 32, "batch 1, GQA 32/8, 8k: 32 splits");
+  CHECK(default_splits(256, 32768, 132, 2, 256) == 1, "a full wave does not split");
+  const DecodeWorkspace w = decode_workspace(10, 3, 128);
+  CHECK(w.lse == 0 && w.partial == align256(3 * 10 * kRowsPerCta * 4), "workspace offsets");
+  CHECK(w.bytes == w.partial + align256(int64_t(3) * 10 * kRowsPerCta * 128 * 4), "bytes");
+  CHECK(decode_workspace(10, 1, 128).bytes == 0, "no workspace without splits");
+}
+
+int main() {
+  rows_and_blocks();
+  splits_cover_once();
+  pages();
+  heuristic_and_workspace();
+  return host_check_exit();
+}

@@ -1,0 +1,280 @@
+"""The decode kernel (kernels/decode/, issue 14) through flash_attn_with_kvcache's "auto" backend,
+against reference.attention_kvcache_ref.
+
+Grid rationale: head dims 64 / 128 / 256 (one instantiation each), fp16 and bf16 (one MMA atom
+each), GQA ratios 1 ... 16 (rows per tile 1 ... 16, and 32 with two query tokens: two row
+blocks), splits 1 / the heuristic / more splits than key blocks (empty splits), lengths 0 / 1 /
+one block / many blocks per sequence, masks (causal with several query tokens, windows),
+softcap, sinks, left padding, cache_batch_idx, varlen queries; paged caches of page sizes 1, 16,
+64, 256 with shuffled and shared pages, K / V interleaved in one buffer (vLLM), NaN in every slot
+no sequence uses and garbage in unused table entries; a pool past 2^31 elements; CUDA graphs
+replayed with new lengths. FA3's tolerance rule as in test_kvcache_gpu.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from flash_hopper import _decode, flash_attn_with_kvcache
+from flash_hopper._lib import FhBackend, FhDtype
+from flash_hopper.reference import attention_kvcache_ref
+
+from tests._helpers import check_kvcache
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_matmuls")]
+
+I32 = torch.int32
+
+
+@pytest.fixture(autouse=True)
+def _decode_kernel(lib):
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the decode kernel needs compute capability >= 8.0")
+
+
+def reference(q, kc, vc, **kw):
+    k0, v0 = kc.nan_to_num(0.0), vc.nan_to_num(0.0)
+    ref_out, ref_lse, _, _ = attention_kvcache_ref(q.double(), k0.double(), v0.double(), **kw)
+    low = attention_kvcache_ref(q, k0, v0, upcast=False, **kw)[0]
+    return ref_out, ref_lse, low
+
+
+def dense_cache(b, sc, hk, d, filled, dtype, g, leftpad=None):
+    kc, vc = (torch.randn(b, sc, hk, d, device="cuda", generator=g).to(dtype) for _ in range(2))
+    for i, n in enumerate(filled):
+        lo = 0 if leftpad is None else leftpad[i]
+        for c in (kc, vc):
+            c[i, n:] = float("nan")
+            c[i, :lo] = float("nan")
+    return kc, vc
+
+
+def run_count(fn):
+    """How many decode kernels fn launched (the route is the kernel's, not the varlen path's)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(e.count for e in prof.key_averages() if "decode_kernel" in e.key)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("heads_q", "heads_kv"), [(8, 8), (32, 8), (16, 1)])
+@pytest.mark.parametrize("num_splits", [1, 0, 9])
+def test_matches_the_reference(head_dim, dtype, heads_q, heads_kv, num_splits):
+    b, sc = 5, 1100
+    filled = [0, 1, 64, 333, 1100]
+    g = torch.Generator(device="cuda").manual_seed(head_dim + heads_q + num_splits)
+    q = torch.randn(b, 1, heads_q, head_dim, device="cuda", generator=g).to(dtype)
+    kc, vc = dense_cache(b, sc, heads_kv, head_dim, filled, dtype, g)
+    seqlens = torch.tensor(filled, dtype=I32, device="cuda")
+    ref_out, ref_lse, low = reference(q, kc, vc, cache_seqlens=seqlens)
+    out, lse = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=num_splits,
+                                       return_softmax_lse=True)
+    check_kvcache(out, lse, ref_out, ref_lse, low)
+
+
+def test_the_call_runs_on_the_decode_kernel(lib, monkeypatch):
+    b, hq, hk, d = 2, 32, 8, 128
+    q = torch.randn(b, 1, hq, d, device="cuda").bfloat16()
+    kc, vc = (torch.randn(b, 4096, hk, d, device="cuda").bfloat16() for _ in range(2))
+    seqlens = torch.tensor([4000, 17], dtype=I32, device="cuda")
+    assert run_count(lambda: flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens)) == 1
+    pool_k, pool_v = kc.view(-1, 64, hk, d), vc.view(-1, 64, hk, d)
+    table = torch.arange(pool_k.shape[0], dtype=I32, device="cuda").view(b, -1)
+    assert run_count(lambda: flash_attn_with_kvcache(q, pool_k, pool_v, cache_seqlens=seqlens,
+                                                     page_table=table)) == 1
+    monkeypatch.setenv("FLASH_HOPPER_DECODE", "0")  # the varlen kernels instead
+    if any(lib.has_fwd_kernel(be, FhDtype.BF16, d) for be in (FhBackend.FA2, FhBackend.FA3)):
+        assert run_count(lambda: flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens)) == 0
+
+
+def test_split_heuristic_splits_paged_and_dense_caches_alike(lib):
+    """The plan of a paged call sees the table's capacity (max_pages x page_size), not one
+    page: batch 1 splits the same way dense or paged."""
+    b, hq, hk, d = 1, 32, 8, 128
+    q = torch.randn(b, 1, hq, d, device="cuda").bfloat16()
+    kc, vc = (torch.randn(b, 8192, hk, d, device="cuda").bfloat16() for _ in range(2))
+    seqlens = torch.tensor([8192], dtype=I32, device="cuda")
+    table = torch.arange(8192 // 16, dtype=I32, device="cuda").view(1, -1)
+    _decode._plans.clear()
+    flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens)
+    flash_attn_with_kvcache(q, kc.view(-1, 16, hk, d), vc.view(-1, 16, hk, d),
+                            cache_seqlens=seqlens, page_table=table)
+    splits = {_decode._plans.get(key).splits for key in _decode._plans.signatures()}
+    assert len(splits) == 1 and splits.pop() > 1
+
+
+@pytest.mark.parametrize(("seqlen_q", "causal", "window"), [
+    (4, True, (-1, -1)), (3, False, (40, 0)), (2, False, (100, 7)), (16, True, (-1, -1))])
+@pytest.mark.parametrize("num_splits", [1, 5])
+def test_masks_softcap_leftpad_batch_idx_sinks(seqlen_q, causal, window, num_splits):
+    b, hq, hk, d, sc = 4, 16, 4, 128, 700
+    filled = [700, 5, 300, 129]
+    lead = [0, 2, 100, 128]
+    idx = [3, 0, 2, 1]
+    g = torch.Generator(device="cuda").manual_seed(seqlen_q + num_splits)
+    q = torch.randn(b, seqlen_q, hq, d, device="cuda", generator=g).bfloat16()
+    kc, vc = dense_cache(b, sc, hk, d, [filled[idx.index(i)] for i in range(b)], torch.bfloat16,
+                         g, leftpad=[lead[idx.index(i)] for i in range(b)])
+    seqlens = torch.tensor(filled, dtype=I32, device="cuda")
+    kw = {"cache_seqlens": seqlens, "cache_leftpad": torch.tensor(lead, dtype=I32,
+                                                                  device="cuda"),
+          "cache_batch_idx": torch.tensor(idx, dtype=I32, device="cuda"), "causal": causal,
+          "window_size": window, "softcap": 12.0,
+          "sinks": torch.randn(hq, device="cuda", generator=g)}
+    ref_out, ref_lse, low = reference(q, kc, vc, **kw)
+    out, lse = flash_attn_with_kvcache(q, kc, vc, num_splits=num_splits,
+                                       return_softmax_lse=True, **kw)
+    check_kvcache(out, lse, ref_out, ref_lse, low)
+
+
+def test_varlen_queries():
+    hq, hk, d, sc = 8, 2, 64, 300
+    lq = [3, 0, 1, 5]
+    filled = [200, 50, 0, 300]
+    g = torch.Generator(device="cuda").manual_seed(3)
+    cu = torch.tensor([0, 3, 3, 4, 9], dtype=I32, device="cuda")
+    q = torch.randn(9, hq, d, device="cuda", generator=g).bfloat16()
+    kc, vc = dense_cache(4, sc, hk, d, filled, torch.bfloat16, g)
+    seqlens = torch.tensor(filled, dtype=I32, device="cuda")
+    out, lse = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, cu_seqlens_q=cu,
+                                       max_seqlen_q=5, causal=True, return_softmax_lse=True)
+    assert out.shape == q.shape and lse.shape == (hq, 9)
+    start = 0
+    for i, n in enumerate(lq):
+        if n:
+            qi = q[start:start + n][None]
+            ref_out, ref_lse, low = reference(qi, kc[i:i + 1], vc[i:i + 1],
+                                              cache_seqlens=seqlens[i:i + 1], causal=True)
+            check_kvcache(out[start:start + n][None], lse[:, start:start + n][None], ref_out,
+                          ref_lse, low)
+        start += n
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 64, 256])
+@pytest.mark.parametrize(("seqlen_q", "new", "causal", "num_splits"),
+                         [(1, 1, True, 0), (3, 2, True, 3), (2, 0, False, 1)])
+def test_paged_cache(page_size, seqlen_q, new, causal, num_splits):
+    """A shuffled page table with a page shared by two sequences (a common prefix), K and V
+    interleaved in one buffer (vLLM's strides), NaN in every unused slot, garbage in unused table
+    entries; the new keys land in the pool."""
+    b, hq, hk, d = 3, 8, 2, 128
+    filled = [900, 0, 300]  # sequence 2 appends past the shared first page (page size <= 256)
+    max_pages = -(-(920) // page_size)
+    num_pages = b * max_pages + 3
+    g = torch.Generator(device="cuda").manual_seed(page_size + 10 * seqlen_q)
+    buf = torch.full((num_pages, page_size, hk, 2, d), float("nan"), device="cuda",
+                     dtype=torch.bfloat16)
+    kc, vc = buf[..., 0, :], buf[..., 1, :]
+    table = torch.randperm(num_pages, device="cuda", generator=g)[:b * max_pages]
+    table = table.view(b, max_pages).to(I32)
+    table[2, 0] = table[0, 0]
+    for i, n in enumerate(filled):
+        pos = torch.arange(n, device="cuda")
+        pos = pos[pos >= page_size] if i == 2 else pos  # the shared page holds sequence 0's keys
+        page, slot = table[i].long()[pos // page_size], pos % page_size
+        kc[page, slot] = torch.randn(len(pos), hk, d, device="cuda", generator=g).bfloat16()
+        vc[page, slot] = torch.randn(len(pos), hk, d, device="cuda", generator=g).bfloat16()
+    for i, n in enumerate(filled):
+        table[i, -(-(n + new) // page_size):] = -12345
+    q = torch.randn(b, seqlen_q, hq, d, device="cuda", generator=g).bfloat16()
+    kn = vn = None
+    if new:
+        kn, vn = (torch.randn(b, new, hk, d, device="cuda", generator=g).bfloat16()
+                  for _ in range(2))
+    seqlens = torch.tensor(filled, dtype=I32, device="cuda")
+    kw = {"cache_seqlens": seqlens, "page_table": table.clamp(min=0), "causal": causal}
+    k0, v0 = kc.nan_to_num(0.0), vc.nan_to_num(0.0)
+    ref_out, ref_lse, _, _ = attention_kvcache_ref(
+        q.double(), k0.double(), v0.double(), None if kn is None else kn.double(),
+        None if vn is None else vn.double(), **kw)
+    low = attention_kvcache_ref(q, k0, v0, kn, vn, upcast=False, **kw)[0]
+    out, lse = flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=seqlens,
+                                       page_table=table, causal=causal, num_splits=num_splits,
+                                       return_softmax_lse=True)
+    check_kvcache(out, lse, ref_out, ref_lse, low)
+    if new:
+        for i, n in enumerate(filled):
+            for j in range(new):
+                page, slot = int(table[i, (n + j) // page_size]), (n + j) % page_size
+                assert torch.equal(kc[page, slot], kn[i, j])
+                assert torch.equal(vc[page, slot], vn[i, j])
+
+
+def test_split_on_and_off_agree():
+    b, hq, hk, d = 2, 32, 8, 128
+    g = torch.Generator(device="cuda").manual_seed(5)
+    q = torch.randn(b, 1, hq, d, device="cuda", generator=g).bfloat16()
+    kc, vc = (torch.randn(b, 20000, hk, d, device="cuda", generator=g).bfloat16()
+              for _ in range(2))
+    seqlens = torch.tensor([20000, 12345], dtype=I32, device="cuda")
+    one, lse1 = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=1,
+                                        return_softmax_lse=True)
+    many, lse_n = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=37,
+                                          return_softmax_lse=True)
+    assert (one.float() - many.float()).abs().max().item() < 4e-3
+    assert (lse1 - lse_n).abs().max().item() < 1e-4
+
+
+def test_pool_past_two_to_the_31_elements():
+    """Page offsets in 64 bits: the sequence's pages at the end of a pool of 2^31 + elements."""
+    hk, d, ps = 1, 128, 16
+    num_pages = (1 << 31) // (ps * hk * d) + 64
+    try:
+        kc = torch.zeros(num_pages, ps, hk, d, device="cuda", dtype=torch.bfloat16)
+        vc = torch.zeros_like(kc)
+    except torch.OutOfMemoryError:
+        pytest.skip("not enough GPU memory for a 2^31-element pool")
+    g = torch.Generator(device="cuda").manual_seed(7)
+    table = torch.arange(num_pages - 32, num_pages, dtype=I32, device="cuda")[None]
+    kc[num_pages - 32:] = torch.randn(32, ps, hk, d, device="cuda", generator=g).bfloat16()
+    vc[num_pages - 32:] = torch.randn(32, ps, hk, d, device="cuda", generator=g).bfloat16()
+    q = torch.randn(1, 1, 4, d, device="cuda", generator=g).bfloat16()
+    seqlens = torch.tensor([500], dtype=I32, device="cuda")
+    out = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, page_table=table)
+    dense_k = kc[num_pages - 32:].reshape(1, 32 * ps, hk, d)
+    dense_v = vc[num_pages - 32:].reshape(1, 32 * ps, hk, d)
+    ref_out, _, low = reference(q, dense_k, dense_v, cache_seqlens=seqlens)
+    check_kvcache(out, None, ref_out, None, low)
+    del kc, vc
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_cuda_graph_replays_new_lengths(paged):
+    """Captured once with split-KV on, replayed with other lengths (and the merge counters left
+    zero between replays)."""
+    b, hq, hk, sc, d, ps = 2, 32, 8, 8192, 128, 64
+    g = torch.Generator(device="cuda").manual_seed(9)
+    q = torch.randn(b, 1, hq, d, device="cuda", generator=g).bfloat16()
+    kc, vc = (torch.randn(b, sc, hk, d, device="cuda", generator=g).bfloat16() for _ in range(2))
+    kw = {}
+    k_in, v_in = kc, vc
+    if paged:
+        k_in, v_in = kc.view(b * sc // ps, ps, hk, d), vc.view(b * sc // ps, ps, hk, d)
+        kw["page_table"] = torch.arange(b * sc // ps, dtype=I32, device="cuda").view(b, -1)
+    seqlens = torch.tensor([8000, 100], dtype=I32, device="cuda")
+    flash_attn_with_kvcache(q, k_in, v_in, cache_seqlens=seqlens, **kw)  # warm-up
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.cuda.graph(graph, stream=s):
+        out = flash_attn_with_kvcache(q, k_in, v_in, cache_seqlens=seqlens, **kw)
+    torch.cuda.current_stream().wait_stream(s)
+    for lengths in ([1, 8192], [0, 3000], [8192, 8192]):
+        seqlens.copy_(torch.tensor(lengths, dtype=I32))
+        for _ in range(2):
+            graph.replay()
+        torch.cuda.synchronize()
+        ref_out, _, low = reference(q, kc, vc, cache_seqlens=seqlens)
+        check_kvcache(out, None, ref_out, None, low)
+
+
+def test_usable_refuses_what_the_kernel_does_not_serve():
+    q = torch.randn(1, 1, 8, 128, device="cuda").bfloat16()
+    kc = torch.randn(1, 64, 2, 128, device="cuda").bfloat16()
+    assert _decode.usable(q, kc, kc, 4)
+    assert not _decode.usable(q, kc, kc, _decode.MAX_ROWS + 1)
+    assert not _decode.usable(q[..., :96], kc[..., :96], kc[..., :96], 4)
+    assert not _decode.usable(q.half(), kc, kc, 4)
