@@ -278,3 +278,20 @@ def test_usable_refuses_what_the_kernel_does_not_serve():
     assert not _decode.usable(q, kc, kc, _decode.MAX_ROWS + 1)
     assert not _decode.usable(q[..., :96], kc[..., :96], kc[..., :96], 4)
     assert not _decode.usable(q.half(), kc, kc, 4)
+
+
+@pytest.mark.parametrize("num_splits", [0, 4])
+def test_scheduler_metadata_keeps_the_kernels_split_choice(num_splits):
+    """get_scheduler_metadata once, then calls with it: bitwise the calls without it (num_splits
+    = 0: the kernel's own shape-only heuristic, not the varlen path's) or with num_splits."""
+    from flash_hopper import get_scheduler_metadata
+
+    q = torch.randn(1, 1, 32, 128, device="cuda").bfloat16()
+    kc, vc = (torch.randn(1, 8192, 8, 128, device="cuda").bfloat16() for _ in range(2))
+    lengths = torch.tensor([8000], dtype=I32, device="cuda")
+    meta = get_scheduler_metadata(1, 1, 8192, 32, 8, 128, lengths, num_splits=num_splits)
+    for step in range(2):
+        lengths += 50 * step
+        a = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lengths, scheduler_metadata=meta)
+        b = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lengths, num_splits=num_splits)
+        assert torch.equal(a, b)

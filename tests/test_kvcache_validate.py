@@ -140,8 +140,12 @@ def test_scheduler_metadata_is_fa3s_and_checked_against_the_call():
         "attention_chunk", "has_softcap", "num_splits", "pack_gqa", "sm_margin"]
     lengths = torch.full((2,), 5, dtype=I32)
     meta = get_scheduler_metadata(2, 1, 32, 4, 2, 64, lengths, num_splits=3)
-    assert meta.dtype == I32 and meta.shape == (8,) and meta[1].item() == 3
+    assert meta.dtype == I32 and meta.shape == (9,) and meta[1].item() == 3
     assert meta.flash_hopper_schedule["splits"] == 3
+    assert meta.flash_hopper_schedule["decode_splits"] == 3  # the decode kernel takes it as is
+    # num_splits=0: the decode kernel's own heuristic at each call (0), not the varlen path's
+    assert get_scheduler_metadata(2, 1, 32, 4, 2, 64, lengths).flash_hopper_schedule[
+        "decode_splits"] == 0
     q, kc, vc, _, _ = make()  # batch 2, heads 4 / 2, d64: the metadata's shapes
     with raises(ValueError, "must be a CUDA tensor"):  # accepted: on to the kernels' checks
         flash_attn_with_kvcache(q, kc, vc, cache_seqlens=5, scheduler_metadata=meta)
@@ -152,8 +156,8 @@ def test_scheduler_metadata_is_fa3s_and_checked_against_the_call():
                                 scheduler_metadata=other)
     assert torch.equal(kc, before)
     with raises(ValueError, "scheduler_metadata: expected the tensor flash_hopper's"):
-        flash_attn_with_kvcache(q, kc, vc, scheduler_metadata=torch.zeros(8, dtype=I32))
-    assert get_scheduler_metadata(2, 1, 32, 4, 2, 64, lengths, page_size=16).shape == (8,)
+        flash_attn_with_kvcache(q, kc, vc, scheduler_metadata=torch.zeros(9, dtype=I32))
+    assert get_scheduler_metadata(2, 1, 32, 4, 2, 64, lengths, page_size=16).shape == (9,)
     with raises(TypeError, "page_size: expected None or an int >= 1, got 0"):
         get_scheduler_metadata(2, 1, 32, 4, 2, 64, lengths, page_size=0)
     with raises(ValueError, "num_heads_kv: expected a divisor of num_heads_q (4), got 3"):

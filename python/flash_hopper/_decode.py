@@ -28,6 +28,7 @@ DTYPES = {torch.float16: _lib.FhDtype.FP16, torch.bfloat16: _lib.FhDtype.BF16}
 # L2), so long queries (prefill against a cache) stay on the varlen kernels.
 MAX_ROWS = 128
 ROWS_PER_CTA = 16
+MAX_SPLITS = 128  # decode_plan.h kMaxSplits
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
     lambda index: torch.cuda.current_stream(index).cuda_stream

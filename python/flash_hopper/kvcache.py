@@ -417,11 +417,13 @@ def _splits(num_splits: int, batch: int, rows: int, heads_kv: int, seqlen_cache:
 
 
 # get_scheduler_metadata's tensor: int32 [tag, splits, batch, max_seqlen_q, max_seqlen_k,
-# heads_q, heads_kv, head_dim]; its host copy rides along as the tensor's attribute (reading the
-# device values back would cost a synchronization per call).
-_METADATA_TAG = 0x46484D31  # "FHM1"
+# heads_q, heads_kv, head_dim, decode_splits]; its host copy rides along as the tensor's
+# attribute (reading the device values back would cost a synchronization per call). splits:
+# the varlen path's key splits; decode_splits: the decode kernel's num_splits (0: its own
+# shape-only heuristic, fh_decode_plan, the same at every replay).
+_METADATA_TAG = 0x46484D32  # "FHM2"
 _METADATA_FIELDS = ("splits", "batch", "max_seqlen_q", "max_seqlen_k", "heads_q", "heads_kv",
-                    "head_dim")
+                    "head_dim", "decode_splits")
 
 
 def get_scheduler_metadata(
@@ -435,11 +437,12 @@ def get_scheduler_metadata(
 ) -> torch.Tensor:
     """FA3's get_scheduler_metadata (its parameters and order): the scheduling decision of
     flash_attn_with_kvcache calls of this shape, made once (outside a CUDA graph) and passed to
-    each call as ``scheduler_metadata``: today the key-split count of the decode path (the
-    heuristic of num_splits=0, or num_splits itself). The calls still build their tile list on
-    the device (the prepare kernel, ~4 us); the values that change per step (cache_seqlens,
-    leftpad) are read by each call, so one metadata serves every step of a decode loop with the
-    same shapes. A call whose shapes differ from the metadata's raises, naming both."""
+    each call as ``scheduler_metadata``: the key-split count (num_splits itself, or for
+    num_splits=0 the varlen path's heuristic; the decode kernel's own heuristic is shape-only, so
+    it is taken at each call and agrees between replays). The values that change per step
+    (cache_seqlens, leftpad) are read by each call, so one metadata serves every step of a decode
+    loop with the same shapes. A call whose shapes differ from the metadata's raises, naming
+    both."""
     for name, value in (("batch_size", batch_size), ("max_seqlen_q", max_seqlen_q),
                         ("max_seqlen_k", max_seqlen_k), ("num_heads_q", num_heads_q),
                         ("num_heads_kv", num_heads_kv), ("headdim", headdim)):
@@ -462,15 +465,16 @@ def get_scheduler_metadata(
     group = num_heads_q // num_heads_kv
     splits = _splits(num_splits, batch_size, max_seqlen_q * group, num_heads_kv, max_seqlen_k,
                      cache_seqlens.device) if cache_seqlens.is_cuda else max(num_splits, 1)
-    values = (splits, batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim)
+    values = (splits, batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim,
+              min(num_splits, _decode.MAX_SPLITS))
     meta = torch.tensor((_METADATA_TAG, *values), dtype=torch.int32, device=cache_seqlens.device)
     meta.flash_hopper_schedule = dict(zip(_METADATA_FIELDS, values))
     return meta
 
 
-def _metadata_splits(meta: Any, **shape: int) -> int:
-    """The split count a scheduler_metadata tensor holds, after checking it was made for this
-    call's shapes."""
+def _metadata_splits(meta: Any, **shape: int) -> tuple[int, int]:
+    """The split counts a scheduler_metadata tensor holds (the varlen path's, the decode
+    kernel's), after checking it was made for this call's shapes."""
     if not isinstance(meta, torch.Tensor):
         raise TypeError(f"scheduler_metadata: expected None or get_scheduler_metadata's tensor, "
                         f"got {type(meta).__name__}")
@@ -484,7 +488,7 @@ def _metadata_splits(meta: Any, **shape: int) -> int:
         if schedule[name] != value:
             raise ValueError(f"scheduler_metadata: made for {name} = {schedule[name]}, this call "
                              f"has {value}")
-    return schedule["splits"]
+    return schedule["splits"], schedule["decode_splits"]
 
 
 def _packed_varlen(q, k_rows, v_rows, cu_k, seqlen_cache, used_k, cache_batch_idx,
@@ -740,9 +744,9 @@ def flash_attn_with_kvcache(
     cache_leftpad = _check_index("cache_leftpad", cache_leftpad, batch, q)
     rotary = _check_rotary(rotary_cos, rotary_sin, rotary_seqlens, q, k, head_dim, batch)
     sinks = _check_sinks(sinks, heads_q, q)
-    meta_splits = None
+    meta_splits = meta_decode_splits = None
     if scheduler_metadata is not None:
-        meta_splits = _metadata_splits(scheduler_metadata, batch=batch, heads_q=heads_q,
+        meta_splits, meta_decode_splits = _metadata_splits(scheduler_metadata, batch=batch, heads_q=heads_q,
                                        heads_kv=heads_kv, head_dim=head_dim)
     grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k_cache, v_cache, k, v))
@@ -850,7 +854,8 @@ def flash_attn_with_kvcache(
                 page_table=None if pages is None else pages[0], kv_batch_idx=cache_batch_idx,
                 leftpad_k=cache_leftpad, cu_seqlens_q=cu_seqlens_q if varlen_q else None,
                 max_seqlen_q=seqlen_q, sinks=sinks,
-                num_splits=meta_splits if meta_splits is not None else num_splits, out=out,
+                num_splits=meta_decode_splits if meta_decode_splits is not None else num_splits,
+                out=out,
                 return_lse=return_softmax_lse)
         if packed:
             return _packed_varlen(q_att, k_rows, v_rows, cu_k, seqlen_cache, used_k,
