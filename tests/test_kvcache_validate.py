@@ -344,3 +344,16 @@ def test_used_page_entries_are_checked():
         _check_pages(table, torch.tensor([9, 5], dtype=I32), None, None, 4, 8)
     with raises(ValueError, "page_table[1][1]", "got 7"):
         _check_pages(table, torch.tensor([0, 3], dtype=I32), torch.zeros(2, 2, 1, 1), None, 4, 7)
+
+
+def test_varlen_queries_longer_than_max_seqlen_q_are_refused():
+    """The decode kernel sizes its grid by max_seqlen_q: a sequence with more queries would leave
+    output rows unwritten, so the value check refuses it (kvcache._check_values, CPU tensors)."""
+    from flash_hopper.kvcache import _check_values
+
+    seqlens = torch.tensor([10, 10], dtype=I32)
+    cu = torch.tensor([0, 3, 8], dtype=I32)
+    _check_values(seqlens, 0, 64, 2, None, None, cu, 8, None, 0, max_seqlen_q=5)
+    with raises(ValueError, "max_seqlen_q: expected at least every sequence's query count, got 4",
+                "sequence 1 of 5"):
+        _check_values(seqlens, 0, 64, 2, None, None, cu, 8, None, 0, max_seqlen_q=4)

@@ -122,9 +122,11 @@ def _rows_view(name: str, cache: torch.Tensor) -> tuple[torch.Tensor, int]:
 def _check_values(cache_seqlens: torch.Tensor, new: int | None, seqlen_cache: int,
                   batch_cache: int, cache_batch_idx: torch.Tensor | None,
                   cache_leftpad: torch.Tensor | None, cu_seqlens_q: torch.Tensor | None,
-                  total_q: int, cu_seqlens_k_new: torch.Tensor | None, total_new: int) -> None:
+                  total_q: int, cu_seqlens_k_new: torch.Tensor | None, total_new: int,
+                  max_seqlen_q: int | None = None) -> None:
     """One device-to-host copy of the per-sequence values and their rules. new: the new keys per
-    sequence (None: cu_seqlens_k_new gives them)."""
+    sequence (None: cu_seqlens_k_new gives them). max_seqlen_q (varlen queries): at least every
+    sequence's query count (the kernels size their grids by it)."""
     named = [("cache_seqlens", cache_seqlens), ("cache_batch_idx", cache_batch_idx),
              ("cache_leftpad", cache_leftpad), ("cu_seqlens_q", cu_seqlens_q),
              ("cu_seqlens_k_new", cu_seqlens_k_new)]
@@ -149,6 +151,13 @@ def _check_values(cache_seqlens: torch.Tensor, new: int | None, seqlen_cache: in
             want = "=" if exact else "<="
             raise ValueError(f"{name}: expected the last offset {want} {src} ({total}), got "
                              f"{offsets[-1]}")
+    offsets = values.get("cu_seqlens_q")
+    if offsets is not None and max_seqlen_q is not None:
+        for b in range(len(offsets) - 1):
+            if offsets[b + 1] - offsets[b] > max_seqlen_q:
+                raise ValueError(f"max_seqlen_q: expected at least every sequence's query count, "
+                                 f"got {max_seqlen_q} with sequence {b} of "
+                                 f"{offsets[b + 1] - offsets[b]} (cu_seqlens_q)")
     lengths = values["cache_seqlens"]
     idx, lead = values.get("cache_batch_idx"), values.get("cache_leftpad")
     cu_new = values.get("cu_seqlens_k_new")
@@ -812,7 +821,8 @@ def flash_attn_with_kvcache(
         cfg = _varlen.plan(*args, out_rows, descales, batch_k).dense.cfg
     if _varlen.offsets_checked() and batch > 0:
         _check_values(cache_seqlens, new, seqlen_cache, batch_cache, cache_batch_idx,
-                      cache_leftpad, cu_seqlens_q, total_q, cu_seqlens_k_new, total_new)
+                      cache_leftpad, cu_seqlens_q, total_q, cu_seqlens_k_new, total_new,
+                      seqlen_q if varlen_q else None)
         if pages is not None:
             _check_pages(pages[0], cache_seqlens, k, cu_seqlens_k_new, pages[2], pages[1])
 
