@@ -20,8 +20,11 @@ key chunks before the query chunk are full, the diagonal causal, later ones skip
 The attention of one block pair is pluggable (``BlockAttention``): ``reference_blocks`` (plain
 torch, any device, float64; what the CPU tests run over gloo) and ``KernelBlocks`` (flash-hopper's
 forward and backward kernels; the default for CUDA fp16 / bf16 tensors; matched against the
-reference blocks on one H200 in session 13 for full and causal pairs (the window pairs of
-tests/test_distributed_gpu.py have not run yet); the two-GPU NCCL test awaits a 2-GPU machine).
+reference blocks on one H200 for full, causal (session 13) and window pairs (session 14); the
+two-GPU NCCL test awaits a 2-GPU machine).
+Under torch.compile the ring runs between compiled regions (its collectives and the block
+attention's custom ops are opaque to it): tests/test_distributed_ring.py checks output and
+gradients against eager. A runnable example: examples/ring_attention.py (torchrun).
 """
 
 from __future__ import annotations
