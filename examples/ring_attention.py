@@ -2,8 +2,8 @@
 forward and backward through flash_hopper.distributed.ring_flash_attn_func, checked against
 attention over the whole sequence on one rank.
 
-    torchrun --nproc-per-node 2 examples/ring_attention.py                 # GPUs: NCCL, bf16 kernels
-    torchrun --nproc-per-node 2 examples/ring_attention.py --device cpu    # CPU: gloo, fp32 reference
+    torchrun --nproc-per-node 2 examples/ring_attention.py              # GPUs: NCCL, bf16 kernels
+    torchrun --nproc-per-node 2 examples/ring_attention.py --device cpu # CPU: gloo, fp32 reference
 
 Every rank builds the same full q, k, v (one seed), keeps its zigzag shard, runs the ring; rank 0
 gathers the shards of out and of the gradients and compares them with flash_attn_func (GPU) or

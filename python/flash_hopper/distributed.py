@@ -10,6 +10,10 @@ The backward runs the same ring: dQ stays local, dK / dV travel with their K / V
 arrive home after the last step. Every block's gradient uses the merged output and LSE, so the
 result is the exact gradient of full attention.
 
+Packed sequences (ring_flash_attn_varlen_func, FA3's varlen layout (total, heads, head_dim) with
+cu_seqlens): every sequence is sharded on its own (shard_varlen) and attends only to itself; one
+K / V exchange per step carries all of them (the ring walks each sequence's pairs in it).
+
 Layouts: the sequence is cut into chunks of equal length. "contiguous": rank r holds chunk r of
 W. "zigzag": chunks r and 2W - 1 - r of 2W, so under a causal mask every rank has the same work.
 Masks: a (query chunk, key chunk) pair sees the band of the whole sequence's causal / window
@@ -34,7 +38,6 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from . import _validate, reference
 from ._combine import flash_attn_combine
@@ -141,6 +144,9 @@ class _Ring(NamedTuple):
     scale: float
     softcap: float
     blocks: Any
+    # The sequences along the local token axis, (start, length) each: one for the dense call
+    # (its batch shares it), one per packed sequence for the varlen call (batch 1).
+    segments: tuple[tuple[int, int], ...]
 
 
 class _Pair(NamedTuple):
@@ -219,68 +225,62 @@ def _start_exchange(ring: _Ring, tensors: list[torch.Tensor]) -> _Exchange:
     return _Exchange(dist.batch_isend_irecv(ops), recv)
 
 
-def _pieces(t: torch.Tensor, ring: _Ring) -> tuple[torch.Tensor, ...]:
-    return t.chunk(len(_chunk_ids(ring.rank, ring.world, ring.layout)), dim=1)
+def _sequences(ring: _Ring):
+    """(first local token, chunk length) of every non-empty local sequence: its local pieces
+    (one or two chunks of this rank) follow each other from the first token."""
+    pieces = len(_chunk_ids(ring.rank, ring.world, ring.layout))
+    for start, length in ring.segments:
+        if length:
+            yield start, length // pieces
 
 
 def _ring_forward(ring: _Ring, q, k, v):
-    qs = _pieces(q, ring)
-    b, _, h, _ = q.shape
-    outs = [torch.zeros(*p.shape[:3], v.shape[-1], dtype=torch.float32, device=q.device)
-            for p in qs]
-    lses = [torch.full((b, h, p.shape[1]), NEG_INF, dtype=torch.float32, device=q.device)
-            for p in qs]
+    b, t, h, _ = q.shape
+    out = torch.zeros(b, t, h, v.shape[-1], dtype=torch.float32, device=q.device)
+    lse = torch.full((b, h, t), NEG_INF, dtype=torch.float32, device=q.device)
     kv = [k, v]
-    chunk = qs[0].shape[1]
     for step in range(ring.world):
         owner = (ring.rank - step) % ring.world
         # The next block travels while this one is attended.
         pending = _start_exchange(ring, kv) if step < ring.world - 1 else None
-        ks, vs = _pieces(kv[0], ring), _pieces(kv[1], ring)
-        for pair in _pairs(ring, owner, chunk):
-            i, j, n, m = pair.i, pair.j, pair.rows, pair.keys
-            o, l = ring.blocks.fwd(qs[i][:, :n], ks[j][:, :m], vs[j][:, :m], pair.window,
-                                   ring.scale, ring.softcap)
-            merged, merged_lse = _merge(outs[i][:, :n], lses[i][:, :, :n], o.float(), l.float())
-            outs[i] = torch.cat([merged, outs[i][:, n:]], dim=1)
-            lses[i] = torch.cat([merged_lse, lses[i][:, :, n:]], dim=2)
+        for start, chunk in _sequences(ring):
+            for pair in _pairs(ring, owner, chunk):
+                rows = slice(start + pair.i * chunk, start + pair.i * chunk + pair.rows)
+                keys = slice(start + pair.j * chunk, start + pair.j * chunk + pair.keys)
+                o, l = ring.blocks.fwd(q[:, rows], kv[0][:, keys], kv[1][:, keys], pair.window,
+                                       ring.scale, ring.softcap)
+                out[:, rows], lse[:, :, rows] = _merge(out[:, rows], lse[:, :, rows], o.float(),
+                                                       l.float())
         if pending is not None:
             kv = pending.wait()
-    return torch.cat(outs, dim=1), torch.cat(lses, dim=2)
+    return out, lse
 
 
 def _ring_backward(ring: _Ring, dout, q, k, v, out, lse):
-    qs, dos, os_ = _pieces(q, ring), _pieces(dout, ring), _pieces(out, ring)
-    ls = lse.chunk(len(qs), dim=2)
-    dq = [torch.zeros(p.shape, dtype=torch.float32, device=q.device) for p in qs]
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     kv = [k, v]
     dkv = [torch.zeros(k.shape, dtype=torch.float32, device=k.device),
            torch.zeros(v.shape, dtype=torch.float32, device=v.device)]
-    chunk = qs[0].shape[1]
-
-    def grown(t: torch.Tensor) -> torch.Tensor:  # a cropped piece's gradient, zero to the chunk
-        return F.pad(t.float(), (0, 0, 0, 0, 0, chunk - t.shape[1]))
-
     for step in range(ring.world):
         owner = (ring.rank - step) % ring.world
         # K / V of the next step travel during this step's compute; dK / dV after it (they are
         # this step's result).
         pending = _start_exchange(ring, kv) if step < ring.world - 1 else None
-        ks, vs = _pieces(kv[0], ring), _pieces(kv[1], ring)
-        dks, dvs = list(_pieces(dkv[0], ring)), list(_pieces(dkv[1], ring))
-        for pair in _pairs(ring, owner, chunk):
-            i, j, n, m = pair.i, pair.j, pair.rows, pair.keys
-            gq, gk, gv = ring.blocks.bwd(dos[i][:, :n], qs[i][:, :n], ks[j][:, :m], vs[j][:, :m],
-                                         os_[i][:, :n], ls[i][:, :, :n], pair.window,
-                                         ring.scale, ring.softcap)
-            dq[i] += grown(gq)
-            dks[j] = dks[j] + grown(gk)
-            dvs[j] = dvs[j] + grown(gv)
+        for start, chunk in _sequences(ring):
+            for pair in _pairs(ring, owner, chunk):
+                rows = slice(start + pair.i * chunk, start + pair.i * chunk + pair.rows)
+                keys = slice(start + pair.j * chunk, start + pair.j * chunk + pair.keys)
+                gq, gk, gv = ring.blocks.bwd(dout[:, rows], q[:, rows], kv[0][:, keys],
+                                             kv[1][:, keys], out[:, rows], lse[:, :, rows],
+                                             pair.window, ring.scale, ring.softcap)
+                dq[:, rows] += gq.float()
+                dkv[0][:, keys] += gk.float()
+                dkv[1][:, keys] += gv.float()
         # The last step's block belongs to the next rank: its gradients go home with this send.
-        dkv = _start_exchange(ring, [torch.cat(dks, dim=1), torch.cat(dvs, dim=1)]).wait()
+        dkv = _start_exchange(ring, dkv).wait()
         if pending is not None:
             kv = pending.wait()
-    return torch.cat(dq, dim=1), dkv[0], dkv[1]
+    return dq, dkv[0], dkv[1]
 
 
 class _RingAttention(torch.autograd.Function):
@@ -314,9 +314,12 @@ def _resolve_group(group: Any):
 def _check_ranks_agree(ring: _Ring, q, k, v) -> None:
     """One all_gather of the call's metadata: every rank must pass the same shapes and dtypes."""
     code = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.float64: 4}
+    # the packed sequences too (varlen): their count and a position-weighted sum of lengths
+    lengths = [n for _, n in ring.segments]
+    shape_sum = sum((i + 1) * n for i, n in enumerate(lengths)) % (1 << 61)
     meta = torch.tensor([*q.shape, *k.shape, *v.shape, code.get(q.dtype, 0),
-                         _num_chunks(ring.world, ring.layout), *ring.window],
-                        dtype=torch.int64, device=q.device)
+                         _num_chunks(ring.world, ring.layout), *ring.window, len(lengths),
+                         shape_sum], dtype=torch.int64, device=q.device)
     everyone = [torch.empty_like(meta) for _ in range(ring.world)]
     dist.all_gather(everyone, meta, group=ring.group)
     for rank, other in enumerate(everyone):
@@ -357,7 +360,8 @@ def ring_flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grou
     if blocks is None:
         kernels = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
         blocks = KernelBlocks(deterministic=deterministic) if kernels else reference_blocks
-    ring = _Ring(group, rank, world, layout, (left, right), scale, float(softcap), blocks)
+    ring = _Ring(group, rank, world, layout, (left, right), scale, float(softcap), blocks,
+                 ((0, q.shape[1]),))
     pieces = len(_chunk_ids(rank, world, layout))
     if q.shape[1] % pieces or k.shape[1] != q.shape[1]:
         raise ValueError(f"q / k: expected equal shard lengths divisible by {pieces} (the "
@@ -368,5 +372,98 @@ def ring_flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grou
     return (out, lse) if return_lse else out
 
 
+def _local_segments(cu_seqlens: Any, world: int, layout: str, total: int
+                    ) -> tuple[tuple[int, int], ...]:
+    """The local (start, length) of every packed sequence from the whole sequences' offsets
+    (one device-to-host copy), each length split into the layout's chunks."""
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or \
+            cu_seqlens.dtype != torch.int32 or cu_seqlens.shape[0] < 1:
+        raise ValueError(f"cu_seqlens: expected an int32 1-D tensor of batch + 1 offsets, got "
+                         f"{getattr(cu_seqlens, 'dtype', type(cu_seqlens).__name__)} of shape "
+                         f"{tuple(getattr(cu_seqlens, 'shape', ()))}")
+    offsets = cu_seqlens.tolist()
+    n = _num_chunks(world, layout)
+    segments = []
+    for b in range(len(offsets) - 1):
+        length = offsets[b + 1] - offsets[b]
+        if offsets[b] % n or length < 0 or length % n:
+            raise ValueError(f"cu_seqlens: expected non-decreasing offsets with every sequence "
+                             f"a multiple of {n} tokens (the {layout} layout's chunks over "
+                             f"{world} ranks), got sequence {b} at {offsets[b]} of {length}")
+        segments.append((offsets[b] // world, length // world))
+    if offsets[0] != 0 or offsets[-1] != total * world:
+        raise ValueError(f"cu_seqlens: expected offsets from 0 to the whole packed length "
+                         f"({total} local tokens x {world} ranks = {total * world}), got "
+                         f"{offsets[0]} .. {offsets[-1]}")
+    return tuple(segments)
+
+
+def shard_varlen(x: torch.Tensor, cu_seqlens: torch.Tensor, rank: int, world: int,
+                 layout: str = "zigzag") -> torch.Tensor:
+    """This rank's shard of packed sequences (tokens along dim 0, sequence b at [cu_seqlens[b],
+    cu_seqlens[b + 1])): every sequence sharded as ``shard`` does, the shards packed in sequence
+    order."""
+    _check_layout(layout)
+    offsets = cu_seqlens.tolist()
+    return torch.cat([shard(x[offsets[b]:offsets[b + 1]], rank, world, layout, dim=0)
+                      for b in range(len(offsets) - 1)], dim=0)
+
+
+def unshard_varlen(shards: Sequence[torch.Tensor], cu_seqlens: torch.Tensor,
+                   layout: str = "zigzag") -> torch.Tensor:
+    """The packed sequences from every rank's ``shard_varlen`` shard (in rank order)."""
+    _check_layout(layout)
+    world = len(shards)
+    offsets = cu_seqlens.tolist()
+    pieces = []
+    for b in range(len(offsets) - 1):
+        lo, hi = offsets[b] // world, offsets[b + 1] // world
+        pieces.append(unshard([t[lo:hi] for t in shards], layout, dim=0))
+    return torch.cat(pieces, dim=0)
+
+
+def ring_flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                cu_seqlens: torch.Tensor, max_seqlen: int | None = None,
+                                group: Any = None, causal: bool = False,
+                                window_size: Sequence[int] = (-1, -1), softcap: float = 0.0,
+                                softmax_scale: float | None = None, layout: str = "zigzag",
+                                deterministic: bool = False, return_lse: bool = False,
+                                blocks: BlockAttention | None = None):
+    """Ring attention over packed sequences (the varlen form of ``ring_flash_attn_func``): q, k, v
+    (total / W, heads, head_dim), this rank's ``shard_varlen`` shard of sequences packed by
+    ``cu_seqlens`` (int32 (batch + 1,), the whole sequences' offsets, the same on every rank;
+    every sequence a multiple of the layout's chunks: 2W tokens zigzag, W contiguous). Each
+    sequence attends only to itself; masks per sequence as in ring_flash_attn_func. One K / V
+    exchange per step carries every sequence. Returns out (total / W, heads, head_dim) (and lse
+    (heads, total / W) with ``return_lse``), differentiable. ``max_seqlen`` is accepted for
+    FA3's signature and not needed."""
+    _check_layout(layout)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal: expected a bool, got {causal!r}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            raise ValueError(f"{name}: expected a 3-D tensor (total / W, heads, head_dim), got "
+                             f"{tuple(getattr(t, 'shape', ()))}")
+    if k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0]:
+        raise ValueError(f"q / k / v: expected the same local token count, got {q.shape[0]}, "
+                         f"{k.shape[0]}, {v.shape[0]}")
+    left, right = _validate._check_window(window_size, causal)
+    group = _resolve_group(group)
+    world = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    segments = _local_segments(cu_seqlens, world, layout, q.shape[0])
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    if blocks is None:
+        kernels = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+        blocks = KernelBlocks(deterministic=deterministic) if kernels else reference_blocks
+    ring = _Ring(group, rank, world, layout, (left, right), scale, float(softcap), blocks,
+                 segments)
+    q4, k4, v4 = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
+    _check_ranks_agree(ring, q4, k4, v4)
+    out, lse = _RingAttention.apply(q4, k4, v4, ring)
+    return (out[0], lse[0]) if return_lse else out[0]
+
+
 __all__ = ["LAYOUTS", "BlockAttention", "KernelBlocks", "reference_blocks",
-           "ring_flash_attn_func", "shard", "unshard"]
+           "ring_flash_attn_func", "ring_flash_attn_varlen_func", "shard", "shard_varlen",
+           "unshard", "unshard_varlen"]
