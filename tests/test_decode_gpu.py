@@ -295,3 +295,34 @@ def test_scheduler_metadata_keeps_the_kernels_split_choice(num_splits):
         a = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lengths, scheduler_metadata=meta)
         b = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lengths, num_splits=num_splits)
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(("seqlen_q", "causal", "window"), [(1, True, (-1, -1)),
+                                                            (4, True, (-1, -1)),
+                                                            (2, False, (64, 8))])
+def test_flash_attn_func_short_queries_on_the_decode_kernel(monkeypatch, seqlen_q, causal,
+                                                            window):
+    """FLASH_HOPPER_DECODE=all: flash_attn_func's short queries run on the decode kernel (a dense
+    K / V as full cache entries), with the FA path's results and gradients (the backward takes
+    the decode kernel's out and LSE)."""
+    from flash_hopper import flash_attn_func
+
+    g = torch.Generator(device="cuda").manual_seed(seqlen_q)
+    q = torch.randn(3, seqlen_q, 16, 128, device="cuda", generator=g).bfloat16()
+    k, v = (torch.randn(3, 3000, 4, 128, device="cuda", generator=g).bfloat16()
+            for _ in range(2))
+    kw = {"causal": causal, "window_size": window, "softcap": 5.0}
+    want, want_lse = flash_attn_func(q, k, v, return_attn_probs=True, **kw)
+    monkeypatch.setenv("FLASH_HOPPER_DECODE", "all")
+    got, got_lse = flash_attn_func(q, k, v, return_attn_probs=True, **kw)
+    assert run_count(lambda: flash_attn_func(q, k, v, **kw)) == 1
+    assert (got.float() - want.float()).abs().max().item() < 2e-2
+    assert (got_lse - want_lse).abs().max().item() < 1e-3
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    flash_attn_func(*leaves, **kw).float().square().sum().backward()
+    monkeypatch.setenv("FLASH_HOPPER_DECODE", "1")
+    ref_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    flash_attn_func(*ref_leaves, **kw).float().square().sum().backward()
+    for a, b in zip(leaves, ref_leaves):
+        assert (a.grad.float() - b.grad.float()).abs().max().item() <= (
+            3e-2 * b.grad.float().abs().max().item() + 1e-3)

@@ -40,6 +40,41 @@ def enabled() -> bool:
     return os.environ.get("FLASH_HOPPER_DECODE", "1") != "0"
 
 
+def everywhere() -> bool:
+    """FLASH_HOPPER_DECODE=all also routes flash_attn_func's short queries (a dense K / V as a
+    cache of full entries) to the kernel. Off by default until measured on a GPU (written in
+    session 14 without device time left: tests/test_decode_gpu.py has its test)."""
+    return os.environ.get("FLASH_HOPPER_DECODE", "1") == "all"
+
+
+_full: dict[tuple, torch.Tensor] = {}
+
+
+def dense_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float,
+                  window: tuple[int, int], softcap: float, out: torch.Tensor,
+                  need_lse: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """flash_attn_func's attention through the decode kernel when it serves the call (short
+    queries: seqlen_q x heads_q / heads_kv <= MAX_ROWS, at least one key), else None: k / v
+    (batch, seqlen_k, heads_kv, d) are a cache of ``batch`` full entries. Validated by the
+    caller; out (batch, seqlen_q, heads_q, d) is written."""
+    batch, seqlen_q, heads_q, _ = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    if not everywhere() or seqlen_k == 0 or heads_q % heads_kv:
+        return None
+    if not usable(q, k, v, seqlen_q * (heads_q // heads_kv), out):
+        return None
+    key = (q.device, batch, seqlen_k)
+    lengths = _full.get(key)
+    if lengths is None:
+        lengths = torch.full((batch,), seqlen_k, dtype=torch.int32, device=q.device)
+        if not torch.cuda.is_current_stream_capturing():
+            if len(_full) >= 64:
+                _full.clear()
+            _full[key] = lengths
+    return forward(q, k, v, lengths, softmax_scale=softmax_scale, softcap=softcap, window=window,
+                   out=out, return_lse=need_lse)
+
+
 def _aligned(t: torch.Tensor) -> bool:
     return t.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in t.stride()[:-1])
 

@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from . import _device, _lib, _plan_cache, _validate, dispatch
+from . import _decode, _device, _lib, _plan_cache, _validate, dispatch
 from ._lib import FhFwdParams
 from ._tables import BACKENDS, INPUT_DTYPES, KV_FP8_DTYPES, TORCH_DTYPES
 
@@ -188,6 +188,12 @@ def _run_new_outputs(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         if (q_ptr | k_ptr | v_ptr) & (_validate.ALIGN_BYTES - 1):
             _validate.check_alignment(q=q, k=k, v=v)  # raises, naming the tensor
     out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=plan.device)
+    if plan.template is not None and descales is None and plan.cfg.backend == "auto":
+        routed = _decode.dense_forward(q, k, v, plan.cfg.softmax_scale,
+                                       (plan.cfg.window_left, plan.cfg.window_right),
+                                       plan.cfg.softcap, out, need_lse)
+        if routed is not None:  # short queries on the decode kernel (FLASH_HOPPER_DECODE=all)
+            return routed
     lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=plan.device) if need_lse else None
     if plan.template is not None:
         _launch(plan, q_ptr, k_ptr, v_ptr, out.data_ptr(), lse.data_ptr() if need_lse else 0,
