@@ -813,7 +813,7 @@ def flash_attn_with_kvcache(
     # fp16 / bf16, any mask; it takes the sinks itself. A paged cache came here only if it serves
     # it. An explicit backend ("fa2", "fa3") runs that path's varlen kernels.
     group = heads_q // heads_kv if heads_q % heads_kv == 0 else 0
-    direct = pages is not None or (backend == "auto" and _decode.usable(
+    direct = pages is not None or (backend == "auto" and seqlen_cache > 0 and _decode.usable(
         q, k_cache, v_cache, seqlen_q * group, out))
     if direct:  # the checks alone: no FA kernel needs to exist for this dtype / head dim
         cfg = _varlen.check_call(*args, out_rows, descales, batch_k)
