@@ -8,8 +8,8 @@ takes is what the kernel serves (``usable``); everything else stays on the varle
 The caller has validated the arguments (kvcache.py); this module checks only what the kernel adds
 (head dims, alignment) and fills FhDecodeParams. Per call: one plan lookup (cached per call
 signature: the split count and workspace size from fh_decode_plan), for split calls a scratch
-workspace and the merge counters (cached per device and stream, zeroed once: the kernel leaves
-them zero), one launch.
+workspace and the merge counters (eager: cached per device and stream, zeroed once, the kernel
+leaves them zero; a CUDA graph: its own, zeroed in the graph), one launch.
 """
 
 from __future__ import annotations
@@ -110,18 +110,17 @@ _counters: dict[tuple[int, int], torch.Tensor] = {}
 
 
 def _counters_for(device: torch.device, stream: int, count: int) -> torch.Tensor:
-    """int32 zeros for the merge counters. Cached per (device, stream): the kernel leaves them
-    zero, so a cached array serves every later call as it is (a CUDA graph captured after a
-    warm-up call included); one allocated during capture is zeroed inside the graph and not
-    cached."""
+    """int32 zeros for the merge counters. Eager calls: cached per (device, stream) (the kernel
+    leaves them zero and calls on one stream run in order). A CUDA graph gets its own, zeroed
+    inside the graph (a memset node, as FA3's semaphore): a graph may be replayed on any stream,
+    next to eager calls, and must not share counters with them."""
+    if torch.cuda.is_current_stream_capturing():
+        return torch.zeros(count, dtype=torch.int32, device=device)
     key = (device.index if device.index is not None else torch.cuda.current_device(), stream)
     cached = _counters.get(key)
-    if cached is not None and cached.numel() >= count:
-        return cached
-    fresh = torch.zeros(max(count, 4096), dtype=torch.int32, device=device)
-    if not torch.cuda.is_current_stream_capturing():
-        _counters[key] = fresh  # kept for the process's life: no graph ever sees it freed
-    return fresh
+    if cached is None or cached.numel() < count:
+        cached = _counters[key] = torch.zeros(max(count, 4096), dtype=torch.int32, device=device)
+    return cached
 
 
 def _plan(lib: _lib.Library, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
