@@ -13,7 +13,6 @@ the torch reference (CPU) over the whole sequence.
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 import torch.distributed as dist
@@ -32,11 +31,7 @@ def main() -> int:
     args = parser.parse_args()
 
     cuda = args.device == "cuda"
-    dist.init_process_group("nccl" if cuda else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
-    device = torch.device("cuda" if cuda else "cpu")
+    rank, world, device = cp.init_from_torchrun(args.device)
     dtype = torch.bfloat16 if cuda else torch.float32
     heads_q, heads_kv = (int(x) for x in args.heads.split("/"))
 

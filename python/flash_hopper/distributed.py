@@ -302,6 +302,19 @@ class _RingAttention(torch.autograd.Function):
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
 
 
+def init_from_torchrun(device: str) -> tuple[int, int, torch.device]:
+    """For scripts started by torchrun: the default process group on NCCL (``device`` "cuda",
+    this process's GPU pinned from LOCAL_RANK) or gloo ("cpu"); returns (rank, world, device)."""
+    import os
+
+    cuda = device == "cuda"
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    return rank, world, torch.device("cuda" if cuda else "cpu")
+
+
 def _resolve_group(group: Any):
     if group is not None and hasattr(group, "get_group"):  # a 1-D DeviceMesh
         if getattr(group, "ndim", 1) != 1:
@@ -464,6 +477,6 @@ def ring_flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     return (out[0], lse[0]) if return_lse else out[0]
 
 
-__all__ = ["LAYOUTS", "BlockAttention", "KernelBlocks", "reference_blocks",
+__all__ = ["LAYOUTS", "BlockAttention", "KernelBlocks", "init_from_torchrun", "reference_blocks",
            "ring_flash_attn_func", "ring_flash_attn_varlen_func", "shard", "shard_varlen",
            "unshard", "unshard_varlen"]
