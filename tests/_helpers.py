@@ -115,3 +115,17 @@ def check_kvcache(out, lse, ref_out, ref_lse, low_out):
         assert torch.equal(torch.isfinite(lse), finite)
         if finite.any():
             assert (lse[finite].double() - ref_lse[finite]).abs().max().item() <= 1e-3
+
+
+def kvcache_references(q, kc, vc, kn=None, vn=None, **kw):
+    """(float64 out, lse, caches after the append) and the input-dtype computation's out, for a
+    flash_attn_with_kvcache call (reference.attention_kvcache_ref). NaN in the caches' unused
+    slots becomes 0 for the reference (it must never matter)."""
+    from flash_hopper.reference import attention_kvcache_ref
+
+    k0, v0 = (torch.nan_to_num(t, nan=0.0) for t in (kc, vc))
+    ref_out, ref_lse, k1, v1 = attention_kvcache_ref(
+        q.double(), k0.double(), v0.double(), None if kn is None else kn.double(),
+        None if vn is None else vn.double(), **kw)
+    low_out = attention_kvcache_ref(q, k0, v0, kn, vn, upcast=False, **kw)[0]
+    return ref_out, ref_lse, k1, v1, low_out

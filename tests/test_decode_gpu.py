@@ -17,9 +17,8 @@ import pytest
 import torch
 from flash_hopper import _decode, flash_attn_with_kvcache
 from flash_hopper._lib import FhBackend, FhDtype
-from flash_hopper.reference import attention_kvcache_ref
 
-from tests._helpers import check_kvcache
+from tests._helpers import check_kvcache, kvcache_references
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_matmuls")]
 
@@ -33,9 +32,8 @@ def _decode_kernel(lib):
 
 
 def reference(q, kc, vc, **kw):
-    k0, v0 = kc.nan_to_num(0.0), vc.nan_to_num(0.0)
-    ref_out, ref_lse, _, _ = attention_kvcache_ref(q.double(), k0.double(), v0.double(), **kw)
-    low = attention_kvcache_ref(q, k0, v0, upcast=False, **kw)[0]
+    """(float64 out, lse, the input-dtype computation's out) of a call without new keys."""
+    ref_out, ref_lse, _, _, low = kvcache_references(q, kc, vc, **kw)
     return ref_out, ref_lse, low
 
 
@@ -185,11 +183,7 @@ def test_paged_cache(page_size, seqlen_q, new, causal, num_splits):
                   for _ in range(2))
     seqlens = torch.tensor(filled, dtype=I32, device="cuda")
     kw = {"cache_seqlens": seqlens, "page_table": table.clamp(min=0), "causal": causal}
-    k0, v0 = kc.nan_to_num(0.0), vc.nan_to_num(0.0)
-    ref_out, ref_lse, _, _ = attention_kvcache_ref(
-        q.double(), k0.double(), v0.double(), None if kn is None else kn.double(),
-        None if vn is None else vn.double(), **kw)
-    low = attention_kvcache_ref(q, k0, v0, kn, vn, upcast=False, **kw)[0]
+    ref_out, ref_lse, _, _, low = kvcache_references(q, kc, vc, kn, vn, **kw)
     out, lse = flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=seqlens,
                                        page_table=table, causal=causal, num_splits=num_splits,
                                        return_softmax_lse=True)

@@ -15,7 +15,7 @@ from flash_hopper import flash_attn_with_kvcache
 from flash_hopper._lib import FhBackend, FhDtype
 from flash_hopper.reference import attention_kvcache_ref
 
-from tests._helpers import check_kvcache, raises
+from tests._helpers import check_kvcache, kvcache_references, raises
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_matmuls")]
 
@@ -52,17 +52,6 @@ def poisoned_cache(batch_cache, seqlen_cache, heads_kv, d, filled, leftpad=None,
     return kc.to(dtype), vc.to(dtype)  # NaN stays NaN in e4m3fn
 
 
-def references(q, kc, vc, kn, vn, **kw):
-    """(float64 out, lse, caches after the append) and the bf16 computation's out. NaN in the
-    caches' unused slots becomes 0 for the reference (it must never matter)."""
-    k0, v0 = (torch.nan_to_num(t, nan=0.0) for t in (kc, vc))
-    ref_out, ref_lse, k1, v1 = attention_kvcache_ref(
-        q.double(), k0.double(), v0.double(), None if kn is None else kn.double(),
-        None if vn is None else vn.double(), **kw)
-    low_out = attention_kvcache_ref(q, k0, v0, kn, vn, upcast=False, **kw)[0]
-    return ref_out, ref_lse, k1, v1, low_out
-
-
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize(("seqlen_q", "new"), [(1, 0), (1, 1), (4, 4), (37, 0), (16, 5)])
 @pytest.mark.parametrize("causal", [False, True])
@@ -78,7 +67,7 @@ def test_matches_the_reference(lib, backend, head_dim, seqlen_q, new, causal):
         kn, vn = (torch.randn(b, new, hk, head_dim, device="cuda", generator=g).to(BF16)
                   for _ in range(2))
     seqlens = torch.tensor(filled, dtype=I32, device="cuda")
-    ref_out, ref_lse, _, _, low = references(q, kc, vc, kn, vn, cache_seqlens=seqlens,
+    ref_out, ref_lse, _, _, low = kvcache_references(q, kc, vc, kn, vn, cache_seqlens=seqlens,
                                              causal=causal)
     want_k, want_v = kc.clone(), vc.clone()
     if new:
@@ -112,7 +101,7 @@ def test_batch_idx_leftpad_window_softcap(lib, backend, head_dim):
     for mask in ({"causal": True}, {"window_size": (50, 0)}, {"window_size": (7, 3)},
                  {"softcap": 5.0, "causal": True}):
         k_in, v_in = kc.clone(), vc.clone()
-        ref_out, ref_lse, _, _, low = references(q, k_in, v_in, kn, vn, **kw, **mask)
+        ref_out, ref_lse, _, _, low = kvcache_references(q, k_in, v_in, kn, vn, **kw, **mask)
         out, lse = flash_attn_with_kvcache(q, k_in, v_in, kn, vn, **kw, **mask,
                                            return_softmax_lse=True, backend=backend)
         check_kvcache(out, lse, ref_out, ref_lse, low)
@@ -161,7 +150,7 @@ def test_varlen_queries_and_new_keys(lib, backend, head_dim):
         qb = q[sq[b]:sq[b + 1]][None]
         knb, vnb = kn[sn[b]:sn[b + 1]][None], vn[sn[b]:sn[b + 1]][None]
         one = torch.tensor([filled[b]], dtype=I32, device="cuda")
-        ref_out, ref_lse, _, _, low = references(
+        ref_out, ref_lse, _, _, low = kvcache_references(
             qb, kc0[e:e + 1], vc0[e:e + 1], knb if lnew[b] else None, vnb if lnew[b] else None,
             cache_seqlens=one, causal=True)
         check_kvcache(out[sq[b]:sq[b + 1]][None], lse[:, sq[b]:sq[b + 1]][None], ref_out,
@@ -187,7 +176,7 @@ def test_decode_packed_gqa_and_split_kv(lib, backend, seqlen_q, causal, num_spli
     kw = {"cache_seqlens": torch.tensor(filled, dtype=I32, device="cuda"),
           "cache_batch_idx": torch.tensor(idx, dtype=I32, device="cuda"),
           "cache_leftpad": torch.tensor(pad, dtype=I32, device="cuda"), "causal": causal}
-    ref_out, ref_lse, _, _, low = references(q, kc, vc, None, None, **kw)
+    ref_out, ref_lse, _, _, low = kvcache_references(q, kc, vc, None, None, **kw)
     out, lse = flash_attn_with_kvcache(q, kc, vc, **kw, num_splits=num_splits,
                                        return_softmax_lse=True, backend=backend)
     check_kvcache(out, lse, ref_out, ref_lse, low)
@@ -241,7 +230,7 @@ def test_rotary_matches_the_rotated_reference(lib, backend, interleaved, causal,
     q_pos = base + steps
     k_rot = _complex_rotary(kn, cos[k_pos], sin[k_pos], interleaved).to(BF16)
     q_rot = _complex_rotary(q, cos[q_pos], sin[q_pos], interleaved).to(BF16)
-    ref_out, ref_lse, _, _, low = references(q_rot, kc, vc, k_rot, vn, cache_seqlens=seqlens,
+    ref_out, ref_lse, _, _, low = kvcache_references(q_rot, kc, vc, k_rot, vn, cache_seqlens=seqlens,
                                              causal=causal)
     kw = {"rotary_cos": cos, "rotary_sin": sin, "rotary_interleaved": interleaved,
           "cache_seqlens": seqlens, "causal": causal, "backend": backend}
@@ -272,7 +261,7 @@ def test_sinks_match_the_reference(lib, backend, seqlen_q, num_splits):
     kc, vc = poisoned_cache(b, sc, hk, d, filled, seed=7)
     sinks = torch.randn(hq, device="cuda", generator=g) * 3
     kw = {"cache_seqlens": torch.tensor(filled, dtype=I32, device="cuda"), "causal": True}
-    ref_out, ref_lse, _, _, low = references(q, kc, vc, None, None, sinks=sinks, **kw)
+    ref_out, ref_lse, _, _, low = kvcache_references(q, kc, vc, None, None, sinks=sinks, **kw)
     out, lse = flash_attn_with_kvcache(q, kc, vc, **kw, sinks=sinks, num_splits=num_splits,
                                        return_softmax_lse=True, backend=backend)
     check_kvcache(out, lse, ref_out, ref_lse, low)
@@ -314,11 +303,7 @@ def test_paged_cache_matches_the_reference(lib, backend, page_size, seqlen_q, ne
     seqlens = torch.tensor(filled, dtype=I32, device="cuda")
     safe = table.clamp(min=0)
     kw = {"cache_seqlens": seqlens, "page_table": safe, "causal": causal}
-    k0, v0 = kc.nan_to_num(0.0), vc.nan_to_num(0.0)
-    ref_out, ref_lse, _, _ = attention_kvcache_ref(
-        q.double(), k0.double(), v0.double(), None if kn is None else kn.double(),
-        None if vn is None else vn.double(), **kw)
-    low = attention_kvcache_ref(q, k0, v0, kn, vn, upcast=False, **kw)[0]
+    ref_out, ref_lse, _, _, low = kvcache_references(q, kc, vc, kn, vn, **kw)
     out, lse = flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=seqlens,
                                        page_table=table, causal=causal,
                                        return_softmax_lse=True, backend=backend)

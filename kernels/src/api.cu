@@ -1585,8 +1585,7 @@ FhStatus answer_policy(const Params* params, int32_t cc_major, int32_t cc_minor,
 // --- decode (FhDecodeParams) ---------------------------------------------------------------
 
 int64_t decode_row_blocks(const FhDecodeParams* p) {
-  const int64_t rows = p->seqlen_q * (p->heads_q / p->heads_kv);
-  return (rows + decode::kRowsPerCta - 1) / decode::kRowsPerCta;
+  return decode::row_blocks(p->seqlen_q, p->heads_q / p->heads_kv);
 }
 
 // Everything fh_decode_plan needs (no data pointers): shapes, the cache's geometry, the score.

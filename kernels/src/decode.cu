@@ -94,8 +94,7 @@ DecodeParams derive(FhDecodeParams const* p) {
   d.seqlen_q = static_cast<int>(p->seqlen_q);
   d.heads_kv = static_cast<int>(p->heads_kv);
   d.group = static_cast<int>(p->heads_q / p->heads_kv);
-  d.row_blocks = static_cast<int>((p->seqlen_q * d.group + decode::kRowsPerCta - 1) /
-                                  decode::kRowsPerCta);
+  d.row_blocks = static_cast<int>(decode::row_blocks(p->seqlen_q, d.group));
   const bool paged = p->page_table != nullptr;
   d.capacity = static_cast<int>(paged ? p->max_pages * p->page_size : p->page_size);
   d.page_size = static_cast<int>(p->page_size);

@@ -32,6 +32,11 @@ constexpr int kBlockN = kWarps * kKeysPerWarp;
 constexpr int kThreads = kWarps * 32;
 constexpr int kMaxSplits = 128;
 
+// Row blocks per KV head: seqlen_q tokens x group query heads, kRowsPerCta rows each.
+FH_HOST_DEVICE int64_t row_blocks(int64_t seqlen_q, int64_t group) {
+  return (seqlen_q * group + kRowsPerCta - 1) / kRowsPerCta;
+}
+
 struct KeyRange {
   int lo;  // first key
   int hi;  // one past the last key; hi <= lo: empty
