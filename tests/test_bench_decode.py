@@ -161,3 +161,37 @@ def test_page_size_adds_the_paged_backend(capsys):
     assert points[0].page_size == 16
     assert cli.main(["decode", "--page-size", "0"]) == cli.EXIT_FAILURE
     assert "--page-size: expected an int >= 1, got 0" in capsys.readouterr().err
+
+
+def test_fa4_peers_call_its_varlen_entry_with_the_pool(monkeypatch):
+    """flash-attn-cute-paged: FA4's flash_attn_varlen_func on the same shuffled pool and table as
+    flash-hopper-paged, with seqused_k; the (out, lse) it returns reduced to out."""
+    import sys
+    import types
+
+    seen = {}
+
+    def varlen(q, k, v, **kw):
+        seen["k"], seen["kw"] = k, kw
+        return q + 1, None
+
+    cute = types.ModuleType("flash_attn.cute")
+    cute.flash_attn_varlen_func = varlen
+    package = types.ModuleType("flash_attn")
+    package.cute = cute
+    monkeypatch.setitem(sys.modules, "flash_attn", package)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
+    point = decode.DecodePoint(2, 64, 4, 2, 8, 1, "bf16", 16)
+    q = torch.zeros(2, 1, 4, 8)
+    kc, vc = torch.randn(2, 64, 2, 8), torch.randn(2, 64, 2, 8)
+    lengths = torch.full((2,), 64, dtype=torch.int32)
+    monkeypatch.setattr(decode, "paged_copy", lambda k, v, page: ("pool_k", "pool_v", "table"))
+    out = decode.backend_call("flash-attn-cute-paged", point, q, kc, vc, lengths)()
+    assert torch.equal(out, q + 1)
+    assert seen["k"] == "pool_k"
+    assert seen["kw"] == {"seqused_k": lengths, "page_table": "table", "causal": True}
+    out = decode.backend_call("flash-attn-cute", point, q, kc, vc, lengths)()
+    assert seen["k"] is kc and seen["kw"] == {"causal": True}
+    no_pages = decode.DecodePoint(2, 64, 4, 2, 8, 1, "bf16", None)
+    with pytest.raises(decode.DecodeError, match="flash-attn-cute-paged: needs --page-size"):
+        decode.backend_call("flash-attn-cute-paged", no_pages, q, kc, vc, lengths)

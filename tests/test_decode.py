@@ -29,22 +29,27 @@ def params(**kw) -> FhDecodeParams:
 
 
 def test_plan_splits_one_wave_and_sizes_the_workspace(lib):
-    # 8 row blocks on 132 SMs x 2 CTAs (d128): 264 // 8 = 33, capped by 8192 / 256 = 32 keys
+    # 8 row blocks on 132 SMs, one CTA each: 132 // 8 = 16 splits (8192 / 256 = 32 would allow more)
     splits, nbytes = lib.decode_plan(params(num_splits=0), num_sms=132)
-    assert splits == 32
+    assert splits == 16
     blocks = 1 * 8 * 1  # batch x heads_kv x row blocks
-    lse = -(-(32 * blocks * 16 * 4) // 256) * 256
-    assert nbytes == lse + -(-(32 * blocks * 16 * 128 * 4) // 256) * 256
-    # a paged cache of the same capacity splits alike: the plan reads max_pages x page_size
+    lse = -(-(16 * blocks * 16 * 4) // 256) * 256
+    assert nbytes == lse + -(-(16 * blocks * 16 * 128 * 4) // 256) * 256
+    # a paged cache of the same capacity: the plan reads max_pages x page_size, and fills both
+    # CTA slots of an SM (d128): 264 // 8 = 33, capped by 8192 / 256 = 32 keys per split
     paged = params(num_splits=0, page_table=16, page_size=16, num_pages=512, max_pages=512,
                    page_table_stride=512)
     assert lib.decode_plan(paged, num_sms=132)[0] == 32
-    # a full wave (32 x 8 row blocks on 264 slots) does not split
+    # a short cache caps the splits at one per 256 keys: 2048 keys -> 8
+    assert lib.decode_plan(params(num_splits=0, page_size=2048), num_sms=132)[0] == 8
+    # 8 x 8 row blocks: 2 splits; a full wave (32 x 8 row blocks on 132 SMs) does not split
+    assert lib.decode_plan(params(num_splits=0, batch=8), num_sms=132)[0] == 2
     assert lib.decode_plan(params(num_splits=0, batch=32), num_sms=132) == (1, 0)
     # the caller's count, capped at 128
     assert lib.decode_plan(params(num_splits=500), num_sms=132)[0] == 128
     # 64 query heads per KV head x 4 tokens: 256 rows = 16 row blocks per KV head, 128 tiles
-    assert lib.decode_plan(params(num_splits=0, heads_q=512, seqlen_q=4), num_sms=132)[0] == 2
+    # (over 80 % of the SMs): one split
+    assert lib.decode_plan(params(num_splits=0, heads_q=512, seqlen_q=4), num_sms=132)[0] == 1
 
 
 @pytest.mark.parametrize(("kw", "fragment"), [

@@ -87,9 +87,10 @@ def test_the_call_runs_on_the_decode_kernel(lib, monkeypatch):
         assert run_count(lambda: flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens)) == 0
 
 
-def test_split_heuristic_splits_paged_and_dense_caches_alike(lib):
+def test_split_heuristic_sees_the_paged_capacity(lib):
     """The plan of a paged call sees the table's capacity (max_pages x page_size), not one
-    page: batch 1 splits the same way dense or paged."""
+    page: batch 1 splits paged as dense, over both CTA slots of an SM where dense takes one
+    (d128: 2 CTAs fit; 8 row blocks; at most 8192 / 256 = 32 splits)."""
     b, hq, hk, d = 1, 32, 8, 128
     q = torch.randn(b, 1, hq, d, device="cuda").bfloat16()
     kc, vc = (torch.randn(b, 8192, hk, d, device="cuda").bfloat16() for _ in range(2))
@@ -99,8 +100,10 @@ def test_split_heuristic_splits_paged_and_dense_caches_alike(lib):
     flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens)
     flash_attn_with_kvcache(q, kc.view(-1, 16, hk, d), vc.view(-1, 16, hk, d),
                             cache_seqlens=seqlens, page_table=table)
-    splits = {_decode._plans.get(key).splits for key in _decode._plans.signatures()}
-    assert len(splits) == 1 and splits.pop() > 1
+    splits = {key[11] is not None: _decode._plans.get(key).splits
+              for key in _decode._plans.signatures()}
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert splits == {False: min(sms // 8, 32), True: min(2 * sms // 8, 32)}
 
 
 @pytest.mark.parametrize(("seqlen_q", "causal", "window"), [
@@ -296,27 +299,129 @@ def test_scheduler_metadata_keeps_the_kernels_split_choice(num_splits):
                                                             (2, False, (64, 8))])
 def test_flash_attn_func_short_queries_on_the_decode_kernel(monkeypatch, seqlen_q, causal,
                                                             window):
-    """FLASH_HOPPER_DECODE=all: flash_attn_func's short queries run on the decode kernel (a dense
-    K / V as full cache entries), with the FA path's results and gradients (the backward takes
-    the decode kernel's out and LSE)."""
+    """flash_attn_func's short queries run on the decode kernel (a dense K / V as full cache
+    entries), with the FA path's results (FLASH_HOPPER_DECODE=kvcache: the FA path)."""
     from flash_hopper import flash_attn_func
 
-    g = torch.Generator(device="cuda").manual_seed(seqlen_q)
-    q = torch.randn(3, seqlen_q, 16, 128, device="cuda", generator=g).bfloat16()
-    k, v = (torch.randn(3, 3000, 4, 128, device="cuda", generator=g).bfloat16()
-            for _ in range(2))
+    q, k, v = short_query_inputs(seqlen_q)
     kw = {"causal": causal, "window_size": window, "softcap": 5.0}
+    monkeypatch.setenv("FLASH_HOPPER_DECODE", "kvcache")
     want, want_lse = flash_attn_func(q, k, v, return_attn_probs=True, **kw)
-    monkeypatch.setenv("FLASH_HOPPER_DECODE", "all")
+    assert run_count(lambda: flash_attn_func(q, k, v, **kw)) == 0
+    monkeypatch.delenv("FLASH_HOPPER_DECODE")
     got, got_lse = flash_attn_func(q, k, v, return_attn_probs=True, **kw)
     assert run_count(lambda: flash_attn_func(q, k, v, **kw)) == 1
     assert (got.float() - want.float()).abs().max().item() < 2e-2
     assert (got_lse - want_lse).abs().max().item() < 1e-3
+
+
+def short_query_inputs(seqlen_q):
+    g = torch.Generator(device="cuda").manual_seed(seqlen_q)
+    q = torch.randn(3, seqlen_q, 16, 128, device="cuda", generator=g).bfloat16()
+    k, v = (torch.randn(3, 3000, 4, 128, device="cuda", generator=g).bfloat16()
+            for _ in range(2))
+    return q, k, v
+
+
+@pytest.mark.parametrize(("seqlen_q", "causal", "window"), [(1, True, (-1, -1)),
+                                                            (2, False, (64, 8))])
+def test_flash_attn_func_short_queries_backward(lib, monkeypatch, seqlen_q, causal, window):
+    """The gradients of flash_attn_func's short queries on the decode kernel (the backward takes
+    its out and LSE) equal the FA path's."""
+    from flash_hopper import flash_attn_func
+
+    if not any(lib.has_bwd_kernel(be, FhDtype.BF16, 128) for be in (FhBackend.FA2, FhBackend.FA3)):
+        pytest.skip("this build has no bf16 d128 backward kernel")
+    q, k, v = short_query_inputs(seqlen_q)
+    kw = {"causal": causal, "window_size": window, "softcap": 5.0}
+    monkeypatch.delenv("FLASH_HOPPER_DECODE", raising=False)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    assert run_count(lambda: flash_attn_func(*leaves, **kw)) == 1
     flash_attn_func(*leaves, **kw).float().square().sum().backward()
-    monkeypatch.setenv("FLASH_HOPPER_DECODE", "1")
+    monkeypatch.setenv("FLASH_HOPPER_DECODE", "kvcache")
     ref_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     flash_attn_func(*ref_leaves, **kw).float().square().sum().backward()
     for a, b in zip(leaves, ref_leaves):
         assert (a.grad.float() - b.grad.float()).abs().max().item() <= (
             3e-2 * b.grad.float().abs().max().item() + 1e-3)
+
+
+def capture(fn):
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.cuda.graph(graph, stream=s):
+        out = fn()
+    torch.cuda.current_stream().wait_stream(s)
+    return graph, out
+
+
+@pytest.mark.parametrize("pool", ["fresh", "absent", "used up"])
+def test_captured_calls_own_their_counters(monkeypatch, pool):
+    """Split calls captured in two graphs, replayed at once on two streams, next to eager calls on
+    a third: each captured call owns its merge counters (a slice of the device's graph pool,
+    zeroed once outside the capture; or, without a pool or once it is used up, an array zeroed
+    inside the graph), so every output equals the eager call's."""
+    monkeypatch.setattr(_decode, "_graph_pools", {})
+    b, hq, hk, sc, d = 1, 32, 8, 8192, 128
+    g = torch.Generator(device="cuda").manual_seed(11)
+    q = torch.randn(b, 1, hq, d, device="cuda", generator=g).bfloat16()
+    kc, vc = (torch.randn(b, sc, hk, d, device="cuda", generator=g).bfloat16() for _ in range(2))
+    seqlens = torch.tensor([8000], dtype=I32, device="cuda")
+
+    def call():
+        return flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=24)
+
+    if pool != "absent":
+        want = call()  # an eager split call: creates the pool
+        index = torch.cuda.current_device()
+        if pool == "used up":
+            _decode._graph_pools[index].used = _decode.GRAPH_POOL_COUNTERS - 8
+        before = _decode._graph_pools[index].used
+    (graph_a, out_a), (graph_b, out_b) = capture(call), capture(call)
+    if pool == "fresh":
+        assert _decode._graph_pools[index].used == before + 2 * 64  # one slice per captured call
+    elif pool == "used up":
+        assert _decode._graph_pools[index].used == before
+    want = call()
+    streams = [torch.cuda.Stream() for _ in range(3)]
+    for _ in range(10):
+        for s in streams:
+            s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(streams[0]):
+            graph_a.replay()
+        with torch.cuda.stream(streams[1]):
+            graph_b.replay()
+        with torch.cuda.stream(streams[2]):
+            eager = call()
+        for s in streams:
+            torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        assert torch.equal(out_a, want) and torch.equal(out_b, want) and torch.equal(eager, want)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_a_captured_decode_step_is_one_kernel(paged):
+    """After an eager call, a captured split call replays as the decode kernel alone: no memset of
+    its merge counters (the graph pool's slice) and no arange of offsets (the eagerly built ones)
+    in the graph: each extra node cost a 1 x 8k step ~1 us (bench/PERFLOG.md session 15)."""
+    b, hq, hk, sc, d, ps = 1, 32, 8, 8192, 128, 16
+    q = torch.randn(b, 1, hq, d, device="cuda").bfloat16()
+    kc, vc = (torch.randn(b, sc, hk, d, device="cuda").bfloat16() for _ in range(2))
+    kw = {}
+    if paged:
+        kc, vc = kc.view(-1, ps, hk, d), vc.view(-1, ps, hk, d)
+        kw["page_table"] = torch.arange(kc.shape[0], dtype=I32, device="cuda").view(b, -1)
+    seqlens = torch.tensor([8000], dtype=I32, device="cuda")
+
+    def call():
+        return flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, causal=True, **kw)
+
+    call()
+    torch.cuda.synchronize()
+    graph, _ = capture(call)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert len(names) == 1 and "decode_kernel" in names[0], names

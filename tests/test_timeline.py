@@ -11,11 +11,16 @@ from flash_hopper._errors import UnsupportedError
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def load_timeline():
-    spec = importlib.util.spec_from_file_location("timeline", ROOT / "bench" / "timeline.py")
+def load_bench(name: str = "timeline"):
+    """bench/<name>.py as a module (bench/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_timeline():
+    return load_bench("timeline")
 
 
 def test_layout_matches_the_kernel_header():
@@ -66,3 +71,38 @@ def test_the_debug_hook_needs_a_timeline_build(lib):
     with pytest.raises(ValueError, match="bytes: expected at least"):
         lib.set_timeline(0x1000, 8)
     lib.set_timeline(None, 0)
+
+
+def test_decode_timeline_layout_matches_the_kernel_header():
+    dt = load_bench("decode_timeline")
+    header = (ROOT / "kernels" / "decode" / "decode_kernel.h").read_text()
+    assert f"kMarkSlots = {dt.SLOTS};" in header
+    # the decode kernel's marks fit the buffer fh_debug_set_timeline takes
+    assert dt.BYTES == load_timeline().BYTES
+
+
+def test_decode_timeline_phases_of_a_synthetic_buffer():
+    dt = load_bench("decode_timeline")
+    words = [0] * (dt.BYTES // 8)
+
+    def cta(i, start, first, loop, published, end, sm, merged):
+        words[i * dt.SLOTS:(i + 1) * dt.SLOTS] = [start, first, loop, published, end,
+                                                  sm | (int(merged) << 32), 10, 510]
+
+    cta(0, 1000, 2500, 6000, 6500, 6600, 3, False)
+    cta(1, 1200, 2400, 6100, 6700, 9000, 7, True)   # merged the splits
+    cta(3, 1100, 2000, 5000, 0, 5200, 9, False)     # unsplit: no publish mark
+    rows = dt.phases(words, 4)
+    assert [r["cta"] for r in rows] == [0, 1, 3]  # CTA 2 recorded nothing
+    r0, r1, r3 = rows
+    assert (r0["start"], r0["first_block"], r0["loop"], r0["publish"], r0["tail"]) == (
+        0, 1500, 3500, 500, 100)
+    assert (r1["start"], r1["end"], r1["sm"], r1["merged"], r1["tail"]) == (200, 8000, 7, True,
+                                                                           2300)
+    assert (r3["publish"], r3["tail"], r3["cycles"]) == (0, 200, 500)
+    s = dt.summarize(rows)
+    assert s["ctas"] == 3 and s["sms"] == 3 and s["span_ns"] == 8000
+    assert s["merge"] == {"count": 1, "median": 2300, "max": 2300, "last_end": 8000}
+    assert s["non_merger_last_end"] == 5600
+    assert s["first_block"]["median"] == 1200
+    assert dt.summarize([]) == {}

@@ -52,6 +52,8 @@ struct DecodeParams {
   const int32_t* cu_seqlens_q;
   const float* sinks;
   int* counters;      // split calls: one per row block
+  unsigned long long* timeline;  // FH_TIMELINE builds: DecodeMarks' buffer, or null
+  int64_t timeline_ctas;         // the CTAs it has room for
   float* lse_partial; // (splits, row blocks, kRowsPerCta), base 2
   float* o_partial;   // (splits, row blocks, kRowsPerCta, head_dim)
 
@@ -78,6 +80,58 @@ struct DecodeParams {
   int window_left;
   int window_right;
   int splits;
+};
+
+// FH_TIMELINE builds (CMake FH_TIMELINE=ON; fh_debug_set_timeline): every CTA's thread 0 records
+// kMarkSlots words at timeline + kMarkSlots * (linear CTA id): the global timer (ns) at each
+// DecodeEv, then (SM id | 1 << 32 if it merged the splits), then clock64() at start and end.
+// bench/decode_timeline.py reads them. Other builds compile every mark to nothing.
+enum DecodeEv : int {
+  kEvStart = 0,      // entered
+  kEvFirstBlock = 1, // the first key block landed
+  kEvLoopDone = 2,   // the last block's P V issued
+  kEvPublished = 3,  // split calls: partials written and counted (the atomic returned)
+  kEvEnd = 4,        // every thread done (the merger: after the merge)
+};
+inline constexpr int kMarkSlots = 8;
+
+struct DecodeMarks {
+#ifdef FH_TIMELINE
+  unsigned long long* slots = nullptr;
+  __device__ DecodeMarks(unsigned long long* buffer, int64_t capacity_ctas) {
+    const int64_t cta =
+        (int64_t(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+    if (buffer != nullptr && threadIdx.x == 0 && cta < capacity_ctas) {
+      slots = buffer + cta * kMarkSlots;
+      unsigned sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      slots[5] = sm;
+      slots[6] = clock64();
+    }
+  }
+  __device__ static unsigned long long now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+  }
+  __device__ void mark(DecodeEv e) {
+    if (slots != nullptr) {
+      slots[e] = now();
+    }
+  }
+  __device__ void end(bool merged) {  // every thread of the CTA calls it
+    __syncthreads();
+    if (slots != nullptr) {
+      slots[kEvEnd] = now();
+      slots[5] |= static_cast<unsigned long long>(merged) << 32;
+      slots[7] = clock64();
+    }
+  }
+#else
+  __device__ DecodeMarks(unsigned long long*, int64_t) {}
+  __device__ void mark(DecodeEv) {}
+  __device__ void end(bool) {}
+#endif
 };
 
 constexpr float kLog2e = 1.4426950408889634f;
@@ -167,6 +221,8 @@ __global__ void __launch_bounds__(kThreads)
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
+  DecodeMarks marks(p.timeline, p.timeline_ctas);
+  marks.mark(kEvStart);
 
   // --- the sequence and this CTA's rows and keys ------------------------------------------
   int seqlen_q = p.seqlen_q;
@@ -309,6 +365,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int j = 0; j < n_blocks; ++j) {
     cute::cp_async_wait<kStages - 2>();
     __syncthreads();  // block j landed for every thread; block j - 1's stage is free
+    if (j == 0) {
+      marks.mark(kEvFirstBlock);
+    }
     {
       const int next = j + kStages - 1;
       if (next < n_blocks) {
@@ -402,6 +461,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   // --- merge the warps ----------------------------------------------------------------------
+  marks.mark(kEvLoopDone);
   cute::cp_async_wait<0>();
   __syncthreads();  // the ring is free: s.o aliases it
 #pragma unroll
@@ -508,6 +568,7 @@ __global__ void __launch_bounds__(kThreads)
         write_lse(row, lse2);
       }
     }
+    marks.end(false);
     return;
   }
 
@@ -538,7 +599,9 @@ __global__ void __launch_bounds__(kThreads)
     s.last = done == p.splits - 1;
   }
   __syncthreads();
+  marks.mark(kEvPublished);
   if (!s.last) {
+    marks.end(false);
     return;
   }
   __threadfence();  // every other split counted itself after publishing
@@ -609,6 +672,7 @@ __global__ void __launch_bounds__(kThreads)
     packed.y = Ops::pack(o4.z, o4.w);
     *reinterpret_cast<uint2*>(out_row(i) + c) = packed;
   }
+  marks.end(true);
 }
 
 }  // namespace decode

@@ -1640,8 +1640,13 @@ int decode_splits(const FhDecodeParams* p, int num_sms) {
   }
   const int64_t tiles = p->batch * p->heads_kv * decode_row_blocks(p);
   const int64_t keys = p->page_table != nullptr ? p->max_pages * p->page_size : p->page_size;
-  return decode::default_splits(tiles, keys, num_sms, decode_ctas_per_sm(p->head_dim),
-                                /*min_keys=*/256);
+  // A dense cache: one CTA per SM, though two fit at d128: as fast or faster and fewer splits to
+  // merge (GQA 32 / 8, d128, H200: 1 x 128k 16 splits 4.23 TB/s vs 33 splits 4.14, 8 x 32k 2
+  // vs 4 splits 4.40 vs 4.33). A paged cache fills every CTA slot: one CTA per SM waits on
+  // its page ids (read one key block ahead) and lost a fifth (1 x 128k 3.20 vs 4.01, 8 x 32k 3.29
+  // vs 4.27; bench/PERFLOG.md session 15).
+  const int ctas_per_sm = p->page_table != nullptr ? decode_ctas_per_sm(p->head_dim) : 1;
+  return decode::default_splits(tiles, keys, num_sms, ctas_per_sm, /*min_keys=*/256);
 }
 
 int64_t decode_workspace_bytes(const FhDecodeParams* p, int splits) {
@@ -1880,7 +1885,12 @@ FH_EXPORT FhStatus fh_decode(const FhDecodeParams* params, void* stream) {
   FH_CHECK(dev.major >= 8, "device: the decode kernel needs compute capability >= 8.0, got %d.%d",
            dev.major, dev.minor);
   const int limit = smem_limit(dev);
+#ifdef FH_TIMELINE
+  const LaunchResult result = launch_decode(params, limit, static_cast<cudaStream_t>(stream),
+                                            g_timeline, flash_hopper::sm90::kTimelineBytes);
+#else
   const LaunchResult result = launch_decode(params, limit, static_cast<cudaStream_t>(stream));
+#endif
   char message[1024];
   const FhStatus st = describe_launch(result, "decode", params->head_dim, limit, message,
                                       sizeof(message));

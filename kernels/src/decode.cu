@@ -77,8 +77,11 @@ int stages_for(int64_t head_dim) {
 constexpr int kSmPerSmBytes = 228 * 1024;
 constexpr int kReservedPerCta = 1024;
 
-DecodeParams derive(FhDecodeParams const* p) {
+DecodeParams derive(FhDecodeParams const* p, unsigned long long* timeline,
+                    int64_t timeline_bytes) {
   DecodeParams d{};
+  d.timeline = timeline;
+  d.timeline_ctas = timeline_bytes / int64_t(sizeof(unsigned long long) * decode::kMarkSlots);
   d.q = p->q;
   d.k = p->k;
   d.v = p->v;
@@ -140,7 +143,8 @@ DecodeParams derive(FhDecodeParams const* p) {
 }
 
 template <class Element, int kHeadDim, int kStages>
-LaunchResult launch(FhDecodeParams const* p, int max_smem_per_block, cudaStream_t stream) {
+LaunchResult launch(FhDecodeParams const* p, int max_smem_per_block, cudaStream_t stream,
+                    unsigned long long* timeline, int64_t timeline_bytes) {
   constexpr int kSmem = smem_bytes<kHeadDim, kStages>();
   if constexpr (kSmem > kMaxSmemPerBlock) {
     return LaunchResult::no_tile_fits(kSmem);
@@ -156,7 +160,7 @@ LaunchResult launch(FhDecodeParams const* p, int max_smem_per_block, cudaStream_
     if (err != cudaSuccess) {
       return LaunchResult::cuda(err);
     }
-    const DecodeParams d = derive(p);
+    const DecodeParams d = derive(p, timeline, timeline_bytes);
     const dim3 grid(d.splits, d.heads_kv * d.row_blocks, d.batch);
     kernel<<<grid, decode::kThreads, kSmem, stream>>>(d);
     return LaunchResult::cuda(cudaGetLastError());
@@ -164,28 +168,37 @@ LaunchResult launch(FhDecodeParams const* p, int max_smem_per_block, cudaStream_
 }
 
 template <class Element, int kHeadDim>
-LaunchResult launch_stages(FhDecodeParams const* p, int max_smem_per_block, cudaStream_t stream) {
+LaunchResult launch_stages(FhDecodeParams const* p, int max_smem_per_block, cudaStream_t stream,
+                           unsigned long long* timeline, int64_t timeline_bytes) {
   switch (stages_for(kHeadDim)) {
     case 2:
-      return launch<Element, kHeadDim, 2>(p, max_smem_per_block, stream);
+      return launch<Element, kHeadDim, 2>(p, max_smem_per_block, stream, timeline,
+                                              timeline_bytes);
     case 3:
-      return launch<Element, kHeadDim, 3>(p, max_smem_per_block, stream);
+      return launch<Element, kHeadDim, 3>(p, max_smem_per_block, stream, timeline,
+                                              timeline_bytes);
     case 4:
-      return launch<Element, kHeadDim, 4>(p, max_smem_per_block, stream);
+      return launch<Element, kHeadDim, 4>(p, max_smem_per_block, stream, timeline,
+                                              timeline_bytes);
     default:
-      return launch<Element, kHeadDim, 5>(p, max_smem_per_block, stream);
+      return launch<Element, kHeadDim, 5>(p, max_smem_per_block, stream, timeline,
+                                              timeline_bytes);
   }
 }
 
 template <class Element>
-LaunchResult launch_dtype(FhDecodeParams const* p, int max_smem_per_block, cudaStream_t stream) {
+LaunchResult launch_dtype(FhDecodeParams const* p, int max_smem_per_block, cudaStream_t stream,
+                          unsigned long long* timeline, int64_t timeline_bytes) {
   switch (p->head_dim) {
     case 64:
-      return launch_stages<Element, 64>(p, max_smem_per_block, stream);
+      return launch_stages<Element, 64>(p, max_smem_per_block, stream, timeline,
+                                             timeline_bytes);
     case 128:
-      return launch_stages<Element, 128>(p, max_smem_per_block, stream);
+      return launch_stages<Element, 128>(p, max_smem_per_block, stream, timeline,
+                                             timeline_bytes);
     case 256:
-      return launch_stages<Element, 256>(p, max_smem_per_block, stream);
+      return launch_stages<Element, 256>(p, max_smem_per_block, stream, timeline,
+                                             timeline_bytes);
     default:
       return LaunchResult::internal("decode head_dim outside 64 / 128 / 256");
   }
@@ -193,10 +206,8 @@ LaunchResult launch_dtype(FhDecodeParams const* p, int max_smem_per_block, cudaS
 
 }  // namespace
 
-int decode_smem_bytes(int64_t head_dim) { return smem_of(head_dim, stages_for(head_dim)); }
-
 int decode_ctas_per_sm(int64_t head_dim) {
-  const int smem = decode_smem_bytes(head_dim);
+  const int smem = smem_of(head_dim, stages_for(head_dim));
   if (smem <= 0) {
     return 1;
   }
@@ -204,12 +215,13 @@ int decode_ctas_per_sm(int64_t head_dim) {
   return n < 1 ? 1 : (n > 4 ? 4 : n);
 }
 
-LaunchResult launch_decode(FhDecodeParams const* p, int max_smem_per_block, cudaStream_t stream) {
+LaunchResult launch_decode(FhDecodeParams const* p, int max_smem_per_block, cudaStream_t stream,
+                           unsigned long long* timeline, int64_t timeline_bytes) {
   if (p->dtype == FH_DTYPE_BF16) {
-    return launch_dtype<__nv_bfloat16>(p, max_smem_per_block, stream);
+    return launch_dtype<__nv_bfloat16>(p, max_smem_per_block, stream, timeline, timeline_bytes);
   }
   if (p->dtype == FH_DTYPE_FP16) {
-    return launch_dtype<__half>(p, max_smem_per_block, stream);
+    return launch_dtype<__half>(p, max_smem_per_block, stream, timeline, timeline_bytes);
   }
   return LaunchResult::internal("decode dtype other than fp16 / bf16");
 }

@@ -9,13 +9,13 @@
 
 namespace flash_hopper {
 
-// Shared memory of the decode kernel for head_dim (64, 128 or 256; 0 for others).
-int decode_smem_bytes(int64_t head_dim);
-
 // CTAs of that kernel one SM holds (shared memory bound; 228 KiB per SM, 1 KiB reserved per CTA).
 int decode_ctas_per_sm(int64_t head_dim);
 
 // Launches the kernel for a validated call with p->num_splits >= 1 (and its workspace).
-LaunchResult launch_decode(FhDecodeParams const* p, int max_smem_per_block, cudaStream_t stream);
+// timeline: FH_TIMELINE builds' event buffer (decode_kernel.h's DecodeMarks) of timeline_bytes, or
+// null.
+LaunchResult launch_decode(FhDecodeParams const* p, int max_smem_per_block, cudaStream_t stream,
+                           unsigned long long* timeline = nullptr, int64_t timeline_bytes = 0);
 
 }  // namespace flash_hopper

@@ -8,8 +8,10 @@ takes is what the kernel serves (``usable``); everything else stays on the varle
 The caller has validated the arguments (kvcache.py); this module checks only what the kernel adds
 (head dims, alignment) and fills FhDecodeParams. Per call: one plan lookup (cached per call
 signature: the split count and workspace size from fh_decode_plan), for split calls a scratch
-workspace and the merge counters (eager: cached per device and stream, zeroed once, the kernel
-leaves them zero; a CUDA graph: its own, zeroed in the graph), one launch.
+workspace and the merge counters (the kernel leaves them zero; eager: cached per device and
+stream, zeroed once; a call captured in a CUDA graph: its own slice of a per-device pool zeroed
+once outside any capture, or, before the pool exists or once it is used up, its own array zeroed
+inside the graph), one launch.
 """
 
 from __future__ import annotations
@@ -41,13 +43,15 @@ def enabled() -> bool:
 
 
 def everywhere() -> bool:
-    """FLASH_HOPPER_DECODE=all also routes flash_attn_func's short queries (a dense K / V as a
-    cache of full entries) to the kernel. Off by default until measured on a GPU (written in
-    session 14 without device time left: tests/test_decode_gpu.py has its test)."""
-    return os.environ.get("FLASH_HOPPER_DECODE", "1") == "all"
+    """flash_attn_func's short queries (a dense K / V as a cache of full entries) run on the
+    kernel too, unless FLASH_HOPPER_DECODE is 0 or "kvcache" (flash_attn_with_kvcache only).
+    Measured at issue 14's points (GQA 32 / 8, d128, one query token): 2.4-4.6 TB/s where the
+    FA-3 path's one-valid-row tiles gave 0.34-1.44 (bench/PERFLOG.md session 15)."""
+    return os.environ.get("FLASH_HOPPER_DECODE", "1") not in ("0", "kvcache")
 
 
-_full: dict[tuple, torch.Tensor] = {}
+_full: dict[tuple, torch.Tensor] = {}  # (device, batch, seqlen_k) -> full lengths, built eagerly
+_graph_full: dict[tuple, torch.Tensor] = {}  # those a captured call took: never freed
 
 
 def dense_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float,
@@ -64,13 +68,16 @@ def dense_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_sca
     if not usable(q, k, v, seqlen_q * (heads_q // heads_kv), out):
         return None
     key = (q.device, batch, seqlen_k)
+    capturing = torch.cuda.is_current_stream_capturing()
     lengths = _full.get(key)
     if lengths is None:
         lengths = torch.full((batch,), seqlen_k, dtype=torch.int32, device=q.device)
-        if not torch.cuda.is_current_stream_capturing():
+        if not capturing:
             if len(_full) >= 64:
                 _full.clear()
             _full[key] = lengths
+    elif capturing:
+        _graph_full[key] = lengths  # a graph reads it: never freed when _full is cleared
     return forward(q, k, v, lengths, softmax_scale=softmax_scale, softcap=softcap, window=window,
                    out=out, return_lse=need_lse)
 
@@ -107,16 +114,45 @@ class _Plan(NamedTuple):
 
 _plans = _plan_cache.PlanCache(256)
 _counters: dict[tuple[int, int], torch.Tensor] = {}
+GRAPH_POOL_COUNTERS = 1 << 20  # int32 per device (4 MiB): the slices captured calls own
+
+
+class _GraphPool:
+    """Zeroed once, outside any capture; every captured split call takes a slice of its own for
+    good (a graph may be replayed on any stream, next to eager calls and other graphs, so no two
+    captured calls share counters), which the kernel leaves zero after each replay."""
+
+    def __init__(self, device: torch.device):
+        self.counters = torch.zeros(GRAPH_POOL_COUNTERS, dtype=torch.int32, device=device)
+        self.used = 0
+
+    def take(self, count: int) -> torch.Tensor | None:
+        count = -(-count // 64) * 64  # 256-byte slices
+        if self.used + count > self.counters.numel():
+            return None
+        self.used += count
+        return self.counters[self.used - count:self.used]
+
+
+_graph_pools: dict[int, _GraphPool] = {}
 
 
 def _counters_for(device: torch.device, stream: int, count: int) -> torch.Tensor:
     """int32 zeros for the merge counters. Eager calls: cached per (device, stream) (the kernel
-    leaves them zero and calls on one stream run in order). A CUDA graph gets its own, zeroed
-    inside the graph (a memset node, as FA3's semaphore): a graph may be replayed on any stream,
-    next to eager calls, and must not share counters with them."""
+    leaves them zero and calls on one stream run in order); the first also zeroes the device's
+    graph pool. A captured call: a slice of that pool, or, when the pool does not exist yet (no
+    eager split call before the capture) or is used up, an array zeroed inside the graph (a
+    memset node, as FA3's semaphore: ~1 us per replay, bench/PERFLOG.md session 15)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
     if torch.cuda.is_current_stream_capturing():
-        return torch.zeros(count, dtype=torch.int32, device=device)
-    key = (device.index if device.index is not None else torch.cuda.current_device(), stream)
+        pool = _graph_pools.get(index)
+        counters = pool.take(count) if pool is not None else None
+        if counters is None:
+            counters = torch.zeros(count, dtype=torch.int32, device=device)
+        return counters
+    if index not in _graph_pools:
+        _graph_pools[index] = _GraphPool(device)
+    key = (index, stream)
     cached = _counters.get(key)
     if cached is None or cached.numel() < count:
         cached = _counters[key] = torch.zeros(max(count, 4096), dtype=torch.int32, device=device)

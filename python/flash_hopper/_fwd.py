@@ -192,7 +192,7 @@ def _run_new_outputs(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         routed = _decode.dense_forward(q, k, v, plan.cfg.softmax_scale,
                                        (plan.cfg.window_left, plan.cfg.window_right),
                                        plan.cfg.softcap, out, need_lse)
-        if routed is not None:  # short queries on the decode kernel (FLASH_HOPPER_DECODE=all)
+        if routed is not None:  # short queries on the decode kernel (_decode.everywhere)
             return routed
     lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=plan.device) if need_lse else None
     if plan.template is not None:

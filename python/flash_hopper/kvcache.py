@@ -52,20 +52,31 @@ from ._errors import UnsupportedError
 from ._tables import FP8_DTYPES
 
 _offsets: dict[tuple, torch.Tensor] = {}  # (device, n, step) -> int32 arange, built outside capture
+_graph_offsets: dict[tuple, torch.Tensor] = {}  # those a captured call took: never freed
 
 
 def _arange_offsets(n: int, step: int, device: torch.device) -> torch.Tensor:
-    """int32 [0, step, ..., n * step] on device. Cached when built eagerly; a tensor made while a
-    CUDA graph is captured holds its values only once the graph runs, so it is never cached."""
+    """int32 [0, step, ..., n * step] on device. Cached when built eagerly. A captured call takes
+    the eagerly built one if there is one (no arange kernel in the graph: two of them cost a decode
+    step ~3 us per replay, bench/PERFLOG.md session 15), kept alive for good since a graph reads
+    it; else it makes its own, which holds its values only once the graph runs and is never
+    cached."""
     capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
     key = (device, n, step)
-    t = None if capturing else _offsets.get(key)
+    if capturing:
+        t = _graph_offsets.get(key)
+        if t is None:
+            t = _offsets.get(key)
+            if t is not None:
+                _graph_offsets[key] = t
+        return t if t is not None else torch.arange(0, (n + 1) * step, step, dtype=torch.int32,
+                                                    device=device)
+    t = _offsets.get(key)
     if t is None:
         t = torch.arange(0, (n + 1) * step, step, dtype=torch.int32, device=device)
-        if not capturing:
-            if len(_offsets) >= 64:
-                _offsets.clear()
-            _offsets[key] = t
+        if len(_offsets) >= 64:
+            _offsets.clear()
+        _offsets[key] = t
     return t
 
 

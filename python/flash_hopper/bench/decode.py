@@ -14,8 +14,10 @@ output is checked against a float32 reference on the first sequences of the batc
 within 2e-2 + FA3's rule of twice the same computation in the input dtype).
 
 --page-size P adds a "flash-hopper-paged" backend: the same cache as a pool of P-token pages
-in shuffled order with a page table (flash_attn_with_kvcache's paged path). FA4 / FlashInfer
-peers come with issue 14's paged kernels.
+in shuffled order with a page table (flash_attn_with_kvcache's paged path). Peers on request
+(--backends): "flash-attn-cute-paged", FA4's paged call (flash_attn.cute's flash_attn_varlen_func
+with page_table and seqused_k, its own split choice) on the same pool, and "flash-attn-cute" on
+the dense cache.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from .errors import first_line
 # Issue 14's table: batch x context.
 DEFAULT_POINTS = ("1x8k", "1x128k", "8x32k", "32x32k", "128x16k", "64x1k")
 DEFAULT_BACKENDS = ("flash-hopper", "flash-hopper-dense", "sdpa-cudnn")
-BACKENDS = (*DEFAULT_BACKENDS, "flash-hopper-paged")
+PEER_BACKENDS = ("flash-attn-cute-paged", "flash-attn-cute")
+BACKENDS = (*DEFAULT_BACKENDS, "flash-hopper-paged", *PEER_BACKENDS)
 ELEMENT_BYTES = {"bf16": 2, "fp16": 2}
 CHECK_SEQUENCES = 2  # the reference check's sequences (the first ones of the batch)
 
@@ -155,6 +158,18 @@ def backend_call(name: str, point: DecodePoint, q, kc, vc, lengths) -> Callable[
         from flash_hopper import flash_attn_func
 
         return lambda: flash_attn_func(q, kc, vc, causal=True)
+    if name in PEER_BACKENDS:
+        from .peers import argv_shielded
+
+        with argv_shielded():
+            from flash_attn.cute import flash_attn_varlen_func
+        if name == "flash-attn-cute-paged":
+            if point.page_size is None:
+                raise DecodeError(f"{name}: needs --page-size")
+            pool_k, pool_v, table = paged_copy(kc, vc, point.page_size)
+            return lambda: _first(flash_attn_varlen_func(q, pool_k, pool_v, seqused_k=lengths,
+                                                         page_table=table, causal=True))
+        return lambda: _first(flash_attn_varlen_func(q, kc, vc, causal=True))
     if name == "sdpa-cudnn":
         if point.seqlen_q != 1:
             raise DecodeError("sdpa-cudnn: SDPA's causal mask is top-left aligned; decode rows "
@@ -170,6 +185,11 @@ def backend_call(name: str, point: DecodePoint, q, kc, vc, lengths) -> Callable[
         return run
     raise DecodeError(f"unknown decode backend {name!r}; expected one of "
                       f"{', '.join(BACKENDS)}")
+
+
+def _first(result):
+    """The output of a call that returns it alone or first of a tuple (out, lse)."""
+    return result[0] if isinstance(result, tuple) else result
 
 
 def paged_copy(kc, vc, page_size: int, seed: int = 0):
