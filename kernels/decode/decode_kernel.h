@@ -177,6 +177,7 @@ struct DecodeConfig {
       } ring;
       float o[kWarps][kRowsPerCta][kHeadDim];  // after the loop: the warps' outputs
     };
+    int ids[2 * kStages][kBlockN];  // paged: the page ids of block b in ids[b % (2 kStages)]
     float m[kWarps][kRowsPerCta];
     float l[kWarps][kRowsPerCta];
     int last;
@@ -276,15 +277,14 @@ __global__ void __launch_bounds__(kThreads)
                  *reinterpret_cast<cute::uint128_t*>(&s.q[Cfg::chunk(i, c)]), ok);
     }
   }
-  // Keys [n0, n0 + kBlockN) into stage `stage`; keys past the split zero-filled (their scores are
-  // masked; zero V rows keep NaN garbage out of P V). A thread keeps one 16-byte chunk column of
-  // kPasses rows. Paged: the rows' page ids were read into `ids` one block earlier (fetch_ids).
+  // Block b of the split (keys [mine.lo + b kBlockN, + kBlockN)) into stage `stage`; keys past
+  // the split zero-filled (their scores are masked; zero V rows keep NaN garbage out of P V). A
+  // thread keeps one 16-byte chunk column of kPasses rows.
   static_assert(kThreads % kChunks == 0, "a thread keeps one chunk column");
   constexpr int kRowsPerPass = kThreads / kChunks;
   constexpr int kPasses = kBlockN / kRowsPerPass;
   const int c = tid % kChunks;
-  int ids[kPasses];
-  // Paged: a thread's rows of a block are kRowsPerPass keys apart, so their (table entry, slot)
+  // Paged: a thread's rows of a block are kRowsPerPass keys apart, so their slots in the pages
   // follow from the first row's (PageWalk): one division per block (none for power-of-two pages)
   // instead of one per row, which cost the paged call ~13 % of its bandwidth in instructions
   // (bench/PERFLOG.md).
@@ -292,16 +292,25 @@ __global__ void __launch_bounds__(kThreads)
     PageWalk w = PageWalk::start(pages, first_key, kRowsPerPass);
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
-      visit(pass, w.index, w.slot);
+      visit(pass, w.slot);
       w.next();
     }
   };
-  auto fetch_ids = [&](int n0) {
-    if (pages.table != nullptr) {
-      walk_pages(n0 + tid / kChunks, [&](int pass, int index, int) {
-        const int key = n0 + tid / kChunks + pass * kRowsPerPass;
-        ids[pass] = key < mine.hi ? pages.table[index] : 0;
-      });
+  // Paged: block b's page ids are copied into s.ids[b % (2 kStages)] (cp.async, one per key)
+  // with the loads of block b - (kStages - 1), so they land kStages - 1 blocks before the loads
+  // that need them. Read one block ahead into registers, the table's latency stalled the loads of
+  // a CTA alone on its SM (~1 us per block there: paged lost a fifth, bench/PERFLOG.md session
+  // 15). The ring holds 2 kStages blocks: a copy never overwrites ids a load of the same
+  // iteration (or of the prologue) still reads.
+  using IdCopy = cute::SM80_CP_ASYNC_CACHEALWAYS_ZFILL<uint32_t>;
+  static_assert(kBlockN <= kThreads, "a thread copies one key's page id");
+  auto copy_ids = [&](int block) {
+    if (pages.table != nullptr && tid < kBlockN) {
+      const int key = mine.lo + block * kBlockN + tid;
+      const bool ok = key < mine.hi;
+      const int32_t* src = pages.table + (ok ? pages.index_of(key) : 0);
+      IdCopy::copy(*reinterpret_cast<const uint32_t*>(src),
+                   *reinterpret_cast<uint32_t*>(&s.ids[block % (2 * kStages)][tid]), ok);
     }
   };
   auto issue = [&](int stage, int pass, int key, int64_t page, int64_t slot) {
@@ -314,11 +323,13 @@ __global__ void __launch_bounds__(kThreads)
     Copy::copy(*reinterpret_cast<const cute::uint128_t*>(ok ? vs : v_head),
                *reinterpret_cast<cute::uint128_t*>(&s.ring.v[stage][Cfg::chunk(row, c)]), ok);
   };
-  auto load_block = [&](int n0, int stage) {
-    const int first_key = n0 + tid / kChunks;
+  auto load_block = [&](int block, int stage) {
+    const int first_key = mine.lo + block * kBlockN + tid / kChunks;
     if (pages.table != nullptr) {
-      walk_pages(first_key, [&](int pass, int, int slot) {
-        issue(stage, pass, first_key + pass * kRowsPerPass, pages.clamp_page(ids[pass]), slot);
+      const int* ids = s.ids[block % (2 * kStages)];
+      walk_pages(first_key, [&](int pass, int slot) {
+        const int row = tid / kChunks + pass * kRowsPerPass;
+        issue(stage, pass, first_key + pass * kRowsPerPass, pages.clamp_page(ids[row]), slot);
       });
     } else {
 #pragma unroll
@@ -329,16 +340,23 @@ __global__ void __launch_bounds__(kThreads)
     }
   };
 
+  if (pages.table != nullptr) {  // the prologue's page ids, waited for once
+    for (int b = 0; b < kStages - 1 && b < n_blocks; ++b) {
+      copy_ids(b);
+    }
+    cute::cp_async_fence();
+    cute::cp_async_wait<0>();
+    __syncthreads();
+  }
 #pragma unroll
   for (int stage = 0; stage < kStages - 1; ++stage) {
     if (stage < n_blocks) {
-      fetch_ids(mine.lo + stage * kBlockN);
-      load_block(mine.lo + stage * kBlockN, stage);
+      load_block(stage, stage);
+      if (stage + kStages - 1 < n_blocks) {
+        copy_ids(stage + kStages - 1);  // in this stage's group: waited for with it
+      }
     }
     cute::cp_async_fence();  // one group per stage, empty or not: the waits count groups
-  }
-  if (kStages - 1 < n_blocks) {
-    fetch_ids(mine.lo + (kStages - 1) * kBlockN);  // the first block the loop issues
   }
 
   // --- this warp's online softmax over its keys of every block -----------------------------
@@ -371,9 +389,9 @@ __global__ void __launch_bounds__(kThreads)
     {
       const int next = j + kStages - 1;
       if (next < n_blocks) {
-        load_block(mine.lo + next * kBlockN, next % kStages);
-        if (next + 1 < n_blocks) {
-          fetch_ids(mine.lo + (next + 1) * kBlockN);  // consumed one iteration later
+        load_block(next, next % kStages);
+        if (next + kStages - 1 < n_blocks) {
+          copy_ids(next + kStages - 1);  // used kStages - 1 iterations later
         }
       }
       cute::cp_async_fence();

@@ -115,9 +115,10 @@ struct KvPages {
     return id < 0 ? 0 : (id >= num_pages ? num_pages - 1 : id);
   }
 
-  // (page or entry, slot in it) of a key. The kernel splits this in two: it reads the table
-  // entries of a key block one block ahead (index_of) and uses them (clamp_page, slot_of) when it
-  // issues that block's loads, so the table read's latency never stalls an issue.
+  // (page or entry, slot in it) of a key. The kernel splits this in two: it copies the table
+  // entries of a key block into shared memory kStages - 1 blocks ahead (index_of) and uses them
+  // (clamp_page, slot_of) when it issues that block's loads, so the table read's latency never
+  // stalls an issue.
   FH_HOST_DEVICE void locate(int key, int64_t* page, int64_t* slot) const {
     if (table == nullptr) {
       *page = entry;
