@@ -129,3 +129,15 @@ def kvcache_references(q, kc, vc, kn=None, vn=None, **kw):
         None if vn is None else vn.double(), **kw)
     low_out = attention_kvcache_ref(q, k0, v0, kn, vn, upcast=False, **kw)[0]
     return ref_out, ref_lse, k1, v1, low_out
+
+
+def skip_without_kernel(lib, head_dim: int, backward: bool = False) -> None:
+    """Skip when the library holds no bf16 kernel of head_dim on either path (a reduced build:
+    FH_HEAD_DIMS); with backward, also none of the backward."""
+    from flash_hopper._lib import FhBackend, FhDtype
+
+    paths = (FhBackend.FA2, FhBackend.FA3)
+    if not any(lib.has_fwd_kernel(be, FhDtype.BF16, head_dim) for be in paths):
+        pytest.skip(f"this build has no bf16 head_dim {head_dim} forward kernel")
+    if backward and not any(lib.has_bwd_kernel(be, FhDtype.BF16, head_dim) for be in paths):
+        pytest.skip(f"this build has no bf16 head_dim {head_dim} backward kernel")

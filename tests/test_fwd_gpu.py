@@ -34,6 +34,8 @@ from flash_hopper._lib import FhBackend, FhDtype
 from flash_hopper.dispatch import head_dim_bucket
 from flash_hopper.reference import attention_ref
 
+from tests._helpers import skip_without_kernel
+
 # fp32 references stay fp32, not TF32 (conftest.py)
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_matmuls")]
 
@@ -430,6 +432,7 @@ def test_dispatch_agrees_with_the_library(lib, dtype):
 
 
 def test_misaligned_input_is_rejected_before_launch(lib):
+    skip_without_kernel(lib, 64)
     base = torch.randn(17 * 4 * 64 + 8, dtype=torch.bfloat16, device="cuda")
     q = base[1 : 1 + 17 * 4 * 64].view(1, 17, 4, 64)  # 2 bytes past a 16-byte boundary
     with pytest.raises(ValueError, match="q: data pointer must be 16-byte aligned"):
