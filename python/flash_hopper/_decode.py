@@ -45,7 +45,7 @@ def enabled() -> bool:
 def everywhere() -> bool:
     """flash_attn_func's short queries (a dense K / V as a cache of full entries) run on the
     kernel too, unless FLASH_HOPPER_DECODE is 0 or "kvcache" (flash_attn_with_kvcache only).
-    Measured at issue 14's points (GQA 32 / 8, d128, one query token): 2.4-4.6 TB/s where the
+    Measured at issue 14's points (GQA 32 / 8, d128, one query token): 2.4-4.5 TB/s where the
     FA-3 path's one-valid-row tiles gave 0.34-1.44 (bench/PERFLOG.md session 15)."""
     return os.environ.get("FLASH_HOPPER_DECODE", "1") not in ("0", "kvcache")
 
