@@ -103,3 +103,19 @@ def test_usable_without_a_gpu_is_false():
 
     q = torch.zeros(1, 1, 8, 128, dtype=torch.bfloat16)
     assert not _decode.usable(q, q, q, 8)
+
+
+def test_graph_pool_hands_out_disjoint_aligned_slices(monkeypatch):
+    """Each captured split call owns a slice of the device's pool for good: 256-byte aligned,
+    never shared, and None once the pool is used up (the call then zeroes its own in the graph)."""
+    import torch
+
+    monkeypatch.setattr(_decode, "GRAPH_POOL_COUNTERS", 256)
+    pool = _decode._GraphPool(torch.device("cpu"))
+    a, b = pool.take(8), pool.take(65)
+    assert a.numel() == 64 and b.numel() == 128  # rounded up to 64 int32s
+    base = pool.counters.data_ptr()  # CUDA allocations are 512-byte aligned (CPU's: 64)
+    assert a.data_ptr() == base and b.data_ptr() == base + 256
+    assert int(pool.counters.abs().sum()) == 0  # zeroed once, at creation
+    assert pool.take(64) is not None  # 256 of 256 used
+    assert pool.take(1) is None and pool.used == 256
