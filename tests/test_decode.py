@@ -119,3 +119,46 @@ def test_graph_pool_hands_out_disjoint_aligned_slices(monkeypatch):
     assert int(pool.counters.abs().sum()) == 0  # zeroed once, at creation
     assert pool.take(64) is not None  # 256 of 256 used
     assert pool.take(1) is None and pool.used == 256
+
+
+def test_packed_spans_read_packed_keys_as_one_cache_entry():
+    """flash_attn_varlen_func's packed K / V as the decode kernel's one cache entry: sequence b's
+    keys are [leftpad[b], seqlen[b]), views of cu_seqlens_k, or cut to seqused_k[b]."""
+    import torch
+
+    cu_k = torch.tensor([0, 500, 502, 502, 1802], dtype=torch.int32)
+    leftpad, seqlen = _decode.packed_spans(cu_k, None)
+    assert leftpad.tolist() == [0, 500, 502, 502] and seqlen.tolist() == [500, 502, 502, 1802]
+    assert leftpad.data_ptr() == cu_k.data_ptr()  # views: nothing launched
+    assert seqlen.data_ptr() == cu_k.data_ptr() + 4
+    used = torch.tensor([400, 2, 0, 1000], dtype=torch.int32)
+    leftpad, seqlen = _decode.packed_spans(cu_k, used)
+    assert seqlen.dtype == torch.int32 and seqlen.tolist() == [400, 502, 502, 1502]
+
+
+def test_varlen_routing_is_opt_in(monkeypatch):
+    monkeypatch.delenv("FLASH_HOPPER_DECODE", raising=False)
+    assert _decode.everywhere() and not _decode.varlen_too()
+    monkeypatch.setenv("FLASH_HOPPER_DECODE", "all")
+    assert _decode.everywhere() and _decode.varlen_too()
+    monkeypatch.setenv("FLASH_HOPPER_DECODE", "kvcache")
+    assert not _decode.everywhere() and not _decode.varlen_too() and _decode.enabled()
+    monkeypatch.setenv("FLASH_HOPPER_DECODE", "0")
+    assert not _decode.everywhere() and not _decode.enabled()
+
+
+def test_eager_constant_builds_once_outside_capture():
+    import torch
+
+    cache, pinned, made = {}, {}, []
+
+    def make():
+        made.append(1)
+        return torch.zeros(3, dtype=torch.int32)
+
+    a = _decode.eager_constant(cache, pinned, ("cpu", 3), make)
+    b = _decode.eager_constant(cache, pinned, ("cpu", 3), make)
+    assert a is b and len(made) == 1 and cache == {("cpu", 3): a} and pinned == {}
+    for i in range(64):  # a full cache starts over (graphs keep theirs in `pinned`)
+        _decode.eager_constant(cache, pinned, ("cpu", 100 + i), make)
+    assert len(cache) == 1 and ("cpu", 3) not in cache

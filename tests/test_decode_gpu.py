@@ -425,3 +425,41 @@ def test_a_captured_decode_step_is_one_kernel(paged):
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     assert len(names) == 1 and "decode_kernel" in names[0], names
+
+
+@pytest.mark.parametrize(("causal", "window", "softcap"), [(True, (-1, -1), 0.0),
+                                                           (False, (-1, -1), 5.0),
+                                                           (False, (30, 4), 0.0)])
+@pytest.mark.parametrize("used", [False, True])
+def test_varlen_short_queries_on_the_decode_kernel(monkeypatch, causal, window, softcap, used):
+    """FLASH_HOPPER_DECODE=all: flash_attn_varlen_func's short queries run on the decode kernel
+    (packed K / V as one cache entry, each sequence's span [cu_seqlens_k[b], + seqused_k[b] or to
+    cu_seqlens_k[b + 1])) with the FA path's results: sequences with more queries than keys, one
+    without keys, GQA 16 / 4."""
+    from flash_hopper import flash_attn_varlen_func
+
+    g = torch.Generator(device="cuda").manual_seed(int(causal) + 2 * int(used))
+    lens_q, lens_k = [1, 3, 2, 4], [500, 2, 0, 1300]
+    cu_q = torch.tensor([0, 1, 4, 6, 10], dtype=I32, device="cuda")
+    cu_k = torch.tensor([0, 500, 502, 502, 1802], dtype=I32, device="cuda")
+    q = torch.randn(sum(lens_q), 16, 128, device="cuda", generator=g).bfloat16()
+    k, v = (torch.randn(sum(lens_k), 4, 128, device="cuda", generator=g).bfloat16()
+            for _ in range(2))
+    kw = {"causal": causal, "window_size": window, "softcap": softcap,
+          "return_attn_probs": True}
+    if used:
+        kw["seqused_k"] = torch.tensor([400, 2, 0, 1000], dtype=I32, device="cuda")
+
+    def call():
+        return flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), **kw)
+
+    monkeypatch.setenv("FLASH_HOPPER_DECODE", "1")
+    want, want_lse = call()
+    assert run_count(call) == 0
+    monkeypatch.setenv("FLASH_HOPPER_DECODE", "all")
+    got, got_lse = call()
+    assert run_count(call) == 1
+    assert (got.float() - want.float()).abs().max().item() < 2e-2
+    finite = torch.isfinite(want_lse)
+    assert torch.equal(finite, torch.isfinite(got_lse))
+    assert (got_lse[finite] - want_lse[finite]).abs().max().item() < 1e-3

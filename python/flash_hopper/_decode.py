@@ -17,6 +17,7 @@ inside the graph), one launch.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -42,12 +43,41 @@ def enabled() -> bool:
     return os.environ.get("FLASH_HOPPER_DECODE", "1") != "0"
 
 
+def varlen_too() -> bool:
+    """FLASH_HOPPER_DECODE=all also routes flash_attn_varlen_func's short queries (K / V packed
+    by cu_seqlens_k, read as one cache entry with each sequence's span as [leftpad, seqlen)).
+    Off by default until measured on a GPU (written in session 15 after its device time:
+    tests/test_decode_gpu.py::test_varlen_short_queries_on_the_decode_kernel)."""
+    return os.environ.get("FLASH_HOPPER_DECODE", "1") == "all"
+
+
 def everywhere() -> bool:
     """flash_attn_func's short queries (a dense K / V as a cache of full entries) run on the
     kernel too, unless FLASH_HOPPER_DECODE is 0 or "kvcache" (flash_attn_with_kvcache only).
     Measured at issue 14's points (GQA 32 / 8, d128, one query token): 2.4-4.5 TB/s where the
     FA-3 path's one-valid-row tiles gave 0.34-1.44 (bench/PERFLOG.md session 15)."""
     return os.environ.get("FLASH_HOPPER_DECODE", "1") not in ("0", "kvcache")
+
+
+def eager_constant(cache: dict, pinned: dict, key: tuple,
+                   make: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """A constant device tensor (lengths, offsets, zeros) built once outside any CUDA graph capture
+    and reused: a captured call takes the eagerly built one (no kernel in the graph for it) and
+    pins it in ``pinned``, since a graph reads it on every replay and it must outlive a clear of
+    ``cache``. One made while capturing holds its values only once the graph runs: not cached."""
+    capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    t = pinned.get(key) if capturing else None
+    if t is None:
+        t = cache.get(key)
+    if t is None:
+        t = make()
+        if not capturing:
+            if len(cache) >= 64:
+                cache.clear()
+            cache[key] = t
+    elif capturing:
+        pinned[key] = t
+    return t
 
 
 _full: dict[tuple, torch.Tensor] = {}  # (device, batch, seqlen_k) -> full lengths, built eagerly
@@ -67,19 +97,52 @@ def dense_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_sca
         return None
     if not usable(q, k, v, seqlen_q * (heads_q // heads_kv), out):
         return None
-    key = (q.device, batch, seqlen_k)
-    capturing = torch.cuda.is_current_stream_capturing()
-    lengths = _full.get(key)
-    if lengths is None:
-        lengths = torch.full((batch,), seqlen_k, dtype=torch.int32, device=q.device)
-        if not capturing:
-            if len(_full) >= 64:
-                _full.clear()
-            _full[key] = lengths
-    elif capturing:
-        _graph_full[key] = lengths  # a graph reads it: never freed when _full is cleared
+    lengths = eager_constant(_full, _graph_full, (q.device, batch, seqlen_k), lambda: torch.full(
+        (batch,), seqlen_k, dtype=torch.int32, device=q.device))
     return forward(q, k, v, lengths, softmax_scale=softmax_scale, softcap=softcap, window=window,
                    out=out, return_lse=need_lse)
+
+
+_zeros: dict[tuple, torch.Tensor] = {}  # (device, batch) -> int32 zeros, built eagerly
+_graph_zeros: dict[tuple, torch.Tensor] = {}  # those a captured call took: never freed
+
+
+def packed_spans(cu_seqlens_k: torch.Tensor,
+                 seqused_k: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed keys as one cache entry: sequence b's keys are [leftpad[b], seqlen[b]) of it, with
+    leftpad = cu_seqlens_k[:-1] and seqlen = cu_seqlens_k[1:] (views: nothing launched), or
+    leftpad + seqused_k (one add) when only the first seqused_k[b] keys are used."""
+    leftpad = cu_seqlens_k[:-1]
+    seqlen = cu_seqlens_k[1:] if seqused_k is None else leftpad + seqused_k
+    return leftpad, seqlen
+
+
+def varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
+                   seqused_k: torch.Tensor | None, softmax_scale: float, window: tuple[int, int],
+                   softcap: float, out: torch.Tensor,
+                   need_lse: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """flash_attn_varlen_func's attention through the decode kernel when it serves the call
+    (FLASH_HOPPER_DECODE=all, short queries: max_seqlen_q x heads_q / heads_kv <= MAX_ROWS),
+    else None. q (total_q, heads_q, d) by cu_seqlens_q; k / v (total_k, heads_kv, d) read as one
+    cache entry (packed_spans). Validated by the caller (offsets included); out written."""
+    heads_q, heads_kv = q.shape[1], k.shape[1]
+    batch = cu_seqlens_q.shape[0] - 1
+    if not varlen_too() or batch <= 0 or k.shape[0] == 0 or heads_q % heads_kv:
+        return None
+    if cu_seqlens_k.dtype != torch.int32 or (seqused_k is not None
+                                            and seqused_k.dtype != torch.int32):
+        return None
+    k1, v1 = k.unsqueeze(0), v.unsqueeze(0)
+    if not usable(q, k1, v1, max_seqlen_q * (heads_q // heads_kv), out):
+        return None
+    zeros = eager_constant(_zeros, _graph_zeros, (q.device, batch), lambda: torch.zeros(
+        batch, dtype=torch.int32, device=q.device))
+    leftpad, seqlen = packed_spans(cu_seqlens_k, seqused_k)
+    return forward(q, k1, v1, seqlen, softmax_scale=softmax_scale, softcap=softcap,
+                   window=window, kv_batch_idx=zeros, leftpad_k=leftpad,
+                   cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, out=out,
+                   return_lse=need_lse)
 
 
 def _aligned(t: torch.Tensor) -> bool:

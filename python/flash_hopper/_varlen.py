@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from . import _bwd, _fwd, _plan_cache, _validate
+from . import _bwd, _decode, _fwd, _plan_cache, _validate
 from ._errors import UnsupportedError
 from ._lib import FhFwdParams
 from ._tables import FP8_DTYPES, KV_FP8_DTYPES
@@ -326,6 +326,14 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: tor
     device = vp.dense.device
     if out is None:
         out = torch.empty(vp.out_shape, dtype=vp.dense.out_dtype, device=device)
+    cfg = vp.dense.cfg
+    if (vp.template is not None and not checked and kv_batch_idx is None and leftpad_k is None
+            and seqused_q is None and cfg.backend == "auto"):
+        routed = _decode.varlen_forward(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_k, cfg.softmax_scale,
+            (cfg.window_left, cfg.window_right), cfg.softcap, out, need_lse)
+        if routed is not None:  # short queries on the decode kernel (FLASH_HOPPER_DECODE=all)
+            return routed[0], routed[1], vp
     lse = torch.empty(vp.lse_shape, dtype=torch.float32, device=device) if need_lse else None
     if vp.template is None:
         return out, lse, vp

@@ -56,28 +56,11 @@ _graph_offsets: dict[tuple, torch.Tensor] = {}  # those a captured call took: ne
 
 
 def _arange_offsets(n: int, step: int, device: torch.device) -> torch.Tensor:
-    """int32 [0, step, ..., n * step] on device. Cached when built eagerly. A captured call takes
-    the eagerly built one if there is one (no arange kernel in the graph: two of them cost a decode
-    step ~3 us per replay, bench/PERFLOG.md session 15), kept alive for good since a graph reads
-    it; else it makes its own, which holds its values only once the graph runs and is never
-    cached."""
-    capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-    key = (device, n, step)
-    if capturing:
-        t = _graph_offsets.get(key)
-        if t is None:
-            t = _offsets.get(key)
-            if t is not None:
-                _graph_offsets[key] = t
-        return t if t is not None else torch.arange(0, (n + 1) * step, step, dtype=torch.int32,
-                                                    device=device)
-    t = _offsets.get(key)
-    if t is None:
-        t = torch.arange(0, (n + 1) * step, step, dtype=torch.int32, device=device)
-        if len(_offsets) >= 64:
-            _offsets.clear()
-        _offsets[key] = t
-    return t
+    """int32 [0, step, ..., n * step] on device, built once outside capture (_decode.eager_constant:
+    a captured call takes it, no arange kernel in the graph; two of them cost a decode step ~3 us
+    per replay, bench/PERFLOG.md session 15)."""
+    return _decode.eager_constant(_offsets, _graph_offsets, (device, n, step), lambda: torch.arange(
+        0, (n + 1) * step, step, dtype=torch.int32, device=device))
 
 
 def _check_tensor(name: str, t: Any, dims: int, what: str) -> torch.Tensor:
