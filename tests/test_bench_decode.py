@@ -195,3 +195,31 @@ def test_fa4_peers_call_its_varlen_entry_with_the_pool(monkeypatch):
     no_pages = decode.DecodePoint(2, 64, 4, 2, 8, 1, "bf16", None)
     with pytest.raises(decode.DecodeError, match="flash-attn-cute-paged: needs --page-size"):
         decode.backend_call("flash-attn-cute-paged", no_pages, q, kc, vc, lengths)
+
+
+def test_decode_ab_variants():
+    """bench/decode_ab.py's variant grammar: dense / paged / pagedP, then :sN and :stM."""
+    import importlib.util
+    import re
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "decode_ab.py"
+    spec = importlib.util.spec_from_file_location("decode_ab", path)
+    ab = importlib.util.module_from_spec(spec)
+    sys.modules["decode_ab"] = ab  # dataclasses look their module up there
+    try:
+        spec.loader.exec_module(ab)
+    finally:
+        del sys.modules["decode_ab"]
+    V = ab.Variant
+    assert ab.parse_variant("dense") == V("dense", None, 0, None)
+    assert ab.parse_variant("paged") == V("paged", 16, 0, None)
+    assert ab.parse_variant("paged64:s33:st2") == V("paged64:s33:st2", 64, 33, 2)
+    assert ab.parse_variant("dense:st5:s16") == V("dense:st5:s16", None, 16, 5)
+    for bad, fragment in (("cache", "expected dense, paged or pagedP"),
+                          ("pagedx", "expected paged or pagedP"),
+                          ("paged0", "page size must be >= 1"),
+                          ("dense:x3", "expected :sN (splits) or :stM (stages)")):
+        with pytest.raises(ValueError, match=re.escape(fragment)):
+            ab.parse_variant(bad)
