@@ -86,25 +86,17 @@ def main() -> None:
     import flash_hopper as fh
     import torch
     from flash_hopper import _lib
+    from flash_hopper.bench.decode import DecodePoint, make_inputs, paged_copy, parse_point
 
     lib = _lib.get_library()
     buf = torch.zeros(BYTES // 8, dtype=torch.int64, device="cuda")
-    heads_q, heads_kv, d = 32, 8, 128
     results = {}
     for point in args.points:
-        batch, context = (int(x) for x in point.split("x"))
-        q = torch.randn(batch, 1, heads_q, d, device="cuda", dtype=torch.bfloat16)
+        # the decode sweep's inputs (GQA 32 / 8, d128, bf16, one query token, full caches)
+        q, k, v, seqlens = make_inputs(DecodePoint(*parse_point(point)))
         kw = {}
-        if args.page_size:
-            pages_per = context // args.page_size
-            k = torch.randn(batch * pages_per, args.page_size, heads_kv, d, device="cuda",
-                            dtype=torch.bfloat16)
-            kw["page_table"] = torch.randperm(batch * pages_per, device="cuda",
-                                              dtype=torch.int32).view(batch, pages_per)
-        else:
-            k = torch.randn(batch, context, heads_kv, d, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn_like(k)
-        seqlens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+        if args.page_size:  # its shuffled pool of pages
+            k, v, kw["page_table"] = paged_copy(k, v, args.page_size)
 
         def call(q=q, k=k, v=v, seqlens=seqlens, kw=kw):
             return fh.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens,

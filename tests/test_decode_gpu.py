@@ -55,6 +55,17 @@ def run_count(fn):
     return sum(e.count for e in prof.key_averages() if "decode_kernel" in e.key)
 
 
+def capture(fn):
+    """(graph, fn's result) of fn captured once on a side stream."""
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.cuda.graph(graph, stream=s):
+        out = fn()
+    torch.cuda.current_stream().wait_stream(s)
+    return graph, out
+
+
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("heads_q", "heads_kv"), [(8, 8), (32, 8), (16, 1)])
@@ -253,12 +264,8 @@ def test_cuda_graph_replays_new_lengths(paged):
         kw["page_table"] = torch.arange(b * sc // ps, dtype=I32, device="cuda").view(b, -1)
     seqlens = torch.tensor([8000, 100], dtype=I32, device="cuda")
     flash_attn_with_kvcache(q, k_in, v_in, cache_seqlens=seqlens, **kw)  # warm-up
-    graph = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s), torch.cuda.graph(graph, stream=s):
-        out = flash_attn_with_kvcache(q, k_in, v_in, cache_seqlens=seqlens, **kw)
-    torch.cuda.current_stream().wait_stream(s)
+    graph, out = capture(lambda: flash_attn_with_kvcache(q, k_in, v_in, cache_seqlens=seqlens,
+                                                         **kw))
     for lengths in ([1, 8192], [0, 3000], [8192, 8192]):
         seqlens.copy_(torch.tensor(lengths, dtype=I32))
         for _ in range(2):
@@ -344,16 +351,6 @@ def test_flash_attn_func_short_queries_backward(lib, monkeypatch, seqlen_q, caus
     for a, b in zip(leaves, ref_leaves):
         assert (a.grad.float() - b.grad.float()).abs().max().item() <= (
             3e-2 * b.grad.float().abs().max().item() + 1e-3)
-
-
-def capture(fn):
-    graph = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s), torch.cuda.graph(graph, stream=s):
-        out = fn()
-    torch.cuda.current_stream().wait_stream(s)
-    return graph, out
 
 
 @pytest.mark.parametrize("pool", ["fresh", "absent", "used up"])

@@ -77,11 +77,8 @@ int stages_for(int64_t head_dim) {
 constexpr int kSmPerSmBytes = 228 * 1024;
 constexpr int kReservedPerCta = 1024;
 
-DecodeParams derive(FhDecodeParams const* p, unsigned long long* timeline,
-                    int64_t timeline_bytes) {
+DecodeParams derive(FhDecodeParams const* p) {
   DecodeParams d{};
-  d.timeline = timeline;
-  d.timeline_ctas = timeline_bytes / int64_t(sizeof(unsigned long long) * decode::kMarkSlots);
   d.q = p->q;
   d.k = p->k;
   d.v = p->v;
@@ -143,8 +140,7 @@ DecodeParams derive(FhDecodeParams const* p, unsigned long long* timeline,
 }
 
 template <class Element, int kHeadDim, int kStages>
-LaunchResult launch(FhDecodeParams const* p, int max_smem_per_block, cudaStream_t stream,
-                    unsigned long long* timeline, int64_t timeline_bytes) {
+LaunchResult launch(DecodeParams const& d, int max_smem_per_block, cudaStream_t stream) {
   constexpr int kSmem = smem_bytes<kHeadDim, kStages>();
   if constexpr (kSmem > kMaxSmemPerBlock) {
     return LaunchResult::no_tile_fits(kSmem);
@@ -160,7 +156,6 @@ LaunchResult launch(FhDecodeParams const* p, int max_smem_per_block, cudaStream_
     if (err != cudaSuccess) {
       return LaunchResult::cuda(err);
     }
-    const DecodeParams d = derive(p, timeline, timeline_bytes);
     const dim3 grid(d.splits, d.heads_kv * d.row_blocks, d.batch);
     kernel<<<grid, decode::kThreads, kSmem, stream>>>(d);
     return LaunchResult::cuda(cudaGetLastError());
@@ -168,37 +163,29 @@ LaunchResult launch(FhDecodeParams const* p, int max_smem_per_block, cudaStream_
 }
 
 template <class Element, int kHeadDim>
-LaunchResult launch_stages(FhDecodeParams const* p, int max_smem_per_block, cudaStream_t stream,
-                           unsigned long long* timeline, int64_t timeline_bytes) {
+LaunchResult launch_stages(DecodeParams const& d, int max_smem_per_block, cudaStream_t stream) {
   switch (stages_for(kHeadDim)) {
     case 2:
-      return launch<Element, kHeadDim, 2>(p, max_smem_per_block, stream, timeline,
-                                              timeline_bytes);
+      return launch<Element, kHeadDim, 2>(d, max_smem_per_block, stream);
     case 3:
-      return launch<Element, kHeadDim, 3>(p, max_smem_per_block, stream, timeline,
-                                              timeline_bytes);
+      return launch<Element, kHeadDim, 3>(d, max_smem_per_block, stream);
     case 4:
-      return launch<Element, kHeadDim, 4>(p, max_smem_per_block, stream, timeline,
-                                              timeline_bytes);
+      return launch<Element, kHeadDim, 4>(d, max_smem_per_block, stream);
     default:
-      return launch<Element, kHeadDim, 5>(p, max_smem_per_block, stream, timeline,
-                                              timeline_bytes);
+      return launch<Element, kHeadDim, 5>(d, max_smem_per_block, stream);
   }
 }
 
 template <class Element>
-LaunchResult launch_dtype(FhDecodeParams const* p, int max_smem_per_block, cudaStream_t stream,
-                          unsigned long long* timeline, int64_t timeline_bytes) {
-  switch (p->head_dim) {
+LaunchResult launch_dtype(DecodeParams const& d, int64_t head_dim, int max_smem_per_block,
+                          cudaStream_t stream) {
+  switch (head_dim) {
     case 64:
-      return launch_stages<Element, 64>(p, max_smem_per_block, stream, timeline,
-                                             timeline_bytes);
+      return launch_stages<Element, 64>(d, max_smem_per_block, stream);
     case 128:
-      return launch_stages<Element, 128>(p, max_smem_per_block, stream, timeline,
-                                             timeline_bytes);
+      return launch_stages<Element, 128>(d, max_smem_per_block, stream);
     case 256:
-      return launch_stages<Element, 256>(p, max_smem_per_block, stream, timeline,
-                                             timeline_bytes);
+      return launch_stages<Element, 256>(d, max_smem_per_block, stream);
     default:
       return LaunchResult::internal("decode head_dim outside 64 / 128 / 256");
   }
@@ -217,11 +204,14 @@ int decode_ctas_per_sm(int64_t head_dim) {
 
 LaunchResult launch_decode(FhDecodeParams const* p, int max_smem_per_block, cudaStream_t stream,
                            unsigned long long* timeline, int64_t timeline_bytes) {
+  DecodeParams d = derive(p);
+  d.timeline = timeline;
+  d.timeline_ctas = timeline_bytes / int64_t(sizeof(unsigned long long) * decode::kMarkSlots);
   if (p->dtype == FH_DTYPE_BF16) {
-    return launch_dtype<__nv_bfloat16>(p, max_smem_per_block, stream, timeline, timeline_bytes);
+    return launch_dtype<__nv_bfloat16>(d, p->head_dim, max_smem_per_block, stream);
   }
   if (p->dtype == FH_DTYPE_FP16) {
-    return launch_dtype<__half>(p, max_smem_per_block, stream, timeline, timeline_bytes);
+    return launch_dtype<__half>(d, p->head_dim, max_smem_per_block, stream);
   }
   return LaunchResult::internal("decode dtype other than fp16 / bf16");
 }

@@ -89,6 +89,14 @@ class FhVariant(enum.IntEnum):
 
 
 _I32, _I64, _F32, _PTR = ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+# The score transform and mask, the same four fields in FhFwdParams, FhBwdParams and
+# FhDecodeParams.
+_SCORE_FIELDS = [
+    ("softmax_scale", _F32),
+    ("softcap", _F32),
+    ("window_left", _I64),
+    ("window_right", _I64),
+]
 
 
 class FhFwdParams(ctypes.Structure):
@@ -133,10 +141,7 @@ class FhFwdParams(ctypes.Structure):
         ("lse_batch_stride", _I64),
         ("lse_head_stride", _I64),
         # score transform and mask
-        ("softmax_scale", _F32),
-        ("softcap", _F32),
-        ("window_left", _I64),
-        ("window_right", _I64),
+        *_SCORE_FIELDS,
         # varlen
         ("cu_seqlens_q", _PTR),
         ("cu_seqlens_k", _PTR),
@@ -212,10 +217,7 @@ class FhBwdParams(ctypes.Structure):
         ("dlse_batch_stride", _I64),
         ("dlse_head_stride", _I64),
         # score transform and mask: the forward's
-        ("softmax_scale", _F32),
-        ("softcap", _F32),
-        ("window_left", _I64),
-        ("window_right", _I64),
+        *_SCORE_FIELDS,
         # reserved: varlen, chunked-local attention, sinks
         ("cu_seqlens_q", _PTR),
         ("cu_seqlens_k", _PTR),
@@ -273,10 +275,7 @@ class FhDecodeParams(ctypes.Structure):
         ("lse_batch_stride", _I64),
         ("lse_head_stride", _I64),
         # score transform and mask
-        ("softmax_scale", _F32),
-        ("softcap", _F32),
-        ("window_left", _I64),
-        ("window_right", _I64),
+        *_SCORE_FIELDS,
         # schedule
         ("num_splits", _I32),
         ("reserved", _I32),
