@@ -127,8 +127,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
 
-    import torch
     import flash_hopper as fh
+    import torch
     from flash_hopper import _lib
 
     lib = _lib.get_library()
@@ -152,9 +152,9 @@ def main() -> None:
     wgs = max((w // 4 for _, w in decoded), default=1)  # consumer warpgroups that recorded
     a.out.mkdir(parents=True, exist_ok=True)
     summary = summarize(decoded, wgs)
-    json.dump({"config": vars(a) | {"out": str(a.out)}, "summary": summary,
-               "events": {f"{c}/{w}": e for (c, w), e in decoded.items()}},
-              open(a.out / "timeline.json", "w"))
+    (a.out / "timeline.json").write_text(json.dumps(
+        {"config": vars(a) | {"out": str(a.out)}, "summary": summary,
+         "events": {f"{c}/{w}": e for (c, w), e in decoded.items()}}))
     for r, s in sorted(summary.items()):
         print(r, "median step", s["step_period_median"], "cycles over", s["steps"], "steps")
         for kk, v in s["share"].items():

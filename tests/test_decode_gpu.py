@@ -251,8 +251,7 @@ def test_pool_past_two_to_the_31_elements():
 
 @pytest.mark.parametrize("paged", [False, True])
 def test_cuda_graph_replays_new_lengths(paged):
-    """Captured once with split-KV on, replayed with other lengths (and the merge counters left
-    zero between replays)."""
+    """Captured once with split-KV on, replayed with other lengths."""
     b, hq, hk, sc, d, ps = 2, 32, 8, 8192, 128, 64
     g = torch.Generator(device="cuda").manual_seed(9)
     q = torch.randn(b, 1, hq, d, device="cuda", generator=g).bfloat16()
@@ -353,13 +352,10 @@ def test_flash_attn_func_short_queries_backward(lib, monkeypatch, seqlen_q, caus
             3e-2 * b.grad.float().abs().max().item() + 1e-3)
 
 
-@pytest.mark.parametrize("pool", ["fresh", "absent", "used up"])
-def test_captured_calls_own_their_counters(monkeypatch, pool):
+def test_captured_calls_replay_at_once_on_several_streams():
     """Split calls captured in two graphs, replayed at once on two streams, next to eager calls on
-    a third: each captured call owns its merge counters (a slice of the device's graph pool,
-    zeroed once outside the capture; or, without a pool or once it is used up, an array zeroed
-    inside the graph), so every output equals the eager call's."""
-    monkeypatch.setattr(_decode, "_graph_pools", {})
+    a third: each owns its workspace (a captured call's for the graph's life) and its decode /
+    combine pair, so every output equals the eager call's."""
     b, hq, hk, sc, d = 1, 32, 8, 8192, 128
     g = torch.Generator(device="cuda").manual_seed(11)
     q = torch.randn(b, 1, hq, d, device="cuda", generator=g).bfloat16()
@@ -369,17 +365,8 @@ def test_captured_calls_own_their_counters(monkeypatch, pool):
     def call():
         return flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, num_splits=24)
 
-    if pool != "absent":
-        want = call()  # an eager split call: creates the pool
-        index = torch.cuda.current_device()
-        if pool == "used up":
-            _decode._graph_pools[index].used = _decode.GRAPH_POOL_COUNTERS - 8
-        before = _decode._graph_pools[index].used
+    call()
     (graph_a, out_a), (graph_b, out_b) = capture(call), capture(call)
-    if pool == "fresh":
-        assert _decode._graph_pools[index].used == before + 2 * 64  # one slice per captured call
-    elif pool == "used up":
-        assert _decode._graph_pools[index].used == before
     want = call()
     streams = [torch.cuda.Stream() for _ in range(3)]
     for _ in range(10):
@@ -398,10 +385,10 @@ def test_captured_calls_own_their_counters(monkeypatch, pool):
 
 
 @pytest.mark.parametrize("paged", [False, True])
-def test_a_captured_decode_step_is_one_kernel(paged):
-    """After an eager call, a captured split call replays as the decode kernel alone: no memset of
-    its merge counters (the graph pool's slice) and no arange of offsets (the eagerly built ones)
-    in the graph: each extra node cost a 1 x 8k step ~1 us (bench/PERFLOG.md session 15)."""
+def test_a_captured_decode_step_is_the_decode_kernels_alone(paged):
+    """After an eager call, a captured split call replays as the decode kernel and its combine
+    kernel alone: no memset, no arange of offsets (the eagerly built ones) in the graph: each
+    extra node cost a 1 x 8k step ~1 us (bench/PERFLOG.md session 15)."""
     b, hq, hk, sc, d, ps = 1, 32, 8, 8192, 128, 16
     q = torch.randn(b, 1, hq, d, device="cuda").bfloat16()
     kc, vc = (torch.randn(b, sc, hk, d, device="cuda").bfloat16() for _ in range(2))
@@ -421,7 +408,8 @@ def test_a_captured_decode_step_is_one_kernel(paged):
         graph.replay()
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    assert len(names) == 1 and "decode_kernel" in names[0], names
+    assert len(names) == 2, names
+    assert "decode_kernel" in names[0] and "combine_kernel" in names[1], names
 
 
 @pytest.mark.parametrize(("causal", "window", "softcap"), [(True, (-1, -1), 0.0),
@@ -429,7 +417,7 @@ def test_a_captured_decode_step_is_one_kernel(paged):
                                                            (False, (30, 4), 0.0)])
 @pytest.mark.parametrize("used", [False, True])
 def test_varlen_short_queries_on_the_decode_kernel(monkeypatch, causal, window, softcap, used):
-    """FLASH_HOPPER_DECODE=all: flash_attn_varlen_func's short queries run on the decode kernel
+    """By default flash_attn_varlen_func's short queries run on the decode kernel
     (packed K / V as one cache entry, each sequence's span [cu_seqlens_k[b], + seqused_k[b] or to
     cu_seqlens_k[b + 1])) with the FA path's results: sequences with more queries than keys, one
     without keys, GQA 16 / 4."""
@@ -450,10 +438,10 @@ def test_varlen_short_queries_on_the_decode_kernel(monkeypatch, causal, window, 
     def call():
         return flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), **kw)
 
-    monkeypatch.setenv("FLASH_HOPPER_DECODE", "1")
+    monkeypatch.setenv("FLASH_HOPPER_DECODE", "kvcache")  # the FA path
     want, want_lse = call()
     assert run_count(call) == 0
-    monkeypatch.setenv("FLASH_HOPPER_DECODE", "all")
+    monkeypatch.delenv("FLASH_HOPPER_DECODE")
     got, got_lse = call()
     assert run_count(call) == 1
     assert (got.float() - want.float()).abs().max().item() < 2e-2

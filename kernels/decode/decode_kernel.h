@@ -15,9 +15,9 @@
 //                           (16 x 16 per warp), mask, online softmax, O += P V (16 x d per warp)
 //
 //   after the loop:  the 4 warps' (m, l, O) merged through shared memory (aliasing the ring);
-//   one split: O / l and the LSE written; several: the partial O and LSE to the workspace, then
-//   the last split of the row block to finish (an atomic counter, reset by it) merges all
-//   splits' partials by their LSEs and writes the result. One launch, no separate combine.
+//   one split: O / l and the LSE written; several: the partial O and LSE to the workspace, and
+//   combine_kernel, launched behind it with programmatic dependent launch, merges the splits by
+//   their LSEs.
 //
 // The query heads of a KV head are the tile's rows (packed GQA, decode_plan.h); a tile holds 16
 // rows, the m16 of one MMA, whatever the number of valid ones (4 for GQA 32 / 8): the kernel has
@@ -51,7 +51,6 @@ struct DecodeParams {
   const int32_t* page_table;
   const int32_t* cu_seqlens_q;
   const float* sinks;
-  int* counters;      // split calls: one per row block
   unsigned long long* timeline;  // FH_TIMELINE builds: DecodeMarks' buffer, or null
   int64_t timeline_ctas;         // the CTAs it has room for
   float* lse_partial; // (splits, row blocks, kRowsPerCta), base 2
@@ -84,13 +83,14 @@ struct DecodeParams {
 
 // FH_TIMELINE builds (CMake FH_TIMELINE=ON; fh_debug_set_timeline): every CTA's thread 0 records
 // kMarkSlots words at timeline + kMarkSlots * (linear CTA id): the global timer (ns) at each
-// DecodeEv, then (SM id | 1 << 32 if it merged the splits), then clock64() at start and end.
+// DecodeEv, then (SM id | 1 << 32 if it merged splits: none since the combine kernel merges them),
+// then clock64() at start and end.
 // bench/decode_timeline.py reads them. Other builds compile every mark to nothing.
 enum DecodeEv : int {
   kEvStart = 0,      // entered
   kEvFirstBlock = 1, // the first key block landed
   kEvLoopDone = 2,   // the last block's P V issued
-  kEvPublished = 3,  // split calls: partials written and counted (the atomic returned)
+  kEvPublished = 3,  // split calls: partials written
   kEvEnd = 4,        // every thread done (the merger: after the merge)
 };
 inline constexpr int kMarkSlots = 8;
@@ -180,7 +180,6 @@ struct DecodeConfig {
     int ids[2 * kStages][kBlockN];  // paged: the page ids of block b in ids[b % (2 kStages)]
     float m[kWarps][kRowsPerCta];
     float l[kWarps][kRowsPerCta];
-    int last;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
 
@@ -200,6 +199,84 @@ __device__ __forceinline__ float tanh_approx(float x) {
 __device__ __forceinline__ int clamp_int(int x, int lo, int hi) {
   return x < lo ? lo : (x > hi ? hi : x);
 }
+
+// Launched with programmatic dependent launch (decode.cu, sm_90), a grid starts while the kernel
+// before it in the stream finishes; this waits until that kernel completed and its writes are
+// visible. Every global read or write comes after it. Without that launch it returns at once.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// A tile's rows (packed GQA, decode_plan.h): sequence b, KV head head_kv, row block row_block;
+// row i holds query token (first_row + i) / group of query head head_kv * group + (first_row + i)
+// % group. Where their outputs, LSEs and sinks live; shared by the decode and combine kernels.
+template <class Element>
+struct TileRows {
+  DecodeParams const& p;
+  int b;
+  int head_kv;
+  int first_row;
+  int seqlen_q;   // the sequence's query tokens
+  int64_t q_row0;  // varlen: the sequence's first token in q / o / lse
+  int count;       // valid rows (<= 0: none, a varlen sequence shorter than the longest)
+
+  __device__ TileRows(DecodeParams const& params, int b_, int head_kv_, int row_block)
+      : p(params), b(b_), head_kv(head_kv_), first_row(row_block * kRowsPerCta),
+        seqlen_q(params.seqlen_q), q_row0(0) {
+    if (p.cu_seqlens_q != nullptr) {
+      const int start = p.cu_seqlens_q[b];
+      seqlen_q = clamp_int(p.cu_seqlens_q[b + 1] - start, 0, p.seqlen_q);
+      q_row0 = start;
+    }
+    count = imin(kRowsPerCta, seqlen_q * p.group - first_row);
+  }
+  __device__ int token_of(int i) const { return (first_row + i) / p.group; }
+  __device__ int head_of(int i) const { return head_kv * p.group + (first_row + i) % p.group; }
+  __device__ Element* out_row(int i) const {
+    const int t = token_of(i);
+    const int64_t r = p.cu_seqlens_q != nullptr ? (q_row0 + t) * p.o_row_stride
+                                                : b * p.o_batch_stride + t * p.o_row_stride;
+    return static_cast<Element*>(p.o) + r + head_of(i) * p.o_head_stride;
+  }
+  __device__ void write_lse(int i, float row_lse2) const {
+    const int t = token_of(i);
+    const int h = head_of(i);
+    const int64_t at = p.cu_seqlens_q != nullptr
+                           ? h * p.lse_head_stride + q_row0 + t
+                           : b * p.lse_batch_stride + h * p.lse_head_stride + t;
+    p.lse[at] = row_lse2 * kLn2;
+  }
+  // A sink joins row i's denominator without a value (total = log2(2^lse2 + 2^sink2)): returns
+  // O's factor 2^(lse2 - total) and updates the LSE.
+  __device__ float sink(int i, float* row_lse2) const {
+    if (p.sinks == nullptr) {
+      return 1.f;
+    }
+    const float sink2 = p.sinks[head_of(i)] * kLog2e;
+    const float top = fmaxf(*row_lse2, sink2);
+    const float total = top + __log2f(exp2f(*row_lse2 - top) + exp2f(sink2 - top));
+    const float f = exp2f(*row_lse2 - total);
+    *row_lse2 = total;
+    return f;
+  }
+};
+
+// Split calls' partials in the workspace: split sp of row block `block` (over batch x heads_kv x
+// row blocks), row i: the O normalized by its own sum (head_dim floats), the LSE in base 2.
+struct Partials {
+  float* o;
+  float* lse;
+  int64_t blocks;
+  int head_dim;
+  __device__ float* o_at(int sp, int64_t block, int i) const {
+    return o + ((sp * blocks + block) * kRowsPerCta + i) * head_dim;
+  }
+  __device__ float* lse_at(int sp, int64_t block, int i) const {
+    return lse + (sp * blocks + block) * kRowsPerCta + i;
+  }
+};
 
 template <class Element, int kHeadDim, int kStages>
 __global__ void __launch_bounds__(kThreads)
@@ -224,17 +301,20 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = tid % 32;
   DecodeMarks marks(p.timeline, p.timeline_ctas);
   marks.mark(kEvStart);
+  grid_dependency_wait();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // The combine kernel of a split call (launched after this one with programmatic dependent
+  // launch) may start now: its CTAs take SM slots as this grid's free up and wait (its
+  // griddepcontrol.wait) for this grid to complete.
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
 
   // --- the sequence and this CTA's rows and keys ------------------------------------------
-  int seqlen_q = p.seqlen_q;
-  int64_t q_row0 = 0;  // varlen: the sequence's first token in q / o / lse
-  if (p.cu_seqlens_q != nullptr) {
-    const int start = p.cu_seqlens_q[b];
-    seqlen_q = clamp_int(p.cu_seqlens_q[b + 1] - start, 0, p.seqlen_q);
-    q_row0 = start;
-  }
-  const int first_row = row_block * kRowsPerCta;
-  const int count = imin(kRowsPerCta, seqlen_q * p.group - first_row);
+  const TileRows<Element> rows(p, b, head_kv, row_block);
+  const int seqlen_q = rows.seqlen_q;
+  const int64_t q_row0 = rows.q_row0;
+  const int first_row = rows.first_row;
+  const int count = rows.count;
   if (count <= 0) {
     return;  // a varlen sequence shorter than the longest: every split of the block returns
   }
@@ -257,9 +337,8 @@ __global__ void __launch_bounds__(kThreads)
   const Element* k_head = static_cast<const Element*>(p.k) + head_kv * p.k_head_stride;
   const Element* v_head = static_cast<const Element*>(p.v) + head_kv * p.v_head_stride;
 
-  // Row i of the tile: token and query head.
-  auto token_of = [&](int i) { return (first_row + i) / p.group; };
-  auto head_of = [&](int i) { return head_kv * p.group + (first_row + i) % p.group; };
+  auto token_of = [&](int i) { return rows.token_of(i); };
+  auto head_of = [&](int i) { return rows.head_of(i); };
 
   // --- loads ---------------------------------------------------------------------------------
   {  // Q: rows past `count` zero-filled
@@ -279,11 +358,20 @@ __global__ void __launch_bounds__(kThreads)
   }
   // Block b of the split (keys [mine.lo + b kBlockN, + kBlockN)) into stage `stage`; keys past
   // the split zero-filled (their scores are masked; zero V rows keep NaN garbage out of P V). A
-  // thread keeps one 16-byte chunk column of kPasses rows.
-  static_assert(kThreads % kChunks == 0, "a thread keeps one chunk column");
-  constexpr int kRowsPerPass = kThreads / kChunks;
+  // thread copies chunks c0, c0 + kRowThreads, ... of kPasses rows kRowsPerPass keys apart.
+  // kRowThreads threads share a key's row, each copying kChunks / kRowThreads chunks kRowThreads
+  // apart (a warp's copy instruction reads 128 contiguous bytes of 4 rows): a thread computes its
+  // rows' addresses once for all their chunks. Measured against 4 and kChunks threads per row
+  // (bench/PERFLOG.md, session 16): 4 doubles the L2 requests per byte (-1 to -2 % at the large
+  // points), kChunks (a row per 16 lanes) spends the paged call's issue slots on page walks
+  // (128 x 16k paged16 4.15 vs 4.44 TB/s).
+  constexpr int kRowThreads = kChunks < 8 ? kChunks : 8;
+  static_assert(kChunks % kRowThreads == 0 && kThreads % kRowThreads == 0, "even load split");
+  constexpr int kChunksPerThread = kChunks / kRowThreads;
+  constexpr int kRowsPerPass = kThreads / kRowThreads;
   constexpr int kPasses = kBlockN / kRowsPerPass;
-  const int c = tid % kChunks;
+  static_assert(kPasses * kRowsPerPass == kBlockN, "whole passes per block");
+  const int c0 = tid % kRowThreads;
   // Paged: a thread's rows of a block are kRowsPerPass keys apart, so their slots in the pages
   // follow from the first row's (PageWalk): one division per block (none for power-of-two pages)
   // instead of one per row, which cost the paged call ~13 % of its bandwidth in instructions
@@ -314,21 +402,28 @@ __global__ void __launch_bounds__(kThreads)
     }
   };
   auto issue = [&](int stage, int pass, int key, int64_t page, int64_t slot) {
-    const int row = tid / kChunks + pass * kRowsPerPass;
+    const int row = tid / kRowThreads + pass * kRowsPerPass;
     const bool ok = key < mine.hi;
-    const Element* ks = k_head + page * p.k_page_stride + slot * p.k_row_stride + c * 8;
-    const Element* vs = v_head + page * p.v_page_stride + slot * p.v_row_stride + c * 8;
-    Copy::copy(*reinterpret_cast<const cute::uint128_t*>(ok ? ks : k_head),
-               *reinterpret_cast<cute::uint128_t*>(&s.ring.k[stage][Cfg::chunk(row, c)]), ok);
-    Copy::copy(*reinterpret_cast<const cute::uint128_t*>(ok ? vs : v_head),
-               *reinterpret_cast<cute::uint128_t*>(&s.ring.v[stage][Cfg::chunk(row, c)]), ok);
+    const Element* ks = ok ? k_head + page * p.k_page_stride + slot * p.k_row_stride + c0 * 8
+                           : k_head;
+    const Element* vs = ok ? v_head + page * p.v_page_stride + slot * p.v_row_stride + c0 * 8
+                           : v_head;
+#pragma unroll
+    for (int i = 0; i < kChunksPerThread; ++i) {
+      const int at = Cfg::chunk(row, c0 + i * kRowThreads);
+      const int step = ok ? i * kRowThreads * 8 : 0;
+      Copy::copy(*reinterpret_cast<const cute::uint128_t*>(ks + step),
+                 *reinterpret_cast<cute::uint128_t*>(&s.ring.k[stage][at]), ok);
+      Copy::copy(*reinterpret_cast<const cute::uint128_t*>(vs + step),
+                 *reinterpret_cast<cute::uint128_t*>(&s.ring.v[stage][at]), ok);
+    }
   };
   auto load_block = [&](int block, int stage) {
-    const int first_key = mine.lo + block * kBlockN + tid / kChunks;
+    const int first_key = mine.lo + block * kBlockN + tid / kRowThreads;
     if (pages.table != nullptr) {
       const int* ids = s.ids[block % (2 * kStages)];
       walk_pages(first_key, [&](int pass, int slot) {
-        const int row = tid / kChunks + pass * kRowsPerPass;
+        const int row = tid / kRowThreads + pass * kRowsPerPass;
         issue(stage, pass, first_key + pass * kRowsPerPass, pages.clamp_page(ids[row]), slot);
       });
     } else {
@@ -541,38 +636,10 @@ __global__ void __launch_bounds__(kThreads)
   }
   const bool valid = row < count;
 
-  // Row i's output row, its LSE slot, and the sinks: a sink joins the row's denominator without
-  // a value (total = log2(2^lse2 + 2^sink2); O scaled by 2^(lse2 - total)).
-  auto out_row = [&](int i) {
-    const int t = token_of(i);
-    const int64_t r = p.cu_seqlens_q != nullptr ? (q_row0 + t) * p.o_row_stride
-                                                : b * p.o_batch_stride + t * p.o_row_stride;
-    return static_cast<Element*>(p.o) + r + head_of(i) * p.o_head_stride;
-  };
-  auto write_lse = [&](int i, float row_lse2) {
-    const int t = token_of(i);
-    const int h = head_of(i);
-    const int64_t at = p.cu_seqlens_q != nullptr
-                           ? h * p.lse_head_stride + q_row0 + t
-                           : b * p.lse_batch_stride + h * p.lse_head_stride + t;
-    p.lse[at] = row_lse2 * kLn2;
-  };
-  auto sink = [&](int i, float* row_lse2) {  // returns O's factor, updates the LSE
-    if (p.sinks == nullptr) {
-      return 1.f;
-    }
-    const float sink2 = p.sinks[head_of(i)] * kLog2e;
-    const float top = fmaxf(*row_lse2, sink2);
-    const float total = top + __log2f(exp2f(*row_lse2 - top) + exp2f(sink2 - top));
-    const float f = exp2f(*row_lse2 - total);
-    *row_lse2 = total;
-    return f;
-  };
-
   if (p.splits == 1) {
     if (valid) {
-      const float f = sink(row, &lse2);
-      Element* dst = out_row(row) + col0;
+      const float f = rows.sink(row, &lse2);
+      Element* dst = rows.out_row(row) + col0;
 #pragma unroll
       for (int c = 0; c < kCols; c += 8) {
         uint4 packed;
@@ -583,114 +650,107 @@ __global__ void __launch_bounds__(kThreads)
         *reinterpret_cast<uint4*>(dst + c) = packed;
       }
       if (p.lse != nullptr && col0 == 0) {
-        write_lse(row, lse2);
+        rows.write_lse(row, lse2);
       }
     }
     marks.end(false);
     return;
   }
 
-  // --- split-KV: publish this split's rows; the last split of the row block merges ------------
-  const int64_t block_id = (int64_t(b) * p.heads_kv + head_kv) * p.row_blocks + row_block;
-  const int64_t blocks = int64_t(p.batch) * p.heads_kv * p.row_blocks;
-  const int64_t split_stride = blocks * kRowsPerCta * kHeadDim;  // partials of consecutive splits
-  auto partial_at = [&](int sp, int i) {
-    return p.o_partial + ((sp * blocks + block_id) * kRowsPerCta + i) * kHeadDim;
-  };
-  auto lse_at = [&](int sp, int i) {
-    return p.lse_partial + (sp * blocks + block_id) * kRowsPerCta + i;
-  };
+  // --- split-KV: this split's rows to the workspace; combine_kernel merges them --------------
   if (valid) {
-    float* dst = partial_at(split, row) + col0;
+    const int64_t block_id = (int64_t(b) * p.heads_kv + head_kv) * p.row_blocks + row_block;
+    const Partials partials{p.o_partial, p.lse_partial,
+                            int64_t(p.batch) * p.heads_kv * p.row_blocks, kHeadDim};
+    float* dst = partials.o_at(split, block_id, row) + col0;
 #pragma unroll
     for (int c = 0; c < kCols; c += 4) {
       *reinterpret_cast<float4*>(dst + c) = make_float4(acc[c], acc[c + 1], acc[c + 2], acc[c + 3]);
     }
     if (col0 == 0) {
-      *lse_at(split, row) = lse2;
+      *partials.lse_at(split, block_id, row) = lse2;
     }
   }
-  __threadfence();  // this split's partials visible device-wide before it is counted
-  __syncthreads();
-  if (tid == 0) {
-    const int done = atomicAdd(&p.counters[block_id], 1);
-    s.last = done == p.splits - 1;
-  }
-  __syncthreads();
   marks.mark(kEvPublished);
-  if (!s.last) {
-    marks.end(false);
-    return;
-  }
-  __threadfence();  // every other split counted itself after publishing
-  if (tid == 0) {
-    p.counters[block_id] = 0;  // ready for the next call
-  }
-  // The merge, every thread busy and many loads in flight (a loop over the splits one load at a
-  // time would wait an L2 round trip per split): (1) every split's LSE of the valid rows into
-  // shared memory (the ring is free), (2) a warp per row turns them into weights (the sink
-  // folded in), (3) each thread accumulates float4 columns of a row over the splits.
-  const int splits = p.splits;
-  float* s_weight = reinterpret_cast<float*>(&s.ring);  // (count, splits)
-  static_assert(sizeof(s.ring) >= kRowsPerCta * kMaxSplits * sizeof(float), "weights fit");
-  for (int u = tid; u < count * splits; u += kThreads) {
-    s_weight[u] = __ldcg(lse_at(u % splits, u / splits));
-  }
-  __syncthreads();
-  for (int i = warp; i < count; i += kWarps) {
-    float* w = s_weight + i * splits;
-    float mx = -INFINITY;
-    for (int sp = lane; sp < splits; sp += 32) {
-      mx = fmaxf(mx, w[sp]);
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) {
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, off));
-    }
-    float sum = 0.f;
-    if (mx != -INFINITY) {
-      for (int sp = lane; sp < splits; sp += 32) {
-        sum += exp2f(w[sp] - mx);
-      }
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) {
-      sum += __shfl_xor_sync(0xffffffff, sum, off);
-    }
-    float row_lse2 = sum > 0.f ? mx + __log2f(sum) : -INFINITY;
-    const float with_sink = sink(i, &row_lse2);  // a row without keys: lse = the sink
-    const float scale = sum > 0.f ? with_sink / sum : 0.f;
-    __syncwarp();
-    for (int sp = lane; sp < splits; sp += 32) {
-      w[sp] = sum > 0.f ? exp2f(w[sp] - mx) * scale : 0.f;
-    }
-    if (lane == 0 && p.lse != nullptr) {
-      write_lse(i, row_lse2);
-    }
-  }
-  __syncthreads();
+  marks.end(false);
+}
+
+// The merge of a split call's partials: one CTA per row block, launched right behind
+// decode_kernel with programmatic dependent launch (decode.cu), so that its CTAs are resident when
+// the last split finishes. A kernel boundary, not a merge inside the decode kernel: there the
+// splits' fences, the atomic counter and the last split's merge under the others' loads cost
+// 1 x 8k 13.1 us per call against 12.4 (bench/PERFLOG.md, session 16). A thread owns 4 columns of a row and folds the splits in chunks of kChunkSplits, each
+// chunk's LSEs and partial columns loaded at once (one L2 round trip per chunk), under a running
+// maximum.
+template <class Element, int kHeadDim>
+__global__ void __launch_bounds__(kThreads)
+    combine_kernel(const __grid_constant__ DecodeParams p) {
+  using Ops = MmaOps<Element>;
   constexpr int kVec = kHeadDim / 4;
-  for (int u = tid; u < count * kVec; u += kThreads) {
+  constexpr int kChunkSplits = 16;
+  grid_dependency_wait();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+  const int64_t block_id = blockIdx.x;
+  const int row_block = static_cast<int>(block_id % p.row_blocks);
+  const int head_kv = static_cast<int>((block_id / p.row_blocks) % p.heads_kv);
+  const int b = static_cast<int>(block_id / (int64_t(p.row_blocks) * p.heads_kv));
+  const TileRows<Element> rows(p, b, head_kv, row_block);
+  const Partials partials{p.o_partial, p.lse_partial,
+                          int64_t(p.batch) * p.heads_kv * p.row_blocks, kHeadDim};
+  for (int u = threadIdx.x; u < rows.count * kVec; u += kThreads) {
     const int i = u / kVec;
     const int c = (u % kVec) * 4;
-    const float* w = s_weight + i * splits;
-    const float* src = partial_at(0, i) + c;
-    float4 o4 = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 16  // 16 float4 loads in flight per thread: a round trip per 16 splits
-    for (int sp = 0; sp < splits; ++sp) {
-      const float f = w[sp];
-      const float4 x = __ldcg(reinterpret_cast<const float4*>(src + sp * split_stride));
-      o4.x += f * x.x;
-      o4.y += f * x.y;
-      o4.z += f * x.z;
-      o4.w += f * x.w;
+    float mx = -INFINITY;
+    float sum = 0.f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int sp0 = 0; sp0 < p.splits; sp0 += kChunkSplits) {
+      float l[kChunkSplits];
+      float4 x[kChunkSplits];
+#pragma unroll
+      for (int j = 0; j < kChunkSplits; ++j) {
+        const bool ok = sp0 + j < p.splits;
+        l[j] = ok ? __ldcg(partials.lse_at(sp0 + j, block_id, i)) : -INFINITY;
+        x[j] = ok ? __ldcg(reinterpret_cast<const float4*>(partials.o_at(sp0 + j, block_id, i) + c))
+                  : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+      float top = mx;
+#pragma unroll
+      for (int j = 0; j < kChunkSplits; ++j) {
+        top = fmaxf(top, l[j]);
+      }
+      if (top == -INFINITY) {
+        continue;  // no keys in these splits (nor before)
+      }
+      const float f = exp2f(mx - top);  // 0 while mx is -inf
+      sum *= f;
+      acc.x *= f;
+      acc.y *= f;
+      acc.z *= f;
+      acc.w *= f;
+#pragma unroll
+      for (int j = 0; j < kChunkSplits; ++j) {
+        const float w = exp2f(l[j] - top);
+        sum += w;
+        acc.x += w * x[j].x;
+        acc.y += w * x[j].y;
+        acc.z += w * x[j].z;
+        acc.w += w * x[j].w;
+      }
+      mx = top;
     }
+    float lse2 = sum > 0.f ? mx + __log2f(sum) : -INFINITY;
+    const float with_sink = rows.sink(i, &lse2);  // a row without keys: lse = the sink
+    const float scale = sum > 0.f ? with_sink / sum : 0.f;
     uint2 packed;
-    packed.x = Ops::pack(o4.x, o4.y);
-    packed.y = Ops::pack(o4.z, o4.w);
-    *reinterpret_cast<uint2*>(out_row(i) + c) = packed;
+    packed.x = Ops::pack(acc.x * scale, acc.y * scale);
+    packed.y = Ops::pack(acc.z * scale, acc.w * scale);
+    *reinterpret_cast<uint2*>(rows.out_row(i) + c) = packed;
+    if (c == 0 && p.lse != nullptr) {
+      rows.write_lse(i, lse2);
+    }
   }
-  marks.end(true);
 }
 
 }  // namespace decode

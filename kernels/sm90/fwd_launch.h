@@ -10,6 +10,7 @@
 #include "flash_hopper/fwd_params.h"
 #include "sm90/fwd_kernel.h"
 #include "sm90/kernel_traits.h"
+#include "src/programmatic_launch.h"
 #include "src/registry.h"
 #include "src/varlen_prepare.h"
 
@@ -235,17 +236,9 @@ LaunchResult launch_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t
     // Programmatic dependent launch: the CTAs start (barriers, descriptor prefetch) while the
     // prepare kernel, which allows it at its start, still runs; they wait for its list in the
     // kernel (griddepcontrol.wait). Saves the launch gap between the two kernels.
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(kp.scheduler.grid);
-    config.blockDim = dim3(Traits::kThreads);
-    config.dynamicSmemBytes = kSmem;
-    config.stream = stream;
-    cudaLaunchAttribute attribute[1];
-    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute[0].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = attribute;
-    config.numAttrs = 1;
-    return LaunchResult::cuda(cudaLaunchKernelEx(&config, kernel, kp));
+    return LaunchResult::cuda(launch_programmatic(kernel, dim3(kp.scheduler.grid),
+                                                  dim3(Traits::kThreads), kSmem, stream,
+                                                  /*programmatic=*/true, kp));
   }
   kernel<<<kp.scheduler.grid, Traits::kThreads, kSmem, stream>>>(kp);
   return LaunchResult::cuda(cudaGetLastError());

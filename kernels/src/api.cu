@@ -1682,9 +1682,6 @@ FhStatus validate_decode(const FhDecodeParams* p) {
     FH_CHECK(p->workspace_bytes >= need,
              "workspace_bytes: expected >= %lld (fh_decode_plan) for num_splits %d, got %lld",
              (long long)need, p->num_splits, (long long)p->workspace_bytes);
-    FH_CHECK(p->counters != nullptr && aligned(p->counters, 4),
-             "counters: expected a 4-byte aligned device array of zeros with num_splits %d, got "
-             "%p", p->num_splits, (void*)p->counters);
   }
   return FH_SUCCESS;
 }
@@ -1886,10 +1883,12 @@ FH_EXPORT FhStatus fh_decode(const FhDecodeParams* params, void* stream) {
            dev.major, dev.minor);
   const int limit = smem_limit(dev);
 #ifdef FH_TIMELINE
-  const LaunchResult result = launch_decode(params, limit, static_cast<cudaStream_t>(stream),
-                                            g_timeline, flash_hopper::sm90::kTimelineBytes);
+  const LaunchResult result = launch_decode(params, limit, dev.major,
+                                            static_cast<cudaStream_t>(stream), g_timeline,
+                                            flash_hopper::sm90::kTimelineBytes);
 #else
-  const LaunchResult result = launch_decode(params, limit, static_cast<cudaStream_t>(stream));
+  const LaunchResult result = launch_decode(params, limit, dev.major,
+                                            static_cast<cudaStream_t>(stream));
 #endif
   char message[1024];
   const FhStatus st = describe_launch(result, "decode", params->head_dim, limit, message,

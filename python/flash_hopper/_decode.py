@@ -2,16 +2,15 @@
 
 flash_attn_with_kvcache (kvcache.py) routes short queries here: a few query rows per sequence
 (decode, speculative decoding) against a dense or paged cache, the query heads of a KV head
-packed into one tile, the keys split across CTAs and merged inside the same launch. What it
+packed into one tile, the keys split across CTAs and merged by a combine kernel the library
+launches behind the decode kernel (programmatic dependent launch on sm_90). What it
 takes is what the kernel serves (``usable``); everything else stays on the varlen kernels.
 
 The caller has validated the arguments (kvcache.py); this module checks only what the kernel adds
 (head dims, alignment) and fills FhDecodeParams. Per call: one plan lookup (cached per call
 signature: the split count and workspace size from fh_decode_plan), for split calls a scratch
-workspace and the merge counters (the kernel leaves them zero; eager: cached per device and
-stream, zeroed once; a call captured in a CUDA graph: its own slice of a per-device pool zeroed
-once outside any capture, or, before the pool exists or once it is used up, its own array zeroed
-inside the graph), one launch.
+workspace from torch's caching allocator (nothing to initialise: a captured call's is its own for
+the graph's life), one library call.
 """
 
 from __future__ import annotations
@@ -30,7 +29,6 @@ DTYPES = {torch.float16: _lib.FhDtype.FP16, torch.bfloat16: _lib.FhDtype.BF16}
 # Packed rows (seqlen_q x heads_q / heads_kv) a call may have: each 16 rows re-read the keys (from
 # L2), so long queries (prefill against a cache) stay on the varlen kernels.
 MAX_ROWS = 128
-ROWS_PER_CTA = 16
 MAX_SPLITS = 128  # decode_plan.h kMaxSplits
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
@@ -44,11 +42,12 @@ def enabled() -> bool:
 
 
 def varlen_too() -> bool:
-    """FLASH_HOPPER_DECODE=all also routes flash_attn_varlen_func's short queries (K / V packed
-    by cu_seqlens_k, read as one cache entry with each sequence's span as [leftpad, seqlen)).
-    Off by default until measured on a GPU (written in session 15 after its device time:
-    tests/test_decode_gpu.py::test_varlen_short_queries_on_the_decode_kernel)."""
-    return os.environ.get("FLASH_HOPPER_DECODE", "1") == "all"
+    """flash_attn_varlen_func's short queries (K / V packed by cu_seqlens_k, read as one cache
+    entry with each sequence's span as [leftpad, seqlen)) run on the kernel too, unless
+    FLASH_HOPPER_DECODE is 0 or "kvcache". Measured at issue 14's points through
+    flash_attn_varlen_func: as fast as flash_attn_with_kvcache's dense call (1 x 8k 13.8 us,
+    64 x 1k 67.8 us; bench/PERFLOG.md session 16)."""
+    return everywhere()
 
 
 def everywhere() -> bool:
@@ -123,8 +122,8 @@ def varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    softcap: float, out: torch.Tensor,
                    need_lse: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """flash_attn_varlen_func's attention through the decode kernel when it serves the call
-    (FLASH_HOPPER_DECODE=all, short queries: max_seqlen_q x heads_q / heads_kv <= MAX_ROWS),
-    else None. q (total_q, heads_q, d) by cu_seqlens_q; k / v (total_k, heads_kv, d) read as one
+    (short queries: max_seqlen_q x heads_q / heads_kv <= MAX_ROWS; FLASH_HOPPER_DECODE neither 0
+    nor kvcache), else None. q (total_q, heads_q, d) by cu_seqlens_q; k / v (total_k, heads_kv, d) read as one
     cache entry (packed_spans). Validated by the caller (offsets included); out written."""
     heads_q, heads_kv = q.shape[1], k.shape[1]
     batch = cu_seqlens_q.shape[0] - 1
@@ -172,54 +171,9 @@ class _Plan(NamedTuple):
     template: bytes
     splits: int
     workspace_bytes: int
-    counters: int  # merge counters (int32) of a split call
 
 
 _plans = _plan_cache.PlanCache(256)
-_counters: dict[tuple[int, int], torch.Tensor] = {}
-GRAPH_POOL_COUNTERS = 1 << 20  # int32 per device (4 MiB): the slices captured calls own
-
-
-class _GraphPool:
-    """Zeroed once, outside any capture; every captured split call takes a slice of its own for
-    good (a graph may be replayed on any stream, next to eager calls and other graphs, so no two
-    captured calls share counters), which the kernel leaves zero after each replay."""
-
-    def __init__(self, device: torch.device):
-        self.counters = torch.zeros(GRAPH_POOL_COUNTERS, dtype=torch.int32, device=device)
-        self.used = 0
-
-    def take(self, count: int) -> torch.Tensor | None:
-        count = -(-count // 64) * 64  # 256-byte slices
-        if self.used + count > self.counters.numel():
-            return None
-        self.used += count
-        return self.counters[self.used - count:self.used]
-
-
-_graph_pools: dict[int, _GraphPool] = {}
-
-
-def _counters_for(device: torch.device, stream: int, count: int) -> torch.Tensor:
-    """int32 zeros for the merge counters. Eager calls: cached per (device, stream) (the kernel
-    leaves them zero and calls on one stream run in order); the first also zeroes the device's
-    graph pool. A captured call: a slice of that pool, or, when the pool does not exist yet (no
-    eager split call before the capture) or is used up, an array zeroed inside the graph (a
-    memset node, as FA3's semaphore: ~1 us per replay, bench/PERFLOG.md session 15)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if torch.cuda.is_current_stream_capturing():
-        pool = _graph_pools.get(index)
-        counters = pool.take(count) if pool is not None else None
-        if counters is None:
-            counters = torch.zeros(count, dtype=torch.int32, device=device)
-        return counters
-    if index not in _graph_pools:
-        _graph_pools[index] = _GraphPool(device)
-    key = (index, stream)
-    cached = _counters.get(key)
-    if cached is None or cached.numel() < count:
-        cached = _counters[key] = torch.zeros(max(count, 4096), dtype=torch.int32, device=device)
-    return cached
 
 
 def _plan(lib: _lib.Library, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -265,8 +219,7 @@ def _plan(lib: _lib.Library, q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     splits, nbytes = lib.decode_plan(p, _device.device_info(index).sm_count)
     p.page_table = None
     p.num_splits = splits
-    group = heads_q // heads_kv
-    plan = _Plan(bytes(p), splits, nbytes, batch * heads_kv * -(-seqlen_q * group // ROWS_PER_CTA))
+    plan = _Plan(bytes(p), splits, nbytes)
     _plans.remember(key, plan)
     return plan
 
@@ -329,7 +282,6 @@ def forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if plan.splits > 1:  # scratch from torch's caching allocator: no memset, no host sync
         ws = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=q.device)
         p.workspace, p.workspace_bytes = ws.data_ptr(), plan.workspace_bytes
-        p.counters = _counters_for(q.device, stream, plan.counters).data_ptr()
     lib.decode(p, stream)
     return out, lse
 

@@ -34,7 +34,7 @@ LIB_NAME = "libflash_hopper.so"
 ENV_VAR = "FLASH_HOPPER_LIB"
 
 # Must equal FH_ABI_VERSION in api.h; the library reports its own through fh_abi_version().
-ABI_VERSION = 8
+ABI_VERSION = 9
 
 
 class FhStatus(enum.IntEnum):
@@ -255,7 +255,6 @@ class FhDecodeParams(ctypes.Structure):
         ("sinks", _PTR),
         ("workspace", _PTR),
         ("workspace_bytes", _I64),
-        ("counters", _PTR),
         # shapes
         ("batch", _I64),
         ("seqlen_q", _I64),

@@ -332,7 +332,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: tor
         routed = _decode.varlen_forward(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_k, cfg.softmax_scale,
             (cfg.window_left, cfg.window_right), cfg.softcap, out, need_lse)
-        if routed is not None:  # short queries on the decode kernel (FLASH_HOPPER_DECODE=all)
+        if routed is not None:  # short queries on the decode kernel
             return routed[0], routed[1], vp
     lse = torch.empty(vp.lse_shape, dtype=torch.float32, device=device) if need_lse else None
     if vp.template is None:

@@ -40,7 +40,7 @@ extern "C" {
 // FH_DTYPE_E5M2). 6: varlen (FhFwdParams::seqused_q, max_seqlen_*, workspace;
 // fh_fwd_workspace_size). 7: KV-cache fields (FhFwdParams::kv_batch_idx, leftpad_k, batch_k).
 // 8: the decode kernel (FhDecodeParams, fh_decode, fh_decode_plan).
-#define FH_ABI_VERSION 8
+#define FH_ABI_VERSION 9
 
 // The library's own status; the message (fh_last_error) tells the cases of one status apart.
 typedef enum FhStatus {
@@ -386,12 +386,10 @@ typedef struct FhDecodeParams {
   const int32_t* cu_seqlens_q;    // (batch + 1,) varlen q / o / lse offsets; null: dense q
   const float* sinks;             // (heads_q,) fp32 sink logits; null: none
   // When num_splits > 1: fh_decode_plan's workspace_bytes of device scratch, 256-byte aligned
-  // (the splits' partial outputs and LSEs; nothing to initialise), and the merge counters, int32
-  // batch * heads_kv * ceil(seqlen_q * heads_q / heads_kv / 16) of them, zero before the call
-  // and left zero by it (one zeroed array serves call after call on one stream). Null otherwise.
+  // (the splits' partial outputs and LSEs, merged by a combine kernel the call launches behind
+  // the decode kernel; nothing to initialise). Null otherwise.
   void* workspace;
   int64_t workspace_bytes;
-  int32_t* counters;
 
   // --- shapes -----------------------------------------------------------------------------
   int64_t batch;

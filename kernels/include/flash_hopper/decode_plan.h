@@ -14,8 +14,8 @@
 // [pos - left, pos + right] (-1: unbounded).
 //
 // Splits. A CTA's key range (the union over its rows) is cut into num_splits chunks of whole
-// key blocks; each split writes its rows' partial O and LSE, and the last split of a row block to
-// finish merges them (decode_kernel.h).
+// key blocks; each split writes its rows' partial O and LSE, and a combine kernel launched behind
+// the decode kernel merges them (decode_kernel.h).
 #pragma once
 
 #include <cstdint>
@@ -186,8 +186,7 @@ FH_HOST_DEVICE int default_splits(int64_t tiles, int64_t max_keys, int num_sms, 
 
 // The workspace of a split call (api.h: fh_decode_plan): fp32 LSEs (splits x row blocks x
 // kRowsPerCta), then fp32 partial outputs (splits x row blocks x kRowsPerCta x head_dim), each
-// 256-byte aligned. The merge counters (one int per row block) live in their own array, which
-// the caller keeps zero-initialized and the kernel leaves zero.
+// 256-byte aligned.
 struct DecodeWorkspace {
   int64_t lse;  // byte offsets
   int64_t partial;
