@@ -1,7 +1,7 @@
 """Timing statistics, input rotation and the peak table: the pure parts of the measurement."""
 
 import pytest
-from flash_hopper.bench import peak
+from flash_hopper.bench import peak, timing
 from flash_hopper.bench.timing import (
     Stats,
     Timer,
@@ -69,3 +69,55 @@ def test_unknown_gpu_has_no_peak_and_says_how_to_set_it():
 
 def test_gemm_flops():
     assert peak.gemm_flops(8192) == 2 * 8192 ** 3
+
+
+class _FakeCuda:
+    """torch.cuda's events and sync on a recorded timeline (every event pair reads gpu_ms)."""
+
+    def __init__(self, gpu_ms):
+        self.log = []
+        cuda = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                pass
+
+            def record(self):
+                cuda.log.append("record")
+
+            def elapsed_time(self, other):
+                return gpu_ms
+
+        self.Event = Event
+
+    def synchronize(self):
+        self.log.append("sync")
+
+
+@pytest.mark.parametrize(("gpu_ms", "graph", "noted"), [(1.0, False, True), (50.0, False, False),
+                                                         (1.0, True, False)])
+def test_events_timer_notes_host_bound_calls(monkeypatch, gpu_ms, graph, noted):
+    """The warm-up measures the host's time per call; an eager row whose host path is >= 70 % of
+    its GPU time says it may hold host gaps (issue 15's bimodal short lengths: the event pair
+    times the host too whenever the GPU queue runs dry). Graph replays are not noted."""
+    import time
+
+    import torch
+
+    fake = _FakeCuda(gpu_ms)
+    monkeypatch.setattr(torch, "cuda", fake)
+
+    def call():
+        time.sleep(0.002)  # a 2 ms host path
+        fake.log.append("call")
+
+    stats = Timer(TimerConfig(warmup=4, repeats=3, cuda_graph=graph))._events([call])
+    assert stats.n == 3 and stats.median == gpu_ms
+    assert 2.0 <= stats.host_ms < 20.0
+    assert fake.log[fake.log.index("sync") + 1:] == ["record", "call", "record"] * 3 + ["sync"]
+    assert any("host-bound" in n for n in stats.notes) == noted
+
+
+def test_host_bound_note_names_both_times():
+    note = timing.host_bound_note(0.09, 0.12)
+    assert "90 us" in note and "120 us" in note and "--cuda-graph" in note

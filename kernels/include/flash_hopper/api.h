@@ -39,7 +39,8 @@ extern "C" {
 // strides and fp8_accumulation in FhFwdParams). 5: the mixed mode (FhFwdParams::kv_dtype,
 // FH_DTYPE_E5M2). 6: varlen (FhFwdParams::seqused_q, max_seqlen_*, workspace;
 // fh_fwd_workspace_size). 7: KV-cache fields (FhFwdParams::kv_batch_idx, leftpad_k, batch_k).
-// 8: the decode kernel (FhDecodeParams, fh_decode, fh_decode_plan).
+// 8: the decode kernel (FhDecodeParams, fh_decode, fh_decode_plan). 9: FhDecodeParams without
+// the merge counters (a combine kernel merges the splits).
 #define FH_ABI_VERSION 9
 
 // The library's own status; the message (fh_last_error) tells the cases of one status apart.

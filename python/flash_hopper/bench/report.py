@@ -44,7 +44,7 @@ FIELDS: tuple[tuple[str, type], ...] = (
     ("seqlen_q", int), ("seqlen_k", int), ("seqlens", str), ("heads", int), ("heads_kv", int),
     ("head_dim", int), ("causal", bool), ("window_left", int), ("window_right", int),
     ("softcap", float), ("mask", str), ("status", str), ("reason", str), ("ms", float),
-    ("ms_p20", float), ("ms_p80", float), ("ms_min", float), ("ms_max", float),
+    ("ms_p20", float), ("ms_p80", float), ("ms_min", float), ("ms_max", float), ("host_ms", float),
     ("iters", int), ("flops", float), ("tflops", float), ("pct_peak", float),
     ("pct_gemm", float), ("check_err", float), ("check_ref_err", float),
     ("check_tol", float), ("check_lse_err", float), ("check_lse_tol", float),

@@ -8,11 +8,20 @@ Why each knob exists:
   flushing and still cold), see `rotation_count`.
 - --cuda-graph: replay a captured graph so CPU launch overhead (several kernels for SDPA, flex)
   does not leak into the number at small sizes.
+- host-bound note (events): an eager call's event pair times the host's launch too whenever the
+  GPU queue runs dry, i.e. when the call's host path is about as long as its kernels: the time
+  then flips between the kernels and host + kernels (flash-hopper's forward at s512 read 155-316
+  us in one sweep point when its host path was ~136 us; SDPA cuDNN's s512 rows spread 117-149 us
+  in session 16). The warm-up measures the host time per call; a row whose host path is >= 70 %
+  of its median says so in its notes (time it with --cuda-graph). A GPU spin before each start
+  event removed the spread but read 3-5 % slower for every backend (bench/PERFLOG.md session 16).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Callable
@@ -23,6 +32,9 @@ from .errors import first_line
 DEFAULT_L2_BYTES = 50 * 1024 * 1024
 # The flush buffer is at least this big (triton's do_bench uses 256 MB for the same purpose).
 MIN_FLUSH_BYTES = 256 * 1024 * 1024
+# A row whose eager host path per call is at least this fraction of its median GPU time is noted
+# as host-bound (its event pairs may include the host's gaps).
+HOST_BOUND_FRACTION = 0.7
 
 
 @dataclass
@@ -47,6 +59,7 @@ class Stats:
     mean: float | None = None
     n: int = 0
     notes: list[str] = field(default_factory=list)
+    host_ms: float | None = None  # events timer: the host's time per call (warm-up median)
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -138,8 +151,12 @@ class Timer:
         import torch
 
         cfg = self.config
-        for i in range(max(cfg.warmup, len(fns))):
+        host = []
+        for i in range(max(cfg.warmup, len(fns), 3)):
+            t0 = time.perf_counter()
             fns[i % len(fns)]()
+            host.append(time.perf_counter() - t0)
+        host_ms = statistics.median(host[2:]) * 1e3
         flush = self._flush_buffer() if cfg.flush_l2 else None
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(cfg.repeats)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(cfg.repeats)]
@@ -151,7 +168,11 @@ class Timer:
             fns[i % len(fns)]()
             ends[i].record()
         torch.cuda.synchronize()
-        return summarize([s.elapsed_time(e) for s, e in zip(starts, ends)])
+        stats = summarize([s.elapsed_time(e) for s, e in zip(starts, ends)])
+        stats.host_ms = host_ms
+        if not self.config.cuda_graph and host_ms >= HOST_BOUND_FRACTION * stats.median:
+            stats.notes.append(host_bound_note(host_ms, stats.median))
+        return stats
 
     def _do_bench(self, fns: list[Callable[[], object]]) -> Stats:
         from triton import testing
@@ -167,6 +188,12 @@ class Timer:
         median, p20, p80 = testing.do_bench(cycle, warmup=25, rep=100, quantiles=quantiles)
         return Stats(median=median, p20=p20, p80=p80, n=0,
                      notes=["triton do_bench (flushes L2 before every call)"])
+
+
+def host_bound_note(host_ms: float, median_ms: float) -> str:
+    return (f"host-bound: the eager call's host path ({host_ms * 1e3:.0f} us) is >= "
+            f"{HOST_BOUND_FRACTION:.0%} of its GPU time ({median_ms * 1e3:.0f} us), so its event "
+            f"timings may include host gaps; time it with --cuda-graph")
 
 
 def _capture(fn: Callable[[], object]) -> Callable[[], object]:
