@@ -4,8 +4,9 @@
 
 Needs a library built with FH_TIMELINE=ON (CMake) and a GPU. Every CTA's thread 0 records the
 global timer (ns) when it starts, when its first key block has landed, when its loop is done, when
-its split's partials are published (split calls) and when it ends, plus its SM and whether it
-merged the splits (kernels/decode/decode_kernel.h, DecodeMarks). This script runs each point
+its split's partials are written (split calls) and when it ends, plus its SM (and whether it
+merged the splits: none since session 16, when a combine kernel took the merge over;
+kernels/decode/decode_kernel.h, DecodeMarks). This script runs each point
 (GQA 32 / 8, d128, bf16, one query token, dense or paged cache) once to warm up, once recorded,
 and writes DIR/decode_timeline.json: per point the span of the grid, and the medians / maxima of
 each phase over the CTAs. phases() and summarize() are plain Python (tests/test_timeline.py).
