@@ -268,8 +268,11 @@ struct TileRows {
 struct Partials {
   float* o;
   float* lse;
-  int64_t blocks;
+  int64_t blocks;  // row blocks of the call: batch x heads_kv x row_blocks
   int head_dim;
+  __device__ Partials(DecodeParams const& p, int head_dim_)
+      : o(p.o_partial), lse(p.lse_partial),
+        blocks(int64_t(p.batch) * p.heads_kv * p.row_blocks), head_dim(head_dim_) {}
   __device__ float* o_at(int sp, int64_t block, int i) const {
     return o + ((sp * blocks + block) * kRowsPerCta + i) * head_dim;
   }
@@ -312,15 +315,13 @@ __global__ void __launch_bounds__(kThreads)
   // --- the sequence and this CTA's rows and keys ------------------------------------------
   const TileRows<Element> rows(p, b, head_kv, row_block);
   const int seqlen_q = rows.seqlen_q;
-  const int64_t q_row0 = rows.q_row0;
-  const int first_row = rows.first_row;
   const int count = rows.count;
   if (count <= 0) {
     return;  // a varlen sequence shorter than the longest: every split of the block returns
   }
   const int seqlen = clamp_int(p.seqlens_k[b], 0, p.capacity);
   const int lead = p.leftpad_k != nullptr ? clamp_int(p.leftpad_k[b], 0, seqlen) : 0;
-  const KeyRange all = block_keys(seqlen, lead, seqlen_q, p.group, first_row, count,
+  const KeyRange all = block_keys(seqlen, lead, seqlen_q, p.group, rows.first_row, count,
                                   p.window_left, p.window_right);
   const KeyRange mine = split_keys(all, split, p.splits, kBlockN);
   const int n_blocks = (mine.size() + kBlockN - 1) / kBlockN;
@@ -337,9 +338,6 @@ __global__ void __launch_bounds__(kThreads)
   const Element* k_head = static_cast<const Element*>(p.k) + head_kv * p.k_head_stride;
   const Element* v_head = static_cast<const Element*>(p.v) + head_kv * p.v_head_stride;
 
-  auto token_of = [&](int i) { return rows.token_of(i); };
-  auto head_of = [&](int i) { return rows.head_of(i); };
-
   // --- loads ---------------------------------------------------------------------------------
   {  // Q: rows past `count` zero-filled
     const Element* q = static_cast<const Element*>(p.q);
@@ -347,9 +345,9 @@ __global__ void __launch_bounds__(kThreads)
       const int i = idx / kChunks;
       const int c = idx % kChunks;
       const bool ok = i < count;
-      const int t = ok ? token_of(i) : 0;
-      const int h = ok ? head_of(i) : 0;
-      const int64_t row = p.cu_seqlens_q != nullptr ? (q_row0 + t) * p.q_row_stride
+      const int t = ok ? rows.token_of(i) : 0;
+      const int h = ok ? rows.head_of(i) : 0;
+      const int64_t row = p.cu_seqlens_q != nullptr ? (rows.q_row0 + t) * p.q_row_stride
                                                     : b * p.q_batch_stride + t * p.q_row_stride;
       const Element* src = ok ? q + row + h * p.q_head_stride + c * 8 : q;
       Copy::copy(*reinterpret_cast<const cute::uint128_t*>(src),
@@ -462,7 +460,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
     const int i = lane / 4 + 8 * ri;
-    row_range[ri] = i < count ? row_keys(seqlen, lead, seqlen_q, token_of(i), p.window_left,
+    row_range[ri] = i < count ? row_keys(seqlen, lead, seqlen_q, rows.token_of(i), p.window_left,
                                          p.window_right)
                               : KeyRange{0, 0};
     row_range[ri].hi = imin(row_range[ri].hi, mine.hi);
@@ -660,8 +658,7 @@ __global__ void __launch_bounds__(kThreads)
   // --- split-KV: this split's rows to the workspace; combine_kernel merges them --------------
   if (valid) {
     const int64_t block_id = (int64_t(b) * p.heads_kv + head_kv) * p.row_blocks + row_block;
-    const Partials partials{p.o_partial, p.lse_partial,
-                            int64_t(p.batch) * p.heads_kv * p.row_blocks, kHeadDim};
+    const Partials partials(p, kHeadDim);
     float* dst = partials.o_at(split, block_id, row) + col0;
 #pragma unroll
     for (int c = 0; c < kCols; c += 4) {
@@ -679,9 +676,9 @@ __global__ void __launch_bounds__(kThreads)
 // decode_kernel with programmatic dependent launch (decode.cu), so that its CTAs are resident when
 // the last split finishes. A kernel boundary, not a merge inside the decode kernel: there the
 // splits' fences, the atomic counter and the last split's merge under the others' loads cost
-// 1 x 8k 13.1 us per call against 12.4 (bench/PERFLOG.md, session 16). A thread owns 4 columns of a row and folds the splits in chunks of kChunkSplits, each
-// chunk's LSEs and partial columns loaded at once (one L2 round trip per chunk), under a running
-// maximum.
+// 1 x 8k 13.1 us per call against 12.4 (bench/PERFLOG.md, session 16). A thread owns 4 columns
+// of a row and folds the splits in chunks of kChunkSplits, each chunk's LSEs and partial columns
+// loaded at once (one L2 round trip per chunk), under a running maximum.
 template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(kThreads)
     combine_kernel(const __grid_constant__ DecodeParams p) {
@@ -697,8 +694,7 @@ __global__ void __launch_bounds__(kThreads)
   const int head_kv = static_cast<int>((block_id / p.row_blocks) % p.heads_kv);
   const int b = static_cast<int>(block_id / (int64_t(p.row_blocks) * p.heads_kv));
   const TileRows<Element> rows(p, b, head_kv, row_block);
-  const Partials partials{p.o_partial, p.lse_partial,
-                          int64_t(p.batch) * p.heads_kv * p.row_blocks, kHeadDim};
+  const Partials partials(p, kHeadDim);
   for (int u = threadIdx.x; u < rows.count * kVec; u += kThreads) {
     const int i = u / kVec;
     const int c = (u % kVec) * 4;

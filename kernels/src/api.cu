@@ -1883,13 +1883,15 @@ FH_EXPORT FhStatus fh_decode(const FhDecodeParams* params, void* stream) {
            dev.major, dev.minor);
   const int limit = smem_limit(dev);
 #ifdef FH_TIMELINE
-  const LaunchResult result = launch_decode(params, limit, dev.major,
-                                            static_cast<cudaStream_t>(stream), g_timeline,
-                                            flash_hopper::sm90::kTimelineBytes);
+  unsigned long long* timeline = g_timeline;
+  const int64_t timeline_bytes = flash_hopper::sm90::kTimelineBytes;
 #else
-  const LaunchResult result = launch_decode(params, limit, dev.major,
-                                            static_cast<cudaStream_t>(stream));
+  unsigned long long* timeline = nullptr;
+  const int64_t timeline_bytes = 0;
 #endif
+  const LaunchResult result = launch_decode(params, limit, dev.major,
+                                            static_cast<cudaStream_t>(stream), timeline,
+                                            timeline_bytes);
   char message[1024];
   const FhStatus st = describe_launch(result, "decode", params->head_dim, limit, message,
                                       sizeof(message));

@@ -92,7 +92,7 @@ def fill_timing(row: dict[str, object], stats, options: RunOptions) -> None:
     row.update({
         "status": "ok", "ms": stats.median, "ms_p20": stats.p20, "ms_p80": stats.p80,
         "ms_min": stats.min, "ms_max": stats.max, "iters": stats.n, "tflops": tflops,
-        "host_ms": getattr(stats, "host_ms", None),
+        "host_ms": stats.host_ms,
         "pct_peak": 100.0 * tflops / peak if peak else None,
         "pct_gemm": 100.0 * tflops / gemm if gemm else None,
         "notes": "; ".join(filter(None, [row.get("notes"), *stats.notes])) or None,
