@@ -4,7 +4,8 @@ The tile scheduler, the step schedule with its role loops, the pipeline ends and
 are plain C++ (no CUDA, no CuTe), so these run on the CPU-only CI machine against the code the
 kernels use:
 - test_tile_scheduler.cpp: every tile exactly once for grids of 1, 3 and 132 CTAs, longest-first
-  masked order, causal load balance;
+  masked order, causal load balance; K / V multicast clusters walking the same heads and key
+  blocks with every query block once;
 - test_fwd_schedule.cpp: producer and consumer warpgroups recorded over random problems and every
   kernel shape, checked per role (buffers, GEMM hazards, masks, each tile's blocks summed once)
   and simulated against each other with mbarrier and named-barrier semantics (no deadlock, the

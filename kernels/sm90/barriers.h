@@ -29,19 +29,38 @@ struct SmemBarriers {
   }
   CUTE_DEVICE void arrive_full(int s) const { full[s].arrive(); }
   CUTE_DEVICE void wait_full(int s, uint32_t phase) const { full[s].wait(phase); }
-  CUTE_DEVICE void arrive_empty(int s) const { empty[s].arrive(); }
+  CUTE_DEVICE void arrive_empty(int s) const {
+    if constexpr (Spec::kPeers == 1) {
+      empty[s].arrive();
+    } else {
+      CUTE_UNROLL
+      for (int peer = 0; peer < Spec::kPeers; ++peer) {  // this CTA's barrier among them
+        empty[s].arrive(peer, 1);
+      }
+    }
+  }
   // The barrier a TMA load into stage s completes its bytes on.
   CUTE_DEVICE uint64_t& tma_barrier(int s) const { return reinterpret_cast<uint64_t&>(full[s]); }
 };
 
 // Named-barrier ids (CUTLASS reserves the first ReservedNamedBarrierCount = 8 of the 16).
+inline constexpr int kMaxConsumerWgs = 3;
 enum class FwdBarrier : uint32_t {
   kPingPong0 = 0,  // kPingPong0 + c: consumer WG c may issue its GEMMs
+  kOStage0 = kMaxConsumerWgs,  // kOStage0 + c: consumer WG c's O staging (epilogue.h)
 };
-inline constexpr int kMaxConsumerWgs = 3;
-static_assert(static_cast<uint32_t>(FwdBarrier::kPingPong0) + kMaxConsumerWgs <=
+static_assert(static_cast<uint32_t>(FwdBarrier::kOStage0) + kMaxConsumerWgs <=
                   16 - cutlass::arch::NamedBarrier::ReservedNamedBarrierCount,
               "named barrier ids exceed the hardware's 16");
+
+// bar.sync on named barrier `id` of the CTA with `threads` participants, as a compiler memory
+// barrier too: shared-memory accesses are not moved across it (CUTLASS's NamedBarrier::sync has
+// no "memory" clobber).
+CUTE_DEVICE void named_barrier_sync(uint32_t id, uint32_t threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id + cutlass::arch::NamedBarrier::ReservedNamedBarrierCount),
+               "r"(threads)
+               : "memory");
+}
 
 // Ping-pong of the consumer warpgroups: WG c waits for its turn before issuing its GEMMs and
 // passes the turn to WG (c + 1) % W right after issuing them. Each barrier has 256 participants:

@@ -34,11 +34,20 @@
 //   barriers count one arrival per converter warp (after its stores and a proxy fence), no bytes.
 //   Producers start every empty barrier at phase 1 (reported complete: buffers start free).
 // Named barriers (barriers.h):
+//   OStage c     128: WG c's O staging slab written / read (epilogue.h)
 //   PingPong c   256: WG c syncs before issuing its GEMMs, WG c - 1 arrives after issuing its
 //                own; WG 0 arrives once at start (order WG 0, 1, .., W-1, 0, ...).
 // Tiles without a visible key touch no barrier in either role (CtaSchedule::next_with_keys).
+// K / V multicast (Traits::kClusterM = 2, the kMulticast tile of unmasked calls): the two CTAs of
+// a cluster walk the same tile pairs (query blocks 2j and 2j + 1 of one head; a pair past the
+// last block still runs, its rows neither loaded nor stored) and so the same key blocks. Each
+// producer loads half of every K / V block into both CTAs' stages (the full barrier of each CTA
+// expects the whole block), and each consumer warpgroup releases a stage on both CTAs' empty
+// barriers (2W arrivals): a stage is refilled only once both CTAs are done with it. The CTAs sync
+// as a cluster after the barrier setup and before exiting.
 #pragma once
 
+#include <cute/arch/cluster_sm90.hpp>
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
@@ -74,11 +83,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // full barrier the producer's one arrive_and_expect_tx.
   using VPipe = typename Traits::VPipe;
   static_assert(QPipe::kEmptyArrivals == Traits::kConsumerWgs &&
-                KVPipe::kEmptyArrivals == Traits::kConsumerWgs);
+                KVPipe::kEmptyArrivals == Traits::kConsumerWgs * Traits::kClusterM);
   static_assert(QPipe::kFullArrivals == 1 &&
                 KVPipe::kFullArrivals == (Traits::kMixed ? kConverterWarps : 1) &&
                 VPipe::kFullArrivals == KVPipe::kFullArrivals);
-  static_assert(VPipe::kEmptyArrivals == (Traits::kFp8 ? kTransposerWarps : Traits::kConsumerWgs));
+  static_assert(VPipe::kEmptyArrivals ==
+                (Traits::kFp8 ? kTransposerWarps : Traits::kConsumerWgs * Traits::kClusterM));
   static_assert(QPipe::kStages == Traits::kQStages && KVPipe::kStages == Traits::kStages);
   static_assert(Traits::kThreads == 128 * (1 + Traits::kConsumerWgs));
 
@@ -108,7 +118,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
     cutlass::arch::fence_barrier_init();
   }
-  __syncthreads();
+  if constexpr (Traits::kClusterM > 1) {
+    // The peers' loads and releases reach this CTA's barriers: all initialized first.
+    cute::cluster_arrive_relaxed();
+    cute::cluster_wait();
+  } else {
+    __syncthreads();
+  }
   if constexpr (Traits::kVarlen) {
     // Launched while the prepare kernel runs (programmatic dependent launch, fwd_launch.h): its
     // tile list is complete and visible past this wait, before any role reads it.
@@ -132,6 +148,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   } else {
     cutlass::arch::warpgroup_reg_alloc<Registers::kConsumer>();
     consumer_loop<Traits>(params, smem);  // warp group 1 + c is consumer c
+  }
+  if constexpr (Traits::kClusterM > 1) {
+    // The consumers' last releases arrive on the peers' barriers, and the peers' on this CTA's:
+    // no CTA of the cluster exits (its shared memory going away) before every one got here.
+    cute::cluster_arrive();
+    cute::cluster_wait();
   }
 }
 

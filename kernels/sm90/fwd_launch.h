@@ -5,6 +5,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
 
 #include "flash_hopper/api.h"
 #include "flash_hopper/fwd_params.h"
@@ -109,6 +112,72 @@ class TmaMemo {
   Entry entries_[kEntries];
 };
 
+// FH_FA3_MULTICAST=0 in the environment keeps unmasked calls on the default tile (A / B
+// measurements); read once.
+inline bool multicast_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("FH_FA3_MULTICAST");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return enabled;
+}
+
+// A launch in 1-D clusters of `cluster` CTAs (K / V multicast).
+template <class Kernel, class... Args>
+cudaError_t launch_clustered(Kernel kernel, int grid, int cluster, int threads, int smem,
+                             cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = cluster;
+  attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+// How many clusters of the multicast kernel the current device runs at once (asked once per
+// device; 0 if the query fails, and the caller then refuses the launch).
+template <class Traits, class Kernel>
+int max_active_clusters(Kernel kernel, int smem) {
+  constexpr int kDevices = 64;  // past these, asked on every call
+  static std::atomic<int> cached[kDevices] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  const bool cacheable = device >= 0 && device < kDevices;
+  int n = cacheable ? cached[device].load(std::memory_order_relaxed) : 0;
+  if (n > 0) {
+    return n;
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(Traits::kClusterM * 66);
+  config.blockDim = dim3(Traits::kThreads);
+  config.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = Traits::kClusterM;
+  attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  if (cudaOccupancyMaxActiveClusters(&n, kernel, &config) != cudaSuccess) {
+    cudaGetLastError();  // clear it: the call reports its own error
+    return 0;
+  }
+  if (cacheable) {
+    cached[device].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
 // FH_VARIANT_FLAG_NO_PINGPONG in FwdParams::variant turns ping-pong off (the ablation) where the
 // tile uses it; the other flags are template parameters (run_fwd).
 template <class Traits>
@@ -182,23 +251,48 @@ LaunchResult launch_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t
                          typename Traits::SmemLayoutQ{},
                          Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{}, _1{});
   });
+  // K / V: one part per CTA of the cluster with multicast (kClusterM), else the whole block.
   kp.tma_k = k_memo.get(kv_key(k_ptr, k_strides), [&] {
-    return make_tma_copy(SM90_TMA_LOAD{}, gmem_kv(k_ptr, seqlen_k, p.heads_kv, k_strides),
+    return make_tma_copy(typename Traits::TmaKVOp{},
+                         gmem_kv(k_ptr, seqlen_k, p.heads_kv, k_strides),
                          take<0, 2>(typename Traits::SmemLayoutKVLoad{}),
-                         Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>{}, _1{});
+                         Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>{},
+                         Int<Traits::kClusterM>{});
   });
   kp.tma_v = v_memo.get(kv_key(v_ptr, v_strides), [&] {
-    return make_tma_copy(SM90_TMA_LOAD{}, gmem_kv(v_ptr, seqlen_k, p.heads_kv, v_strides),
+    return make_tma_copy(typename Traits::TmaKVOp{},
+                         gmem_kv(v_ptr, seqlen_k, p.heads_kv, v_strides),
                          take<0, 2>(typename Traits::SmemLayoutKVLoad{}),
-                         Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>{}, _1{});
+                         Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>{},
+                         Int<Traits::kClusterM>{});
   });
   const bool masked = p.window_left >= 0 || p.window_right >= 0;
   const int64_t kv_bytes = int64_t(seqlen_k) * p.head_dim * 2 * kKvElem;
   kp.pingpong = Traits::kPingpongDefault && (p.variant & FH_VARIANT_FLAG_NO_PINGPONG) == 0;
+  auto kernel = fwd_kernel<Traits>;
+  static std::atomic<uint64_t> smem_set_on_devices{0};
+  const cudaError_t err = once_per_device(smem_set_on_devices, [&] {
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  });
+  if (err != cudaSuccess) {
+    return LaunchResult::cuda(err);
+  }
+  constexpr int kCluster = Traits::kClusterM;
   if constexpr (!Traits::kVarlen) {
+    // With clusters the persistent grid is as many clusters as fit the GPU at once (a 2-CTA
+    // cluster needs two free SMs of one GPC, so fewer than num_sms / 2 may fit).
+    int slots = p.num_sms;
+    if constexpr (kCluster > 1) {
+      const int fit = max_active_clusters<Traits>(kernel, kSmem);
+      if (fit <= 0) {
+        return LaunchResult::internal("no 2-CTA cluster of the K / V multicast kernel fits");
+      }
+      const int capped = p.num_sms / kCluster > 0 ? p.num_sms / kCluster : 1;  // a grid cap too
+      slots = fit < capped ? fit : capped;
+    }
     kp.scheduler = StaticTileScheduler::make(p.seqlen_q, p.seqlen_k, Traits::kBlockM, p.heads_q,
                                              p.heads_per_kv, p.batch, kv_bytes,
-                                             /*longest_first=*/masked, p.num_sms);
+                                             /*longest_first=*/masked, slots, kCluster);
     if (kp.scheduler.total_tiles == 0) {
       return LaunchResult::ok();
     }
@@ -224,14 +318,6 @@ LaunchResult launch_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t
                                              grid);
   }
 
-  auto kernel = fwd_kernel<Traits>;
-  static std::atomic<uint64_t> smem_set_on_devices{0};
-  const cudaError_t err = once_per_device(smem_set_on_devices, [&] {
-    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  });
-  if (err != cudaSuccess) {
-    return LaunchResult::cuda(err);
-  }
   if constexpr (Traits::kVarlen) {
     // Programmatic dependent launch: the CTAs start (barriers, descriptor prefetch) while the
     // prepare kernel, which allows it at its start, still runs; they wait for its list in the
@@ -239,6 +325,10 @@ LaunchResult launch_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t
     return LaunchResult::cuda(launch_programmatic(kernel, dim3(kp.scheduler.grid),
                                                   dim3(Traits::kThreads), kSmem, stream,
                                                   /*programmatic=*/true, kp));
+  }
+  if constexpr (kCluster > 1) {
+    return LaunchResult::cuda(launch_clustered(kernel, kp.scheduler.grid * kCluster, kCluster,
+                                               Traits::kThreads, kSmem, stream, kp));
   }
   kernel<<<kp.scheduler.grid, Traits::kThreads, kSmem, stream>>>(kp);
   return LaunchResult::cuda(cudaGetLastError());
@@ -272,7 +362,7 @@ LaunchResult run_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t st
         if constexpr (has_short_masked_tile(kHeadDim)) {
           const bool masked = p.window_left >= 0 || p.window_right >= 0;
           if (masked && p.varlen_max_seqlen_k > 0 &&
-              p.varlen_max_seqlen_k <= kShortMaskedMaxSeqlenK) {
+              p.varlen_max_seqlen_k <= short_masked_max_seqlen_k(kHeadDim)) {
             return launch_fwd<FwdTraits<Element, kHeadDim, kOverlap, TileFamily::kShortMasked,
                                         Element, /*kVarlen=*/true>>(p, max_smem_per_block,
                                                                     stream);
@@ -287,8 +377,15 @@ LaunchResult run_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t st
     }
     if constexpr (sizeof(Element) == 2 && kOverlap && has_short_masked_tile(kHeadDim)) {
       const bool masked = p.window_left >= 0 || p.window_right >= 0;
-      if (masked && p.seqlen_k <= kShortMaskedMaxSeqlenK) {
+      if (masked && p.seqlen_k <= short_masked_max_seqlen_k(kHeadDim)) {
         return launch_fwd<FwdTraits<Element, kHeadDim, kOverlap, TileFamily::kShortMasked>>(
+            p, max_smem_per_block, stream);
+      }
+    }
+    if constexpr (sizeof(Element) == 2 && kOverlap && has_multicast_tile(kHeadDim)) {
+      const bool masked = p.window_left >= 0 || p.window_right >= 0;
+      if (!masked && multicast_enabled()) {
+        return launch_fwd<FwdTraits<Element, kHeadDim, kOverlap, TileFamily::kMulticast>>(
             p, max_smem_per_block, stream);
       }
     }

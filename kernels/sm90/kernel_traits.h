@@ -38,6 +38,21 @@ inline constexpr int kConverterWarps = 3;
 
 struct EmptyStorage {};
 
+// The O staging of the epilogue (epilogue.h): the fewest passes P (1, 2 or 4, at least
+// min_passes; none for min_passes = 0) whose 16-bit
+// block_m x (head_dim / P) buffer fits `free_bytes`, with head_dim / P a row of 4, 8 or 16
+// sixteen-byte chunks (the swizzle's shapes); 0 where none does (O leaves from the registers).
+constexpr int o_stage_passes(int free_bytes, int block_m, int head_dim, int min_passes) {
+  for (int passes = min_passes; passes >= 1 && passes <= 4; passes *= 2) {
+    const int cols = head_dim / passes;
+    const bool shaped = head_dim % passes == 0 && (cols == 32 || cols == 64 || cols == 128);
+    if (shaped && block_m * cols * 2 <= free_bytes) {
+      return passes;
+    }
+  }
+  return 0;
+}
+
 // KvElement_: the element of K and V in user memory; Element's but for the mixed mode.
 // kVarlen_: the packed variable-length layout (issue 13): the prepare kernel's tile list instead
 // of the static scheduler, per-sequence offsets and masks, V tails zeroed in shared memory
@@ -97,6 +112,12 @@ struct FwdTraits {
   static constexpr bool kRescaleOBeforePv = kConfig.rescale_o_before_pv;
   static constexpr bool kPingpongDefault = kConfig.pingpong;
   static constexpr bool kMergeTileBoundary = kConfig.merge_tile_boundary;
+  // Clusters of kClusterM CTAs on adjacent query blocks of one head sharing K / V loads (the
+  // kMulticast tile; tile_config.h): each CTA's TMA loads 1 / kClusterM of a K / V block into
+  // every CTA of the cluster.
+  static constexpr int kClusterM = kConfig.cluster_m;
+  static_assert(kClusterM == 1 || (kClusterM == 2 && !kVarlen && !kFp8 && !kMixed),
+                "K / V multicast: dense 16-bit calls without a mask");
 
   using Registers = RegisterBudget<kConsumerWgs, /*kWideProducer=*/kMixed>;
   static constexpr int kThreads = Registers::kThreads;
@@ -164,9 +185,10 @@ struct FwdTraits {
                                             ShapeQKV{}, StrideQKV{}));
   // K / V land in their stages, or in mixed mode in the staging ring.
   using SmemLayoutKVLoad = conditional_t<kMixed, SmemLayoutStaging, SmemLayoutK>;
-  using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensorKV{},
-                                       take<0, 2>(SmemLayoutKVLoad{}),
-                                       Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
+  using TmaKVOp = conditional_t<(kClusterM > 1), SM90_TMA_LOAD_MULTICAST, SM90_TMA_LOAD>;
+  using TmaKV = decltype(make_tma_copy(TmaKVOp{}, GmemTensorKV{}, take<0, 2>(SmemLayoutKVLoad{}),
+                                       Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                                       Int<kClusterM>{}));
 
   // Bytes each TMA load brings (expect_tx counts the full box, also where it zero-fills).
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
@@ -183,7 +205,8 @@ struct FwdTraits {
   // warps), the converter warps write the K / V stages (KVPipe's full barriers: one arrival per
   // converter warp, no transaction bytes).
   using QPipe = PipelineSpec<kQStages, kConsumerWgs>;
-  using KVPipe = PipelineSpec<kStages, kConsumerWgs, /*kFullArrivals=*/kMixed ? kConverterWarps : 1>;
+  using KVPipe = PipelineSpec<kStages, kConsumerWgs, /*kFullArrivals=*/kMixed ? kConverterWarps : 1,
+                              /*kPeers=*/kClusterM>;
   using VPipe = conditional_t<kFp8, PipelineSpec<kStages, kTransposerWarps>, KVPipe>;
   using VtPipe = PipelineSpec<kStages, kConsumerWgs, /*kFullArrivals=*/kTransposerWarps>;
   using StagingPipe = PipelineSpec<kMixed ? kStagingStages : 1, kConverterWarps>;
@@ -198,7 +221,7 @@ struct FwdTraits {
     cutlass::arch::ClusterTransactionBarrier full[StagingPipe::kStages];
     cutlass::arch::ClusterBarrier empty[StagingPipe::kStages];
   };
-  struct SharedStorage {
+  struct MainStorage {
     // 1024-byte alignment: the period of the 128-byte swizzle pattern.
     array_aligned<Element, cosize_v<SmemLayoutQStages>, 1024> q;
     array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
@@ -213,6 +236,20 @@ struct FwdTraits {
     cutlass::arch::ClusterTransactionBarrier v_landed[KVPipe::kStages];
     conditional_t<kFp8, VtStorage, EmptyStorage> fp8;
     conditional_t<kMixed, StagingStorage, EmptyStorage> staging;
+  };
+  // O's way out (epilogue.h): through shared memory where the stages leave room for every
+  // consumer warpgroup's 64 rows of kHeadDim / kOPasses columns (written kOPasses times per
+  // tile), else straight from the registers (kOPasses = 0).
+  static constexpr int kOPasses =
+      o_stage_passes(kSmemOptinBytes - int(sizeof(MainStorage)), kBlockM, kHeadDim,
+                     kConfig.o_passes_min);
+  static constexpr int kOStageCols = kOPasses > 0 ? kHeadDim / kOPasses : 0;
+  static constexpr int kOStageBytes = kBlockM * kOStageCols * 2;  // O is 16-bit (FP8: bf16 / fp16)
+  struct OStageStorage {
+    array_aligned<uint8_t, kOStageBytes, 128> o;
+  };
+  struct SharedStorage : MainStorage {
+    conditional_t<(kOPasses > 0), OStageStorage, EmptyStorage> o_stage;
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= kSmemOptinBytes, "tile config exceeds sm_90 shared memory");

@@ -98,14 +98,27 @@ struct Producer {
                       Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
   }
 
+  // K / V multicast (Traits::kClusterM > 1): this CTA's part of each K / V block, loaded into
+  // every CTA of the cluster (kMcastMask); its rank in the cluster picks the part.
+  static constexpr int kClusterM = Traits::kClusterM;
+  static constexpr uint16_t kMcastMask = kClusterM > 1 ? (1u << kClusterM) - 1 : 0;
+  static CUTE_DEVICE int cluster_rank() {
+    if constexpr (kClusterM > 1) {
+      return int(cute::block_rank_in_cluster());
+    } else {
+      return 0;
+    }
+  }
+
   // The TMA partitions of one tile: (tQgQ, tQsQ, tKgK, tKsK, tVgV, tVsV).
   CUTE_DEVICE auto tile(TileWork const& w) {
     tile_ = w.tile;
     auto q = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ()),
                            group_modes<0, 2>(gQ(w)));  // (TMA), (TMA, QPIPE)
-    auto k = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK()),
+    const int rank = cluster_rank();
+    auto k = tma_partition(params.tma_k, rank, Layout<Int<kClusterM>>{}, group_modes<0, 2>(sK()),
                            group_modes<0, 2>(g_kv(mK(), w)));  // (TMA, n), (TMA, PIPE)
-    auto v = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV()),
+    auto v = tma_partition(params.tma_v, rank, Layout<Int<kClusterM>>{}, group_modes<0, 2>(sV()),
                            group_modes<0, 2>(g_kv(mV(), w)));  // (TMA, n), (TMA, PIPE)
     return cute::make_tuple(get<0>(q), get<1>(q), get<0>(k), get<1>(k), get<0>(v), get<1>(v));
   }
@@ -157,8 +170,9 @@ struct Producer {
   }
   template <class End, class Tma, class TensorG, class TensorS>
   CUTE_DEVICE void load_kv(End& end, Tma const& tma, TensorG const& g, TensorS const& s) {
-    end.load(leader, Traits::kKVBytes, [&](int stage) {
-      copy(tma.with(end.bar.tma_barrier(stage), 0, TMA::CacheHintSm90::EVICT_LAST), g,
+    const uint16_t mcast_mask = kMcastMask;  // by value: .with() takes it by reference
+    end.load(leader, Traits::kKVBytes, [&](int stage) {  // all parts land on each full barrier
+      copy(tma.with(end.bar.tma_barrier(stage), mcast_mask, TMA::CacheHintSm90::EVICT_LAST), g,
            s(_, stage));
     });
   }
@@ -171,14 +185,16 @@ struct Producer {
       return;
     }
     const int n = w.range.n_max - 1;
-    prefetch_tile(params.tma_q, sQ()(_, _, 0), gQ(w));
-    prefetch_tile(params.tma_k, sK()(_, _, 0), g_kv(mK(), w)(_, _, n));
-    prefetch_tile(params.tma_v, sV()(_, _, 0), g_kv(mV(), w)(_, _, n));
+    prefetch_tile<1>(params.tma_q, sQ()(_, _, 0), gQ(w), 0);
+    prefetch_tile<kClusterM>(params.tma_k, sK()(_, _, 0), g_kv(mK(), w)(_, _, n), cluster_rank());
+    prefetch_tile<kClusterM>(params.tma_v, sV()(_, _, 0), g_kv(mV(), w)(_, _, n), cluster_rank());
   }
-  template <class Tma, class TensorS, class TensorG>
-  static CUTE_DEVICE void prefetch_tile(Tma const& tma, TensorS const& s, TensorG const& g) {
-    cute::prefetch(tma, get<0>(tma_partition(tma, _0{}, Layout<_1>{}, group_modes<0, 2>(s),
-                                             group_modes<0, 2>(g))));
+  // kParts > 1: this CTA's part of a multicast operand (each CTA of the cluster warms its own).
+  template <int kParts, class Tma, class TensorS, class TensorG>
+  static CUTE_DEVICE void prefetch_tile(Tma const& tma, TensorS const& s, TensorG const& g,
+                                        int rank) {
+    cute::prefetch(tma, get<0>(tma_partition(tma, rank, Layout<Int<kParts>>{},
+                                             group_modes<0, 2>(s), group_modes<0, 2>(g))));
   }
 };
 

@@ -119,6 +119,14 @@ struct Consumer {
   }
 
   static CUTE_DEVICE int thread_idx() { return opaque_thread_idx() - 128; }
+  // The epilogue's O staging buffer (kernel_traits.h: kOPasses > 0), else null.
+  CUTE_DEVICE uint8_t* o_stage() const {
+    if constexpr (Traits::kOPasses > 0) {
+      return smem.o_stage.o.data();
+    } else {
+      return nullptr;
+    }
+  }
   CUTE_DEVICE PingPong<Traits::kConsumerWgs> pingpong() const {
     return {params.pingpong, cutlass::canonical_warp_group_idx() - 1};
   }
@@ -456,9 +464,9 @@ struct Consumer {
       }
       auto thr = mma_pv.get_thread_slice(thread_idx());
       if (p.o_fp16) {
-        store_tile<cutlass::half_t, Traits>(p, thr, f.o, lse, spanned(w.tile));
+        store_tile<cutlass::half_t, Traits>(p, thr, f.o, lse, spanned(w.tile), o_stage());
       } else {
-        store_tile<cutlass::bfloat16_t, Traits>(p, thr, f.o, lse, spanned(w.tile));
+        store_tile<cutlass::bfloat16_t, Traits>(p, thr, f.o, lse, spanned(w.tile), o_stage());
       }
     } else if constexpr (kScaled) {
       const TileScales sc = tile_scales(w);  // w: the finishing tile (kPrevious) or this one
@@ -467,10 +475,12 @@ struct Consumer {
       for (int i = 0; i < size(f.o); ++i) {
         f.o(i) *= sc.o_scale;
       }
-      store_tile<Element, Traits>(p, mma_pv.get_thread_slice(thread_idx()), f.o, lse, spanned(w.tile));
+      store_tile<Element, Traits>(p, mma_pv.get_thread_slice(thread_idx()), f.o, lse,
+                                  spanned(w.tile), o_stage());
     } else {
       (kPrevious ? f.finishing : f.softmax).finalize(o_rc, p.lse_scale, lse);
-      store_tile<Element, Traits>(p, mma_pv.get_thread_slice(thread_idx()), f.o, lse, spanned(w.tile));
+      store_tile<Element, Traits>(p, mma_pv.get_thread_slice(thread_idx()), f.o, lse,
+                                  spanned(w.tile), o_stage());
     }
     timeline.mark(Ev::kTileDone);
   }

@@ -25,7 +25,9 @@ struct KernelParams {
 template <class Traits>
 CUTE_DEVICE CtaSchedule<Traits::kBlockM, Traits::kBlockN, typename Traits::TileOrder> cta_schedule(
     KernelParams<Traits> const& params) {
-  return {params.scheduler, attention_mask(params.fwd), int(blockIdx.x)};
+  constexpr int kCluster = Traits::kClusterM;  // 1-D clusters: rank = blockIdx.x % kCluster
+  return {params.scheduler, attention_mask(params.fwd), int(blockIdx.x) / kCluster, kCluster,
+          int(blockIdx.x) % kCluster};
 }
 
 }  // namespace flash_hopper::sm90

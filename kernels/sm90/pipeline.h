@@ -6,8 +6,8 @@
 // One pipeline of kStages buffers between the producer warp and kConsumerWgs consumer warpgroups:
 //   full[s]   kFullArrivals = 1: the producer's elected thread arrives with the transaction bytes
 //             (arrive_and_expect_tx) and issues the TMA load, which completes the bytes.
-//   empty[s]  kEmptyArrivals = kConsumerWgs: one thread per consumer warpgroup arrives once the
-//             warpgroup's reads of the buffer (its WGMMAs) completed.
+//   empty[s]  kEmptyArrivals = kConsumerWgs (x kPeers with multicast): one thread per consumer
+//             warpgroup arrives once the warpgroup's reads of the buffer (its WGMMAs) completed.
 // The FP8 forward's V^T pipeline is written by threads, not by TMA (WriterEnd): kFullArrivals is
 // then the number of writer warps, each arriving once its stores are fenced; its V pipeline's
 // "consumers" (kEmptyArrivals) are those warps.
@@ -34,13 +34,17 @@ struct PipelineState {
   }
 };
 
-template <int kStages_, int kConsumerWgs_, int kFullArrivals_ = 1>
+// kPeers: the CTAs of a cluster whose buffers one load fills (K / V multicast, kernel_traits.h
+// kClusterM): each CTA's loads write every peer's stage, so a stage is empty once the consumer
+// warpgroups of every peer released it; they arrive on each peer's empty barrier.
+template <int kStages_, int kConsumerWgs_, int kFullArrivals_ = 1, int kPeers_ = 1>
 struct PipelineSpec {
   static constexpr int kStages = kStages_;
   static constexpr int kConsumerWgs = kConsumerWgs_;
   static constexpr int kFullArrivals = kFullArrivals_;
-  static constexpr int kEmptyArrivals = kConsumerWgs_;
-  static_assert(kStages >= 1 && kConsumerWgs >= 1 && kFullArrivals >= 1);
+  static constexpr int kPeers = kPeers_;
+  static constexpr int kEmptyArrivals = kConsumerWgs_ * kPeers_;
+  static_assert(kStages >= 1 && kConsumerWgs >= 1 && kFullArrivals >= 1 && kPeers >= 1);
 };
 
 // Barriers: the mbarrier operations on stage s of one pipeline (device: barriers.h):

@@ -83,7 +83,11 @@ struct CtaSchedule {
   static constexpr bool kVarlen = std::is_same_v<Tiles, VarlenTileScheduler>;
   Tiles const& tiles;
   AttentionMask mask;  // the call's window; its lengths are replaced by each tile's
-  int cta;
+  int cta;             // the CTA, or with K / V multicast its cluster
+  // K / V multicast (kernel_traits.h kClusterM): the scheduler's tiles are groups of cluster_m
+  // adjacent query blocks; the CTA of cluster rank `rank` computes block cluster_m * m + rank.
+  int cluster_m = 1;
+  int rank = 0;
 
   // The tile of `round`, or false past the CTA's last round.
   FH_HOST_DEVICE bool work(int round, TileWork& w) const {
@@ -96,6 +100,7 @@ struct CtaSchedule {
       return true;
     }
     w.tile = tiles.coord(t);
+    w.tile.m_block = w.tile.m_block * cluster_m + rank;
     const AttentionMask m = tile_mask(w.tile);
     w.range = m.key_blocks(w.tile.m_block, kBlockM, kBlockN);
     w.split = m.unmasked_blocks(w.range, w.tile.m_block, kBlockM, kBlockN);

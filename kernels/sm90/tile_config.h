@@ -37,6 +37,13 @@ struct FwdConfig {
   // loads FP8 K and V blocks into, in its load order, before the converter warps write them into
   // the 16-bit K / V stages (convert.h). 0 for every other kernel.
   int staging_stages = 0;
+  // The epilogue's O staging in shared memory (kernel_traits.h, o_stage_passes): the fewest
+  // passes it may take; 0 keeps O leaving straight from the registers (epilogue.h).
+  int o_passes_min = 1;
+  // CTAs per cluster along the query blocks (kMulticast tiles): the cluster's CTAs compute
+  // adjacent query blocks of one head, so each loads 1 / cluster_m of every K / V block and the
+  // TMA multicasts it into all of them (half the L2 -> SM traffic for K / V at 2).
+  int cluster_m = 1;
 };
 
 // Register budget moved by setmaxnreg. The launch gives every thread R0 = floor(65536 / T / 8) * 8
@@ -62,22 +69,45 @@ struct RegisterBudget {
   static_assert(kConsumer % 8 == 0 && kProducer % 8 == 0 && kConsumer <= 256 && kProducer >= 24);
 };
 
-// Masked (causal / local) calls with at most kShortMaskedMaxSeqlenK keys run the kShortMasked tile
-// of their bucket where it differs (fwd_launch.h picks at run time; varlen calls by the caller's
-// max_seqlen_k hint): their query tiles hold 1-16 key blocks, half of them crossing the diagonal,
-// so a key block wider than the 128-row query tile computes and streams masked columns for
-// nothing.
-enum class TileFamily { kDefault, kShortMasked };
+// Masked (causal / local) calls with at most short_masked_max_seqlen_k(d) keys run the
+// kShortMasked tile of their bucket where it differs (fwd_launch.h picks at run time; varlen calls
+// by the caller's max_seqlen_k hint): their query tiles hold 1-16 key blocks, half of them
+// crossing the diagonal, so a key block wider than the 128-row query tile (or a 192-row query
+// tile) computes and streams masked columns for nothing.
+// Calls without any mask (no causal or local window; dense, 16-bit) on buckets with a kMulticast
+// tile run it (fwd_launch.h): the default tile in clusters of two CTAs sharing K / V loads (FA3
+// does this for non-causal d >= 128). Masked calls cannot: the two query blocks would see
+// different key blocks.
+enum class TileFamily { kDefault, kShortMasked, kMulticast };
 inline constexpr int kShortMaskedMaxSeqlenK = 2048;
+
+// The largest key length that runs a bucket's kShortMasked tile: d128's up to 2k keys, d64's up
+// to 1k (its 128 x 128 tile: +22 % / +16 % at s512 / 1k causal, -8 % at 2k against the 192-row
+// tile; bench/PERFLOG.md, session 17).
+constexpr int short_masked_max_seqlen_k(int head_dim) {
+  return head_dim <= 64 ? 1024 : kShortMaskedMaxSeqlenK;
+}
 
 constexpr FwdConfig fwd_config(int head_dim, TileFamily family = TileFamily::kDefault) {
   // d64: GEMM time per score (4d FLOP / 4096 FLOP/clk) equals exp time (1/16 clk per score), so
   //   three consumer warpgroups ping-pong to keep one WG's softmax under the others' GEMMs;
   //   O + S + P = 32 + 64 + 32 = 128 of the 160 registers three WGs can have. Shared memory has
   //   room for two Q buffers (2 x 24 K + 4 x 16 K = 112 KB): the next tile's Q loads early.
+  // Short masked (causal / local, <= 1k keys: short_masked_max_seqlen_k): 128 x 128 with two WGs, as
+  //   cuDNN runs d64 there: a 192-row tile of a short causal sequence is mostly diagonal blocks.
+  //   Two WGs leave room (240 registers) for the staged epilogue that cost the 3-WG tile at 160
+  //   (bench/PERFLOG.md, session 17). Smem 2 x 16 K + 4 x 16 K + O 16 K = 112 KB.
   if (head_dim <= 64) {
-    return {/*block_m=*/192, /*block_n=*/128, /*stages=*/2, /*q_stages=*/2, /*consumer_wgs=*/3,
-            /*pingpong=*/true, /*rescale_o_before_pv=*/false};
+    if (family == TileFamily::kShortMasked) {
+      return {128, 128, 2, 2, 2, true, false};
+    }
+    FwdConfig c{/*block_m=*/192, /*block_n=*/128, /*stages=*/2, /*q_stages=*/2,
+                /*consumer_wgs=*/3, /*pingpong=*/true, /*rescale_o_before_pv=*/false};
+    // O from the registers: with the staged epilogue (24 KB, or 12 KB in two passes) d64 gained
+    // 3-6 % at s512 but lost 2-3 % from s4k on (the same main loop, scheduled differently at
+    // 160 registers; bench/PERFLOG.md, session 17).
+    c.o_passes_min = 0;
+    return c;
   }
   // d96: 3 WGs would leave 160 registers for O + S + P = 48 + 64 + 32 plus addressing (spills);
   //   two WGs with N = 128: 144 live of 240. Two Q buffers: 2 x 24 K + 4 x 24 K = 144 KB.
@@ -86,6 +116,8 @@ constexpr FwdConfig fwd_config(int head_dim, TileFamily family = TileFamily::kDe
   }
   // d128: N = 176, the largest N whose K and V stages fit next to Q (32 K + 2 x 2 x 44 K =
   //   208 KB); O + S + P = 64 + 88 + 44 = 196 of 240 (N = 192 would leave too few for addressing).
+  //   The 18 KB left stage O in two passes of 64 columns (the short tile: one pass of 128);
+  //   +13 % at s512, +3-10 % at 1k, 0 at 16k (bench/PERFLOG.md, session 17).
   // Short masked: N = 128: at s512 / 1k causal, N = 176 covers 24 % / 15 % more columns (the
   //   diagonal blocks' masked part); faster up to 2k keys, slower from 4k (interleaved A/B in
   //   bench/PERFLOG.md, session 3 v5b, hence kShortMaskedMaxSeqlenK). Smem 2 x 32 K (two Q
@@ -94,7 +126,9 @@ constexpr FwdConfig fwd_config(int head_dim, TileFamily family = TileFamily::kDe
     if (family == TileFamily::kShortMasked) {
       return {128, 128, 2, 2, 2, true, false};
     }
-    return {128, 176, 2, 1, 2, true, false};
+    FwdConfig c{128, 176, 2, 1, 2, true, false};
+    c.cluster_m = family == TileFamily::kMulticast ? 2 : 1;
+    return c;
   }
   // d192: N = 112: 48 K + 2 x 2 x 42 K = 216 KB (N = 128 would need 240 KB);
   //   O + S + P = 96 + 56 + 28 = 180.
@@ -105,7 +139,9 @@ constexpr FwdConfig fwd_config(int head_dim, TileFamily family = TileFamily::kDe
   //   = 188. O is rescaled before the PV GEMM so its 128 FMULs per thread run under the QK GEMM.
   //   The merged tile boundary (both tiles' row statistics live) spilled here: each tile keeps
   //   its own prologue and drain.
-  return {128, 80, 2, 1, 2, false, true, /*merge_tile_boundary=*/false};
+  FwdConfig c{128, 80, 2, 1, 2, false, true, /*merge_tile_boundary=*/false};
+  c.cluster_m = family == TileFamily::kMulticast ? 2 : 1;
+  return c;
 }
 
 // FP8 (e4m3) forward (issue 12): both GEMMs are FP8 WGMMAs (k = 32), so a key block costs half the
@@ -141,7 +177,7 @@ constexpr bool has_fp8_config(int head_dim) {
          head_dim == 256;
 }
 
-constexpr FwdConfig fwd_config_fp8(int head_dim) {
+constexpr FwdConfig fwd_config_fp8_tile(int head_dim) {
   if (head_dim <= 64) {
     return {/*block_m=*/192, /*block_n=*/64, /*stages=*/2, /*q_stages=*/2, /*consumer_wgs=*/3,
             /*pingpong=*/true, /*rescale_o_before_pv=*/false};
@@ -158,6 +194,14 @@ constexpr FwdConfig fwd_config_fp8(int head_dim) {
   return {/*block_m=*/128, /*block_n=*/128, /*stages=*/2, /*q_stages=*/1, /*consumer_wgs=*/2,
           /*pingpong=*/true, /*rescale_o_before_pv=*/false, /*merge_tile_boundary=*/false,
           /*intra_wg_overlap=*/false, /*pv_parts=*/2};
+}
+
+// FP8's O leaves from the registers (o_passes_min = 0): the staged epilogue is measured on the
+// 16-bit kernels only (bench/PERFLOG.md, session 17).
+constexpr FwdConfig fwd_config_fp8(int head_dim) {
+  FwdConfig c = fwd_config_fp8_tile(head_dim);
+  c.o_passes_min = 0;
+  return c;
 }
 
 // Mixed mode (issue 12: fp16 / bf16 q, e4m3 / e5m2 K and V): the 16-bit kernel's consumers on
@@ -177,7 +221,7 @@ constexpr bool has_mixed_config(int head_dim) {
   return head_dim == 64 || head_dim == 128 || head_dim == 256;
 }
 
-constexpr FwdConfig fwd_config_mixed(int head_dim) {
+constexpr FwdConfig fwd_config_mixed_tile(int head_dim) {
   if (head_dim <= 64) {
     return {128, 128, 2, 2, 2, true, false, true, true, 1, /*staging_stages=*/2};
   }
@@ -186,6 +230,26 @@ constexpr FwdConfig fwd_config_mixed(int head_dim) {
   }
   return {128, 64, 2, 1, 2, false, true, /*merge_tile_boundary=*/false, true, 1,
           /*staging_stages=*/2};
+}
+
+// As FP8's, the mixed mode's O leaves from the registers (its d128 / d256 stages leave no room
+// either).
+constexpr FwdConfig fwd_config_mixed(int head_dim) {
+  FwdConfig c = fwd_config_mixed_tile(head_dim);
+  c.o_passes_min = 0;
+  return c;
+}
+
+// Whether a bucket has a kMulticast tile (d128 and d256: FA3's choice for unmasked calls), in
+// builds that ask for them (CMake FH_FA3_MULTICAST=ON: measured no faster on the H200, bench/
+// PERFLOG.md session 17, so not built by default).
+#if defined(FH_FA3_MULTICAST) && FH_FA3_MULTICAST
+inline constexpr bool kMulticastBuilt = true;
+#else
+inline constexpr bool kMulticastBuilt = false;
+#endif
+constexpr bool has_multicast_tile(int head_dim) {
+  return kMulticastBuilt && fwd_config(head_dim, TileFamily::kMulticast).cluster_m > 1;
 }
 
 // Whether a bucket has its own kShortMasked tile (only where it measured faster).

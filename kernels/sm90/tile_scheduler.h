@@ -57,11 +57,15 @@ struct StaticTileScheduler {
   int seqlen_k;
 
   // kv_bytes_per_head: K + V bytes of one KV head (seqlen_k * head_dim * 2 * element size).
+  // cluster_m > 1 (K / V multicast, unmasked calls only): a tile is a group of cluster_m adjacent
+  // query blocks (the last group may reach past the sequence), num_sms then counts the clusters
+  // that fit the GPU at once, and grid is in clusters.
   static StaticTileScheduler make(int seqlen_q, int seqlen_k, int block_m, int heads, int heads_per_kv,
                                   int batch, int64_t kv_bytes_per_head, bool longest_first,
-                                  int num_sms) {
+                                  int num_sms, int cluster_m = 1) {
     StaticTileScheduler s;
-    s.num_m_blocks = (seqlen_q + block_m - 1) / block_m;
+    const int m_blocks = (seqlen_q + block_m - 1) / block_m;
+    s.num_m_blocks = (m_blocks + cluster_m - 1) / cluster_m;
     s.heads = heads;
     s.num_hb = heads * batch;
     constexpr int64_t kL2Budget = int64_t(32) << 20;

@@ -5,13 +5,17 @@
 // a kernel yet): over random length mixes (zero-length and one-token sequences included, causal
 // and not) every (sequence, head, query block) tile exactly once, none for sequences without
 // query rows, the order costliest first, and the balance near what any order reaches; a negative
-// control shows the checks fail on a pair listed twice. Prints "OK" and exits 0 on success.
+// control shows the checks fail on a pair listed twice. K / V multicast clusters (unmasked calls,
+// two CTAs on adjacent query blocks): both CTAs of a cluster walk the same heads and key blocks
+// round by round, and every query block is computed exactly once (a negative control ignores the
+// rank). Prints "OK" and exits 0 on success.
 #include <algorithm>
 #include <cstdio>
 #include <random>
 #include <vector>
 
 #include "flash_hopper/mask.h"
+#include "sm90/schedule.h"
 #include "sm90/tile_scheduler.h"
 
 using flash_hopper::sm90::StaticTileScheduler;
@@ -80,6 +84,53 @@ static void check(int seqlen_q, int block_m, int heads, int heads_per_kv, int ba
   }
 }
 
+
+// K / V multicast (kernels/sm90/schedule.h CtaSchedule with cluster_m = 2): the scheduler's tiles
+// are pairs of query blocks; the CTA of rank r in cluster c computes block 2m + r of pair m. Both
+// CTAs must walk the same rounds with the same (batch, head) and key blocks (their loads fill each
+// other's stages), and every block < num_m exactly once; a pair reaching past the sequence (odd
+// num_m) gives its second CTA a block with no rows. ignore_rank: the negative control.
+static void check_clusters(int seqlen_q, int seqlen_k, int block_m, int block_n, int heads,
+                           int batch, int max_clusters, bool ignore_rank = false) {
+  using Schedule = flash_hopper::sm90::CtaSchedule<128, 176>;
+  constexpr int kCluster = 2;
+  const StaticTileScheduler s = StaticTileScheduler::make(
+      seqlen_q, seqlen_k, block_m, heads, heads, batch, int64_t(seqlen_k) * 512, false,
+      max_clusters, kCluster);
+  const int num_m = (seqlen_q + block_m - 1) / block_m;
+  const AttentionMask mask{seqlen_q, seqlen_k, -1, -1};
+  std::vector<int> seen(size_t(num_m) * heads * batch, 0);
+  int phantoms = 0;
+  for (int c = 0; c < s.grid; ++c) {
+    const Schedule r0{s, mask, c, kCluster, 0};
+    const Schedule r1{s, mask, c, kCluster, ignore_rank ? 0 : 1};
+    for (int round = 0;; ++round) {
+      flash_hopper::sm90::TileWork w0, w1;
+      const bool a = r0.work(round, w0);
+      const bool b = r1.work(round, w1);
+      CHECK(a == b, "cluster %d round %d: one CTA has a tile, the other not", c, round);
+      if (!a || !b) {
+        break;
+      }
+      CHECK(w0.tile.batch == w1.tile.batch && w0.tile.head == w1.tile.head &&
+                w0.range.n_min == w1.range.n_min && w0.range.n_max == w1.range.n_max,
+            "cluster %d round %d: the CTAs' heads or key blocks differ", c, round);
+      for (auto const& w : {w0, w1}) {
+        if (w.tile.m_block >= num_m) {
+          ++phantoms;
+          continue;
+        }
+        ++seen[(size_t(w.tile.batch) * heads + w.tile.head) * num_m + w.tile.m_block];
+      }
+    }
+  }
+  for (size_t i = 0; i < seen.size(); ++i) {
+    CHECK(seen[i] == 1, "clusters: block %zu visited %d times (sq=%d, G=%d)", i, seen[i], seqlen_q,
+          s.grid);
+  }
+  CHECK(phantoms == (num_m % 2) * heads * batch, "clusters: %d blocks past the sequence",
+        phantoms);
+}
 
 // One sequence's lengths: seqused_* when given, else the cu_seqlens difference.
 struct VarlenLengths {
@@ -301,6 +352,21 @@ int main() {
       check(1, 128, 3, 3, 5, 17LL * 64 * 4, lf, g);
       check(8192, 128, 8, 4, 3, 100LL << 20, lf, g);           // a KV head over the L2 budget
     }
+  }
+  for (int g : {1, 3, 66}) {
+    check_clusters(512, 512, 128, 176, 16, 32, g);   // d128 s512: 4 blocks, pairs
+    check_clusters(300, 640, 128, 176, 8, 3, g);     // 3 blocks: one past the sequence per head
+    check_clusters(1, 1, 128, 176, 3, 5, g);
+    check_clusters(4096, 77, 128, 80, 4, 2, g);       // d256's tile, keys shorter than queries
+  }
+  {
+    const int before = failures;
+    quiet = true;
+    check_clusters(512, 512, 128, 176, 4, 2, 3, /*ignore_rank=*/true);
+    quiet = false;
+    const bool caught = failures > before;
+    failures = before;
+    CHECK(caught, "clusters negative control (rank ignored) went unnoticed");
   }
   if (failures == 0) {
     std::printf("OK\n");
