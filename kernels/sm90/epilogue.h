@@ -7,9 +7,10 @@
 //   rows), syncs its 128 threads on a named barrier, and copies the slab out with 16-byte loads
 //   and row-contiguous 16-byte stores. Where the buffer holds a part of the head dim only (d128's
 //   N = 176 tile: 18 KB free, 16 KB for two slabs of 64 columns), this runs once per part.
-//   About 40 instructions per thread at d128 and no shuffles: the register way below took ~3.3 k
-//   cycles per tile boundary on the H200 (its runtime-lane selects compile to branches), while
-//   both warpgroups' epilogues leave the tensor cores idle (bench/PERFLOG.md, session 17).
+//   At d128 a thread issues 8 stmatrix, 8 16-byte loads and stores and 4 barriers, no shuffles:
+//   the register way below took ~3.3 k cycles per tile boundary on the H200 (its runtime-lane
+//   selects compile to branches) while both warpgroups' epilogues leave the tensor cores idle;
+//   staged, ~1.5 k (bench/PERFLOG.md, session 17).
 // - Registers (kOPasses = 0: d64, d96, d192, d256, FP8 and the mixed mode; tile_config.h says
 //   why for each): the 4 threads of a quad exchange their column pairs with shuffles so each
 //   stores 16 contiguous bytes per row.

@@ -39,9 +39,9 @@ inline constexpr int kConverterWarps = 3;
 struct EmptyStorage {};
 
 // The O staging of the epilogue (epilogue.h): the fewest passes P (1, 2 or 4, at least
-// min_passes; none for min_passes = 0) whose 16-bit
-// block_m x (head_dim / P) buffer fits `free_bytes`, with head_dim / P a row of 4, 8 or 16
-// sixteen-byte chunks (the swizzle's shapes); 0 where none does (O leaves from the registers).
+// min_passes) whose 16-bit block_m x (head_dim / P) buffer fits `free_bytes`, with head_dim / P a
+// row of 4, 8 or 16 sixteen-byte chunks (the swizzle's shapes); 0 where none does or for
+// min_passes = 0 (O then leaves from the registers).
 constexpr int o_stage_passes(int free_bytes, int block_m, int head_dim, int min_passes) {
   for (int passes = min_passes; passes >= 1 && passes <= 4; passes *= 2) {
     const int cols = head_dim / passes;
