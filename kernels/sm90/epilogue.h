@@ -181,11 +181,8 @@ CUTE_DEVICE void store_tile_staged(FwdParams const& p, ThrMma const& thr_mma_pv,
     CUTE_UNROLL
     for (int j = 0; j < kCols / 16; ++j) {
       const int g = pass * (kCols / 8) + 2 * j;  // the block's first column group
-      const uint32_t addr = slab_s + Slab::offset(st_row, 2 * j + st_half);
-      asm volatile(
-          "stmatrix.sync.aligned.x4.m8n8.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
-          "r"(word(0, g)), "r"(word(1, g)), "r"(word(0, g + 1)), "r"(word(1, g + 1))
-          : "memory");
+      stmatrix_x4(slab_s + Slab::offset(st_row, 2 * j + st_half), word(0, g), word(1, g),
+                  word(0, g + 1), word(1, g + 1));
     }
     named_barrier_sync(barrier, 128);  // the slab is written
     CUTE_UNROLL

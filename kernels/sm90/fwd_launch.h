@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <utility>
 
 #include "flash_hopper/api.h"
 #include "flash_hopper/fwd_params.h"
@@ -122,23 +121,23 @@ inline bool multicast_enabled() {
   return enabled;
 }
 
-// A launch in 1-D clusters of `cluster` CTAs (K / V multicast).
-template <class Kernel, class... Args>
-cudaError_t launch_clustered(Kernel kernel, int grid, int cluster, int threads, int smem,
-                             cudaStream_t stream, Args&&... args) {
+// The launch configuration of a grid in 1-D clusters of `cluster` CTAs (K / V multicast);
+// `attribute` holds the cluster shape the configuration points to.
+inline cudaLaunchConfig_t cluster_launch_config(int grid, int cluster, int threads, int smem,
+                                                cudaStream_t stream,
+                                                cudaLaunchAttribute& attribute) {
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(grid);
   config.blockDim = dim3(threads);
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = cluster;
-  attribute[0].val.clusterDim.y = 1;
-  attribute[0].val.clusterDim.z = 1;
-  config.attrs = attribute;
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = cluster;
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  config.attrs = &attribute;
   config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  return config;
 }
 
 // How many clusters of the multicast kernel the current device runs at once (asked once per
@@ -157,17 +156,10 @@ int max_active_clusters(Kernel kernel, int smem) {
   if (n > 0) {
     return n;
   }
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(Traits::kClusterM * 66);
-  config.blockDim = dim3(Traits::kThreads);
-  config.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = Traits::kClusterM;
-  attribute[0].val.clusterDim.y = 1;
-  attribute[0].val.clusterDim.z = 1;
-  config.attrs = attribute;
-  config.numAttrs = 1;
+  // The query takes a whole number of clusters as the grid (66: one per SM pair of an H100 / H200).
+  cudaLaunchAttribute attribute;
+  const cudaLaunchConfig_t config = cluster_launch_config(
+      Traits::kClusterM * 66, Traits::kClusterM, Traits::kThreads, smem, nullptr, attribute);
   if (cudaOccupancyMaxActiveClusters(&n, kernel, &config) != cudaSuccess) {
     cudaGetLastError();  // clear it: the call reports its own error
     return 0;
@@ -327,8 +319,10 @@ LaunchResult launch_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t
                                                   /*programmatic=*/true, kp));
   }
   if constexpr (kCluster > 1) {
-    return LaunchResult::cuda(launch_clustered(kernel, kp.scheduler.grid * kCluster, kCluster,
-                                               Traits::kThreads, kSmem, stream, kp));
+    cudaLaunchAttribute attribute;
+    const cudaLaunchConfig_t config = cluster_launch_config(
+        kp.scheduler.grid * kCluster, kCluster, Traits::kThreads, kSmem, stream, attribute);
+    return LaunchResult::cuda(cudaLaunchKernelEx(&config, kernel, kp));
   }
   kernel<<<kp.scheduler.grid, Traits::kThreads, kSmem, stream>>>(kp);
   return LaunchResult::cuda(cudaGetLastError());

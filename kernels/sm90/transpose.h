@@ -24,6 +24,7 @@
 #include "sm90/pipeline.h"
 #include "sm90/schedule.h"
 #include "sm90/timeline.h"
+#include "sm90/utils.h"
 
 namespace flash_hopper::sm90 {
 
@@ -55,11 +56,6 @@ struct Transposer {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr)
-                 : "memory");
-  }
-  static CUTE_DEVICE void stsm_x4(uint32_t addr, uint32_t const (&r)[4]) {
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
-                 "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
                  : "memory");
   }
 
@@ -114,7 +110,8 @@ struct Transposer {
       const uint32_t out[4] = {
           __byte_perm(r[0], r[1], sel_m_even), __byte_perm(r[0], r[1], sel_m_odd),
           __byte_perm(r[2], r[3], sel_m_even), __byte_perm(r[2], r[3], sel_m_odd)};
-      stsm_x4(vt_base + offset(layout_vt, d0 + st.col, n0 + st.slot, vt_stage), out);
+      stmatrix_x4(vt_base + offset(layout_vt, d0 + st.col, n0 + st.slot, vt_stage), out[0],
+                  out[1], out[2], out[3]);
     }
     // The stores are read by WGMMA (the async proxy): fence them before the barrier publishes them.
     cutlass::arch::fence_view_async_shared();

@@ -41,6 +41,14 @@ CUTE_DEVICE int opaque_thread_idx() {
   return tid;
 }
 
+// stmatrix .x4 (b16): four 8 x 8 matrices to shared memory; register m of lane l holds row l / 4,
+// columns 2 (l % 4), + 1 of matrix m; lane l gives the address of row l % 8 of matrix l / 8.
+CUTE_DEVICE void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
 // A zero-initializing GEMM ignores its accumulator's old values, but the WGMMA's inline asm reads
 // them ("+f"), which keeps the accumulator live across a whole loop. An empty asm that "defines"
 // every register ends the old values' lifetime here, without an instruction.
