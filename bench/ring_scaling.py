@@ -12,7 +12,13 @@ Per sequence length and mask (causal with the zigzag layout, non-causal):
   each rank without any exchange: what the ring would take if the transfers were free);
 speedup = single / ring (the bar: >= 1.85 on two H200s); overlap = compute / ring (1.0: the
 transfers fully hidden). Times are medians of --iters CUDA-event-timed iterations after a
-warm-up (wall clock on the CPU). JSON rows: one per (seqlen, causal).
+warm-up (wall clock on the CPU). JSON rows: one per (seqlen, causal, sm_margin).
+
+The timeline (CUDA, every rank, one more ring iteration under torch.profiler): the NCCL kernels'
+time, the part of it that ran while a compute kernel ran, and the compute stream's gaps (time
+between the first and the last compute kernel that no compute kernel covers: where the ring
+waited for a transfer). --sm-margins: the kernels leave that many SMs free (KernelBlocks'
+sm_margin); a persistent kernel on every SM keeps an NCCL kernel waiting until it ends.
 """
 
 from __future__ import annotations
@@ -48,69 +54,116 @@ def _timer(cuda: bool):
     return measure
 
 
+def kernel_overlap(kernels) -> dict:
+    """From (name, start_us, end_us) of the GPU kernels of one iteration: the NCCL kernels' time
+    (ms), the part of it concurrent with compute kernels, and the compute gaps (ms)."""
+    nccl = [(a, b) for name, a, b in kernels if "nccl" in name.lower()]
+    compute = sorted((a, b) for name, a, b in kernels if "nccl" not in name.lower())
+    union: list[list[float]] = []
+    for a, b in compute:
+        if union and a <= union[-1][1]:
+            union[-1][1] = max(union[-1][1], b)
+        else:
+            union.append([a, b])
+    covered = sum(b - a for a, b in union)
+    span = union[-1][1] - union[0][0] if union else 0.0
+    shared = sum(max(0.0, min(b, ub) - max(a, ua)) for a, b in nccl for ua, ub in union)
+    return {"nccl_ms": sum(b - a for a, b in nccl) / 1e3, "nccl_concurrent_ms": shared / 1e3,
+            "compute_ms": covered / 1e3, "compute_gaps_ms": (span - covered) / 1e3,
+            "nccl_kernels": len(nccl)}
+
+
+def _timeline(fn) -> dict:
+    """kernel_overlap of one call of ``fn`` (torch.profiler, CUDA kernels)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    kernels = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+               if e.device_type == DeviceType.CUDA]
+    return kernel_overlap(kernels)
+
+
+def single_fwd_bwd(full, causal):
+    """Forward + backward over the whole sequence on one device: flash_attn_func (CUDA) or the
+    torch reference; ``full`` = [q, k, v, dout]."""
+    def run():
+        leaves = [t.detach().requires_grad_() for t in full[:3]]
+        if leaves[0].is_cuda:
+            from flash_hopper import flash_attn_func
+
+            out = flash_attn_func(*leaves, causal=causal)
+        else:
+            from flash_hopper.reference import attention_ref
+
+            out = attention_ref(*leaves, causal=causal)[0]
+        out.backward(full[3])
+    return run
+
+
+def blocks_alone(ring, q, k, v, dout):
+    """The ring's compute alone on ``ring.rank``: for every step, the block calls of that step on
+    local tensors (this rank's K / V stand in for the owner's), forward then backward."""
+    outs = []
+    for step in range(cp._steps(ring)):
+        owner = (ring.rank - step) % ring.world
+        for start, chunk in cp._sequences(ring):
+            for call in cp._calls(ring, owner, chunk):
+                rows = slice(start + call.i * chunk, start + call.i * chunk + call.rows)
+                keys = slice(start + call.j * chunk, start + call.j * chunk + call.keys)
+                o, lse = ring.blocks.fwd(q[:, rows], k[:, keys], v[:, keys], call.window,
+                                         ring.scale, 0.0)
+                outs.append((rows, keys, call.window, o, lse))
+    for rows, keys, window, o, lse in outs:
+        ring.blocks.bwd(dout[:, rows], q[:, rows], k[:, keys], v[:, keys], o, lse, window,
+                        ring.scale, 0.0)
+
+
 def _compute_only(q, k, v, dout, causal, layout, blocks):
-    """The ring's compute alone: for every step, the block pairs of that step on local tensors
-    (this rank's K / V stand in for the owner's), forward then backward."""
     ring = cp._Ring(None, dist.get_rank(), dist.get_world_size(), layout,
                     (-1, 0) if causal else (-1, -1), q.shape[-1] ** -0.5, 0.0, blocks,
                     ((0, q.shape[1]),))
-    outs = []
-    for step in range(ring.world):
-        owner = (ring.rank - step) % ring.world
-        for start, chunk in cp._sequences(ring):
-            for pair in cp._pairs(ring, owner, chunk):
-                rows = slice(start + pair.i * chunk, start + pair.i * chunk + pair.rows)
-                keys = slice(start + pair.j * chunk, start + pair.j * chunk + pair.keys)
-                o, lse = blocks.fwd(q[:, rows], k[:, keys], v[:, keys], pair.window, ring.scale,
-                                    0.0)
-                outs.append((rows, keys, pair.window, o, lse))
-    for rows, keys, window, o, lse in outs:
-        blocks.bwd(dout[:, rows], q[:, rows], k[:, keys], v[:, keys], o, lse, window, ring.scale,
-                   0.0)
+    blocks_alone(ring, q, k, v, dout)
 
 
-def _measure_case(args, seqlen, causal, layout, rank, world, device, dtype, heads, blocks,
-                  measure) -> dict | None:
-    """One (seqlen, mask) case on every rank; rank 0 returns its row."""
+def _measure_case(args, seqlen, causal, layout, rank, world, device, dtype, heads, margins,
+                  measure) -> list[dict]:
+    """One (seqlen, mask) case on every rank, a row per margin; rank 0 returns the rows."""
     cuda = device.type == "cuda"
     heads_q, heads_kv = heads
     g = torch.Generator(device="cpu").manual_seed(seqlen)
     full = [torch.randn(1, seqlen, h, args.head_dim, generator=g).to(device, dtype)
             for h in (heads_q, heads_kv, heads_kv, heads_q)]
-    single = None
-    if rank == 0:
-        def run_single():
-            leaves = [t.detach().requires_grad_() for t in full[:3]]
-            if cuda:
-                from flash_hopper import flash_attn_func
-
-                out = flash_attn_func(*leaves, causal=causal)
-            else:
-                from flash_hopper.reference import attention_ref
-
-                out = attention_ref(*leaves, causal=causal)[0]
-            out.backward(full[3])
-        single = measure(run_single, args.iters)
+    single = measure(single_fwd_bwd(full, causal), args.iters) if rank == 0 else None
     dist.barrier()
     mine = [cp.shard(t, rank, world, layout) for t in full]
     full.clear()  # the whole sequence is not needed past this point
+    rows = []
+    for margin in margins:
+        blocks = cp.KernelBlocks(sm_margin=margin) if cuda else cp.reference_blocks
 
-    def run_ring():
-        leaves = [t.detach().requires_grad_() for t in mine[:3]]
-        out = cp.ring_flash_attn_func(*leaves, causal=causal, layout=layout, blocks=blocks)
-        out.backward(mine[3])
+        def run_ring(blocks=blocks):
+            leaves = [t.detach().requires_grad_() for t in mine[:3]]
+            out = cp.ring_flash_attn_func(*leaves, causal=causal, layout=layout, blocks=blocks)
+            out.backward(mine[3])
 
-    ring = measure(run_ring, args.iters)
-    compute = measure(lambda: _compute_only(*mine, causal, layout, blocks), args.iters)
-    times = torch.tensor([ring, compute], dtype=torch.float64, device=device)
-    dist.all_reduce(times, op=dist.ReduceOp.MAX)  # the slowest rank's
-    if rank != 0:
-        return None
-    return {"seqlen": seqlen, "causal": causal, "layout": layout, "world": world,
-            "heads_q": heads_q, "heads_kv": heads_kv, "head_dim": args.head_dim,
-            "device": args.device, "single_s": single, "ring_s": times[0].item(),
-            "compute_only_s": times[1].item(), "speedup": single / times[0].item(),
-            "overlap": times[1].item() / times[0].item()}
+        ring = measure(run_ring, args.iters)
+        compute = measure(lambda blocks=blocks: _compute_only(*mine, causal, layout, blocks),
+                          args.iters)
+        timeline = _timeline(run_ring) if cuda else {}
+        times = torch.tensor([ring, compute], dtype=torch.float64, device=device)
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)  # the slowest rank's
+        everyone = [None] * world
+        dist.all_gather_object(everyone, timeline)
+        rows.append({"seqlen": seqlen, "causal": causal, "layout": layout, "world": world,
+                     "heads_q": heads_q, "heads_kv": heads_kv, "head_dim": args.head_dim,
+                     "sm_margin": margin, "device": args.device, "single_s": single,
+                     "ring_s": times[0].item(), "compute_only_s": times[1].item(),
+                     "speedup": single / times[0].item() if single else None,
+                     "overlap": times[1].item() / times[0].item(), "timeline": everyone})
+    return rows if rank == 0 else []
 
 
 def main() -> int:
@@ -121,6 +174,8 @@ def main() -> int:
     parser.add_argument("--heads", default="16/4", help="query / KV heads (default 16/4)")
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--iters", type=int, default=3)
+    parser.add_argument("--sm-margins", type=int, nargs="+", default=[0],
+                        help="SMs the kernels leave free for NCCL (one row each; CUDA)")
     parser.add_argument("--out", help="JSON file for the rows (rank 0 writes it)")
     args = parser.parse_args()
 
@@ -129,13 +184,12 @@ def main() -> int:
     dtype = torch.bfloat16 if cuda else torch.float32
     heads_q, heads_kv = (int(x) for x in args.heads.split("/"))
     measure = _timer(cuda)
-    blocks = cp.KernelBlocks() if cuda else cp.reference_blocks
+    margins = args.sm_margins if cuda else [0]
     rows = []
     for seqlen in args.seqlens:
         for causal, layout in ((True, "zigzag"), (False, "contiguous")):
-            row = _measure_case(args, seqlen, causal, layout, rank, world, device, dtype,
-                                (heads_q, heads_kv), blocks, measure)
-            if row is not None:
+            for row in _measure_case(args, seqlen, causal, layout, rank, world, device, dtype,
+                                     (heads_q, heads_kv), margins, measure):
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     if rank == 0 and args.out:

@@ -48,15 +48,58 @@ def test_kernel_blocks_match_the_reference_blocks(lib, window, head_dim):
         assert err <= 3e-2 * want.abs().max().item() + 1e-3, f"d{name}: {err:.3g}"
 
 
-def _worker(rank, world, init_file, layout, causal):
+def test_kernel_blocks_leave_sm_margin_free(lib, tmp_path):
+    """KernelBlocks(sm_margin=m): the forward and backward kernels launch at most SMs - m CTAs
+    (torch.profiler's trace of their grids; without a margin they fill the GPU), with the same
+    output (bitwise: each tile is one CTA's) and the same gradients as without (up to the order
+    of dQ's sums)."""
+    import json
+
+    from torch.profiler import ProfilerActivity, profile
+
+    skip_without_kernel(lib, 128, backward=True)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    g = torch.Generator(device="cuda").manual_seed(3)
+    # 8 heads x 4096 tokens: hundreds of query and key blocks, more tiles than SMs either way
+    q, k, v, dout = (torch.randn(1, 4096, 8, 128, device="cuda", dtype=BF16, generator=g)
+                     for _ in range(4))
+    grids = {}
+    for margin in (0, 20):
+        kern = ring.KernelBlocks(sm_margin=margin)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            out, lse = kern.fwd(q, k, v, (-1, -1), 0.125, 0.0)
+            grads = kern.bwd(dout, q, k, v, out, lse, (-1, -1), 0.125, 0.0)
+            torch.cuda.synchronize()
+        trace = tmp_path / f"m{margin}.json"
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text())["traceEvents"]
+        grids[margin] = {e["name"].split("<")[0].split()[-1]: e["args"]["grid"] for e in events
+                         if e.get("cat") == "kernel" and ("fwd_kernel" in e["name"]
+                                                          or "bwd_kernel" in e["name"])}
+        if margin == 0:
+            ref = (out, lse, grads)
+    assert set(grids[0]) == set(grids[20]) == {"flash_hopper::sm90::fwd_kernel",
+                                               "flash_hopper::sm90::bwd_kernel"}, grids
+    for name, grid in grids[20].items():
+        ctas = grid[0] * grid[1] * grid[2]
+        full = grids[0][name][0] * grids[0][name][1] * grids[0][name][2]
+        assert ctas <= sms - 20 < full, (name, grids)
+    assert torch.equal(out, ref[0]) and torch.equal(lse, ref[1])
+    for got, want in zip(grads, ref[2]):
+        assert (got.float() - want.float()).abs().max().item() <= 1e-2 * want.abs().max().item()
+    with pytest.raises(ValueError, match=f"sm_margin: expected fewer than the device's {sms}"):
+        ring.KernelBlocks(sm_margin=sms).fwd(q, k, v, (-1, -1), 0.125, 0.0)
+
+
+def _worker(rank, world, init_file, layout, causal, head_dim):
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank,
                             world_size=world)
     try:
         g = torch.Generator(device="cuda").manual_seed(0)
         s = 2 * world * 256
-        q = torch.randn(1, s, 8, 128, device="cuda", dtype=BF16, generator=g)
-        k, v = (torch.randn(1, s, 2, 128, device="cuda", dtype=BF16, generator=g)
+        q = torch.randn(1, s, 8, head_dim, device="cuda", dtype=BF16, generator=g)
+        k, v = (torch.randn(1, s, 2, head_dim, device="cuda", dtype=BF16, generator=g)
                 for _ in range(2))
         dout = torch.randn_like(q)
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
@@ -80,11 +123,14 @@ def _worker(rank, world, init_file, layout, causal):
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (nvidia-h200-x2)")
-@pytest.mark.parametrize(("layout", "causal"), [("zigzag", True), ("contiguous", False)])
-def test_ring_on_two_gpus_equals_one_gpu(lib, layout, causal):
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize(("layout", "causal"), [("zigzag", True), ("contiguous", False),
+                                                ("zigzag", False), ("contiguous", True)])
+def test_ring_on_two_gpus_equals_one_gpu(lib, layout, causal, head_dim):
+    skip_without_kernel(lib, head_dim, backward=True)
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_worker, args=(2, os.path.join(tmp, "init"), layout, causal), nprocs=2,
-                 join=True)
+        mp.spawn(_worker, args=(2, os.path.join(tmp, "init"), layout, causal, head_dim),
+                 nprocs=2, join=True)
 
 
 def _varlen_worker(rank, world, init_file):

@@ -30,7 +30,26 @@ CASES = [
     ("contiguous", False, 2, 2, 5, 8, 0.0, (3, 2)),
     ("zigzag", False, 2, 1, 6, 8, 0.0, (0, 9)),
     ("contiguous", True, 2, 2, 4, 8, 1.5, (10, 3)),
+    # windows narrower than a chunk, contiguous: 2 steps (the previous rank's keys), or 1 (the
+    # diagonal only): the other blocks never travel, dK / dV go straight home
+    ("contiguous", True, 4, 2, 6, 16, 0.0, (4, -1)),
+    ("contiguous", False, 2, 2, 6, 8, 0.0, (3, 0)),
+    ("contiguous", True, 2, 1, 5, 8, 0.0, (0, -1)),
 ]
+
+
+def _brute_steps(world, layout, chunk, left, right):
+    """1 + the farthest d at which some rank's queries see a key of the rank d behind (whole
+    sequence positions, brute force)."""
+    tokens = {r: [c * chunk + t for c in ring._chunk_ids(r, world, layout) for t in range(chunk)]
+              for r in range(world)}
+    far = 0
+    for r in range(world):
+        for d in range(world):
+            if any((left < 0 or kj - qi >= -left) and (right < 0 or kj - qi <= right)
+                   for qi in tokens[r] for kj in tokens[(r - d) % world]):
+                far = max(far, d)
+    return far + 1
 
 
 def _full_case(layout, causal, hq, hkv, chunk, d, softcap, world):
@@ -56,13 +75,24 @@ def _worker(rank, world, init_file):
             ref.backward(dout)
             mine = [ring.shard(t, rank, world, layout).detach().requires_grad_()
                     for t in (q, k, v)]
-            out = ring.ring_flash_attn_func(*mine, causal=causal, softcap=softcap, layout=layout,
-                                            window_size=window)
-            out.backward(ring.shard(dout, rank, world, layout))
+            sent = []
+            real = ring._start_exchange
+            ring._start_exchange = lambda *a, real=real, sent=sent: sent.append(1) or real(*a)
+            try:
+                out = ring.ring_flash_attn_func(*mine, causal=causal, softcap=softcap,
+                                                layout=layout, window_size=window)
+                out.backward(ring.shard(dout, rank, world, layout))
+            finally:
+                ring._start_exchange = real
+            # forward: a K / V exchange per step but the last; backward: the same, and a dK / dV
+            # one per step (none when every block stays home)
+            steps = _brute_steps(world, layout, chunk, window[0], 0 if causal else window[1])
+            want_sent = 2 * (steps - 1) + (steps if steps > 1 else 0)
             want = ring.shard(ref.detach(), rank, world, layout)
             label = (f"rank {rank}/{world} {layout} causal={causal} h{hq}/{hkv} softcap={softcap} "
                      f"window={window}")
             assert (out - want).abs().max().item() < 1e-5, label
+            assert len(sent) == want_sent, f"{label}: {len(sent)} exchanges, want {want_sent}"
             for name, leaf, got in zip("qkv", leaves, mine):
                 err = (got.grad - ring.shard(leaf.grad, rank, world, layout)).abs().max().item()
                 assert err < 1e-5, f"{label}: d{name} error {err:.3g}"
@@ -97,6 +127,13 @@ def test_shard_and_unshard_are_inverses(layout, world):
 def test_argument_errors():
     with pytest.raises(ValueError, match="layout: expected one of zigzag, contiguous"):
         ring.shard(torch.zeros(1, 8, 1, 1), 0, 2, "striped")
+    x = torch.zeros(1, 8, 1, 8)
+    for bad in (-1, True, 2.0, "4"):
+        with pytest.raises(ValueError, match="sm_margin: expected an int >= 0"):
+            ring.KernelBlocks(sm_margin=bad)
+        with pytest.raises(ValueError, match="sm_margin: expected an int >= 0"):
+            ring.ring_flash_attn_func(x, x, x, sm_margin=bad)
+    assert ring.KernelBlocks(sm_margin=0)._num_sms(x) == 0  # every SM: no device query
     with pytest.raises(ValueError, match="must split into 4 equal chunks"):
         ring.shard(torch.zeros(1, 6, 1, 1), 0, 2, "zigzag")
 
@@ -127,6 +164,65 @@ def test_pair_masks_express_every_band_exactly():
         assert 1 <= rows <= chunk and 1 <= keys <= chunk
         assert window[0] >= -1 and window[1] >= -1
         assert kernel_visible(rows, keys, window) == want, (delta, left, right, got)
+
+
+@pytest.mark.parametrize("layout", ring.LAYOUTS)
+def test_ring_steps_stop_where_no_query_sees_farther_keys(layout):
+    """_steps against brute force over every rank, window and ring size (chunks of 4 tokens):
+    W steps without a mask or causal, fewer for narrow windows in the contiguous layout."""
+    import itertools
+
+    chunk = 4
+    for world in range(1, 6):
+        for left, right in itertools.product((-1, 0, 1, 3, 4, 5, 9), (-1, 0, 2, 4, 7)):
+            r = ring._Ring(None, 0, world, layout, (left, right), 1.0, 0.0, None,
+                           ((0, chunk * len(ring._chunk_ids(0, world, layout))),))
+            want = _brute_steps(world, layout, chunk, left, right)
+            assert ring._steps(r) == want, (world, left, right)
+    if layout == "contiguous":
+        r = ring._Ring(None, 0, 4, layout, (3, 0), 1.0, 0.0, None, ((0, chunk),))
+        assert ring._steps(r) == 2  # the previous rank's last keys only
+
+
+def _kernel_visible(nq, nk, window):
+    """The (row, key) pairs a kernel call on an nq x nk rectangle sees (bottom-right window)."""
+    left, right = window
+    off = nk - nq
+    return [(i, j) for i in range(nq) for j in range(nk)
+            if (left < 0 or j - i >= off - left) and (right < 0 or j - i <= off + right)]
+
+
+@pytest.mark.parametrize("layout", ring.LAYOUTS)
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_joined_calls_cover_every_visible_pair_once(layout, world):
+    """_calls (the pairs with neighbours joined into one kernel call) against brute force over
+    the whole sequence: every visible (query, key) pair of a step lies in exactly one call, no
+    call sees an invisible pair; and the joins happen (zigzag causal: 2 calls for the home step's
+    3 pairs)."""
+    import itertools
+
+    chunk = 4
+    for left, right in itertools.product((-1, 0, 3, 6), (-1, 0, 2, 9)):
+        for rank, owner in itertools.product(range(world), range(world)):
+            r = ring._Ring(None, rank, world, layout, (left, right), 1.0, 0.0, None, ((0, 0),))
+            # global positions of the rank's and the owner's local tokens
+            mine, theirs = ([c * chunk + t for c in ring._chunk_ids(x, world, layout)
+                             for t in range(chunk)] for x in (rank, owner))
+            got = []
+            for c in ring._calls(r, owner, chunk):
+                got += [(mine[c.i * chunk + i], theirs[c.j * chunk + j])
+                        for i, j in _kernel_visible(c.rows, c.keys, c.window)]
+            want = [(qi, kj) for qi in mine for kj in theirs
+                    if (left < 0 or kj - qi >= -left) and (right < 0 or kj - qi <= right)]
+            assert sorted(got) == sorted(want), (layout, world, rank, owner, left, right)
+            assert len(set(got)) == len(got)
+    if layout == "zigzag" and world > 1:
+        r = ring._Ring(None, 0, world, layout, (-1, 0), 1.0, 0.0, None, ((0, 0),))
+        assert len(list(ring._pairs(r, 0, chunk))) == 3
+        assert len(ring._calls(r, 0, chunk)) == 2
+        full = ring._Ring(None, 0, world, layout, (-1, -1), 1.0, 0.0, None, ((0, 0),))
+        assert [(c.rows, c.keys, c.window) for c in ring._calls(full, 1, chunk)] == \
+            [(2 * chunk, 2 * chunk, (-1, -1))]
 
 
 def _compile_worker(rank, world, init_file):

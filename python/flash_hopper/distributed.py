@@ -8,7 +8,19 @@ the block in hand, and the partial results merge exactly through their log-sum-e
 
 The backward runs the same ring: dQ stays local, dK / dV travel with their K / V block (fp32) and
 arrive home after the last step. Every block's gradient uses the merged output and LSE, so the
-result is the exact gradient of full attention.
+result is the exact gradient of full attention. Overlap: the next step's K / V travel while the
+block in hand is attended (forward and backward), and the sums of dK / dV of the ranks before
+while this rank's own gradients of the block collect; they meet after the step's kernels. A
+persistent kernel on every SM keeps NCCL's kernels waiting until it ends (measured: a
+side-stream copy waits the whole call), so ``sm_margin`` leaves SMs free for them.
+
+Steps: a ring of W ranks takes W steps, unless no query sees the keys of the farther ranks (a
+window narrower than the distance, in the contiguous layout: 2 steps when it is narrower than a
+chunk): those steps are not run, their blocks not sent, and the dK / dV sums go straight home.
+
+Merges: each call's (out, lse) merges into this rank's fp32 (out, lse) in place (the first call
+on a row range is copied); neighbouring chunk pairs that one call covers run as one
+(``_calls``: zigzag's home step is 2 calls instead of 3, its other steps 1 instead of 2).
 
 Packed sequences (ring_flash_attn_varlen_func, FA3's varlen layout (total, heads, head_dim) with
 cu_seqlens): every sequence is sharded on its own (shard_varlen) and attends only to itself; one
@@ -25,7 +37,8 @@ The attention of one block pair is pluggable (``BlockAttention``): ``reference_b
 torch, any device, float64; what the CPU tests run over gloo) and ``KernelBlocks`` (flash-hopper's
 forward and backward kernels; the default for CUDA fp16 / bf16 tensors; matched against the
 reference blocks on one H200 for full, causal (session 13) and window pairs (session 14); the
-two-GPU NCCL test awaits a 2-GPU machine).
+two-GPU NCCL test awaits a 2-GPU machine; bench/ring_emulate.py times every rank's share on one
+GPU).
 Under torch.compile the ring runs between compiled regions (its collectives and the block
 attention's custom ops are opaque to it): tests/test_distributed_ring.py checks output and
 gradients against eager. A runnable example: examples/ring_attention.py (torchrun).
@@ -40,7 +53,6 @@ import torch
 import torch.distributed as dist
 
 from . import _validate, reference
-from ._combine import flash_attn_combine
 
 LAYOUTS = ("zigzag", "contiguous")
 NEG_INF = float("-inf")
@@ -72,27 +84,55 @@ class _ReferenceBlocks:
 reference_blocks = _ReferenceBlocks()
 
 
+def _check_sm_margin(sm_margin: Any) -> None:
+    if isinstance(sm_margin, bool) or not isinstance(sm_margin, int) or sm_margin < 0:
+        raise ValueError(f"sm_margin: expected an int >= 0, got {sm_margin!r}")
+
+
 class KernelBlocks:
     """The block pair on flash-hopper's kernels (CUDA, fp16 / bf16): flash_attn_func with its
     LSE forward, the backward kernels (ops.bwd_into) with the merged out and LSE. ``backend``
-    and ``deterministic`` as in flash_attn_func."""
+    and ``deterministic`` as in flash_attn_func. ``sm_margin`` (FA3's name): SMs the persistent
+    kernels leave free, so that the ring's NCCL kernels find room beside them (a kernel that
+    fills every SM keeps them waiting until it ends); 0 uses every SM."""
 
-    def __init__(self, backend: str = "auto", deterministic: bool = False):
+    def __init__(self, backend: str = "auto", deterministic: bool = False, sm_margin: int = 0):
+        _check_sm_margin(sm_margin)
         self.backend = backend
         self.deterministic = deterministic
+        self.sm_margin = sm_margin
+
+    def _num_sms(self, t: torch.Tensor) -> int:
+        """The grid cap for the kernels: 0 (every SM) without a margin."""
+        if not self.sm_margin:
+            return 0
+        sms = torch.cuda.get_device_properties(t.device).multi_processor_count
+        if self.sm_margin >= sms:
+            raise ValueError(f"sm_margin: expected fewer than the device's {sms} SMs, got "
+                             f"{self.sm_margin}")
+        return sms - self.sm_margin
 
     def fwd(self, q, k, v, window, scale, softcap):
+        from . import ops
         from .interface import flash_attn_func
 
-        return flash_attn_func(q, k, v, softmax_scale=scale, window_size=window, softcap=softcap,
-                               return_attn_probs=True, backend=self.backend)
+        if not self.sm_margin:
+            return flash_attn_func(q, k, v, softmax_scale=scale, window_size=window,
+                                   softcap=softcap, return_attn_probs=True, backend=self.backend)
+        out = torch.empty(q.shape[:-1] + v.shape[-1:], dtype=q.dtype, device=q.device)
+        lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32,
+                          device=q.device)
+        ops.fwd_into(q, k, v, out, lse, scale, window[0], window[1], softcap, self.backend,
+                     self._num_sms(q))
+        return out, lse
 
     def bwd(self, dout, q, k, v, out, lse, window, scale, softcap):
         from . import ops
 
         dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
         ops.bwd_into(dout, q, k, v, out, lse.contiguous(), dq, dk, dv, scale, window[0],
-                     window[1], softcap, self.backend, self.deterministic)
+                     window[1], softcap, self.backend, self.deterministic,
+                     num_sms=self._num_sms(q))
         return dq, dk, dv
 
 
@@ -149,6 +189,9 @@ class _Ring(NamedTuple):
     segments: tuple[tuple[int, int], ...]
 
 
+_FULL, _CAUSAL = (-1, -1), (-1, 0)
+
+
 class _Pair(NamedTuple):
     i: int  # this rank's query piece
     j: int  # the key piece
@@ -194,17 +237,47 @@ def _pairs(ring: _Ring, owner: int, chunk: int):
                 yield _Pair(i, j, *mask)
 
 
-def _merge(out, lse, o, l):
-    """Merge (o, l) into the running (out (b, s, h, d) fp32, lse (b, h, s) fp32): the LSE merge
-    of flash_attn_combine over the two."""
-    merged, merged_lse = flash_attn_combine(torch.stack([out, o]),
-                                            torch.stack([lse, l]).transpose(-1, -2))
-    return merged, merged_lse.transpose(1, 2)
+def _calls(ring: _Ring, owner: int, chunk: int):
+    """The kernel calls of one step: ``_pairs``, with neighbours joined where one call covers
+    both (fewer launches, merges and gradient sums): a full pair and the full or causal pair of
+    the same query piece whose keys follow it (full, or causal bottom-right on the joined keys:
+    zigzag's home step), full pairs of the same keys whose queries follow each other."""
+    calls: list[_Pair] = []
+    for p in _pairs(ring, owner, chunk):
+        whole = p.rows == chunk and p.keys == chunk and p.window in (_FULL, _CAUSAL)
+        last = calls[-1] if calls else None
+        if whole and last is not None and last.i == p.i and last.window == _FULL and \
+                last.rows == chunk and last.j * chunk + last.keys == p.j * chunk:
+            calls[-1] = last._replace(keys=last.keys + chunk, window=p.window)
+            continue
+        calls.append(p)
+    joined: list[_Pair] = []
+    for p in calls:
+        above = next((c for c in joined if c.j == p.j and c.keys == p.keys and
+                      c.window == p.window == _FULL and p.rows == chunk and
+                      c.i * chunk + c.rows == p.i * chunk), None)
+        if above is not None:
+            joined[joined.index(above)] = above._replace(rows=above.rows + chunk)
+            continue
+        joined.append(p)
+    return joined
+
+
+def _merge_into(out, lse, o, l) -> None:
+    """Merge a block's (o (b, n, h, d), l (b, h, n)) into the running (out fp32, lse fp32) views
+    of the same rows, in place: the LSE merge (rows no key sees keep weight 0)."""
+    merged = torch.logaddexp(lse, l)
+    base = merged.masked_fill(merged == NEG_INF, 0.0)
+    w_out = torch.exp(lse - base).transpose(1, 2).unsqueeze(-1)
+    w_o = torch.exp(l - base).transpose(1, 2).unsqueeze(-1)
+    out.mul_(w_out).addcmul_(o, w_o)
+    lse.copy_(merged)
 
 
 class _Exchange(NamedTuple):
     requests: list
     received: list[torch.Tensor]
+    sent: list[torch.Tensor]  # kept alive until ``wait``: the transfer reads them meanwhile
 
     def wait(self) -> list[torch.Tensor]:
         for req in self.requests:
@@ -212,17 +285,19 @@ class _Exchange(NamedTuple):
         return self.received
 
 
-def _start_exchange(ring: _Ring, tensors: list[torch.Tensor]) -> _Exchange:
-    """Start sending ``tensors`` to the next rank and receiving the previous rank's into fresh
-    buffers; the caller computes meanwhile and waits (``_Exchange.wait``) before using them."""
+def _start_exchange(ring: _Ring, tensors: list[torch.Tensor], hops: int = 1) -> _Exchange:
+    """Start sending ``tensors`` to the rank ``hops`` ahead (the next one) and receiving the
+    same from the rank ``hops`` behind into fresh buffers; the caller computes meanwhile and
+    waits (``_Exchange.wait``) before using them."""
     def peer(r: int) -> int:
         return dist.get_global_rank(ring.group, r) if ring.group is not None else r
 
-    nxt, prv = peer((ring.rank + 1) % ring.world), peer((ring.rank - 1) % ring.world)
-    recv = [torch.empty_like(t) for t in tensors]
-    ops = [dist.P2POp(dist.isend, t.contiguous(), nxt, ring.group) for t in tensors]
+    nxt, prv = peer((ring.rank + hops) % ring.world), peer((ring.rank - hops) % ring.world)
+    sent = [t.contiguous() for t in tensors]
+    recv = [torch.empty_like(t) for t in sent]
+    ops = [dist.P2POp(dist.isend, t, nxt, ring.group) for t in sent]
     ops += [dist.P2POp(dist.irecv, r, prv, ring.group) for r in recv]
-    return _Exchange(dist.batch_isend_irecv(ops), recv)
+    return _Exchange(dist.batch_isend_irecv(ops), recv, sent)
 
 
 def _sequences(ring: _Ring):
@@ -234,23 +309,43 @@ def _sequences(ring: _Ring):
             yield start, length // pieces
 
 
+def _steps(ring: _Ring) -> int:
+    """The ring's steps: 1 + the farthest distance d at which some rank's queries see the keys of
+    the rank d behind it (the block that arrives at step d). A window narrower than a chunk in
+    the contiguous layout needs 2 (the previous rank's keys): the blocks no query sees neither
+    travel nor wait. The same on every rank (the call's shapes and masks are)."""
+    chunks = {chunk for _, chunk in _sequences(ring)}
+    for d in range(ring.world - 1, 0, -1):
+        for r in range(ring.world):
+            other = ring._replace(rank=r)
+            if any(next(_pairs(other, (r - d) % ring.world, c), None) for c in chunks):
+                return d + 1
+    return 1
+
+
 def _ring_forward(ring: _Ring, q, k, v):
     b, t, h, _ = q.shape
     out = torch.zeros(b, t, h, v.shape[-1], dtype=torch.float32, device=q.device)
     lse = torch.full((b, h, t), NEG_INF, dtype=torch.float32, device=q.device)
+    written: list[tuple[int, int]] = []  # local row ranges holding a result (the first is copied)
     kv = [k, v]
-    for step in range(ring.world):
+    steps = _steps(ring)
+    for step in range(steps):
         owner = (ring.rank - step) % ring.world
         # The next block travels while this one is attended.
-        pending = _start_exchange(ring, kv) if step < ring.world - 1 else None
+        pending = _start_exchange(ring, kv) if step < steps - 1 else None
         for start, chunk in _sequences(ring):
-            for pair in _pairs(ring, owner, chunk):
-                rows = slice(start + pair.i * chunk, start + pair.i * chunk + pair.rows)
-                keys = slice(start + pair.j * chunk, start + pair.j * chunk + pair.keys)
-                o, l = ring.blocks.fwd(q[:, rows], kv[0][:, keys], kv[1][:, keys], pair.window,
+            for call in _calls(ring, owner, chunk):
+                lo, hi = start + call.i * chunk, start + call.i * chunk + call.rows
+                keys = slice(start + call.j * chunk, start + call.j * chunk + call.keys)
+                o, l = ring.blocks.fwd(q[:, lo:hi], kv[0][:, keys], kv[1][:, keys], call.window,
                                        ring.scale, ring.softcap)
-                out[:, rows], lse[:, :, rows] = _merge(out[:, rows], lse[:, :, rows], o.float(),
-                                                       l.float())
+                if any(a < hi and lo < b for a, b in written):
+                    _merge_into(out[:, lo:hi], lse[:, :, lo:hi], o, l.float())
+                else:
+                    out[:, lo:hi].copy_(o)
+                    lse[:, :, lo:hi].copy_(l)
+                    written.append((lo, hi))
         if pending is not None:
             kv = pending.wait()
     return out, lse
@@ -259,28 +354,36 @@ def _ring_forward(ring: _Ring, q, k, v):
 def _ring_backward(ring: _Ring, dout, q, k, v, out, lse):
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     kv = [k, v]
-    dkv = [torch.zeros(k.shape, dtype=torch.float32, device=k.device),
-           torch.zeros(v.shape, dtype=torch.float32, device=v.device)]
-    for step in range(ring.world):
+    incoming = None  # the block in hand's gradient sums from the ranks before, in flight
+    steps = _steps(ring)
+    for step in range(steps):
         owner = (ring.rank - step) % ring.world
-        # K / V of the next step travel during this step's compute; dK / dV after it (they are
-        # this step's result).
-        pending = _start_exchange(ring, kv) if step < ring.world - 1 else None
+        # The next step's K / V travel during this step's compute, and so do the sums of the
+        # ranks before for the block in hand: this step's gradients of it collect on their own
+        # and meet those sums after the compute, then travel on (the last step's: home, the
+        # owner steps - 1 ranks behind; after W steps that is the next rank).
+        pending = _start_exchange(ring, kv) if step < steps - 1 else None
+        dkv = [torch.zeros(t.shape, dtype=torch.float32, device=t.device) for t in (k, v)]
         for start, chunk in _sequences(ring):
-            for pair in _pairs(ring, owner, chunk):
-                rows = slice(start + pair.i * chunk, start + pair.i * chunk + pair.rows)
-                keys = slice(start + pair.j * chunk, start + pair.j * chunk + pair.keys)
+            for call in _calls(ring, owner, chunk):
+                rows = slice(start + call.i * chunk, start + call.i * chunk + call.rows)
+                keys = slice(start + call.j * chunk, start + call.j * chunk + call.keys)
                 gq, gk, gv = ring.blocks.bwd(dout[:, rows], q[:, rows], kv[0][:, keys],
                                              kv[1][:, keys], out[:, rows], lse[:, :, rows],
-                                             pair.window, ring.scale, ring.softcap)
-                dq[:, rows] += gq.float()
-                dkv[0][:, keys] += gk.float()
-                dkv[1][:, keys] += gv.float()
-        # The last step's block belongs to the next rank: its gradients go home with this send.
-        dkv = _start_exchange(ring, dkv).wait()
+                                             call.window, ring.scale, ring.softcap)
+                dq[:, rows].add_(gq)
+                dkv[0][:, keys].add_(gk)
+                dkv[1][:, keys].add_(gv)
+        if incoming is not None:
+            for mine, before in zip(dkv, incoming.wait()):
+                mine.add_(before)
+        if step == steps - 1 == 0:  # one step: every block stayed home
+            return dq, dkv[0], dkv[1]
+        incoming = _start_exchange(ring, dkv, 1 if step < steps - 1 else ring.world - step)
         if pending is not None:
             kv = pending.wait()
-    return dq, dkv[0], dkv[1]
+    dk, dv = incoming.wait()
+    return dq, dk, dv
 
 
 class _RingAttention(torch.autograd.Function):
@@ -347,7 +450,8 @@ def ring_flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grou
                          causal: bool = False, window_size: Sequence[int] = (-1, -1),
                          softcap: float = 0.0, softmax_scale: float | None = None,
                          layout: str = "zigzag", deterministic: bool = False,
-                         return_lse: bool = False, blocks: BlockAttention | None = None):
+                         return_lse: bool = False, blocks: BlockAttention | None = None,
+                         sm_margin: int = 0):
     """Attention of one sequence sharded over the ranks of ``group`` (a ProcessGroup, a 1-D
     DeviceMesh, or None for the default group): q, k, v (batch, seqlen / W, heads, head_dim),
     this rank's shard in ``layout`` (``shard``), GQA allowed. Returns this rank's out shard
@@ -355,14 +459,17 @@ def ring_flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grou
 
     causal / window_size: as flash_attn_func's over the whole sequence (FA3's semantics: causal
     sets the right bound to 0, a negative bound is unbounded). A chunk pair the window leaves
-    empty is skipped (its K / V still travel: the ring passes every block on); a pair the band
-    crosses runs on the rectangle of its rows and keys that see each other.
+    empty is skipped, and so are the ring's last steps when no query sees their blocks (those
+    blocks do not travel); a pair the band crosses runs on the rectangle of its rows and keys
+    that see each other.
 
     blocks: the block-pair attention (``KernelBlocks()`` for CUDA fp16 / bf16 tensors, else
     ``reference_blocks``). ``deterministic``: the ring's order is fixed, so the result is
-    reproducible whenever the block attention is.
+    reproducible whenever the block attention is. ``sm_margin``: SMs the kernels leave to the
+    ring's NCCL transfers (``KernelBlocks``; FA3's argument of that name); 0 uses every SM.
     """
     _check_layout(layout)
+    _check_sm_margin(sm_margin)
     if not isinstance(causal, bool):
         raise TypeError(f"causal: expected a bool, got {causal!r}")
     left, right = _validate._check_window(window_size, causal)
@@ -372,7 +479,8 @@ def ring_flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grou
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     if blocks is None:
         kernels = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
-        blocks = KernelBlocks(deterministic=deterministic) if kernels else reference_blocks
+        blocks = KernelBlocks(deterministic=deterministic, sm_margin=sm_margin) if kernels \
+            else reference_blocks
     ring = _Ring(group, rank, world, layout, (left, right), scale, float(softcap), blocks,
                  ((0, q.shape[1]),))
     pieces = len(_chunk_ids(rank, world, layout))
@@ -441,16 +549,17 @@ def ring_flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
                                 window_size: Sequence[int] = (-1, -1), softcap: float = 0.0,
                                 softmax_scale: float | None = None, layout: str = "zigzag",
                                 deterministic: bool = False, return_lse: bool = False,
-                                blocks: BlockAttention | None = None):
+                                blocks: BlockAttention | None = None, sm_margin: int = 0):
     """Ring attention over packed sequences (the varlen form of ``ring_flash_attn_func``): q, k, v
     (total / W, heads, head_dim), this rank's ``shard_varlen`` shard of sequences packed by
     ``cu_seqlens`` (int32 (batch + 1,), the whole sequences' offsets, the same on every rank;
     every sequence a multiple of the layout's chunks: 2W tokens zigzag, W contiguous). Each
     sequence attends only to itself; masks per sequence as in ring_flash_attn_func. One K / V
-    exchange per step carries every sequence. Returns out (total / W, heads, head_dim) (and lse
-    (heads, total / W) with ``return_lse``), differentiable. ``max_seqlen`` is accepted for
-    FA3's signature and not needed."""
+    exchange per step carries every sequence; ``sm_margin`` as there. Returns out (total / W,
+    heads, head_dim) (and lse (heads, total / W) with ``return_lse``), differentiable.
+    ``max_seqlen`` is accepted for FA3's signature and not needed."""
     _check_layout(layout)
+    _check_sm_margin(sm_margin)
     if not isinstance(causal, bool):
         raise TypeError(f"causal: expected a bool, got {causal!r}")
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -468,7 +577,8 @@ def ring_flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     if blocks is None:
         kernels = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
-        blocks = KernelBlocks(deterministic=deterministic) if kernels else reference_blocks
+        blocks = KernelBlocks(deterministic=deterministic, sm_margin=sm_margin) if kernels \
+            else reference_blocks
     ring = _Ring(group, rank, world, layout, (left, right), scale, float(softcap), blocks,
                  segments)
     q4, k4, v4 = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
