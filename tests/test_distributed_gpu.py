@@ -1,12 +1,15 @@
 """Ring attention on the kernels (issue 16), on GPUs: the kernel block pair against the reference
-block pair on one GPU, and the ring over NCCL on two GPUs against single-GPU full attention
-(forward and gradients, FA3's tolerance rule: at most twice the error of the same computation in
-the input dtype, plus a small absolute term)."""
+block pair on one GPU; KernelBlocks' sm_margin (the kernels' grids); the ring with the kernels
+and real data flow on one GPU, its ranks as threads and its exchanges as copies (dense and
+packed sequences, 2 and 4 ranks, windows); and the ring over NCCL on two GPUs. Against float64
+attention over the whole sequence with FA3's tolerance rule (_fa3_bounds: at most twice the
+error of the same computation in the input dtype, plus twice that dtype's rounding)."""
 
 from __future__ import annotations
 
 import os
 import tempfile
+import threading
 
 import pytest
 import torch
@@ -91,6 +94,154 @@ def test_kernel_blocks_leave_sm_margin_free(lib, tmp_path):
         ring.KernelBlocks(sm_margin=sms).fwd(q, k, v, (-1, -1), 0.125, 0.0)
 
 
+def _fa3_bounds(q, k, v, dout, window, wants):
+    """FA3's tolerance for (out, dq, dk, dv) against the float64 ``wants``: twice the error of
+    the same attention computed in the input dtype (torch, no upcast; FA3's ``_pt``) plus twice
+    the input dtype's rounding at the reference's magnitude (FA3's ``x + 0.3 - 0.3 - x``)."""
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    low, _ = attention_ref(*leaves, window_size=window, upcast=False)
+    low.backward(dout)
+    bounds = []
+    for got, want in zip([low.detach()] + [t.grad for t in leaves], wants):
+        rounded = want.to(q.dtype)
+        atol = 2 * (rounded + 0.3 - 0.3 - rounded).abs().max().item()
+        bounds.append(2 * (got.double() - want).abs().max().item() + atol)
+    return bounds
+
+
+class _ThreadRing:
+    """The ring's exchanges between threads on one GPU (a stand-in for NCCL between GPUs): a
+    rank's n-th exchange posts copies of its tensors for the rank ``hops`` ahead and waits for
+    the n-th from the rank ``hops`` behind. Same stream for every thread: a copy is ordered
+    before the kernels that read it."""
+
+    def __init__(self, world):
+        self.cv = threading.Condition()
+        self.box = {}
+        self.count = [0] * world
+
+    def start(self, ring_, tensors, hops=1):
+        me, n = ring_.rank, self.count[ring_.rank]
+        self.count[me] += 1
+        with self.cv:
+            self.box[((me + hops) % ring_.world, n)] = [t.clone() for t in tensors]
+            self.cv.notify_all()
+        cv, box = self.cv, self.box
+
+        class Pending:
+            def wait(self):
+                with cv:
+                    if not cv.wait_for(lambda: (me, n) in box, timeout=30):
+                        raise TimeoutError(f"rank {me}: exchange {n} never arrived")
+                    return box.pop((me, n))
+        return Pending()
+
+
+def _thread_ring(world, layout, window, shards, segments, monkeypatch):
+    """Every rank's ring forward + backward in its own thread on this GPU: [(out, dq, dk, dv)]
+    per rank (``shards``: per rank (q, k, v, dout), batch-first 4-D). The autograd wiring
+    (_RingAttention) is the CPU tests' (gloo, processes)."""
+    mail = _ThreadRing(world)
+    monkeypatch.setattr(ring, "_start_exchange", mail.start)
+    results, errors = [None] * world, []
+
+    def run(rank):
+        try:
+            q, k, v, dout = shards[rank]
+            me = ring._Ring(None, rank, world, layout, window, q.shape[-1] ** -0.5, 0.0,
+                            ring.KernelBlocks(), segments)
+            # _RingAttention's forward and backward called directly: autograd runs a CUDA
+            # backward on one engine thread per device, where a rank waiting for another's
+            # exchange would block the other's backward behind it
+            out, lse = ring._ring_forward(me, q, k, v)
+            out = out.to(q.dtype)
+            grads = ring._ring_backward(me, dout, q, k, v, out, lse)
+            results[rank] = (out, *(gr.to(t.dtype) for gr, t in zip(grads, (q, k, v))))
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    torch.cuda.synchronize()
+    return results
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize(("world", "layout", "causal", "window"), [
+    (2, "zigzag", True, (-1, -1)), (2, "contiguous", False, (-1, -1)),
+    (4, "zigzag", True, (-1, -1)), (4, "contiguous", True, (-1, -1)),
+    (4, "zigzag", False, (-1, -1)),
+    (4, "contiguous", True, (100, -1)),  # narrower than a chunk: 2 steps
+    (4, "contiguous", False, (300, 40)),  # both sides, wider than a chunk
+])
+def test_ring_in_threads_on_one_gpu_equals_one_call(lib, monkeypatch, world, layout, causal,
+                                                     window, head_dim):
+    """The ring with the kernels and real data flow (ranks as threads, exchanges as copies) on
+    one GPU against float64 attention over the whole sequence within FA3's tolerance
+    (_fa3_bounds), batch 2, GQA 8 / 2: what the two-GPU test checks, short of NCCL."""
+    skip_without_kernel(lib, head_dim, backward=True)
+    g = torch.Generator(device="cuda").manual_seed(world * head_dim)
+    s = 2 * world * 256 if layout == "zigzag" else world * 256
+    q, dout = (torch.randn(2, s, 8, head_dim, device="cuda", dtype=BF16, generator=g)
+               for _ in range(2))
+    k, v = (torch.randn(2, s, 2, head_dim, device="cuda", dtype=BF16, generator=g)
+            for _ in range(2))
+    wl, wr = window[0], 0 if causal else window[1]
+    ref_leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    ref, _ = attention_ref(*ref_leaves, window_size=(wl, wr))
+    ref.backward(dout.double())
+    wants = [ref.detach()] + [t.grad for t in ref_leaves]
+    bounds = _fa3_bounds(q, k, v, dout, (wl, wr), wants)
+    shards = [[ring.shard(t, r, world, layout) for t in (q, k, v, dout)] for r in range(world)]
+    segments = ((0, shards[0][0].shape[1]),)
+    results = _thread_ring(world, layout, (wl, wr), shards, segments, monkeypatch)
+    for i, name in enumerate(("out", "dq", "dk", "dv")):
+        got = ring.unshard([r[i] for r in results], layout).double()
+        err = (got - wants[i]).abs().max().item()
+        assert err <= bounds[i], f"{name}: ring error {err:.3g} > {bounds[i]:.3g}"
+
+
+def _packed_case(world, seed):
+    """Packed sequences of 2W x 96, 2W x 8 and 2W x 200 tokens (bf16, GQA 8 / 2, d128): cu,
+    (q, k, v, dout) and the float64 per-sequence causal attention's (out, dq, dk, dv)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    lengths = [2 * world * 96, 2 * world * 8, 2 * world * 200]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32,
+                      device="cuda")
+    total = sum(lengths)
+    q, dout = (torch.randn(total, 8, 128, device="cuda", dtype=BF16, generator=g)
+               for _ in range(2))
+    k, v = (torch.randn(total, 2, 128, device="cuda", dtype=BF16, generator=g) for _ in range(2))
+    ref_leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    offsets = cu.tolist()
+    refs = torch.cat([attention_ref(*(t[a:b][None] for t in ref_leaves), causal=True)[0][0]
+                      for a, b in zip(offsets[:-1], offsets[1:])])
+    refs.backward(dout.double())
+    return cu, (q, k, v, dout), [refs.detach()] + [t.grad for t in ref_leaves]
+
+
+def test_ring_varlen_in_threads_on_one_gpu(lib, monkeypatch):
+    """Packed sequences (lengths 2W x 96, 2W x 8, 2W x 200, zigzag, causal) through the ring in
+    threads on one GPU against per-sequence float64 attention."""
+    skip_without_kernel(lib, 128, backward=True)
+    world = 2
+    cu, (q, k, v, dout), wants = _packed_case(world, 5)
+    total = q.shape[0]
+    shards = [[ring.shard_varlen(t, cu, r, world)[None] for t in (q, k, v, dout)]
+              for r in range(world)]
+    segments = ring._local_segments(cu, world, "zigzag", total // world)
+    results = _thread_ring(world, "zigzag", (-1, 0), shards, segments, monkeypatch)
+    for i, name in enumerate(("out", "dq", "dk", "dv")):
+        got = ring.unshard_varlen([r[i][0] for r in results], cu).double()
+        err = (got - wants[i]).abs().max().item()
+        assert err <= 3e-2 * wants[i].abs().max().item() + 1e-3, f"{name}: {err:.3g}"
+
+
 def _worker(rank, world, init_file, layout, causal, head_dim):
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank,
@@ -102,22 +253,26 @@ def _worker(rank, world, init_file, layout, causal, head_dim):
         k, v = (torch.randn(1, s, 2, head_dim, device="cuda", dtype=BF16, generator=g)
                 for _ in range(2))
         dout = torch.randn_like(q)
+        window = (-1, 0) if causal else (-1, -1)
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
         full = flash_attn_func(*leaves, causal=causal)
         full.backward(dout)
         ref_leaves = [t.double().requires_grad_() for t in (q, k, v)]
-        ref, _ = attention_ref(*ref_leaves, causal=causal)
+        ref, _ = attention_ref(*ref_leaves, window_size=window)
         ref.backward(dout.double())
+        wants = [ref.detach()] + [t.grad for t in ref_leaves]
+        bounds = _fa3_bounds(q, k, v, dout, window, wants)
         mine = [ring.shard(t, rank, world, layout).requires_grad_() for t in (q, k, v)]
         out = ring.ring_flash_attn_func(*mine, causal=causal, layout=layout)
         out.backward(ring.shard(dout, rank, world, layout))
-        pairs = [(out, full, ref)] + [(m.grad, f.grad, r.grad) for m, f, r in
-                                      zip(mine, leaves, ref_leaves)]
-        for got, single, want in pairs:
-            got, single = got.double(), ring.shard(single.double(), rank, world, layout)
-            want = ring.shard(want, rank, world, layout)
-            bound = 2 * (single - want).abs().max().item() + 1e-3
-            assert (got - want).abs().max().item() <= bound
+        # the ring's shard and the single GPU's whole call, both within FA3's tolerance
+        for name, got, single, want, bound in zip(
+                ("out", "dq", "dk", "dv"), [out] + [m.grad for m in mine],
+                [full] + [t.grad for t in leaves], wants, bounds):
+            want_shard = ring.shard(want, rank, world, layout)
+            err = (got.double() - want_shard).abs().max().item()
+            assert err <= bound, f"rank {rank} {name}: ring error {err:.3g} > {bound:.3g}"
+            assert (single.double() - want).abs().max().item() <= bound, name
     finally:
         dist.destroy_process_group()
 
@@ -138,25 +293,12 @@ def _varlen_worker(rank, world, init_file):
     dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank,
                             world_size=world)
     try:
-        g = torch.Generator(device="cuda").manual_seed(1)
-        lengths = [2 * world * 96, 2 * world * 8, 2 * world * 200]
-        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32,
-                          device="cuda")
-        total = sum(lengths)
-        q, dout = (torch.randn(total, 8, 128, device="cuda", dtype=BF16, generator=g)
-                   for _ in range(2))
-        k, v = (torch.randn(total, 2, 128, device="cuda", dtype=BF16, generator=g)
-                for _ in range(2))
-        ref_leaves = [t.double().requires_grad_() for t in (q, k, v)]
-        refs = [attention_ref(*(t[a:b][None] for t in ref_leaves), causal=True)[0][0]
-                for a, b in zip(cu.tolist()[:-1], cu.tolist()[1:])]
-        torch.cat(refs).backward(dout.double())
+        cu, (q, k, v, dout), wants = _packed_case(world, 1)
         mine = [ring.shard_varlen(t, cu, rank, world).requires_grad_() for t in (q, k, v)]
         out = ring.ring_flash_attn_varlen_func(*mine, cu, causal=True)
         out.backward(ring.shard_varlen(dout, cu, rank, world))
-        for got, want in [(out, torch.cat(refs))] + [(m.grad, r.grad) for m, r in
-                                                     zip(mine, ref_leaves)]:
-            want = ring.shard_varlen(want.detach(), cu, rank, world)
+        for got, want in zip([out] + [m.grad for m in mine], wants):
+            want = ring.shard_varlen(want, cu, rank, world)
             bound = 3e-2 * want.abs().max().item() + 1e-3
             assert (got.double() - want).abs().max().item() <= bound
     finally:
