@@ -141,3 +141,24 @@ def skip_without_kernel(lib, head_dim: int, backward: bool = False) -> None:
         pytest.skip(f"this build has no bf16 head_dim {head_dim} forward kernel")
     if backward and not any(lib.has_bwd_kernel(be, FhDtype.BF16, head_dim) for be in paths):
         pytest.skip(f"this build has no bf16 head_dim {head_dim} backward kernel")
+
+
+def kernel_ctas(fn, tmp_path, names=("fwd_kernel", "bwd_kernel")) -> dict:
+    """{kernel: the most CTAs one launch of it had} for the kernels ``fn`` launches whose name
+    has one of ``names`` (torch.profiler's trace of their grids)."""
+    import json
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    trace = tmp_path / "kernel_ctas.json"
+    prof.export_chrome_trace(str(trace))
+    ctas = {}
+    for e in json.loads(trace.read_text())["traceEvents"]:
+        if e.get("cat") == "kernel" and any(n in e["name"] for n in names):
+            grid = e["args"]["grid"]
+            name = e["name"].split("<")[0].split()[-1]
+            ctas[name] = max(ctas.get(name, 0), grid[0] * grid[1] * grid[2])
+    return ctas

@@ -517,3 +517,49 @@ def test_fa3_backward_buckets(lib, seed):
         out = flash_attn_func(*leaves, backend="fa3")
         with pytest.raises(UnsupportedError, match=r"fa3[\s\S]*backward[\s\S]*buckets"):
             out.float().sum().backward()
+
+
+def test_sm_margin_leaves_sms_free_forward_and_backward(lib, tmp_path):
+    """flash_attn_func(sm_margin=m) (FA3's): the FA-3 forward and backward kernels launch at
+    most SMs - m CTAs where a call without it fills the GPU, with the same results (forward
+    bitwise: a tile is one CTA's whichever; gradients up to the order of dQ's sums), through
+    autograd and without; the varlen forward and its per-sequence backward too; m >= the SM
+    count raises naming sm_margin."""
+    from flash_hopper import flash_attn_varlen_func
+
+    from tests._helpers import kernel_ctas, skip_without_kernel
+
+    skip_without_kernel(lib, 128, backward=True)
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the grid cap is the FA-3 path's (cc 9.0)")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    g = torch.Generator(device="cuda").manual_seed(11)
+    q, k, v, dout = (torch.randn(2, 2048, 8, 128, device="cuda", dtype=torch.bfloat16,
+                                 generator=g) for _ in range(4))
+    cu = torch.tensor([0, 1500, 4096], dtype=torch.int32, device="cuda")
+    results, ctas = {}, {}
+    for margin in (0, 24):
+        def run(margin=margin):
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            out = flash_attn_func(*leaves, causal=True, sm_margin=margin)
+            out.backward(dout)
+            with torch.no_grad():
+                plain = flash_attn_func(q, k, v, sm_margin=margin)
+            flat = [t.reshape(4096, 8, 128).clone().requires_grad_() for t in (q, k, v)]
+            packed = flash_attn_varlen_func(*flat, cu, cu, 2596, 2596, causal=True,
+                                            sm_margin=margin)
+            packed.backward(dout.reshape(4096, 8, 128))
+            results[margin] = [out, plain, packed] + [t.grad for t in leaves + flat]
+
+        ctas[margin] = kernel_ctas(run, tmp_path)
+    assert {"flash_hopper::sm90::fwd_kernel", "flash_hopper::sm90::bwd_kernel"} <= set(ctas[24])
+    for name, n in ctas[24].items():
+        assert n <= sms - 24 < ctas[0][name], (name, ctas)
+    for i, (got, want) in enumerate(zip(results[24], results[0])):
+        if i < 3:
+            assert torch.equal(got, want), i
+        else:
+            err = (got.float() - want.float()).abs().max().item()
+            assert err <= 1e-2 * want.abs().max().item(), i
+    with pytest.raises(ValueError, match=f"sm_margin: expected fewer than the device's {sms}"):
+        flash_attn_func(q, k, v, sm_margin=sms)

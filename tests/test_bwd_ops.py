@@ -48,12 +48,13 @@ def no_library(monkeypatch):
 def test_schemas():
     assert str(torch.ops.flash_hopper.fwd.default._schema) == (
         "flash_hopper::fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, int window_left, "
-        "int window_right, float softcap, str backend, bool deterministic) -> (Tensor, Tensor)"
+        "int window_right, float softcap, str backend, bool deterministic, int sm_margin=0) -> "
+        "(Tensor, Tensor)"
     )
     assert str(torch.ops.flash_hopper.bwd.default._schema) == (
         "flash_hopper::bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
         "Tensor? dlse, float softmax_scale, int window_left, int window_right, float softcap, "
-        "str backend, bool deterministic) -> (Tensor, Tensor, Tensor)"
+        "str backend, bool deterministic, int sm_margin=0) -> (Tensor, Tensor, Tensor)"
     )
 
 
@@ -180,23 +181,31 @@ def _cpu_qkv(requires_grad=False, b=2, sq=17, sk=33, hq=8, hkv=2, d=64):
     return tuple(t.requires_grad_(requires_grad) for t in (q, k, v))
 
 
+class _Routes(list):
+    margins: list
+
+
 @pytest.fixture
 def routes(monkeypatch):
     """Record which route flash_attn_func takes; every route returns stand-in outputs."""
-    taken = []
+    taken = _Routes()
+    taken.margins = []  # sm_margin as each route received it
 
-    def eager(q, k, v, *args, need_lse=True):
+    def eager(q, k, v, *args, need_lse=True, sm_margin=0):
         taken.append(("eager", need_lse))
+        taken.margins.append(sm_margin)
         return torch.zeros_like(q), (q.new_zeros(1) if need_lse else None)
 
     class Function:
         @staticmethod
-        def apply(q, k, v, *args):
-            taken.append(("autograd", args[-1]))
+        def apply(q, k, v, *args):  # ..., deterministic, sm_margin
+            taken.append(("autograd", args[-2]))
+            taken.margins.append(args[-1])
             return torch.zeros_like(q), q.new_zeros(1)
 
-    def op(*args):
-        taken.append(("op", args[-1]))
+    def op(*args):  # ..., deterministic, sm_margin
+        taken.append(("op", args[-2]))
+        taken.margins.append(args[-1])
         return torch.zeros_like(args[0]), args[0].new_zeros(1)
 
     monkeypatch.setattr(_fwd, "eager", eager)
@@ -227,6 +236,22 @@ def test_traced_calls_take_the_op(routes):
         q = torch.empty(1, 9, 2, 64, dtype=BF16, device="cuda")
         flash_attn_func(q, q, q, deterministic=True)
     assert routes == [("op", True)]
+
+
+def test_sm_margin_reaches_every_route(routes):
+    """FA3's sm_margin goes down every route (the kernels' grid cap, forward and backward), and
+    a value that is not an int >= 0 is refused naming it."""
+    q, k, v = _cpu_qkv()
+    flash_attn_func(q, k, v, sm_margin=4)
+    flash_attn_func(*_cpu_qkv(requires_grad=True), sm_margin=6)
+    with FakeTensorMode():
+        t = torch.empty(1, 9, 2, 64, dtype=BF16, device="cuda")
+        flash_attn_func(t, t, t, sm_margin=8)
+    assert [r for r, _ in routes] == ["eager", "autograd", "op"]
+    assert routes.margins == [4, 6, 8]
+    for bad in (-1, 2.0, True):
+        with raises(TypeError, "sm_margin: expected an int >= 0", repr(bad)):
+            flash_attn_func(q, k, v, sm_margin=bad)
 
 
 @pytest.mark.parametrize("value", [1, None, "yes"])

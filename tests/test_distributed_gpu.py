@@ -19,7 +19,7 @@ from flash_hopper import distributed as ring
 from flash_hopper import flash_attn_func
 from flash_hopper.reference import attention_ref
 
-from tests._helpers import skip_without_kernel
+from tests._helpers import kernel_ctas, skip_without_kernel
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_matmuls")]
 BF16 = torch.bfloat16
@@ -53,40 +53,28 @@ def test_kernel_blocks_match_the_reference_blocks(lib, window, head_dim):
 
 def test_kernel_blocks_leave_sm_margin_free(lib, tmp_path):
     """KernelBlocks(sm_margin=m): the forward and backward kernels launch at most SMs - m CTAs
-    (torch.profiler's trace of their grids; without a margin they fill the GPU), with the same
-    output (bitwise: each tile is one CTA's) and the same gradients as without (up to the order
-    of dQ's sums)."""
-    import json
-
-    from torch.profiler import ProfilerActivity, profile
-
+    (without a margin they fill the GPU), with the same output (bitwise: each tile is one CTA's)
+    and the same gradients as without (up to the order of dQ's sums)."""
     skip_without_kernel(lib, 128, backward=True)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     g = torch.Generator(device="cuda").manual_seed(3)
     # 8 heads x 4096 tokens: hundreds of query and key blocks, more tiles than SMs either way
     q, k, v, dout = (torch.randn(1, 4096, 8, 128, device="cuda", dtype=BF16, generator=g)
                      for _ in range(4))
-    grids = {}
+    ctas, results = {}, {}
     for margin in (0, 20):
         kern = ring.KernelBlocks(sm_margin=margin)
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+
+        def run(kern=kern, margin=margin):
             out, lse = kern.fwd(q, k, v, (-1, -1), 0.125, 0.0)
-            grads = kern.bwd(dout, q, k, v, out, lse, (-1, -1), 0.125, 0.0)
-            torch.cuda.synchronize()
-        trace = tmp_path / f"m{margin}.json"
-        prof.export_chrome_trace(str(trace))
-        events = json.loads(trace.read_text())["traceEvents"]
-        grids[margin] = {e["name"].split("<")[0].split()[-1]: e["args"]["grid"] for e in events
-                         if e.get("cat") == "kernel" and ("fwd_kernel" in e["name"]
-                                                          or "bwd_kernel" in e["name"])}
-        if margin == 0:
-            ref = (out, lse, grads)
-    assert set(grids[0]) == set(grids[20]) == {"flash_hopper::sm90::fwd_kernel",
-                                               "flash_hopper::sm90::bwd_kernel"}, grids
-    for name, grid in grids[20].items():
-        ctas = grid[0] * grid[1] * grid[2]
-        full = grids[0][name][0] * grids[0][name][1] * grids[0][name][2]
-        assert ctas <= sms - 20 < full, (name, grids)
+            results[margin] = (out, lse, kern.bwd(dout, q, k, v, out, lse, (-1, -1), 0.125, 0.0))
+
+        ctas[margin] = kernel_ctas(run, tmp_path)
+    assert set(ctas[0]) == set(ctas[20]) == {"flash_hopper::sm90::fwd_kernel",
+                                             "flash_hopper::sm90::bwd_kernel"}, ctas
+    for name, n in ctas[20].items():
+        assert n <= sms - 20 < ctas[0][name], (name, ctas)
+    (out, lse, grads), ref = results[20], results[0]
     assert torch.equal(out, ref[0]) and torch.equal(lse, ref[1])
     for got, want in zip(grads, ref[2]):
         assert (got.float() - want.float()).abs().max().item() <= 1e-2 * want.abs().max().item()

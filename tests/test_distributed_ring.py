@@ -133,7 +133,6 @@ def test_argument_errors():
             ring.KernelBlocks(sm_margin=bad)
         with pytest.raises(ValueError, match="sm_margin: expected an int >= 0"):
             ring.ring_flash_attn_func(x, x, x, sm_margin=bad)
-    assert ring.KernelBlocks(sm_margin=0)._num_sms(x) == 0  # every SM: no device query
     with pytest.raises(ValueError, match="must split into 4 equal chunks"):
         ring.shard(torch.zeros(1, 6, 1, 1), 0, 2, "zigzag")
 

@@ -59,7 +59,8 @@ def test_schema():
     schema = str(torch.ops.flash_hopper.fwd.default._schema)
     assert schema == (
         "flash_hopper::fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, int window_left, "
-        "int window_right, float softcap, str backend, bool deterministic) -> (Tensor, Tensor)"
+        "int window_right, float softcap, str backend, bool deterministic, int sm_margin=0) -> "
+        "(Tensor, Tensor)"
     )
 
 

@@ -60,13 +60,14 @@ class FlashAttnFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Any,
                 causal: Any, window_size: Any, softcap: Any, backend: Any,
-                deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        plan = _fwd.plan_eager(q, k, v, softmax_scale, causal, window_size, softcap, backend)
+                deterministic: bool, sm_margin: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        plan = _fwd.plan_eager(q, k, v, softmax_scale, causal, window_size, softcap, backend,
+                               sm_margin)
         out, lse = _fwd._run_new_outputs(plan, q, k, v)  # the backward needs the lse
         ctx.save_for_backward(q, k, v, out, lse)
         cfg = plan.cfg  # resolved: scale, window with causal folded in
         ctx.bwd_args = (cfg.softmax_scale, cfg.window_left, cfg.window_right, cfg.softcap,
-                        cfg.backend, deterministic)
+                        cfg.backend, deterministic, sm_margin)
         ctx.set_materialize_grads(False)  # an unused lse gets None, not a zeros tensor
         return out, lse
 
@@ -75,7 +76,7 @@ class FlashAttnFunction(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         dout, dlse = ops.loadable_grads(out, dout, dlse)
         dq, dk, dv = _bwd.op(dout, q, k, v, out, lse, dlse, *ctx.bwd_args)
-        return dq, dk, dv, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
 class FlashAttnVarlenFunction(torch.autograd.Function):
@@ -87,15 +88,15 @@ class FlashAttnVarlenFunction(torch.autograd.Function):
                 cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: Any,
                 max_seqlen_k: Any, seqused_q: Any, seqused_k: Any, softmax_scale: Any,
                 causal: Any, window_size: Any, softcap: Any, backend: Any,
-                deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                deterministic: bool, sm_margin: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         out, lse, vp = _varlen.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                        max_seqlen_k, seqused_q, seqused_k, softmax_scale, causal,
-                                       window_size, softcap, backend)
+                                       window_size, softcap, backend, sm_margin=sm_margin)
         ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q,
                               seqused_k)
         cfg = vp.dense.cfg
         ctx.bwd_args = (cfg.softmax_scale, cfg.window_left, cfg.window_right, cfg.softcap,
-                        cfg.backend, deterministic)
+                        cfg.backend, deterministic, sm_margin)
         ctx.set_materialize_grads(False)
         return out, lse
 
@@ -105,4 +106,4 @@ class FlashAttnVarlenFunction(torch.autograd.Function):
         dout, dlse = ops.loadable_grads(out, dout, dlse)
         dq, dk, dv = _varlen.backward(dout, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k,
                                       *ctx.bwd_args)
-        return (dq, dk, dv) + (None,) * 12
+        return (dq, dk, dv) + (None,) * 13

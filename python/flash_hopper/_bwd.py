@@ -230,16 +230,20 @@ def _op_key(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, dlse: Any,
 
 def op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
        lse: torch.Tensor, dlse: torch.Tensor | None, softmax_scale: float, window_left: int,
-       window_right: int, softcap: float, backend: str,
-       deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The bwd custom op's implementation: (dq, dk, dv), fresh contiguous tensors."""
+       window_right: int, softcap: float, backend: str, deterministic: bool,
+       sm_margin: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The bwd custom op's implementation: (dq, dk, dv), fresh contiguous tensors. ``sm_margin``:
+    FA3's, SMs the kernel leaves free."""
     key = _op_key(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right,
                   softcap, backend, deterministic)
+    if key is not None and sm_margin:
+        key = (key, sm_margin)
     plan = _plans.get(key)
     if plan is None:
         cfg = _validate.check_bwd_args(dout, q, k, v, out, lse, dlse, softmax_scale, window_left,
                                        window_right, softcap, backend, deterministic)
-        plan = make_plan(cfg, dout, q, k, v, out, lse, dlse)
+        plan = make_plan(cfg, dout, q, k, v, out, lse, dlse,
+                         num_sms=_device.grid_cap(q.device, sm_margin))
         if key is not None:
             _plans.remember(key, plan)
     return _run_new_grads(plan, dout, q, k, v, out, lse, dlse)

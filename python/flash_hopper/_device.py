@@ -152,6 +152,25 @@ def device_info(index: int) -> DeviceInfo:
     )
 
 
+def grid_cap(device: Any, sm_margin: int) -> int:
+    """The persistent kernels' grid cap (FhFwdParams / FhBwdParams num_sms) for FA3's
+    sm_margin, the SMs to leave free (for communication kernels beside attention): 0 (every SM)
+    without a margin, else the device's SMs less the margin."""
+    if not sm_margin:
+        return 0
+    if device.index is not None:
+        index = device.index
+    else:
+        import torch
+
+        index = torch.cuda.current_device()
+    sms = device_info(index).sm_count
+    if sm_margin >= sms:
+        raise ValueError(f"sm_margin: expected fewer than the device's {sms} SMs, got "
+                         f"{sm_margin}")
+    return sms - sm_margin
+
+
 def driver_version() -> tuple[int, int] | None:
     """The driver's CUDA version as (major, minor), or None when no source can tell."""
     drv = _driver_module()

@@ -232,42 +232,48 @@ def _op_key(q: Any, k: Any, v: Any, softmax_scale: Any, window_left: Any, window
 
 
 def plan_eager(q: Any, k: Any, v: Any, softmax_scale: Any, causal: Any, window_size: Any,
-               softcap: Any, backend: Any) -> Plan:
-    """The plan of flash_attn_func's arguments: cached, or validated and made (then cached)."""
+               softcap: Any, backend: Any, sm_margin: int = 0) -> Plan:
+    """The plan of flash_attn_func's arguments: cached, or validated and made (then cached).
+    ``sm_margin``: FA3's, validated by the caller (_device.grid_cap)."""
     key = _eager_key(q, k, v, softmax_scale, causal, window_size, softcap, backend)
+    if key is not None and sm_margin:
+        key = (key, sm_margin)
     plan = _plans.get(key)
     if plan is None:
         cfg = _validate.check_fwd_args(q, k, v, softmax_scale, causal, window_size, softcap,
                                        backend)
-        plan = make_plan(cfg, q, k, v)
+        plan = make_plan(cfg, q, k, v, num_sms=_device.grid_cap(q.device, sm_margin))
         if key is not None:
             _plans.remember(key, plan)
     return plan
 
 
 def eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Any, causal: Any,
-          window_size: Any, softcap: Any, backend: Any,
-          need_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+          window_size: Any, softcap: Any, backend: Any, need_lse: bool = True,
+          sm_margin: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """flash_attn_func's plain eager path: (out, lse), fresh contiguous tensors (lse None when
     not needed)."""
-    plan = plan_eager(q, k, v, softmax_scale, causal, window_size, softcap, backend)
+    plan = plan_eager(q, k, v, softmax_scale, causal, window_size, softcap, backend, sm_margin)
     return _run_new_outputs(plan, q, k, v, need_lse)
 
 
 def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, window_left: int,
-       window_right: int, softcap: float, backend: str,
-       deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+       window_right: int, softcap: float, backend: str, deterministic: bool = False,
+       sm_margin: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """The custom op's implementation (window resolved, scale explicit): (out, lse).
 
     ``deterministic`` does not change the forward (it always is); it is an input of the op so
-    that the op's registered backward, which sees only the op's inputs, can pass it on."""
+    that the op's registered backward, which sees only the op's inputs, can pass it on.
+    ``sm_margin``: FA3's (SMs the kernel leaves free), the backward's too."""
     key = _op_key(q, k, v, softmax_scale, window_left, window_right, softcap, backend)
+    if sm_margin:
+        key = (key, sm_margin)
     plan = _plans.get(key)
     if plan is None:
         cfg = _validate.check_op_args(
             q, k, v, softmax_scale, window_left, window_right, softcap, backend
         )
-        plan = make_plan(cfg, q, k, v)
+        plan = make_plan(cfg, q, k, v, num_sms=_device.grid_cap(q.device, sm_margin))
         _plans.remember(key, plan)
     return _run_new_outputs(plan, q, k, v)
 

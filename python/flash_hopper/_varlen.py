@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from . import _bwd, _decode, _fwd, _plan_cache, _validate
+from . import _bwd, _decode, _device, _fwd, _plan_cache, _validate
 from ._errors import UnsupportedError
 from ._lib import FhFwdParams
 from ._tables import FP8_DTYPES, KV_FP8_DTYPES
@@ -270,11 +270,14 @@ def check_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
 
 def plan(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
          softmax_scale, causal, window_size, softcap, backend, out=None,
-         descales=(None, None, None), batch_k: int = 0) -> VarlenPlan:
+         descales=(None, None, None), batch_k: int = 0, sm_margin: int = 0) -> VarlenPlan:
     """descales: FP8 calls' (q_descale, k_descale, v_descale); 16-bit calls pass none. batch_k:
-    cu_seqlens_k's entries when they are a KV cache's (kvcache.py), else 0."""
+    cu_seqlens_k's entries when they are a KV cache's (kvcache.py), else 0. sm_margin: FA3's
+    (SMs the kernel leaves free), validated by the caller."""
     key = _key(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
                max_seqlen_k, out, softmax_scale, causal, window_size, softcap, backend, descales)
+    if key is not None and sm_margin:
+        key = (key, sm_margin)
     cached = _plans.get(key)
     if cached is not None:
         return cached
@@ -284,7 +287,7 @@ def plan(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sequse
     cfg = vc.cfg
     q4, k4, v4 = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
     dense = _fwd.make_plan(cfg, q4, k4, v4, out=None if out is None else out.unsqueeze(0),
-                           fp8=vc.fp8)
+                           fp8=vc.fp8, num_sms=_device.grid_cap(q.device, sm_margin))
     out_shape = (cfg.seqlen_q, cfg.heads_q, cfg.head_dim)
     lse_shape = (cfg.heads_q, cfg.seqlen_q)
     template = None
@@ -312,15 +315,15 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: tor
             out: torch.Tensor | None = None, need_lse: bool = True,
             descales: tuple = (None, None, None), kv_batch_idx: torch.Tensor | None = None,
             leftpad_k: torch.Tensor | None = None, batch_k: int = 0, checked: bool = False,
-            ) -> tuple[torch.Tensor, torch.Tensor | None, VarlenPlan]:
+            sm_margin: int = 0) -> tuple[torch.Tensor, torch.Tensor | None, VarlenPlan]:
     """(out, lse, plan): out (total_q, heads_q, head_dim) written in place when given, lse fp32
     (heads_q, total_q) or None. Rows outside every used span are not written. FP8 (e4m3) q / k /
     v: descales = (q_descale, k_descale, v_descale), out in bf16. KV-cache calls (kvcache.py):
     kv_batch_idx / leftpad_k int32 (batch,) and batch_k (api.h), and ``checked``: the caller
-    built or validated the offsets itself (no read-back here)."""
+    built or validated the offsets itself (no read-back here). sm_margin: FA3's."""
     vp = plan(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
               seqused_k, softmax_scale, causal, window_size, softcap, backend, out, descales,
-              batch_k if kv_batch_idx is not None else 0)
+              batch_k if kv_batch_idx is not None else 0, sm_margin)
     if vp.template is not None and not checked and offsets_checked():
         check_offsets(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, q.shape[0], k.shape[0])
     device = vp.dense.device
@@ -362,10 +365,12 @@ def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
              cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
              seqused_q: torch.Tensor | None, seqused_k: torch.Tensor | None,
              softmax_scale: float, window_left: int, window_right: int, softcap: float,
-             backend: str, deterministic: bool,
+             backend: str, deterministic: bool, sm_margin: int = 0,
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of a varlen forward: per sequence through the dense backward kernels, into
-    views of zero-initialized gradients (rows outside every used span get 0)."""
+    views of zero-initialized gradients (rows outside every used span get 0). sm_margin: FA3's,
+    SMs the kernels leave free."""
+    num_sms = _device.grid_cap(q.device, sm_margin)
     dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     if dout.stride(-1) != 1 or any(s % 8 for s in dout.stride()[:-1]):
         dout = dout.contiguous()
@@ -383,7 +388,7 @@ def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                   v[keys].unsqueeze(0), out[rows].unsqueeze(0), seq_lse,
                   dq[rows].unsqueeze(0), dk[keys].unsqueeze(0), dv[keys].unsqueeze(0),
                   softmax_scale, window_left, window_right, softcap, backend,
-                  deterministic, seq_dlse)
+                  deterministic, seq_dlse, num_sms)
     return dq, dk, dv
 
 

@@ -52,7 +52,7 @@ from typing import Any, NamedTuple, Protocol
 import torch
 import torch.distributed as dist
 
-from . import _validate, reference
+from . import _device, _validate, reference
 
 LAYOUTS = ("zigzag", "contiguous")
 NEG_INF = float("-inf")
@@ -91,10 +91,10 @@ def _check_sm_margin(sm_margin: Any) -> None:
 
 class KernelBlocks:
     """The block pair on flash-hopper's kernels (CUDA, fp16 / bf16): flash_attn_func with its
-    LSE forward, the backward kernels (ops.bwd_into) with the merged out and LSE. ``backend``
-    and ``deterministic`` as in flash_attn_func. ``sm_margin`` (FA3's name): SMs the persistent
-    kernels leave free, so that the ring's NCCL kernels find room beside them (a kernel that
-    fills every SM keeps them waiting until it ends); 0 uses every SM."""
+    LSE forward, the backward kernels (ops.bwd_into) with the merged out and LSE. ``backend``,
+    ``deterministic`` and ``sm_margin`` as in flash_attn_func (sm_margin: SMs the persistent
+    kernels leave free, so that the ring's NCCL kernels find room beside them: a kernel that
+    fills every SM keeps them waiting until it ends; 0 uses every SM)."""
 
     def __init__(self, backend: str = "auto", deterministic: bool = False, sm_margin: int = 0):
         _check_sm_margin(sm_margin)
@@ -102,29 +102,12 @@ class KernelBlocks:
         self.deterministic = deterministic
         self.sm_margin = sm_margin
 
-    def _num_sms(self, t: torch.Tensor) -> int:
-        """The grid cap for the kernels: 0 (every SM) without a margin."""
-        if not self.sm_margin:
-            return 0
-        sms = torch.cuda.get_device_properties(t.device).multi_processor_count
-        if self.sm_margin >= sms:
-            raise ValueError(f"sm_margin: expected fewer than the device's {sms} SMs, got "
-                             f"{self.sm_margin}")
-        return sms - self.sm_margin
-
     def fwd(self, q, k, v, window, scale, softcap):
-        from . import ops
         from .interface import flash_attn_func
 
-        if not self.sm_margin:
-            return flash_attn_func(q, k, v, softmax_scale=scale, window_size=window,
-                                   softcap=softcap, return_attn_probs=True, backend=self.backend)
-        out = torch.empty(q.shape[:-1] + v.shape[-1:], dtype=q.dtype, device=q.device)
-        lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32,
-                          device=q.device)
-        ops.fwd_into(q, k, v, out, lse, scale, window[0], window[1], softcap, self.backend,
-                     self._num_sms(q))
-        return out, lse
+        return flash_attn_func(q, k, v, softmax_scale=scale, window_size=window, softcap=softcap,
+                               return_attn_probs=True, backend=self.backend,
+                               sm_margin=self.sm_margin)
 
     def bwd(self, dout, q, k, v, out, lse, window, scale, softcap):
         from . import ops
@@ -132,7 +115,7 @@ class KernelBlocks:
         dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
         ops.bwd_into(dout, q, k, v, out, lse.contiguous(), dq, dk, dv, scale, window[0],
                      window[1], softcap, self.backend, self.deterministic,
-                     num_sms=self._num_sms(q))
+                     num_sms=_device.grid_cap(q.device, self.sm_margin))
         return dq, dk, dv
 
 

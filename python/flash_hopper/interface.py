@@ -78,8 +78,12 @@ def flash_attn_func(
     The parameters are FA3's flash_attn_func's, in its order and with its defaults (FA3's tests
     and inference servers call it positionally too). Not implemented yet, and refused naming the
     argument: qv (MLA's extra query), attention_chunk > 0.
+    sm_margin: SMs the persistent kernels leave free, forward and backward (FA3's: room for
+    communication kernels running beside attention; a kernel on every SM keeps another stream's
+    kernel waiting until it ends); 0 uses every SM; at least the device's SM count raises.
     Performance hints that do not change the result are accepted and, for now, not used:
-    num_splits (this package does not split the keys), pack_gqa, sm_margin.
+    num_splits (this package does not split the keys), pack_gqa; sm_margin by the FP8 forward
+    and the short-query decode kernel (not persistent: its CTAs end within microseconds).
     backend (keyword only, this package's): see above.
 
     FP8 (FA3 / vLLM conventions): q, k, v in torch.float8_e4m3fn (every head-dim bucket, a multiple
@@ -124,15 +128,16 @@ def flash_attn_func(
         if not (torch.is_grad_enabled()
                 and (q.requires_grad or k.requires_grad or v.requires_grad)):
             out, lse = _fwd.eager(q, k, v, softmax_scale, causal, window_size, softcap, backend,
-                                  need_lse=return_attn_probs)
+                                  need_lse=return_attn_probs, sm_margin=sm_margin)
         else:
             out, lse = _autograd.FlashAttnFunction.apply(
-                q, k, v, softmax_scale, causal, window_size, softcap, backend, deterministic)
+                q, k, v, softmax_scale, causal, window_size, softcap, backend, deterministic,
+                sm_margin)
     else:
         cfg = _validate.check_fwd_args(q, k, v, softmax_scale, causal, window_size, softcap,
                                        backend)
         out, lse = ops.fwd(q, k, v, cfg.softmax_scale, cfg.window_left, cfg.window_right,
-                           cfg.softcap, cfg.backend, deterministic)
+                           cfg.softcap, cfg.backend, deterministic, sm_margin)
     return (out, lse) if return_attn_probs else out
 
 
@@ -190,9 +195,9 @@ def flash_attn_varlen_func(
     on the host). FP8: torch.float8_e4m3fn q, k, v (FA-3 path, eager, no backward) with
     q_descale / k_descale / v_descale fp32 (batch, heads_kv) as in flash_attn_func (batch = the
     sequences), out in bf16. Not implemented yet, refused naming the argument: 16-bit q against
-    FP8 k / v (the mixed mode) in varlen, qv, attention_chunk > 0. Performance hints accepted and
-    not used: num_splits, pack_gqa, sm_margin. Descales passed with fp16 / bf16 inputs are
-    ignored, as in FA3.
+    FP8 k / v (the mixed mode) in varlen, qv, attention_chunk > 0. sm_margin as in
+    flash_attn_func (forward and the per-sequence backward). Performance hints accepted and not
+    used: num_splits, pack_gqa. Descales passed with fp16 / bf16 inputs are ignored, as in FA3.
     """
     if (qv is not None or attention_chunk != 0 or num_splits != 1 or pack_gqa is not None
             or sm_margin != 0):
@@ -217,14 +222,16 @@ def flash_attn_varlen_func(
                     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
                     seqused_k, softmax_scale, causal, window_size, softcap, backend, out=out,
                     need_lse=return_attn_probs,
-                    descales=(q_descale, k_descale, v_descale) if fp8 else (None, None, None))
+                    descales=(q_descale, k_descale, v_descale) if fp8 else (None, None, None),
+                    sm_margin=sm_margin)
                 return result, lse
             # FP8 inputs that require grad: the forward runs, a backward raises (FA3's way)
             result, lse = _autograd.ForwardOnly.apply(run, q, k, v) if grad else run()
         else:
             result, lse = _autograd.FlashAttnVarlenFunction.apply(
                 q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
-                seqused_k, softmax_scale, causal, window_size, softcap, backend, deterministic)
+                seqused_k, softmax_scale, causal, window_size, softcap, backend, deterministic,
+                sm_margin)
     else:
         if out is not None:
             raise UnsupportedError("out: expected None under torch.compile / tracing (the "
@@ -236,7 +243,7 @@ def flash_attn_varlen_func(
         result, lse = ops.fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
                                      max_seqlen_q, max_seqlen_k, cfg.softmax_scale,
                                      cfg.window_left, cfg.window_right, cfg.softcap, cfg.backend,
-                                     deterministic)
+                                     deterministic, sm_margin)
     return (result, lse) if return_attn_probs else result
 
 

@@ -110,14 +110,15 @@ def make_params(
 # and they do not depend on how a given torch version evaluates postponed (string) annotations.
 # ``deterministic`` changes only the backward; the forward op carries it so that its registered
 # autograd, which sees only the op's inputs, can pass it on.
+# ``sm_margin`` (FA3's: SMs the persistent kernels leave free) likewise reaches the backward.
 FWD_SCHEMA = (
     "(Tensor q, Tensor k, Tensor v, float softmax_scale, int window_left, int window_right, "
-    "float softcap, str backend, bool deterministic) -> (Tensor, Tensor)"
+    "float softcap, str backend, bool deterministic, int sm_margin=0) -> (Tensor, Tensor)"
 )
 BWD_SCHEMA = (
     "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? dlse, "
     "float softmax_scale, int window_left, int window_right, float softcap, str backend, "
-    "bool deterministic) -> (Tensor, Tensor, Tensor)"
+    "bool deterministic, int sm_margin=0) -> (Tensor, Tensor, Tensor)"
 )
 
 # The FP8 forward (inference: no autograd registered; flash_attn_func refuses FP8 inputs that
@@ -146,7 +147,8 @@ def _fwd_fp8_fake(q, k, v, q_descale, k_descale, v_descale, softmax_scale, windo
 
 
 @fwd.register_fake
-def _fwd_fake(q, k, v, softmax_scale, window_left, window_right, softcap, backend, deterministic):
+def _fwd_fake(q, k, v, softmax_scale, window_left, window_right, softcap, backend, deterministic,
+              sm_margin=0):
     batch, seqlen_q, heads_q, _ = q.shape
     out = q.new_empty((batch, seqlen_q, heads_q, v.shape[-1]))
     lse = q.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)
@@ -155,16 +157,18 @@ def _fwd_fake(q, k, v, softmax_scale, window_left, window_right, softcap, backen
 
 @bwd.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right, softcap,
-              backend, deterministic):
+              backend, deterministic, sm_margin=0):
     # Fresh contiguous gradients shaped like their inputs, whatever the inputs' layouts.
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape))
 
 
 def _fwd_setup_context(ctx, inputs, output):
-    q, k, v, softmax_scale, window_left, window_right, softcap, backend, deterministic = inputs
+    (q, k, v, softmax_scale, window_left, window_right, softcap, backend, deterministic,
+     sm_margin) = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
-    ctx.bwd_args = (softmax_scale, window_left, window_right, softcap, backend, deterministic)
+    ctx.bwd_args = (softmax_scale, window_left, window_right, softcap, backend, deterministic,
+                    sm_margin)
     # A gradient of None (not zeros) for an output the loss does not use: the lse usually.
     ctx.set_materialize_grads(False)
 
@@ -173,7 +177,7 @@ def _fwd_backward(ctx, dout, dlse):
     q, k, v, out, lse = ctx.saved_tensors
     dout, dlse = loadable_grads(out, dout, dlse)
     dq, dk, dv = bwd(dout, q, k, v, out, lse, dlse, *ctx.bwd_args)
-    return dq, dk, dv, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None
 
 
 def loadable_grads(out: torch.Tensor, dout: torch.Tensor | None,
@@ -210,22 +214,23 @@ FWD_VARLEN_SCHEMA = (
     "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
     "Tensor? seqused_q, Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, "
     "float softmax_scale, int window_left, int window_right, float softcap, str backend, "
-    "bool deterministic) -> (Tensor, Tensor)"
+    "bool deterministic, int sm_margin=0) -> (Tensor, Tensor)"
 )
 BWD_VARLEN_SCHEMA = (
     "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? dlse, "
     "Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_q, Tensor? seqused_k, "
     "float softmax_scale, int window_left, int window_right, float softcap, str backend, "
-    "bool deterministic) -> (Tensor, Tensor, Tensor)"
+    "bool deterministic, int sm_margin=0) -> (Tensor, Tensor, Tensor)"
 )
 
 
 def _fwd_varlen_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
                      max_seqlen_k, softmax_scale, window_left, window_right, softcap, backend,
-                     deterministic):
+                     deterministic, sm_margin=0):
     out, lse, _ = _varlen.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                   max_seqlen_k, seqused_q, seqused_k, softmax_scale, False,
-                                  (window_left, window_right), softcap, backend)
+                                  (window_left, window_right), softcap, backend,
+                                  sm_margin=sm_margin)
     return out, lse
 
 
@@ -238,7 +243,7 @@ bwd_varlen = torch.library.custom_op("flash_hopper::bwd_varlen", mutates_args=()
 @fwd_varlen.register_fake
 def _fwd_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
                      max_seqlen_k, softmax_scale, window_left, window_right, softcap, backend,
-                     deterministic):
+                     deterministic, sm_margin=0):
     total_q, heads_q, _ = q.shape
     out = q.new_empty((total_q, heads_q, v.shape[-1]))
     lse = q.new_empty((heads_q, total_q), dtype=torch.float32)
@@ -248,16 +253,17 @@ def _fwd_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, 
 @bwd_varlen.register_fake
 def _bwd_varlen_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_q,
                      seqused_k, softmax_scale, window_left, window_right, softcap, backend,
-                     deterministic):
+                     deterministic, sm_margin=0):
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape))
 
 
 def _fwd_varlen_setup_context(ctx, inputs, output):
     (q, k, v, cu_q, cu_k, used_q, used_k, _, _, softmax_scale, window_left, window_right,
-     softcap, backend, deterministic) = inputs
+     softcap, backend, deterministic, sm_margin) = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, used_q, used_k)
-    ctx.bwd_args = (softmax_scale, window_left, window_right, softcap, backend, deterministic)
+    ctx.bwd_args = (softmax_scale, window_left, window_right, softcap, backend, deterministic,
+                    sm_margin)
     ctx.set_materialize_grads(False)
 
 
@@ -266,7 +272,7 @@ def _fwd_varlen_backward(ctx, dout, dlse):
     dout, dlse = loadable_grads(out, dout, dlse)
     dq, dk, dv = bwd_varlen(dout, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k,
                             *ctx.bwd_args)
-    return (dq, dk, dv) + (None,) * 12
+    return (dq, dk, dv) + (None,) * 13
 
 
 fwd_varlen.register_autograd(_fwd_varlen_backward, setup_context=_fwd_varlen_setup_context)
