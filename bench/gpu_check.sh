@@ -13,36 +13,18 @@
 # those it runs the backward on (default: fa2 fa3; each path on the buckets it has a backward for).
 #
 # Every step runs even after one failed (one run shows every problem), and any failure fails the
-# script: each step's exit status is taken from the command itself, never from a pipe's last stage.
+# script (bench/steps.sh).
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")/.." && pwd)"
 out="${1:-${OUT:-$here/bench/results/gpu_check}}"
-mkdir -p "$out"
-export PYTHONPATH="$here/python${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1
+# shellcheck source=steps.sh
+source "$here/bench/steps.sh"
 # Without it a missing or unloadable library turns every kernel test into a skip and the suite
 # "passes" (tests/conftest.py).
 export FLASH_HOPPER_REQUIRE_LIB=1
 skip=" ${FH_CHECK_SKIP:-} "
 py="${PYTHON:-python3}"
-failed=()
-
-# run_step NAME LOG COMMAND...: COMMAND's output goes to $out/LOG (its tail to the console); a
-# non-zero exit records NAME as failed. `|| rc=$?` keeps set -e from ending the script there.
-run_step() {
-  local name="$1" log="$out/$2"
-  shift 2
-  echo
-  echo "=== $name ($(date +%T))"
-  local rc=0
-  "$@" >"$log" 2>&1 || rc=$?
-  tail -n 30 "$log"
-  if [ "$rc" -ne 0 ]; then
-    echo "=== $name: FAILED (exit $rc, log $log)"
-    failed+=("$name")
-  fi
-}
 
 skipped() {
   if [[ "$skip" == *" $1 "* ]]; then
@@ -92,11 +74,4 @@ if ! skipped bench; then
     --head-dim 64 128 --json "$out/bench.json"
 fi
 
-echo
-if [ "${#failed[@]}" -eq 0 ]; then
-  echo "gpu_check: PASS (logs in $out)"
-  exit 0
-fi
-echo "gpu_check: FAIL: ${#failed[@]} step(s) failed (logs in $out):"
-printf '  %s\n' "${failed[@]}"
-exit 1
+finish_steps gpu_check

@@ -97,3 +97,27 @@ def test_ring_emulation_runs_on_the_cpu(tmp_path):
         assert all(x["ring_s"] > 0 and x["blocks_s"] > 0 for x in r["ranks"])
         slowest = max(x["ring_s"] for x in r["ranks"])
         assert abs(r["predicted_speedup"] - r["single_s"] / (slowest + r["t_home_s"])) < 1e-9
+
+
+def test_ring_two_gpus_script_runs_its_cpu_mode(tmp_path):
+    """bench/ring_two_gpus.sh (the next two-GPU session's one call) with FH_RING_DEVICE=cpu: the
+    example and the scaling script under torchrun over gloo, every step passing, the rows
+    written; in its GPU mode on fewer than 2 GPUs it exits 2 saying so."""
+    import json
+
+    import torch
+
+    env = {**os.environ, "FH_RING_DEVICE": "cpu", "PYTHON": sys.executable}
+    result = subprocess.run(["bash", str(ROOT / "bench" / "ring_two_gpus.sh"), str(tmp_path)],
+                            capture_output=True, text=True, timeout=400, env=env, check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "ring_two_gpus: PASS" in result.stdout
+    assert "causal=True, cpu): done" in (tmp_path / "example.log").read_text()
+    rows = json.loads((tmp_path / "ring_scaling.json").read_text())["rows"]
+    assert [(r["causal"], r["layout"]) for r in rows] == [(True, "zigzag"), (False, "contiguous")]
+    if torch.cuda.device_count() < 2:
+        env["FH_RING_DEVICE"] = "cuda"
+        result = subprocess.run(["bash", str(ROOT / "bench" / "ring_two_gpus.sh"),
+                                 str(tmp_path / "gpu")], capture_output=True, text=True,
+                                timeout=120, env=env, check=False)
+        assert result.returncode == 2 and "needs 2 GPUs" in result.stdout
