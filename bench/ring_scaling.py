@@ -74,16 +74,26 @@ def kernel_overlap(kernels) -> dict:
 
 
 def _timeline(fn) -> dict:
-    """kernel_overlap of one call of ``fn`` (torch.profiler, CUDA kernels)."""
-    from torch.autograd import DeviceType
+    """kernel_overlap of one call of ``fn`` (torch.profiler's trace of the CUDA kernels), and
+    the most CTAs an NCCL kernel launched (the SMs it needs beside ours)."""
+    import os
+    import tempfile
+
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    kernels = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
-               if e.device_type == DeviceType.CUDA]
-    return kernel_overlap(kernels)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = [e for e in json.load(f)["traceEvents"] if e.get("cat") == "kernel"]
+    kernels = [(e["name"], e["ts"], e["ts"] + e["dur"]) for e in events]
+    row = kernel_overlap(kernels)
+    row["nccl_ctas"] = max((e["args"]["grid"][0] * e["args"]["grid"][1] * e["args"]["grid"][2]
+                            for e in events if "nccl" in e["name"].lower()), default=0)
+    return row
 
 
 def single_fwd_bwd(full, causal):

@@ -2,7 +2,8 @@
 # Issue 16 on a two-GPU machine in one call: the distributed GPU tests (the NCCL ones run with 2
 # GPUs), the README's ring example under torchrun, and the scaling measurement with its
 # per-rank timelines (bench/ring_scaling.py: one sequence of 128k and 256k tokens, d128, 16 / 4
-# heads, causal zigzag and non-causal, sm_margin 0 / 2 / 4).
+# heads, causal zigzag and non-causal, sm_margin 0 / 2 / 4 / 8: NCCL needs as many free SMs as its
+# kernel has CTAs to run beside ours).
 #
 #   bash bench/ring_two_gpus.sh [OUT_DIR]
 #
@@ -37,7 +38,7 @@ if [ "$device" = "cuda" ]; then
     "$here/tests/test_distributed_gpu.py"
   run_step "README example" example.log "${torchrun[@]}" "$here/examples/ring_attention.py"
   read -r -a seqlens <<<"${FH_RING_SEQLENS:-131072 262144}"
-  read -r -a margins <<<"${FH_RING_MARGINS:-0 2 4}"
+  read -r -a margins <<<"${FH_RING_MARGINS:-0 2 4 8}"
   run_step "scaling" scaling.log "${torchrun[@]}" "$here/bench/ring_scaling.py" \
     --seqlens "${seqlens[@]}" --sm-margins "${margins[@]}" --out "$out/ring_scaling.json"
 else

@@ -299,3 +299,27 @@ def test_ring_varlen_on_two_gpus(lib):
     attention, zigzag, causal."""
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(_varlen_worker, args=(2, os.path.join(tmp, "init")), nprocs=2, join=True)
+
+
+def test_scaling_timeline_reads_the_kernels(lib):
+    """bench/ring_scaling.py's timeline (what the two-GPU run reports as overlap evidence) on one
+    GPU: a forward + backward's kernels counted as compute, no NCCL kernel, no gap between them
+    longer than the call itself."""
+    import importlib.util
+    from pathlib import Path
+
+    skip_without_kernel(lib, 128, backward=True)
+    path = Path(__file__).resolve().parents[1] / "bench" / "ring_scaling.py"
+    spec = importlib.util.spec_from_file_location("ring_scaling", path)
+    scaling = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scaling)
+    q, k, v = (torch.randn(1, 4096, 8, 128, device="cuda", dtype=BF16, requires_grad=True)
+               for _ in range(3))
+
+    def call():
+        flash_attn_func(q, k, v, causal=True).sum().backward()
+
+    call()
+    row = scaling._timeline(call)
+    assert row["nccl_kernels"] == 0 and row["nccl_ctas"] == 0 and row["nccl_ms"] == 0
+    assert 0 < row["compute_ms"] and 0 <= row["compute_gaps_ms"] < 10 * row["compute_ms"]
