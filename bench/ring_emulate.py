@@ -44,11 +44,6 @@ def loopback():
         cp._start_exchange = real
 
 
-def _ring(rank, world, layout, causal, scale, blocks, t):
-    return cp._Ring(None, rank, world, layout, (-1, 0) if causal else (-1, -1), scale, 0.0,
-                    blocks, ((0, t),))
-
-
 def rank_share(ring, q, k, v, dout):
     """Rank ``ring.rank``'s ring forward + backward (call under ``loopback``)."""
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
@@ -101,7 +96,8 @@ def probe(q, k, v, window, scale, margin: int, side_bytes: int) -> dict:
 
 def _rank_row(args, mine, rank, layout, causal, scale, blocks, measure) -> dict:
     cuda = mine[0].is_cuda
-    ring = _ring(rank, args.world, layout, causal, scale, blocks, mine[0].shape[1])
+    ring = ring_scaling.local_ring(rank, args.world, layout, causal, scale, blocks,
+                                   mine[0].shape[1])
     with loopback():
         share = measure(lambda: rank_share(ring, *mine))
         prof = kernel_profile(lambda: rank_share(ring, *mine)) if cuda and args.profile else None

@@ -131,10 +131,16 @@ def blocks_alone(ring, q, k, v, dout):
                         ring.scale, 0.0)
 
 
+def local_ring(rank, world, layout, causal, scale, blocks, tokens):
+    """The ring's description for rank ``rank`` of one dense sequence of ``tokens`` local tokens
+    (no process group: the benches drive its steps themselves)."""
+    return cp._Ring(None, rank, world, layout, (-1, 0) if causal else (-1, -1), scale, 0.0,
+                    blocks, ((0, tokens),))
+
+
 def _compute_only(q, k, v, dout, causal, layout, blocks):
-    ring = cp._Ring(None, dist.get_rank(), dist.get_world_size(), layout,
-                    (-1, 0) if causal else (-1, -1), q.shape[-1] ** -0.5, 0.0, blocks,
-                    ((0, q.shape[1]),))
+    ring = local_ring(dist.get_rank(), dist.get_world_size(), layout, causal,
+                      q.shape[-1] ** -0.5, blocks, q.shape[1])
     blocks_alone(ring, q, k, v, dout)
 
 
