@@ -8,7 +8,8 @@
 # Logs and results go to OUT_DIR, else to $OUT when it is set (the device runner brings that folder
 # back), else to bench/results/gpu_check. Uses the installed flash_hopper, or the source tree's
 # python/ with FLASH_HOPPER_LIB pointing at a built libflash_hopper.so (a file or its folder).
-# PYTHON picks the interpreter; FH_CHECK_SKIP may list steps to skip (tests, sanitizer, bench);
+# PYTHON picks the interpreter; FH_CHECK_SKIP may list steps to skip (tests, sanitizer, fuzz,
+# bench); FH_FUZZ_SECONDS / FH_FUZZ_SEED the fuzz run's length and seed;
 # FH_SANITIZER_BACKENDS the paths the sanitizer runs (default: fa2 fa3), FH_SANITIZER_BWD_BACKENDS
 # those it runs the backward on (default: fa2 fa3; each path on the buckets it has a backward for).
 #
@@ -66,6 +67,17 @@ if ! skipped sanitizer; then
         "$py" "$here/bench/sanitizer_case.py" --backend "$backend" --num-sms 3 --direction bwd
     done
   done
+fi
+
+if ! skipped fuzz; then
+  # Random valid calls of the public API judged by FA3's rule against the float reference, and
+  # every invalid call (tests/fuzz_api.py); then short random calls under memcheck (the odd
+  # shapes' tails, the varlen offsets, the KV-cache appends).
+  run_step "API fuzz" fuzz.log "$py" "$here/tests/fuzz_api.py" --seconds "${FH_FUZZ_SECONDS:-120}" \
+    --seed "${FH_FUZZ_SEED:-0}" --out "$out/fuzz.json"
+  run_step "API fuzz under memcheck" fuzz_memcheck.log compute-sanitizer --tool memcheck \
+    --report-api-errors no --error-exitcode 9 "$py" "$here/tests/fuzz_api.py" --small \
+    --seconds 60 --seed "${FH_FUZZ_SEED:-0}" --out "$out/fuzz_memcheck.json"
 fi
 
 if ! skipped bench; then

@@ -184,9 +184,12 @@ def test_pre_merge_script_runs_every_step_with_the_library_required(tmp_path):
         for tool in ("memcheck", "racecheck", "synccheck"):
             assert any(f"--tool {tool}" in c and f"--backend {backend}" in c
                        and "--direction bwd" in c for c in sanitizer)
+    # The API fuzz, alone and under memcheck.
+    assert any("tests/fuzz_api.py --seconds 120" in c for c in python_calls)
+    assert any("--tool memcheck" in c and "tests/fuzz_api.py --small" in c for c in sanitizer)
     logs = {p.name for p in (tmp_path / "out").iterdir()}
     assert {"pytest.log", "bench.log", "build_info.json", "sanitizer_synccheck_fa3.log",
-            "sanitizer_racecheck_bwd_fa2.log"} <= logs
+            "sanitizer_racecheck_bwd_fa2.log", "fuzz.log", "fuzz_memcheck.log"} <= logs
 
 
 @needs_bash
@@ -199,6 +202,7 @@ def test_pre_merge_script_runs_every_step_with_the_library_required(tmp_path):
                          for t in ("memcheck", "racecheck", "synccheck")]),
     ("--backend fa3", [f"compute-sanitizer {t}{d} (fa3)" for d in ("", " bwd")
                        for t in ("memcheck", "racecheck", "synccheck")]),
+    ("fuzz_api.py", ["API fuzz", "API fuzz under memcheck"]),
     ("build_info", ["build info"]),
     ("nvidia-smi", ["nvidia-smi"]),
     ("--head-dim 64 128", ["quick benchmark"]),

@@ -18,7 +18,12 @@ from ._errors import (
     UnsupportedError,
 )
 from .dispatch import supports
-from .interface import flash_attn_func, flash_attn_varlen_func, which_backend
+from .interface import (
+    flash_attn_func,
+    flash_attn_qkvpacked_func,
+    flash_attn_varlen_func,
+    which_backend,
+)
 from .kvcache import flash_attn_with_kvcache, get_scheduler_metadata
 
 __version__ = _lib.installed_version() or "0+unknown"  # unknown: a source tree never installed
@@ -51,6 +56,7 @@ __all__ = [
     "build_info",
     "flash_attn_combine",
     "flash_attn_func",
+    "flash_attn_qkvpacked_func",
     "flash_attn_varlen_func",
     "flash_attn_with_kvcache",
     "fp8",

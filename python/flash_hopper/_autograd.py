@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from . import _bwd, _fwd, _varlen, ops
+from . import _bwd, _device, _fwd, _varlen, ops
 from ._errors import UnsupportedError
 
 FORWARD_ONLY = ("q/k/v: the FP8 forward has no backward (its inputs required grad: the forward "
@@ -77,6 +77,38 @@ class FlashAttnFunction(torch.autograd.Function):
         dout, dlse = ops.loadable_grads(out, dout, dlse)
         dq, dk, dv = _bwd.op(dout, q, k, v, out, lse, dlse, *ctx.bwd_args)
         return dq, dk, dv, None, None, None, None, None, None, None
+
+
+class QkvPackedFunction(torch.autograd.Function):
+    """flash_attn_qkvpacked_func in plain eager training: the forward on qkv's views q, k, v
+    (``parts(qkv)``), the backward straight into the same views of one fresh dqkv (FA3's way: no
+    concatenation of dq, dk and dv afterwards; bwd_into takes strided gradients)."""
+
+    @staticmethod
+    def forward(ctx: Any, qkv: torch.Tensor, parts: Any, softmax_scale: Any, causal: Any,
+                window_size: Any, softcap: Any, backend: Any, deterministic: bool,
+                sm_margin: int) -> tuple[torch.Tensor, torch.Tensor]:
+        q, k, v = parts(qkv)
+        plan = _fwd.plan_eager(q, k, v, softmax_scale, causal, window_size, softcap, backend,
+                               sm_margin)
+        out, lse = _fwd._run_new_outputs(plan, q, k, v)
+        ctx.save_for_backward(qkv, out, lse)
+        cfg = plan.cfg
+        ctx.parts = parts
+        ctx.bwd_args = (cfg.softmax_scale, cfg.window_left, cfg.window_right, cfg.softcap,
+                        cfg.backend, deterministic)
+        ctx.num_sms = _device.grid_cap(q.device, sm_margin)
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx: Any, dout: torch.Tensor | None, dlse: torch.Tensor | None):
+        qkv, out, lse = ctx.saved_tensors
+        dout, dlse = ops.loadable_grads(out, dout, dlse)
+        dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
+        _bwd.into(dout, *ctx.parts(qkv), out, lse, *ctx.parts(dqkv), *ctx.bwd_args, dlse,
+                  ctx.num_sms, cache=True)
+        return (dqkv,) + (None,) * 8
 
 
 class FlashAttnVarlenFunction(torch.autograd.Function):

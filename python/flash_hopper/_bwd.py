@@ -251,13 +251,30 @@ def op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ou
 
 def into(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, dq: Any, dk: Any, dv: Any,
          softmax_scale: Any, window_left: Any, window_right: Any, softcap: Any, backend: Any,
-         deterministic: Any, dlse: Any, num_sms: int = 0) -> str:
-    """bwd_into: validate everything (caller buffers too), plan, launch; the backend that ran."""
-    cfg = _validate.check_bwd_args(dout, q, k, v, out, lse, dlse, softmax_scale, window_left,
-                                   window_right, softcap, backend, deterministic)
-    _validate.check_grads(dq, dk, dv, q, k, v)
+         deterministic: Any, dlse: Any, num_sms: int = 0, cache: bool = False) -> str:
+    """bwd_into: validate everything (caller buffers too), plan, launch; the backend that ran.
+    ``cache``: keep the plan per call signature (the gradient buffers' metadata and num_sms
+    included), as ``op`` does: flash_attn_qkvpacked_func's backward, called every step."""
+    key = None
+    if cache:
+        key = _op_key(dout, q, k, v, out, lse, dlse, softmax_scale, window_left, window_right,
+                      softcap, backend, deterministic)
+        try:
+            key = None if key is None else ("into", key, *_meta(dq), *_meta(dk), *_meta(dv),
+                                            num_sms)
+        except AttributeError:  # a gradient buffer that is not a tensor: validation says so
+            key = None
+    plan = _plans.get(key)
+    if plan is None:
+        cfg = _validate.check_bwd_args(dout, q, k, v, out, lse, dlse, softmax_scale,
+                                       window_left, window_right, softcap, backend,
+                                       deterministic)
+        _validate.check_grads(dq, dk, dv, q, k, v)
+        plan = make_plan(cfg, dout, q, k, v, out, lse, dlse, grads=(dq, dk, dv),
+                         num_sms=num_sms)
+        if key is not None:
+            _plans.remember(key, plan)
     _validate.check_alignment(q=q, k=k, v=v, out=out, lse=lse, dlse=dlse, dq=dq, dk=dk, dv=dv)
-    plan = make_plan(cfg, dout, q, k, v, out, lse, dlse, grads=(dq, dk, dv), num_sms=num_sms)
     if plan.template is not None:
         dout, restride = _loadable_dout(plan, dout)
         _launch(plan, dout, restride, q, k, v, out, lse, dlse, dq, dk, dv, _workspace(plan))

@@ -1,5 +1,5 @@
-"""Public API, FlashAttention-3 compatible: flash_attn_func, flash_attn_varlen_func and
-which_backend.
+"""Public API, FlashAttention-3 compatible: flash_attn_func, flash_attn_varlen_func,
+flash_attn_qkvpacked_func and which_backend.
 
 Three ways down, one host path per direction (_fwd.py, _bwd.py):
 - plain eager inference (real tensors, no tracer, no input that needs a gradient): straight to
@@ -16,6 +16,7 @@ Three ways down, one host path per direction (_fwd.py, _bwd.py):
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -118,10 +119,7 @@ def flash_attn_func(
             return _fp8_forward(q, k, v, softmax_scale, causal, window_size, softcap, backend,
                                 q_descale, k_descale, v_descale, out_dtype, fp8_accumulation,
                                 return_attn_probs)
-    if return_attn_probs is not True and return_attn_probs is not False:
-        raise TypeError(f"return_attn_probs: expected a bool, got {return_attn_probs!r}")
-    if deterministic is not True and deterministic is not False:
-        raise TypeError(f"deterministic: expected a bool, got {deterministic!r}")
+    _check_flags(return_attn_probs, deterministic)
     # The custom ops are what torch.compile / make_fx trace; on real tensors in plain eager mode
     # they only add dispatch overhead, so take the host paths directly.
     if _plain_eager(q, k, v):
@@ -202,10 +200,7 @@ def flash_attn_varlen_func(
     if (qv is not None or attention_chunk != 0 or num_splits != 1 or pack_gqa is not None
             or sm_margin != 0):
         _validate.check_fa3_extras(qv, attention_chunk, num_splits, pack_gqa, sm_margin)
-    if return_attn_probs is not True and return_attn_probs is not False:
-        raise TypeError(f"return_attn_probs: expected a bool, got {return_attn_probs!r}")
-    if deterministic is not True and deterministic is not False:
-        raise TypeError(f"deterministic: expected a bool, got {deterministic!r}")
+    _check_flags(return_attn_probs, deterministic)
     grad = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
     if out is not None and grad:
@@ -245,6 +240,93 @@ def flash_attn_varlen_func(
                                      cfg.window_left, cfg.window_right, cfg.softcap, cfg.backend,
                                      deterministic, sm_margin)
     return (result, lse) if return_attn_probs else result
+
+
+def flash_attn_qkvpacked_func(
+    qkv: torch.Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    q_descale: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
+    window_size: Sequence[int] = (-1, -1),
+    attention_chunk: int = 0,
+    softcap: float = 0.0,
+    deterministic: bool = False,
+    num_heads_q: int | None = None,
+    sm_margin: int = 0,
+    return_attn_probs: bool = False,
+    *,
+    backend: str = "auto",
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Self-attention on q, k and v stacked in one tensor (FA3's flash_attn_qkvpacked_func: its
+    parameters, order and defaults), differentiable with respect to qkv.
+
+    qkv: (batch, seqlen, 3, heads, head_dim) (q, k, v = qkv.unbind(-3)), or, for GQA / MQA,
+    (batch, seqlen, num_heads_q + 2 * heads_kv, head_dim) with num_heads_q given (q, k, v = the
+    first num_heads_q heads, the next heads_kv, the last heads_kv: a fused QKV projection's
+    output). Every other argument as in flash_attn_func (FP8 qkv with its descales too). The
+    gradient is one tensor shaped like qkv: in plain eager training the backward writes dq, dk
+    and dv straight into its parts (no concatenation); traced (torch.compile), autograd
+    assembles it from the views.
+    """
+    q, k, v = _split_qkv(qkv, num_heads_q)
+    _check_flags(return_attn_probs, deterministic)
+    if attention_chunk != 0 or sm_margin != 0:
+        _validate.check_fa3_extras(None, attention_chunk, 1, None, sm_margin)
+    if (qkv.dtype in TORCH_DTYPES and qkv.requires_grad and torch.is_grad_enabled()
+            and _plain_eager(q, k, v)):
+        out, lse = _autograd.QkvPackedFunction.apply(
+            qkv, lambda t: _split_qkv(t, num_heads_q), softmax_scale, causal, window_size,
+            softcap, backend, deterministic, sm_margin)
+        return (out, lse) if return_attn_probs else out
+    return flash_attn_func(q, k, v, softmax_scale, causal, None, q_descale, k_descale, v_descale,
+                           window_size, attention_chunk, softcap, 1, None, deterministic,
+                           sm_margin, return_attn_probs, backend=backend)
+
+
+def _split_qkv(qkv: object, num_heads_q: object) -> tuple[torch.Tensor, torch.Tensor,
+                                                          torch.Tensor]:
+    """flash_attn_qkvpacked_func's views q, k, v of ``qkv`` (checked: a clear error naming
+    qkv / num_heads_q instead of FA3's asserts)."""
+    if not isinstance(qkv, torch.Tensor):
+        raise TypeError(f"qkv: expected a torch.Tensor, got {type(qkv).__name__}")
+    if num_heads_q is not None and (isinstance(num_heads_q, bool)
+                                    or not isinstance(num_heads_q, numbers.Integral)):
+        raise TypeError(f"num_heads_q: expected None or an int, got {num_heads_q!r}")
+    if qkv.dim() == 5:
+        if qkv.shape[2] != 3:
+            raise ValueError(f"qkv: expected shape (batch, seqlen, 3, heads, head_dim), got "
+                             f"{tuple(qkv.shape)}")
+        if num_heads_q is not None and num_heads_q != qkv.shape[3]:
+            raise ValueError(f"num_heads_q: expected None or qkv.shape[3] ({qkv.shape[3]}) for "
+                             f"a 5-D qkv, got {num_heads_q}")
+        q, k, v = qkv.unbind(dim=2)
+        return q, k, v
+    if qkv.dim() == 4:
+        heads = qkv.shape[2]
+        if num_heads_q is None:
+            raise ValueError(f"num_heads_q: expected an int for a 4-D qkv (batch, seqlen, "
+                             f"num_heads_q + 2 * heads_kv, head_dim), got None (qkv shape "
+                             f"{tuple(qkv.shape)})")
+        heads_kv2 = heads - num_heads_q
+        if num_heads_q < 1 or heads_kv2 < 2 or heads_kv2 % 2:
+            raise ValueError(f"num_heads_q: expected 1 <= num_heads_q and qkv.shape[2] - "
+                             f"num_heads_q a positive even number (2 * heads_kv), got "
+                             f"num_heads_q={num_heads_q} with qkv.shape[2]={heads}")
+        q, k, v = qkv.split([num_heads_q, heads_kv2 // 2, heads_kv2 // 2], dim=2)
+        return q, k, v
+    raise ValueError(f"qkv: expected 5 dims (batch, seqlen, 3, heads, head_dim) or 4 (batch, "
+                     f"seqlen, num_heads_q + 2 * heads_kv, head_dim), got shape "
+                     f"{tuple(qkv.shape)}")
+
+
+def _check_flags(return_attn_probs: object, deterministic: object) -> None:
+    """FA3's two bool flags, exactly bools (1 / "yes" name the argument instead)."""
+    if return_attn_probs is not True and return_attn_probs is not False:
+        raise TypeError(f"return_attn_probs: expected a bool, got {return_attn_probs!r}")
+    if deterministic is not True and deterministic is not False:
+        raise TypeError(f"deterministic: expected a bool, got {deterministic!r}")
 
 
 def _fp8_forward(q, k, v, softmax_scale, causal, window_size, softcap, backend, q_descale,
