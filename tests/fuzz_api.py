@@ -1,7 +1,8 @@
 """Random calls of the public API, valid and invalid, each judged on its own.
 
-Valid calls (a GPU and the kernel library): flash_attn_func, flash_attn_qkvpacked_func,
-flash_attn_varlen_func (forward, and backward where the build has the kernels) and
+Valid calls (a GPU and the kernel library): flash_attn_func, flash_attn_qkvpacked_func (with
+FA3's attention_chunk too), flash_attn_varlen_func (forward, and backward where the build has
+the kernels) and
 flash_attn_with_kvcache (a dense cache, appended keys, a permuted batch index), with random
 shapes (1..~1100 tokens, zero-length sequences in varlen), GQA ratios, head dims (any multiple of
 8 up to the largest built bucket), masks, softcap, scale, strided layouts. Each result is judged
@@ -290,6 +291,8 @@ def dense_case(rng: random.Random, cap: Capability, small: bool, kind: str) -> O
     dtype = rng.choice(cap.dtypes)
     d = cap.draw_head_dim(rng, dtype)
     mask = draw_mask(rng, sq, sk)
+    if rng.random() < 0.2:  # FA3's tests: a random chunk in [1, 2 seqlen_k)
+        mask["attention_chunk"] = rng.randint(1, max(2 * sk - 1, 1))
     train = cap.has_bwd(dtype, d) and rng.random() < 0.6
     deterministic = rng.random() < 0.3
     want_lse = rng.random() < 0.5
@@ -343,6 +346,8 @@ def varlen_case(rng: random.Random, cap: Capability, small: bool) -> Outcome:
     dtype = rng.choice(cap.dtypes)
     d = cap.draw_head_dim(rng, dtype)
     mask = draw_mask(rng, max(lens_q), max(lens_k))
+    if rng.random() < 0.2:
+        mask["attention_chunk"] = rng.randint(1, max(2 * max(lens_k) - 1, 1))
     train = cap.has_bwd(dtype, d) and rng.random() < 0.5
     config = dict(kind="varlen", lens_q=lens_q, lens_k=lens_k, heads_q=heads_q,
                   heads_kv=heads_kv, d=d, dtype=str(dtype), train=train, **mask)
@@ -529,6 +534,7 @@ def _mutations(device: str) -> list[tuple[str, str, Any]]:
         ("sm_margin -3", "sm_margin", setter("sm_margin", -3)),
         ("pack_gqa 'x'", "pack_gqa", setter("pack_gqa", "x")),
         ("attention_chunk 1.5", "attention_chunk", setter("attention_chunk", 1.5)),
+        ("attention_chunk -2", "attention_chunk", setter("attention_chunk", -2)),
         ("qv given", "qv", setter("qv", lambda kw: kw["q"])),
         ("q None", "q", setter("q", None)),
         ("k a list", "k", setter("k", [[1.0]])),

@@ -86,7 +86,7 @@ def test_bad_qkv(qkv, num_heads_q, exc, fragments):
 @pytest.mark.parametrize(("kwargs", "exc", "fragment"), [
     ({"return_attn_probs": 1}, TypeError, "return_attn_probs: expected a bool"),
     ({"deterministic": "yes"}, TypeError, "deterministic: expected a bool"),
-    ({"attention_chunk": 64}, NotImplementedError, "attention_chunk: expected 0"),
+    ({"attention_chunk": -1}, ValueError, "attention_chunk: expected an int >= 0"),
     ({"sm_margin": -1}, TypeError, "sm_margin: expected an int >= 0"),
     ({"causal": 1}, TypeError, "causal"),
     ({"window_size": (1, 2, 3)}, TypeError, "window_size: expected a pair"),

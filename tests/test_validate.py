@@ -506,7 +506,7 @@ def test_flash_attn_func_has_fa3s_signature():
     ({"out_dtype": torch.float16}, ValueError, ("out_dtype: expected None or torch.bfloat16",)),
     ({"fp8_accumulation": "single-level"}, ValueError,
      ("fp8_accumulation: expected 'two-level'", "FP8 inputs")),
-    ({"attention_chunk": 128}, NotImplementedError, ("attention_chunk: expected 0", "got 128")),
+    ({"attention_chunk": -1}, ValueError, ("attention_chunk: expected an int >= 0", "got -1")),
     ({"attention_chunk": 1.5}, TypeError, ("attention_chunk: expected an int",)),
     ({"num_splits": -1}, TypeError, ("num_splits: expected an int >= 0", "-1")),
     ({"sm_margin": "4"}, TypeError, ("sm_margin: expected an int >= 0",)),

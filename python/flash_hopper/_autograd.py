@@ -120,10 +120,13 @@ class FlashAttnVarlenFunction(torch.autograd.Function):
                 cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: Any,
                 max_seqlen_k: Any, seqused_q: Any, seqused_k: Any, softmax_scale: Any,
                 causal: Any, window_size: Any, softcap: Any, backend: Any,
-                deterministic: bool, sm_margin: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                deterministic: bool, sm_margin: int = 0,
+                checked: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        # checked: offsets built by the caller (_chunk.py), not read back
         out, lse, vp = _varlen.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                        max_seqlen_k, seqused_q, seqused_k, softmax_scale, causal,
-                                       window_size, softcap, backend, sm_margin=sm_margin)
+                                       window_size, softcap, backend, checked=checked,
+                                       sm_margin=sm_margin)
         ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q,
                               seqused_k)
         cfg = vp.dense.cfg
@@ -138,4 +141,4 @@ class FlashAttnVarlenFunction(torch.autograd.Function):
         dout, dlse = ops.loadable_grads(out, dout, dlse)
         dq, dk, dv = _varlen.backward(dout, q, k, v, out, lse, dlse, cu_q, cu_k, used_q, used_k,
                                       *ctx.bwd_args)
-        return (dq, dk, dv) + (None,) * 13
+        return (dq, dk, dv) + (None,) * 14

@@ -327,18 +327,24 @@ def _config(q, k, v, softmax_scale, left, right, softcap, backend, devices=True,
 
 
 def check_fa3_extras(qv: Any, attention_chunk: Any, num_splits: Any, pack_gqa: Any,
-                     sm_margin: Any) -> None:
+                     sm_margin: Any, chunk_served: bool = False) -> None:
     """FA3's flash_attn_func parameters beyond this package's features, when one is not at its
     default: the unimplemented ones are refused naming the argument, the performance hints are
-    checked for type and range only (flash_attn_func calls this only off the defaults)."""
+    checked for type and range only (flash_attn_func calls this only off the defaults).
+    chunk_served: the caller serves attention_chunk > 0 (flash_attn_func, _chunk.py)."""
     if qv is not None:
         raise UnsupportedError(f"qv: expected None (MLA's extra query input is not implemented "
                                f"yet), got {type(qv).__name__}")
     if isinstance(attention_chunk, bool) or not isinstance(attention_chunk, numbers.Integral):
-        raise TypeError(f"attention_chunk: expected an int, got {attention_chunk!r}")
-    if attention_chunk != 0:
-        raise UnsupportedError(f"attention_chunk: expected 0 (chunked-local attention is not "
-                               f"implemented yet), got {attention_chunk}")
+        raise TypeError(f"attention_chunk: expected an int >= 0 (0 = off), got "
+                        f"{attention_chunk!r}")
+    if attention_chunk < 0:
+        raise ValueError(f"attention_chunk: expected an int >= 0 (0 = off), got "
+                         f"{attention_chunk}")
+    if attention_chunk != 0 and not chunk_served:
+        raise UnsupportedError(f"attention_chunk: expected 0 here (chunked-local attention is "
+                               f"served by flash_attn_func and flash_attn_qkvpacked_func), got "
+                               f"{attention_chunk}")
     for name, value in (("num_splits", num_splits), ("sm_margin", sm_margin)):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
             raise TypeError(f"{name}: expected an int >= 0, got {value!r}")

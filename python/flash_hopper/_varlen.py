@@ -388,7 +388,7 @@ def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
                   v[keys].unsqueeze(0), out[rows].unsqueeze(0), seq_lse,
                   dq[rows].unsqueeze(0), dk[keys].unsqueeze(0), dv[keys].unsqueeze(0),
                   softmax_scale, window_left, window_right, softcap, backend,
-                  deterministic, seq_dlse, num_sms)
+                  deterministic, seq_dlse, num_sms, cache=True)
     return dq, dk, dv
 
 

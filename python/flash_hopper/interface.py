@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
-from . import _autograd, _fwd, _validate, _varlen, ops
+from . import _autograd, _chunk, _fwd, _validate, _varlen, ops
 from ._errors import UnsupportedError
 from ._tables import FP8_DTYPES, KV_FP8_DTYPES, TORCH_DTYPES
 
@@ -78,7 +78,11 @@ def flash_attn_func(
 
     The parameters are FA3's flash_attn_func's, in its order and with its defaults (FA3's tests
     and inference servers call it positionally too). Not implemented yet, and refused naming the
-    argument: qv (MLA's extra query), attention_chunk > 0.
+    argument: qv (MLA's extra query).
+    attention_chunk (FA3's chunked-local attention, Llama 4's): > 0 lets query row i see only the
+    keys j with floor((i + seqlen_k - seqlen_q) / chunk) == floor(j / chunk), on top of causal /
+    window_size; 0 = off. Forward and backward on fp16 / bf16 (the chunks run as the pieces of
+    one varlen call, _chunk.py); FP8 refuses it.
     sm_margin: SMs the persistent kernels leave free, forward and backward (FA3's: room for
     communication kernels running beside attention; a kernel on every SM keeps another stream's
     kernel waiting until it ends); 0 uses every SM; at least the device's SM count raises.
@@ -109,8 +113,20 @@ def flash_attn_func(
     """
     if (qv is not None or attention_chunk != 0 or num_splits != 1 or pack_gqa is not None
             or sm_margin != 0):
-        _validate.check_fa3_extras(qv, attention_chunk, num_splits, pack_gqa, sm_margin)
+        _validate.check_fa3_extras(qv, attention_chunk, num_splits, pack_gqa, sm_margin,
+                                   chunk_served=True)
     fp8 = _fp8_call(q, k)
+    if attention_chunk:
+        if fp8 or out_dtype is not None or fp8_accumulation != "two-level":
+            raise UnsupportedError(f"attention_chunk: expected 0 with FP8 inputs or FP8 options "
+                                   f"(chunked-local attention runs on fp16 / bf16), got "
+                                   f"{attention_chunk}")
+        _check_flags(return_attn_probs, deterministic)
+        result = _chunk.forward(q, k, v, int(attention_chunk), softmax_scale, causal,
+                                window_size, softcap, backend, deterministic, sm_margin,
+                                return_attn_probs, _plain_eager(q, k, v))
+        if result is not None:
+            return result
     if fp8 or out_dtype is not None or fp8_accumulation != "two-level":
         if not fp8:
             _validate.check_not_fp8_extras(q, q_descale, k_descale, v_descale, out_dtype,
@@ -192,14 +208,17 @@ def flash_attn_varlen_func(
     The backward runs the dense backward kernels once per sequence (exact; it reads the offsets
     on the host). FP8: torch.float8_e4m3fn q, k, v (FA-3 path, eager, no backward) with
     q_descale / k_descale / v_descale fp32 (batch, heads_kv) as in flash_attn_func (batch = the
-    sequences), out in bf16. Not implemented yet, refused naming the argument: 16-bit q against
-    FP8 k / v (the mixed mode) in varlen, qv, attention_chunk > 0. sm_margin as in
+    sequences), out in bf16. attention_chunk as in flash_attn_func, per sequence (fp16 / bf16,
+    eager: the offsets are read back to split the sequences into chunks). Not implemented yet,
+    refused naming the argument: 16-bit q against FP8 k / v (the mixed mode) in varlen, qv.
+    sm_margin as in
     flash_attn_func (forward and the per-sequence backward). Performance hints accepted and not
     used: num_splits, pack_gqa. Descales passed with fp16 / bf16 inputs are ignored, as in FA3.
     """
     if (qv is not None or attention_chunk != 0 or num_splits != 1 or pack_gqa is not None
             or sm_margin != 0):
-        _validate.check_fa3_extras(qv, attention_chunk, num_splits, pack_gqa, sm_margin)
+        _validate.check_fa3_extras(qv, attention_chunk, num_splits, pack_gqa, sm_margin,
+                                   chunk_served=True)
     _check_flags(return_attn_probs, deterministic)
     grad = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
@@ -207,6 +226,16 @@ def flash_attn_varlen_func(
         raise UnsupportedError("out: expected None when q, k or v requires grad (a result "
                                "written into a given tensor has no autograd history)")
     fp8 = getattr(q, "dtype", None) in FP8_DTYPES
+    if attention_chunk:
+        if fp8 or not _plain_eager(q, k, v):
+            raise UnsupportedError(f"attention_chunk: expected 0 with FP8 inputs or under "
+                                   f"torch.compile / tracing (varlen chunks are split on the "
+                                   f"host, fp16 / bf16, eagerly), got {attention_chunk}")
+        result, lse = _chunk.varlen_forward(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
+            seqused_k, int(attention_chunk), softmax_scale, causal, window_size, softcap,
+            backend, deterministic, sm_margin, out, grad)
+        return (result, lse) if return_attn_probs else result
     if fp8 and not _plain_eager(q, k, v):
         raise UnsupportedError("q: FP8 varlen runs eagerly only (no flash_hopper custom op "
                                "takes it under torch.compile / tracing yet)")
@@ -273,9 +302,9 @@ def flash_attn_qkvpacked_func(
     q, k, v = _split_qkv(qkv, num_heads_q)
     _check_flags(return_attn_probs, deterministic)
     if attention_chunk != 0 or sm_margin != 0:
-        _validate.check_fa3_extras(None, attention_chunk, 1, None, sm_margin)
+        _validate.check_fa3_extras(None, attention_chunk, 1, None, sm_margin, chunk_served=True)
     if (qkv.dtype in TORCH_DTYPES and qkv.requires_grad and torch.is_grad_enabled()
-            and _plain_eager(q, k, v)):
+            and _plain_eager(q, k, v) and not attention_chunk):
         out, lse = _autograd.QkvPackedFunction.apply(
             qkv, lambda t: _split_qkv(t, num_heads_q), softmax_scale, causal, window_size,
             softcap, backend, deterministic, sm_margin)

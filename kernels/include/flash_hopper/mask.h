@@ -12,8 +12,10 @@
 //   and (window_right < 0  or  j <= i + diag + window_right)      causal: window_right = 0
 //   and (chunk <= 0  or  floor((i + diag) / chunk) == floor(j / chunk))
 // `chunk` is FA3's attention_chunk (chunked-local attention: a query sees only keys of the chunk
-// its diagonal falls in); the kernels construct the mask with chunk = 0 until the API exposes it,
-// and the constant folds every chunk term away.
+// its diagonal falls in). The API serves it by splitting a call into independent varlen pieces
+// (python/flash_hopper/_chunk.py), so the kernels construct the mask with chunk = 0 and the
+// constant folds every chunk term away; the term stays for the host tests and a kernel that
+// takes the chunk itself.
 //
 // Every term bounds j from one side, and both bounds never decrease from one row to the next, so
 // a row's visible columns are one interval [lo, hi) (columns()), a tile's visible columns lie
