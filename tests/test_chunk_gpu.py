@@ -132,3 +132,51 @@ def test_varlen_with_unused_tails(lib, seed):
             assert torch.equal(torch.isneginf(lse[:, rows]), empty)
             assert_grads_match(grads_seq, *seq, dout[None, rows], attention_chunk=24, **mask)
         q0, k0 = q0 + sq, k0 + sk
+
+
+def test_kvcache_with_leftpad_batch_index_and_new_keys(lib, seed):
+    require_training(lib, torch.bfloat16, 128)
+    from flash_hopper import flash_attn_with_kvcache
+    from flash_hopper.reference import attention_kvcache_ref
+
+    b, sq, cap, new, hq, hkv, d, chunk = 3, 37, 400, 5, 6, 2, 128, 53
+    q = torch.randn(b, sq, hq, d, dtype=torch.bfloat16, device="cuda")
+    kn, vn = (torch.randn(b, new, hkv, d, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    seqlens = torch.tensor([300, 7, 180], dtype=torch.int32, device="cuda")
+    leftpad = torch.tensor([20, 0, 179], dtype=torch.int32, device="cuda")
+    rows = torch.tensor([4, 0, 2], dtype=torch.int32, device="cuda")
+    mask = {"causal": True, "window_size": (90, -1)}
+    kc, vc = (torch.randn(5, cap, hkv, d, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    _, _, ref_k, ref_v = attention_kvcache_ref(q, kc, vc, kn, vn, seqlens, rows, leftpad, **mask)
+    out, lse = flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=seqlens,
+                                       cache_batch_idx=rows, cache_leftpad=leftpad,
+                                       attention_chunk=chunk, return_softmax_lse=True, **mask)
+    assert torch.equal(kc, ref_k) and torch.equal(vc, ref_v)  # the append
+    for i in range(b):
+        keys = slice(int(leftpad[i]), int(seqlens[i]) + new)  # counted from the left padding
+        kk, vv = ref_k[int(rows[i])][None, keys], ref_v[int(rows[i])][None, keys]
+        ref, lse_ref = attention_ref(q[i:i + 1], kk, vv, attention_chunk=chunk, **mask)
+        low, _ = attention_ref(q[i:i + 1], kk, vv, attention_chunk=chunk, upcast=False, **mask)
+        ref_lowp = ref.to(q.dtype)
+        atol = 2 * max_abs(ref_lowp + 0.3 - 0.3, ref_lowp)
+        assert max_abs(out[i:i + 1], ref) <= 2 * max_abs(low, ref) + atol, i
+        assert torch.equal(torch.isneginf(lse[i]), torch.isneginf(lse_ref[0])), i
+
+
+def test_kvcache_paged_equals_its_dense_copy(lib, seed):
+    require_training(lib, torch.bfloat16, 128)
+    from flash_hopper import flash_attn_with_kvcache
+
+    b, sq, page, hkv, d, chunk = 2, 3, 16, 1, 128, 20
+    pages = torch.randperm(2 * 8, device="cuda").to(torch.int32).view(2, 8)
+    kp, vp = (torch.randn(16, page, hkv, d, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    dense_k, dense_v = (t[pages.long()].reshape(b, 8 * page, hkv, d) for t in (kp, vp))
+    q = torch.randn(b, sq, 4, d, dtype=torch.bfloat16, device="cuda")
+    kn, vn = (torch.randn(b, sq, hkv, d, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    seqlens = torch.tensor([100, 61], dtype=torch.int32, device="cuda")
+    want = flash_attn_with_kvcache(q, dense_k, dense_v, kn, vn, cache_seqlens=seqlens,
+                                   causal=True, attention_chunk=chunk)
+    got = flash_attn_with_kvcache(q, kp, vp, kn, vn, cache_seqlens=seqlens, page_table=pages,
+                                  causal=True, attention_chunk=chunk)
+    assert torch.equal(got, want)
+    assert torch.equal(kp[pages.long()].reshape(b, 8 * page, hkv, d), dense_k)  # the append

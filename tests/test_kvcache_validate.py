@@ -47,13 +47,21 @@ def make(b=2, sq=1, h=4, hk=2, d=64, sc=32, new=0):
 
 @pytest.mark.parametrize(("name", "value", "fragment"), [
     ("qv", torch.zeros(2, 1, 4, 64), "MLA's extra query input is not implemented yet"),
-    ("attention_chunk", 128, "expected 0 here (chunked-local attention is served by"),
 ])
 def test_unimplemented_arguments_are_refused_before_anything_is_written(name, value, fragment):
     q, kc, vc, kn, vn = make(new=3)
     before = kc.clone(), vc.clone()
     with raises(UnsupportedError, f"{name}:", fragment):
         flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=5, **{name: value})
+    assert torch.equal(kc, before[0]) and torch.equal(vc, before[1])
+
+
+def test_chunk_with_sinks_or_fp8_is_refused_before_anything_is_written():
+    q, kc, vc, kn, vn = make(new=3)
+    before = kc.clone(), vc.clone()
+    with raises(UnsupportedError, "attention_chunk: expected 0 with FP8 inputs or sinks", "64"):
+        flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=5, attention_chunk=64,
+                                sinks=torch.zeros(q.shape[2]))
     assert torch.equal(kc, before[0]) and torch.equal(vc, before[1])
 
 

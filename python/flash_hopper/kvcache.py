@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from . import _autograd, _decode, _device, _validate, _varlen
+from . import _autograd, _chunk, _decode, _device, _validate, _varlen
 from ._combine import flash_attn_combine
 from ._errors import UnsupportedError
 from ._tables import FP8_DTYPES
@@ -464,7 +464,9 @@ def get_scheduler_metadata(
     if not isinstance(cache_seqlens, torch.Tensor):
         raise TypeError(f"cache_seqlens: expected a torch.Tensor of int32 (batch,), got "
                         f"{type(cache_seqlens).__name__}")
-    _validate.check_fa3_extras(None, attention_chunk, num_splits, pack_gqa, sm_margin)
+    # attention_chunk: accepted (its calls split on the host; the metadata does not apply)
+    _validate.check_fa3_extras(None, attention_chunk, num_splits, pack_gqa, sm_margin,
+                               chunk_served=True)
     group = num_heads_q // num_heads_kv
     splits = _splits(num_splits, batch_size, max_seqlen_q * group, num_heads_kv, max_seqlen_k,
                      cache_seqlens.device) if cache_seqlens.is_cuda else max(num_splits, 1)
@@ -492,6 +494,39 @@ def _metadata_splits(meta: Any, **shape: int) -> tuple[int, int]:
             raise ValueError(f"scheduler_metadata: made for {name} = {schedule[name]}, this call "
                              f"has {value}")
     return schedule["splits"], schedule["decode_splits"]
+
+
+def _chunked(q_rows: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             cu_q: torch.Tensor, used_k: torch.Tensor, cache_batch_idx: torch.Tensor | None,
+             cache_leftpad: torch.Tensor | None, chunk: int, cfg: Any,
+             out_rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """FA3's attention_chunk on a dense cache (after the append): each sequence's attended keys
+    (positions [cache_leftpad, used_k), the chunk rule counting from cache_leftpad as FA3's)
+    gathered into one packed K / V, then the varlen chunk split (_chunk.varlen_forward). One
+    device-to-host copy of the lengths, one gather of the attended keys (the price of serving it
+    without a kernel of its own)."""
+    batch, seqlen_cache = cu_q.shape[0] - 1, k_cache.shape[1]
+    parts = [used_k] + [t for t in (cache_leftpad, cache_batch_idx) if t is not None]
+    host = torch.cat([t.to(torch.int32) for t in parts]).cpu().tolist()
+    ends = [min(max(e, 0), seqlen_cache) for e in host[:batch]]
+    starts = host[batch:2 * batch] if cache_leftpad is not None else [0] * batch
+    lengths = [max(e - b, 0) for b, e in zip(starts, ends)]
+    device = q_rows.device
+    rows = cache_batch_idx.long() if cache_batch_idx is not None else torch.arange(
+        batch, device=device)
+    counts = torch.tensor(lengths, dtype=torch.long, device=device)
+    seq = torch.repeat_interleave(torch.arange(batch, device=device), counts)
+    first = torch.tensor([0] + lengths, dtype=torch.long, device=device).cumsum(0)
+    pos = (torch.arange(int(sum(lengths)), device=device) - first[seq]
+           + torch.tensor(starts, dtype=torch.long, device=device)[seq])
+    k_packed, v_packed = k_cache[rows[seq], pos], v_cache[rows[seq], pos]
+    cu_k = first.to(torch.int32)
+    cq = cu_q.cpu().tolist()
+    max_q = max((b - a for a, b in zip(cq, cq[1:])), default=0)
+    return _chunk.varlen_forward(
+        q_rows, k_packed, v_packed, cu_q, cu_k, max_q, max(lengths, default=0), None, None,
+        chunk, cfg.softmax_scale, False, (cfg.window_left, cfg.window_right), cfg.softcap,
+        cfg.backend, False, 0, out_rows, False)
 
 
 def _packed_varlen(q, k_rows, v_rows, cu_k, seqlen_cache, used_k, cache_batch_idx,
@@ -628,8 +663,11 @@ def flash_attn_with_kvcache(
     caches of shape (num_pages, page_size, heads_kv, head_dim) with any strides (e.g. vLLM's K
     and V as views of one buffer); position j of a sequence is page page_table[b][j //
     page_size], slot j % page_size; entries past a sequence's pages may hold anything.
-    Not implemented yet, refused naming the argument: qv, attention_chunk, rotary with FP8
-    inputs or with page_table (see the module docstring).
+    attention_chunk: FA3's chunked-local attention over the attended keys (counted from
+    cache_leftpad, as FA3's), fp16 / bf16 without sinks, eager outside graph capture: the
+    attended keys are gathered and split into chunks (_chunked; paged caches through their dense
+    copy). Not implemented yet, refused naming the argument: qv, rotary with FP8 inputs or with
+    page_table (see the module docstring).
     Runs eagerly (no custom op under torch.compile yet); inputs that require grad run forward
     only (a backward raises, as FA3 has none).
     """
@@ -639,8 +677,8 @@ def flash_attn_with_kvcache(
         table, num_pages, page_size = _check_page_table(page_table, k_cache, v_cache, q, k,
                                                         cache_batch_idx, cu_seqlens_q)
         rows = _packed_rows(q, k_cache, cu_seqlens_q, max_seqlen_q)
-        if backend != "auto" or qv is not None or not _decode.usable(q, k_cache, v_cache,
-                                                                       rows, out):
+        if (backend != "auto" or qv is not None or attention_chunk
+                or not _decode.usable(q, k_cache, v_cache, rows, out)):
             return _paged(**args)
         pages = (table, num_pages, page_size)
         page_table, cache_batch_idx = None, None  # the table's rows are the batch's, in order
@@ -649,7 +687,8 @@ def flash_attn_with_kvcache(
                                      or not isinstance(max_seqlen_q, numbers.Integral)
                                      or max_seqlen_q < 0):
         raise TypeError(f"max_seqlen_q: expected None or an int >= 0, got {max_seqlen_q!r}")
-    _validate.check_fa3_extras(qv, attention_chunk, num_splits, pack_gqa, sm_margin)
+    _validate.check_fa3_extras(qv, attention_chunk, num_splits, pack_gqa, sm_margin,
+                               chunk_served=True)
     if not isinstance(rotary_interleaved, bool):
         raise TypeError(f"rotary_interleaved: expected a bool, got {rotary_interleaved!r}")
     if return_softmax_lse is not True and return_softmax_lse is not False:
@@ -747,6 +786,14 @@ def flash_attn_with_kvcache(
     cache_leftpad = _check_index("cache_leftpad", cache_leftpad, batch, q)
     rotary = _check_rotary(rotary_cos, rotary_sin, rotary_seqlens, q, k, head_dim, batch)
     sinks = _check_sinks(sinks, heads_q, q)
+    if attention_chunk and (q.dtype in FP8_DTYPES or sinks is not None):
+        raise UnsupportedError(f"attention_chunk: expected 0 with FP8 inputs or sinks (chunked "
+                               f"KV-cache attention runs on fp16 / bf16 without sinks), got "
+                               f"{attention_chunk}")
+    if attention_chunk and torch.cuda.is_current_stream_capturing():
+        raise UnsupportedError(f"attention_chunk: expected 0 while a CUDA graph is captured (the "
+                               f"chunks are split on the host from cache_seqlens), got "
+                               f"{attention_chunk}")
     meta_splits = meta_decode_splits = None
     if scheduler_metadata is not None:
         meta_splits, meta_decode_splits = _metadata_splits(scheduler_metadata, batch=batch, heads_q=heads_q,
@@ -807,8 +854,8 @@ def flash_attn_with_kvcache(
     # fp16 / bf16, any mask; it takes the sinks itself. A paged cache came here only if it serves
     # it. An explicit backend ("fa2", "fa3") runs that path's varlen kernels.
     group = heads_q // heads_kv if heads_q % heads_kv == 0 else 0
-    direct = pages is not None or (backend == "auto" and seqlen_cache > 0 and _decode.usable(
-        q, k_cache, v_cache, seqlen_q * group, out))
+    direct = pages is not None or (backend == "auto" and seqlen_cache > 0 and not attention_chunk
+                                   and _decode.usable(q, k_cache, v_cache, seqlen_q * group, out))
     if direct:  # the checks alone: no FA kernel needs to exist for this dtype / head dim
         cfg = _varlen.check_call(*args, out_rows, descales, batch_k)
     else:
@@ -844,7 +891,7 @@ def flash_attn_with_kvcache(
     else:
         splits = _splits(num_splits, batch, seqlen_q * group, heads_kv, seqlen_cache, q.device)
     packed = (unmasked and not varlen_q and batch > 0 and pack_gqa is not False
-              and (group > 1 or splits > 1))
+              and (group > 1 or splits > 1) and not attention_chunk)
 
     need_lse = return_softmax_lse or sinks is not None
 
@@ -865,10 +912,14 @@ def flash_attn_with_kvcache(
             return _packed_varlen(q_att, k_rows, v_rows, cu_k, seqlen_cache, used_k,
                                   cache_batch_idx, cache_leftpad, batch_k, cfg, backend,
                                   descales, splits, out, need_lse)
-        result, lse, _ = _varlen.forward(
-            *args, out=out_rows, need_lse=need_lse, descales=descales,
-            kv_batch_idx=cache_batch_idx, leftpad_k=cache_leftpad,
-            batch_k=batch_k, checked=True)
+        if attention_chunk:
+            result, lse = _chunked(q_rows, k_cache, v_cache, cu_q, used_k, cache_batch_idx,
+                                   cache_leftpad, int(attention_chunk), cfg, out_rows)
+        else:
+            result, lse, _ = _varlen.forward(
+                *args, out=out_rows, need_lse=need_lse, descales=descales,
+                kv_batch_idx=cache_batch_idx, leftpad_k=cache_leftpad,
+                batch_k=batch_k, checked=True)
         if varlen_q:  # out (total_q, heads, d), lse (heads, total_q), as FA3's varlen
             return (out if out is not None else result), lse
         result = out if out is not None else result.view(batch, seqlen_q, heads_q, head_dim)
