@@ -150,8 +150,13 @@ def test_vllm_paged_call_is_flash_attn_with_kvcache(monkeypatch):
 
 def test_fa3_extras_are_checked():
     q, k, v = qkv()
-    with raises(UnsupportedError, "attention_chunk: expected 0"):
-        flash_attn_varlen_func(q, k, v, cu(0, 100), cu(0, 120), 100, 120, attention_chunk=8)
+    with raises(ValueError, "attention_chunk: expected an int >= 0", "-8"):
+        flash_attn_varlen_func(q, k, v, cu(0, 100), cu(0, 120), 100, 120, attention_chunk=-8)
+    with raises(UnsupportedError, "attention_chunk: expected 0 with FP8 inputs or under "
+                "torch.compile"), FakeTensorMode():
+        fq, fk, fv = (torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in (q, k, v))
+        fc = torch.empty(2, dtype=torch.int32, device="cuda")
+        flash_attn_varlen_func(fq, fk, fv, fc, fc, 100, 120, attention_chunk=8)
     with raises(UnsupportedError, "qv: expected None"):
         flash_attn_varlen_func(q, k, v, cu(0, 100), cu(0, 120), 100, 120, qv=q)
     with raises(TypeError, "return_attn_probs: expected a bool"):
