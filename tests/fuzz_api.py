@@ -15,7 +15,9 @@ Invalid calls (FakeTensors on a "cuda" device, or real CUDA tensors): one argume
 of a valid flash_attn_func / qkvpacked / varlen call broken at a time (dtype, rank, sizes,
 strides, devices, masks, scalars); the call must raise TypeError, ValueError or
 NotImplementedError whose message names the argument, and on a GPU the CUDA context must stay
-healthy after it (nothing launched with the bad input).
+healthy after it (nothing launched with the bad input). And a type fuzz (type_fuzz): every
+parameter of every entry point given None, a str, a float, a bool, a negative or a 2**70 int,
+a list, a tuple, an object, NaN: it runs, or raises one of those naming the parameter.
 
     python tests/fuzz_api.py --seconds 120 --seed 1 --out fuzz.json [--invalid-only] [--small]
 
@@ -25,6 +27,7 @@ tests/test_fuzz.py runs a fixed-seed slice of both on CPU (invalid) and GPU (val
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import random
@@ -605,6 +608,77 @@ def invalid_calls(device: str) -> list[tuple[str, str, Any]]:
     return calls
 
 
+BAD_VALUES = (None, "x", 1.5, True, -5, 2**70, [], (1,), object(), math.nan)
+
+
+def _type_fuzz_bases(device: str) -> dict[str, tuple[Any, dict[str, Any]]]:
+    bf = torch.bfloat16
+
+    def rand(*shape, dtype=bf):
+        return torch.randn(*shape, device=device).to(dtype)
+
+    k = rand(2, 40, 2, 64)
+    kc = rand(2, 100, 2, 64)
+    offsets = torch.tensor([0, 10, 33], dtype=torch.int32, device=device)
+    return {
+        "flash_attn_func": (flash_hopper.flash_attn_func, {"q": rand(2, 33, 4, 64), "k": k,
+                                                           "v": k.clone()}),
+        "flash_attn_qkvpacked_func": (flash_hopper.flash_attn_qkvpacked_func,
+                                      {"qkv": rand(2, 33, 3, 4, 64)}),
+        "flash_attn_varlen_func": (flash_hopper.flash_attn_varlen_func, {
+            "q": rand(33, 4, 64), "k": rand(33, 2, 64), "v": rand(33, 2, 64),
+            "cu_seqlens_q": offsets, "cu_seqlens_k": offsets.clone(), "max_seqlen_q": 23,
+            "max_seqlen_k": 23}),
+        "flash_attn_with_kvcache": (flash_hopper.flash_attn_with_kvcache, {
+            "q": rand(2, 1, 4, 64), "k_cache": kc, "v_cache": kc.clone(),
+            "cache_seqlens": torch.tensor([5, 60], dtype=torch.int32, device=device)}),
+        "flash_attn_combine": (flash_hopper.flash_attn_combine, {
+            "out_partial": rand(3, 2, 33, 4, 64, dtype=torch.float32),
+            "lse_partial": rand(3, 2, 33, 4, dtype=torch.float32)}),
+    }
+
+
+def type_fuzz(device: str) -> list[str]:
+    """Every parameter of every entry point given each of BAD_VALUES in turn (the others valid):
+    the call may run (a value that is valid there, e.g. None for an optional tensor) or raise
+    TypeError / ValueError / NotImplementedError naming that parameter; anything else (an
+    AttributeError, a torch RuntimeError, a schema overflow) is a finding. ``device`` "fake":
+    FakeTensors of a "cuda" device, where calls that pass validation stop at the device query
+    (DeviceQueryError / LibraryNotFoundError: not findings)."""
+    fake = device == "fake"
+    if fake:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        mode = FakeTensorMode()
+    else:
+        import contextlib
+
+        mode = contextlib.nullcontext()
+    reached = (flash_hopper.DeviceQueryError, flash_hopper.LibraryNotFoundError) if fake else ()
+    problems = []
+    with mode:
+        for name, (fn, base) in _type_fuzz_bases("cuda").items():
+            for param in inspect.signature(fn).parameters:
+                for bad in BAD_VALUES:
+                    kwargs = {key: (t.clone() if isinstance(t, torch.Tensor) else t)
+                              for key, t in base.items()}
+                    kwargs[param] = bad
+                    try:
+                        fn(**kwargs)
+                    except ALLOWED as e:
+                        if param not in str(e) and "must be a CUDA" not in str(e):
+                            problems.append(f"{name}({param}={bad!r:.20}): {type(e).__name__} "
+                                            f"does not name {param!r}: {str(e)[:160]}")
+                    except reached:
+                        pass
+                    except Exception as e:  # noqa: BLE001 - the finding
+                        problems.append(f"{name}({param}={bad!r:.20}): {type(e).__name__}: "
+                                        f"{str(e)[:200]}")
+                    if not fake:
+                        torch.cuda.synchronize()
+    return problems
+
+
 def check_invalid(desc: str, arg: str, call: Any) -> str | None:
     """None when call raises an allowed exception naming ``arg``; else what went wrong."""
     try:
@@ -691,7 +765,7 @@ def main(argv: list[str] | None = None) -> int:
             print(kind, seed, outcome.config, outcome.problems or "pass")
         return 0
     device = "cuda" if torch.cuda.is_available() else "fake"
-    invalid = run_invalid(device)
+    invalid = run_invalid(device) + type_fuzz(device)
     outcomes = [] if args.invalid_only or device == "fake" else run_valid(
         args.seconds, args.seed, args.small, args.kinds)
     failed = [o for o in outcomes if o.problems]

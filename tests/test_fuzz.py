@@ -22,6 +22,10 @@ def test_invalid_call_names_the_argument(desc, arg, call):
         assert fuzz_api.check_invalid(desc, arg, call) is None
 
 
+def test_type_fuzz_on_fake_tensors():
+    assert fuzz_api.type_fuzz("fake") == []
+
+
 def test_the_checker_catches_what_it_must():
     # a call that raises the wrong type, names another argument, or does not raise is a finding
     def wrong_type():
@@ -93,6 +97,7 @@ def test_draws_are_reproducible_and_in_range():
 @pytest.mark.gpu
 def test_invalid_calls_on_the_gpu(lib):
     assert fuzz_api.run_invalid("cuda") == []
+    assert fuzz_api.type_fuzz("cuda") == []
 
 
 @pytest.mark.gpu

@@ -132,7 +132,7 @@ def varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
                             seqused_q, seqused_k, softmax_scale, causal, window_size, softcap,
                             backend)
     cfg = vc.cfg
-    if torch.cuda.is_current_stream_capturing():
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         raise UnsupportedError(f"attention_chunk: expected 0 while a CUDA graph is captured "
                                f"(varlen chunks are split on the host from the offsets), got "
                                f"{chunk}")

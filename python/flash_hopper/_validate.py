@@ -48,7 +48,7 @@ MAX_SEQLEN = 2**31 - 1
 # non-unit stride must be 16-byte multiples.
 ALIGN_BYTES = 16
 _FLOAT32_MAX = 3.4028234663852886e38
-_INT64_MAX = 2**63 - 1
+INT64_MAX = 2**63 - 1
 
 
 class FwdConfig(NamedTuple):
@@ -101,7 +101,7 @@ def _check_float(name: str, x: Any) -> float:
 def _check_window_bound(name: str, x: Any) -> int:
     if isinstance(x, bool) or not isinstance(x, (numbers.Integral, torch.SymInt)):
         raise TypeError(f"{name}: expected an int >= -1 (-1 = unbounded), got {x!r}")
-    if not -1 <= x <= _INT64_MAX:  # the ABI stores it as int64_t; ctypes would wrap silently
+    if not -1 <= x <= INT64_MAX:  # the ABI stores it as int64_t; ctypes would wrap silently
         raise ValueError(f"{name}: expected an int >= -1 (-1 = unbounded), got {x}")
     return int(x) if isinstance(x, numbers.Integral) else x
 
@@ -338,8 +338,8 @@ def check_fa3_extras(qv: Any, attention_chunk: Any, num_splits: Any, pack_gqa: A
     if isinstance(attention_chunk, bool) or not isinstance(attention_chunk, numbers.Integral):
         raise TypeError(f"attention_chunk: expected an int >= 0 (0 = off), got "
                         f"{attention_chunk!r}")
-    if attention_chunk < 0:
-        raise ValueError(f"attention_chunk: expected an int >= 0 (0 = off), got "
+    if not 0 <= attention_chunk <= INT64_MAX:
+        raise ValueError(f"attention_chunk: expected an int >= 0 (0 = off) below 2**63, got "
                          f"{attention_chunk}")
     if attention_chunk != 0 and not chunk_served:
         raise UnsupportedError(f"attention_chunk: expected 0 here (chunked-local attention is "
@@ -348,6 +348,8 @@ def check_fa3_extras(qv: Any, attention_chunk: Any, num_splits: Any, pack_gqa: A
     for name, value in (("num_splits", num_splits), ("sm_margin", sm_margin)):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
             raise TypeError(f"{name}: expected an int >= 0, got {value!r}")
+        if value > INT64_MAX:  # the custom ops' schemas take int64
+            raise ValueError(f"{name}: expected an int in [0, 2**63), got {value}")
     if pack_gqa is not None and not isinstance(pack_gqa, bool):
         raise TypeError(f"pack_gqa: expected None or a bool, got {pack_gqa!r}")
 

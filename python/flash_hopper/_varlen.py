@@ -79,8 +79,8 @@ def _check_packed(name: str, t: Any, total: str) -> None:
 def _check_max_seqlen(name: str, x: Any) -> int:
     if isinstance(x, bool) or not isinstance(x, int):
         raise TypeError(f"{name}: expected an int, got {type(x).__name__}")
-    if x < 0:
-        raise ValueError(f"{name}: expected >= 0, got {x}")
+    if not 0 <= x <= _validate.INT64_MAX:  # an int64 in the ABI and the custom op's schema
+        raise ValueError(f"{name}: expected an int in [0, 2**63), got {x}")
     return x
 
 

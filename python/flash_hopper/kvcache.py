@@ -451,6 +451,8 @@ def get_scheduler_metadata(
                         ("num_heads_kv", num_heads_kv), ("headdim", headdim)):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
             raise TypeError(f"{name}: expected an int >= 0, got {value!r}")
+        if value >= 2**31:  # the metadata tensor is int32
+            raise ValueError(f"{name}: expected an int in [0, 2**31), got {value}")
     if num_heads_kv == 0 or num_heads_q % num_heads_kv:
         raise ValueError(f"num_heads_kv: expected a divisor of num_heads_q ({num_heads_q}), got "
                          f"{num_heads_kv}")
@@ -685,7 +687,7 @@ def flash_attn_with_kvcache(
     # rotary_seqlens without rotary_cos / rotary_sin is ignored, as in FA3
     if max_seqlen_q is not None and (isinstance(max_seqlen_q, bool)
                                      or not isinstance(max_seqlen_q, numbers.Integral)
-                                     or max_seqlen_q < 0):
+                                     or not 0 <= max_seqlen_q <= _validate.INT64_MAX):
         raise TypeError(f"max_seqlen_q: expected None or an int >= 0, got {max_seqlen_q!r}")
     _validate.check_fa3_extras(qv, attention_chunk, num_splits, pack_gqa, sm_margin,
                                chunk_served=True)
@@ -790,7 +792,7 @@ def flash_attn_with_kvcache(
         raise UnsupportedError(f"attention_chunk: expected 0 with FP8 inputs or sinks (chunked "
                                f"KV-cache attention runs on fp16 / bf16 without sinks), got "
                                f"{attention_chunk}")
-    if attention_chunk and torch.cuda.is_current_stream_capturing():
+    if attention_chunk and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         raise UnsupportedError(f"attention_chunk: expected 0 while a CUDA graph is captured (the "
                                f"chunks are split on the host from cache_seqlens), got "
                                f"{attention_chunk}")
