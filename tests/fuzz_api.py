@@ -296,11 +296,18 @@ def dense_case(rng: random.Random, cap: Capability, small: bool, kind: str) -> O
     mask = draw_mask(rng, sq, sk)
     if rng.random() < 0.2:  # FA3's tests: a random chunk in [1, 2 seqlen_k)
         mask["attention_chunk"] = rng.randint(1, max(2 * sk - 1, 1))
-    train = cap.has_bwd(dtype, d) and rng.random() < 0.6
+    dv = d
+    if kind == "dense" and rng.random() < 0.15:  # a V head dim of its own (FA3's dv != d)
+        dv = rng.choice([8 * rng.randint(1, 32), 256, 512])
+        width = max(d, min(dv, 256))  # what _dv.py pads q / k to
+        if (dtype, cap.bucket(width)) not in cap.fwd:
+            dv = d
+    width = max(d, min(dv, 256))
+    train = cap.has_bwd(dtype, width) and rng.random() < 0.6
     deterministic = rng.random() < 0.3
     want_lse = rng.random() < 0.5
     layout = rng.choice(["contiguous", "contiguous", "heads_first", "sliced"])
-    config = dict(kind=kind, b=b, sq=sq, sk=sk, heads_q=heads_q, heads_kv=heads_kv, d=d,
+    config = dict(kind=kind, b=b, sq=sq, sk=sk, heads_q=heads_q, heads_kv=heads_kv, d=d, dv=dv,
                   dtype=str(dtype), train=train, deterministic=deterministic,
                   want_lse=want_lse, layout=layout, **mask)
     if kind == "qkvpacked":
@@ -320,14 +327,14 @@ def dense_case(rng: random.Random, cap: Capability, small: bool, kind: str) -> O
     else:
         inputs = [randn((b, sq, heads_q, d), dtype, layout, rng),
                   randn((b, sk, heads_kv, d), dtype, layout, rng),
-                  randn((b, sk, heads_kv, d), dtype, layout, rng)]
+                  randn((b, sk, heads_kv, dv), dtype, layout, rng)]
 
         def call(leaves):
             return flash_hopper.flash_attn_func(*leaves, deterministic=deterministic,
                                                 return_attn_probs=True, **mask)
     if mask.get("softcap"):
         inputs[0] = inputs[0] * (mask["softcap"] / 4)  # scores reach the cap, as FA3's tests
-    dout = torch.randn(b, sq, heads_q, d, dtype=dtype, device="cuda") if train else None
+    dout = torch.randn(b, sq, heads_q, dv, dtype=dtype, device="cuda") if train else None
     got = _flash_results(call, inputs, dout, want_lse)
 
     def ref(leaves, upcast):

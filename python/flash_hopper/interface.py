@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
-from . import _autograd, _chunk, _fwd, _validate, _varlen, ops
+from . import _autograd, _chunk, _dv, _fwd, _validate, _varlen, ops
 from ._errors import UnsupportedError
 from ._tables import FP8_DTYPES, KV_FP8_DTYPES, TORCH_DTYPES
 
@@ -79,6 +79,10 @@ def flash_attn_func(
     The parameters are FA3's flash_attn_func's, in its order and with its defaults (FA3's tests
     and inference servers call it positionally too). Not implemented yet, and refused naming the
     argument: qv (MLA's extra query).
+    v may have a head dim of its own (FA3's dv != d, e.g. 192 / 128, 64 / 256 or 512; a
+    multiple of 8): out is (batch, seqlen_q, heads_q, dv), served by zero padding q / k to
+    max(d, min(dv, 256)) and cutting V into blocks of that width (_dv.py; exact, one call for
+    dv <= 256); the default softmax_scale stays 1 / sqrt(d).
     attention_chunk (FA3's chunked-local attention, Llama 4's): > 0 lets query row i see only the
     keys j with floor((i + seqlen_k - seqlen_q) / chunk) == floor(j / chunk), on top of causal /
     window_size; 0 = off. Forward and backward on fp16 / bf16 (the chunks run as the pieces of
@@ -116,6 +120,14 @@ def flash_attn_func(
         _validate.check_fa3_extras(qv, attention_chunk, num_splits, pack_gqa, sm_margin,
                                    chunk_served=True)
     fp8 = _fp8_call(q, k)
+    if not fp8 and _dv.differs(q, v):  # a V head dim of its own: zero padding (_dv.py)
+        _check_flags(return_attn_probs, deterministic)
+        return _dv.split_call(flash_attn_func, q, k, v, softmax_scale, return_attn_probs,
+                              causal=causal, qv=qv, window_size=window_size,
+                              attention_chunk=attention_chunk, softcap=softcap,
+                              num_splits=num_splits, pack_gqa=pack_gqa,
+                              deterministic=deterministic, sm_margin=sm_margin, backend=backend,
+                              out_dtype=out_dtype, fp8_accumulation=fp8_accumulation)
     if attention_chunk:
         if fp8 or out_dtype is not None or fp8_accumulation != "two-level":
             raise UnsupportedError(f"attention_chunk: expected 0 with FP8 inputs or FP8 options "
@@ -226,6 +238,24 @@ def flash_attn_varlen_func(
         raise UnsupportedError("out: expected None when q, k or v requires grad (a result "
                                "written into a given tensor has no autograd history)")
     fp8 = getattr(q, "dtype", None) in FP8_DTYPES
+    if not fp8 and _dv.differs(q, v):  # a V head dim of its own: zero padding (_dv.py)
+        def call(qq, kk, vv, **kw):
+            return flash_attn_varlen_func(qq, kk, vv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                          max_seqlen_k, seqused_q, seqused_k, **kw)
+
+        result = _dv.split_call(call, q, k, v, softmax_scale, return_attn_probs, causal=causal,
+                                qv=qv, window_size=window_size,
+                                attention_chunk=attention_chunk, softcap=softcap,
+                                num_splits=num_splits, pack_gqa=pack_gqa,
+                                deterministic=deterministic, sm_margin=sm_margin,
+                                backend=backend)
+        if out is None:
+            return result
+        if tuple(out.shape) != tuple(q.shape[:-1]) + (v.shape[-1],):
+            raise ValueError(f"out: expected shape {tuple(q.shape[:-1]) + (v.shape[-1],)} "
+                             f"(total_q, heads_q, v's head dim), got {tuple(out.shape)}")
+        out.copy_(result[0] if return_attn_probs else result)
+        return (out, result[1]) if return_attn_probs else out
     if attention_chunk:
         if fp8 or not _plain_eager(q, k, v):
             raise UnsupportedError(f"attention_chunk: expected 0 with FP8 inputs or under "
