@@ -12,6 +12,8 @@ The pieces run as one varlen call on the dense tensors viewed as (batch * seqlen
 with the offsets built here (no read-back); rows whose diagonal lies before column 0 (seqlen_q >
 seqlen_k) form one piece without keys per batch entry (out 0, lse -inf, as any row that sees
 nothing). Forward and backward (the varlen backward, per piece), eager and traced.
+varlen_forward splits each sequence of a varlen call the same way (its offsets read back once,
+eager); kvcache._chunked gathers a cache's attended keys and calls it.
 
 Cost: a chunk shorter than the kernels' tiles leaves most of each tile's rows empty; Llama 4's
 chunk (8192) is many tiles long.
