@@ -486,15 +486,17 @@ def _base(device: str, dtype: torch.dtype = torch.bfloat16):
             "v": torch.randn(2, 40, 2, 64, device=device).to(dtype)}
 
 
+def setter(name: str, value: Any) -> Any:
+    """A mutation of a kwargs dict: kwargs[name] = value (value(kwargs) when callable)."""
+    def mutate(kw):
+        kw[name] = value(kw) if callable(value) else value
+    return mutate
+
+
 def _mutations(device: str) -> list[tuple[str, str, Any]]:
     """(description, the argument the message must name, a function of a fresh valid
     flash_attn_func kwargs dict that breaks one argument)."""
     other = "cpu" if device != "cpu" else "meta"
-
-    def setter(name, value):
-        def mutate(kw):
-            kw[name] = value(kw) if callable(value) else value
-        return mutate
 
     def make(kw, shape, strides=None, dtype=None):
         # fresh tensors, not views: FakeTensors of a "cuda" device cannot be indexed on a
@@ -554,11 +556,6 @@ def _mutations(device: str) -> list[tuple[str, str, Any]]:
 def _varlen_mutations(device: str) -> list[tuple[str, str, Any]]:
     def cu(values):
         return torch.tensor(values, dtype=torch.int32, device=device)
-
-    def setter(name, value):
-        def mutate(kw):
-            kw[name] = value(kw) if callable(value) else value
-        return mutate
 
     return [
         ("cu_seqlens_q int64", "cu_seqlens_q", setter("cu_seqlens_q", lambda kw: cu(

@@ -87,6 +87,15 @@ def max_abs(a, b) -> float:
     return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
 
 
+def assert_fa3_rule(got, ref, low, factor=2.0, what=""):
+    """FA3's rule for one result: max|got - ref| <= factor * max|low - ref| + FA3's rounding
+    scale of ref in got's dtype (2 * max|fl(ref + 0.3) - 0.3 - fl(ref)|)."""
+    ref_lowp = ref.to(got.dtype)
+    atol = 2 * max_abs(ref_lowp + 0.3 - 0.3, ref_lowp)
+    err, tol = max_abs(got, ref), factor * max_abs(low, ref) + atol
+    assert err <= tol, f"{what}max error {err:.4g} > tolerance {tol:.4g}"
+
+
 def flash_grads(q, k, v, dout, dlse=None, deterministic=False, backend="auto", **mask):
     """(dq, dk, dv) of flash_attn_func through autograd (fresh leaves, so q/k/v may be views)."""
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]

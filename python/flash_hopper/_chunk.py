@@ -99,24 +99,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: int, softm
     cu_seqlens_q = torch.tensor(cu_q, dtype=torch.int32, device=q.device)
     cu_seqlens_k = torch.tensor(cu_k, dtype=torch.int32, device=q.device)
     qf, kf, vf = (t.reshape(t.shape[0] * t.shape[1], t.shape[2], t.shape[3]) for t in (q, k, v))
-    window = (cfg.window_left, cfg.window_right)
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if plain_eager and not grad:
-        out, lse, _ = _varlen.forward(qf, kf, vf, cu_seqlens_q, cu_seqlens_k, max_q, max_k, None,
-                                      None, cfg.softmax_scale, False, window, cfg.softcap,
-                                      cfg.backend, need_lse=return_attn_probs, checked=True,
-                                      sm_margin=sm_margin)
-    elif plain_eager:
-        out, lse = _autograd.FlashAttnVarlenFunction.apply(
-            qf, kf, vf, cu_seqlens_q, cu_seqlens_k, max_q, max_k, None, None, cfg.softmax_scale,
-            False, window, cfg.softcap, cfg.backend, deterministic, sm_margin, True)
-    else:
-        vc = _varlen.check_args(qf, kf, vf, cu_seqlens_q, cu_seqlens_k, max_q, max_k, None, None,
-                                cfg.softmax_scale, False, window, cfg.softcap, cfg.backend)
-        vcfg = vc.cfg
-        out, lse = ops.fwd_varlen(qf, kf, vf, cu_seqlens_q, cu_seqlens_k, None, None, max_q,
-                                  max_k, vcfg.softmax_scale, vcfg.window_left, vcfg.window_right,
-                                  vcfg.softcap, vcfg.backend, deterministic, sm_margin)
+    out, lse = _run(qf, kf, vf, cu_seqlens_q, cu_seqlens_k, None, None, max_q, max_k, cfg,
+                    deterministic, sm_margin, return_attn_probs, plain_eager, grad)
     out = out.view(b, sq, cfg.heads_q, out.shape[-1])
     if not return_attn_probs:
         return out
@@ -138,10 +123,11 @@ def varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
         raise UnsupportedError(f"attention_chunk: expected 0 while a CUDA graph is captured "
                                f"(varlen chunks are split on the host from the offsets), got "
                                f"{chunk}")
-    if _varlen.offsets_checked():
-        _varlen.check_offsets(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, q.shape[0],
-                              k.shape[0])
-    h = _varlen.host_offsets(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
+    if _varlen.offsets_checked():  # one read of the offsets, checked
+        h = _varlen.check_offsets(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, q.shape[0],
+                                  k.shape[0])
+    else:
+        h = _varlen.host_offsets(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     spans = []
     for b in range(len(h.cu_q) - 1):
         rows, keys = h.cu_q[b + 1] - h.cu_q[b], h.cu_k[b + 1] - h.cu_k[b]
@@ -151,12 +137,31 @@ def varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     device = q.device
     cu_q, cu_k, used_q, used_k = (torch.tensor(x, dtype=torch.int32, device=device)
                                   for x in (cu_q, cu_k, used_q, used_k))
+    return _run(q, k, v, cu_q, cu_k, used_q, used_k, max_q, max_k, cfg, deterministic,
+                sm_margin, True, True, grad, out)
+
+
+def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
+         cu_k: torch.Tensor, used_q: torch.Tensor | None, used_k: torch.Tensor | None,
+         max_q: int, max_k: int, cfg: _validate.FwdConfig, deterministic: bool, sm_margin: int,
+         need_lse: bool, plain_eager: bool, grad: bool,
+         out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One varlen call over the pieces (the mask's causal already folded into cfg's window), by
+    flash_attn_varlen_func's routes: eager with the offsets taken as built (no read-back),
+    through autograd when an input requires grad, or the custom op when traced."""
     window = (cfg.window_left, cfg.window_right)
-    if grad:
+    if plain_eager and not grad:
+        result, lse, _ = _varlen.forward(q, k, v, cu_q, cu_k, max_q, max_k, used_q, used_k,
+                                         cfg.softmax_scale, False, window, cfg.softcap,
+                                         cfg.backend, out=out, need_lse=need_lse, checked=True,
+                                         sm_margin=sm_margin)
+        return result, lse
+    if plain_eager:
         return _autograd.FlashAttnVarlenFunction.apply(
             q, k, v, cu_q, cu_k, max_q, max_k, used_q, used_k, cfg.softmax_scale, False, window,
             cfg.softcap, cfg.backend, deterministic, sm_margin, True)
-    result, lse, _ = _varlen.forward(q, k, v, cu_q, cu_k, max_q, max_k, used_q, used_k,
-                                     cfg.softmax_scale, False, window, cfg.softcap, cfg.backend,
-                                     out=out, checked=True, sm_margin=sm_margin)
-    return result, lse
+    vcfg = _varlen.check_args(q, k, v, cu_q, cu_k, max_q, max_k, used_q, used_k,
+                              cfg.softmax_scale, False, window, cfg.softcap, cfg.backend).cfg
+    return ops.fwd_varlen(q, k, v, cu_q, cu_k, used_q, used_k, max_q, max_k, vcfg.softmax_scale,
+                          vcfg.window_left, vcfg.window_right, vcfg.softcap, vcfg.backend,
+                          deterministic, sm_margin)

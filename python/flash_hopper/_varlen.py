@@ -168,9 +168,9 @@ def host_offsets(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
 
 def check_offsets(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                   seqused_q: torch.Tensor | None, seqused_k: torch.Tensor | None, total_q: int,
-                  total_k: int) -> None:
+                  total_k: int) -> HostOffsets:
     """The offsets' values: non-decreasing from >= 0 to <= the tensor's tokens, seqused within
-    [0, its span]. One device-to-host copy of all of them."""
+    [0, its span]. One device-to-host copy of all of them, returned for callers that need them."""
     h = host_offsets(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     n = len(h.cu_q)
     cu = {"cu_seqlens_q": (h.cu_q, total_q, "q.shape[0]"),
@@ -195,6 +195,7 @@ def check_offsets(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
             if u < 0 or u > span:
                 raise ValueError(f"{name}: expected 0 <= {name}[{b}] <= its span in {key} "
                                  f"({span}), got {u}")
+    return h
 
 
 def _meta(t: Any) -> tuple | None:

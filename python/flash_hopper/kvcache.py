@@ -508,8 +508,9 @@ def _chunked(q_rows: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     device-to-host copy of the lengths, one gather of the attended keys (the price of serving it
     without a kernel of its own)."""
     batch, seqlen_cache = cu_q.shape[0] - 1, k_cache.shape[1]
-    parts = [used_k] + [t for t in (cache_leftpad, cache_batch_idx) if t is not None]
-    host = torch.cat([t.to(torch.int32) for t in parts]).cpu().tolist()
+    parts = [cu_q, used_k] + ([cache_leftpad] if cache_leftpad is not None else [])
+    host = torch.cat([t.to(torch.int32) for t in parts]).cpu().tolist()  # one read
+    cq, host = host[:batch + 1], host[batch + 1:]
     ends = [min(max(e, 0), seqlen_cache) for e in host[:batch]]
     starts = host[batch:2 * batch] if cache_leftpad is not None else [0] * batch
     lengths = [max(e - b, 0) for b, e in zip(starts, ends)]
@@ -523,7 +524,6 @@ def _chunked(q_rows: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
            + torch.tensor(starts, dtype=torch.long, device=device)[seq])
     k_packed, v_packed = k_cache[rows[seq], pos], v_cache[rows[seq], pos]
     cu_k = first.to(torch.int32)
-    cq = cu_q.cpu().tolist()
     max_q = max((b - a for a, b in zip(cq, cq[1:])), default=0)
     return _chunk.varlen_forward(
         q_rows, k_packed, v_packed, cu_q, cu_k, max_q, max(lengths, default=0), None, None,
