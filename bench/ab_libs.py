@@ -43,7 +43,7 @@ from flash_hopper.bench.check import CheckResult, GradCheckResult, GradReference
 # ABI versions whose FhFwdParams has this package's layout: a library of such a version can be
 # timed against the current one (ABI 2 changed only fh_fwd_select_backend's signature, ABI 3 added
 # the backward's FhBwdParams and functions beside an unchanged FhFwdParams).
-SAME_PARAMS_LAYOUT = {1, 2, 3, _lib.ABI_VERSION}
+SAME_PARAMS_LAYOUT = {1, 2, 3, 9, _lib.ABI_VERSION}
 
 
 class BaselineLibrary:

@@ -59,6 +59,13 @@ if ! skipped sanitizer; then
         "$py" "$here/bench/sanitizer_case.py" --backend "$backend" --num-sms 3
     done
   done
+  # The serving paths' memory safety with the value checks off (as under graph capture): bad
+  # offsets, out-of-range cache / page-table indices, expanded index tensors, on the decode kernel
+  # and the varlen paths. Nothing outside the caller's tensors may be touched.
+  run_step "compute-sanitizer memcheck (serving hazards)" sanitizer_memcheck_serving.log \
+    compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
+    "$py" -m pytest -q -p no:cacheprovider "$here/tests/test_decode_gpu.py" \
+    "$here/tests/test_varlen_gpu.py" -k "unchecked or expanded or never_fault or hint"
   # The backward (its forward too), default and deterministic mode, on the paths that have one.
   for backend in ${FH_SANITIZER_BWD_BACKENDS:-fa2 fa3}; do
     for tool in memcheck racecheck synccheck; do

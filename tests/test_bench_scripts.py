@@ -184,17 +184,21 @@ def test_pre_merge_script_runs_every_step_with_the_library_required(tmp_path):
         for tool in ("memcheck", "racecheck", "synccheck"):
             assert any(f"--tool {tool}" in c and f"--backend {backend}" in c
                        and "--direction bwd" in c for c in sanitizer)
+    # The serving paths' hazard tests under memcheck (value checks off inside the tests).
+    assert any("--tool memcheck" in c and "test_decode_gpu.py" in c and "test_varlen_gpu.py" in c
+               and "unchecked" in c for c in sanitizer)
     # The API fuzz, alone and under memcheck.
     assert any("tests/fuzz_api.py --seconds 120" in c for c in python_calls)
     assert any("--tool memcheck" in c and "tests/fuzz_api.py --small" in c for c in sanitizer)
     logs = {p.name for p in (tmp_path / "out").iterdir()}
     assert {"pytest.log", "bench.log", "build_info.json", "sanitizer_synccheck_fa3.log",
-            "sanitizer_racecheck_bwd_fa2.log", "fuzz.log", "fuzz_memcheck.log"} <= logs
+            "sanitizer_racecheck_bwd_fa2.log", "fuzz.log", "fuzz_memcheck.log",
+            "sanitizer_memcheck_serving.log"} <= logs
 
 
 @needs_bash
 @pytest.mark.parametrize("fail,steps", [
-    ("-m pytest", ["pytest"]),
+    ("-m pytest", ["pytest", "compute-sanitizer memcheck (serving hazards)"]),
     ("--tool racecheck", ["compute-sanitizer racecheck (fa2)", "compute-sanitizer racecheck (fa3)",
                           "compute-sanitizer racecheck bwd (fa2)",
                           "compute-sanitizer racecheck bwd (fa3)"]),

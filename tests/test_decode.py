@@ -57,7 +57,7 @@ def test_plan_splits_one_wave_and_sizes_the_workspace(lib):
     ({"head_dim": 96}, "head_dim: expected 64, 128 or 256 for decode, got 96"),
     ({"heads_kv": 5}, "heads_kv: expected a divisor of heads_q (32), got 5"),
     ({"seqlen_q": 0}, "seqlen_q: expected 1.."),
-    ({"page_size": 0}, "page_size: expected >= 1, got 0"),
+    ({"page_size": 0}, "page_size: expected 1..2147483647, got 0"),
     ({"num_pages": 0}, "num_pages: expected 1.."),
     ({"page_table": 16, "max_pages": 4, "page_table_stride": 3},
      "page_table_stride: expected >= max_pages (4), got 3"),
@@ -140,7 +140,8 @@ def test_eager_constant_builds_once_outside_capture():
 
     a = _decode.eager_constant(cache, pinned, ("cpu", 3), make)
     b = _decode.eager_constant(cache, pinned, ("cpu", 3), make)
-    assert a is b and len(made) == 1 and cache == {("cpu", 3): a} and pinned == {}
+    # keyed by the device's current stream too (0 for a non-CUDA device)
+    assert a is b and len(made) == 1 and cache == {(0, "cpu", 3): a} and pinned == {}
     for i in range(64):  # a full cache starts over (graphs keep theirs in `pinned`)
         _decode.eager_constant(cache, pinned, ("cpu", 100 + i), make)
-    assert len(cache) == 1 and ("cpu", 3) not in cache
+    assert len(cache) == 1 and (0, "cpu", 3) not in cache

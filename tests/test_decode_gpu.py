@@ -448,3 +448,167 @@ def test_varlen_short_queries_on_the_decode_kernel(monkeypatch, causal, window, 
     finite = torch.isfinite(want_lse)
     assert torch.equal(finite, torch.isfinite(got_lse))
     assert (got_lse[finite] - want_lse[finite]).abs().max().item() < 1e-3
+
+
+# --- serving hazards: any index values stay inside the caller's tensors ---------------------------
+
+
+def test_unchecked_varlen_offsets_write_nothing_outside_out(monkeypatch):
+    """cu_seqlens_q out of order, past q and negative with the value check off (as under graph
+    capture): the decode kernel clamps every offset to q's rows, so no row of the buffer around
+    `out` changes (the FA paths: test_varlen_gpu.py's test of the same call)."""
+    monkeypatch.setenv("FLASH_HOPPER_CHECK_OFFSETS", "0")
+    from flash_hopper import flash_attn_varlen_func
+
+    q = torch.randn(100, 2, 64, dtype=torch.bfloat16, device="cuda")
+    buf = torch.full((300, 2, 64), 5.0, dtype=torch.bfloat16, device="cuda")
+    out = buf[100:200]
+    cu = torch.tensor([0, 90, 10, 5000, -7], dtype=I32, device="cuda")
+    assert run_count(lambda: flash_attn_varlen_func(q, q, q, cu, cu, 100, 100, out=out)) == 1
+    assert (buf[:100] == 5.0).all() and (buf[200:] == 5.0).all()
+    # and the LSE: its rows are q's, nothing past them
+    _, lse = flash_attn_varlen_func(q, q, q, cu, cu, 100, 100, return_attn_probs=True)
+    assert lse.shape == (2, 100)
+
+
+def test_a_short_max_seqlen_q_hint_still_writes_every_row():
+    """max_seqlen_q is a hint: cu_seqlens_q = [0, 3] with max_seqlen_q = 1 gives all 3 rows."""
+    from flash_hopper import flash_attn_varlen_func
+
+    g = torch.Generator(device="cuda").manual_seed(8)
+    q = torch.randn(3, 4, 64, device="cuda", generator=g).bfloat16()
+    k, v = (torch.randn(40, 4, 64, device="cuda", generator=g).bfloat16() for _ in range(2))
+    cu_q = torch.tensor([0, 3], dtype=I32, device="cuda")
+    cu_k = torch.tensor([0, 40], dtype=I32, device="cuda")
+    out = torch.full_like(q, float("nan"))
+    flash_attn_varlen_func(q, k, v, cu_q, cu_k, 1, 40, causal=True, out=out)
+    ref_out, _, low = reference(q[None], k[None], v[None],
+                                cache_seqlens=torch.tensor([40], dtype=I32, device="cuda"),
+                                causal=True)
+    check_kvcache(out[None], None, ref_out, None, low)
+
+
+@pytest.mark.parametrize(("window", "causal"), [((2**32, -1), True), ((-1, 2**31 - 1), False),
+                                                ((2**40, 2**40), False), ((2**31, 0), False)])
+def test_huge_windows_are_unbounded_not_wrapped(window, causal):
+    """A window past the cache means no bound there, as on the FA path: 2^32 must not become a
+    window of 0 (one key), 2^31 - 1 on the right must not overflow into an empty row."""
+    g = torch.Generator(device="cuda").manual_seed(9)
+    q = torch.randn(2, 1, 8, 128, device="cuda", generator=g).bfloat16()
+    kc, vc = dense_cache(2, 300, 2, 128, [300, 77], torch.bfloat16, g)
+    seqlens = torch.tensor([300, 77], dtype=I32, device="cuda")
+    out, lse = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, causal=causal,
+                                       window_size=window, return_softmax_lse=True)
+    ref_out, ref_lse, low = reference(q, kc, vc, cache_seqlens=seqlens,
+                                      causal=causal or window[1] == 0)
+    check_kvcache(out, lse, ref_out, ref_lse, low)
+
+
+@pytest.mark.parametrize(("limit", "head_dim", "decode"), [
+    (101376, 128, True), (101376, 64, True), (101376, 256, False),  # sm_86 / sm_89 / sm_120
+    (163 * 1024, 256, True), (163 * 1024, 128, True)])  # A100
+def test_smaller_shared_memory_runs_fewer_stages_or_routes_away(monkeypatch, lib, limit,
+                                                                head_dim, decode):
+    """FH_DEBUG_SMEM_LIMIT shows the library a smaller GPU's shared memory: the decode kernel runs
+    with the stages that fit, or (d256 on 99 KiB) the route leaves it before the cache is
+    written, for the varlen kernels (on those GPUs FA-2's, whose tiles fit 99 KiB: run here with
+    backend="fa2", as this H100 / H200 would otherwise pick FA-3); either way the new keys are
+    appended once and the result is right."""
+    monkeypatch.setenv("FH_DEBUG_SMEM_LIMIT", str(limit))
+    g = torch.Generator(device="cuda").manual_seed(head_dim)
+    q = torch.randn(2, 2, 16, head_dim, device="cuda", generator=g).bfloat16()
+    kc, vc = dense_cache(2, 400, 4, head_dim, [300, 41], torch.bfloat16, g)
+    kn, vn = (torch.randn(2, 2, 4, head_dim, device="cuda", generator=g).bfloat16()
+              for _ in range(2))
+    seqlens = torch.tensor([300, 41], dtype=I32, device="cuda")
+    ref_out, ref_lse, k1, v1, low = kvcache_references(q, kc, vc, kn, vn, cache_seqlens=seqlens,
+                                                       causal=True)
+    assert _decode.usable(q, kc, vc, 2 * 4) == decode  # the route, decided before the append
+    backend = "auto"
+    if not decode:
+        if not lib.has_fwd_kernel(FhBackend.FA2, FhDtype.BF16, head_dim):
+            pytest.skip(f"no FA-2 kernel for d{head_dim} in this build")
+        backend = "fa2"
+    calls = []
+    real = _decode.forward
+    monkeypatch.setattr(_decode, "forward", lambda *a, **k: calls.append(1) or real(*a, **k))
+    out, lse = flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=seqlens, causal=True,
+                                       return_softmax_lse=True, backend=backend)
+    assert bool(calls) == decode
+    check_kvcache(out, lse, ref_out, ref_lse, low)
+    for got, want in ((kc, k1), (vc, v1)):
+        for b, n in enumerate([302, 43]):
+            assert torch.equal(got[b, :n].double(), want[b, :n])
+
+
+def test_expanded_and_strided_index_tensors():
+    """Beam search's expand()ed cache_batch_idx, a column of a per-layer sinks table: read by
+    their values, not their raw memory."""
+    g = torch.Generator(device="cuda").manual_seed(10)
+    b, hq, hk, d = 4, 8, 2, 64
+    q = torch.randn(b, 1, hq, d, device="cuda", generator=g).bfloat16()
+    kc, vc = dense_cache(2, 200, hk, d, [150, 200], torch.bfloat16, g)
+    idx = torch.ones(1, dtype=I32, device="cuda").expand(b)
+    seqlens = torch.full((b,), 150, dtype=I32, device="cuda")[::1]
+    layers = torch.randn(hq, 3, device="cuda", generator=g)
+    kw = {"cache_seqlens": seqlens, "cache_batch_idx": idx, "sinks": layers[:, 1]}
+    out, lse = flash_attn_with_kvcache(q, kc, vc, return_softmax_lse=True, **kw)
+    ref_out, ref_lse, low = reference(q, kc, vc, cache_seqlens=seqlens,
+                                      cache_batch_idx=idx.contiguous(),
+                                      sinks=layers[:, 1].contiguous())
+    check_kvcache(out, lse, ref_out, ref_lse, low)
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_no_keys_and_a_sink_of_minus_inf_give_zero(num_splits):
+    q = torch.randn(2, 1, 4, 128, device="cuda").bfloat16()
+    kc, vc = (torch.randn(2, 512, 2, 128, device="cuda").bfloat16() for _ in range(2))
+    seqlens = torch.tensor([0, 300], dtype=I32, device="cuda")
+    sinks = torch.tensor([float("-inf"), 0.5, float("-inf"), 1.0], device="cuda")
+    assert run_count(lambda: flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens,
+                                                     sinks=sinks, num_splits=num_splits)) == 1
+    out, lse = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, sinks=sinks,
+                                       num_splits=num_splits, return_softmax_lse=True)
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert (out[0] == 0).all() and lse[0, 0, 0] == float("-inf") and lse[0, 1, 0] == 0.5
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_unchecked_bad_indices_stay_inside_the_caches(monkeypatch, paged):
+    """cache_batch_idx past the cache (or the table), negative, with new keys and the value
+    check off: the append and the kernel clamp them, nothing around the caches changes, no
+    device assert (the process keeps working). compute-sanitizer runs this in gpu_check.sh."""
+    monkeypatch.setenv("FLASH_HOPPER_CHECK_OFFSETS", "0")
+    g = torch.Generator(device="cuda").manual_seed(11)
+    hq, hk, d = 8, 2, 128
+    q = torch.randn(2, 1, hq, d, device="cuda", generator=g).bfloat16()
+    kn, vn = (torch.randn(2, 1, hk, d, device="cuda", generator=g).bfloat16() for _ in range(2))
+    big_k, big_v = (torch.full((10, 64, hk, d), 5.0, device="cuda").bfloat16()
+                    for _ in range(2))
+    kc, vc = big_k[1:9], big_v[1:9]  # 8 entries (or pages of 64) inside a guarded buffer
+    idx = torch.tensor([7, -3], dtype=I32, device="cuda") * (1000 if not paged else 1)
+    kw = {"cache_seqlens": torch.tensor([10, 5000], dtype=I32, device="cuda"),
+          "cache_batch_idx": idx}
+    if paged:
+        kw["page_table"] = torch.tensor([[0, 1], [2, -9], [99, 3], [4, 5]], dtype=I32,
+                                        device="cuda")
+    out = flash_attn_with_kvcache(q, kc, vc, kn, vn, **kw)
+    torch.cuda.synchronize()
+    assert not out.isnan().any()
+    for big in (big_k, big_v):
+        assert (big[0] == 5.0).all() and (big[9] == 5.0).all()
+
+
+def test_paged_cache_batch_idx_past_the_table_is_refused_before_the_append():
+    hq, hk, d = 32, 8, 128
+    q = torch.randn(2, 1, hq, d, device="cuda").bfloat16()
+    kc, vc = (torch.randn(32, 16, hk, d, device="cuda").bfloat16() for _ in range(2))
+    kn, vn = (torch.randn(2, 1, hk, d, device="cuda").bfloat16() for _ in range(2))
+    table = torch.randperm(32, device="cuda")[:32].view(4, 8).to(I32)
+    before = kc.clone(), vc.clone()
+    with pytest.raises(ValueError, match="cache_batch_idx"):
+        flash_attn_with_kvcache(q, kc, vc, kn, vn,
+                                cache_seqlens=torch.tensor([10, 10], dtype=I32, device="cuda"),
+                                cache_batch_idx=torch.tensor([0, 7], dtype=I32, device="cuda"),
+                                page_table=table)
+    assert torch.equal(kc, before[0]) and torch.equal(vc, before[1])

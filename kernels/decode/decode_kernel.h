@@ -58,6 +58,7 @@ struct DecodeParams {
 
   int batch;
   int seqlen_q;  // varlen: the maximum
+  int total_q;   // varlen: rows of q / o / lse; cu_seqlens_q is clamped to [0, total_q]
   int heads_kv;
   int group;        // heads_q / heads_kv
   int row_blocks;   // per kv head: ceil(seqlen_q * group / kRowsPerCta)
@@ -225,9 +226,10 @@ struct TileRows {
   __device__ TileRows(DecodeParams const& params, int b_, int head_kv_, int row_block)
       : p(params), b(b_), head_kv(head_kv_), first_row(row_block * kRowsPerCta),
         seqlen_q(params.seqlen_q), q_row0(0) {
-    if (p.cu_seqlens_q != nullptr) {
-      const int start = p.cu_seqlens_q[b];
-      seqlen_q = clamp_int(p.cu_seqlens_q[b + 1] - start, 0, p.seqlen_q);
+    if (p.cu_seqlens_q != nullptr) {  // clamped to q's rows: any offsets stay inside q / o / lse
+      const int start = clamp_int(p.cu_seqlens_q[b], 0, p.total_q);
+      const int stop = clamp_int(p.cu_seqlens_q[b + 1], start, p.total_q);
+      seqlen_q = imin(stop - start, p.seqlen_q);
       q_row0 = start;
     }
     count = imin(kRowsPerCta, seqlen_q * p.group - first_row);
@@ -249,13 +251,17 @@ struct TileRows {
     p.lse[at] = row_lse2 * kLn2;
   }
   // A sink joins row i's denominator without a value (total = log2(2^lse2 + 2^sink2)): returns
-  // O's factor 2^(lse2 - total) and updates the LSE.
+  // O's factor 2^(lse2 - total) and updates the LSE. A row without keys and a sink of -inf has
+  // an empty denominator: factor 0 (O is 0 there), LSE -inf.
   __device__ float sink(int i, float* row_lse2) const {
     if (p.sinks == nullptr) {
       return 1.f;
     }
     const float sink2 = p.sinks[head_of(i)] * kLog2e;
     const float top = fmaxf(*row_lse2, sink2);
+    if (top == -INFINITY) {
+      return 0.f;
+    }
     const float total = top + __log2f(exp2f(*row_lse2 - top) + exp2f(sink2 - top));
     const float f = exp2f(*row_lse2 - total);
     *row_lse2 = total;

@@ -1600,7 +1600,8 @@ FhStatus validate_decode_shapes(const FhDecodeParams* p) {
            "head_dim: expected 64, 128 or 256 for decode, got %lld", (long long)p->head_dim);
   FH_CHECK(p->batch >= 0 && p->batch <= kMaxGridYZ, "batch: expected 0..%lld, got %lld",
            (long long)kMaxGridYZ, (long long)p->batch);
-  FH_CHECK(p->heads_q >= 1, "heads_q: expected >= 1, got %lld", (long long)p->heads_q);
+  FH_CHECK(p->heads_q >= 1 && p->heads_q <= kMaxGridYZ, "heads_q: expected 1..%lld, got %lld",
+           (long long)kMaxGridYZ, (long long)p->heads_q);
   FH_CHECK(p->heads_kv >= 1 && p->heads_q % p->heads_kv == 0,
            "heads_kv: expected a divisor of heads_q (%lld), got %lld", (long long)p->heads_q,
            (long long)p->heads_kv);
@@ -1610,11 +1611,17 @@ FhStatus validate_decode_shapes(const FhDecodeParams* p) {
            "seqlen_q: expected seqlen_q * heads_q / 16 rounded up per kv head <= %lld, got "
            "seqlen_q %lld with heads_q %lld",
            (long long)kMaxGridYZ, (long long)p->seqlen_q, (long long)p->heads_q);
-  FH_CHECK(p->page_size >= 1, "page_size: expected >= 1, got %lld", (long long)p->page_size);
+  FH_CHECK(p->page_size >= 1 && p->page_size <= INT32_MAX, "page_size: expected 1..%d, got %lld",
+           INT32_MAX, (long long)p->page_size);
   FH_CHECK(p->num_pages >= 1 && p->num_pages <= INT32_MAX, "num_pages: expected 1..%d, got %lld",
            INT32_MAX, (long long)p->num_pages);
+  // total_q: the varlen rows the kernel clamps cu_seqlens_q to (int32 offsets)
+  FH_CHECK(p->total_q >= 0 && p->total_q <= INT32_MAX, "total_q: expected 0..%d, got %lld",
+           INT32_MAX, (long long)p->total_q);
   if (p->page_table != nullptr) {
-    FH_CHECK(p->max_pages >= 1, "max_pages: expected >= 1 with a page_table, got %lld",
+    // both factors <= INT32_MAX before their product is formed: it cannot overflow int64
+    FH_CHECK(p->max_pages >= 1 && p->max_pages <= INT32_MAX,
+             "max_pages: expected 1..%d with a page_table, got %lld", INT32_MAX,
              (long long)p->max_pages);
     FH_CHECK(p->page_table_stride >= p->max_pages,
              "page_table_stride: expected >= max_pages (%lld), got %lld", (long long)p->max_pages,
@@ -1625,9 +1632,6 @@ FhStatus validate_decode_shapes(const FhDecodeParams* p) {
     FH_CHECK(p->kv_batch_idx == nullptr,
              "kv_batch_idx: expected null with a page_table (pass the page-table rows of the "
              "batch instead), got %p", (const void*)p->kv_batch_idx);
-  } else {
-    FH_CHECK(p->page_size <= INT32_MAX, "page_size: expected a dense cache of <= %d keys, got %lld",
-             INT32_MAX, (long long)p->page_size);
   }
   FH_TRY(validate_score(p));
   FH_CHECK(p->num_splits >= 0, "num_splits: expected >= 0, got %d", p->num_splits);
@@ -1869,6 +1873,17 @@ FH_EXPORT FhStatus fh_decode_plan(const FhDecodeParams* params, int32_t num_sms,
   *num_splits_out = splits;
   *workspace_bytes_out = decode_workspace_bytes(params, splits);
   return FH_SUCCESS;
+}
+
+FH_EXPORT int32_t fh_decode_stages(int64_t head_dim, int32_t max_smem_per_block) {
+  if (max_smem_per_block <= 0) {
+    DeviceInfo dev;
+    if (query_device(&dev) != FH_SUCCESS) {
+      return 0;
+    }
+    max_smem_per_block = smem_limit(dev);
+  }
+  return decode_stages(head_dim, max_smem_per_block);
 }
 
 FH_EXPORT FhStatus fh_decode(const FhDecodeParams* params, void* stream) {

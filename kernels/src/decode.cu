@@ -6,6 +6,10 @@
 //   d64:  4 x 16 KiB = 66 KiB per CTA (3 per SM)
 //   d128: 3 x 32 KiB = 100 KiB (2 per SM)
 //   d256: 3 x 64 KiB = 200 KiB (1 per SM; 2 stages would still leave 1)
+// A device whose shared memory per block is smaller (sm_86 / sm_89 / sm_120: 99 KiB; sm_80:
+// 163 KiB) runs the largest stage count that fits it, down to 2 (d128 2 stages: 70 KiB, d256:
+// 138 KiB); where not even 2 fit (d256 on 99 KiB), the kernel does not serve the device
+// (fh_decode_stages answers 0 and the caller routes elsewhere before touching any cache).
 // Every stage count 2..5 that fits is compiled (24 small kernels) so that FH_DECODE_STAGES can
 // measure the others without a rebuild.
 #include <cuda_bf16.h>
@@ -27,7 +31,7 @@ using decode::DecodeConfig;
 using decode::DecodeParams;
 
 // The tuned stage count per head dim; FH_DECODE_STAGES (2..5, read per call) overrides it for
-// measurements (bench/PERFLOG.md), when that many stages fit the shared memory.
+// measurements (bench/PERFLOG.md). Either gives way to fewer stages where it does not fit.
 constexpr int kMinStages = 2;
 constexpr int kMaxStages = 5;
 constexpr int kMaxSmemPerBlock = 227 * 1024;
@@ -66,15 +70,29 @@ int smem_of(int64_t head_dim, int stages) {
   }
 }
 
-int stages_for(int64_t head_dim) {
+}  // namespace
+
+int decode_stages(int64_t head_dim, int max_smem_per_block) {
+  if (smem_of(head_dim, kMinStages) <= 0) {
+    return 0;  // not a decode head dim
+  }
+  const int limit = max_smem_per_block < kMaxSmemPerBlock ? max_smem_per_block : kMaxSmemPerBlock;
+  int want = default_stages(head_dim);
   if (const char* env = std::getenv("FH_DECODE_STAGES")) {
     const int v = std::atoi(env);
-    if (v >= kMinStages && v <= kMaxStages && smem_of(head_dim, v) <= kMaxSmemPerBlock) {
-      return v;
+    if (v >= kMinStages && v <= kMaxStages) {
+      want = v;
     }
   }
-  return default_stages(head_dim);
+  for (int stages = want; stages >= kMinStages; --stages) {
+    if (smem_of(head_dim, stages) <= limit) {
+      return stages;
+    }
+  }
+  return 0;
 }
+
+namespace {
 
 // Programmatic dependent launch on sm_90 (FH_DECODE_PDL=0 turns it off, for measurements): each
 // kernel starts while the one before it in the stream finishes and waits for it in
@@ -102,6 +120,7 @@ DecodeParams derive(FhDecodeParams const* p) {
   d.sinks = p->sinks;
   d.batch = static_cast<int>(p->batch);
   d.seqlen_q = static_cast<int>(p->seqlen_q);
+  d.total_q = p->cu_seqlens_q != nullptr ? static_cast<int>(p->total_q) : 0;
   d.heads_kv = static_cast<int>(p->heads_kv);
   d.group = static_cast<int>(p->heads_q / p->heads_kv);
   d.row_blocks = static_cast<int>(decode::row_blocks(p->seqlen_q, d.group));
@@ -134,8 +153,8 @@ DecodeParams derive(FhDecodeParams const* p) {
     d.softcap_scale = 0.f;
     d.scale_log2 = p->softmax_scale * decode::kLog2e;
   }
-  d.window_left = static_cast<int>(p->window_left < 0 ? -1 : p->window_left);
-  d.window_right = static_cast<int>(p->window_right < 0 ? -1 : p->window_right);
+  d.window_left = decode::clamp_window(p->window_left, d.capacity);
+  d.window_right = decode::clamp_window(p->window_right, d.seqlen_q);
   d.splits = p->num_splits;
   if (p->num_splits > 1) {
     const int64_t blocks = p->batch * p->heads_kv * d.row_blocks;
@@ -181,7 +200,9 @@ LaunchResult launch(DecodeParams const& d, int max_smem_per_block, bool programm
 template <class Element, int kHeadDim>
 LaunchResult launch_stages(DecodeParams const& d, int max_smem_per_block, bool programmatic,
                            cudaStream_t stream) {
-  switch (stages_for(kHeadDim)) {
+  switch (decode_stages(kHeadDim, max_smem_per_block)) {
+    case 0:
+      return LaunchResult::no_tile_fits(smem_bytes<kHeadDim, kMinStages>());
     case 2:
       return launch<Element, kHeadDim, 2>(d, max_smem_per_block, programmatic, stream);
     case 3:
@@ -211,7 +232,7 @@ LaunchResult launch_dtype(DecodeParams const& d, int64_t head_dim, int max_smem_
 }  // namespace
 
 int decode_ctas_per_sm(int64_t head_dim) {
-  const int smem = smem_of(head_dim, stages_for(head_dim));
+  const int smem = smem_of(head_dim, decode_stages(head_dim, kMaxSmemPerBlock));
   if (smem <= 0) {
     return 1;
   }

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from . import _lib, _plan_cache
+from . import _device, _lib, _plan_cache
 from ._lib import FhDecodeParams
 
 HEAD_DIMS = (64, 128, 256)
@@ -34,6 +34,7 @@ MAX_SPLITS = 128  # decode_plan.h kMaxSplits
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
     lambda index: torch.cuda.current_stream(index).cuda_stream
 )
+_current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 
 
 def enabled() -> bool:
@@ -63,7 +64,12 @@ def eager_constant(cache: dict, pinned: dict, key: tuple,
     """A constant device tensor (lengths, offsets, zeros) built once outside any CUDA graph capture
     and reused: a captured call takes the eagerly built one (no kernel in the graph for it) and
     pins it in ``pinned``, since a graph reads it on every replay and it must outlive a clear of
-    ``cache``. One made while capturing holds its values only once the graph runs: not cached."""
+    ``cache``. One made while capturing holds its values only once the graph runs: not cached.
+    ``key`` starts with the device; the current stream of that device joins it, so a tensor is
+    only ever used on the stream it was made on, and freeing it (a clear of ``cache``) hands its
+    memory back to the caching allocator behind every kernel that reads it (stream order)."""
+    device = key[0]
+    key = (_stream_of(device),) + key
     capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
     t = pinned.get(key) if capturing else None
     if t is None:
@@ -77,6 +83,19 @@ def eager_constant(cache: dict, pinned: dict, key: tuple,
     elif capturing:
         pinned[key] = t
     return t
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _stream_of(device: Any) -> int:
+    """The current stream of a CUDA device (its raw handle); 0 for anything else (and for a
+    "cuda" device on a build without CUDA, as FakeTensors have)."""
+    if (not isinstance(device, torch.device) or device.type != "cuda"
+            or not torch.cuda.is_available()):
+        return 0
+    return _raw_stream(_index(device))
 
 
 _full: dict[tuple, torch.Tensor] = {}  # (device, batch, seqlen_k) -> full lengths, built eagerly
@@ -110,9 +129,12 @@ def packed_spans(cu_seqlens_k: torch.Tensor,
                  seqused_k: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed keys as one cache entry: sequence b's keys are [leftpad[b], seqlen[b]) of it, with
     leftpad = cu_seqlens_k[:-1] and seqlen = cu_seqlens_k[1:] (views: nothing launched), or
-    leftpad + seqused_k (one add) when only the first seqused_k[b] keys are used."""
+    leftpad + seqused_k clamped to the span (FA3's rule: seqused_k counts the first keys of the
+    span, never past it; unchecked values must not reach the next sequence's keys)."""
     leftpad = cu_seqlens_k[:-1]
-    seqlen = cu_seqlens_k[1:] if seqused_k is None else leftpad + seqused_k
+    if seqused_k is None:
+        return leftpad, cu_seqlens_k[1:]
+    seqlen = torch.minimum(leftpad + seqused_k.clamp(min=0), cu_seqlens_k[1:])
     return leftpad, seqlen
 
 
@@ -128,6 +150,8 @@ def varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     heads_q, heads_kv = q.shape[1], k.shape[1]
     batch = cu_seqlens_q.shape[0] - 1
     if not varlen_too() or batch <= 0 or k.shape[0] == 0 or heads_q % heads_kv:
+        return None
+    if max_seqlen_q is None:  # no bound to size the grid by (the caller read none): not here
         return None
     if cu_seqlens_k.dtype != torch.int32 or (seqused_k is not None
                                             and seqused_k.dtype != torch.int32):
@@ -148,10 +172,51 @@ def _aligned(t: torch.Tensor) -> bool:
     return t.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in t.stride()[:-1])
 
 
+# Opt-in shared memory per block by compute capability (CUDA's tables), for questions about a GPU
+# that is not here (flash_hopper.supports(capability=...)); a present GPU is queried instead.
+_OPTIN_SMEM_BY_CC = {(8, 0): 163 * 1024, (8, 7): 163 * 1024, (9, 0): 227 * 1024,
+                     (10, 0): 227 * 1024, (10, 3): 227 * 1024}
+_OPTIN_SMEM_DEFAULT = 99 * 1024  # sm_86 / sm_89 / sm_120 / sm_121: the smallest of cc >= 8.6
+
+
+def capability_info(capability: tuple[int, int]) -> _device.DeviceInfo:
+    """A stand-in DeviceInfo for a compute capability: its opt-in shared memory per block."""
+    smem = _OPTIN_SMEM_BY_CC.get(tuple(capability), _OPTIN_SMEM_DEFAULT)
+    return _device.DeviceInfo(index=-1, name=f"cc {capability[0]}.{capability[1]}",
+                              capability=tuple(capability), sm_count=0,
+                              max_smem_per_block_optin=smem, driver_version=None,
+                              source="capability")
+
+
+def smem_limit(info: _device.DeviceInfo) -> int:
+    """The shared memory per block the library's launches see on a device: its opt-in limit, or
+    FH_DEBUG_SMEM_LIMIT when lower (as api.cu's smem_limit; read per call, like the library)."""
+    limit = info.max_smem_per_block_optin or 48 * 1024
+    env = os.environ.get("FH_DEBUG_SMEM_LIMIT", "")
+    try:
+        debug = int(env) if env else 0
+    except ValueError:
+        debug = 0
+    return debug if 0 < debug < limit else limit
+
+
+def device_serves(info: _device.DeviceInfo, head_dim: int,
+                  lib: _lib.Library | None = None) -> bool:
+    """Whether the decode kernel runs at head_dim on a device: compute capability >= 8.0 and a
+    stage count whose shared memory fits the device (the library's fh_decode_stages: d128 runs
+    on 99 KiB devices with 2 stages, d256 needs more than 99 KiB)."""
+    if info.capability[0] < 8 or head_dim not in HEAD_DIMS:
+        return False
+    lib = lib if lib is not None else _lib.get_library()
+    return lib.decode_stages(head_dim, smem_limit(info)) > 0
+
+
 def usable(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: int,
            out: torch.Tensor | None = None) -> bool:
     """Whether the decode kernel serves a call: fp16 / bf16 everywhere, head_dim 64 / 128 / 256,
-    at most MAX_ROWS packed rows, 16-byte aligned rows (cp.async), a GPU of cc >= 8.0."""
+    at most MAX_ROWS packed rows, 16-byte aligned rows (cp.async), a GPU of cc >= 8.0 whose
+    shared memory holds the kernel at this head dim (device_serves). Decided before any cache is
+    written: a call the kernel would refuse never takes this route."""
     if not enabled() or q.dtype not in DTYPES or not q.is_cuda:
         return False
     if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype or q.shape[-1] not in HEAD_DIMS:
@@ -162,8 +227,8 @@ def usable(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: 
     if not all(_aligned(t) for t in tensors):
         return False
     try:
-        return torch.cuda.get_device_capability(q.device)[0] >= 8
-    except Exception:  # noqa: BLE001 - no device: not usable
+        return device_serves(_device.device_info(_index(q.device)), q.shape[-1])
+    except Exception:  # noqa: BLE001 - no device or no library: not usable
         return False
 
 
@@ -194,6 +259,7 @@ def _plan(lib: _lib.Library, q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     p.dtype = int(DTYPES[q.dtype])
     p.batch, p.seqlen_q, p.heads_q, p.heads_kv, p.head_dim = (batch, seqlen_q, heads_q,
                                                                heads_kv, head_dim)
+    p.total_q = q.shape[0] if varlen else 0
     if page_table is not None:
         p.num_pages, p.page_size = k_cache.shape[0], k_cache.shape[1]
         p.max_pages, p.page_table_stride = page_table.shape[1], page_table.stride(0)
@@ -211,9 +277,7 @@ def _plan(lib: _lib.Library, q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     p.softmax_scale, p.softcap = softmax_scale, softcap
     p.window_left, p.window_right = window
     p.num_splits = num_splits
-    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    from . import _device
-
+    index = _index(q.device)
     if page_table is not None:
         p.page_table = 16  # a placeholder: the plan reads whether the cache is paged, not where
     splits, nbytes = lib.decode_plan(p, _device.device_info(index).sm_count)
@@ -265,10 +329,13 @@ def forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         return out, lse
     lib = _lib.get_library()
     flags = (kv_batch_idx is not None, leftpad_k is not None, sinks is not None)
+    # num_splits: FA3's meaning, any int >= 0; beyond the kernel's cap it is the cap (an int32
+    # field must never see a value that wraps)
+    splits = min(max(int(num_splits), 0), MAX_SPLITS)
     plan = _plan(lib, q, k_cache, v_cache, out, lse_strides, batch, seqlen_q, heads_kv,
                  page_table, varlen, flags, float(softmax_scale), float(softcap),
-                 (int(window[0]), int(window[1])), int(num_splits))
-    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+                 (int(window[0]), int(window[1])), splits)
+    index = _index(q.device)
     stream = _raw_stream(index)
     p = FhDecodeParams.from_buffer_copy(plan.template)
     p.q, p.k, p.v, p.o = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr()
@@ -282,7 +349,11 @@ def forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if plan.splits > 1:  # scratch from torch's caching allocator: no memset, no host sync
         ws = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=q.device)
         p.workspace, p.workspace_bytes = ws.data_ptr(), plan.workspace_bytes
-    lib.decode(p, stream)
+    if _current_device() == index:
+        lib.decode(p, stream)
+    else:  # the runtime launches on the current device: make it the tensors'
+        with torch.cuda.device(index):
+            lib.decode(p, stream)
     return out, lse
 
 

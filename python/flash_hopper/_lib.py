@@ -34,7 +34,7 @@ LIB_NAME = "libflash_hopper.so"
 ENV_VAR = "FLASH_HOPPER_LIB"
 
 # Must equal FH_ABI_VERSION in api.h; the library reports its own through fh_abi_version().
-ABI_VERSION = 9
+ABI_VERSION = 10
 
 
 class FhStatus(enum.IntEnum):
@@ -258,6 +258,7 @@ class FhDecodeParams(ctypes.Structure):
         # shapes
         ("batch", _I64),
         ("seqlen_q", _I64),
+        ("total_q", _I64),
         ("heads_q", _I64),
         ("heads_kv", _I64),
         ("head_dim", _I64),
@@ -441,6 +442,8 @@ class Library:
         d.fh_decode_plan.argtypes = [dec_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32),
                                      ctypes.POINTER(ctypes.c_int64)]
         d.fh_decode_plan.restype = ctypes.c_int
+        d.fh_decode_stages.argtypes = [ctypes.c_int64, ctypes.c_int32]
+        d.fh_decode_stages.restype = ctypes.c_int32
 
     # --- raw calls (status codes), for tests of the ABI itself ---------------------------------
     def fwd_status(self, params: FhFwdParams, stream: int | None) -> int:
@@ -556,6 +559,11 @@ class Library:
         if status != FhStatus.SUCCESS:
             raise status_error(int(status), self.last_error() or "(no message)")
         return int(splits.value), int(size.value)
+
+    def decode_stages(self, head_dim: int, max_smem_per_block: int) -> int:
+        """The decode kernel's key-ring stages at ``head_dim`` on a device allowing
+        ``max_smem_per_block`` bytes of shared memory per block (> 0); 0: it does not fit."""
+        return int(self._dll.fh_decode_stages(int(head_dim), int(max_smem_per_block)))
 
     def check(self, status: int, what: str) -> None:
         """Raise the Python exception that corresponds to an FhStatus (nothing on success)."""

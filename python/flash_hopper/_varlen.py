@@ -325,8 +325,13 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: tor
     vp = plan(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
               seqused_k, softmax_scale, causal, window_size, softcap, backend, out, descales,
               batch_k if kv_batch_idx is not None else 0, sm_margin)
+    longest_q = max_seqlen_q  # what the decode route sizes its grid by
     if vp.template is not None and not checked and offsets_checked():
-        check_offsets(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, q.shape[0], k.shape[0])
+        h = check_offsets(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, q.shape[0],
+                          k.shape[0])
+        # max_seqlen_q is a hint (FA3): the grid takes the longest sequence read here, so a
+        # short hint never leaves rows unwritten; unchecked calls take the hint as the bound
+        longest_q = max([max_seqlen_q] + [b - a for a, b in zip(h.cu_q, h.cu_q[1:])])
     device = vp.dense.device
     if out is None:
         out = torch.empty(vp.out_shape, dtype=vp.dense.out_dtype, device=device)
@@ -334,7 +339,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: tor
     if (vp.template is not None and not checked and kv_batch_idx is None and leftpad_k is None
             and seqused_q is None and cfg.backend == "auto"):
         routed = _decode.varlen_forward(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_k, cfg.softmax_scale,
+            q, k, v, cu_seqlens_q, cu_seqlens_k, longest_q, seqused_k, cfg.softmax_scale,
             (cfg.window_left, cfg.window_right), cfg.softcap, out, need_lse)
         if routed is not None:  # short queries on the decode kernel
             return routed[0], routed[1], vp

@@ -159,10 +159,13 @@ def supports(
 
             from . import _device
 
-            capability = _device.device_info(torch.cuda.current_device()).capability
+            info = _device.device_info(torch.cuda.current_device())
+            capability = info.capability
         except Exception as exc:  # noqa: BLE001 - no GPU here: say so
             return False, (f"no CUDA device to answer for ({type(exc).__name__}: {exc}); pass "
                            f"capability=(9, 0) to ask for a GPU that is not here")
+    else:
+        info = _decode.capability_info(capability)
     left, right = (int(window_size[0]), int(window_size[1]))
     if causal:
         right = 0
@@ -185,7 +188,8 @@ def supports(
     p.softcap = softcap
     p.window_left, p.window_right = left, right
     p.backend, p.variant = _tables.BACKENDS[backend]
-    decode = decode and capability[0] >= 8
+    # the decode kernel where the device's shared memory holds it (d256 does not fit 99 KiB)
+    decode = decode and _decode.device_serves(info, head_dim)
     if decode:  # the decode kernel's own checks (fh_decode_plan), no FA kernel needed
         d = FhDecodeParams()
         d.abi_version = _lib.ABI_VERSION

@@ -22,11 +22,15 @@ into the attention kernel); in a paged cache at (page_table[b][pos // page_size]
 page_size).
 
 Values are checked on the host as the varlen offsets are (one device-to-host copy per call:
-cache_seqlens + new_b <= seqlen_cache, cache_batch_idx within the cache, cache_leftpad <= the
-filled length, the offsets non-decreasing within their tensors, the used pages within the pool),
-except while a CUDA graph is captured or with FLASH_HOPPER_CHECK_OFFSETS=0; unchecked bad values
-then give wrong results but never touch memory outside the tensors (the append's positions are
-clamped to the cache, the kernels clamp every span and page id).
+cache_seqlens + new_b <= seqlen_cache, cache_batch_idx within the cache or the page table's rows,
+cache_leftpad <= the filled length, the offsets non-decreasing within their tensors, the used
+pages within the pool), except while a CUDA graph is captured or with
+FLASH_HOPPER_CHECK_OFFSETS=0; unchecked bad values then give wrong results but never touch memory
+outside the tensors (the append's positions and entries are clamped to the cache, the kernels
+clamp every offset, span, entry and page id). Every refusal comes before the append: the route
+(the decode kernel only where the device's shared memory holds it), the split count (within the
+varlen grid) and the page table's geometry are settled first. Index tensors of any strides are
+copied contiguous (the kernels read them by raw pointer).
 
 Rotary embedding (rotary_cos / rotary_sin, FA3's positions and layouts) rotates q and the new
 keys in torch before they are attended / appended (fp32 math, one rounding), 16-bit only.
@@ -51,6 +55,10 @@ from ._combine import flash_attn_combine
 from ._errors import UnsupportedError
 from ._tables import FP8_DTYPES
 
+_INT32_MAX = 2**31 - 1
+# The varlen kernels' sequences per call (gridDim.y / z): the packed path's pseudo-sequences
+# (batch x key splits) stay within it.
+_MAX_SEQUENCES = 65535
 _offsets: dict[tuple, torch.Tensor] = {}  # (device, n, step) -> int32 arange, built outside capture
 _graph_offsets: dict[tuple, torch.Tensor] = {}  # those a captured call took: never freed
 
@@ -73,7 +81,9 @@ def _check_tensor(name: str, t: Any, dims: int, what: str) -> torch.Tensor:
 
 def _check_index(name: str, t: Any, entries: int, q: torch.Tensor, what: str = "q's batch",
                  dtype: torch.dtype = torch.int32) -> torch.Tensor | None:
-    """An optional 1-D tensor of ``entries`` values (int32 unless ``dtype``) on q's device."""
+    """An optional 1-D tensor of ``entries`` values (int32 unless ``dtype``) on q's device.
+    Returned contiguous (a copy of a strided or expanded one, e.g. beam search's
+    ``zeros(1).expand(4)`` or ``sinks[:, layer]``): the kernels read it by raw pointer."""
     if t is None:
         return None
     kind = "int32" if dtype == torch.int32 else "fp32"
@@ -85,7 +95,7 @@ def _check_index(name: str, t: Any, entries: int, q: torch.Tensor, what: str = "
         raise ValueError(f"{name}: expected {entries} entries ({what}), got {t.shape[0]}")
     if t.device != q.device:
         raise ValueError(f"{name}: expected a tensor on q's device {q.device}, got {t.device}")
-    return t
+    return t.contiguous()
 
 
 def _refuse(name: str, value: Any, why: str) -> None:
@@ -229,6 +239,23 @@ def _new_key_index(batch: int, new: int | None, cu_new: torch.Tensor | None, tot
     return seq, torch.arange(new, device=device)[None].expand(batch, new)
 
 
+def _append_slots(seq: torch.Tensor, index: torch.Tensor, cache_seqlens: torch.Tensor,
+                  seqlen_cache: int, batch_cache: int, cache_batch_idx: torch.Tensor | None,
+                  pages: tuple[torch.Tensor, int, int] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where new key ``index`` of sequence ``seq`` goes: (cache entry or pool page, position in
+    it), at cache_seqlens[seq] + index. Every value is clamped into the cache (the position to
+    [0, seqlen_cache), the entry to [0, batch_cache), a page id to the pool), so an unchecked call
+    (graph capture, FLASH_HOPPER_CHECK_OFFSETS=0) writes wrong rows at worst, never outside the
+    cache and never a device assert."""
+    pos = (cache_seqlens.long()[seq] + index).clamp_(0, max(seqlen_cache - 1, 0))
+    if pages is not None:  # position -> (page, slot) through the table
+        table, num_pages, page_size = pages
+        return table.long()[seq, pos // page_size].clamp_(0, num_pages - 1), pos % page_size
+    if cache_batch_idx is not None:
+        return cache_batch_idx.long().clamp(0, max(batch_cache - 1, 0))[seq], pos
+    return seq, pos
+
+
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
             interleaved: bool = True) -> torch.Tensor:
     """x (..., heads, d) with its first rotary_dim features rotated at positions pos (...)
@@ -274,7 +301,8 @@ def apply_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor,
     shape[heads_dim] = -1
     sink = sinks.view(shape)
     total = torch.logaddexp(lse, sink)
-    factor = torch.exp(lse - total)  # (.., heads, ..) as lse
+    # a row without keys and a sink of -inf: an empty denominator, out 0 (not exp(nan))
+    factor = torch.exp(lse - total).nan_to_num_(nan=0.0)  # (.., heads, ..) as lse
     # the factor per (row, head) in out's layout: heads on out's dim -2, rows as in lse
     # (batch, heads, seqlen) -> (batch, seqlen, heads, 1); (heads, total) -> (total, heads, 1)
     f = factor.movedim(heads_dim, -1).unsqueeze(-1)
@@ -307,17 +335,30 @@ def _check_page_table(page_table: Any, k_cache: Any, v_cache: Any, q: Any, k: An
     if num_pages == 0 or page_size == 0:
         raise ValueError(f"k_cache: expected at least one page of at least one slot, got shape "
                          f"{tuple(k_cache.shape)}")
+    if page_table.shape[1] * page_size > _INT32_MAX:
+        raise ValueError(f"page_table: expected max_pages * page_size <= 2**31 - 1 keys per "
+                         f"sequence (int32 positions), got {page_table.shape[1]} * {page_size}")
     batch = q.shape[0] if cu_seqlens_q is None else cu_seqlens_q.shape[0] - 1
     if cache_batch_idx is not None:
         entries = _check_index("cache_batch_idx", cache_batch_idx, batch, q)
-        if page_table.shape[0] == 0:
+        rows = page_table.shape[0]
+        if rows == 0:
             raise ValueError("page_table: expected rows for cache_batch_idx to pick, got 0")
-        table = page_table[entries.long().clamp(0, page_table.shape[0] - 1)]
+        if _varlen.offsets_checked() and batch > 0:  # as the dense path's check of the index
+            bad = (entries < 0) | (entries >= rows)
+            if bool(bad.any()):
+                b = int(bad.nonzero()[0, 0])
+                raise ValueError(f"cache_batch_idx: expected 0 <= cache_batch_idx[{b}] < "
+                                 f"page_table.shape[0] ({rows}), got {int(entries[b])}")
+        # unchecked (graph capture, FLASH_HOPPER_CHECK_OFFSETS=0): clamped to the table's rows
+        table = page_table[entries.long().clamp(0, rows - 1)]
     else:
         if page_table.shape[0] != batch:
             raise ValueError(f"page_table: expected {batch} rows (q's batch) without "
                              f"cache_batch_idx, got {page_table.shape[0]}")
         table = page_table
+    if table.shape[0] and (table.stride(1) != 1 or table.stride(0) < table.shape[1]):
+        table = table.contiguous()  # the kernel reads rows of max_pages contiguous entries
     return table, num_pages, page_size
 
 
@@ -335,10 +376,16 @@ def _packed_rows(q: torch.Tensor, k_cache: torch.Tensor, cu_seqlens_q: Any,
 
 def _paged(*, page_table, k_cache, v_cache, cache_batch_idx, **call):
     """A paged cache the decode kernel does not serve (FP8, long queries, other head dims):
-    each sequence's pages gathered into a dense copy (one index kernel; unused table entries
+    each sequence's used pages gathered into a dense copy (one index kernel; table entries
     clamped into the pool, so garbage there is never an index error), the dense path run on it
     (every check, the new keys appended into the copy, attention), then the new keys written into
-    the pool's pages. Correct for any page size; costs a copy of the caches per call.
+    the pool's pages. Correct for any page size; costs a copy of the used pages per call.
+
+    The copy holds the first ``used`` columns of the table for every sequence, ``used`` the most
+    pages any sequence fills (its keys plus its new keys; one read of the lengths where the call
+    is checked), so its size follows the longest sequence, not the table's width (a vLLM block
+    table is as wide as the model's context). Unchecked calls (CUDA-graph capture,
+    FLASH_HOPPER_CHECK_OFFSETS=0) cannot read the lengths and copy every column.
     """
     q, k = call["q"], call["k"]
     table, num_pages, page_size = _check_page_table(page_table, k_cache, v_cache, q, k,
@@ -348,30 +395,54 @@ def _paged(*, page_table, k_cache, v_cache, cache_batch_idx, **call):
                                "the decode kernel only (fp16 / bf16, head_dim 64 / 128 / 256, "
                                "seqlen_q * heads_q / heads_kv <= 128)")
     batch = table.shape[0]
-    pages = table.long().clamp(0, num_pages - 1)  # (batch, max_pages)
     capacity = table.shape[1] * page_size
-    dense_k = k_cache[pages].reshape(batch, capacity, *k_cache.shape[2:])
-    dense_v = v_cache[pages].reshape(batch, capacity, *v_cache.shape[2:])
     cu_new = call["cu_seqlens_k_new"]
     lengths = call["cache_seqlens"]  # as the dense path reads it: None = pages full (new keys last)
     if lengths is None and cu_new is None:
         lengths = capacity - (0 if k is None else k.shape[1])
     if isinstance(lengths, numbers.Integral) and not isinstance(lengths, bool):
         lengths = torch.full((batch,), int(lengths), dtype=torch.int32, device=q.device)
+    columns = table.shape[1]
+    new_ok = k is None or (k.dim() == 4 if cu_new is None else (
+        k.dim() == 3 and isinstance(cu_new, torch.Tensor) and cu_new.dtype == torch.int32
+        and tuple(cu_new.shape) == (batch + 1,) and cu_new.device == q.device))
     if (_varlen.offsets_checked() and batch > 0 and isinstance(lengths, torch.Tensor)
-            and lengths.shape == (batch,) and lengths.dtype == torch.int32):
+            and lengths.shape == (batch,) and lengths.dtype == torch.int32
+            and lengths.device == q.device and new_ok):
+        lengths = lengths.contiguous()
         _check_pages(table, lengths, k, cu_new, page_size, num_pages)
+        used = _used_pages(lengths, k, cu_new, page_size, capacity)
+        columns = max(1, min(columns, int(used.max())))  # one read of the lengths
+    pages = table[:, :columns].long().clamp(0, num_pages - 1)  # (batch, columns)
+    dense_k = k_cache[pages].reshape(batch, columns * page_size, *k_cache.shape[2:])
+    dense_v = v_cache[pages].reshape(batch, columns * page_size, *v_cache.shape[2:])
+    if columns < table.shape[1]:  # the copy is shorter than the table: lengths say where
+        call["cache_seqlens"] = lengths
     result = flash_attn_with_kvcache(k_cache=dense_k, v_cache=dense_v, cache_batch_idx=None,
                                      page_table=None, **call)
     if k is not None and batch > 0:  # the new keys, now in the copy, into the pool's pages
         seq, index = _new_key_index(batch, None if cu_new is not None else k.shape[1], cu_new,
                                     k.shape[0], q.device)
-        pos = (lengths.long()[seq] + index).clamp(0, capacity - 1)
+        pos = (lengths.long()[seq] + index).clamp(0, columns * page_size - 1)
         page, slot = pages[seq, pos // page_size], pos % page_size
         with torch.no_grad():
             k_cache[page, slot] = dense_k[seq, pos]
             v_cache[page, slot] = dense_v[seq, pos]
     return result
+
+
+def _used_pages(seqlens: torch.Tensor, k: Any, cu_new: Any, page_size: int,
+                capacity: int) -> torch.Tensor:
+    """The pages each sequence fills (its keys and its new keys; lengths clamped to
+    [0, capacity], so a bad length counts as a full table and the dense path's check names it)."""
+    if k is None:
+        added = torch.zeros_like(seqlens)
+    elif cu_new is not None:
+        added = cu_new[1:] - cu_new[:-1]
+    else:
+        added = torch.full_like(seqlens, k.shape[1])
+    keys = (seqlens.long().clamp(0, capacity) + added.long().clamp(min=0)).clamp(max=capacity)
+    return (keys + page_size - 1) // page_size
 
 
 def _check_pages(table: torch.Tensor, seqlens: torch.Tensor, k: Any, cu_new: Any,
@@ -380,13 +451,7 @@ def _check_pages(table: torch.Tensor, seqlens: torch.Tensor, k: Any, cu_new: Any
     keys) within the pool; unused entries may hold anything. Found on the device, one scalar
     copied back (a table of 10^5 entries read into Python cost milliseconds per call); the first
     bad entry is located on the host only when there is one."""
-    if k is None:
-        added = torch.zeros_like(seqlens)
-    elif cu_new is not None:
-        added = cu_new[1:] - cu_new[:-1]
-    else:
-        added = torch.full_like(seqlens, k.shape[1])
-    used = (seqlens.clamp(min=0) + added + page_size - 1) // page_size  # (batch,)
+    used = _used_pages(seqlens, k, cu_new, page_size, table.shape[1] * page_size)  # (batch,)
     columns = torch.arange(table.shape[1], device=table.device)
     bad = ((table < 0) | (table >= num_pages)) & (columns[None, :] < used[:, None])
     if not bool(bad.any()):
@@ -405,9 +470,17 @@ def _splits(num_splits: int, batch: int, rows: int, heads_kv: int, seqlen_cache:
             device: torch.device) -> int:
     """The key splits of a packed decode call: num_splits when > 0 (FA3's meaning; 1 = none), else
     enough to give every SM a tile when the tiles are few and the keys many (shapes only, so a
-    captured graph's choice holds for every replay)."""
+    captured graph's choice holds for every replay). Never more than the varlen kernels'
+    sequences per call allow (batch x splits pseudo-sequences), so the packed path cannot be
+    refused after the cache was written."""
+    cap = max(1, min(_MAX_SPLITS, _MAX_SEQUENCES // max(batch, 1)))
     if num_splits > 0:
-        return min(num_splits, _MAX_SPLITS)
+        return min(num_splits, cap)
+    return min(_heuristic_splits(batch, rows, heads_kv, seqlen_cache, device), cap)
+
+
+def _heuristic_splits(batch: int, rows: int, heads_kv: int, seqlen_cache: int,
+                      device: torch.device) -> int:
     tiles = batch * heads_kv * -(-rows // 128)
     try:
         sms = _device.device_info(device.index if device.index is not None
@@ -515,8 +588,8 @@ def _chunked(q_rows: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     starts = host[batch:2 * batch] if cache_leftpad is not None else [0] * batch
     lengths = [max(e - b, 0) for b, e in zip(starts, ends)]
     device = q_rows.device
-    rows = cache_batch_idx.long() if cache_batch_idx is not None else torch.arange(
-        batch, device=device)
+    rows = (cache_batch_idx.long().clamp(0, k_cache.shape[0] - 1) if cache_batch_idx is not None
+            else torch.arange(batch, device=device))
     counts = torch.tensor(lengths, dtype=torch.long, device=device)
     seq = torch.repeat_interleave(torch.arange(batch, device=device), counts)
     first = torch.tensor([0] + lengths, dtype=torch.long, device=device).cumsum(0)
@@ -703,7 +776,8 @@ def flash_attn_with_kvcache(
         if cu_seqlens_q.shape[0] < 1:
             raise ValueError("cu_seqlens_q: expected batch + 1 >= 1 entries, got 0")
         batch = cu_seqlens_q.shape[0] - 1
-        _check_index("cu_seqlens_q", cu_seqlens_q, batch + 1, q, "batch + 1 offsets")
+        cu_seqlens_q = _check_index("cu_seqlens_q", cu_seqlens_q, batch + 1, q,
+                                    "batch + 1 offsets")
         total_q, heads_q, head_dim = q.shape
         seqlen_q = total_q if max_seqlen_q is None else int(max_seqlen_q)
     else:
@@ -762,8 +836,8 @@ def flash_attn_with_kvcache(
         if v.shape[0] != k.shape[0] or (not packed and v.shape[1] != k.shape[1]):
             raise ValueError(f"v: expected k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
         if packed:
-            _check_index("cu_seqlens_k_new", cu_seqlens_k_new, batch + 1, q,
-                         "batch + 1 offsets")
+            cu_seqlens_k_new = _check_index("cu_seqlens_k_new", cu_seqlens_k_new, batch + 1, q,
+                                            "batch + 1 offsets")
             new, total_new = None, k.shape[0]
         else:
             new, total_new = k.shape[1], batch * k.shape[1]
@@ -780,7 +854,7 @@ def flash_attn_with_kvcache(
         cache_seqlens = torch.full((batch,), int(cache_seqlens), dtype=torch.int32,
                                    device=q.device)
     elif isinstance(cache_seqlens, torch.Tensor):
-        _check_index("cache_seqlens", cache_seqlens, batch, q)
+        cache_seqlens = _check_index("cache_seqlens", cache_seqlens, batch, q)
     else:
         raise TypeError(f"cache_seqlens: expected None, an int or an int32 tensor (batch,), got "
                         f"{type(cache_seqlens).__name__}")
@@ -870,16 +944,11 @@ def flash_attn_with_kvcache(
             _check_pages(pages[0], cache_seqlens, k, cu_seqlens_k_new, pages[2], pages[1])
 
     def append() -> None:
-        """The new keys into the cache at [cache_seqlens, + new), positions clamped to it; with
-        rotary, each key rotated at its position from the rotary base first (FA3's order)."""
+        """The new keys into the cache at [cache_seqlens, + new); with rotary, each key rotated at
+        its position from the rotary base first (FA3's order)."""
         seq, index = _new_key_index(batch, new, cu_seqlens_k_new, total_new, q.device)
-        pos = (cache_seqlens.long()[seq] + index).clamp_(0, seqlen_cache - 1)
-        if pages is not None:  # position -> (page, slot) through the table
-            table, num_pages, page_size = pages
-            rows = table.long()[seq, pos // page_size].clamp_(0, num_pages - 1)
-            pos = pos % page_size
-        else:
-            rows = cache_batch_idx.long()[seq] if cache_batch_idx is not None else seq
+        rows, pos = _append_slots(seq, index, cache_seqlens, seqlen_cache, batch_cache,
+                                  cache_batch_idx, pages)
         keys = k if rotary is None else _rotate(k, *rotary, base[seq] + index, rotary_interleaved)
         with torch.no_grad():
             k_cache[rows, pos] = keys

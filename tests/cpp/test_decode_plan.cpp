@@ -160,10 +160,57 @@ static void heuristic_and_workspace() {
   CHECK(decode_workspace(10, 1, 128).bytes == 0, "no workspace without splits");
 }
 
+// Windows of any int64 the API takes: clamp_window turns every bound at or past its reach into
+// "unbounded" (what it means there), and row_keys' bounds never wrap, even with a cache of
+// INT32_MAX keys. A window of 2^32 must not become 0 (one key) and one of 2^31 - 1 on the right
+// must not overflow into an empty row.
+static void huge_windows() {
+  const int64_t huge[] = {int64_t{1} << 32, (int64_t{1} << 31) - 1, int64_t{1} << 40,
+                          int64_t{1} << 62};
+  for (int64_t w : huge) {
+    CHECK(clamp_window(w, /*reach=*/1000) == -1, "clamp_window(%lld) bounded", (long long)w);
+  }
+  CHECK(clamp_window(-5, 1000) == -1 && clamp_window(999, 1000) == 999 &&
+            clamp_window(1000, 1000) == -1,
+        "clamp_window at its reach");
+  // causal, window_left 2^32: every key of the row (the FA path's answer), not one
+  const int capacity = 4096;
+  KeyRange r = row_keys(100, 0, 1, 0, clamp_window(int64_t{1} << 32, capacity), 0);
+  CHECK(r.lo == 0 && r.hi == 100, "causal + window 2^32: [%d, %d)", r.lo, r.hi);
+  // window_right 2^31 - 1 unclamped: pos + w + 1 passes INT32_MAX, computed in 64 bits
+  r = row_keys(100, 0, 1, 0, -1, INT32_MAX);
+  CHECK(r.lo == 0 && r.hi == 100, "window_right INT32_MAX: [%d, %d)", r.lo, r.hi);
+  r = row_keys(INT32_MAX, 0, 1, 0, INT32_MAX - 1, 0);
+  CHECK(r.lo == 0 && r.hi == INT32_MAX, "a cache of INT32_MAX keys: [%d, %d)", r.lo, r.hi);
+  // every clamped window agrees with the brute-force mask at its reach and past it
+  for (int seqlen_q = 1; seqlen_q <= 4; ++seqlen_q) {
+    for (int seqlen = 0; seqlen <= 40; seqlen += 5) {
+      const int cap = 40;
+      for (int64_t wl : {int64_t{-1}, int64_t{cap - 1}, int64_t{cap}, int64_t{1} << 33}) {
+        for (int64_t wr : {int64_t{-1}, int64_t{0}, int64_t{seqlen_q}, int64_t{1} << 33}) {
+          const int l = clamp_window(wl, cap);
+          const int rr = clamp_window(wr, seqlen_q);
+          for (int t = 0; t < seqlen_q; ++t) {
+            const KeyRange k = row_keys(seqlen, 0, seqlen_q, t, l, rr);
+            for (int key = 0; key < seqlen; ++key) {
+              const int pos = seqlen - seqlen_q + t;
+              const bool want = (wr < 0 || key <= pos + wr) && (wl < 0 || key >= pos - wl);
+              CHECK((key >= k.lo && key < k.hi) == want,
+                    "clamped window (%lld, %lld) seqlen %d sq %d t %d key %d", (long long)wl,
+                    (long long)wr, seqlen, seqlen_q, t, key);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 int main() {
   rows_and_blocks();
   splits_cover_once();
   pages();
   heuristic_and_workspace();
+  huge_windows();
   return host_check_exit();
 }

@@ -41,7 +41,7 @@ extern "C" {
 // fh_fwd_workspace_size). 7: KV-cache fields (FhFwdParams::kv_batch_idx, leftpad_k, batch_k).
 // 8: the decode kernel (FhDecodeParams, fh_decode, fh_decode_plan). 9: FhDecodeParams without
 // the merge counters (a combine kernel merges the splits).
-#define FH_ABI_VERSION 9
+#define FH_ABI_VERSION 10
 
 // The library's own status; the message (fh_last_error) tells the cases of one status apart.
 typedef enum FhStatus {
@@ -356,20 +356,26 @@ FH_EXPORT FhStatus fh_bwd_select_backend(const FhBwdParams* params, int32_t cc_m
 FH_EXPORT int32_t fh_has_bwd_kernel(int32_t backend, int32_t dtype, int64_t head_dim);
 
 // ---------------------------------------------------------------------------------------------
-// Decode (ABI 8): few query rows against a KV cache, paged or dense
+// Decode (ABI 10): few query rows against a KV cache, paged or dense
 // ---------------------------------------------------------------------------------------------
 //
 // flash_attn_with_kvcache's kernel for short queries (decode, speculative decoding): the query
 // heads of a KV head packed as the rows of one tile (each K / V tile read once per KV head), the
 // keys optionally split across CTAs (split-KV: a batch of one still fills the GPU) and merged by
-// their LSEs inside the same launch (the last CTA of a row block to finish merges), K / V loaded
+// their LSEs in a combine kernel the call launches right behind the decode kernel, K / V loaded
 // row by row through the page table (cp.async: any page size, any strides, vLLM's interleaved
-// K / V views included). fp16 / bf16; head_dim 64, 128 or 256. Both sm_80 and sm_90.
+// K / V views included). fp16 / bf16; head_dim 64, 128 or 256. sm_80 and up, where the kernel's
+// shared memory fits (fh_decode_stages).
 //
 // Keys: sequence b attends keys [leftpad_k[b], seqlens_k[b]) of its cache, both clamped to the
 // cache's capacity (dense: page_size; paged: max_pages * page_size); masks (causal, windows)
 // aligned bottom-right on them as in FhFwdParams. Rows without keys: o = 0, lse = -inf (with
 // sinks: lse = the sink, o = 0).
+//
+// Memory safety holds for any values in the index arrays: cu_seqlens_q is clamped to
+// [0, total_q], a sequence's query count to seqlen_q (a varlen sequence longer than seqlen_q has
+// only its first seqlen_q tokens written), kv_batch_idx to the cache's entries, page ids to the
+// pool. Nothing outside q, k, v, o, lse and the workspace is read or written.
 typedef struct FhDecodeParams {
   int32_t abi_version;  // must be FH_ABI_VERSION
   int32_t dtype;        // FhDtype of q, k, v and o: FH_DTYPE_FP16 or FH_DTYPE_BF16
@@ -395,6 +401,7 @@ typedef struct FhDecodeParams {
   // --- shapes -----------------------------------------------------------------------------
   int64_t batch;
   int64_t seqlen_q;     // tokens per sequence (varlen: the maximum, max_seqlen_q)
+  int64_t total_q;      // varlen: rows of q / o / lse (cu_seqlens_q clamped to them); else 0
   int64_t heads_q;
   int64_t heads_kv;     // heads_q % heads_kv == 0
   int64_t head_dim;
@@ -433,6 +440,13 @@ FH_EXPORT FhStatus fh_decode_plan(const FhDecodeParams* params, int32_t num_sms,
 
 // Decode attention on `stream` on the current device. batch == 0 returns at once.
 FH_EXPORT FhStatus fh_decode(const FhDecodeParams* params, void* stream);
+
+// The key-ring stages the decode kernel runs at head_dim on a device that allows
+// max_smem_per_block bytes of shared memory per block (its opt-in limit; 0: the current device's,
+// lowered by FH_DEBUG_SMEM_LIMIT as for every launch): the tuned count where it fits, else the
+// largest that fits; 0 where none fits or head_dim is not 64 / 128 / 256 (the decode kernel does
+// not serve that device). Pure host arithmetic for max_smem_per_block > 0.
+FH_EXPORT int32_t fh_decode_stages(int64_t head_dim, int32_t max_smem_per_block);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -48,17 +48,26 @@ struct KeyRange {
 FH_HOST_DEVICE int imin(int a, int b) { return a < b ? a : b; }
 FH_HOST_DEVICE int imax(int a, int b) { return a > b ? a : b; }
 
+// A window side as the kernel takes it: < 0 unbounded; a bound of at least `reach` keys is
+// unbounded too, and keeps the int math below overflow-free for any int64 the caller passes.
+// reach: the cache's capacity for the left side (a row's position is below it), the query tokens
+// of a sequence for the right side (a row's position is at least seqlen - seqlen_q).
+FH_HOST_DEVICE int clamp_window(int64_t window, int64_t reach) {
+  return window < 0 || window >= reach ? -1 : static_cast<int>(window);
+}
+
 // The keys query token `token` of a sequence sees: [lead, seqlen) under the window / causal mask
-// (window_left / window_right < 0: unbounded on that side; causal is window_right = 0).
+// (window_left / window_right < 0: unbounded on that side; causal is window_right = 0). The
+// bounds are computed in 64 bits: position + window may pass INT32_MAX.
 FH_HOST_DEVICE KeyRange row_keys(int seqlen, int lead, int seqlen_q, int token, int window_left,
                                  int window_right) {
-  const int pos = seqlen - seqlen_q + token;
+  const int64_t pos = int64_t{seqlen} - seqlen_q + token;
   KeyRange r{lead, seqlen};
-  if (window_right >= 0) {
-    r.hi = imin(r.hi, pos + window_right + 1);
+  if (window_right >= 0 && pos + window_right + 1 < r.hi) {
+    r.hi = static_cast<int>(pos + window_right + 1);
   }
-  if (window_left >= 0) {
-    r.lo = imax(r.lo, pos - window_left);
+  if (window_left >= 0 && pos - window_left > r.lo) {
+    r.lo = static_cast<int>(pos - window_left);
   }
   return r;
 }
