@@ -5,6 +5,8 @@ by FA3's tolerance rule against the float reference. Longer runs: python tests/f
 
 from __future__ import annotations
 
+import json
+import os
 import random
 
 import fuzz_api
@@ -106,5 +108,354 @@ def test_invalid_calls_on_the_gpu(lib):
 def test_random_valid_calls(lib, kind):
     outcomes = fuzz_api.run_valid(seconds=120, seed=20261202, small=True, kinds=[kind],
                                   max_cases=12)
+    failed = [(o.config, o.problems) for o in outcomes if o.problems]
+    assert not failed, failed
+
+
+# --- serving hazards -----------------------------------------------------------------------------
+
+# What a build with every fp16 / bf16 forward would offer (hazard draws need no GPU).
+CPU_CAP = fuzz_api.Capability(
+    dtypes=[torch.bfloat16, torch.float16], table=[64, 96, 128, 192, 256],
+    buckets=[64, 96, 128, 192, 256],
+    fwd={(t, d) for t in (torch.bfloat16, torch.float16) for d in (64, 96, 128, 192, 256)})
+
+
+def hazard_draws(count, start=0):
+    return [fuzz_api.draw_hazard(random.Random(seed), CPU_CAP, True)
+            for seed in range(start, start + count)]
+
+
+class StandIn:
+    """flash_hopper's three entry points in plain torch on CPU, as their contract says: a draw
+    the fuzzer would not judge is refused naming an argument at fault; a judged one is answered
+    with the float64 reference, written into out= and the caches in place. ``fault`` breaks it
+    one way, to see the hazard checks report it."""
+
+    def __init__(self, draw, fault=None):
+        self.draw, self.fault, self.env = draw, fault, []
+
+    def _start(self, kw):
+        self.env.append(os.environ.get(fuzz_api.CHECK_OFFSETS_ENV))
+        if self.fault == "runtime_error":
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        if self.fault == "unnamed":
+            raise ValueError("a value is out of range")
+        if self.fault == "refuse_after_append":
+            kw["k_cache"][0, 0] += 1
+            raise ValueError("cache_seqlens: refused after writing the cache")
+        if self.fault == "changes_input":
+            kw["q"].view(-1)[0] += 1
+        if not self.draw.judged:
+            why = self.draw.violations + self.draw.unspecified + ["max_seqlen_q: a short hint"]
+            raise ValueError(f"{why[0].split(':')[0]}: refused by the stand-in")
+
+    def _finish(self, kw, out, lse, want_lse):
+        if self.fault == "nan":
+            out.view(-1)[0] = float("nan")
+        if self.fault == "wrong":
+            out.view(-1)[0] += 1
+        if self.fault == "outside_out":  # the element before out's slice in its buffer
+            out.as_strided((1,), (1,), out.storage_offset() - 1).fill_(0)
+        if self.fault == "cache_guard":  # the element before k_cache in its buffer
+            k = kw["k_cache"]
+            k.as_strided((1,), (1,), k.storage_offset() - 1).fill_(0)
+        return (out, lse.float()) if want_lse else out
+
+    def flash_attn_func(self, q, k, v, return_attn_probs=False, **mask):
+        kw = {"q": q}
+        self._start(kw)
+        out, lse = fuzz_api.reference.attention_ref(q.double(), k.double(), v.double(), **mask)
+        return self._finish(kw, out.to(q.dtype), lse, return_attn_probs)
+
+    def flash_attn_varlen_func(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                               max_seqlen_k, seqused_k=None, return_attn_probs=False, out=None,
+                               **mask):
+        kw = {"q": q}
+        self._start(kw)
+        ref, lse = fuzz_api.reference.attention_varlen_ref(
+            q.double(), k.double(), v.double(), cu_seqlens_q, cu_seqlens_k, None, seqused_k,
+            **mask)
+        bounds = cu_seqlens_q.tolist()
+        for a, b in zip(bounds, bounds[1:]):  # rows outside every sequence keep what out held
+            out[a:b] = ref[a:b].to(out.dtype)
+        return self._finish(kw, out, lse, return_attn_probs)
+
+    def flash_attn_with_kvcache(self, q, k_cache, v_cache, k=None, v=None, cache_seqlens=None,
+                                cache_batch_idx=None, cache_leftpad=None, page_table=None,
+                                cu_seqlens_q=None, max_seqlen_q=None, return_softmax_lse=False,
+                                out=None, **mask):
+        kw = {"q": q, "k_cache": k_cache}
+        self._start(kw)
+        ref, lse, k_after, v_after = fuzz_api.kvcache_reference(
+            q.double(), k_cache.double(), v_cache.double(), None if k is None else k.double(),
+            None if v is None else v.double(), cache_seqlens, cache_batch_idx, cache_leftpad,
+            page_table, cu_seqlens_q, mask)
+        k_cache.copy_(k_after)
+        v_cache.copy_(v_after)
+        out.copy_(ref)
+        return self._finish(kw, out, lse, return_softmax_lse)
+
+
+def run_on_cpu(draw, fault=None):
+    torch.manual_seed(0)
+    stand_in = StandIn(draw, fault)
+    problems, facts, fatal = fuzz_api.run_hazard(draw, "cpu", stand_in)
+    assert not fatal
+    return problems, facts, stand_in
+
+
+def test_guard_check_finds_a_change_outside_the_slice():
+    buffer = torch.full((300, 4, 8), fuzz_api.OUT_SENTINEL, dtype=torch.bfloat16)
+    inside = (slice(100, 200),)
+    assert fuzz_api.guard_check(buffer, inside, fuzz_api.OUT_SENTINEL) is None
+    buffer[150].normal_()  # inside the slice: allowed
+    assert fuzz_api.guard_check(buffer, inside, fuzz_api.OUT_SENTINEL) is None
+    buffer[250, 1, 3] = 4.0
+    problem = fuzz_api.guard_check(buffer, inside, fuzz_api.OUT_SENTINEL, "out's buffer")
+    assert "out's buffer: 1 element(s)" in problem and "(250, 1, 3)" in problem
+    # a NaN sentinel is compared bit for bit; two slices (K and V in one buffer)
+    guard = torch.full((4, 2, 3), float("nan"), dtype=torch.float16)
+    parts = [(slice(1, 3), 0), (slice(1, 3), 1)]
+    assert fuzz_api.guard_check(guard, parts, float("nan")) is None
+    guard[0, 1, 2] = -float("nan")
+    assert "(0, 1, 2)" in fuzz_api.guard_check(guard, parts, float("nan"))
+    guard[0, 1, 2] = float("nan")
+    guard[1:3] = 0.0
+    assert fuzz_api.guard_check(guard, parts, float("nan")) is None
+
+
+def test_cache_unchanged_finds_a_changed_cache():
+    cache = torch.randn(3, 16, 2, 8).to(torch.bfloat16)
+    before = {"k_cache": cache.clone(), "v_cache": cache.clone()}
+    assert fuzz_api.cache_unchanged(before, {"k_cache": cache, "v_cache": cache}) is None
+    changed = cache.clone()
+    changed[2, 5, 1, 0] += 1
+    problem = fuzz_api.cache_unchanged(before, {"k_cache": cache, "v_cache": changed})
+    assert problem.startswith("v_cache: 1 of") and "k_cache" not in problem
+    zero = torch.zeros(2)
+    assert "1 of 2" in fuzz_api.cache_unchanged({"x": zero.clone()}, {"x": torch.tensor([0.0,
+                                                                                   -0.0])})
+
+
+def test_refusal_problem_wants_an_allowed_type_naming_an_argument():
+    from flash_hopper._errors import UnsupportedError
+
+    args = ["q", "k_cache", "cache_seqlens", "window_size"]
+    assert fuzz_api.refusal_problem(ValueError("cache_seqlens: expected 0 <= ..."), args) is None
+    assert fuzz_api.refusal_problem(TypeError("window_size[0]: expected an int"), args) is None
+    assert fuzz_api.refusal_problem(UnsupportedError("q: not yet"), args) is None
+    assert fuzz_api.refusal_problem(ValueError("k / v: expected both"), ["v"]) is None
+    assert fuzz_api.refusal_problem(ValueError("expected q's dtype"), ["q"]) is None
+    assert "names none" in fuzz_api.refusal_problem(ValueError("a value is bad"), args)
+    assert "names none" in fuzz_api.refusal_problem(ValueError("index out of range"), ["out"])
+    # a word, not a fragment: "k" is not named by "k_cache", "q" not by "max_seqlen_q"
+    assert "names none" in fuzz_api.refusal_problem(ValueError("k_cache: bad"), ["k"])
+    assert "names none" in fuzz_api.refusal_problem(ValueError("max_seqlen_q: x"), ["q"])
+    assert "RuntimeError" in fuzz_api.refusal_problem(RuntimeError("q: CUDA error"), args)
+
+
+def test_offset_checks_set_and_restore_the_variable(monkeypatch):
+    env = fuzz_api.CHECK_OFFSETS_ENV
+    monkeypatch.setenv(env, "1")
+    with fuzz_api.offset_checks(False):
+        assert os.environ[env] == "0"
+    assert os.environ[env] == "1"
+    with fuzz_api.offset_checks(True):
+        assert env not in os.environ
+    assert os.environ[env] == "1"
+    monkeypatch.delenv(env)
+    with pytest.raises(KeyError), fuzz_api.offset_checks(False):
+        raise KeyError
+    assert env not in os.environ
+
+
+def test_hazard_draws_cover_every_category():
+    draws = hazard_draws(500)
+    seen = {category for draw in draws for category in draw.hazards}
+    assert seen == set(fuzz_api.HAZARD_CATEGORIES)
+    assert {draw.entry for draw in draws} == {"dense", "varlen", "kvcache", "paged"}
+    # every kind of outcome the judge distinguishes occurs
+    assert any(d.judged and d.checks for d in draws) and any(d.judged and not d.checks
+                                                             for d in draws)
+    assert any(d.violations and d.checks for d in draws)
+    assert any(d.violations and not d.checks for d in draws)
+    assert any(d.unspecified for d in draws) and any(d.hint for d in draws)
+    # about half of the varlen / KV-cache draws are decode shapes at its head dims
+    served = [d for d in draws if d.entry != "dense"]
+    decode = [d for d in served if d.decode]
+    assert 0.35 < len(decode) / len(served) < 0.65
+    group = {id(d): d.heads_q // d.heads_kv for d in draws}
+    for d in served:
+        lens = d.sizes.get("lens_q") or [d.sizes["seqlen_q"]]
+        rows = max(lens) * group[id(d)]
+        assert rows == 0 or (rows <= fuzz_api.DECODE_ROWS) == d.decode, d.config()
+        assert not d.decode or d.head_dim in fuzz_api.DECODE_HEAD_DIMS
+
+
+def test_hazard_draws_are_well_formed():
+    for draw in hazard_draws(500):
+        config = draw.config()
+        assert json.loads(json.dumps(config)) == json.loads(json.dumps(draw.config()))
+        assert draw.heads_q % draw.heads_kv == 0 and draw.head_dim % 8 == 0
+        assert set(draw.hazards) <= set(fuzz_api.HAZARD_CATEGORIES)
+        sizes, values = draw.sizes, draw.values
+        for name, value in values.items():
+            flat = ([x for row in value for x in row] if name == "page_table" else
+                    [value] if isinstance(value, int) else value)
+            assert all(fuzz_api.INT32_MIN <= x <= fuzz_api.INT32_MAX for x in flat), name
+        batch = sizes["batch"]
+        if "cu_seqlens_q" in values:
+            assert len(values["cu_seqlens_q"]) == batch + 1
+        if draw.entry == "varlen":
+            assert len(values["cu_seqlens_k"]) == batch + 1
+            assert len(values.get("seqused_k", [0] * batch)) == batch
+        if draw.entry in ("kvcache", "paged"):
+            for name in ("cache_seqlens", "cache_batch_idx", "cache_leftpad"):
+                assert len(values.get(name, [0] * batch)) == batch, name
+        if draw.entry == "paged":
+            table = values["page_table"]
+            assert len(table) == sizes["table_rows"]
+            assert {len(row) for row in table} == {sizes["max_pages"]}
+            assert sizes["capacity"] == sizes["max_pages"] * sizes["page_size"]
+        for name, layout in draw.layouts.items():
+            if layout == "expanded":
+                rows = values[name] if name == "page_table" else [[x] for x in values[name]]
+                assert all(row == rows[0] for row in rows), name
+        window = draw.mask.get("window_size")
+        if {"window_huge", "window_huge_causal"} & set(draw.hazards):
+            assert set(window) & set(fuzz_api.HUGE_WINDOWS)
+        assert not draw.judged or not (draw.violations or draw.unspecified)
+
+
+def test_hazard_draws_are_reproducible():
+    assert [d.config() for d in hazard_draws(50, 1000)] == [d.config()
+                                                            for d in hazard_draws(50, 1000)]
+
+
+def test_hazard_violations_follow_the_contract():
+    def varlen(cu_q, cu_k, seqused_k=None, max_q=4, max_k=4):
+        draw = fuzz_api.HazardDraw("varlen", torch.bfloat16, 64, 2, 1, True, True, -1)
+        draw.sizes.update(batch=len(cu_q) - 1, total_q=10, total_k=12)
+        draw.values.update(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q,
+                           max_seqlen_k=max_k)
+        if seqused_k is not None:
+            draw.values["seqused_k"] = seqused_k
+        return fuzz_api.hazard_violations(draw)
+
+    assert varlen([1, 4, 8], [0, 4, 8]) == ([], [], False)  # gaps at both ends: valid
+    assert varlen([0, 4, 8], [0, 4, 8], max_q=3) == ([], [], True)
+    assert varlen([0, 5, 3], [0, 4, 8])[0][0].startswith("cu_seqlens_q: 5 then 3")
+    assert varlen([-1, 4, 8], [0, 4, 8])[0][0].startswith("cu_seqlens_q: cu_seqlens_q[0]")
+    assert "past the 12 tokens" in varlen([0, 4, 8], [0, 4, 13], max_k=9)[0][0]
+    assert varlen([0, 4, 8], [0, 4, 8], [4, 5])[0][0].startswith("seqused_k: seqused_k[1]")
+    assert varlen([0, 4, 8], [0, 4, 8], [0, 4])[0] == []
+
+    def paged(lengths, table, idx=None, new=0, leftpad=None):
+        draw = fuzz_api.HazardDraw("paged", torch.bfloat16, 64, 2, 1, True, True, -1)
+        draw.sizes.update(batch=len(lengths), new=new, capacity=8, page_size=4, max_pages=2,
+                          num_pages=5, table_rows=len(table))
+        draw.values.update(cache_seqlens=lengths, page_table=table)
+        if idx is not None:
+            draw.values["cache_batch_idx"] = idx
+        if leftpad is not None:
+            draw.values["cache_leftpad"] = leftpad
+        return fuzz_api.hazard_violations(draw)
+
+    assert paged([3, 8], [[0, -1], [1, 2]]) == ([], [], False)  # an unused entry: anything
+    assert paged([5, 8], [[0, -1], [1, 2]])[0][0].startswith("page_table: page_table[0][1]")
+    assert paged([3, 4], [[0, 9], [1, 2]], new=1)[0] == []
+    assert paged([3, 3], [[0, 1], [0, 2]], new=1)[1]  # page 0 written by both: unspecified
+    assert paged([3, 3], [[0, 1], [0, 2]]) == ([], [], False)  # only read by both: valid
+    assert paged([3, 3], [[0, 1], [2, 3]], idx=[1, 2])[0][0].startswith("cache_batch_idx")
+    assert paged([3, 9], [[0, 1], [2, 3]])[0][0].startswith("cache_seqlens: cache_seqlens[1]")
+    assert paged([3, 3], [[0, 1], [2, 3]], leftpad=[0, 4])[0][0].startswith("cache_leftpad")
+
+
+def test_hazard_calls_build_on_the_cpu():
+    for draw in hazard_draws(80):
+        call = fuzz_api.build_hazard(draw, "cpu", StandIn(draw))
+        kw = call.kwargs
+        for name, layout in draw.layouts.items():
+            t = kw[name]
+            assert t.dtype == torch.int32
+            assert t.tolist() == draw.values[name], name
+            if layout == "expanded":
+                assert t.stride()[0] == 0 or t.shape[0] == 1
+            if layout == "strided":
+                assert t.stride()[-1] == 2
+            if layout == "transposed":
+                assert t.stride() == (1, t.shape[0])
+            if layout == "offset":
+                assert t.storage_offset() == 1
+        for name in ("q", "k", "v", "k_cache", "v_cache"):
+            if name in kw:
+                assert not kw[name].isnan().any(), name  # the NaN is around the tensors only
+        if draw.entry == "dense":
+            assert call.out is None and "out" not in kw
+        else:
+            assert kw["out"] is call.out and call.out.shape == kw["q"].shape
+            assert (call.out == fuzz_api.OUT_SENTINEL).all()
+            assert call.out.untyped_storage().nbytes() > call.out.numel() * 2
+        if draw.entry == "paged":
+            assert kw["k_cache"].shape[:2] == (draw.sizes["num_pages"], draw.sizes["page_size"])
+        for _, buffer, inside, sentinel in call.guards:
+            assert fuzz_api.guard_check(buffer, inside, sentinel) is None
+
+
+def test_a_correct_call_passes_the_hazard_checks():
+    # the stand-in keeps the contract: no problem, neither for answers nor for refusals
+    draws = hazard_draws(120)
+    results = []
+    for draw in draws:
+        problems, facts, stand_in = run_on_cpu(draw)
+        assert problems == [], (draw.config(), problems)
+        assert stand_in.env == [None if draw.checks else "0"]
+        results.append(facts["result"])
+    assert "returned" in results and any(r.startswith("ValueError") for r in results)
+
+
+def first_draw(accept):
+    return next(d for d in hazard_draws(400) if accept(d))
+
+
+@pytest.mark.parametrize(("fault", "accept", "finding"), [
+    ("runtime_error", lambda d: True, "raised RuntimeError"),
+    ("unnamed", lambda d: True, "names none of the call's arguments"),
+    ("refuse_after_append", lambda d: d.entry == "kvcache",
+     "a refused call changed the cache: k_cache buffer: "),
+    ("changes_input", lambda d: True, "inputs changed: q: 1 of"),
+    ("nan", lambda d: d.judged, "out: NaN"),
+    ("wrong", lambda d: d.judged and d.entry == "kvcache" and not d.sizes["packed_q"],
+     "out: max error"),
+    ("wrong", lambda d: d.judged and d.entry == "varlen" and d.values["cu_seqlens_q"][0] > 0,
+     "out rows outside every sequence: 1 element(s)"),  # a row no sequence covers written
+    ("outside_out", lambda d: d.judged and d.entry == "paged",
+     "out's buffer: 1 element(s) outside the slice changed"),
+    ("cache_guard", lambda d: d.judged and d.entry == "kvcache" and not d.kv_one_buffer,
+     "k_cache buffer: 1 element(s) outside the slice changed"),
+])
+def test_the_hazard_checks_catch_a_broken_call(fault, accept, finding):
+    problems, _, _ = run_on_cpu(first_draw(accept), fault)
+    assert any(finding in p for p in problems), problems
+
+
+def test_a_call_that_accepts_bad_values_with_the_checks_on_is_reported():
+    draw = first_draw(lambda d: d.checks and d.violations and d.entry == "paged")
+    draw.violations, violations = [], draw.violations  # the stand-in answers it
+    call = fuzz_api.build_hazard(draw, "cpu", StandIn(draw))
+    draw.violations = violations
+    out = call.out
+    problems = fuzz_api._judge_hazard(draw, call, None, (out, None))
+    assert any(p.startswith("returned with the value checks on") for p in problems), problems
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("exact_fp32_matmuls")
+def test_hazard_calls_on_the_gpu(lib):
+    before = os.environ.get(fuzz_api.CHECK_OFFSETS_ENV)
+    outcomes = fuzz_api.run_valid(seconds=240, seed=20261203, small=True, kinds=["hazard"],
+                                  max_cases=60)
+    assert os.environ.get(fuzz_api.CHECK_OFFSETS_ENV) == before
     failed = [(o.config, o.problems) for o in outcomes if o.problems]
     assert not failed, failed

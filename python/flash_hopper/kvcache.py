@@ -412,7 +412,9 @@ def _paged(*, page_table, k_cache, v_cache, cache_batch_idx, **call):
         lengths = lengths.contiguous()
         _check_pages(table, lengths, k, cu_new, page_size, num_pages)
         used = _used_pages(lengths, k, cu_new, page_size, capacity)
-        columns = max(1, min(columns, int(used.max())))  # one read of the lengths
+        most, least = torch.stack((used.max(), lengths.min().long())).tolist()  # one read
+        if least >= 0:  # a negative length is refused by the dense path: naming the table's
+            columns = max(1, min(columns, most))  # capacity, so the copy keeps every column
     pages = table[:, :columns].long().clamp(0, num_pages - 1)  # (batch, columns)
     dense_k = k_cache[pages].reshape(batch, columns * page_size, *k_cache.shape[2:])
     dense_v = v_cache[pages].reshape(batch, columns * page_size, *v_cache.shape[2:])
