@@ -86,6 +86,20 @@ def test_fa3_package_tries_each_module_name(monkeypatch):
     assert backend.make_forward(q, q, q, case())() is q
 
 
+def test_fa3_package_takes_the_fa3_fwd_wheel(monkeypatch):
+    """The fa3-fwd wheel (FA3's forward built against torch's stable ABI) is FA3's peer when no
+    flash_attn_interface / flash_attn_3 is installed, under its own names too."""
+    for name in ("flash_attn_interface", "flash_attn_3.flash_attn_interface", "flash_attn_3"):
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, "fa3_fwd_interface", fake_flash_attn("fa3_fwd_interface"))
+    known = registry.known_backends(include_variants=False)
+    for spelling in ("flash-attn3", "fa3_fwd_interface", "fa3-fwd"):
+        backend = registry.resolve([spelling], known)[0]
+        assert backend.name == "flash-attn3"
+    assert backend.probe(H100) is None
+    assert backend.kernel(None, None, None, case())[1] == "fa3_fwd_interface.flash_attn_func"
+
+
 def test_cute_backend_needs_the_submodule(monkeypatch):
     parent = types.ModuleType("flash_attn")
     parent.__path__ = []

@@ -465,9 +465,13 @@ def external_backends() -> list[Backend]:
     return [
         FlashAttnPackage("flash-attn", "flash-attn (FA2)", ["flash_attn"], ["flash-attn",
                                                                              "flash_attn"]),
+        # FA3's hopper/ interface: from a source build (flash_attn_interface), the flash_attn_3
+        # wheels, or the forward-only fa3-fwd wheel (fa3_fwd_interface: BF16 + e4m3, built
+        # against torch's stable ABI, so it loads with any recent torch).
         FlashAttnPackage("flash-attn3", "flash-attn3 (FA3)",
                          ["flash_attn_interface", "flash_attn_3.flash_attn_interface",
-                          "flash_attn_3"], ["flash_attn_3", "flash-attn-3", "flashattn-hopper"],
+                          "flash_attn_3", "fa3_fwd_interface"],
+                         ["flash_attn_3", "flash-attn-3", "flashattn-hopper", "fa3-fwd"],
                          only_major=9),
         FlashAttnPackage("flash-attn-cute", "flash-attn CuTe DSL", ["flash_attn.cute"],
                          ["flash-attn-cute", "flash-attn"], min_capability=(9, 0)),

@@ -17,6 +17,8 @@ ALIASES = {
     "flash-attn2": "flash-attn",
     "flash_attn_interface": "flash-attn3",
     "flash_attn_3": "flash-attn3",
+    "fa3_fwd_interface": "flash-attn3",
+    "fa3-fwd": "flash-attn3",
     "flash_attn.cute": "flash-attn-cute",
     "sdpa": "sdpa-flash",
     "cudnn": "sdpa-cudnn",
