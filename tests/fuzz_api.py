@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import dataclasses
 import functools
 import inspect
 import json
@@ -493,15 +494,16 @@ def kvcache_case(rng: random.Random, cap: Capability, small: bool) -> Outcome:
 # A hazard case is one call of flash_attn_func, flash_attn_varlen_func or flash_attn_with_kvcache
 # (a dense or a paged cache) with adversarial values: offsets, lengths, indices and page-table
 # entries out of range or huge, huge windows, expanded / strided / offset index tensors and page
-# tables, out= a slice of a sentinel-filled buffer; with the library's value checks on or off
-# (FLASH_HOPPER_CHECK_OFFSETS=0, read per call). Whatever the call does, nothing outside out and
-# the caches may change; a refusal is a TypeError / ValueError / NotImplementedError naming an
-# argument and leaves the caches as they were; a result holds no NaN (the inputs hold none; every
-# buffer around them does, so a read past a tensor shows); a call with the checks on must refuse
-# values out of contract; a result for values within it matches the float64 reference; and the
-# device must still synchronize. Wrong results for unchecked bad values are allowed, memory
-# unsafety is not. The values are drawn in plain Python (draw_hazard: testable without a GPU),
-# build_hazard makes the tensors, run_hazard calls and judges.
+# tables, out= a slice of a sentinel-filled buffer. It runs twice: with the library's value checks
+# on, then off (FLASH_HOPPER_CHECK_OFFSETS=0, read per call). Whatever a call does, nothing outside
+# out and the caches may change; a refusal is a TypeError / ValueError / NotImplementedError
+# naming an argument and leaves the caches as they were; a result holds no NaN (the inputs hold
+# none; every buffer around them does, so a read past a tensor shows); a call with the checks on
+# must refuse values out of contract; a result for values within it matches the float64
+# reference; and the device must still synchronize. Wrong results for unchecked bad values are
+# allowed, memory unsafety is not. The values are drawn in plain Python (draw_hazard: testable
+# without a GPU), build_hazard makes the tensors, run_hazard calls and judges, hazard_outcome runs
+# both.
 
 CHECK_OFFSETS_ENV = "FLASH_HOPPER_CHECK_OFFSETS"
 OUT_SENTINEL = 5.0  # fills out's buffer: only the slice may be written
@@ -527,8 +529,6 @@ HAZARD_CATEGORIES = (
     # layouts of index tensors, out and the caches
     "index_expanded", "index_strided", "index_offset", "out_rows_slice", "out_heads_slice",
     "kv_one_buffer",
-    # the library's value checks
-    "checks_on", "checks_off",
 )
 
 
@@ -541,7 +541,7 @@ class HazardDraw:
     head_dim: int
     heads_q: int
     heads_kv: int
-    checks: bool  # the library's value checks: on (variable unset) or off ("0")
+    checks: bool  # this run's value checks: on (variable unset) or off ("0"); both are run
     decode: bool  # a short-query shape (the decode kernel's): at most DECODE_ROWS packed rows
     junk: int  # what strided / offset index tensors hold around their entries
     sizes: dict[str, Any] = field(default_factory=dict)
@@ -564,17 +564,17 @@ class HazardDraw:
         return not self.violations and not self.unspecified and (self.checks or not self.hint)
 
     def config(self) -> dict[str, Any]:
-        """The draw as JSON-ready values (the report's config, and enough to rebuild the call)."""
+        """The draw as JSON-ready values: the report's config (--replay hazard:SEED rebuilds the
+        call itself, tensors included)."""
         return {"kind": "hazard", "entry": self.entry, "dtype": str(self.dtype),
                 "head_dim": self.head_dim, "heads_q": self.heads_q, "heads_kv": self.heads_kv,
-                "checks": self.checks, "decode": self.decode, "junk": self.junk,
+                "decode": self.decode, "junk": self.junk,
                 **copy.deepcopy({"sizes": self.sizes, "values": self.values,
                                  "layouts": self.layouts, "mask": self.mask}),
                 "out_layout": self.out_layout, "out_pad": self.out_pad,
                 "want_lse": self.want_lse, "kv_one_buffer": self.kv_one_buffer,
                 "hazards": list(self.hazards), "violations": list(self.violations),
-                "unspecified": list(self.unspecified), "hint": self.hint,
-                "judged": self.judged}
+                "unspecified": list(self.unspecified), "hint": self.hint}
 
 
 def _int32(x: int) -> int:
@@ -632,7 +632,7 @@ def _draw_layout(rng: random.Random, draw: HazardDraw, names: list[str]) -> None
 def _apply_hazards(rng: random.Random, draw: HazardDraw, generators: list[Any]) -> None:
     """None, one or two of the generators (each: the category it applied, or None where the
     draw has nothing it applies to)."""
-    count = rng.choices([0, 1, 2], weights=[1, 6, 3])[0]
+    count = rng.choices([0, 1, 2], weights=[3, 5, 2])[0]
     for generator in rng.sample(generators, min(count, len(generators))):
         category = generator(rng, draw)
         if category:
@@ -718,8 +718,6 @@ def _seqused(rng: random.Random, draw: HazardDraw, past: bool) -> str | None:
     return "seqused_negative"
 
 
-
-
 def _max_seqlen_q_short(rng: random.Random, draw: HazardDraw) -> str | None:
     """max_seqlen_q below a sequence's query count (a hint: checked calls find the longest),
     never above the drawn lengths (unchecked calls size their grid by it)."""
@@ -753,9 +751,6 @@ def _batch_idx(rng: random.Random, draw: HazardDraw, kind: str) -> str | None:
     return "batch_idx_duplicated"
 
 
-
-
-
 def _leftpad(rng: random.Random, draw: HazardDraw, negative: bool) -> str | None:
     if draw.layouts.get("cache_leftpad") == "expanded":
         return None
@@ -770,8 +765,6 @@ def _leftpad(rng: random.Random, draw: HazardDraw, negative: bool) -> str | None
     return "leftpad_past_length"
 
 
-
-
 def _seqlens(rng: random.Random, draw: HazardDraw, negative: bool) -> str | None:
     if draw.layouts.get("cache_seqlens") == "expanded":
         return None
@@ -783,8 +776,6 @@ def _seqlens(rng: random.Random, draw: HazardDraw, negative: bool) -> str | None
     room = draw.sizes["capacity"] - draw.sizes["new"]
     lengths[j] = _int32(rng.choice([room + 1, room + rng.randint(2, 64), INT32_MAX]))
     return "seqlens_past_capacity"
-
-
 
 
 def _used_pages_by_row(draw: HazardDraw) -> dict[int, int]:
@@ -823,10 +814,6 @@ def _page_entry(rng: random.Random, draw: HazardDraw, used: bool, negative: bool
     for row in table if draw.layouts.get("page_table") == "expanded" else [table[r]]:
         row[c] = value
     return f"page_{'negative' if negative else 'past_pool'}_{'used' if used else 'unused'}"
-
-
-
-
 
 
 # Each generator: (rng, draw) -> the category it applied, or None where it does not apply.
@@ -946,15 +933,15 @@ def _huge_window(rng: random.Random, draw: HazardDraw) -> None:
 def draw_hazard(rng: random.Random, cap: Capability, small: bool) -> HazardDraw:
     """A hazard call's values (the section comment): entry point, shapes (about half of them
     short-query decode shapes at the decode kernel's head dims), adversarial values and layouts,
-    the mask (maybe a huge window), out's slice, the checks on or off; then which values break
-    the contract (hazard_violations). Plain Python: no GPU, no tensors."""
+    the mask (maybe a huge window), out's slice; then which values break the contract
+    (hazard_violations). Plain Python: no GPU, no tensors. ``checks`` is True: hazard_outcome
+    runs the draw with the checks on and again with them off."""
     entry = rng.choice(["dense", "varlen", "varlen", "kvcache", "kvcache", "paged", "paged"])
     dtype = rng.choice(cap.dtypes)
     heads_q, heads_kv = draw_heads(rng)
     decode = rng.random() < 0.5
     draw = HazardDraw(entry, dtype, _hazard_head_dim(rng, cap, dtype, decode), heads_q, heads_kv,
-                      checks=rng.random() < 0.5, decode=decode,
-                      junk=rng.choice([-1, 7, INT32_MAX, INT32_MIN]))
+                      checks=True, decode=decode, junk=rng.choice([-1, 7, INT32_MAX, INT32_MIN]))
     if entry == "dense":
         sq, sk = _draw_dense(rng, draw, small)
     elif entry == "varlen":
@@ -969,7 +956,6 @@ def draw_hazard(rng: random.Random, cap: Capability, small: bool) -> HazardDraw:
         draw.out_pad = rng.choice([1, 7, 100] if draw.sizes["packed_q"] else [1, 2])
         draw.hazards.append(f"out_{draw.out_layout}_slice")
     draw.want_lse = rng.random() < 0.5
-    draw.hazards.append("checks_on" if draw.checks else "checks_off")
     draw.violations, draw.unspecified, draw.hint = hazard_violations(draw)
     return draw
 
@@ -1349,8 +1335,7 @@ def _covered_rows(cu: torch.Tensor) -> torch.Tensor:
 
 def hazard_reference(draw: HazardDraw, call: HazardCall) -> dict[str, torch.Tensor]:
     """A judged draw's references, computed before the call (it writes the caches): out and lse
-    in float64, low (out in the input dtype: FA3's rule), k_cache / v_cache after the append,
-    rows (the query rows a sequence covers) for packed queries."""
+    in float64, low (out in the input dtype: FA3's rule), k_cache / v_cache after the append."""
     kw, clean, mask = call.kwargs, call.clean, draw.mask
     refs: dict[str, torch.Tensor] = {}
     for upcast in (True, False):
@@ -1375,8 +1360,6 @@ def hazard_reference(draw: HazardDraw, call: HazardCall) -> dict[str, torch.Tens
                 refs.update(k_cache=result[2], v_cache=result[3])
         else:
             refs["low"] = result[0]
-    if "cu_seqlens_q" in clean:
-        refs["rows"] = _covered_rows(clean["cu_seqlens_q"])
     return refs
 
 
@@ -1393,10 +1376,22 @@ def _judge_hazard(draw: HazardDraw, call: HazardCall, refs: dict[str, torch.Tens
         out = call.out
     if not isinstance(out, torch.Tensor):
         return problems + [f"returned {type(out).__name__}, not a tensor"]
-    for name, got in (("out", out), ("lse", lse)):
-        if isinstance(got, torch.Tensor) and got.isnan().any():
+    # Packed queries ((total_q, heads, d), lse (heads, total_q)): rows outside every sequence are
+    # never written, and lse's there are uninitialized; with bad offsets no row is known to be
+    # a sequence's.
+    rows, packed = None, "cu_seqlens_q" in call.clean
+    if packed and not _offset_violations("cu_seqlens_q", draw.values["cu_seqlens_q"],
+                                         draw.sizes["total_q"], draw.entry != "varlen"):
+        rows = _covered_rows(call.clean["cu_seqlens_q"])
+    if not isinstance(lse, torch.Tensor) or (packed and rows is None):
+        lse_seen = None
+    else:
+        lse_seen = lse[:, rows] if packed else lse
+    for name, got in (("out", out), ("lse", lse_seen)):
+        if got is not None and got.isnan().any():
             problems.append(f"{name}: NaN (the inputs hold none)")
-    if draw.checks and draw.violations:
+    # a call without query rows computes nothing: the library need not read its offsets
+    if draw.checks and draw.violations and call.kwargs["q"].numel():
         problems.append(f"returned with the value checks on, though {'; '.join(draw.violations)}")
     if refs is None:
         return problems
@@ -1407,8 +1402,7 @@ def _judge_hazard(draw: HazardDraw, call: HazardCall, refs: dict[str, torch.Tens
         else:
             problems.append("lse: not returned")
     want, low = {"out": refs["out"], "lse": refs["lse"]}, {"out": refs["low"]}
-    rows = refs.get("rows")
-    if rows is not None:  # (total_q, heads, d) and (heads, total_q): the covered rows
+    if rows is not None:  # a judged draw's offsets are valid: its covered rows are known
         got = {name: (x[rows] if name == "out" else x[:, rows]) for name, x in got.items()}
         want = {"out": want["out"][rows], "lse": want["lse"][:, rows]}
         low = {"out": low["out"][rows]}
@@ -1425,8 +1419,8 @@ def _judge_hazard(draw: HazardDraw, call: HazardCall, refs: dict[str, torch.Tens
 
 def run_hazard(draw: HazardDraw, device: Any = "cuda",
                api: Any = None) -> tuple[list[str], dict[str, Any], bool]:
-    """Builds the draw, calls it with the checks on or off as drawn, and judges it (the section
-    comment). Returns (problems, facts for the report, fatal): fatal when the device faulted,
+    """Builds the draw, calls it with the checks on or off (draw.checks), and judges it (the
+    section comment). Returns (problems, facts for the report, fatal): fatal when the device faulted,
     which poisons the process's CUDA context (nothing after it proves anything)."""
     call = build_hazard(draw, device, api)
     refs = hazard_reference(draw, call) if draw.judged else None
@@ -1462,11 +1456,25 @@ def run_hazard(draw: HazardDraw, device: Any = "cuda",
     return problems, facts, False
 
 
+def hazard_outcome(draw: HazardDraw, device: Any = "cuda", api: Any = None) -> Outcome:
+    """The draw run twice, the library's value checks on and then off (fresh tensors each
+    time), each run's problems prefixed by which; a device fault ends it."""
+    config, problems, fatal = draw.config(), [], False
+    for checks in (True, False):
+        run = dataclasses.replace(draw, checks=checks)
+        found, facts, fatal = run_hazard(run, device, api)
+        label = "checks on" if checks else "checks off"
+        config[f"result ({label})"] = facts["result"]
+        config[f"judged ({label})"] = run.judged
+        problems += [f"{label}: {problem}" for problem in found]
+        if fatal:
+            break
+    return Outcome("hazard", config, problems, 0.0, fatal)
+
+
 def hazard_case(rng: random.Random, cap: Capability, small: bool) -> Outcome:
-    """One serving-hazard call on the GPU (draw_hazard, run_hazard)."""
-    draw = draw_hazard(rng, cap, small)
-    problems, facts, fatal = run_hazard(draw, "cuda")
-    return Outcome("hazard", {**draw.config(), **facts}, problems, 0.0, fatal)
+    """One serving-hazard draw on the GPU, with the value checks on and off (hazard_outcome)."""
+    return hazard_outcome(draw_hazard(rng, cap, small), "cuda")
 
 
 VALID = {

@@ -1,10 +1,14 @@
 """The API fuzzer (tests/fuzz_api.py) in the test suite: every invalid call on FakeTensors
 (CPU, no library) and on a GPU, and a fixed-seed slice of random valid calls on a GPU, each judged
-by FA3's tolerance rule against the float reference. Longer runs: python tests/fuzz_api.py
---seconds N (bench/gpu_check.sh runs one, and one under compute-sanitizer)."""
+by FA3's tolerance rule against the float reference. Serving hazards: their draws (every
+category, well-formed, reproducible), the contract they are judged by, and their checks on CPU --
+against a stand-in library that keeps the contract (no finding) and ones that break it one way
+each (the finding) -- and a fixed-seed slice of them on a GPU. Longer runs: python
+tests/fuzz_api.py --seconds N (bench/gpu_check.sh runs one, and one under compute-sanitizer)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -126,17 +130,23 @@ def hazard_draws(count, start=0):
             for seed in range(start, start + count)]
 
 
+def first_draw(accept):
+    return next(d for d in hazard_draws(400) if accept(d))
+
+
 class StandIn:
     """flash_hopper's three entry points in plain torch on CPU, as their contract says: a draw
-    the fuzzer would not judge is refused naming an argument at fault; a judged one is answered
-    with the float64 reference, written into out= and the caches in place. ``fault`` breaks it
-    one way, to see the hazard checks report it."""
+    the fuzzer would not judge under this call's value checks (the variable) is refused naming
+    an argument at fault; a judged one is answered with the float64 reference, written into
+    out= and the caches in place. ``fault`` breaks it one way, to see the hazard checks report
+    it."""
 
     def __init__(self, draw, fault=None):
         self.draw, self.fault, self.env = draw, fault, []
 
     def _start(self, kw):
-        self.env.append(os.environ.get(fuzz_api.CHECK_OFFSETS_ENV))
+        env = os.environ.get(fuzz_api.CHECK_OFFSETS_ENV)
+        self.env.append(env)
         if self.fault == "runtime_error":
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
         if self.fault == "unnamed":
@@ -145,22 +155,27 @@ class StandIn:
             kw["k_cache"][0, 0] += 1
             raise ValueError("cache_seqlens: refused after writing the cache")
         if self.fault == "changes_input":
-            kw["q"].view(-1)[0] += 1
-        if not self.draw.judged:
+            kw["q"][(0,) * kw["q"].dim()] += 1
+        if not dataclasses.replace(self.draw, checks=env != "0").judged:
             why = self.draw.violations + self.draw.unspecified + ["max_seqlen_q: a short hint"]
             raise ValueError(f"{why[0].split(':')[0]}: refused by the stand-in")
 
     def _finish(self, kw, out, lse, want_lse):
         if self.fault == "nan":
-            out.view(-1)[0] = float("nan")
+            out[(0,) * out.dim()] = float("nan")
         if self.fault == "wrong":
-            out.view(-1)[0] += 1
+            out[(0,) * out.dim()] += 1
         if self.fault == "outside_out":  # the element before out's slice in its buffer
             out.as_strided((1,), (1,), out.storage_offset() - 1).fill_(0)
         if self.fault == "cache_guard":  # the element before k_cache in its buffer
             k = kw["k_cache"]
             k.as_strided((1,), (1,), k.storage_offset() - 1).fill_(0)
-        return (out, lse.float()) if want_lse else out
+        lse = lse.float()
+        if self.fault == "lse_nan_outside":  # row 0 before the first sequence: never written
+            lse[:, 0] = float("nan")
+        if self.fault == "lse_nan_inside":
+            lse[:, -1] = float("nan")
+        return (out, lse) if want_lse else out
 
     def flash_attn_func(self, q, k, v, return_attn_probs=False, **mask):
         kw = {"q": q}
@@ -233,9 +248,8 @@ def test_cache_unchanged_finds_a_changed_cache():
     changed[2, 5, 1, 0] += 1
     problem = fuzz_api.cache_unchanged(before, {"k_cache": cache, "v_cache": changed})
     assert problem.startswith("v_cache: 1 of") and "k_cache" not in problem
-    zero = torch.zeros(2)
-    assert "1 of 2" in fuzz_api.cache_unchanged({"x": zero.clone()}, {"x": torch.tensor([0.0,
-                                                                                   -0.0])})
+    signed = torch.tensor([0.0, -0.0])  # equal as numbers, not bit for bit
+    assert "1 of 2" in fuzz_api.cache_unchanged({"x": torch.zeros(2)}, {"x": signed})
 
 
 def test_refusal_problem_wants_an_allowed_type_naming_an_argument():
@@ -275,12 +289,11 @@ def test_hazard_draws_cover_every_category():
     seen = {category for draw in draws for category in draw.hazards}
     assert seen == set(fuzz_api.HAZARD_CATEGORIES)
     assert {draw.entry for draw in draws} == {"dense", "varlen", "kvcache", "paged"}
-    # every kind of outcome the judge distinguishes occurs
-    assert any(d.judged and d.checks for d in draws) and any(d.judged and not d.checks
-                                                             for d in draws)
-    assert any(d.violations and d.checks for d in draws)
-    assert any(d.violations and not d.checks for d in draws)
-    assert any(d.unspecified for d in draws) and any(d.hint for d in draws)
+    # every kind of draw the judge distinguishes occurs: valid, out of contract, without one
+    # right answer, with a short max_seqlen hint alone
+    assert any(not (d.violations or d.unspecified or d.hint) for d in draws)
+    assert any(d.violations for d in draws) and any(d.unspecified for d in draws)
+    assert any(d.hint and not (d.violations or d.unspecified) for d in draws)
     # about half of the varlen / KV-cache draws are decode shapes at its head dims
     served = [d for d in draws if d.entry != "dense"]
     decode = [d for d in served if d.decode]
@@ -403,20 +416,33 @@ def test_hazard_calls_build_on_the_cpu():
             assert fuzz_api.guard_check(buffer, inside, sentinel) is None
 
 
-def test_a_correct_call_passes_the_hazard_checks():
-    # the stand-in keeps the contract: no problem, neither for answers nor for refusals
-    draws = hazard_draws(120)
+def test_a_correct_call_passes_the_hazard_checks(monkeypatch):
+    # the stand-in keeps the contract: no problem, neither for answers nor for refusals; each
+    # draw runs with the checks on, then off, and the variable is as it was after
+    monkeypatch.setenv(fuzz_api.CHECK_OFFSETS_ENV, "1")
     results = []
-    for draw in draws:
-        problems, facts, stand_in = run_on_cpu(draw)
-        assert problems == [], (draw.config(), problems)
-        assert stand_in.env == [None if draw.checks else "0"]
-        results.append(facts["result"])
+    for draw in hazard_draws(80):
+        torch.manual_seed(0)
+        stand_in = StandIn(draw)
+        outcome = fuzz_api.hazard_outcome(draw, "cpu", stand_in)
+        assert outcome.problems == [] and not outcome.fatal, (outcome.config, outcome.problems)
+        assert stand_in.env == [None, "0"]
+        assert os.environ[fuzz_api.CHECK_OFFSETS_ENV] == "1"
+        json.dumps(outcome.config)
+        results += [outcome.config["result (checks on)"], outcome.config["result (checks off)"]]
     assert "returned" in results and any(r.startswith("ValueError") for r in results)
 
 
-def first_draw(accept):
-    return next(d for d in hazard_draws(400) if accept(d))
+def test_both_runs_of_a_draw_are_reported():
+    # a draw judged with the checks on only (a short max_seqlen_q hint): refused when off
+    draw = first_draw(lambda d: d.hint and not (d.violations or d.unspecified))
+    outcome = fuzz_api.hazard_outcome(draw, "cpu", StandIn(draw))
+    assert outcome.problems == []
+    assert outcome.config["judged (checks on)"] and not outcome.config["judged (checks off)"]
+    assert outcome.config["result (checks on)"] == "returned"
+    assert outcome.config["result (checks off)"].startswith("ValueError: max_seqlen_q")
+    broken = fuzz_api.hazard_outcome(draw, "cpu", StandIn(draw, "unnamed"))
+    assert [p.split(":")[0] for p in broken.problems] == ["checks on", "checks off"]
 
 
 @pytest.mark.parametrize(("fault", "accept", "finding"), [
@@ -440,14 +466,43 @@ def test_the_hazard_checks_catch_a_broken_call(fault, accept, finding):
     assert any(finding in p for p in problems), problems
 
 
+def test_lse_rows_outside_every_sequence_may_hold_anything():
+    # flash_attn_varlen_func leaves them unwritten (a fresh lse: uninitialized memory)
+    def gap(d):
+        return (d.judged and d.entry == "varlen" and d.want_lse
+                and 0 < d.values["cu_seqlens_q"][0] and d.values["cu_seqlens_q"][-1] > 0)
+
+    draw = first_draw(gap)
+    assert run_on_cpu(draw, "lse_nan_outside")[0] == []
+    assert "lse: NaN (the inputs hold none)" in run_on_cpu(
+        first_draw(lambda d: d.judged and d.entry == "kvcache" and d.want_lse),
+        "lse_nan_inside")[0]
+
+
 def test_a_call_that_accepts_bad_values_with_the_checks_on_is_reported():
-    draw = first_draw(lambda d: d.checks and d.violations and d.entry == "paged")
-    draw.violations, violations = [], draw.violations  # the stand-in answers it
+    # a paged call out of contract that returned (out= as given) although its values were checked
+    draw = first_draw(lambda d: d.violations and d.entry == "paged")
     call = fuzz_api.build_hazard(draw, "cpu", StandIn(draw))
-    draw.violations = violations
-    out = call.out
-    problems = fuzz_api._judge_hazard(draw, call, None, (out, None))
+    problems = fuzz_api._judge_hazard(draw, call, None, (call.out, None))
     assert any(p.startswith("returned with the value checks on") for p in problems), problems
+
+
+def test_a_device_fault_stops_the_run(monkeypatch):
+    # after a fault the CUDA context is poisoned: the run records it and makes no more calls
+    syncs = []
+
+    def synchronize():
+        syncs.append(1)
+        if len(syncs) == 3:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(fuzz_api.Capability, "detect", staticmethod(lambda: CPU_CAP))
+    monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
+    monkeypatch.setitem(fuzz_api.VALID, "stand-in", lambda rng, cap, small: fuzz_api.Outcome(
+        "stand-in", {}, [], 0.0))
+    outcomes = fuzz_api.run_valid(60, 0, True, ["stand-in"], max_cases=10)
+    assert len(outcomes) == 3 and [o.fatal for o in outcomes] == [False, False, True]
+    assert "device fault: CUDA error" in outcomes[-1].problems[0]
 
 
 @pytest.mark.gpu
