@@ -52,9 +52,9 @@ _HEX_RE = re.compile(r"0x[0-9a-fA-F]+")
 _LABEL_REF_RE = re.compile(r"`\((\.L_\w+)\)")
 _WGMMA_RE = re.compile(r"^(HGMMA|QGMMA|IGMMA|BGMMA)\.(\d+)x(\d+)x(\d+)")
 _DEPBAR_RE = re.compile(r"gsb0\s*,\s*(0x[0-9a-fA-F]+|\d+)")
-# `PRMT Rd, RZ, 0x654, Rs`: a shared-memory address put into the cluster window (mbarrier
-# arrivals), not data.
-_PRMT_ADDR_RE = re.compile(r"RZ\s*,\s*0x654\s*,")
+# `PRMT Rd, Ra, 0x654, Rs`: a shared-memory address put into the cluster window (mbarrier
+# arrivals; Ra = RZ, or the peer CTA's rank with multicast), not data.
+_PRMT_ADDR_RE = re.compile(r",\s*0x654\s*,")
 
 
 @dataclass
