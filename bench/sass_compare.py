@@ -1,12 +1,12 @@
 """Per-iteration SASS counts of an attention forward kernel's hot loops, for comparing two builds.
 
-    python bench/sass_compare.py BINARY --kernel REGEX --block-n N [--head-dim D] [--json OUT]
+    python bench/sass_compare.py BINARY --kernel REGEX --block-n N [--json OUT]
     python bench/sass_compare.py --case LABEL BINARY REGEX BLOCK_N [--case ...] \
         [--json OUT] [--markdown OUT.md]
 
 BINARY is a .so / .o / .cubin (read with `cuobjdump -sass -fun`, one kernel at a time: a 100 MB
-library holds ~1000 kernels and dumping them all takes minutes) or a text file that already holds
-`cuobjdump -sass` / `nvdisasm` output. REGEX is matched against the mangled and the demangled
+library holds ~1000 kernels and dumping them all takes minutes; cuobjdump must be on PATH) or a
+text file that already holds `cuobjdump -sass` / `nvdisasm` output. REGEX is matched against the mangled and the demangled
 names; it must select exactly one kernel. BLOCK_N (the kernel's keys per KV block) tells the QK
 GEMM from the PV GEMM and normalizes the counts to 128 keys. LABEL is `side:case` (ours:bf16-d128,
 fa3:bf16-d128): the markdown puts the sides of one case next to each other.
@@ -15,20 +15,24 @@ What is counted, per consumer thread (a SASS instruction is issued once per warp
 per thread here):
   * The consumer loop: the innermost loop (natural loop of a back edge whose target dominates its
     source) that holds a QK WGMMA, a PV WGMMA and a MUFU.EX2. Kernels with run-time flags (ours:
-    masked / unmasked steps, softcap, the lazy O rescale) have several paths through it; the path
-    counted is the shortest one from the loop header to a back edge that holds both GEMMs and an
-    exponential, which is the unmasked, uncapped step (a masked or capped step only adds code).
+    masked / unmasked steps, softcap, the lazy O rescale, FP8's single-level ablation) have several
+    paths through it; the path counted is the longest one from the loop header to a back edge that
+    holds both GEMMs and an exponential and no instruction matching --avoid (softcap's tanh, the
+    mask's selects, the epilogue's reciprocal): the unmasked, uncapped step with every optional
+    operation executed (--shortest counts the shortest one instead). Inner loops count once;
+    out-of-line code that jumps back into the loop (mbarrier retries) is never on the path.
     Forward branches the path jumps over are listed with what they skip (`skipped`): read them
-    before trusting a count (a skipped O rescale, for example, runs whenever a row max moves).
+    before trusting a count.
   * WGMMA roles: an RS WGMMA (A from registers) is the PV GEMM; an SS one is the QK GEMM when its
     N equals BLOCK_N, else the PV GEMM (P through shared memory). Groups end at the WGMMA carrying
     `gsb0`; `WARPGROUP.DEPBAR.LE gsb0, k` waits until at most k groups are in flight, so the PV
     GEMM's wait is the first DEPBAR after the PV group with at least k groups issued after it.
   * The V transposer (FP8): the innermost loop holding LDSM (transposing), STSM and an mbarrier
-    operation (SYNCS) is the per-V-tile loop; a loop inside it without SYNCS (ours: one unit of
-    32 keys x 16 columns per trip) is reported per trip.
+    operation (SYNCS) is the per-V-tile loop, counted on its shortest path (a warp that only
+    transposes); a loop inside it (ours: one unit of 32 keys x 16 columns per trip) is reported
+    per trip as well.
 
-Static counts only: no latencies, no issue slots, no bank conflicts, no trip counts of loops the
+Static counts only: no latencies, no stalls, no bank conflicts, no trip counts of loops the
 compiler did not unroll, and a path is not a profile (bench/PERFLOG.md holds the measurements).
 """
 

@@ -150,6 +150,30 @@ def test_label_targets_parse_like_hex_targets():
     assert any(i.target is not None for i in labelled)
 
 
+def test_branch_forms():
+    def ins(guard, op, operands):
+        i = sc.Instr(0x100, guard, op, operands)
+        hexes = re.findall(r"0x[0-9a-f]+", operands)
+        i.target = int(hexes[-1], 16) if hexes else None
+        return i
+
+    assert sc._unconditional(ins("", "BRA", "0x40"))
+    assert not sc._unconditional(ins("@!P0 ", "BRA", "0x40"))
+    assert not sc._unconditional(ins("", "BRA", "P2, 0x40"))  # a predicate operand
+    assert not sc._unconditional(ins("", "BRA.DIV", "UR8, 0x40"))
+    assert not sc._unconditional(ins("", "BRA.U.ANY", "0x40"))
+    assert sc._unconditional(ins("", "EXIT", "")) and not sc._unconditional(ins("@P0 ", "EXIT", ""))
+    text = assemble("_Z2brv", ["L:", "@!P1 BRA P2, =>L", "BRA.DIV UR8, =>L", "EXIT"])
+    assert [i.target for i in sc.parse_sass(text)["_Z2brv"]] == [0x0, 0x0, None]
+
+
+def test_prmt_address_forms_are_not_data():
+    c = sc.count_ops([sc.Instr(0, "", "PRMT", "R7, RZ, 0x654, R7"),
+                      sc.Instr(0x10, "", "PRMT", "R7, R8, 0x654, R7"),
+                      sc.Instr(0x20, "", "PRMT", "R9, R10, 0x5410, R11")], BLOCK_N)
+    assert c["PRMT"] == 3 and c["PRMT data"] == 1
+
+
 def test_wgmma_roles():
     instrs = sc.parse_sass(_loop_text())["_Z4fakev"]
     roles = [sc.wgmma_role(i, BLOCK_N) for i in instrs if i.base == "HGMMA"]
