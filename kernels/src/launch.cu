@@ -41,9 +41,9 @@ FhStatus launch_call(const FhBwdParams* p, BwdChoice const& choice, const Device
   const BwdParams k = derive_bwd(p, dev);
   const int limit = smem_limit(dev);
   const char* backend = backend_name(choice.backend);
-  // seqlen_q == 0: no query row to prepare or convert, but the main kernel still writes dk = dv = 0.
-  // seqlen_k == 0: no key to visit (dk, dv are empty); the launcher's postprocess writes dq = 0
-  // from the cleared accumulator.
+  // seqlen_q == 0: no query row to prepare or convert, but the main kernel still writes
+  // dk = dv = 0. seqlen_k == 0: no key to visit (dk, dv are empty); the launcher's postprocess
+  // writes dq = 0 from the cleared accumulator.
   if (p->seqlen_q > 0) {
     FH_TRY(report_launch(launch_bwd_preprocess(k, p->dtype, stream), backend, p->head_dim, limit,
                          kBwdTmaTensors, "backward preprocess"));

@@ -2,6 +2,9 @@
 // ladder that weighs them for a call.
 #include "src/policy.h"
 
+#include <string>
+#include <utility>
+
 #include "src/errors.h"
 #include "src/validate.h"
 
@@ -29,16 +32,22 @@ struct PathRules {
 bool runs_sm90a(int cc_major, int cc_minor) { return cc_major == 9 && cc_minor == 0; }
 bool runs_sm80(int cc_major, int /*cc_minor*/) { return cc_major >= 8; }
 
-constexpr PathRules kFa3 = {FH_BACKEND_FA3,
-                            "fa3",
-                            "FA-3 path",
-                            runs_sm90a,
-                            "9.0 (H100/H200: sm90a code runs on 9.0 only)",
+constexpr PathRules kFa3 = {/*backend=*/FH_BACKEND_FA3,
+                            /*name=*/"fa3",
+                            /*title=*/"FA-3 path",
+                            /*runs=*/runs_sm90a,
+                            /*needs=*/"9.0 (H100/H200: sm90a code runs on 9.0 only)",
                             /*loads_with_tma=*/true,
-                            "backend='fa2' or 'auto'",
-                            "backend='auto'"};
-constexpr PathRules kFa2 = {FH_BACKEND_FA2, "fa2",      "FA-2 path", runs_sm80,
-                            ">= 8.0 (sm80 code)", /*loads_with_tma=*/false, nullptr, nullptr};
+                            /*instead=*/"backend='fa2' or 'auto'",
+                            /*instead_of_rebuild=*/"backend='auto'"};
+constexpr PathRules kFa2 = {/*backend=*/FH_BACKEND_FA2,
+                            /*name=*/"fa2",
+                            /*title=*/"FA-2 path",
+                            /*runs=*/runs_sm80,
+                            /*needs=*/">= 8.0 (sm80 code)",
+                            /*loads_with_tma=*/false,
+                            /*instead=*/nullptr,
+                            /*instead_of_rebuild=*/nullptr};
 
 // auto's preference: the FA-3 path where it runs, is built and can load the tensors; else the
 // FA-2 path. Request::paths follows this order.
@@ -69,10 +78,18 @@ bool bwd_written(int32_t backend, int64_t head_dim) {
 }
 std::string bwd_buckets(int32_t /*backend*/) { return fa3_bwd_buckets(); }
 
-constexpr DirectionRules kForward = {"forward",    "kernel",     kFwdTmaTensors,
-                                     /*backward=*/false, every_bucket, no_buckets};
-constexpr DirectionRules kBackward = {"backward",  "backward kernel", kBwdTmaTensors,
-                                      /*backward=*/true, bwd_written,    bwd_buckets};
+constexpr DirectionRules kForward = {/*name=*/"forward",
+                                     /*kernel=*/"kernel",
+                                     /*tma_tensors=*/kFwdTmaTensors,
+                                     /*backward=*/false,
+                                     /*written=*/every_bucket,
+                                     /*written_buckets=*/no_buckets};
+constexpr DirectionRules kBackward = {/*name=*/"backward",
+                                      /*kernel=*/"backward kernel",
+                                      /*tma_tensors=*/kBwdTmaTensors,
+                                      /*backward=*/true,
+                                      /*written=*/bwd_written,
+                                      /*written_buckets=*/bwd_buckets};
 
 // Inputs that only the FA-3 path's tuned forward serves, in buckets of their own. The phrases
 // follow the inputs' FH_DTYPES name in messages ("e4m3" + " inputs run").
@@ -87,18 +104,23 @@ struct Fa3OnlyInputs {
   std::string (*buckets)();
 };
 
-constexpr Fa3OnlyInputs kFp8Inputs = {
-    " inputs run", "FP8", " inputs need", "the FA-3 path's FP8 WGMMA", "e4m3 inputs have",
-    " inputs",     fp8_covers, fp8_buckets};
+constexpr Fa3OnlyInputs kFp8Inputs = {/*run=*/" inputs run",
+                                      /*kernels=*/"FP8",
+                                      /*need=*/" inputs need",
+                                      /*because=*/"the FA-3 path's FP8 WGMMA",
+                                      /*have=*/"e4m3 inputs have",
+                                      /*label=*/" inputs",
+                                      /*covers=*/fp8_covers,
+                                      /*buckets=*/fp8_buckets};
 constexpr Fa3OnlyInputs kMixedInputs = {
-    " (fp16 / bf16 q against FP8 k / v, the mixed mode) runs",
-    "mixed-mode",
-    " (the mixed mode) needs",
-    "the FA-3 path",
-    "the mixed mode (fp16 / bf16 q, FP8 k / v) has",
-    " (mixed mode)",
-    mixed_covers,
-    mixed_buckets};
+    /*run=*/" (fp16 / bf16 q against FP8 k / v, the mixed mode) runs",
+    /*kernels=*/"mixed-mode",
+    /*need=*/" (the mixed mode) needs",
+    /*because=*/"the FA-3 path",
+    /*have=*/"the mixed mode (fp16 / bf16 q, FP8 k / v) has",
+    /*label=*/" (mixed mode)",
+    /*covers=*/mixed_covers,
+    /*buckets=*/mixed_buckets};
 
 // --- layouts the FA-3 path cannot load -------------------------------------------------------
 
@@ -273,7 +295,8 @@ FhStatus select_requested(const Request& r, const PathRules& path, const Candida
                 "backend='%s': this build has no %s %s for %s (the %s's %s has tiles for "
                 "head_dim buckets %s only so far)%s",
                 r.name, path.name, r.dir->kernel, r.what.c_str(), path.title, r.dir->name,
-                r.dir->written_buckets(path.backend).c_str(), advise("; use ", path.instead).c_str());
+                r.dir->written_buckets(path.backend).c_str(),
+                advise("; use ", path.instead).c_str());
   }
   if (!path.runs(cc_major, cc_minor)) {
     return fail(FH_ERROR_UNSUPPORTED,
@@ -323,7 +346,8 @@ FhStatus select_auto(const Request& r, int cc_major, int cc_minor, int32_t* out,
   }
   if (!fa2.built) {
     if (fa3_runs && fa3.built) {  // only the layout keeps fa3 out
-      return fail(FH_ERROR_UNSUPPORTED, "%s; this build has no fa2 %s for %s to run it instead (%s)",
+      return fail(FH_ERROR_UNSUPPORTED,
+                  "%s; this build has no fa2 %s for %s to run it instead (%s)",
                   describe(r.layout, r.dir->tma_tensors).c_str(), kernel, what,
                   rebuild_hint(r, FH_BACKEND_FA2).c_str());
     }

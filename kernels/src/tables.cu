@@ -21,7 +21,8 @@ namespace {
 #define FH_REGISTER_BWD(backend, dtype, head_dim, name)
 constexpr RegistryEntry kRegistry[] = {
 #include "fh_registry.inc"
-    {-1, -1, -1, -1, -1, nullptr},  // sentinel: keeps the array non-empty in a build with no kernels
+    // sentinel: keeps the array non-empty in a build with no kernels
+    {-1, -1, -1, -1, -1, nullptr},
 };
 #undef FH_REGISTER_FWD
 #undef FH_REGISTER_BWD
