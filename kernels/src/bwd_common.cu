@@ -2,9 +2,10 @@
 //
 // Both are memory-bound streams over (batch, head_q, query row): plain CUDA, 16-byte vector
 // accesses, one CTA per block of kRowsPerCta query rows of one (batch, head_q) on grid (x, y, z) =
-// (row block, head_q, batch), like the forward kernels (api.cu validates heads_q and batch <= 65535).
-// What makes 16-byte vectors legal everywhere: api.cu validates that head_dim and every row / head
-// / batch stride of o, dout and dq are multiples of 8 elements and their pointers 16-byte aligned;
+// (row block, head_q, batch), like the forward kernels (validate.h: heads_q and batch <= 65535).
+// What makes 16-byte vectors legal everywhere: validate_bwd.cu checks that head_dim and every
+// row / head / batch stride of o, dout and dq are multiples of 8 elements, pointers 16-byte
+// aligned;
 // the workspace is 256-byte aligned with 256-byte aligned regions, and head_dim_rounded (a bucket)
 // is a multiple of 32 floats.
 #include <cuda_bf16.h>

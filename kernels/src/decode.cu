@@ -22,6 +22,7 @@
 
 #include "decode/decode_kernel.h"
 #include "src/decode.h"
+#include "src/score_transform.h"
 #include "src/programmatic_launch.h"
 
 namespace flash_hopper {
@@ -144,15 +145,10 @@ DecodeParams derive(FhDecodeParams const* p) {
   d.o_head_stride = p->o_head_stride;
   d.lse_batch_stride = p->lse_batch_stride;
   d.lse_head_stride = p->lse_head_stride;
-  if (p->softcap > 0.f) {
-    d.softcap = p->softcap;
-    d.softcap_scale = p->softmax_scale / p->softcap;
-    d.scale_log2 = decode::kLog2e;
-  } else {
-    d.softcap = 0.f;
-    d.softcap_scale = 0.f;
-    d.scale_log2 = p->softmax_scale * decode::kLog2e;
-  }
+  const ScoreTransform score = score_transform(p->softmax_scale, p->softcap);
+  d.softcap = score.softcap;
+  d.softcap_scale = score.prescale;
+  d.scale_log2 = score.scale_log2;
   d.window_left = decode::clamp_window(p->window_left, d.capacity);
   d.window_right = decode::clamp_window(p->window_right, d.seqlen_q);
   d.splits = p->num_splits;

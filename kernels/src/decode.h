@@ -1,5 +1,6 @@
-// The decode kernel's launcher (kernels/decode/decode_kernel.h), for api.cu: validation and the
-// plan live there, the kernel's configuration and launch here, behind a header without CuTe.
+// The decode kernel's launcher (kernels/decode/decode_kernel.h), for the C ABI: validation and the
+// plan live in validate_decode.cu, the kernel's configuration and launch here, behind a header
+// without CuTe.
 #pragma once
 
 #include <cuda_runtime.h>

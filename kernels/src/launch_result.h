@@ -1,4 +1,5 @@
-// What a launcher (forward, backward, the backward's pre/postprocess) reports back, and how api.cu turns that into an FhStatus and a message.
+// What a launcher (forward, backward, the backward's pre/postprocess) reports back, and how the
+// C ABI turns that into an FhStatus and a message (describe_launch; errors.h: report_launch).
 //
 // Launchers return a LaunchResult, the library's own status, instead of a cudaError_t: "no tile
 // fits this GPU's shared memory" and "TMA cannot encode this layout" are decisions the launcher

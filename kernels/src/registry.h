@@ -1,6 +1,6 @@
-// The forward and backward launchers this build holds. Each generated instantiation defines one launcher;
-// api.cu builds its dispatch table from the generated fh_registry.inc, so the table always lists
-// exactly what was compiled (kernels/src/tables.cmake says what that is).
+// The forward and backward launchers this build holds. Each generated instantiation defines one
+// launcher; tables.cu builds its dispatch tables from the generated fh_registry.inc, so the tables
+// always list exactly what was compiled (kernels/src/tables.cmake says what that is).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -16,7 +16,7 @@ namespace flash_hopper {
 using FwdLauncher = LaunchResult (*)(FwdParams const& p, int max_smem_per_block,
                                      cudaStream_t stream);
 
-// Launches the instantiation's backward for p on stream after api.cu's shared preprocess
+// Launches the instantiation's backward for p on stream after launch.cu's shared preprocess
 // (bwd_common.h): the main kernel (dk, dv written, dq accumulated into p.dq_accum in the layout
 // the path chooses; skipped when seqlen_k == 0) and the postprocess that converts that
 // accumulator into dq (skipped when seqlen_q == 0). Same contract as FwdLauncher otherwise.

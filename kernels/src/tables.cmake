@@ -2,7 +2,7 @@
 # variants.
 #
 # CMakeLists.txt turns them into the instantiation list (one generated .cu per kernel), the
-# launcher registry (fh_registry.inc), api.cu's constants and messages, and fh_build_info()'s
+# launcher registry (fh_registry.inc), the C ABI's constants and messages, and fh_build_info()'s
 # JSON (fh_tables.inc). Python keeps its own copy in python/flash_hopper/_tables.py (derived from
 # the api.h enum mirror, so torch.compile can trace validation without loading the library);
 # tests/test_lib.py checks that copy against api.h and against the built library's build_info,
@@ -54,7 +54,7 @@ set(FH_MIXED_TABLE
 # - NO_PINGPONG (1) is a runtime switch (kernel argument), so the kernel without it serves it.
 # - NO_OVERLAP (2) is a template parameter (kOverlap), so it needs a kernel of its own; those
 #   kernels are built only for FH_FA3_ABLATION_DTYPES x FH_FA3_ABLATION_HEAD_DIMS.
-# Row i must have value i (api.cu indexes the names by value, and static_asserts the count).
+# Row i must have value i (tables.h indexes the names by value, and static_asserts the count).
 set(FH_FA3_VARIANT_TABLE
   "fa3|0|0"
   "fa3-no-pingpong|1|0"

@@ -86,7 +86,8 @@ __device__ void for_each_pair(PrepareArgs const& a, F&& f) {
 }
 
 // Sort keys: (bin, batch, m_block), ascending = costliest first, then by sequence and query
-// block. 12 + 20 + 28 bits: bins < 4096, batch <= 65535 (api.cu), m_block < 2^25 (seqlen < 2^31).
+// block. 12 + 20 + 28 bits: bins < 4096, batch <= 65535 (validate.h), m_block < 2^25
+// (seqlen < 2^31).
 __device__ uint64_t pair_key(int bin, int b, int m) {
   return (uint64_t(bin) << 48) | (uint64_t(b) << 28) | uint64_t(m);
 }

@@ -1,0 +1,24 @@
+// Device facts the host path needs: the current device's compute capability, SM count and
+// shared-memory limit, queried once per device, and the limit tile selection sees.
+#pragma once
+
+#include "flash_hopper/api.h"
+
+namespace flash_hopper {
+
+struct DeviceInfo {
+  int major = 0;
+  int minor = 0;
+  int sm_count = 0;
+  int max_smem_optin = 0;
+};
+
+// The current device's facts; FH_ERROR_CUDA (fail_cuda) where CUDA cannot tell.
+FhStatus query_device(DeviceInfo* info);
+
+// The shared-memory limit tile selection sees: the device's opt-in limit, or FH_DEBUG_SMEM_LIMIT
+// (bytes) when lower, so a large GPU can run and test the configs meant for smaller ones (e.g.
+// 101376 = sm86/sm89's opt-in). Read per call: tests change it between calls.
+int smem_limit(const DeviceInfo& dev);
+
+}  // namespace flash_hopper

@@ -1,0 +1,191 @@
+// The kernel tables (tables.h): the dispatch tables built from fh_registry.inc, so that they list
+// exactly what this build compiled, and the lookups into them and into tables.cmake's tables.
+#include "src/tables.h"
+
+#include "src/errors.h"
+
+// Declarations of every launcher this build holds, then the dispatch tables. Each inclusion of
+// fh_registry.inc defines both row macros (the one a table does not want as empty).
+#define FH_REGISTER_FWD(backend, dtype, kv_dtype, head_dim, variant, name) \
+  FH_DEFINE_FWD_LAUNCHER(name);
+#define FH_REGISTER_BWD(backend, dtype, head_dim, name) FH_DEFINE_BWD_LAUNCHER(name);
+#include "fh_registry.inc"
+#undef FH_REGISTER_FWD
+#undef FH_REGISTER_BWD
+
+namespace flash_hopper {
+namespace {
+
+#define FH_REGISTER_FWD(backend, dtype, kv_dtype, head_dim, variant, name) \
+  {backend, dtype, kv_dtype, head_dim, variant, &name},
+#define FH_REGISTER_BWD(backend, dtype, head_dim, name)
+constexpr RegistryEntry kRegistry[] = {
+#include "fh_registry.inc"
+    // sentinel: keeps the array non-empty in a build with no kernels
+    {-1, -1, -1, -1, -1, nullptr},
+};
+#undef FH_REGISTER_FWD
+#undef FH_REGISTER_BWD
+
+#define FH_REGISTER_FWD(backend, dtype, kv_dtype, head_dim, variant, name)
+#define FH_REGISTER_BWD(backend, dtype, head_dim, name) {backend, dtype, head_dim, &name},
+constexpr BwdRegistryEntry kBwdRegistry[] = {
+#include "fh_registry.inc"
+    {-1, -1, -1, nullptr},  // sentinel, as above (a build without backward kernels)
+};
+#undef FH_REGISTER_FWD
+#undef FH_REGISTER_BWD
+
+// Whether the source tree has a backward for the path at all (tables.cmake's direction table), as
+// opposed to this build leaving it out: decides between "not implemented" and "rebuild with".
+bool path_has_backward(int32_t backend) {
+#define FH_BWD_PATH(value) \
+  if (backend == value) {  \
+    return true;           \
+  }
+  FH_BWD_PATHS(FH_BWD_PATH)
+#undef FH_BWD_PATH
+  return false;
+}
+
+// Head-dim bucket lists of the source tree (FH_DTYPE_TABLE / FH_MIXED_TABLE in
+// kernels/src/tables.cmake), whatever this build compiled: the FA-3 path's FP8 (e4m3) forward
+// tiles and the mixed mode's.
+#define FH_LIST_ITEM(value) value,
+constexpr int64_t kFp8Buckets[] = {FH_FP8_HEAD_DIMS(FH_LIST_ITEM)};
+constexpr int64_t kMixedBuckets[] = {FH_MIXED_HEAD_DIMS(FH_LIST_ITEM)};
+#undef FH_LIST_ITEM
+
+// Whether head_dim's bucket is in a list; the list for messages ("64, 128, 256").
+template <size_t N>
+bool bucket_listed(int64_t head_dim, const int64_t (&buckets)[N]) {
+  const int64_t bucket = head_dim_bucket(head_dim);
+  for (int64_t b : buckets) {
+    if (b == bucket) {
+      return true;
+    }
+  }
+  return false;
+}
+
+template <size_t N>
+std::string bucket_names(const int64_t (&buckets)[N]) {
+  std::string list;
+  for (int64_t b : buckets) {
+    list += (list.empty() ? "" : ", ") + std::to_string(b);
+  }
+  return list;
+}
+
+}  // namespace
+
+int64_t head_dim_bucket(int64_t head_dim) {
+  for (int64_t b : kHeadDimBuckets) {
+    if (head_dim <= b) {
+      return b;
+    }
+  }
+  return -1;
+}
+
+const RegistryEntry* find_kernel(int32_t backend, int32_t dtype, int64_t head_dim,
+                                 int32_t variant, int32_t kv_dtype) {
+  const int64_t bucket = head_dim_bucket(head_dim);
+  const int32_t kv = kv_dtype < 0 ? dtype : kv_dtype;
+  for (const RegistryEntry& e : kRegistry) {
+    if (e.launch != nullptr && e.backend == backend && e.dtype == dtype && e.kv_dtype == kv &&
+        e.head_dim_bucket == bucket && e.variant == variant) {
+      return &e;
+    }
+  }
+  return nullptr;
+}
+
+const BwdRegistryEntry* find_bwd_kernel(int32_t backend, int32_t dtype, int64_t head_dim) {
+  const int64_t bucket = head_dim_bucket(head_dim);
+  for (const BwdRegistryEntry& e : kBwdRegistry) {
+    if (e.launch != nullptr && e.backend == backend && e.dtype == dtype &&
+        e.head_dim_bucket == bucket) {
+      return &e;
+    }
+  }
+  return nullptr;
+}
+
+bool fa3_bwd_covers(int64_t head_dim) {
+  const int64_t bucket = head_dim_bucket(head_dim);
+#define FH_FA3_BWD_BUCKET(value)              \
+  if (bucket == value) {                      \
+    return path_has_backward(FH_BACKEND_FA3); \
+  }
+  FH_FA3_BWD_HEAD_DIMS(FH_FA3_BWD_BUCKET)
+#undef FH_FA3_BWD_BUCKET
+  return false;
+}
+
+std::string fa3_bwd_buckets() {
+  std::string list;
+#define FH_FA3_BWD_BUCKET_NAME(value) \
+  list += (list.empty() ? "" : ", ") + std::to_string(value);
+  FH_FA3_BWD_HEAD_DIMS(FH_FA3_BWD_BUCKET_NAME)
+#undef FH_FA3_BWD_BUCKET_NAME
+  return list;
+}
+
+bool fp8_covers(int64_t head_dim) { return bucket_listed(head_dim, kFp8Buckets); }
+std::string fp8_buckets() { return bucket_names(kFp8Buckets); }
+bool mixed_covers(int64_t head_dim) { return bucket_listed(head_dim, kMixedBuckets); }
+std::string mixed_buckets() { return bucket_names(kMixedBuckets); }
+
+const char* mixed_name(int32_t dtype, int32_t kv_dtype) {
+#define FH_MIXED_NAME(q_value, kv_value, name)    \
+  if (dtype == q_value && kv_dtype == kv_value) { \
+    return name;                                  \
+  }
+  FH_MIXED_TABLE(FH_MIXED_NAME)
+#undef FH_MIXED_NAME
+  return nullptr;
+}
+
+const char* dtype_name(int32_t dtype) {
+#define FH_DTYPE_NAME(value, name) \
+  if (dtype == value) {            \
+    return name;                   \
+  }
+  FH_DTYPE_TABLE(FH_DTYPE_NAME)
+#undef FH_DTYPE_NAME
+  return nullptr;
+}
+
+const std::string& dtype_choices() {
+  static const std::string choices = [] {
+    std::string s;
+#define FH_DTYPE_CHOICE(value, name) \
+  s += format("%s%s (%d, %s)", s.empty() ? "" : " or ", #value, int(value), name);
+    FH_DTYPE_TABLE(FH_DTYPE_CHOICE)
+#undef FH_DTYPE_CHOICE
+    return s;
+  }();
+  return choices;
+}
+
+const char* build_arch(int32_t backend) {
+#define FH_ARCH_VALUE(value, arch, name) \
+  if (backend == value) {                \
+    return arch;                         \
+  }
+  FH_ARCH_TABLE(FH_ARCH_VALUE)
+#undef FH_ARCH_VALUE
+  return "?";
+}
+
+const char* backend_name(int32_t backend) {
+  switch (backend) {
+    case FH_BACKEND_AUTO: return "auto";
+    case FH_BACKEND_FA2: return "fa2";
+    case FH_BACKEND_FA3: return "fa3";
+    default: return "unknown";
+  }
+}
+
+}  // namespace flash_hopper

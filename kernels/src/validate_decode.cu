@@ -1,0 +1,111 @@
+// Validation of FhDecodeParams (fh_decode_plan, fh_decode) and the plan fh_decode_plan answers:
+// the key splits and the workspace they need (kernels/include/flash_hopper/decode_plan.h).
+#include <cstdint>
+
+#include "flash_hopper/decode_plan.h"
+#include "src/decode.h"
+#include "src/validate.h"
+
+namespace flash_hopper {
+namespace {
+
+int64_t decode_row_blocks(const FhDecodeParams* p) {
+  return decode::row_blocks(p->seqlen_q, p->heads_q / p->heads_kv);
+}
+
+}  // namespace
+
+FhStatus validate_decode_shapes(const FhDecodeParams* p) {
+  FH_CHECK(p != nullptr, "params: expected a pointer to FhDecodeParams, got null");
+  FH_TRY(validate_abi(p));
+  FH_CHECK(p->dtype == FH_DTYPE_FP16 || p->dtype == FH_DTYPE_BF16,
+           "dtype: expected FH_DTYPE_FP16 (0) or FH_DTYPE_BF16 (1) for decode, got %d", p->dtype);
+  FH_CHECK(p->head_dim == 64 || p->head_dim == 128 || p->head_dim == 256,
+           "head_dim: expected 64, 128 or 256 for decode, got %lld", (long long)p->head_dim);
+  FH_CHECK(p->batch >= 0 && p->batch <= kMaxGridYZ, "batch: expected 0..%lld, got %lld",
+           (long long)kMaxGridYZ, (long long)p->batch);
+  FH_CHECK(p->heads_q >= 1 && p->heads_q <= kMaxGridYZ, "heads_q: expected 1..%lld, got %lld",
+           (long long)kMaxGridYZ, (long long)p->heads_q);
+  FH_CHECK(p->heads_kv >= 1 && p->heads_q % p->heads_kv == 0,
+           "heads_kv: expected a divisor of heads_q (%lld), got %lld", (long long)p->heads_q,
+           (long long)p->heads_kv);
+  FH_CHECK(p->seqlen_q >= 1 && p->seqlen_q <= kMaxSeqlen, "seqlen_q: expected 1..%lld, got %lld",
+           (long long)kMaxSeqlen, (long long)p->seqlen_q);
+  FH_CHECK(p->heads_kv * decode_row_blocks(p) <= kMaxGridYZ,
+           "seqlen_q: expected seqlen_q * heads_q / 16 rounded up per kv head <= %lld, got "
+           "seqlen_q %lld with heads_q %lld",
+           (long long)kMaxGridYZ, (long long)p->seqlen_q, (long long)p->heads_q);
+  FH_CHECK(p->page_size >= 1 && p->page_size <= INT32_MAX, "page_size: expected 1..%d, got %lld",
+           INT32_MAX, (long long)p->page_size);
+  FH_CHECK(p->num_pages >= 1 && p->num_pages <= INT32_MAX, "num_pages: expected 1..%d, got %lld",
+           INT32_MAX, (long long)p->num_pages);
+  // total_q: the varlen rows the kernel clamps cu_seqlens_q to (int32 offsets)
+  FH_CHECK(p->total_q >= 0 && p->total_q <= INT32_MAX, "total_q: expected 0..%d, got %lld",
+           INT32_MAX, (long long)p->total_q);
+  if (p->page_table != nullptr) {
+    // both factors <= INT32_MAX before their product is formed: it cannot overflow int64
+    FH_CHECK(p->max_pages >= 1 && p->max_pages <= INT32_MAX,
+             "max_pages: expected 1..%d with a page_table, got %lld", INT32_MAX,
+             (long long)p->max_pages);
+    FH_CHECK(p->page_table_stride >= p->max_pages,
+             "page_table_stride: expected >= max_pages (%lld), got %lld", (long long)p->max_pages,
+             (long long)p->page_table_stride);
+    FH_CHECK(p->max_pages * p->page_size <= INT32_MAX,
+             "max_pages: expected max_pages * page_size <= %d keys per sequence, got %lld * %lld",
+             INT32_MAX, (long long)p->max_pages, (long long)p->page_size);
+    FH_CHECK(p->kv_batch_idx == nullptr,
+             "kv_batch_idx: expected null with a page_table (pass the page-table rows of the "
+             "batch instead), got %p", (const void*)p->kv_batch_idx);
+  }
+  FH_TRY(validate_score(p));
+  FH_CHECK(p->num_splits >= 0, "num_splits: expected >= 0, got %d", p->num_splits);
+  return FH_SUCCESS;
+}
+
+int decode_splits(const FhDecodeParams* p, int num_sms) {
+  if (p->num_splits > 0) {
+    return p->num_splits < decode::kMaxSplits ? p->num_splits : decode::kMaxSplits;
+  }
+  const int64_t tiles = p->batch * p->heads_kv * decode_row_blocks(p);
+  const int64_t keys = p->page_table != nullptr ? p->max_pages * p->page_size : p->page_size;
+  // A dense cache: one CTA per SM, though two fit at d128: as fast or faster and fewer splits to
+  // merge (GQA 32 / 8, d128, H200: 1 x 128k 16 splits 4.23 TB/s vs 33 splits 4.14, 8 x 32k 2
+  // vs 4 splits 4.40 vs 4.33). A paged cache fills every CTA slot: a paged CTA alone on its SM
+  // is issue-bound (its page arithmetic; ncu: +42 % instructions) and lost a sixth (1 x 128k
+  // 3.45 vs 4.14, 8 x 32k 3.55 vs 4.27; bench/PERFLOG.md session 15).
+  const int ctas_per_sm = p->page_table != nullptr ? decode_ctas_per_sm(p->head_dim) : 1;
+  return decode::default_splits(tiles, keys, num_sms, ctas_per_sm, /*min_keys=*/256);
+}
+
+int64_t decode_workspace_bytes(const FhDecodeParams* p, int splits) {
+  return decode::decode_workspace(p->batch * p->heads_kv * decode_row_blocks(p), splits,
+                                  static_cast<int>(p->head_dim))
+      .bytes;
+}
+
+FhStatus validate_decode(const FhDecodeParams* p) {
+  FH_TRY(validate_decode_shapes(p));
+  FH_CHECK(p->num_splits >= 1 && p->num_splits <= decode::kMaxSplits,
+           "num_splits: expected 1..%d (fh_decode_plan chooses), got %d", decode::kMaxSplits,
+           p->num_splits);
+  FH_TRY(validate_tensor(p->q, "q"));
+  FH_TRY(validate_tensor(p->k, "k"));
+  FH_TRY(validate_tensor(p->v, "v"));
+  FH_TRY(validate_tensor(p->o, "o"));
+  FH_CHECK(p->seqlens_k != nullptr, "seqlens_k: expected an int32 device array, got null");
+  const NamedStride strides[] = {FH_NAMED_STRIDES(p, q, batch), FH_NAMED_STRIDES(p, k, page),
+                                 FH_NAMED_STRIDES(p, v, page), FH_NAMED_STRIDES(p, o, batch)};
+  FH_TRY(validate_strides(strides));
+  if (p->num_splits > 1) {
+    const int64_t need = decode_workspace_bytes(p, p->num_splits);
+    FH_CHECK(p->workspace != nullptr && aligned(p->workspace, 256),
+             "workspace: expected a 256-byte aligned device pointer with num_splits %d, got %p",
+             p->num_splits, p->workspace);
+    FH_CHECK(p->workspace_bytes >= need,
+             "workspace_bytes: expected >= %lld (fh_decode_plan) for num_splits %d, got %lld",
+             (long long)need, p->num_splits, (long long)p->workspace_bytes);
+  }
+  return FH_SUCCESS;
+}
+
+}  // namespace flash_hopper
