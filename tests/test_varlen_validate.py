@@ -201,6 +201,11 @@ def test_workspace_size(lib, total_q, batch):
      "o_batch_stride: expected 0 in a varlen call"),
     ({"variant": 2, "backend": FhBackend.FA3}, FhStatus.ERROR_UNSUPPORTED,
      "has no varlen kernel"),
+    # out of range, with the ablation bit: refused before any message names the variant
+    ({"variant": 6, "backend": FhBackend.FA3}, FhStatus.ERROR_INVALID_ARGUMENT,
+     "variant: expected an FhVariant 0 (tuned) .."),
+    ({"variant": 2**30 + 2, "backend": FhBackend.FA3}, FhStatus.ERROR_INVALID_ARGUMENT,
+     "got 1073741826"),
     ({"kv_dtype": FhDtype.E4M3, "head_dim": 128}, FhStatus.ERROR_UNSUPPORTED,
      "varlen with mixed-mode inputs (16-bit q, FP8 k / v) is not implemented yet"),
     ({"max_seqlen_q": -5}, FhStatus.ERROR_INVALID_ARGUMENT, "max_seqlen_q / max_seqlen_k"),

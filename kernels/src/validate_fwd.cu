@@ -194,6 +194,10 @@ FhStatus validate(const FhFwdParams* p, bool check_data) {
              int(alignof(float)), static_cast<const void*>(p->lse));
   }
 
+  // The variant's range before anything names it (the varlen checks print its name).
+  FH_CHECK(p->variant >= 0 && p->variant < kNumVariants,
+           "variant: expected an FhVariant 0 (tuned) .. %d (%s), got %d", kNumVariants - 1,
+           kVariantNames[kNumVariants - 1], p->variant);
   FH_TRY(validate_varlen(p, fp8, mixed, check_data && !empty));
   if (p->page_table || p->page_size != 0 || p->page_table_batch_stride != 0) {
     return fail(FH_ERROR_UNSUPPORTED,
@@ -209,9 +213,6 @@ FhStatus validate(const FhFwdParams* p, bool check_data) {
   FH_CHECK(p->backend == FH_BACKEND_AUTO || p->backend == FH_BACKEND_FA2 ||
                p->backend == FH_BACKEND_FA3,
            "backend: expected FH_BACKEND_AUTO (0), FA2 (1) or FA3 (2), got %d", p->backend);
-  FH_CHECK(p->variant >= 0 && p->variant < kNumVariants,
-           "variant: expected an FhVariant 0 (tuned) .. %d (%s), got %d", kNumVariants - 1,
-           kVariantNames[kNumVariants - 1], p->variant);
   FH_CHECK(p->variant == FH_VARIANT_TUNED || p->backend == FH_BACKEND_FA3,
            "variant: %d (%s) is a variant of the fa3 path and needs backend FH_BACKEND_FA3 (2), "
            "got backend %d (%s)",
