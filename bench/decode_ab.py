@@ -1,4 +1,5 @@
-"""A / B of decode-kernel variants side by side with cuDNN, in one process (issue 14's tuning).
+"""A / B of decode-kernel variants side by side with cuDNN, in one process (the decode
+kernel's tuning, docs/decode.md).
 
     python bench/decode_ab.py --out ab.json [--points 1x8k 1x128k 8x32k 64x1k] \
         [--variants dense paged:s32 paged16:s16:st3 ...] [--reps 3]

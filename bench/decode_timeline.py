@@ -1,11 +1,12 @@
-"""The decode kernel's CTA timeline (issue 14): where a short decode call's microseconds go.
+"""The decode kernel's CTA timeline (docs/decode.md): where a short decode call's microseconds go.
 
     python bench/decode_timeline.py --points 1x8192 64x1024 --out DIR [--splits N] [--page-size P]
 
 Needs a library built with FH_TIMELINE=ON (CMake) and a GPU. Every CTA's thread 0 records the
 global timer (ns) when it starts, when its first key block has landed, when its loop is done, when
 its split's partials are written (split calls) and when it ends, plus its SM (and whether it
-merged the splits: none since session 16, when a combine kernel took the merge over;
+merged the splits: none since a combine kernel took the merge over, bench/PERFLOG.md "Session 16:
+the split merge as a kernel of its own";
 kernels/decode/decode_kernel.h, DecodeMarks). This script runs each point
 (GQA 32 / 8, d128, bf16, one query token, dense or paged cache) once to warm up, once recorded,
 and writes DIR/decode_timeline.json: per point the span of the grid, and the medians / maxima of

@@ -1,5 +1,6 @@
-"""Issue 16's ring on ONE device: every rank's share of the ring's fwd + bwd, timed in turn, to
-predict the two-GPU speedup before two GPUs are lent (and to see where the ring's own time goes).
+"""The ring of distributed.py on ONE device: every rank's share of the ring's fwd + bwd, timed in
+turn, to predict the two-GPU speedup before two GPUs are lent (and to see where the ring's own
+time goes).
 
     python bench/ring_emulate.py --world 2 --seqlens 131072 262144 --out e.json
     python bench/ring_emulate.py --device cpu --seqlens 256 --head-dim 16 --heads 2/1 --iters 1
@@ -178,7 +179,7 @@ def main() -> int:
         meta = {"gpu": torch.cuda.get_device_name() if cuda else "cpu",
                 "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
                 "command": "python bench/ring_emulate.py ...",
-                "what": "issue 16: the ring's per-rank share on one device (exchanges looped "
+                "what": "ring attention: the ring's per-rank share on one device (exchanges looped "
                         "back), the predicted two-GPU speedup"}
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue 16 on a two-GPU machine in one call: the distributed GPU tests (the NCCL ones run with 2
-# GPUs), the README's ring example under torchrun, and the scaling measurement with its
+# Ring attention on a two-GPU machine in one call: the distributed GPU tests (the NCCL ones run
+# with 2 GPUs), the README's ring example under torchrun, and the scaling measurement with its
 # per-rank timelines (bench/ring_scaling.py: one sequence of 128k and 256k tokens, d128, 16 / 4
 # heads, causal zigzag and non-causal, sm_margin 0 / 2 / 4 / 8: NCCL needs as many free SMs as its
 # kernel has CTAs to run beside ours).

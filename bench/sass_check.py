@@ -10,7 +10,8 @@ from `cuobjdump -sass`. Exits 1 if an sm90 main kernel has no HGMMA, an sm90 ker
 wgmmas serialized: ptxas does that to a whole kernel when it cannot keep a wgmma in flight
 (C7512 / C7515 in its output: too few registers, a wgmma behind a run-time branch or in flight
 across a loop's back edge), and then fences every HGMMA with its own WARPGROUP.ARRIVE (one per
-HGMMA, instead of one per batch of K/16; PERFLOG session 6: the d128 backward lost 30 %).
+HGMMA, instead of one per batch of K/16; bench/PERFLOG.md "sass_check.py catches serialized
+wgmmas": it cost the backward much of its speed).
 """
 
 from __future__ import annotations

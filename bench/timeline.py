@@ -1,4 +1,5 @@
-"""The FA-3 forward's event timeline (issue 15): where each warp's cycles go, step by step.
+"""The FA-3 forward's event timeline (docs/fwd_sm90.md "Timeline"): where each warp's cycles go,
+step by step.
 
     python bench/timeline.py --dtype e4m3 -d 128 -s 8192 -b 2 --out DIR [--causal]
 

@@ -1,11 +1,12 @@
-"""Varlen forward speed on the GPU (issue 13): flash_attn_varlen_func against the dense kernel on
-the same tokens, and a realistic mixed batch against torch SDPA's jagged (nested tensor) path.
+"""Varlen forward speed on the GPU (docs/host.md "Varlen"): flash_attn_varlen_func against the
+dense kernel on the same tokens, and a realistic mixed batch against torch SDPA's jagged (nested
+tensor) path.
 
   python bench/varlen_speed.py --out results.json
 
 1. Equal lengths: b * s = 16k tokens, h * d = 2048, s = 1k .. 16k, d = 64 / 128 / 256, causal
    and not: the dense flash_attn_func and the varlen call on the same tokens (reshaped), same
-   backend. Issue 13's bar: varlen within 5 % of dense.
+   backend. The bar: varlen within 5 % of dense.
 2. Mixed batches: lengths drawn uniformly from 128 .. 8k until 16k tokens (seeded), d = 128,
    h = 16: varlen (fa3 and fa2) vs torch SDPA on a jagged nested tensor (its flash backend) and
    the dense kernel run per sequence (the no-varlen fallback a user would write).

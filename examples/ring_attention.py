@@ -1,4 +1,4 @@
-"""Ring attention (context parallelism, issue 16) end to end: one sequence sharded over the ranks,
+"""Ring attention (context parallelism) end to end: one sequence sharded over the ranks,
 forward and backward through flash_hopper.distributed.ring_flash_attn_func, checked against
 attention over the whole sequence on one rank.
 

@@ -461,7 +461,7 @@ def flash_attn_func(q, k, v, causal=False):
 
 
 def test_peers_import_with_argv_shielded(tmp_path, monkeypatch):
-    """Issue 15 item 6: `flash-hopper bench -d 128 --backends flash-attn-cute` died because the
+    """A regression: `flash-hopper bench -d 128 --backends flash-attn-cute` died because the
     CuTe DSL parses sys.argv on import (argparse read `-d` as a prefix of its `-diagnostic`,
     then `128` as an unknown argument). A peer module that does the same imports cleanly, and
     sys.argv is back afterwards; one that exits on import becomes a reason, not an exit."""

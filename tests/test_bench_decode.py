@@ -1,4 +1,4 @@
-"""`flash-hopper decode` (issue 14's decode sweep) on the CPU: its arguments, the bandwidth
+"""`flash-hopper decode` (the decode sweep, docs/decode.md) on the CPU: its arguments, the bandwidth
 arithmetic, the rows a sweep records (GPU pieces stood in), the outputs and the exit status. The
 GPU run itself: test_decode_runs_on_the_gpu."""
 

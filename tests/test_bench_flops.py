@@ -19,8 +19,9 @@ CHUNKS = (0, 1, 6, 100)
 
 
 def brute_force_pairs(seqlen_q, seqlen_k, causal, window, chunk=0):
-    """Count straight from DESIGN.md's rule: i + sk - sq - left <= j <= i + sk - sq + right, and
-    with attention_chunk, j in the chunk of the diagonal key i + sk - sq."""
+    """Count straight from the numerics contract's rule (docs/README.md):
+    i + sk - sq - left <= j <= i + sk - sq + right, and with attention_chunk, j in the chunk of the
+    diagonal key i + sk - sq."""
     left, right = window
     if causal:
         right = 0

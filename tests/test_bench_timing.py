@@ -97,9 +97,10 @@ class _FakeCuda:
 @pytest.mark.parametrize(("gpu_ms", "graph", "noted"), [(1.0, False, True), (50.0, False, False),
                                                          (1.0, True, False)])
 def test_events_timer_notes_host_bound_calls(monkeypatch, gpu_ms, graph, noted):
-    """The warm-up measures the host's time per call; an eager row whose host path is >= 70 % of
-    its GPU time says it may hold host gaps (issue 15's bimodal short lengths: the event pair
-    times the host too whenever the GPU queue runs dry). Graph replays are not noted."""
+    """The warm-up measures the host's time per call; an eager row whose host path is >= 70 % of its
+    GPU time says it may hold host gaps (bench/PERFLOG.md "Session 16: forward-speed items 4 ... and
+    5": the event pair times the host too whenever the GPU queue runs dry). Graph replays are not
+    noted."""
     import time
 
     import torch

@@ -1,4 +1,4 @@
-"""`flash-hopper bench --varlen` (issue 13): the drawn batch, its Case (FLOPs, sizes, labels), the
+"""`flash-hopper bench --varlen`: the drawn batch, its Case (FLOPs, sizes, labels), the
 CLI options, the per-sequence reference check, each backend's varlen call (libraries mocked, CPU
 tensors), and the whole command with the GPU mocked. The gpu-marked test at the end runs it for
 real.

@@ -1,6 +1,6 @@
 """Backward kernels against the reference, on a GPU (every test here is marked ``gpu``).
 
-Tolerance doctrine (FA3's rule, kernels/BWD_PLAN.md §10.1), for g in dq, dk, dv:
+Tolerance doctrine (FA3's rule, docs/testing.md "The tolerance doctrine"), for g in dq, dk, dv:
     max|g - g_ref| <= 2 * max|g_lowp - g_ref| + atol      (3 x with softcap)
 g_ref: autograd of the naive attention_ref in float64 on the same (low-precision) inputs; g_lowp:
 the same autograd with every step in the input dtype (upcast=False), a plain same-precision

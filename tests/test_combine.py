@@ -1,7 +1,7 @@
-"""flash_attn_combine (FA3's signature, issue 14's export): attention over disjoint key sets merged
+"""flash_attn_combine (FA3's signature): attention over disjoint key sets merged
 through the LSEs equals attention over their union; FA3's layouts, strides and edge rules (a
 partial of masked keys weighs 0, a row that sees no key gets 0 / -inf); errors name the argument.
-CPU (the function is torch; issue 14 puts a kernel behind it)."""
+CPU (the function is torch; the decode kernel merges its own splits in a combine kernel)."""
 
 from __future__ import annotations
 

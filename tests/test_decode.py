@@ -1,6 +1,7 @@
-"""The decode kernel's C ABI on the CPU (issue 14): fh_decode_plan's split choice and workspace,
-and every refusal of FhDecodeParams naming the field, the expected and the given value (nothing
-is launched: validation runs before any CUDA call). The kernel itself: test_decode_gpu.py."""
+"""The decode kernel's C ABI on the CPU (docs/decode.md): fh_decode_plan's split choice and
+workspace, and every refusal of FhDecodeParams naming the field, the expected and the given value
+(nothing is launched: validation runs before any CUDA call). The kernel itself:
+test_decode_gpu.py."""
 
 from __future__ import annotations
 
@@ -121,7 +122,7 @@ def test_packed_spans_read_packed_keys_as_one_cache_entry():
 def test_short_queries_take_the_decode_kernel_everywhere_by_default(monkeypatch):
     monkeypatch.delenv("FLASH_HOPPER_DECODE", raising=False)
     assert _decode.everywhere() and _decode.varlen_too()
-    monkeypatch.setenv("FLASH_HOPPER_DECODE", "all")  # session 15's opt-in spelling
+    monkeypatch.setenv("FLASH_HOPPER_DECODE", "all")  # the earlier opt-in spelling, still accepted
     assert _decode.everywhere() and _decode.varlen_too()
     monkeypatch.setenv("FLASH_HOPPER_DECODE", "kvcache")
     assert not _decode.everywhere() and not _decode.varlen_too() and _decode.enabled()

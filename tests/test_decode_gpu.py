@@ -1,5 +1,5 @@
-"""The decode kernel (kernels/decode/, issue 14) through flash_attn_with_kvcache's "auto" backend,
-against reference.attention_kvcache_ref.
+"""The decode kernel (kernels/decode/, docs/decode.md) through flash_attn_with_kvcache's "auto"
+backend, against reference.attention_kvcache_ref.
 
 Grid rationale: head dims 64 / 128 / 256 (one instantiation each), fp16 and bf16 (one MMA atom
 each), GQA ratios 1 ... 16 (rows per tile 1 ... 16, and 32 with two query tokens: two row
@@ -388,7 +388,8 @@ def test_captured_calls_replay_at_once_on_several_streams():
 def test_a_captured_decode_step_is_the_decode_kernels_alone(paged):
     """After an eager call, a captured split call replays as the decode kernel and its combine
     kernel alone: no memset, no arange of offsets (the eagerly built ones) in the graph: each
-    extra node cost a 1 x 8k step ~1 us (bench/PERFLOG.md session 15)."""
+    extra node cost a 1 x 8k step time (bench/PERFLOG.md "Session 15: where a short decode call's
+    time goes")."""
     b, hq, hk, sc, d, ps = 1, 32, 8, 8192, 128, 16
     q = torch.randn(b, 1, hq, d, device="cuda").bfloat16()
     kc, vc = (torch.randn(b, sc, hk, d, device="cuda").bfloat16() for _ in range(2))

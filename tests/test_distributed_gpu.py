@@ -1,8 +1,8 @@
-"""Ring attention on the kernels (issue 16), on GPUs: the kernel block pair against the reference
-block pair on one GPU; KernelBlocks' sm_margin (the kernels' grids); the ring with the kernels
-and real data flow on one GPU, its ranks as threads and its exchanges as copies (dense and
-packed sequences, 2 and 4 ranks, windows); and the ring over NCCL on two GPUs. Against float64
-attention over the whole sequence with FA3's tolerance rule (_fa3_bounds: at most twice the
+"""Ring attention on the kernels (docs/host.md, distributed.py), on GPUs: the kernel block pair
+against the reference block pair on one GPU; KernelBlocks' sm_margin (the kernels' grids); the ring
+with the kernels and real data flow on one GPU, its ranks as threads and its exchanges as copies
+(dense and packed sequences, 2 and 4 ranks, windows); and the ring over NCCL on two GPUs. Against
+float64 attention over the whole sequence with FA3's tolerance rule (_fa3_bounds: at most twice the
 error of the same computation in the input dtype, plus twice that dtype's rounding)."""
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Ring attention over torch.distributed (issue 16), on the CPU: 2 and 4 processes over gloo with
-the reference block attention (float64) give the full sequence's attention and its gradients, in
-the zigzag and contiguous layouts, causal and not, GQA, softcap, odd chunk lengths; ranks that
-disagree on shapes get an error naming q / k / v; shard / unshard are inverses; inside
-torch.compile (aot_eager) the same output and gradients as eager."""
+"""Ring attention over torch.distributed (python/flash_hopper/distributed.py), on the CPU: 2 and 4
+processes over gloo with the reference block attention (float64) give the full sequence's attention
+and its gradients, in the zigzag and contiguous layouts, causal and not, GQA, softcap, odd chunk
+lengths; ranks that disagree on shapes get an error naming q / k / v; shard / unshard are inverses;
+inside torch.compile (aot_eager) the same output and gradients as eager."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The runnable examples and the distributed bench (CPU, two gloo processes under torchrun):
 examples/ring_attention.py (the ring's output and gradients against attention over the whole
-sequence: issue 16's README example must run as written), bench/ring_scaling.py (issue 16's
+sequence: the README's ring example must run as written), bench/ring_scaling.py (the ring's
 scaling measurement, its rows and its timeline arithmetic) and bench/ring_emulate.py (the ring's
 per-rank share on one device)."""
 
@@ -42,7 +42,7 @@ def test_ring_attention_example_runs_under_torchrun(causal):
 
 
 def test_ring_scaling_bench_runs_under_torchrun(tmp_path):
-    """bench/ring_scaling.py (issue 16's scaling measurement) end to end on 2 CPU processes: a
+    """bench/ring_scaling.py (the ring's scaling measurement) end to end on 2 CPU processes: a
     row per (seqlen, mask) with the single / ring / compute-only times and their ratios."""
     import json
 

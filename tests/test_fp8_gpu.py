@@ -127,8 +127,8 @@ def check(out, lse, q, k, v, causal=False, q_descale=None, k_descale=None, v_des
     emu_worst = (emu[rows] - ref[rows]).abs().max().item()
     # The kernel rounds P to e4m3 against its running max (eager for FP8, p offset by 2^8:
     # softmax.h), the emulation against the final max: the same rounding in distribution, not
-    # element by element (measured worst ratio 0.9-1.05; the lazy max of session 12 gave up to
-    # 4.9, a whole-row factor of 0.94-1.06 on rows dominated by one key; a tile with another
+    # element by element (measured worst ratio 0.9-1.05; a lazy max for FP8, since dropped, gave
+    # up to 4.9, a whole-row factor of 0.94-1.06 on rows dominated by one key; a tile with another
     # tile's descales gave 30x); bf16 output: 2^-9 relative.
     assert worst <= 3 * emu_worst + ref[rows].abs().max().item() * 2.0**-8, (worst, emu_worst)
 
@@ -177,7 +177,8 @@ def test_each_tile_takes_its_own_descales(fp8, head_dim, causal, softcap):
     # the next tile's first S under the last PV of the finishing one), each tile of a different
     # batch with descales drawn per (batch, kv head) as FA3's tests draw them (rand * 2). A tile
     # that scaled its first scores with the finishing tile's descales (the softcap factor read
-    # before the boundary switched them: session 13's fix) shows in the last batch's heads.
+    # before the boundary switched them; bench/PERFLOG.md "Session 13 (2026-12-01): the FP8
+    # defect") shows in the last batch's heads.
     require_fp8_kernel(fp8, head_dim)
     torch.manual_seed(head_dim + int(softcap) + causal)
     b, sq, sk, hq, hkv = 9, 512, 256, 6, 1

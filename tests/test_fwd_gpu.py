@@ -1,6 +1,6 @@
 """Forward kernels against the reference, on a GPU (every test here is marked ``gpu``).
 
-Tolerance doctrine (FA3's, DESIGN.md):
+Tolerance doctrine (FA3's, docs/testing.md "The tolerance doctrine"):
 - out: ``max|out - ref| <= 2 * max|ref_lowp - ref| + 1e-5`` where ref is the naive attention in
   float64 of the same (low-precision) inputs and ref_lowp the same math done in the input dtype
   like a plain PyTorch implementation: the kernel may be at most twice as wrong as the obvious

@@ -1,5 +1,5 @@
-"""flash_attn_with_kvcache on the GPU (issue 14, first step: a dense cache through the varlen
-kernels), both paths, against reference.attention_kvcache_ref.
+"""flash_attn_with_kvcache on the GPU (the varlen-kernel route, docs/host.md "KV-cache routes": a
+dense cache through the varlen kernels), both paths, against reference.attention_kvcache_ref.
 
 FA3's rule: the kernel's max error at most twice that of the same computation in the input
 dtype, plus a small absolute term. Every cache holds NaN past each sequence's keys (and before
@@ -271,7 +271,7 @@ def test_sinks_match_the_reference(lib, backend, seqlen_q, num_splits):
 @pytest.mark.parametrize("page_size", [1, 16, 64, 256])
 @pytest.mark.parametrize(("seqlen_q", "new", "causal"), [(1, 1, True), (3, 2, True), (2, 0, False)])
 def test_paged_cache_matches_the_reference(lib, backend, page_size, seqlen_q, new, causal):
-    """Paged caches (issue 14's page sizes): a shuffled page table with a page shared between
+    """Paged caches (the page sizes servers use): a shuffled page table with a page shared between
     two sequences (prefix sharing), K and V interleaved in one buffer (vLLM's strides), NaN in
     every slot no sequence uses and garbage in unused table entries; the new keys land in the
     pool; results as the reference's paged semantics."""

@@ -1,5 +1,5 @@
-"""flash_attn_with_kvcache's arguments, on the CPU (issue 14): FA3's signature, each refusal
-naming the argument, and a refused call never writing the cache."""
+"""flash_attn_with_kvcache's arguments, on the CPU (docs/host.md "KV-cache routes"): FA3's
+signature, each refusal naming the argument, and a refused call never writing the cache."""
 
 from __future__ import annotations
 

@@ -5,9 +5,10 @@
   plain C++) prints every tile's key-block range and unmasked split, every row's column interval
   and a brute-force visible-pair count; the mirror must give the same integers.
 - The mirror's decisions are then checked element by element against ``naive_visible``, the rule
-  written out here from DESIGN.md (plus the chunk term), independently of the mirror's code:
-  every visible element lies inside its tile's key-block range, and the range is tight; blocks
-  in the unmasked split are fully visible for every row of the tile, padding rows included.
+  written out here from docs/README.md "Numerics contract" (plus the chunk term), independently of
+  the mirror's code: every visible element lies inside its tile's key-block range, and the range is
+  tight; blocks in the unmasked split are fully visible for every row of the tile, padding rows
+  included.
 
 Grid: a few hundred seeded random configurations (lengths 0..300 with 0 and 1 over-represented
 and seqlen_q != seqlen_k both ways, windows unbounded / 0 / random, causal, chunk off or random)
@@ -72,9 +73,9 @@ def _id(config) -> str:
 
 def naive_visible(i: torch.Tensor, j: torch.Tensor, seqlen_q: int, seqlen_k: int, left: int,
                   right: int, chunk: int) -> torch.Tensor:
-    """DESIGN.md's rule, written out: query i sees key j iff 0 <= j < seqlen_k and
-    i + sk - sq - left <= j <= i + sk - sq + right (-1: unbounded), and, with attention_chunk,
-    j lies in the same chunk as i's diagonal key i + sk - sq."""
+    """The numerics contract's rule (docs/README.md), written out: query i sees key j iff
+    0 <= j < seqlen_k and i + sk - sq - left <= j <= i + sk - sq + right (-1: unbounded), and,
+    with attention_chunk, j lies in the same chunk as i's diagonal key i + sk - sq."""
     d = i + seqlen_k - seqlen_q
     ok = (j >= 0) & (j < seqlen_k)
     if left >= 0:

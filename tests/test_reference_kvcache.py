@@ -1,4 +1,4 @@
-"""attention_kvcache_ref (issue 14 groundwork): FA3's flash_attn_with_kvcache semantics in the
+"""attention_kvcache_ref: FA3's flash_attn_with_kvcache semantics in the
 reference, checked against independent constructions on the CPU: a paged cache (any page size,
 shuffled pages, NaN in every unused slot) equals the dense cache it was scattered from; appending
 then attending equals attention over the explicit concatenation; cache_batch_idx and

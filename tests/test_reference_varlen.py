@@ -1,4 +1,4 @@
-"""attention_varlen_ref (the varlen reference, issue 13) against attention_ref per sequence, on the
+"""attention_varlen_ref (the varlen reference) against attention_ref per sequence, on the
 CPU: packed sequences of mixed lengths (0, 1, 63-65, longer), seqused shorter than the packed
 span (the tokens past it must not matter), causal / windows / softcap, GQA, and gradients."""
 

@@ -1,5 +1,6 @@
-"""flash_hopper.supports (issue 14): a server's question before it captures graphs, answered by
-the built library's validation and policy for a GPU of a given compute capability (CPU)."""
+"""flash_hopper.supports (docs/host.md "Backend policy"): a server's question before it captures
+graphs, answered by the built library's validation and policy for a GPU of a given compute
+capability (CPU)."""
 
 from __future__ import annotations
 

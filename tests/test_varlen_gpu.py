@@ -1,5 +1,5 @@
-"""flash_attn_varlen_func on the GPU (issue 13): packed batches of sequences of different lengths,
-both paths, against the reference per sequence.
+"""flash_attn_varlen_func on the GPU (docs/host.md "Varlen"): packed batches of sequences of
+different lengths, both paths, against the reference per sequence.
 
 Reference: attention_varlen_ref in float64 (per sequence, masks bottom-right aligned on the
 sequence's own lengths); FA3's rule: the kernel's max error at most twice that of the same

@@ -1,4 +1,4 @@
-"""Varlen argument checks and the C ABI's varlen fields, on the CPU (issue 13).
+"""Varlen argument checks and the C ABI's varlen fields, on the CPU (docs/host.md "Varlen").
 
 The offsets' metadata and values are checked before anything is launched, each failure naming
 the argument, the expected and the actual value; the library refuses what it does not implement
@@ -213,7 +213,8 @@ def test_workspace_size(lib, total_q, batch):
      "workspace: expected a 16-byte aligned device pointer"),
     ({"workspace": 0x10000, "workspace_bytes": 8}, FhStatus.ERROR_INVALID_ARGUMENT,
      "workspace_bytes: expected >= 992 (fh_fwd_workspace_size), got 8"),
-    # KV-cache fields (issue 14): batch_k goes with kv_batch_idx, pointers int32-aligned
+    # KV-cache fields (docs/host.md "KV-cache routes"): batch_k goes with kv_batch_idx,
+    # pointers int32-aligned
     ({"kv_batch_idx": 0x6000}, FhStatus.ERROR_INVALID_ARGUMENT,
      ("batch_k: expected the cache's entries (>= 1; cu_seqlens_k holds batch_k + 1 offsets) "
       "with kv_batch_idx, got 0")),

@@ -16,9 +16,10 @@
 # ptxas comes from a newer CUDA 12 than the rest: the nvidia-cuda-nvcc-cu12 wheel of --ptxas
 # (12.9) does carry ptxas, and the FA-3 kernels need it. 12.4's ptxas schedules them with 200-300
 # more instructions each (MOV / ISETP / DEPBAR) and they ran 10 % (d64), 1-2 % (d128) and 22-25 %
-# (d256) slower on the H200 (bench/PERFLOG.md, session 4); 12.9's SASS matches CUDA 13.0's within
-# 1 %. nvcc 12.4's front end (cicc) still writes the PTX, and SASS from any CUDA 12 ptxas loads on
-# every CUDA 12 driver (>= 525.60.13, minor-version compatibility), so the driver floor stays.
+# (d256) slower on the H200 (bench/PERFLOG.md "Wheels: the cu12 flavour's ptxas"); 12.9's SASS
+# matches CUDA 13.0's within 1 %. nvcc 12.4's front end (cicc) still writes the PTX, and SASS
+# from any CUDA 12 ptxas loads on every CUDA 12 driver (>= 525.60.13, minor-version
+# compatibility), so the driver floor stays.
 #
 # Usage: tools/cuda12_toolkit.sh --prefix DIR [--suite trixie] [--version 12.4.131~12.4.1-2]
 #          [--cccl 12.4.127] [--ptxas 12.9.86] [--mirror URI] [--work DIR]

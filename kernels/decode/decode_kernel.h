@@ -1,4 +1,4 @@
-// The decode kernel (issue 14): a few query rows against a long KV cache, paged or dense.
+// The decode kernel (docs/decode.md): a few query rows against a long KV cache, paged or dense.
 //
 // Decode reads every cached key and value once and does little arithmetic on them (4 query rows
 // of GQA 32 / 8 make 16 FLOP per byte read): the kernel is bound by how many bytes it keeps in
@@ -360,15 +360,15 @@ __global__ void __launch_bounds__(kThreads)
                  *reinterpret_cast<cute::uint128_t*>(&s.q[Cfg::chunk(i, c)]), ok);
     }
   }
-  // Block b of the split (keys [mine.lo + b kBlockN, + kBlockN)) into stage `stage`; keys past
-  // the split zero-filled (their scores are masked; zero V rows keep NaN garbage out of P V). A
-  // thread copies chunks c0, c0 + kRowThreads, ... of kPasses rows kRowsPerPass keys apart.
-  // kRowThreads threads share a key's row, each copying kChunks / kRowThreads chunks kRowThreads
-  // apart (a warp's copy instruction reads 128 contiguous bytes of 4 rows): a thread computes its
-  // rows' addresses once for all their chunks. Measured against 4 and kChunks threads per row
-  // (bench/PERFLOG.md, session 16): 4 doubles the L2 requests per byte (-1 to -2 % at the large
-  // points), kChunks (a row per 16 lanes) spends the paged call's issue slots on page walks
-  // (128 x 16k paged16 4.15 vs 4.44 TB/s).
+  // Block b of the split (keys [mine.lo + b kBlockN, + kBlockN)) into stage `stage`; keys past the
+  // split zero-filled (their scores are masked; zero V rows keep NaN garbage out of P V). A thread
+  // copies chunks c0, c0 + kRowThreads, ... of kPasses rows kRowsPerPass keys apart. kRowThreads
+  // threads share a key's row, each copying kChunks / kRowThreads chunks kRowThreads apart (a
+  // warp's copy instruction reads 128 contiguous bytes of 4 rows): a thread computes its rows'
+  // addresses once for all their chunks. Measured against 4 and kChunks threads per row
+  // (bench/PERFLOG.md "Session 16: the split merge as a kernel of its own"): 4 doubles the L2
+  // requests per byte (slower at the large points), kChunks (a row per 16 lanes) spends the paged
+  // call's issue slots on page walks (slower paged).
   constexpr int kRowThreads = kChunks < 8 ? kChunks : 8;
   static_assert(kChunks % kRowThreads == 0 && kThreads % kRowThreads == 0, "even load split");
   constexpr int kChunksPerThread = kChunks / kRowThreads;
@@ -378,8 +378,8 @@ __global__ void __launch_bounds__(kThreads)
   const int c0 = tid % kRowThreads;
   // Paged: a thread's rows of a block are kRowsPerPass keys apart, so their slots in the pages
   // follow from the first row's (PageWalk): one division per block (none for power-of-two pages)
-  // instead of one per row, which cost the paged call ~13 % of its bandwidth in instructions
-  // (bench/PERFLOG.md).
+  // instead of one per row, whose instructions made the paged call slower than the dense one
+  // (bench/PERFLOG.md "Session 14: the decode kernel").
   auto walk_pages = [&](int first_key, auto&& visit) {
     PageWalk w = PageWalk::start(pages, first_key, kRowsPerPass);
 #pragma unroll
@@ -388,12 +388,13 @@ __global__ void __launch_bounds__(kThreads)
       w.next();
     }
   };
-  // Paged: block b's page ids are copied into s.ids[b % (2 kStages)] (cp.async, one per key)
-  // with the loads of block b - (kStages - 1), so they land kStages - 1 blocks before the loads
-  // that need them. Read one block ahead into registers, the table's latency stalled the loads of
-  // a CTA alone on its SM (~1 us per block there: paged lost a fifth, bench/PERFLOG.md session
-  // 15). The ring holds 2 kStages blocks: a copy never overwrites ids a load of the same
-  // iteration (or of the prologue) still reads.
+  // Paged: block b's page ids are copied into s.ids[b % (2 kStages)] (cp.async, one per key) with
+  // the loads of block b - (kStages - 1), so they land kStages - 1 blocks before the loads that
+  // need them. Read one block ahead into registers, the table's latency stalled the loads of a CTA
+  // alone on its SM (a block takes about as long as the table read there, and paged calls lost
+  // bandwidth: bench/PERFLOG.md "Session 15: where a short decode call's time goes"). The ring
+  // holds 2 kStages blocks: a copy never overwrites ids a load of the same iteration (or of the
+  // prologue) still reads.
   using IdCopy = cute::SM80_CP_ASYNC_CACHEALWAYS_ZFILL<uint32_t>;
   static_assert(kBlockN <= kThreads, "a thread copies one key's page id");
   auto copy_ids = [&](int block) {
@@ -678,11 +679,11 @@ __global__ void __launch_bounds__(kThreads)
   marks.end(false);
 }
 
-// The merge of a split call's partials: one CTA per row block, launched right behind
-// decode_kernel with programmatic dependent launch (decode.cu), so that its CTAs are resident when
-// the last split finishes. A kernel boundary, not a merge inside the decode kernel: there the
-// splits' fences, the atomic counter and the last split's merge under the others' loads cost
-// 1 x 8k 13.1 us per call against 12.4 (bench/PERFLOG.md, session 16). A thread owns 4 columns
+// The merge of a split call's partials: one CTA per row block, launched right behind decode_kernel
+// with programmatic dependent launch (decode.cu), so that its CTAs are resident when the last split
+// finishes. A kernel boundary, not a merge inside the decode kernel: there the splits' fences, the
+// atomic counter and the last split's merge under the others' loads made the call slower
+// (bench/PERFLOG.md "Session 16: the split merge as a kernel of its own"). A thread owns 4 columns
 // of a row and folds the splits in chunks of kChunkSplits, each chunk's LSEs and partial columns
 // loaded at once (one L2 round trip per chunk), under a running maximum.
 template <class Element, int kHeadDim>

@@ -18,7 +18,8 @@
 // of sP / sdS) before anything overwrites them. With one buffer, the next dO is issued after this
 // step's dV GEMM (its last reader) and the next Q after the dK GEMM, each behind a sync. lse_log2
 // and D come through shared memory, not registers: kept in registers across the GEMMs they made
-// the d128 kernel spill in its main loop (29 M local-memory requests per call at s16k).
+// the d128 kernel spill in its main loop (bench/PERFLOG.md "Session 5: the FA-2 path's
+// backward").
 //
 // dQ: dQacc (workspace, fp32, a (b, h, seqlen_q_rounded, bucket) region holding each query block
 // in fragment order) is cleared by the preprocess and converted by bwd_postprocess.h's kernel.

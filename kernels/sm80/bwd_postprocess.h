@@ -35,9 +35,10 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   static_assert(decltype(size<0>(coords))::value == 4, "m16n8 accumulator: 2 x 2 values");
 
   // The block goes through shared memory in (row, col) order, so the global stores are whole
-  // 16-byte pieces of rows (pair-wise 4-byte stores half-filled every 32-byte sector; the sm90
-  // postprocess measured 3x cuDNN's conversion that way, PERFLOG session 7). 8 elements of row
-  // padding keep the pair stores conflict-free.
+  // 16-byte pieces of rows (pair-wise 4-byte stores half-filled every 32-byte sector, which made
+  // the sm90 postprocess far slower than cuDNN's conversion: bench/PERFLOG.md "v10 (kept): the
+  // sm90 postprocess writes whole sectors"). 8 elements of row padding keep the pair stores
+  // conflict-free.
   constexpr int kHeadDim = Traits::kHeadDim;
   constexpr int kPitch = kHeadDim + 8;
   __shared__ __align__(16) Element tile[kBlockM * kPitch];

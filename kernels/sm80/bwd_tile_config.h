@@ -14,8 +14,9 @@
 //
 // The tile shapes and warp layouts are FlashAttention-2's choices for sm80 (its
 // flash_bwd_launch_template.h, the sizes for >= 144 KB of shared memory), which is what torch's
-// SDPA flash backend runs: the bar of the issue. Every entry fits A100 / H100 / H200 (164 KB,
-// 227 KB); GPUs with 99 KB of shared memory per block (sm86 / sm89) get LaunchResult::no_tile_fits.
+// SDPA flash backend runs: the bar this path is measured against. Every entry fits A100 / H100 /
+// H200 (164 KB, 227 KB); GPUs with 99 KB of shared memory per block (sm86 / sm89) get
+// LaunchResult::no_tile_fits.
 #pragma once
 
 namespace flash_hopper::sm80 {

@@ -186,8 +186,8 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   // ---- Main loop over key blocks, highest first ----
   // One step per key block, in two compiled forms: kTransform applies softcap and the window mask,
   // the other carries no trace of either. As plain runtime branches ptxas if-converted both into
-  // predicated code that every block issued (bench/PERFLOG.md, FA-2 v2); a templated step per
-  // loop section spilled instead.
+  // predicated code that every block issued (bench/PERFLOG.md "v2: a compiled "transform" step
+  // and a clean step"); a templated step per loop section spilled instead.
   const bool softcap_on = p.softcap != 0.f;
   auto step = [&](int n_block, auto transform_tag) __attribute__((always_inline)) {
     constexpr bool kTransform = decltype(transform_tag)::value;

@@ -24,7 +24,8 @@ constexpr FwdTileConfig fwd_tile_config(int head_dim) {
   // d 192: 128 x 64, 8 warps -- 8 warps halve rows per warp so O stays at 96 regs/thread; 96 KB.
   // d 256: 64 x 64, 4 warps -- O 128 regs/thread, 96 KB smem, 2 independent CTAs per SM: finer
   //        query tiles balance the causal triangle and two CTAs hide each other's barriers; it
-  //        beat 128 x 64 with 8 warps and 64 x 32 (bench/PERFLOG.md, FA-2 v3).
+  //        beat 128 x 64 with 8 warps and 64 x 32 (bench/PERFLOG.md "v3: d256 on 64 x 64 tiles
+  //        with 4 warps").
   return head_dim <= 64    ? FwdTileConfig{128, 128, 4}
          : head_dim <= 96  ? FwdTileConfig{128, 64, 4}
          : head_dim <= 128 ? FwdTileConfig{128, 64, 4}
@@ -36,7 +37,7 @@ constexpr FwdTileConfig fwd_tile_config(int head_dim) {
 // d 64: 128 x 64 -- the 128 x 128 tile spills row statistics; without them the narrow tile wins
 //        with a causal or window mask and on unmasked keys from 8k on, but loses on shorter
 //        unmasked sequences, where the wide tile's fewer row reductions per key win
-//        (bench/PERFLOG.md, FA-2 v4).
+//        (bench/PERFLOG.md "v4: d64 picks a 128 x 64 tile for masked or long calls").
 constexpr FwdTileConfig fwd_tile_config_narrow(int head_dim) {
   return head_dim <= 64 ? FwdTileConfig{128, 64, 4} : fwd_tile_config(head_dim);
 }

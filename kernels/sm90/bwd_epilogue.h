@@ -122,7 +122,9 @@ CUTE_DEVICE void store_kv_acc(BwdParams const& p, ThrMma const& thr_mma, TensorA
                         thr_mma, [&](int rr, int cc) { return r_rc(rr, cc); });
 }
 
-// dK = softmax_scale * dK_acc (the scale goes last, BWD_PLAN §2) and dV, both in the input dtype.
+// dK = softmax_scale * dK_acc and dV, both in the input dtype. The scale goes last (FA3's
+// arrangement): with softcap dc/ds = scale * (1 - tanh^2), so one multiplication at the end
+// serves both cases, none per element (docs/bwd_sm90.md "Three launches" for dQ's).
 template <class Traits, class ThrMma, class TensorAcc>
 CUTE_DEVICE void store_dkv_tile(BwdParams const& p, ThrMma const& thr_mma, TensorAcc& dk,
                                 TensorAcc const& dv, BwdTileCoord tile) {

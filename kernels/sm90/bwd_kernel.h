@@ -1,14 +1,15 @@
 // FA-3 path backward kernel (sm_90a): entry, shared memory, barrier setup, role dispatch.
 //
-// Pipeline contract (kernels/BWD_PLAN.md §3.4; families A and B as built, bwd_tile_config.h)
+// Pipeline contract (families A and B, bwd_tile_config.h; the kernel in prose: docs/bwd_sm90.md)
 // -----------------
 // Roles, T = 384 threads:
 //   WG 0: all warps drop to RegisterBudget<2>::kProducer registers; warp 0 is the producer (one
 //     elected lane issues every TMA load and bulk copy, bwd_load.h); warps 1-3 exit.
 //   WG 1, 2 = consumers c = 0, 1 (kConsumer registers). Family A: WG c owns keys [64c, 64c + 64)
 //     of the tile for S^T, dP^T, dV and dK, and head_dim columns [c * D / 2, ...) of dQ (d128),
-//     or the partial dQ of its own keys over all rows and columns (d64, d96). Family B: WG c computes S and dP for keys [32c, 32c + 32) and head_dim columns
-//     [c * D / 2, ...) of dV, dK and dQ. Both walk every step of every tile in the same code
+//     or the partial dQ of its own keys over all rows and columns (d64, d96). Family B: WG c
+//     computes S and dP for keys [32c, 32c + 32) and head_dim columns [c * D / 2, ...) of dV, dK
+//     and dQ. Both walk every step of every tile in the same code
 //     (bwd_mma.h).
 // All roles walk one step schedule (bwd_schedule.h: BwdCtaSchedule -> BwdTileWork -> QueryStep;
 // produce_bwd() and consume_bwd_wg() are the only places that order loads, waits and releases;

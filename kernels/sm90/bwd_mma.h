@@ -1,7 +1,7 @@
 // Consumer warpgroups of the FA-3 path's backward (bwd_tile_config.h): the five GEMMs with
 // WGMMA, P and dS (family A: in registers, dS also to shared memory for dQ; family B: both to
-// shared memory), the dQ accumulation and the dK / dV epilogue. The order of every wait, GEMM, barrier and release is bwd_schedule.h's
-// consume_bwd_wg(); this file supplies the operations.
+// shared memory), the dQ accumulation and the dK / dV epilogue. The order of every wait, GEMM,
+// barrier and release is bwd_schedule.h's consume_bwd_wg(); this file supplies the operations.
 //
 // Per step (query head g, query block m) WG c, owning keys [64c, 64c + 64) of the tile, computes
 //   S^T  = K_c Q^T            (64 keys x 64 queries, fp32)
@@ -152,7 +152,8 @@ struct BwdConsumer {
   // S^T = K Q^T (family A) or S = Q K^T (family B); dP alike with V and dO.
   template <class TensorKV, class TensorQ, class TensorAcc>
   CUTE_DEVICE void issue_sdp(TensorKV const& kv, TensorQ const& q, TensorAcc& acc) {
-    if constexpr (!kFamilyB) {  // family B measured 2-3 % slower with it (PERFLOG session 7)
+    // Family B measured slower with it (bench/PERFLOG.md "v9 (kept): decoupled warpgroups").
+    if constexpr (!kFamilyB) {
       forget(acc);
     }
     auto thr = mma_sdp.get_thread_slice(wg_first_thread());
@@ -218,7 +219,8 @@ struct BwdConsumer {
   // S / dP GEMMs, and the slot is synchronized by barriers only (WG barrier after the stores; the
   // previous step's readers all passed PdS before any store). Through the producer's mbarriers,
   // plain loads of rows an async copy or another warp wrote are ordering compute-sanitizer's
-  // racecheck cannot see (it reported every one; PERFLOG session 6).
+  // racecheck cannot see (it reported every one; bench/PERFLOG.md "Session 6 (2026-12-01): the
+  // FA-3 path's backward").
   CUTE_DEVICE void load_stats(BwdTileWork const& w, QueryStep s) {
     const int64_t row0 = p.row_offset(w.tile.batch, w.dq_head(s)) + int64_t(s.m) * kBlockM;
     CUTE_UNROLL

@@ -5,8 +5,8 @@
 // thread t reads the values consumer thread t added, as float4s, into the dQ GEMM's accumulator
 // fragment, and writes its rows with the forward epilogue's quad transposition (16 contiguous
 // bytes per thread, whole 32-byte sectors: pair-wise 4-byte stores left every sector half written
-// and ran at a third of cuDNN's conversion kernel, PERFLOG session 7). The order is defined once,
-// by the traits' tiled MMA.
+// and ran far behind cuDNN's conversion kernel, bench/PERFLOG.md "v10 (kept): the sm90
+// postprocess writes whole sectors"). The order is defined once, by the traits' tiled MMA.
 #pragma once
 
 #include <cute/tensor.hpp>

@@ -1,6 +1,7 @@
-// The step schedule of the FA-3 path's backward (kernels/BWD_PLAN.md §3.2, §3.3, §5.2): which
-// tiles a CTA computes, which (query head, query block) steps each visits, and in which order the
-// producer loads them, the consumer warpgroups use them and the dQ writer adds them up. Every role
+// The step schedule of the FA-3 path's backward (docs/bwd_sm90.md "Step schedule and tile order",
+// "dQ and the deterministic mode"): which tiles a CTA computes, which (query head, query block)
+// steps each visits, and in which order the producer loads them, the consumer warpgroups use them
+// and the dQ writer adds them up. Every role
 // walks this one schedule, so the roles cannot disagree on the steps (a disagreement hangs the GPU
 // instead of failing a test).
 //
@@ -16,17 +17,13 @@
 //   produce_bwd()     the producer's load order
 //   consume_bwd_wg()  a consumer warpgroup's order of waits, GEMMs and releases
 //   write_dq()        the dQ writer warp's order of slot handshakes, reductions and semaphores
-//                     (BWD_PLAN's writer design; host-tested, not used by the kernel as built: its
+//                     (the backward plan's writer design, docs/journal.md "2026-11-30: the
+//                     backward"; host-tested, not used by the kernel as built: its
 //                     consumers add dQ from registers, bwd_mma.h store_dq)
 //
-// Pipeline contract (the kernel's copy is at the top of bwd_kernel.h; BWD_PLAN §3.4):
-//   KV   1 stage,  full: 1 arrival + K/V bytes; empty: 2 (one per consumer WG) after the tile's
-//        last step's wait_gemms<0>. Its full parity counts tiles with queries only.
-//   Q    kQStages, full: 1 arrival + Q bytes; empty: 2, after the step's dK GEMM (the last reader
-//        of Q).
-//   dO   kQStages, full: 1 arrival + dO bytes; empty: 2, after the step's dV GEMM.
-//   PdS        named barrier, both consumer WGs (256 threads): dS (family B: and P) is in shared
-//              memory; family B also syncs it before overwriting sP / sdS (one stage each).
+// Pipelines and named barriers: the contract at the top of bwd_kernel.h (its one copy). The KV
+// pipeline's full parity counts tiles with queries only. write_dq() adds the writer's handshake,
+// which the kernel as built does not use:
 //   DqEmpty(c) named barrier, writer (arrive) + WG c (sync), 160 threads: slot c may be written.
 //   DqFull(c)  named barrier, WG c (arrive) + writer (sync), 160 threads: slot c holds the step.
 // The writer arrives each DqEmpty once at start (the slot is free), so one arrival per DqEmpty is
@@ -57,7 +54,7 @@
 // Tiles without queries (every row masks the key block out) touch no barrier in any role: the
 // consumers store dK = dV = 0 and the producer and writer skip them.
 //
-// Deterministic mode (§5.2): dQ block m of (batch, q head) receives its contributors, the key
+// Deterministic mode: dQ block m of (batch, q head) receives its contributors, the key
 // blocks of key_blocks(m), in descending n: the writer waits until the block's semaphore equals
 // dq_rank before its reduce and increments it after the reduce fully completed. The tile order puts
 // each kv head's key blocks in descending n, so every wait is on a smaller tile index, and with
@@ -93,11 +90,12 @@ struct BwdTileCoord {
 // ascending (+1: causal / a bounded right edge, key block 0 sees the most rows) or descending (-1:
 // a left edge only). Tiles come in decreasing work, so the static snake hands every CTA about the
 // same total: head-major order gives CTA c the key blocks (c + r G) mod num_n of its rounds r,
-// which cover only part of the range when num_n > G / 4 (at d128 s16k CTAs got up to ~1.5x the
-// mean: causal 326 vs 486 TFLOP/s n-major). About 8 CTAs share each head of a section, which keeps
-// the Q / dO they stream in L2 (n major over all 128 heads of b8 s2k: 267 vs 318 head-major).
+// which cover only part of the range when num_n > G / 4 (at d128 s16k some CTAs got far more than
+// the mean, and n-major ran much faster causal). About 8 CTAs share each head of a section, which
+// keeps the Q / dO they stream in L2 (n major over all 128 heads lost to head-major at b8 s2k).
 // With few key blocks (4 num_n <= G) head-major already cycles every CTA through all of them, and
-// stays (PERFLOG session 6).
+// stays (the tile orders tried: bench/PERFLOG.md "Session 6 (2026-12-01): the FA-3 path's
+// backward").
 // Deterministic order: n descending inside every (batch, kv head) (the dQ rank order), kv heads
 // interleaved in chunks of k key blocks, k = clamp(ceil(G / (b * h_kv)), 1, num_n): about G / k
 // kv heads run together, each with k consecutive key blocks, so a dQ block's contributors that

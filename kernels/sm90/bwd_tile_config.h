@@ -1,7 +1,7 @@
-// The FA-3 path's backward tuned-config table (kernels/BWD_PLAN.md §4): one entry per head-dim
-// bucket, each with its reason. Every kernel has one producer warpgroup and two consumer
-// warpgroups (24 / 240 registers, RegisterBudget<2>); a consumer thread of an m64nNk16 WGMMA holds
-// N/2 fp32 accumulator registers.
+// The FA-3 path's backward tuned-config table (docs/bwd_sm90.md "Tiles: families A and B"): one
+// entry per head-dim bucket, each with its reason. Every kernel has one producer warpgroup and two
+// consumer warpgroups (24 / 240 registers, RegisterBudget<2>); a consumer thread of an m64nNk16
+// WGMMA holds N/2 fp32 accumulator registers.
 //
 // Family A (d64, d96, d128): a tile is block_n = 128 keys of one kv head and a step block_m = 64
 // or 128 queries; each consumer WG owns 64 of the keys and computes S^T = K Q^T and dP^T = V dO^T
@@ -11,7 +11,8 @@
 // keys, so both WGs' dS must be written first: a CTA-wide barrier per step keeps the WGs in lock
 // step), or each WG adds its own keys' partial dS_c K_c over all rows and columns (dq_wgs = 1:
 // twice the dQ adds, but the WGs share nothing within a step and drift apart, one WG's
-// exponentials under the other's GEMMs: +12 % at d64, +26 % at d96, PERFLOG session 7).
+// exponentials under the other's GEMMs: faster at d64 and d96, bench/PERFLOG.md "v9 (kept):
+// decoupled warpgroups").
 // Family B (d192, d256): dV and dK of 64 keys x 256 columns are 256 fp32 registers per thread if
 // one WG owns them, so the WGs split head_dim instead. A tile is block_n = 64 keys and a step
 // block_m = 64 queries; S = Q K^T and dP = dO V^T are plain (64 queries x 32 keys per WG), P and
@@ -32,8 +33,8 @@ struct BwdConfig {
   // dQ leaves through a shared-memory slot per WG and one bulk reduce-add (cp.reduce.async.bulk)
   // per WG and step, instead of red.global.add.v4.f32 from registers: the registers of a red
   // stay locked until the memory system took its data, which stalled the next step's first
-  // instruction for ~12 % of a consumer warp's time at d128 (ncu source counters, PERFLOG
-  // session 7). Costs kBlockM * kHeadDim * 4 bytes of shared memory (d256 has no room for it).
+  // instruction at d128 (ncu source counters, bench/PERFLOG.md "Where d128 waits"). Costs
+  // kBlockM * kHeadDim * 4 bytes of shared memory (d256 has no room for it).
   bool dq_slots;
 };
 
@@ -58,7 +59,8 @@ constexpr BwdConfig bwd_config(int head_dim) {
   //   dV + dK + P + dS + dQ(64 x 64 per WG) = 128 + 16 + 16 + 32; the 240-register budget holds it
   //   (FA3's d128 tile is also 64 x 128). Shared memory: K, V 32 KB each, Q, dO 2 x 16 KB each,
   //   dS 2 x 16 KB, dQ slots 2 x 16 KB = 192 KB. dq_wgs = 1 (a 64-register partial dQ) fits 240
-  //   registers only with dQ issued after dV completed, and measured 6 % slower than the lock step.
+  //   registers only with dQ issued after dV completed, and measured slower than the lock step
+  //   (bench/PERFLOG.md "Tried and reverted: d128 with per-WG partial dQ").
   if (head_dim <= 128) {
     return {64, 128, 2, 2, false, true};
   }

@@ -1,7 +1,8 @@
-// The mixed mode's K / V converter (issue 12: fp16 / bf16 queries against an FP8 K / V cache):
-// warps 1-3 of the producer warpgroup turn each FP8 block the TMA loaded into the staging ring
-// into the 16-bit K or V stage the consumers read, so the consumers are the 16-bit kernel's and
-// user memory is read once, in FP8 (half the bytes of a 16-bit cache).
+// The mixed mode's K / V converter (fp16 / bf16 queries against an FP8 K / V cache;
+// docs/fwd_sm90.md "Mixed mode"): warps 1-3 of the producer warpgroup turn each FP8 block the TMA
+// loaded into the staging ring into the 16-bit K or V stage the consumers read, so the consumers
+// are the 16-bit kernel's and user memory is read once, in FP8 (half the bytes of a 16-bit
+// cache).
 //
 // Order: the converter walks the producer's load order (schedule.h's produce() with these
 // operations), so the ring's stages arrive in the order it takes them, and it fills the K and V
@@ -14,18 +15,17 @@
 // every fp16 value is a bf16 value after widening to fp32 (bf16 keeps fp32's exponent range;
 // e4m3 / e5m2 mantissas have 3 / 2 bits), so the bf16 path converts through fp32.
 //
-// Work unit: 32 rows x 16 columns: each lane loads one 16-byte chunk of its row (16 FP8 values;
-// the swizzle moves 16-byte chunks whole), converts it and stores two 16-byte chunks of 8 16-bit
-// values. A quarter warp's 8 lanes take 8 consecutive rows of one column chunk, which the
-// 128-byte (and FP8 d64's 64-byte) swizzle spreads over 8 distinct bank groups (ncu, d128: 0.25
-// extra wavefronts per 16-byte store, 0.04 per load; session 10). Each warp takes a
-// contiguous range of units, row groups fastest: per column chunk the swizzled offsets are
+// Work unit: 32 rows x 16 columns: each lane loads one 16-byte chunk of its row (16 FP8 values; the
+// swizzle moves 16-byte chunks whole), converts it and stores two 16-byte chunks of 8 16-bit
+// values. A quarter warp's 8 lanes take 8 consecutive rows of one column chunk, which the 128-byte
+// (and FP8 d64's 64-byte) swizzle spreads over 8 distinct bank groups (ncu: few extra wavefronts
+// per 16-byte store or load; bench/PERFLOG.md "Session 10 (2026-12-01): the mixed mode"). Each warp
+// takes a contiguous range of units, row groups fastest: per column chunk the swizzled offsets are
 // computed once and the row groups' loads (up to four, 16 registers: RegisterBudget's wide
-// producer) issue back to back at constant offsets. The first version computed every unit's
-// offsets through the layouts (~17 instructions) one unit at a time and ran at half the 16-bit
-// path's speed (d128: 345 against 658 TFLOP/s; timeline: the converter busy 85 % of each step,
-// the consumers waiting for K / V); this one reaches 428 (bf16 q) / 529 (fp16 q), PERFLOG
-// session 10.
+// producer) issue back to back at constant offsets. The first version computed every unit's offsets
+// through the layouts (~17 instructions) one unit at a time and ran at half the 16-bit path's speed
+// (timeline: the converter busy most of each step, the consumers waiting for K / V); this one runs
+// much closer to it (bench/PERFLOG.md "Session 10 (2026-12-01): the mixed mode").
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -83,9 +83,9 @@ CUTE_DEVICE uint32_t prmt(uint32_t a, uint32_t b, uint32_t selector) {
 // e5m2 is the high byte of an fp16 (same exponent, 2 of its 10 mantissa bits), infinities and NaN
 // included: e5m2 -> fp16 needs only byte moves. The others convert on the conversion unit
 // (F2FP), bf16 through fp16 and fp32. (An integer e4m3 conversion -- the magnitude bits shifted
-// into the target's fields, NaN patched, one exact multiply restoring the scale -- measured 15-25 %
-// slower than F2FP at d128: more instructions for the converter warps to issue, PERFLOG
-// session 10.)
+// into the target's fields, NaN patched, one exact multiply restoring the scale -- measured slower
+// than F2FP at d128: more instructions for the converter warps to issue, bench/PERFLOG.md
+// "Session 10 (2026-12-01): the mixed mode".)
 template <class Element, class KvElement>
 CUTE_DEVICE void fp8x4_to_16bit(uint32_t x, uint32_t& lo, uint32_t& hi) {
   static_assert(cute::is_same_v<Element, cutlass::half_t> ||

@@ -8,9 +8,9 @@
 //   and row-contiguous 16-byte stores. Where the buffer holds a part of the head dim only (d128's
 //   N = 176 tile: 18 KB free, 16 KB for two slabs of 64 columns), this runs once per part.
 //   At d128 a thread issues 8 stmatrix, 8 16-byte loads and stores and 4 barriers, no shuffles:
-//   the register way below took ~3.3 k cycles per tile boundary on the H200 (its runtime-lane
-//   selects compile to branches) while both warpgroups' epilogues leave the tensor cores idle;
-//   staged, ~1.5 k (bench/PERFLOG.md, session 17).
+//   the register way below took about twice as many cycles per tile boundary on the H200 (its
+//   runtime-lane selects compile to branches) while both warpgroups' epilogues leave the tensor
+//   cores idle (the cycle counts: bench/PERFLOG.md "Session 17: O through shared memory").
 // - Registers (kOPasses = 0: d64, d96, d192, d256, FP8 and the mixed mode; tile_config.h says
 //   why for each): the 4 threads of a quad exchange their column pairs with shuffles so each
 //   stores 16 contiguous bytes per row.

@@ -58,10 +58,11 @@ auto tma_gmem_tensor(const void* ptr, int seqlen, int head_dim, int heads, int b
 
 // The TMA descriptors of recent calls, per thread and per kernel and operand. Encoding one
 // (cuTensorMapEncodeTiled, three per launch) is most of the FA-3 launch's host time
-// (bench/PERFLOG.md, session 4); a call whose operand has the address, extents and strides of a
-// recent one reuses its descriptor, which is then bit-identical. That is the common case in a
-// serving loop: KV caches stay put, and the caching allocator hands activations of one size back
-// at the same addresses step after step. Direct-mapped on the key's hash; a miss encodes as before.
+// (bench/PERFLOG.md "Host path (bench/host_path.py; ..."); a call whose operand has the address,
+// extents and strides of a recent one reuses its descriptor, which is then bit-identical. That is
+// the common case in a serving loop: KV caches stay put, and the caching allocator hands
+// activations of one size back at the same addresses step after step. Direct-mapped on the key's
+// hash; a miss encodes as before.
 template <class Tma>
 class TmaMemo {
  public:

@@ -54,9 +54,10 @@ constexpr int o_stage_passes(int free_bytes, int block_m, int head_dim, int min_
 }
 
 // KvElement_: the element of K and V in user memory; Element's but for the mixed mode.
-// kVarlen_: the packed variable-length layout (issue 13): the prepare kernel's tile list instead
-// of the static scheduler, per-sequence offsets and masks, V tails zeroed in shared memory
-// (vtail.h). A kernel of its own: as a runtime branch it cost the dense d64 kernel spills.
+// kVarlen_: the packed variable-length layout (docs/fwd_sm90.md "Varlen"): the prepare kernel's
+// tile list instead of the static scheduler, per-sequence offsets and masks, V tails zeroed in
+// shared memory (vtail.h). A kernel of its own: as a runtime branch it cost the dense d64 kernel
+// spills.
 template <class Element_, int kHeadDim_, bool kOverlap_,
           TileFamily kFamily = TileFamily::kDefault, class KvElement_ = Element_,
           bool kVarlen_ = false>
@@ -64,14 +65,14 @@ struct FwdTraits {
   using Element = Element_;
   using KvElement = KvElement_;
   static constexpr bool kVarlen = kVarlen_;
-  // fp16 / bf16, or FP8 e4m3 (issue 12): FP8 inputs write O in bf16 or fp16 (FwdParams::o_fp16),
+  // fp16 / bf16, or FP8 e4m3: FP8 inputs write O in bf16 or fp16 (FwdParams::o_fp16),
   // take V^T from the transposer warps and accumulate PV in two levels (mma.h).
   static constexpr bool kFp8 = sizeof(Element) == 1;
   static_assert(sizeof(Element) == 2 || cute::is_same_v<Element, cutlass::float_e4m3_t>,
                 "the FA-3 path forward handles fp16 / bf16 / e4m3 inputs");
   static_assert(!kFp8 || (kOverlap_ && kFamily == TileFamily::kDefault),
                 "FP8 has one tile: the tuned kernel of its bucket's config");
-  // Mixed mode (issue 12): 16-bit q and math against e4m3 / e5m2 K and V, which the TMA loads
+  // Mixed mode: 16-bit q and math against e4m3 / e5m2 K and V, which the TMA loads
   // into a staging ring and warps 1-3 of the producer warpgroup convert into the 16-bit kernel's
   // K / V stages (convert.h). The consumers are the 16-bit ones; the descales of K and V scale
   // the scores and O as in the FP8 kernel.

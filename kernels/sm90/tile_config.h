@@ -81,9 +81,9 @@ struct RegisterBudget {
 enum class TileFamily { kDefault, kShortMasked, kMulticast };
 inline constexpr int kShortMaskedMaxSeqlenK = 2048;
 
-// The largest key length that runs a bucket's kShortMasked tile: d128's up to 2k keys, d64's up
-// to 1k (its 128 x 128 tile: +22 % / +16 % at s512 / 1k causal, -8 % at 2k against the 192-row
-// tile; bench/PERFLOG.md, session 17).
+// The largest key length that runs a bucket's kShortMasked tile: d128's up to 2k keys, d64's up to
+// 1k (its 128 x 128 tile beat the 192-row tile at 512 and 1k causal keys and lost at 2k;
+// bench/PERFLOG.md "Session 17: O through shared memory").
 constexpr int short_masked_max_seqlen_k(int head_dim) {
   return head_dim <= 64 ? 1024 : kShortMaskedMaxSeqlenK;
 }
@@ -96,16 +96,17 @@ constexpr FwdConfig fwd_config(int head_dim, TileFamily family = TileFamily::kDe
   // Short masked (causal / local, <= 1k keys: short_masked_max_seqlen_k): 128 x 128 with two WGs, as
   //   cuDNN runs d64 there: a 192-row tile of a short causal sequence is mostly diagonal blocks.
   //   Two WGs leave room (240 registers) for the staged epilogue that cost the 3-WG tile at 160
-  //   (bench/PERFLOG.md, session 17). Smem 2 x 16 K + 4 x 16 K + O 16 K = 112 KB.
+  //   (bench/PERFLOG.md "Session 17: O through shared memory"). Smem 2 x 16 K + 4 x 16 K + O 16 K =
+  //   112 KB.
   if (head_dim <= 64) {
     if (family == TileFamily::kShortMasked) {
       return {128, 128, 2, 2, 2, true, false};
     }
     FwdConfig c{/*block_m=*/192, /*block_n=*/128, /*stages=*/2, /*q_stages=*/2,
                 /*consumer_wgs=*/3, /*pingpong=*/true, /*rescale_o_before_pv=*/false};
-    // O from the registers: with the staged epilogue (24 KB, or 12 KB in two passes) d64 gained
-    // 3-6 % at s512 but lost 2-3 % from s4k on (the same main loop, scheduled differently at
-    // 160 registers; bench/PERFLOG.md, session 17).
+    // O from the registers: with the staged epilogue (24 KB, or 12 KB in two passes) d64 gained at
+    // s512 but lost from s2k on (the same main loop, scheduled differently at 160 registers;
+    // bench/PERFLOG.md "Session 17: O through shared memory").
     c.o_passes_min = 0;
     return c;
   }
@@ -116,12 +117,13 @@ constexpr FwdConfig fwd_config(int head_dim, TileFamily family = TileFamily::kDe
   }
   // d128: N = 176, the largest N whose K and V stages fit next to Q (32 K + 2 x 2 x 44 K =
   //   208 KB); O + S + P = 64 + 88 + 44 = 196 of 240 (N = 192 would leave too few for addressing).
-  //   The 18 KB left stage O in two passes of 64 columns (the short tile: one pass of 128);
-  //   +13 % at s512, +3-10 % at 1k, 0 at 16k (bench/PERFLOG.md, session 17).
+  //   The 18 KB left stage O in two passes of 64 columns (the short tile: one pass of 128): the
+  //   epilogue then no longer idles the tensor cores for long at each tile boundary, which matters
+  //   most for short sequences (bench/PERFLOG.md "Session 17: O through shared memory").
   // Short masked: N = 128: at s512 / 1k causal, N = 176 covers 24 % / 15 % more columns (the
   //   diagonal blocks' masked part); faster up to 2k keys, slower from 4k (interleaved A/B in
-  //   bench/PERFLOG.md, session 3 v5b, hence kShortMaskedMaxSeqlenK). Smem 2 x 32 K (two Q
-  //   buffers) + 4 x 32 K = 192 KB.
+  //   bench/PERFLOG.md "v5b: d128 tile N = 128 for masked calls", hence kShortMaskedMaxSeqlenK).
+  //   Smem 2 x 32 K (two Q buffers) + 4 x 32 K = 192 KB.
   if (head_dim <= 128) {
     if (family == TileFamily::kShortMasked) {
       return {128, 128, 2, 2, 2, true, false};
@@ -144,20 +146,22 @@ constexpr FwdConfig fwd_config(int head_dim, TileFamily family = TileFamily::kDe
   return c;
 }
 
-// FP8 (e4m3) forward (issue 12): both GEMMs are FP8 WGMMAs (k = 32), so a key block costs half the
-// tensor-core time of a 16-bit one while the softmax's exponentials cost the same: the exp unit
-// bounds FP8 earlier. A consumer holds O (fp32, d/2 registers), the PV GEMM's own accumulator
-// (two-level accumulation: each PV GEMM starts from zero and is added into O in fp32, d/2 more),
-// S (N/2) and P (e4m3, N/8). V is transposed in shared memory by warps 1-3 of the producer
-// warpgroup (transpose.h), into its own buffers (the PV GEMM needs V^T K-major in FP8).
+// FP8 (e4m3) forward (docs/fwd_sm90.md "FP8 (e4m3)"): both GEMMs are FP8 WGMMAs (k = 32), so a key
+// block costs half the tensor-core time of a 16-bit one while the softmax's exponentials cost the
+// same: the exp unit bounds FP8 earlier. A consumer holds O (fp32, d/2 registers), the PV GEMM's
+// own accumulator (two-level accumulation: each PV GEMM starts from zero and is added into O in
+// fp32, d/2 more), S (N/2) and P (e4m3, N/8). V is transposed in shared memory by warps 1-3 of
+// the producer warpgroup (transpose.h), into its own buffers (the PV GEMM needs V^T K-major in
+// FP8).
 // d64:  192 x 64, three WGs (the exponentials bound d64: more WGs in flight): O + O_acc + S + P
-//       = 32 + 32 + 32 + 8 = 104 of 160 (N = 128 spilled at 160). +7-10 % at s16k over 128 x 128
-//       with two WGs, -10 % at s512 causal (PERFLOG session 8). Q 2 x 12 K, K / V / V^T 2 x 4 K:
-//       36 KB.
+//       = 32 + 32 + 32 + 8 = 104 of 160 (N = 128 spilled at 160). Faster than 128 x 128 with two
+//       WGs at long lengths, slower at short causal ones; re-measured with the cheap transposer and
+//       kept (bench/PERFLOG.md "Session 9 (2026-12-01): FP8 d256, and a transposer").
+//       Q 2 x 12 K, K / V / V^T 2 x 4 K: 36 KB.
 // d128: N = 128, two WGs: 64 + 64 + 64 + 16 = 208 of 240. Q 2 x 16 K, K / V / V^T 2 x 16 K:
 //       128 KB.
-// (Session 8's 40 / 232 registers for the 2-WG FP8 producer, for the first transposer's batched
-// 32-bit loads, went with that transposer: the ldmatrix / stmatrix one needs few.)
+// (The first transposer's batched 32-bit loads needed 40 / 232 registers for the 2-WG FP8
+// producer; they went with it: the ldmatrix / stmatrix one needs few.)
 // d96:  as d128: 128 x 128, two WGs: 48 + 48 + 64 + 16 = 176 of 240. Rows of 96 bytes take the
 //       32-byte swizzle (conflict-free in the transposer: tests/cpp/test_fp8_layout.cpp).
 //       Q 2 x 12 K, K / V / V^T 2 x 12 K: 96 KB.
@@ -197,17 +201,17 @@ constexpr FwdConfig fwd_config_fp8_tile(int head_dim) {
 }
 
 // FP8's O leaves from the registers (o_passes_min = 0): the staged epilogue is measured on the
-// 16-bit kernels only (bench/PERFLOG.md, session 17).
+// 16-bit kernels only (bench/PERFLOG.md "Session 17: O through shared memory").
 constexpr FwdConfig fwd_config_fp8(int head_dim) {
   FwdConfig c = fwd_config_fp8_tile(head_dim);
   c.o_passes_min = 0;
   return c;
 }
 
-// Mixed mode (issue 12: fp16 / bf16 q, e4m3 / e5m2 K and V): the 16-bit kernel's consumers on
-// 16-bit K / V stages, plus a ring of FP8 staging stages the TMA loads into (K and V blocks in the
-// producer's order), which warps 1-3 of the producer warpgroup convert (convert.h). The ring
-// costs N * d bytes per stage, so each bucket's tile shrinks to make room:
+// Mixed mode (fp16 / bf16 q, e4m3 / e5m2 K and V; docs/fwd_sm90.md "Mixed mode"): the 16-bit
+// kernel's consumers on 16-bit K / V stages, plus a ring of FP8 staging stages the TMA loads into
+// (K and V blocks in the producer's order), which warps 1-3 of the producer warpgroup convert
+// (convert.h). The ring costs N * d bytes per stage, so each bucket's tile shrinks to make room:
 // d64:  128 x 128, two WGs (the 16-bit tile's three WGs at 160 registers spilled with the mixed
 //       mode's per-tile scale, and leave the converter warps 32 registers): Q 2 x 16 K + 4 x 16 K
 //       + ring 2 x 8 K = 112 KB.
@@ -241,8 +245,8 @@ constexpr FwdConfig fwd_config_mixed(int head_dim) {
 }
 
 // Whether a bucket has a kMulticast tile (d128 and d256: FA3's choice for unmasked calls), in
-// builds that ask for them (CMake FH_FA3_MULTICAST=ON: measured no faster on the H200, bench/
-// PERFLOG.md session 17, so not built by default).
+// builds that ask for them (CMake FH_FA3_MULTICAST=ON: measured no faster on the H200,
+// bench/PERFLOG.md "Session 17: O through shared memory", so not built by default).
 #if defined(FH_FA3_MULTICAST) && FH_FA3_MULTICAST
 inline constexpr bool kMulticastBuilt = true;
 #else

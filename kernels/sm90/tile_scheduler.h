@@ -17,8 +17,8 @@
 //    with tile sizes decreasing along t no CTA gets the largest tile of every round.
 // 4. With longest-first, the sections alternate direction (the last one descending): otherwise
 //    the round that crosses from one section's short tiles into the next one's long tiles pairs
-//    long with short and the snake no longer balances (simulated and measured: bench/PERFLOG.md,
-//    FA-3 v1; tests/cpp/test_tile_scheduler.cpp asserts the balance).
+//    long with short and the snake no longer balances (simulated and measured: bench/PERFLOG.md
+//    "v1: tiles 128 x 176 (d128), ..."; tests/cpp/test_tile_scheduler.cpp asserts the balance).
 // No CUDA or CuTe header is needed, so a plain C++ compiler can unit-test this file
 // (tests/cpp/test_tile_scheduler.cpp).
 #pragma once
@@ -103,7 +103,7 @@ struct StaticTileScheduler {
     if (!longest_first) {
       // Equal tiles: the query blocks of one head are adjacent, so the CTAs running at the same
       // time share that head's K/V in L2 (the rank-major order re-read K/V from DRAM at short
-      // lengths: bench/PERFLOG.md, FA-3 v2).
+      // lengths: bench/PERFLOG.md "v2: heads-major order for unmasked calls").
       const int hb = t / num_m_blocks;
       c.m_block = t - hb * num_m_blocks;
       c.batch = hb / heads;
@@ -126,32 +126,34 @@ struct StaticTileScheduler {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Varlen (issue 13, PLAN.md section 11). The tiles of every sequence of a packed batch in one
+// Varlen (docs/fwd_sm90.md "Tile order"). The tiles of every sequence of a packed batch in one
 // persistent grid, without padding sequences to max_seqlen. The prepare kernel
 // (kernels/src/varlen.cu; tests/cpp/test_tile_scheduler.cpp holds a host one) lists every
 // (sequence, query block) pair that has rows, costliest first (cost: the key blocks its mask lets
 // it visit, so one rule serves no mask, causal, windows and chunks), into a workspace of at most
 // total_q / block_m + batch pairs. Tiles are (pair, head); the CTAs walk the linear tile index in
-// the static scheduler's snake order: no atomics, reproducible, CUDA-graph safe (the prepare
-// kernel runs in the graph). The order puts tiles that read the same K / V close together (the
-// first order, the heads innermost over the whole list, read every head's K / V at once: on the
-// H200 2.7 GB of DRAM reads instead of the dense kernel's 0.2 GB for one 16k sequence at d128,
-// and 2-23 % of the kernel's time: bench/PERFLOG.md, session 12) and keeps the costliest first:
+// the static scheduler's snake order: no atomics, reproducible, CUDA-graph safe (the prepare kernel
+// runs in the graph). The order puts tiles that read the same K / V close together (the first
+// order, the heads innermost over the whole list, read every head's K / V at once: on the H200 an
+// order of magnitude more DRAM reads than the dense kernel for one 16k sequence at d128, and a
+// large part of the kernel's time: bench/PERFLOG.md "Session 12 (2026-12-01): the varlen gap") and
+// keeps the costliest first:
 // - Without a mask every query block of a sequence costs the same, and the list holds them
 //   adjacent in query-block order (the prepare kernel keeps them so): each sequence's run of
 //   pairs is walked head by head, query blocks fastest, so the CTAs running together share one
 //   head's K / V of one sequence (the dense kernel's order), and costs still never increase
 //   along t. One record load per tile: the run's other records differ only in m_block.
 // - With a mask the list's order, pair major and the heads fastest, and when many sequences are
-//   as long as the longest (the launcher's l2_sections: the caller's max_seqlen_q hint against
-//   the packed tokens) in L2 sections as the dense scheduler's: as many heads (whole GQA groups)
-//   as fit ~32 MiB of K / V (every sequence's), the sections alternating direction with the last
-//   one costliest first. Equal lengths list the same query-block rank of every sequence
-//   together, so heads innermost streamed K / V of 8 sequences x 16 heads at once and no two
-//   CTAs shared one (d128, 16 x 1k causal: 649 MB of DRAM reads against 329 MB in sections, the
-//   kernel 228 -> 208 us); a few long sequences list one sequence's blocks together instead,
-//   and there the sections' balance cost more than they saved (3 - 9 %, 3-4 sequences of 1k -
-//   8k). The host test's random mixes balance >= 0.93 heads innermost, >= 0.71 in sections.
+//   as long as the longest (the launcher's l2_sections: the caller's max_seqlen_q hint against the
+//   packed tokens) in L2 sections as the dense scheduler's: as many heads (whole GQA groups) as fit
+//   ~32 MiB of K / V (every sequence's), the sections alternating direction with the last one
+//   costliest first. Equal lengths list the same query-block rank of every sequence together, so
+//   heads innermost streamed K / V of 8 sequences x 16 heads at once and no two CTAs shared one
+//   (d128, 16 x 1k causal: about twice the DRAM reads of the sections, and a slower kernel); a few
+//   long sequences list one sequence's blocks together instead, and there the sections' balance
+//   cost more than they saved (3-4 sequences of 1k - 8k; the figures: bench/PERFLOG.md
+//   "Session 12 (2026-12-01): the varlen gap"). The host test's random mixes balance >= 0.93 heads
+//   innermost, >= 0.71 in sections.
 // Cheaper lists than the sorted one measured worse in the host test's random mixes (causal
 // balance, against >= 0.85 for the sorted list): sequences longest-first with each one's tiles
 // together 0.78 (every sequence restarts at its costliest tile), query-block rank from each

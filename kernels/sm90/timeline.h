@@ -1,7 +1,7 @@
 // Event timeline of the FA-3 forward, for libraries built with FH_TIMELINE=ON (CMake; it defines
-// FH_TIMELINE). Other builds compile every mark to nothing. Issue 15 asked for it: where each
-// warpgroup's step spends its cycles (waits on the tensor cores, softmax, ping-pong turns,
-// pipeline barriers), which the profiler's per-instruction stall counts do not order in time.
+// FH_TIMELINE). Other builds compile every mark to nothing. It shows where each warpgroup's step
+// spends its cycles (waits on the tensor cores, softmax, ping-pong turns, pipeline barriers), which
+// the profiler's per-instruction stall counts do not order in time.
 //
 // The first kTimelineCtas CTAs record, lane 0 of each warp: slot 0 of the warp's kTimelineSlots
 // holds the number of events, slots 1.. the events as (clock64() << 8) | event id. clock64 is the

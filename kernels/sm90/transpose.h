@@ -6,13 +6,14 @@
 // (fp8_layout.h, key_of_slot), so P is packed without moving values between threads.
 //
 // Work unit (fp8_layout.h): 32 keys x 16 columns, 512 bytes per warp in one ldmatrix.trans (.x4,
-// b16: each lane gets two columns of two keys), four byte permutes and one stmatrix (.x4). The
-// byte permutes complete the b16 transposition to bytes and leave the keys in key_of_slot's order
-// as they are: keys 2q + {0, 1, 8, 9} of a 16-key half are what one lane holds. (The first
-// version moved 4 x 4 byte blocks with 32-bit loads and stores: 4x the shared-memory instructions
-// and an address computation per 4 bytes; it bounded d256 at 550 TFLOP/s against 982 with the
-// transposition skipped, PERFLOG session 9.) tests/cpp/test_fp8_layout.cpp simulates both
-// instructions on the kernel's swizzled layouts and counts their bank wavefronts.
+// b16: each lane gets two columns of two keys), four byte permutes and one stmatrix (.x4). The byte
+// permutes complete the b16 transposition to bytes and leave the keys in key_of_slot's order as
+// they are: keys 2q + {0, 1, 8, 9} of a 16-key half are what one lane holds. (The first version
+// moved 4 x 4 byte blocks with 32-bit loads and stores: 4x the shared-memory instructions and an
+// address computation per 4 bytes; it bounded d256 far below a diagnostic kernel with the
+// transposition skipped, bench/PERFLOG.md "Session 9 (2026-12-01): FP8 d256, and a transposer".)
+// tests/cpp/test_fp8_layout.cpp simulates both instructions on the kernel's swizzled layouts and
+// counts their bank wavefronts.
 #pragma once
 
 #include <cute/tensor.hpp>

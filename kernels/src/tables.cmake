@@ -37,7 +37,8 @@ set(FH_DTYPE_TABLE
   "bf16|FH_DTYPE_BF16|cutlass::bfloat16_t|all|all"
   "e4m3|FH_DTYPE_E4M3|cutlass::float_e4m3_t|fwd:90a|64,96,128,192,256")
 
-# Mixed mode (issue 12): fp16 / bf16 q against an FP8 K / V cache, the FA-3 path's forward only.
+# Mixed mode (docs/fwd_sm90.md "Mixed mode"): fp16 / bf16 q against an FP8 K / V cache, the FA-3
+# path's forward only.
 # Name (FH_DTYPES, build_info) | q's FhDtype | K / V's FhDtype (api.h, FhFwdParams::kv_dtype) |
 # q's CUTLASS type | K / V's CUTLASS type | head-dim buckets (kernels/sm90/tile_config.h,
 # has_mixed_config). Its kernels have the names of FH_DTYPES too, so a build selects them like

@@ -3,7 +3,7 @@
 // dQ writer run, with recorders in place of the TMA, WGMMA, barrier and semaphore operations.
 //  a. every tile exactly once for grids of 1, 3, 7 and 132 CTAs, both orders;
 //  b. deterministic order: inside every (batch, kv head) the tile index grows as n falls (the
-//     deadlock-freedom condition of BWD_PLAN §5.2);
+//     deadlock-freedom condition, docs/bwd_sm90.md "dQ and the deterministic mode");
 //  c. random problems (lengths 0..700, causal / windows / chunks, GQA 1..8, three tile shapes):
 //     each tile's steps are exactly {(g, m) : n in key_blocks(m)} (brute force, not query_blocks),
 //     g outer; masked == block_masked, unmasked blocks fully visible; first / last; every visible

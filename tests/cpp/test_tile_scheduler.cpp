@@ -1,14 +1,14 @@
 // Host test of the FA-3 path's static persistent tile scheduler (kernels/sm90/tile_scheduler.h):
 // for several shapes and grid sizes, every tile is visited exactly once, each CTA's sequence is
 // what the kernel's loop walks, masked schedules run longest-first inside each section, and the
-// load balance of causal schedules stays near ideal. The varlen scheduler (issue 13, not wired into
-// a kernel yet): over random length mixes (zero-length and one-token sequences included, causal
-// and not) every (sequence, head, query block) tile exactly once, none for sequences without
-// query rows, the order costliest first, and the balance near what any order reaches; a negative
-// control shows the checks fail on a pair listed twice. K / V multicast clusters (unmasked calls,
-// two CTAs on adjacent query blocks): both CTAs of a cluster walk the same heads and key blocks
-// round by round, and every query block is computed exactly once (a negative control ignores the
-// rank). Prints "OK" and exits 0 on success.
+// load balance of causal schedules stays near ideal. The varlen scheduler (docs/fwd_sm90.md
+// "Tile order"): over random length mixes (zero-length and one-token sequences included, causal and
+// not) every (sequence, head, query block) tile exactly once, none for sequences without query
+// rows, the order costliest first, and the balance near what any order reaches; a negative control
+// shows the checks fail on a pair listed twice. K / V multicast clusters (unmasked calls, two CTAs
+// on adjacent query blocks): both CTAs of a cluster walk the same heads and key blocks round by
+// round, and every query block is computed exactly once (a negative control ignores the rank).
+// Prints "OK" and exits 0 on success.
 #include <algorithm>
 #include <cstdio>
 #include <random>

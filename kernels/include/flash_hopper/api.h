@@ -181,7 +181,7 @@ typedef struct FhFwdParams {
   const int32_t* kv_batch_idx;
   const int32_t* leftpad_k;
   int64_t batch_k;
-  // --- reserved: paged KV (later issue) ---------------------------------------------------
+  // --- reserved: paged KV in the FA kernels (paged caches: docs/host.md "KV-cache routes") --
   const int32_t* page_table;
   int64_t page_table_batch_stride;
   int64_t page_size;
@@ -197,7 +197,7 @@ typedef struct FhFwdParams {
   int64_t k_descale_batch_stride, k_descale_head_stride;
   int64_t v_descale_batch_stride, v_descale_head_stride;
   int32_t fp8_accumulation;  // FhFp8Accumulation; 0 = two-level
-  // --- reserved: split-KV (later issue) ---------------------------------------------------
+  // --- reserved: split-KV in the FA kernels (the decode kernel splits: FhDecodeParams) ------
   int32_t num_splits;  // 0 or 1 = no split
   float* o_accum;
   float* lse_accum;

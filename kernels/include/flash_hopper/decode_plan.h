@@ -1,7 +1,7 @@
-// The decode kernel's plan (kernels/decode/decode_kernel.h, issue 14): which query rows a CTA
-// holds, which keys each row sees, how the keys split across CTAs, where a key lives in a paged
-// or dense cache. Plain C++ so that the host tests (tests/cpp/test_decode_plan.cpp) walk exactly
-// the arithmetic the kernel runs.
+// The decode kernel's plan (kernels/decode/decode_kernel.h, docs/decode.md): which query rows a CTA
+// holds, which keys each row sees, how the keys split across CTAs, where a key lives in a paged or
+// dense cache. Plain C++ so that the host tests (tests/cpp/test_decode_plan.cpp) walk exactly the
+// arithmetic the kernel runs.
 //
 // Rows. The query heads of one KV head are packed as the rows of one tile (packed GQA): row
 // r = t * group + g is query token t of query head kv_head * group + g, so a CTA reads each K / V

@@ -5,8 +5,8 @@
 // line for the reference, the FLOP counter and the benchmark peers (tests/test_mask_policy.py
 // compares the two on random configurations).
 //
-// The rule (DESIGN.md; bottom-right aligned): with diag = seqlen_k - seqlen_q, query row i sees
-// key column j iff
+// The rule (docs/README.md "Numerics contract"; bottom-right aligned): with diag = seqlen_k -
+// seqlen_q, query row i sees key column j iff
 //   0 <= j < seqlen_k
 //   and (window_left  < 0  or  j >= i + diag - window_left)
 //   and (window_right < 0  or  j <= i + diag + window_right)      causal: window_right = 0

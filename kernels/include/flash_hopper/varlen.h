@@ -1,5 +1,5 @@
-// Variable-length batches (issue 13): the packed layout's per-sequence spans and the work list
-// both forward paths walk.
+// Variable-length batches (docs/host.md "Varlen", docs/fwd_sm90.md "Varlen"): the packed
+// layout's per-sequence spans and the work list both forward paths walk.
 //
 // A varlen call packs the sequences of a batch along one token axis: q (total_q, heads, d), k / v
 // (total_k, heads_kv, d), sequence b at tokens [cu_seqlens[b], cu_seqlens[b + 1]); seqused[b],
