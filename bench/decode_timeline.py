@@ -5,8 +5,8 @@
 Needs a library built with FH_TIMELINE=ON (CMake) and a GPU. Every CTA's thread 0 records the
 global timer (ns) when it starts, when its first key block has landed, when its loop is done, when
 its split's partials are written (split calls) and when it ends, plus its SM (and whether it
-merged the splits: none since a combine kernel took the merge over, bench/PERFLOG.md "Session 16:
-the split merge as a kernel of its own";
+merged the splits: none since a combine kernel took the merge over, bench/PERFLOG.md "the split
+merge as a kernel of its own";
 kernels/decode/decode_kernel.h, DecodeMarks). This script runs each point
 (GQA 32 / 8, d128, bf16, one query token, dense or paged cache) once to warm up, once recorded,
 and writes DIR/decode_timeline.json: per point the span of the grid, and the medians / maxima of

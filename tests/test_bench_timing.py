@@ -98,7 +98,7 @@ class _FakeCuda:
                                                          (1.0, True, False)])
 def test_events_timer_notes_host_bound_calls(monkeypatch, gpu_ms, graph, noted):
     """The warm-up measures the host's time per call; an eager row whose host path is >= 70 % of its
-    GPU time says it may hold host gaps (bench/PERFLOG.md "Session 16: forward-speed items 4 ... and
+    GPU time says it may hold host gaps (bench/PERFLOG.md "forward-speed items 4 ... and
     5": the event pair times the host too whenever the GPU queue runs dry). Graph replays are not
     noted."""
     import time

@@ -388,7 +388,7 @@ def test_captured_calls_replay_at_once_on_several_streams():
 def test_a_captured_decode_step_is_the_decode_kernels_alone(paged):
     """After an eager call, a captured split call replays as the decode kernel and its combine
     kernel alone: no memset, no arange of offsets (the eagerly built ones) in the graph: each
-    extra node cost a 1 x 8k step time (bench/PERFLOG.md "Session 15: where a short decode call's
+    extra node cost a 1 x 8k step time (bench/PERFLOG.md "where a short decode call's
     time goes")."""
     b, hq, hk, sc, d, ps = 1, 32, 8, 8192, 128, 16
     q = torch.randn(b, 1, hq, d, device="cuda").bfloat16()

@@ -177,7 +177,7 @@ def test_each_tile_takes_its_own_descales(fp8, head_dim, causal, softcap):
     # the next tile's first S under the last PV of the finishing one), each tile of a different
     # batch with descales drawn per (batch, kv head) as FA3's tests draw them (rand * 2). A tile
     # that scaled its first scores with the finishing tile's descales (the softcap factor read
-    # before the boundary switched them; bench/PERFLOG.md "Session 13 (2026-12-01): the FP8
+    # before the boundary switched them; bench/PERFLOG.md "the FP8
     # defect") shows in the last batch's heads.
     require_fp8_kernel(fp8, head_dim)
     torch.manual_seed(head_dim + int(softcap) + causal)

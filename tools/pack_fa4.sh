@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Pack FA4 (flash_attn.cute, the CuTe DSL FlashAttention) for a GPU machine without internet:
 # one tarball that fits the device tool's 64 MiB carry next to the repository (~8.6 MB) and a
-# small library (the versions measured: bench/PERFLOG.md "Session 15: where a short decode
+# small library (the versions measured: bench/PERFLOG.md "where a short decode
 # call's time goes").
 #
 #   tools/pack_fa4.sh OUT.tar.xz        # ~57 MB; takes ~8 minutes on 2 cores (xz -9e, one thread)

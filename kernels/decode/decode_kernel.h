@@ -366,7 +366,7 @@ __global__ void __launch_bounds__(kThreads)
   // threads share a key's row, each copying kChunks / kRowThreads chunks kRowThreads apart (a
   // warp's copy instruction reads 128 contiguous bytes of 4 rows): a thread computes its rows'
   // addresses once for all their chunks. Measured against 4 and kChunks threads per row
-  // (bench/PERFLOG.md "Session 16: the split merge as a kernel of its own"): 4 doubles the L2
+  // (bench/PERFLOG.md "the split merge as a kernel of its own"): 4 doubles the L2
   // requests per byte (slower at the large points), kChunks (a row per 16 lanes) spends the paged
   // call's issue slots on page walks (slower paged).
   constexpr int kRowThreads = kChunks < 8 ? kChunks : 8;
@@ -379,7 +379,7 @@ __global__ void __launch_bounds__(kThreads)
   // Paged: a thread's rows of a block are kRowsPerPass keys apart, so their slots in the pages
   // follow from the first row's (PageWalk): one division per block (none for power-of-two pages)
   // instead of one per row, whose instructions made the paged call slower than the dense one
-  // (bench/PERFLOG.md "Session 14: the decode kernel").
+  // (bench/PERFLOG.md "the decode kernel").
   auto walk_pages = [&](int first_key, auto&& visit) {
     PageWalk w = PageWalk::start(pages, first_key, kRowsPerPass);
 #pragma unroll
@@ -392,7 +392,7 @@ __global__ void __launch_bounds__(kThreads)
   // the loads of block b - (kStages - 1), so they land kStages - 1 blocks before the loads that
   // need them. Read one block ahead into registers, the table's latency stalled the loads of a CTA
   // alone on its SM (a block takes about as long as the table read there, and paged calls lost
-  // bandwidth: bench/PERFLOG.md "Session 15: where a short decode call's time goes"). The ring
+  // bandwidth: bench/PERFLOG.md "where a short decode call's time goes"). The ring
   // holds 2 kStages blocks: a copy never overwrites ids a load of the same iteration (or of the
   // prologue) still reads.
   using IdCopy = cute::SM80_CP_ASYNC_CACHEALWAYS_ZFILL<uint32_t>;
@@ -683,7 +683,7 @@ __global__ void __launch_bounds__(kThreads)
 // with programmatic dependent launch (decode.cu), so that its CTAs are resident when the last split
 // finishes. A kernel boundary, not a merge inside the decode kernel: there the splits' fences, the
 // atomic counter and the last split's merge under the others' loads made the call slower
-// (bench/PERFLOG.md "Session 16: the split merge as a kernel of its own"). A thread owns 4 columns
+// (bench/PERFLOG.md "the split merge as a kernel of its own"). A thread owns 4 columns
 // of a row and folds the splits in chunks of kChunkSplits, each chunk's LSEs and partial columns
 // loaded at once (one L2 round trip per chunk), under a running maximum.
 template <class Element, int kHeadDim>

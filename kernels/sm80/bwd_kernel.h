@@ -18,7 +18,7 @@
 // of sP / sdS) before anything overwrites them. With one buffer, the next dO is issued after this
 // step's dV GEMM (its last reader) and the next Q after the dK GEMM, each behind a sync. lse_log2
 // and D come through shared memory, not registers: kept in registers across the GEMMs they made
-// the d128 kernel spill in its main loop (bench/PERFLOG.md "Session 5: the FA-2 path's
+// the d128 kernel spill in its main loop (bench/PERFLOG.md "the FA-2 path's
 // backward").
 //
 // dQ: dQacc (workspace, fp32, a (b, h, seqlen_q_rounded, bucket) region holding each query block

@@ -219,7 +219,7 @@ struct BwdConsumer {
   // S / dP GEMMs, and the slot is synchronized by barriers only (WG barrier after the stores; the
   // previous step's readers all passed PdS before any store). Through the producer's mbarriers,
   // plain loads of rows an async copy or another warp wrote are ordering compute-sanitizer's
-  // racecheck cannot see (it reported every one; bench/PERFLOG.md "Session 6 (2026-12-01): the
+  // racecheck cannot see (it reported every one; bench/PERFLOG.md "the
   // FA-3 path's backward").
   CUTE_DEVICE void load_stats(BwdTileWork const& w, QueryStep s) {
     const int64_t row0 = p.row_offset(w.tile.batch, w.dq_head(s)) + int64_t(s.m) * kBlockM;

@@ -94,7 +94,7 @@ struct BwdTileCoord {
 // the mean, and n-major ran much faster causal). About 8 CTAs share each head of a section, which
 // keeps the Q / dO they stream in L2 (n major over all 128 heads lost to head-major at b8 s2k).
 // With few key blocks (4 num_n <= G) head-major already cycles every CTA through all of them, and
-// stays (the tile orders tried: bench/PERFLOG.md "Session 6 (2026-12-01): the FA-3 path's
+// stays (the tile orders tried: bench/PERFLOG.md "the FA-3 path's
 // backward").
 // Deterministic order: n descending inside every (batch, kv head) (the dQ rank order), kv heads
 // interleaved in chunks of k key blocks, k = clamp(ceil(G / (b * h_kv)), 1, num_n): about G / k

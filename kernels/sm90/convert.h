@@ -19,13 +19,13 @@
 // swizzle moves 16-byte chunks whole), converts it and stores two 16-byte chunks of 8 16-bit
 // values. A quarter warp's 8 lanes take 8 consecutive rows of one column chunk, which the 128-byte
 // (and FP8 d64's 64-byte) swizzle spreads over 8 distinct bank groups (ncu: few extra wavefronts
-// per 16-byte store or load; bench/PERFLOG.md "Session 10 (2026-12-01): the mixed mode"). Each warp
+// per 16-byte store or load; bench/PERFLOG.md "the mixed mode"). Each warp
 // takes a contiguous range of units, row groups fastest: per column chunk the swizzled offsets are
 // computed once and the row groups' loads (up to four, 16 registers: RegisterBudget's wide
 // producer) issue back to back at constant offsets. The first version computed every unit's offsets
 // through the layouts (~17 instructions) one unit at a time and ran at half the 16-bit path's speed
 // (timeline: the converter busy most of each step, the consumers waiting for K / V); this one runs
-// much closer to it (bench/PERFLOG.md "Session 10 (2026-12-01): the mixed mode").
+// much closer to it (bench/PERFLOG.md "the mixed mode").
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -85,7 +85,7 @@ CUTE_DEVICE uint32_t prmt(uint32_t a, uint32_t b, uint32_t selector) {
 // (F2FP), bf16 through fp16 and fp32. (An integer e4m3 conversion -- the magnitude bits shifted
 // into the target's fields, NaN patched, one exact multiply restoring the scale -- measured slower
 // than F2FP at d128: more instructions for the converter warps to issue, bench/PERFLOG.md
-// "Session 10 (2026-12-01): the mixed mode".)
+// "the mixed mode".)
 template <class Element, class KvElement>
 CUTE_DEVICE void fp8x4_to_16bit(uint32_t x, uint32_t& lo, uint32_t& hi) {
   static_assert(cute::is_same_v<Element, cutlass::half_t> ||

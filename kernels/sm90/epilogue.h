@@ -10,7 +10,7 @@
 //   At d128 a thread issues 8 stmatrix, 8 16-byte loads and stores and 4 barriers, no shuffles:
 //   the register way below took about twice as many cycles per tile boundary on the H200 (its
 //   runtime-lane selects compile to branches) while both warpgroups' epilogues leave the tensor
-//   cores idle (the cycle counts: bench/PERFLOG.md "Session 17: O through shared memory").
+//   cores idle (the cycle counts: bench/PERFLOG.md "O through shared memory").
 // - Registers (kOPasses = 0: d64, d96, d192, d256, FP8 and the mixed mode; tile_config.h says
 //   why for each): the 4 threads of a quad exchange their column pairs with shuffles so each
 //   stores 16 contiguous bytes per row.

@@ -83,7 +83,7 @@ inline constexpr int kShortMaskedMaxSeqlenK = 2048;
 
 // The largest key length that runs a bucket's kShortMasked tile: d128's up to 2k keys, d64's up to
 // 1k (its 128 x 128 tile beat the 192-row tile at 512 and 1k causal keys and lost at 2k;
-// bench/PERFLOG.md "Session 17: O through shared memory").
+// bench/PERFLOG.md "O through shared memory").
 constexpr int short_masked_max_seqlen_k(int head_dim) {
   return head_dim <= 64 ? 1024 : kShortMaskedMaxSeqlenK;
 }
@@ -96,7 +96,7 @@ constexpr FwdConfig fwd_config(int head_dim, TileFamily family = TileFamily::kDe
   // Short masked (causal / local, <= 1k keys: short_masked_max_seqlen_k): 128 x 128 with two WGs, as
   //   cuDNN runs d64 there: a 192-row tile of a short causal sequence is mostly diagonal blocks.
   //   Two WGs leave room (240 registers) for the staged epilogue that cost the 3-WG tile at 160
-  //   (bench/PERFLOG.md "Session 17: O through shared memory"). Smem 2 x 16 K + 4 x 16 K + O 16 K =
+  //   (bench/PERFLOG.md "O through shared memory"). Smem 2 x 16 K + 4 x 16 K + O 16 K =
   //   112 KB.
   if (head_dim <= 64) {
     if (family == TileFamily::kShortMasked) {
@@ -106,7 +106,7 @@ constexpr FwdConfig fwd_config(int head_dim, TileFamily family = TileFamily::kDe
                 /*consumer_wgs=*/3, /*pingpong=*/true, /*rescale_o_before_pv=*/false};
     // O from the registers: with the staged epilogue (24 KB, or 12 KB in two passes) d64 gained at
     // s512 but lost from s2k on (the same main loop, scheduled differently at 160 registers;
-    // bench/PERFLOG.md "Session 17: O through shared memory").
+    // bench/PERFLOG.md "O through shared memory").
     c.o_passes_min = 0;
     return c;
   }
@@ -119,7 +119,7 @@ constexpr FwdConfig fwd_config(int head_dim, TileFamily family = TileFamily::kDe
   //   208 KB); O + S + P = 64 + 88 + 44 = 196 of 240 (N = 192 would leave too few for addressing).
   //   The 18 KB left stage O in two passes of 64 columns (the short tile: one pass of 128): the
   //   epilogue then no longer idles the tensor cores for long at each tile boundary, which matters
-  //   most for short sequences (bench/PERFLOG.md "Session 17: O through shared memory").
+  //   most for short sequences (bench/PERFLOG.md "O through shared memory").
   // Short masked: N = 128: at s512 / 1k causal, N = 176 covers 24 % / 15 % more columns (the
   //   diagonal blocks' masked part); faster up to 2k keys, slower from 4k (interleaved A/B in
   //   bench/PERFLOG.md "v5b: d128 tile N = 128 for masked calls", hence kShortMaskedMaxSeqlenK).
@@ -156,7 +156,7 @@ constexpr FwdConfig fwd_config(int head_dim, TileFamily family = TileFamily::kDe
 // d64:  192 x 64, three WGs (the exponentials bound d64: more WGs in flight): O + O_acc + S + P
 //       = 32 + 32 + 32 + 8 = 104 of 160 (N = 128 spilled at 160). Faster than 128 x 128 with two
 //       WGs at long lengths, slower at short causal ones; re-measured with the cheap transposer and
-//       kept (bench/PERFLOG.md "Session 9 (2026-12-01): FP8 d256, and a transposer").
+//       kept (bench/PERFLOG.md "FP8 d256, and a transposer").
 //       Q 2 x 12 K, K / V / V^T 2 x 4 K: 36 KB.
 // d128: N = 128, two WGs: 64 + 64 + 64 + 16 = 208 of 240. Q 2 x 16 K, K / V / V^T 2 x 16 K:
 //       128 KB.
@@ -201,7 +201,7 @@ constexpr FwdConfig fwd_config_fp8_tile(int head_dim) {
 }
 
 // FP8's O leaves from the registers (o_passes_min = 0): the staged epilogue is measured on the
-// 16-bit kernels only (bench/PERFLOG.md "Session 17: O through shared memory").
+// 16-bit kernels only (bench/PERFLOG.md "O through shared memory").
 constexpr FwdConfig fwd_config_fp8(int head_dim) {
   FwdConfig c = fwd_config_fp8_tile(head_dim);
   c.o_passes_min = 0;
@@ -246,7 +246,7 @@ constexpr FwdConfig fwd_config_mixed(int head_dim) {
 
 // Whether a bucket has a kMulticast tile (d128 and d256: FA3's choice for unmasked calls), in
 // builds that ask for them (CMake FH_FA3_MULTICAST=ON: measured no faster on the H200,
-// bench/PERFLOG.md "Session 17: O through shared memory", so not built by default).
+// bench/PERFLOG.md "O through shared memory", so not built by default).
 #if defined(FH_FA3_MULTICAST) && FH_FA3_MULTICAST
 inline constexpr bool kMulticastBuilt = true;
 #else

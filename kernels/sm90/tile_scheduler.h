@@ -136,7 +136,7 @@ struct StaticTileScheduler {
 // runs in the graph). The order puts tiles that read the same K / V close together (the first
 // order, the heads innermost over the whole list, read every head's K / V at once: on the H200 an
 // order of magnitude more DRAM reads than the dense kernel for one 16k sequence at d128, and a
-// large part of the kernel's time: bench/PERFLOG.md "Session 12 (2026-12-01): the varlen gap") and
+// large part of the kernel's time: bench/PERFLOG.md "the varlen gap") and
 // keeps the costliest first:
 // - Without a mask every query block of a sequence costs the same, and the list holds them
 //   adjacent in query-block order (the prepare kernel keeps them so): each sequence's run of
@@ -152,7 +152,7 @@ struct StaticTileScheduler {
 //   (d128, 16 x 1k causal: about twice the DRAM reads of the sections, and a slower kernel); a few
 //   long sequences list one sequence's blocks together instead, and there the sections' balance
 //   cost more than they saved (3-4 sequences of 1k - 8k; the figures: bench/PERFLOG.md
-//   "Session 12 (2026-12-01): the varlen gap"). The host test's random mixes balance >= 0.93 heads
+//   "the varlen gap"). The host test's random mixes balance >= 0.93 heads
 //   innermost, >= 0.71 in sections.
 // Cheaper lists than the sorted one measured worse in the host test's random mixes (causal
 // balance, against >= 0.85 for the sorted list): sequences longest-first with each one's tiles

@@ -11,7 +11,7 @@
 // they are: keys 2q + {0, 1, 8, 9} of a 16-key half are what one lane holds. (The first version
 // moved 4 x 4 byte blocks with 32-bit loads and stores: 4x the shared-memory instructions and an
 // address computation per 4 bytes; it bounded d256 far below a diagnostic kernel with the
-// transposition skipped, bench/PERFLOG.md "Session 9 (2026-12-01): FP8 d256, and a transposer".)
+// transposition skipped, bench/PERFLOG.md "FP8 d256, and a transposer".)
 // tests/cpp/test_fp8_layout.cpp simulates both instructions on the kernel's swizzled layouts and
 // counts their bank wavefronts.
 #pragma once

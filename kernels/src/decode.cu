@@ -97,7 +97,8 @@ namespace {
 
 // Programmatic dependent launch on sm_90 (FH_DECODE_PDL=0 turns it off, for measurements): each
 // kernel starts while the one before it in the stream finishes and waits for it in
-// griddepcontrol.wait (1 x 8k: 13.3 -> 12.4 us per call, bench/PERFLOG.md session 16).
+// griddepcontrol.wait: a short call's launch gap hides behind the kernel before it
+// (bench/PERFLOG.md "the split merge as a kernel of its own").
 bool programmatic_launch(int cc_major) {
   const char* env = std::getenv("FH_DECODE_PDL");
   return cc_major >= 9 && !(env != nullptr && std::strcmp(env, "0") == 0);

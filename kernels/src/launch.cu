@@ -85,7 +85,8 @@ FhStatus set_debug_timeline(void* device_buffer, int64_t bytes) {
 // The FA-3 launchers encode their TMA descriptors with CuTe's make_tma_copy, which calls the
 // driver's cuTensorMapEncodeTiled. Unless CUTLASS_ENABLE_DIRECT_CUDA_DRIVER_CALL is defined,
 // CUTLASS looks that function up with cudaGetDriverEntryPointByVersion on every call (three per
-// launch, a large share of the FA-3 path's host time: bench/PERFLOG.md, session 4); with it
+// launch, a large share of the FA-3 path's host time: bench/PERFLOG.md "one step schedule,
+// one mask policy, one variant table, host path"); with it
 // defined, CUTLASS calls the function by name, which would tie this library to libcuda at link
 // time. The sm90 instantiations define it (fwd_sm90_inst.cu.in), and the name resolves here: a
 // hidden forward to the entry point looked up once per process. The driver stays a run-time

@@ -68,11 +68,10 @@ int decode_splits(const FhDecodeParams* p, int num_sms) {
   }
   const int64_t tiles = p->batch * p->heads_kv * decode_row_blocks(p);
   const int64_t keys = p->page_table != nullptr ? p->max_pages * p->page_size : p->page_size;
-  // A dense cache: one CTA per SM, though two fit at d128: as fast or faster and fewer splits to
-  // merge (GQA 32 / 8, d128, H200: 1 x 128k 16 splits 4.23 TB/s vs 33 splits 4.14, 8 x 32k 2
-  // vs 4 splits 4.40 vs 4.33). A paged cache fills every CTA slot: a paged CTA alone on its SM
-  // is issue-bound (its page arithmetic; ncu: +42 % instructions) and lost a sixth (1 x 128k
-  // 3.45 vs 4.14, 8 x 32k 3.55 vs 4.27; bench/PERFLOG.md session 15).
+  // A dense cache: one CTA per SM, though two fit at d128: as fast or faster, and fewer splits
+  // to merge. A paged cache fills every CTA slot: a paged CTA alone on its SM is issue-bound (its
+  // page arithmetic) and runs measurably slower (both measured in bench/PERFLOG.md "where a
+  // short decode call's time goes, and the graph around it").
   const int ctas_per_sm = p->page_table != nullptr ? decode_ctas_per_sm(p->head_dim) : 1;
   return decode::default_splits(tiles, keys, num_sms, ctas_per_sm, /*min_keys=*/256);
 }
