@@ -53,6 +53,7 @@ import torch
 import torch.distributed as dist
 
 from . import _device, _validate, reference
+from ._combine import lse_weights
 
 LAYOUTS = ("zigzag", "contiguous")
 NEG_INF = float("-inf")
@@ -250,9 +251,7 @@ def _merge_into(out, lse, o, l) -> None:
     """Merge a block's (o (b, n, h, d), l (b, h, n)) into the running (out fp32, lse fp32) views
     of the same rows, in place: the LSE merge (rows no key sees keep weight 0)."""
     merged = torch.logaddexp(lse, l)
-    base = merged.masked_fill(merged == NEG_INF, 0.0)
-    w_out = torch.exp(lse - base).transpose(1, 2).unsqueeze(-1)
-    w_o = torch.exp(l - base).transpose(1, 2).unsqueeze(-1)
+    w_out, w_o = (w.transpose(1, 2).unsqueeze(-1) for w in lse_weights(merged, lse, l))
     out.mul_(w_out).addcmul_(o, w_o)
     lse.copy_(merged)
 

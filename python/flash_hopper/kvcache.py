@@ -51,7 +51,7 @@ from typing import Any
 import torch
 
 from . import _autograd, _chunk, _decode, _device, _validate, _varlen
-from ._combine import flash_attn_combine
+from ._combine import flash_attn_combine, lse_weights
 from ._errors import UnsupportedError
 from ._tables import FP8_DTYPES
 
@@ -301,8 +301,9 @@ def apply_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor,
     shape[heads_dim] = -1
     sink = sinks.view(shape)
     total = torch.logaddexp(lse, sink)
-    # a row without keys and a sink of -inf: an empty denominator, out 0 (not exp(nan))
-    factor = torch.exp(lse - total).nan_to_num_(nan=0.0)  # (.., heads, ..) as lse
+    # the sink is a partial without a value: only out's own weight scales it (a row without keys
+    # and a sink of -inf: an empty denominator, weight 0)
+    (factor,) = lse_weights(total, lse)  # (.., heads, ..) as lse
     # the factor per (row, head) in out's layout: heads on out's dim -2, rows as in lse
     # (batch, heads, seqlen) -> (batch, seqlen, heads, 1); (heads, total) -> (total, heads, 1)
     f = factor.movedim(heads_dim, -1).unsqueeze(-1)
