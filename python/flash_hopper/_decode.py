@@ -21,11 +21,11 @@ from typing import Any, NamedTuple
 
 import torch
 
-from . import _device, _lib, _plan_cache
-from ._lib import FhDecodeParams
+from . import _abi, _device, _lib, _plan_cache
+from ._abi import FhDecodeParams
 
 HEAD_DIMS = (64, 128, 256)
-DTYPES = {torch.float16: _lib.FhDtype.FP16, torch.bfloat16: _lib.FhDtype.BF16}
+DTYPES = {torch.float16: _abi.FhDtype.FP16, torch.bfloat16: _abi.FhDtype.BF16}
 # Packed rows (seqlen_q x heads_q / heads_kv) a call may have: each 16 rows re-read the keys (from
 # L2), so long queries (prefill against a cache) stay on the varlen kernels.
 MAX_ROWS = 128
@@ -255,7 +255,7 @@ def _plan(lib: _lib.Library, q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
         return cached
     heads_q, head_dim = q.shape[-2], q.shape[-1]
     p = FhDecodeParams()
-    p.abi_version = _lib.ABI_VERSION
+    p.abi_version = _abi.ABI_VERSION
     p.dtype = int(DTYPES[q.dtype])
     p.batch, p.seqlen_q, p.heads_q, p.heads_kv, p.head_dim = (batch, seqlen_q, heads_q,
                                                                heads_kv, head_dim)

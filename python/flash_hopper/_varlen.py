@@ -34,8 +34,8 @@ from typing import Any, NamedTuple
 import torch
 
 from . import _bwd, _decode, _device, _fwd, _plan_cache, _validate
+from ._abi import FhFwdParams
 from ._errors import UnsupportedError
-from ._lib import FhFwdParams
 from ._tables import FP8_DTYPES, KV_FP8_DTYPES
 
 _plans = _plan_cache.PlanCache(256)

@@ -24,14 +24,14 @@ build variables to change or the stride at fault.
 
 from __future__ import annotations
 
-from . import _lib, _tables
-from ._lib import FhBwdParams, FhDecodeParams, FhFwdParams
+from . import _abi, _lib, _tables
+from ._abi import FhBwdParams, FhDecodeParams, FhFwdParams
 from ._tables import head_dim_bucket  # re-exported: bench/backends.py imports it from here
 
 __all__ = ["choose", "choose_bwd", "head_dim_bucket", "hypothetical", "supports"]
 
 
-def choose(params: FhFwdParams, capability: tuple[int, int]) -> tuple[str, str, _lib.FhBackend]:
+def choose(params: FhFwdParams, capability: tuple[int, int]) -> tuple[str, str, _abi.FhBackend]:
     """(name, reason, FhBackend) the library picks for ``params`` on a GPU of ``capability``.
 
     ``name`` is what runs: "fa2", "fa3" or the requested FA-3 variant ("fa3-no-pingpong", ...).
@@ -43,7 +43,7 @@ def choose(params: FhFwdParams, capability: tuple[int, int]) -> tuple[str, str, 
 
 
 def choose_bwd(params: FhBwdParams,
-               capability: tuple[int, int]) -> tuple[str, str, _lib.FhBackend]:
+               capability: tuple[int, int]) -> tuple[str, str, _abi.FhBackend]:
     """(name, reason, FhBackend) of the library's backward policy for ``params`` on a GPU of
     ``capability``: "fa2" or "fa3" (the FA-3 ablation variants train with the tuned backward).
     Raises like choose(): a backward nothing in this build can serve (e.g. "fa3" for a bucket
@@ -62,8 +62,8 @@ def _set_dtypes(p: FhFwdParams, dtype: str) -> None:
         p.kv_dtype = _tables.KV_FP8_DTYPES[kv_dtype]
     else:
         p.dtype = p.out_dtype = p.kv_dtype = _tables.INPUT_DTYPES[_tables.DTYPE_NAMES[dtype]]
-    if p.dtype == _lib.FhDtype.E4M3:
-        p.out_dtype = _lib.FhDtype.BF16
+    if p.dtype == _abi.FhDtype.E4M3:
+        p.out_dtype = _abi.FhDtype.BF16
 
 
 def hypothetical(
@@ -81,7 +81,7 @@ def hypothetical(
         raise ValueError(f"dtype: expected one of {', '.join(names)}, got {dtype!r}")
     seqlen = 128
     p = FhFwdParams()
-    p.abi_version = _lib.ABI_VERSION
+    p.abi_version = _abi.ABI_VERSION
     _set_dtypes(p, dtype)
     p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv = 1, seqlen, seqlen, 1, 1
     p.head_dim = p.head_dim_v = head_dim
@@ -170,7 +170,7 @@ def supports(
     if causal:
         right = 0
     p = FhFwdParams()
-    p.abi_version = _lib.ABI_VERSION
+    p.abi_version = _abi.ABI_VERSION
     _set_dtypes(p, dtype)
     p.batch, p.seqlen_q, p.seqlen_k = 1, max(seqlen_q, 0), max(seqlen_k, 0)
     p.heads_q, p.heads_kv = heads_q, heads_kv
@@ -192,8 +192,8 @@ def supports(
     decode = decode and _decode.device_serves(info, head_dim)
     if decode:  # the decode kernel's own checks (fh_decode_plan), no FA kernel needed
         d = FhDecodeParams()
-        d.abi_version = _lib.ABI_VERSION
-        d.dtype = int(_lib.FhDtype.BF16 if dtype == "bf16" else _lib.FhDtype.FP16)
+        d.abi_version = _abi.ABI_VERSION
+        d.dtype = int(_abi.FhDtype.BF16 if dtype == "bf16" else _abi.FhDtype.FP16)
         d.batch, d.seqlen_q, d.heads_q, d.heads_kv, d.head_dim = (1, seqlen_q, heads_q,
                                                                   heads_kv, head_dim)
         d.page_size = page_size if page_size is not None else max(seqlen_k, 1)
