@@ -15,13 +15,12 @@ the graph's life), one library call.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
 
-from . import _abi, _device, _lib, _plan_cache
+from . import _abi, _device, _env, _lib, _plan_cache
 from ._abi import FhDecodeParams
 
 HEAD_DIMS = (64, 128, 256)
@@ -39,7 +38,7 @@ _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.curre
 
 def enabled() -> bool:
     """FLASH_HOPPER_DECODE=0 turns the kernel off (A/B measurements, a fallback while debugging)."""
-    return os.environ.get("FLASH_HOPPER_DECODE", "1") != "0"
+    return _env.decode_mode() != "0"
 
 
 def varlen_too() -> bool:
@@ -56,7 +55,7 @@ def everywhere() -> bool:
     kernel too, unless FLASH_HOPPER_DECODE is 0 or "kvcache" (flash_attn_with_kvcache only).
     Measured at issue 14's points (GQA 32 / 8, d128, one query token): 2.4-4.5 TB/s where the
     FA-3 path's one-valid-row tiles gave 0.34-1.44 (bench/PERFLOG.md session 15)."""
-    return os.environ.get("FLASH_HOPPER_DECODE", "1") not in ("0", "kvcache")
+    return _env.decode_mode() not in ("0", "kvcache")
 
 
 def eager_constant(cache: dict, pinned: dict, key: tuple,
@@ -192,11 +191,7 @@ def smem_limit(info: _device.DeviceInfo) -> int:
     """The shared memory per block the library's launches see on a device: its opt-in limit, or
     FH_DEBUG_SMEM_LIMIT when lower (as api.cu's smem_limit; read per call, like the library)."""
     limit = info.max_smem_per_block_optin or 48 * 1024
-    env = os.environ.get("FH_DEBUG_SMEM_LIMIT", "")
-    try:
-        debug = int(env) if env else 0
-    except ValueError:
-        debug = 0
+    debug = _env.debug_smem_limit()
     return debug if 0 < debug < limit else limit
 
 

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import ctypes
 import json
-import os
 import threading
 from importlib.metadata import PackageNotFoundError, files, version
 from pathlib import Path
 from typing import Any
+
+from . import _env
 
 # The ABI's names, importable from here too (tests and bench/ import them from _lib).
 from ._abi import (  # noqa: F401
@@ -43,13 +44,13 @@ from ._abi import (  # noqa: F401
 from ._errors import CudaError, InternalError, LibraryNotFoundError, UnsupportedError
 
 LIB_NAME = "libflash_hopper.so"
-ENV_VAR = "FLASH_HOPPER_LIB"
+ENV_VAR = _env.LIBRARY
 
 
 def candidate_paths() -> list[Path]:
     """Where the library is looked for, in order (see the module docstring)."""
     paths = []
-    env = os.environ.get(ENV_VAR, "").strip()
+    env = _env.library_path()
     if env:
         p = Path(env).expanduser()
         paths.append(p / LIB_NAME if p.is_dir() else p)
@@ -97,7 +98,7 @@ def _installed_library() -> Path | None:
 
 def find_library() -> Path | None:
     """The library file that would be loaded, or None when there is none."""
-    env_set = bool(os.environ.get(ENV_VAR, "").strip())
+    env_set = bool(_env.library_path())
     for i, p in enumerate(candidate_paths()):
         if p.is_file():
             return p
@@ -108,7 +109,7 @@ def find_library() -> Path | None:
 
 def _not_found_message() -> str:
     looked = "\n".join(f"  - {p}" for p in candidate_paths())
-    env = os.environ.get(ENV_VAR, "").strip()
+    env = _env.library_path()
     hint_env = (
         f"${ENV_VAR} is set to {env!r} but no {LIB_NAME} is there.\n" if env else ""
     )

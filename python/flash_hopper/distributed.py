@@ -52,7 +52,7 @@ from typing import Any, NamedTuple, Protocol
 import torch
 import torch.distributed as dist
 
-from . import _device, _validate, reference
+from . import _device, _env, _validate, reference
 from ._combine import lse_weights
 
 LAYOUTS = ("zigzag", "contiguous")
@@ -390,13 +390,12 @@ class _RingAttention(torch.autograd.Function):
 def init_from_torchrun(device: str) -> tuple[int, int, torch.device]:
     """For scripts started by torchrun: the default process group on NCCL (``device`` "cuda",
     this process's GPU pinned from LOCAL_RANK) or gloo ("cpu"); returns (rank, world, device)."""
-    import os
 
     cuda = device == "cuda"
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+        torch.cuda.set_device(_env.local_rank(rank))
     return rank, world, torch.device("cuda" if cuda else "cpu")
 
 
