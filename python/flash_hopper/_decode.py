@@ -44,17 +44,18 @@ def enabled() -> bool:
 def varlen_too() -> bool:
     """flash_attn_varlen_func's short queries (K / V packed by cu_seqlens_k, read as one cache
     entry with each sequence's span as [leftpad, seqlen)) run on the kernel too, unless
-    FLASH_HOPPER_DECODE is 0 or "kvcache". Measured at issue 14's points through
-    flash_attn_varlen_func: as fast as flash_attn_with_kvcache's dense call (1 x 8k 13.8 us,
-    64 x 1k 67.8 us; bench/PERFLOG.md session 16)."""
+    FLASH_HOPPER_DECODE is 0 or "kvcache": through flash_attn_varlen_func the decode sweep's
+    points run as fast as flash_attn_with_kvcache's dense call (bench/PERFLOG.md, "the split
+    merge as a kernel of its own, loads of 8 threads per row")."""
     return everywhere()
 
 
 def everywhere() -> bool:
     """flash_attn_func's short queries (a dense K / V as a cache of full entries) run on the
     kernel too, unless FLASH_HOPPER_DECODE is 0 or "kvcache" (flash_attn_with_kvcache only).
-    Measured at issue 14's points (GQA 32 / 8, d128, one query token): 2.4-4.5 TB/s where the
-    FA-3 path's one-valid-row tiles gave 0.34-1.44 (bench/PERFLOG.md session 15)."""
+    On the decode sweep's points (GQA 32 / 8, d128, one query token) the kernel reads K / V
+    several times faster than the FA-3 path's tiles of one valid row (bench/PERFLOG.md, "the
+    decode kernel", against the baseline in "flash_attn_with_kvcache, first step")."""
     return _env.decode_mode() not in ("0", "kvcache")
 
 

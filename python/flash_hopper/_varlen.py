@@ -1,4 +1,4 @@
-"""The varlen host path (issue 13): sequences of different lengths packed along one token axis.
+"""The varlen host path: sequences of different lengths packed along one token axis.
 
 flash_attn_varlen_func (FA3's order), flash_hopper.vllm.flash_attn_varlen_func (vLLM's order) and
 the ``flash_hopper::fwd_varlen`` custom op all come down to ``forward`` here, in the four steps

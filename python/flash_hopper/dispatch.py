@@ -116,7 +116,7 @@ def supports(
     capability: tuple[int, int] | None = None,
 ) -> tuple[bool, str]:
     """(ok, reason): whether a forward configuration runs, and on which kernel, before a server
-    captures graphs around it (issue 14). The library's own validation and policy answer
+    captures graphs around it. The library's own validation and policy answer
     (fh_fwd_select_backend on this GPU, or on ``capability``): ok is False with the reason a call
     would raise, naming the argument; True with the path ("fa3: cc 9.0 and fa3 kernel built for
     bf16 hdim 128", plus how a KV-cache decode call is split when it applies).
@@ -142,7 +142,7 @@ def supports(
                               "attention sinks outside flash_attn_with_kvcache"),
                              ("rotary", rotary and dtype == "e4m3", "rotary with FP8 inputs")):
         if flag:
-            return False, f"{name}: {what} is not implemented yet (issue 14)"
+            return False, f"{name}: {what} is not implemented yet"
     if dtype not in _tables.DTYPE_NAMES and dtype not in _tables.MIXED_DTYPES:
         names = (*_tables.DTYPE_NAMES, *_tables.MIXED_DTYPES)
         return False, f"dtype: expected one of {', '.join(names)}, got {dtype!r}"

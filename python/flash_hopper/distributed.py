@@ -1,4 +1,4 @@
-"""Context parallelism over torch.distributed (issue 16): ring attention.
+"""Context parallelism over torch.distributed: ring attention.
 
 Each rank holds a shard of one long sequence (FA3 layout, (batch, seqlen, heads, head_dim)); the
 K / V shards travel around the ranks of a process group while every rank attends its queries to
@@ -36,7 +36,7 @@ key chunks before the query chunk are full, the diagonal causal, later ones skip
 The attention of one block pair is pluggable (``BlockAttention``): ``reference_blocks`` (plain
 torch, any device, float64; what the CPU tests run over gloo) and ``KernelBlocks`` (flash-hopper's
 forward and backward kernels; the default for CUDA fp16 / bf16 tensors; matched against the
-reference blocks on one H200 for full, causal (session 13) and window pairs (session 14); the
+reference blocks on one GPU for full, causal and window pairs (tests/test_distributed_gpu.py); the
 two-GPU NCCL test awaits a 2-GPU machine; bench/ring_emulate.py times every rank's share on one
 GPU).
 Under torch.compile the ring runs between compiled regions (its collectives and the block

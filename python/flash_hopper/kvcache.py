@@ -1,4 +1,4 @@
-"""flash_attn_with_kvcache (issue 14): new queries against a KV cache, FA3's signature.
+"""flash_attn_with_kvcache: new queries against a KV cache, FA3's signature.
 
 Short queries (at most _decode.MAX_ROWS = 128 packed rows, seqlen_q x heads_q / heads_kv; fp16 /
 bf16; head_dim 64 / 128 / 256) run on the decode kernel (_decode, kernels/decode/): the query
@@ -65,8 +65,9 @@ _graph_offsets: dict[tuple, torch.Tensor] = {}  # those a captured call took: ne
 
 def _arange_offsets(n: int, step: int, device: torch.device) -> torch.Tensor:
     """int32 [0, step, ..., n * step] on device, built once outside capture (_decode.eager_constant:
-    a captured call takes it, no arange kernel in the graph; two of them cost a decode step ~3 us
-    per replay, bench/PERFLOG.md session 15)."""
+    a captured call takes it, no arange kernel in the graph: a graph node per call costs a short
+    decode step measurably, bench/PERFLOG.md, "Where a short decode call's time goes, and the
+    graph around it")."""
     return _decode.eager_constant(_offsets, _graph_offsets, (device, n, step), lambda: torch.arange(
         0, (n + 1) * step, step, dtype=torch.int32, device=device))
 
