@@ -47,8 +47,8 @@ def choose_bwd(params: FhBwdParams,
     """(name, reason, FhBackend) of the library's backward policy for ``params`` on a GPU of
     ``capability``: "fa2" or "fa3" (the FA-3 ablation variants train with the tuned backward).
     Raises like choose(): a backward nothing in this build can serve (e.g. "fa3" for a bucket
-    without an FA-3 backward tile, d192 / d256 today) is an UnsupportedError whose message says
-    so."""
+    whose FA-3 backward kernel this build left out, or on a GPU other than cc 9.0) is an
+    UnsupportedError whose message says so."""
     backend, reason = _lib.get_library().policy(params, capability)
     return _tables.backend_name(backend), reason, backend
 
@@ -207,11 +207,11 @@ def supports(
             _lib.get_library().decode_plan(d, num_sms=1)
         except (ValueError, NotImplementedError) as exc:
             return False, str(exc)
+        paged = f" through the page table (page size {page_size})" if page_size is not None else ""
         return True, (f"decode: the decode kernel (cc {capability[0]}.{capability[1]}): "
                       f"{heads_q // heads_kv} query heads per KV head x {seqlen_q} tokens packed "
-                      f"into 16-row tiles, keys split across SMs and merged in the same launch, "
-                      f"K / V read in place" + (f" through the page table (page size "
-                                                f"{page_size})" if page_size is not None else ""))
+                      f"into 16-row tiles, keys split across SMs (the splits merged by a combine "
+                      f"kernel launched behind it), K / V read in place{paged}")
     try:
         name, reason, _ = choose(p, capability)
     except (ValueError, NotImplementedError) as exc:

@@ -2,9 +2,9 @@
 
 Short queries (at most _decode.MAX_ROWS = 128 packed rows, seqlen_q x heads_q / heads_kv; fp16 /
 bf16; head_dim 64 / 128 / 256) run on the decode kernel (_decode, kernels/decode/): the query
-heads of a KV head packed as one tile's rows, the keys split across CTAs and merged in the same
-launch, K / V read in place from a dense cache or through the page table of a paged one (any
-page size, any strides), masks, softcap and sinks in the kernel.
+heads of a KV head packed as one tile's rows, the keys split across CTAs (the splits merged by a
+combine kernel launched behind it), K / V read in place from a dense cache or through the page
+table of a paged one (any page size, any strides), masks, softcap and sinks in the kernel.
 
 Everything else (FP8, long queries, other head dims) goes through the varlen kernels
 (_varlen.forward): q (batch, seqlen_q, ...) is the packed (batch * seqlen_q, ...) view with
@@ -38,8 +38,11 @@ keys in torch before they are attended / appended (fp32 math, one rounding), 16-
 Sinks (a logit per query head joining the softmax denominator, gpt-oss style): in the decode
 kernel, else exactly from the kernels' LSE (apply_sinks: out * exp(lse - logaddexp(lse, sink))).
 
-Not yet (each refused naming the argument): qv, attention_chunk, rotary with FP8 inputs or with
-a paged cache off the decode kernel.
+attention_chunk (FA3's chunked-local attention, fp16 / bf16 without sinks, eagerly outside graph
+capture): the attended keys gathered and split into chunks on the host (_chunked).
+
+Not yet (each refused naming the argument): qv, rotary with FP8 inputs or with a paged cache off
+the decode kernel, attention_chunk with FP8 inputs, sinks or under graph capture.
 """
 
 from __future__ import annotations
@@ -744,7 +747,7 @@ def flash_attn_with_kvcache(
     cache_leftpad, as FA3's), fp16 / bf16 without sinks, eager outside graph capture: the
     attended keys are gathered and split into chunks (_chunked; paged caches through their dense
     copy). Not implemented yet, refused naming the argument: qv, rotary with FP8 inputs or with
-    page_table (see the module docstring).
+    page_table off the decode kernel (see the module docstring).
     Runs eagerly (no custom op under torch.compile yet); inputs that require grad run forward
     only (a backward raises, as FA3 has none).
     """
