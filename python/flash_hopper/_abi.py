@@ -67,6 +67,12 @@ class FhVariant(enum.IntEnum):
 
 
 _I32, _I64, _F32, _PTR = ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+# The attention's own tensors, first among the data pointers of FhFwdParams, FhBwdParams and
+# FhDecodeParams.
+_DATA_FIELDS = [(name, _PTR) for name in ("q", "k", "v", "o", "lse")]
+# The problem's shape, the same seven fields in FhFwdParams and FhBwdParams.
+_SHAPE_FIELDS = [(name, _I64) for name in ("batch", "seqlen_q", "seqlen_k", "heads_q",
+                                           "heads_kv", "head_dim", "head_dim_v")]
 # The score transform and mask, the same four fields in FhFwdParams, FhBwdParams and
 # FhDecodeParams.
 _SCORE_FIELDS = [
@@ -87,22 +93,12 @@ class FhFwdParams(ctypes.Structure):
     _fields_ = [
         ("abi_version", _I32),
         # data
-        ("q", _PTR),
-        ("k", _PTR),
-        ("v", _PTR),
-        ("o", _PTR),
-        ("lse", _PTR),
+        *_DATA_FIELDS,
         ("dtype", _I32),
         ("out_dtype", _I32),
         ("kv_dtype", _I32),
         # shapes
-        ("batch", _I64),
-        ("seqlen_q", _I64),
-        ("seqlen_k", _I64),
-        ("heads_q", _I64),
-        ("heads_kv", _I64),
-        ("head_dim", _I64),
-        ("head_dim_v", _I64),
+        *_SHAPE_FIELDS,
         # strides in elements; the head_dim stride is 1 and not stored
         ("q_batch_stride", _I64),
         ("q_row_stride", _I64),
@@ -165,11 +161,7 @@ class FhBwdParams(ctypes.Structure):
     _fields_ = [
         ("abi_version", _I32),
         # data
-        ("q", _PTR),
-        ("k", _PTR),
-        ("v", _PTR),
-        ("o", _PTR),
-        ("lse", _PTR),
+        *_DATA_FIELDS,
         ("dout", _PTR),
         ("dlse", _PTR),
         ("dq", _PTR),
@@ -180,13 +172,7 @@ class FhBwdParams(ctypes.Structure):
         ("dtype", _I32),
         ("deterministic", _I32),
         # shapes
-        ("batch", _I64),
-        ("seqlen_q", _I64),
-        ("seqlen_k", _I64),
-        ("heads_q", _I64),
-        ("heads_kv", _I64),
-        ("head_dim", _I64),
-        ("head_dim_v", _I64),
+        *_SHAPE_FIELDS,
         # strides in elements; the head_dim stride is 1 and not stored
         *[(f"{t}_{s}_stride", _I64) for t in ("q", "k", "v", "o", "dout", "dq", "dk", "dv")
           for s in ("batch", "row", "head")],
@@ -220,11 +206,7 @@ class FhDecodeParams(ctypes.Structure):
         ("abi_version", _I32),
         ("dtype", _I32),
         # data
-        ("q", _PTR),
-        ("k", _PTR),
-        ("v", _PTR),
-        ("o", _PTR),
-        ("lse", _PTR),
+        *_DATA_FIELDS,
         ("seqlens_k", _PTR),
         ("leftpad_k", _PTR),
         ("kv_batch_idx", _PTR),
