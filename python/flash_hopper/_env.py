@@ -10,7 +10,7 @@ FLASH_HOPPER_LIB            the library: a file, or a directory holding         
                             libflash_hopper.so, tried before the package's own
                             and the installed one (_lib.py); a path with no
                             library is an error, not a fallback
-FLASH_HOPPER_DECODE         the decode kernel's routes: "0" none (the FA paths      "1"
+FLASH_HOPPER_DECODE         the decode kernel's routes: "0" none (the FA paths     "1"
                             run every call), "kvcache" flash_attn_with_kvcache
                             only, anything else also flash_attn_func's and
                             flash_attn_varlen_func's short queries
@@ -22,8 +22,8 @@ FH_DEBUG_SMEM_LIMIT         shared memory per block (bytes) the routing assumes 
                             when below the device's opt-in limit (to run the       device's
                             configs of smaller GPUs on a large one); the same      limit
                             value the library reads
-LOCAL_RANK                  the CUDA device of ``distributed.init`` (torchrun      the global
-                            sets it)                                               rank
+LOCAL_RANK                  the CUDA device of distributed.init_from_torchrun      the global
+                            (torchrun sets it)                                     rank
 =========================== ====================================================== ===========
 
 Read by the C library itself (kernels/src), listed here so the knobs are in one table:
