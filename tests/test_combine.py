@@ -97,3 +97,29 @@ def test_out_is_written_in_place():
 def test_errors_name_the_argument(args, kwargs, exc, fragments):
     with raises(exc, *fragments):
         flash_attn_combine(*args, **kwargs)
+
+
+def test_ring_merge_and_sinks_weigh_partials_as_combine_does():
+    """The ring's running merge and the attention sink (a partial without a value) go through
+    combine's weighting rule: the same results up to logaddexp vs logsumexp rounding, rows
+    without keys included."""
+    from flash_hopper import distributed, kvcache
+
+    torch.manual_seed(0)
+    inf = float("-inf")
+    out_p = torch.randn(2, 2, 5, 3, 8)
+    lse_p = torch.randn(2, 2, 5, 3)
+    lse_p[0, 0, 1] = inf
+    lse_p[:, 1, 2] = inf  # batch 1, row 2: no key in either partial
+    want, want_lse = flash_attn_combine(out_p, lse_p)
+    out, lse = out_p[0].clone(), lse_p[0].transpose(1, 2).contiguous()
+    distributed._merge_into(out, lse, out_p[1], lse_p[1].transpose(1, 2))
+    assert torch.allclose(out, want, atol=1e-6)
+    assert torch.allclose(lse.transpose(1, 2), want_lse) and (out[1, 2] == 0).all()
+    sinks = torch.tensor([0.5, inf, -1.0])
+    with_sink = torch.stack((out_p[0], torch.zeros_like(out_p[0])))
+    sink_lse = torch.stack((lse_p[0], sinks.expand(2, 5, 3)))
+    want, want_lse = flash_attn_combine(with_sink, sink_lse)
+    got, got_lse = kvcache.apply_sinks(out_p[0], lse_p[0].transpose(1, 2), sinks, 1)
+    assert torch.allclose(got, want, atol=1e-6) and not got.isnan().any()
+    assert torch.allclose(got_lse.transpose(1, 2), want_lse)

@@ -9,8 +9,9 @@ goes through ``ops.fwd`` instead, whose registered autograd does the same throug
 ``flash_hopper::bwd``.
 
 The backward runs the backend the forward was asked for: "auto" asks the backward's policy
-again (the FA-3 path on cc 9.0 where the bucket has an FA-3 backward tile: d <= 128 today, else
-the FA-2 path); an explicit "fa3" on a bucket without one raises, naming the buckets that have one.
+again (the FA-3 path on cc 9.0 where this build has the bucket's FA-3 backward kernel and the
+tensors load with TMA, else the FA-2 path); an explicit "fa3" that cannot run (no such kernel
+built, another GPU, a layout TMA cannot load) raises, naming why.
 """
 
 from __future__ import annotations

@@ -31,9 +31,9 @@ from typing import Any, NamedTuple
 
 import torch
 
-from . import _device, _lib, _plan_cache, _validate, dispatch
+from . import _abi, _device, _lib, _plan_cache, _validate, dispatch
+from ._abi import FhBwdParams
 from ._fwd import _current_device, _raw_stream
-from ._lib import FhBwdParams
 from ._tables import BACKENDS, TORCH_DTYPES
 
 _MAX_PLANS = 256
@@ -69,7 +69,7 @@ def fill_params(
     the head_dim stride is 1 and not stored."""
     fwd = cfg.fwd
     p = FhBwdParams()
-    p.abi_version = _lib.ABI_VERSION
+    p.abi_version = _abi.ABI_VERSION
     p.dtype = TORCH_DTYPES[fwd.dtype]
     p.deterministic = int(cfg.deterministic)
     p.batch, p.seqlen_q, p.seqlen_k = fwd.batch, fwd.seqlen_q, fwd.seqlen_k

@@ -9,8 +9,10 @@ scores, the attention over the union of the keys is
 exactly (in fp32). A partial whose keys are all masked (lse_i = -inf) weighs 0; a row whose every
 partial is -inf gets out 0 and lse -inf, as the attention kernels give a row that sees no key.
 
-This is the operation in torch (a few fused elementwise passes over the partials), on any device:
-issue 14's split-KV decode adds a combine kernel behind the same function.
+This is the operation in torch (a few fused elementwise passes over the partials), on any device.
+``lse_weights`` is the merge's one weighting rule, shared by every caller that merges partials
+(flash_attn_combine here, the ring's running merge in distributed.py, the attention sink in
+kvcache.apply_sinks, a partial without a value).
 """
 
 from __future__ import annotations
@@ -20,6 +22,17 @@ from typing import Any
 import torch
 
 _OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_NEG_INF = float("-inf")
+
+
+def lse_weights(total: torch.Tensor, *lses: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """exp(lse_i - total) for each partial's fp32 log-sum-exp lse_i: the factor of its output in
+    the merged one, where ``total`` (broadcastable against every lse_i) is the merged log-sum-exp
+    (logsumexp / logaddexp of the lse_i, and of a sink's logit). A row no key sees (total -inf,
+    so every lse_i -inf) weighs 0, not exp(-inf - (-inf)) = NaN: its merged out is 0, as the
+    kernels give a row without keys. A NaN lse_i stays NaN."""
+    base = total.masked_fill(total == _NEG_INF, 0.0)
+    return tuple(torch.exp(lse - base) for lse in lses)
 
 
 def _check(out_partial: Any, lse_partial: Any, out: Any, out_dtype: Any) -> torch.dtype:
@@ -79,9 +92,7 @@ def flash_attn_combine(out_partial: torch.Tensor, lse_partial: torch.Tensor,
         lse = torch.empty(batch, heads, seqlen, dtype=torch.float32,
                           device=out_partial.device).transpose(1, 2)
         torch.logsumexp(lse_partial, dim=0, out=lse)
-        weight = torch.exp(lse_partial - lse.unsqueeze(0))
-        # exp(-inf - (-inf)) is NaN: the partials of a row that sees no key weigh 0.
-        weight = torch.where(torch.isnan(weight), 0.0, weight)
+        (weight,) = lse_weights(lse.unsqueeze(0), lse_partial)
         merged = torch.einsum("nbsh,nbshd->bshd", weight, out_partial)
         if out is None:
             out = merged.to(dtype)
@@ -90,4 +101,4 @@ def flash_attn_combine(out_partial: torch.Tensor, lse_partial: torch.Tensor,
     return out, lse
 
 
-__all__ = ["flash_attn_combine"]
+__all__ = ["flash_attn_combine", "lse_weights"]

@@ -15,17 +15,16 @@ the graph's life), one library call.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
 
-from . import _device, _lib, _plan_cache
-from ._lib import FhDecodeParams
+from . import _abi, _device, _env, _lib, _plan_cache
+from ._abi import FhDecodeParams
 
 HEAD_DIMS = (64, 128, 256)
-DTYPES = {torch.float16: _lib.FhDtype.FP16, torch.bfloat16: _lib.FhDtype.BF16}
+DTYPES = {torch.float16: _abi.FhDtype.FP16, torch.bfloat16: _abi.FhDtype.BF16}
 # Packed rows (seqlen_q x heads_q / heads_kv) a call may have: each 16 rows re-read the keys (from
 # L2), so long queries (prefill against a cache) stay on the varlen kernels.
 MAX_ROWS = 128
@@ -39,24 +38,25 @@ _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.curre
 
 def enabled() -> bool:
     """FLASH_HOPPER_DECODE=0 turns the kernel off (A/B measurements, a fallback while debugging)."""
-    return os.environ.get("FLASH_HOPPER_DECODE", "1") != "0"
+    return _env.decode_mode() != "0"
 
 
 def varlen_too() -> bool:
     """flash_attn_varlen_func's short queries (K / V packed by cu_seqlens_k, read as one cache
     entry with each sequence's span as [leftpad, seqlen)) run on the kernel too, unless
-    FLASH_HOPPER_DECODE is 0 or "kvcache". Measured at issue 14's points through
-    flash_attn_varlen_func: as fast as flash_attn_with_kvcache's dense call (1 x 8k 13.8 us,
-    64 x 1k 67.8 us; bench/PERFLOG.md session 16)."""
+    FLASH_HOPPER_DECODE is 0 or "kvcache": through flash_attn_varlen_func the decode sweep's
+    points run as fast as flash_attn_with_kvcache's dense call (bench/PERFLOG.md, "the split
+    merge as a kernel of its own, loads of 8 threads per row")."""
     return everywhere()
 
 
 def everywhere() -> bool:
     """flash_attn_func's short queries (a dense K / V as a cache of full entries) run on the
     kernel too, unless FLASH_HOPPER_DECODE is 0 or "kvcache" (flash_attn_with_kvcache only).
-    Measured at issue 14's points (GQA 32 / 8, d128, one query token): 2.4-4.5 TB/s where the
-    FA-3 path's one-valid-row tiles gave 0.34-1.44 (bench/PERFLOG.md session 15)."""
-    return os.environ.get("FLASH_HOPPER_DECODE", "1") not in ("0", "kvcache")
+    On the decode sweep's points (GQA 32 / 8, d128, one query token) the kernel reads K / V
+    several times faster than the FA-3 path's tiles of one valid row (bench/PERFLOG.md, "the
+    decode kernel", against the baseline in "flash_attn_with_kvcache, first step")."""
+    return _env.decode_mode() not in ("0", "kvcache")
 
 
 def eager_constant(cache: dict, pinned: dict, key: tuple,
@@ -192,11 +192,7 @@ def smem_limit(info: _device.DeviceInfo) -> int:
     """The shared memory per block the library's launches see on a device: its opt-in limit, or
     FH_DEBUG_SMEM_LIMIT when lower (as api.cu's smem_limit; read per call, like the library)."""
     limit = info.max_smem_per_block_optin or 48 * 1024
-    env = os.environ.get("FH_DEBUG_SMEM_LIMIT", "")
-    try:
-        debug = int(env) if env else 0
-    except ValueError:
-        debug = 0
+    debug = _env.debug_smem_limit()
     return debug if 0 < debug < limit else limit
 
 
@@ -255,7 +251,7 @@ def _plan(lib: _lib.Library, q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
         return cached
     heads_q, head_dim = q.shape[-2], q.shape[-1]
     p = FhDecodeParams()
-    p.abi_version = _lib.ABI_VERSION
+    p.abi_version = _abi.ABI_VERSION
     p.dtype = int(DTYPES[q.dtype])
     p.batch, p.seqlen_q, p.heads_q, p.heads_kv, p.head_dim = (batch, seqlen_q, heads_q,
                                                                heads_kv, head_dim)

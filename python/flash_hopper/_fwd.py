@@ -31,8 +31,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from . import _decode, _device, _lib, _plan_cache, _validate, dispatch
-from ._lib import FhFwdParams
+from . import _abi, _decode, _device, _lib, _plan_cache, _validate, dispatch
+from ._abi import FhFwdParams
 from ._tables import BACKENDS, INPUT_DTYPES, KV_FP8_DTYPES, TORCH_DTYPES
 
 _MAX_PLANS = 256
@@ -80,14 +80,14 @@ def fill_params(
     elements (``_validate.effective_strides``); the head_dim stride is 1 and not stored. ``fp8``:
     the FP8 extras (descale strides; their pointers are data, set per call)."""
     p = FhFwdParams()
-    p.abi_version = _lib.ABI_VERSION
+    p.abi_version = _abi.ABI_VERSION
     p.dtype = p.out_dtype = p.kv_dtype = INPUT_DTYPES[cfg.dtype]
     if fp8 is not None:
         p.out_dtype = TORCH_DTYPES[fp8.out_dtype]
         if fp8.kv_dtype is not None:  # the mixed mode: FP8 k / v
             p.kv_dtype = KV_FP8_DTYPES[fp8.kv_dtype]
-        p.fp8_accumulation = (_lib.FhFp8Accumulation.TWO_LEVEL if fp8.two_level
-                              else _lib.FhFp8Accumulation.SINGLE_LEVEL)
+        p.fp8_accumulation = (_abi.FhFp8Accumulation.TWO_LEVEL if fp8.two_level
+                              else _abi.FhFp8Accumulation.SINGLE_LEVEL)
         for name in ("q", "k", "v"):
             strides = getattr(fp8, f"{name}_descale")
             if strides is not None:

@@ -2,7 +2,7 @@
 
 The C side defines them once too: api.h's enums and kernels/src/tables.cmake, from which CMake
 generates the instantiations, the registry and fh_build_info(). Here everything is derived from
-the api.h enum mirror in _lib.py rather than read from the library at call time, so validation
+the api.h enum mirror in _abi.py rather than read from the library at call time, so validation
 stays traceable by torch.compile (no ctypes while tracing) and works on machines without the
 kernels. Agreement is checked twice: tests/test_lib.py compares these tables with api.h and with
 the built library's build_info, and loading a library whose tables differ fails
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ._lib import FhBackend, FhDtype, FhVariant, FhVariantFlag
+from ._abi import FhBackend, FhDtype, FhVariant, FhVariantFlag
 
 # --- head dims -----------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The varlen host path (issue 13): sequences of different lengths packed along one token axis.
+"""The varlen host path: sequences of different lengths packed along one token axis.
 
 flash_attn_varlen_func (FA3's order), flash_hopper.vllm.flash_attn_varlen_func (vLLM's order) and
 the ``flash_hopper::fwd_varlen`` custom op all come down to ``forward`` here, in the four steps
@@ -27,15 +27,14 @@ kernel would be for batches of many short sequences.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
 
-from . import _bwd, _decode, _device, _fwd, _plan_cache, _validate
+from . import _bwd, _decode, _device, _env, _fwd, _plan_cache, _validate
+from ._abi import FhFwdParams
 from ._errors import UnsupportedError
-from ._lib import FhFwdParams
 from ._tables import FP8_DTYPES, KV_FP8_DTYPES
 
 _plans = _plan_cache.PlanCache(256)
@@ -139,7 +138,7 @@ def check_args(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max
 def offsets_checked() -> bool:
     """Whether calls read the offsets back to validate them (not while a CUDA graph is captured,
     not with FLASH_HOPPER_CHECK_OFFSETS=0)."""
-    if os.environ.get("FLASH_HOPPER_CHECK_OFFSETS", "1") == "0":
+    if not _env.offsets_check_on():
         return False
     return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 

@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_output_args(bench)
 
     decode = sub.add_parser(
-        "decode", help="decode against a KV cache: K/V bandwidth vs SDPA cuDNN (issue 14)",
+        "decode", help="decode against a KV cache: K/V bandwidth vs SDPA cuDNN",
         description="Times one decode step (seqlen_q new tokens per sequence against a full "
                     "cache of CONTEXT keys, causal, GQA) as CUDA-graph replays; bandwidth = "
                     "bytes of K and V read / time. Each backend's output is checked against a "

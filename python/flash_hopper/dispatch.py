@@ -24,14 +24,14 @@ build variables to change or the stride at fault.
 
 from __future__ import annotations
 
-from . import _lib, _tables
-from ._lib import FhBwdParams, FhDecodeParams, FhFwdParams
+from . import _abi, _lib, _tables
+from ._abi import FhBwdParams, FhDecodeParams, FhFwdParams
 from ._tables import head_dim_bucket  # re-exported: bench/backends.py imports it from here
 
 __all__ = ["choose", "choose_bwd", "head_dim_bucket", "hypothetical", "supports"]
 
 
-def choose(params: FhFwdParams, capability: tuple[int, int]) -> tuple[str, str, _lib.FhBackend]:
+def choose(params: FhFwdParams, capability: tuple[int, int]) -> tuple[str, str, _abi.FhBackend]:
     """(name, reason, FhBackend) the library picks for ``params`` on a GPU of ``capability``.
 
     ``name`` is what runs: "fa2", "fa3" or the requested FA-3 variant ("fa3-no-pingpong", ...).
@@ -43,12 +43,12 @@ def choose(params: FhFwdParams, capability: tuple[int, int]) -> tuple[str, str, 
 
 
 def choose_bwd(params: FhBwdParams,
-               capability: tuple[int, int]) -> tuple[str, str, _lib.FhBackend]:
+               capability: tuple[int, int]) -> tuple[str, str, _abi.FhBackend]:
     """(name, reason, FhBackend) of the library's backward policy for ``params`` on a GPU of
     ``capability``: "fa2" or "fa3" (the FA-3 ablation variants train with the tuned backward).
     Raises like choose(): a backward nothing in this build can serve (e.g. "fa3" for a bucket
-    without an FA-3 backward tile, d192 / d256 today) is an UnsupportedError whose message says
-    so."""
+    whose FA-3 backward kernel this build left out, or on a GPU other than cc 9.0) is an
+    UnsupportedError whose message says so."""
     backend, reason = _lib.get_library().policy(params, capability)
     return _tables.backend_name(backend), reason, backend
 
@@ -62,8 +62,8 @@ def _set_dtypes(p: FhFwdParams, dtype: str) -> None:
         p.kv_dtype = _tables.KV_FP8_DTYPES[kv_dtype]
     else:
         p.dtype = p.out_dtype = p.kv_dtype = _tables.INPUT_DTYPES[_tables.DTYPE_NAMES[dtype]]
-    if p.dtype == _lib.FhDtype.E4M3:
-        p.out_dtype = _lib.FhDtype.BF16
+    if p.dtype == _abi.FhDtype.E4M3:
+        p.out_dtype = _abi.FhDtype.BF16
 
 
 def hypothetical(
@@ -81,7 +81,7 @@ def hypothetical(
         raise ValueError(f"dtype: expected one of {', '.join(names)}, got {dtype!r}")
     seqlen = 128
     p = FhFwdParams()
-    p.abi_version = _lib.ABI_VERSION
+    p.abi_version = _abi.ABI_VERSION
     _set_dtypes(p, dtype)
     p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv = 1, seqlen, seqlen, 1, 1
     p.head_dim = p.head_dim_v = head_dim
@@ -116,7 +116,7 @@ def supports(
     capability: tuple[int, int] | None = None,
 ) -> tuple[bool, str]:
     """(ok, reason): whether a forward configuration runs, and on which kernel, before a server
-    captures graphs around it (issue 14). The library's own validation and policy answer
+    captures graphs around it. The library's own validation and policy answer
     (fh_fwd_select_backend on this GPU, or on ``capability``): ok is False with the reason a call
     would raise, naming the argument; True with the path ("fa3: cc 9.0 and fa3 kernel built for
     bf16 hdim 128", plus how a KV-cache decode call is split when it applies).
@@ -142,7 +142,7 @@ def supports(
                               "attention sinks outside flash_attn_with_kvcache"),
                              ("rotary", rotary and dtype == "e4m3", "rotary with FP8 inputs")):
         if flag:
-            return False, f"{name}: {what} is not implemented yet (issue 14)"
+            return False, f"{name}: {what} is not implemented yet"
     if dtype not in _tables.DTYPE_NAMES and dtype not in _tables.MIXED_DTYPES:
         names = (*_tables.DTYPE_NAMES, *_tables.MIXED_DTYPES)
         return False, f"dtype: expected one of {', '.join(names)}, got {dtype!r}"
@@ -170,7 +170,7 @@ def supports(
     if causal:
         right = 0
     p = FhFwdParams()
-    p.abi_version = _lib.ABI_VERSION
+    p.abi_version = _abi.ABI_VERSION
     _set_dtypes(p, dtype)
     p.batch, p.seqlen_q, p.seqlen_k = 1, max(seqlen_q, 0), max(seqlen_k, 0)
     p.heads_q, p.heads_kv = heads_q, heads_kv
@@ -192,8 +192,8 @@ def supports(
     decode = decode and _decode.device_serves(info, head_dim)
     if decode:  # the decode kernel's own checks (fh_decode_plan), no FA kernel needed
         d = FhDecodeParams()
-        d.abi_version = _lib.ABI_VERSION
-        d.dtype = int(_lib.FhDtype.BF16 if dtype == "bf16" else _lib.FhDtype.FP16)
+        d.abi_version = _abi.ABI_VERSION
+        d.dtype = int(_abi.FhDtype.BF16 if dtype == "bf16" else _abi.FhDtype.FP16)
         d.batch, d.seqlen_q, d.heads_q, d.heads_kv, d.head_dim = (1, seqlen_q, heads_q,
                                                                   heads_kv, head_dim)
         d.page_size = page_size if page_size is not None else max(seqlen_k, 1)
@@ -207,11 +207,11 @@ def supports(
             _lib.get_library().decode_plan(d, num_sms=1)
         except (ValueError, NotImplementedError) as exc:
             return False, str(exc)
+        paged = f" through the page table (page size {page_size})" if page_size is not None else ""
         return True, (f"decode: the decode kernel (cc {capability[0]}.{capability[1]}): "
                       f"{heads_q // heads_kv} query heads per KV head x {seqlen_q} tokens packed "
-                      f"into 16-row tiles, keys split across SMs and merged in the same launch, "
-                      f"K / V read in place" + (f" through the page table (page size "
-                                                f"{page_size})" if page_size is not None else ""))
+                      f"into 16-row tiles, keys split across SMs (the splits merged by a combine "
+                      f"kernel launched behind it), K / V read in place{paged}")
     try:
         name, reason, _ = choose(p, capability)
     except (ValueError, NotImplementedError) as exc:

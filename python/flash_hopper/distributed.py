@@ -1,4 +1,4 @@
-"""Context parallelism over torch.distributed (issue 16): ring attention.
+"""Context parallelism over torch.distributed: ring attention.
 
 Each rank holds a shard of one long sequence (FA3 layout, (batch, seqlen, heads, head_dim)); the
 K / V shards travel around the ranks of a process group while every rank attends its queries to
@@ -36,7 +36,7 @@ key chunks before the query chunk are full, the diagonal causal, later ones skip
 The attention of one block pair is pluggable (``BlockAttention``): ``reference_blocks`` (plain
 torch, any device, float64; what the CPU tests run over gloo) and ``KernelBlocks`` (flash-hopper's
 forward and backward kernels; the default for CUDA fp16 / bf16 tensors; matched against the
-reference blocks on one H200 for full, causal (session 13) and window pairs (session 14); the
+reference blocks on one GPU for full, causal and window pairs (tests/test_distributed_gpu.py); the
 two-GPU NCCL test awaits a 2-GPU machine; bench/ring_emulate.py times every rank's share on one
 GPU).
 Under torch.compile the ring runs between compiled regions (its collectives and the block
@@ -52,7 +52,8 @@ from typing import Any, NamedTuple, Protocol
 import torch
 import torch.distributed as dist
 
-from . import _device, _validate, reference
+from . import _device, _env, _validate, reference
+from ._combine import lse_weights
 
 LAYOUTS = ("zigzag", "contiguous")
 NEG_INF = float("-inf")
@@ -250,9 +251,7 @@ def _merge_into(out, lse, o, l) -> None:
     """Merge a block's (o (b, n, h, d), l (b, h, n)) into the running (out fp32, lse fp32) views
     of the same rows, in place: the LSE merge (rows no key sees keep weight 0)."""
     merged = torch.logaddexp(lse, l)
-    base = merged.masked_fill(merged == NEG_INF, 0.0)
-    w_out = torch.exp(lse - base).transpose(1, 2).unsqueeze(-1)
-    w_o = torch.exp(l - base).transpose(1, 2).unsqueeze(-1)
+    w_out, w_o = (w.transpose(1, 2).unsqueeze(-1) for w in lse_weights(merged, lse, l))
     out.mul_(w_out).addcmul_(o, w_o)
     lse.copy_(merged)
 
@@ -391,13 +390,12 @@ class _RingAttention(torch.autograd.Function):
 def init_from_torchrun(device: str) -> tuple[int, int, torch.device]:
     """For scripts started by torchrun: the default process group on NCCL (``device`` "cuda",
     this process's GPU pinned from LOCAL_RANK) or gloo ("cpu"); returns (rank, world, device)."""
-    import os
 
     cuda = device == "cuda"
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+        torch.cuda.set_device(_env.local_rank(rank))
     return rank, world, torch.device("cuda" if cuda else "cpu")
 
 

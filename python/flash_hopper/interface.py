@@ -66,12 +66,14 @@ def flash_attn_func(
     cost in backward speed; the forward is deterministic either way.
     return_attn_probs: also return lse, fp32 (batch, heads_q, seqlen_q), natural log (FA3 returns
     the LSE here, not the probabilities); a loss that uses it gets its gradient too.
-    backend (keyword only): "auto" (FA-3 path on cc 9.0 when built, else FA-2 path), "fa2", "fa3", or an FA-3
-    ablation variant ("fa3-no-pingpong", ...; build_info()["fa3_variants"] lists the built ones).
+    backend (keyword only): "auto" (FA-3 path on cc 9.0 when built, else FA-2 path), "fa2",
+    "fa3", or an FA-3 ablation variant ("fa3-no-pingpong", ...; build_info()["fa3_variants"]
+    lists the built ones).
     The backward runs on the backend asked for ("auto": the backward's own choice; the FA-3
-    ablation variants train with the tuned FA-3 backward). The FA-3 path's backward covers head
-    dims up to 128 today: "auto" trains on it there and on the FA-2 path above; an explicit
-    "fa3" with a larger head dim raises when the backward runs.
+    ablation variants train with the tuned FA-3 backward). The FA-3 path's backward has tiles
+    for every head-dim bucket: "auto" trains on it on cc 9.0 where this build has its kernel
+    and q / k / v / dout load with TMA, else on the FA-2 path; an explicit "fa3" that cannot
+    run raises when the backward runs, naming why.
 
     Gradients: dq, dk, dv in q/k/v's dtypes (fresh contiguous tensors, summed over the query heads
     of a kv head for GQA); rows that see no key and keys no query sees get exact zeros.
@@ -91,7 +93,8 @@ def flash_attn_func(
     communication kernels running beside attention; a kernel on every SM keeps another stream's
     kernel waiting until it ends); 0 uses every SM; at least the device's SM count raises.
     Performance hints that do not change the result are accepted and, for now, not used:
-    num_splits (this package does not split the keys), pack_gqa; sm_margin by the FP8 forward
+    num_splits (the FA paths do not split the keys; the decode kernel that serves short queries
+    under "auto" picks its own splits), pack_gqa; sm_margin by the FP8 forward
     and the short-query decode kernel (not persistent: its CTAs end within microseconds).
     backend (keyword only, this package's): see above.
 
@@ -100,7 +103,8 @@ def flash_attn_func(
     fp32 factors that turn the stored values back into the real ones, shape (batch, heads_kv)
     with any strides (``scale.expand(b, h_kv)`` works), or 0-d / (1,) to broadcast; None = 1.0.
     The scores are q_descale * k_descale * (q . k) * softmax_scale, the output is scaled by
-    v_descale. As in FA3, descales passed with fp16 / bf16 inputs are ignored. out_dtype (keyword only): torch.bfloat16 (default) or torch.float16.
+    v_descale. As in FA3, descales passed with fp16 / bf16 inputs are ignored. out_dtype (keyword
+    only): torch.bfloat16 (default) or torch.float16.
     fp8_accumulation (keyword only): "two-level" (default: each key block's P V is added into an
     fp32 output in registers, accurate at long context) or "single-level" (the tensor core's
     accumulator carries the whole sum: the ablation). FP8 calls have no backward; under
@@ -443,8 +447,10 @@ def which_backend(
     window_size: Sequence[int] = (-1, -1),
     softcap: float = 0.0,
 ) -> tuple[str, str]:
-    """(backend, reason) flash_attn_func would use for these arguments, without launching: the
-    library's own policy on q's device ("none" when there is nothing to compute).
+    """(backend, reason) of the FA path flash_attn_func would use for these arguments, without
+    launching: the library's own policy on q's device ("none" when there is nothing to compute).
+    With backend "auto", short queries run on the decode kernel instead where it serves them
+    (FLASH_HOPPER_DECODE, _decode.everywhere); flash_hopper.supports names that route.
 
     Raises like flash_attn_func would (invalid arguments, no kernel for this GPU/build).
     """

@@ -1,10 +1,10 @@
-"""flash_attn_with_kvcache (issue 14): new queries against a KV cache, FA3's signature.
+"""flash_attn_with_kvcache: new queries against a KV cache, FA3's signature.
 
 Short queries (at most _decode.MAX_ROWS = 128 packed rows, seqlen_q x heads_q / heads_kv; fp16 /
 bf16; head_dim 64 / 128 / 256) run on the decode kernel (_decode, kernels/decode/): the query
-heads of a KV head packed as one tile's rows, the keys split across CTAs and merged in the same
-launch, K / V read in place from a dense cache or through the page table of a paged one (any
-page size, any strides), masks, softcap and sinks in the kernel.
+heads of a KV head packed as one tile's rows, the keys split across CTAs (the splits merged by a
+combine kernel launched behind it), K / V read in place from a dense cache or through the page
+table of a paged one (any page size, any strides), masks, softcap and sinks in the kernel.
 
 Everything else (FP8, long queries, other head dims) goes through the varlen kernels
 (_varlen.forward): q (batch, seqlen_q, ...) is the packed (batch * seqlen_q, ...) view with
@@ -38,20 +38,23 @@ keys in torch before they are attended / appended (fp32 math, one rounding), 16-
 Sinks (a logit per query head joining the softmax denominator, gpt-oss style): in the decode
 kernel, else exactly from the kernels' LSE (apply_sinks: out * exp(lse - logaddexp(lse, sink))).
 
-Not yet (each refused naming the argument): qv, attention_chunk, rotary with FP8 inputs or with
-a paged cache off the decode kernel.
+attention_chunk (FA3's chunked-local attention, fp16 / bf16 without sinks, eagerly outside graph
+capture): the attended keys gathered and split into chunks on the host (_chunked).
+
+Not yet (each refused naming the argument): qv, rotary with FP8 inputs or with a paged cache off
+the decode kernel, attention_chunk with FP8 inputs, sinks or under graph capture.
 """
 
 from __future__ import annotations
 
 import numbers
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from . import _autograd, _chunk, _decode, _device, _validate, _varlen
-from ._combine import flash_attn_combine
+from ._combine import flash_attn_combine, lse_weights
 from ._errors import UnsupportedError
 from ._tables import FP8_DTYPES
 
@@ -65,8 +68,9 @@ _graph_offsets: dict[tuple, torch.Tensor] = {}  # those a captured call took: ne
 
 def _arange_offsets(n: int, step: int, device: torch.device) -> torch.Tensor:
     """int32 [0, step, ..., n * step] on device, built once outside capture (_decode.eager_constant:
-    a captured call takes it, no arange kernel in the graph; two of them cost a decode step ~3 us
-    per replay, bench/PERFLOG.md session 15)."""
+    a captured call takes it, no arange kernel in the graph: a graph node per call costs a short
+    decode step measurably, bench/PERFLOG.md, "Where a short decode call's time goes, and the
+    graph around it")."""
     return _decode.eager_constant(_offsets, _graph_offsets, (device, n, step), lambda: torch.arange(
         0, (n + 1) * step, step, dtype=torch.int32, device=device))
 
@@ -301,8 +305,9 @@ def apply_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor,
     shape[heads_dim] = -1
     sink = sinks.view(shape)
     total = torch.logaddexp(lse, sink)
-    # a row without keys and a sink of -inf: an empty denominator, out 0 (not exp(nan))
-    factor = torch.exp(lse - total).nan_to_num_(nan=0.0)  # (.., heads, ..) as lse
+    # the sink is a partial without a value: only out's own weight scales it (a row without keys
+    # and a sink of -inf: an empty denominator, weight 0)
+    (factor,) = lse_weights(total, lse)  # (.., heads, ..) as lse
     # the factor per (row, head) in out's layout: heads on out's dim -2, rows as in lse
     # (batch, heads, seqlen) -> (batch, seqlen, heads, 1); (heads, total) -> (total, heads, 1)
     f = factor.movedim(heads_dim, -1).unsqueeze(-1)
@@ -744,21 +749,117 @@ def flash_attn_with_kvcache(
     cache_leftpad, as FA3's), fp16 / bf16 without sinks, eager outside graph capture: the
     attended keys are gathered and split into chunks (_chunked; paged caches through their dense
     copy). Not implemented yet, refused naming the argument: qv, rotary with FP8 inputs or with
-    page_table (see the module docstring).
+    page_table off the decode kernel (see the module docstring).
     Runs eagerly (no custom op under torch.compile yet); inputs that require grad run forward
     only (a backward raises, as FA3 has none).
     """
     pages = None  # a paged cache the decode kernel reads in place: (table, num_pages, page_size)
     if page_table is not None:
         args = {k: v for k, v in locals().items() if k != "pages"}
-        table, num_pages, page_size = _check_page_table(page_table, k_cache, v_cache, q, k,
-                                                        cache_batch_idx, cu_seqlens_q)
-        rows = _packed_rows(q, k_cache, cu_seqlens_q, max_seqlen_q)
-        if (backend != "auto" or qv is not None or attention_chunk
-                or not _decode.usable(q, k_cache, v_cache, rows, out)):
+        pages = _pages_in_place(page_table, k_cache, v_cache, q, k, cache_batch_idx, cu_seqlens_q,
+                                max_seqlen_q, qv, attention_chunk, out, backend)
+        if pages is None:
             return _paged(**args)
-        pages = (table, num_pages, page_size)
         page_table, cache_batch_idx = None, None  # the table's rows are the batch's, in order
+    call = _checked_call(
+        q, k_cache, v_cache, k, v, qv=qv, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+        cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k_new=cu_seqlens_k_new, max_seqlen_q=max_seqlen_q,
+        rotary_seqlens=rotary_seqlens, q_descale=q_descale, k_descale=k_descale,
+        v_descale=v_descale, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+        attention_chunk=attention_chunk, softcap=softcap, rotary_interleaved=rotary_interleaved,
+        scheduler_metadata=scheduler_metadata, num_splits=num_splits, pack_gqa=pack_gqa,
+        sm_margin=sm_margin, return_softmax_lse=return_softmax_lse, sinks=sinks, out=out,
+        backend=backend, pages=pages)
+    route, splits = _route(call)
+
+    def run() -> tuple[torch.Tensor, torch.Tensor | None]:
+        return _execute(call, route, splits)
+
+    grad = call.grad
+    result, lse = _autograd.KvCacheForwardOnly.apply(run, q, k_cache, v_cache) if grad else run()
+    return (result, lse) if return_softmax_lse else result
+
+
+def _pages_in_place(page_table: Any, k_cache: Any, v_cache: Any, q: Any, k: Any,
+                    cache_batch_idx: Any, cu_seqlens_q: Any, max_seqlen_q: Any, qv: Any,
+                    attention_chunk: Any, out: Any, backend: Any,
+                    ) -> tuple[torch.Tensor, int, int] | None:
+    """The route of a paged call, decided first: (table, num_pages, page_size) when the decode
+    kernel reads the pool in place, None for the paged fallback (_paged: a dense copy)."""
+    table, num_pages, page_size = _check_page_table(page_table, k_cache, v_cache, q, k,
+                                                    cache_batch_idx, cu_seqlens_q)
+    rows = _packed_rows(q, k_cache, cu_seqlens_q, max_seqlen_q)
+    if (backend != "auto" or qv is not None or attention_chunk
+            or not _decode.usable(q, k_cache, v_cache, rows, out)):
+        return None
+    return table, num_pages, page_size
+
+
+class _KvCall(NamedTuple):
+    """A checked flash_attn_with_kvcache call (_checked_call): every argument validated and in
+    the forms the routes take, the cache not written yet."""
+
+    q: torch.Tensor
+    q_att: torch.Tensor  # the queries attended: q, rotated when rotary_cos is given
+    q_rows: torch.Tensor  # q_att as (total_q, heads_q, head_dim)
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    k: torch.Tensor | None
+    v: torch.Tensor | None
+    out: torch.Tensor | None
+    out_rows: torch.Tensor | None  # out as (total_q, heads_q, head_dim)
+    varlen_q: bool
+    batch: int
+    seqlen_q: int  # max_seqlen_q for varlen queries
+    heads_q: int
+    head_dim: int
+    batch_cache: int
+    seqlen_cache: int  # a paged cache: a sequence's capacity (its table row's pages)
+    heads_kv: int
+    group: int  # heads_q / heads_kv (0 when it does not divide: the checks refuse it)
+    cache_seqlens: torch.Tensor
+    cache_batch_idx: torch.Tensor | None
+    cache_leftpad: torch.Tensor | None
+    cu_seqlens_q: torch.Tensor | None
+    cu_seqlens_k_new: torch.Tensor | None
+    new: int | None  # new keys per sequence; None: packed, cu_seqlens_k_new gives them
+    total_new: int
+    rotary: tuple[torch.Tensor, torch.Tensor] | None
+    rotary_base: torch.Tensor | None  # each sequence's first rotary position
+    rotary_interleaved: bool
+    sinks: torch.Tensor | None
+    pages: tuple[torch.Tensor, int, int] | None
+    k_rows: torch.Tensor  # the caches as packed rows (a paged cache: one page's)
+    v_rows: torch.Tensor
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+    used_k: torch.Tensor  # cache_seqlens + the new keys
+    descales: tuple
+    varlen_args: tuple  # _varlen's positional arguments for this call
+    batch_k: int
+    decode: bool  # the decode kernel serves it (decided before the checks that depend on it)
+    cfg: Any
+    attention_chunk: int
+    num_splits: int
+    pack_gqa: bool | None
+    meta_splits: int | None  # scheduler_metadata's split counts
+    meta_decode_splits: int | None
+    backend: str
+    need_lse: bool
+    return_softmax_lse: bool
+    grad: bool
+
+
+def _checked_call(q, k_cache, v_cache, k, v, *, qv, rotary_cos, rotary_sin, cache_seqlens,
+                  cache_batch_idx, cache_leftpad, cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q,
+                  rotary_seqlens, q_descale, k_descale, v_descale, softmax_scale, causal,
+                  window_size, attention_chunk, softcap, rotary_interleaved, scheduler_metadata,
+                  num_splits, pack_gqa, sm_margin, return_softmax_lse, sinks, out, backend,
+                  pages) -> _KvCall:
+    """flash_attn_with_kvcache's checks, all of them before the cache is written (a refused call
+    leaves it as it was), each error naming the argument; the values (lengths, offsets, indices,
+    pages) are read and checked too unless the call is unchecked (_varlen.offsets_checked)."""
     # rotary_seqlens without rotary_cos / rotary_sin is ignored, as in FA3
     if max_seqlen_q is not None and (isinstance(max_seqlen_q, bool)
                                      or not isinstance(max_seqlen_q, numbers.Integral)
@@ -874,8 +975,8 @@ def flash_attn_with_kvcache(
                                f"{attention_chunk}")
     meta_splits = meta_decode_splits = None
     if scheduler_metadata is not None:
-        meta_splits, meta_decode_splits = _metadata_splits(scheduler_metadata, batch=batch, heads_q=heads_q,
-                                       heads_kv=heads_kv, head_dim=head_dim)
+        meta_splits, meta_decode_splits = _metadata_splits(
+            scheduler_metadata, batch=batch, heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim)
     grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k_cache, v_cache, k, v))
     if out is not None and grad:
@@ -892,6 +993,7 @@ def flash_attn_with_kvcache(
                              f"{v_step}")
     else:  # the checks of the rows of one page (the kernel reads the pool itself)
         k_rows, v_rows, step = k_cache[0], v_cache[0], 1
+    base = None  # rotary: the position of each sequence's first new key
     q_att = q  # the queries attended: q, rotated when rotary_cos is given (FA3's positions)
     if rotary is not None:
         base = (rotary_seqlens if rotary_seqlens is not None else cache_seqlens).long()
@@ -928,13 +1030,12 @@ def flash_attn_with_kvcache(
     # Every check (devices, dtypes, head dim, scale, window, descales, out) before the cache is
     # written: a refused call leaves it as it was.
     batch_k = batch_cache if cache_batch_idx is not None else 0
-    # The decode kernel (backend "auto"): short queries (at most _decode.MAX_ROWS packed rows),
-    # fp16 / bf16, any mask; it takes the sinks itself. A paged cache came here only if it serves
-    # it. An explicit backend ("fa2", "fa3") runs that path's varlen kernels.
+    # Whether the decode kernel serves the call (_route's first choice) is decided here, as it
+    # picks the checks: a paged cache came here only if it serves it.
     group = heads_q // heads_kv if heads_q % heads_kv == 0 else 0
-    direct = pages is not None or (backend == "auto" and seqlen_cache > 0 and not attention_chunk
+    decode = pages is not None or (backend == "auto" and seqlen_cache > 0 and not attention_chunk
                                    and _decode.usable(q, k_cache, v_cache, seqlen_q * group, out))
-    if direct:  # the checks alone: no FA kernel needs to exist for this dtype / head dim
+    if decode:  # the checks alone: no FA kernel needs to exist for this dtype / head dim
         cfg = _varlen.check_call(*args, out_rows, descales, batch_k)
     else:
         cfg = _varlen.plan(*args, out_rows, descales, batch_k).dense.cfg
@@ -944,69 +1045,108 @@ def flash_attn_with_kvcache(
                       seqlen_q if varlen_q else None)
         if pages is not None:
             _check_pages(pages[0], cache_seqlens, k, cu_seqlens_k_new, pages[2], pages[1])
+    return _KvCall(
+        q, q_att, q_rows, k_cache, v_cache, k, v, out, out_rows, varlen_q, batch, seqlen_q,
+        heads_q, head_dim, batch_cache, seqlen_cache, heads_kv, group, cache_seqlens,
+        cache_batch_idx, cache_leftpad, cu_seqlens_q, cu_seqlens_k_new, new, total_new, rotary,
+        base, rotary_interleaved, sinks, pages, k_rows, v_rows, cu_q, cu_k, used_k, descales,
+        args, batch_k, decode, cfg, attention_chunk, num_splits, pack_gqa, meta_splits,
+        meta_decode_splits, backend, return_softmax_lse or sinks is not None, return_softmax_lse,
+        grad)
 
-    def append() -> None:
-        """The new keys into the cache at [cache_seqlens, + new); with rotary, each key rotated at
-        its position from the rotary base first (FA3's order)."""
-        seq, index = _new_key_index(batch, new, cu_seqlens_k_new, total_new, q.device)
-        rows, pos = _append_slots(seq, index, cache_seqlens, seqlen_cache, batch_cache,
-                                  cache_batch_idx, pages)
-        keys = k if rotary is None else _rotate(k, *rotary, base[seq] + index, rotary_interleaved)
-        with torch.no_grad():
-            k_cache[rows, pos] = keys
-            v_cache[rows, pos] = v
 
-    # Unmasked rows (one query token, or neither causal nor a window): the query heads of a KV
-    # head can share its tiles, and the keys can be split (see _packed_varlen).
-    unmasked = cfg.window_left < 0 and (cfg.window_right < 0 or (not varlen_q and seqlen_q == 1))
-    if meta_splits is not None:
-        splits = meta_splits
+def _route(c: _KvCall) -> tuple[str, int]:
+    """Which executor runs a checked call ("decode", "packed", "chunked" or "varlen"; the paged
+    fallback was decided before the checks, _pages_in_place) and the key splits of the packed
+    route. The decode kernel (backend "auto"): short queries (at most _decode.MAX_ROWS packed
+    rows), fp16 / bf16, any mask, sinks in the kernel; an explicit backend ("fa2", "fa3") runs
+    that path's varlen kernels. Unmasked rows (one query token, or neither causal nor a window):
+    the query heads of a KV head can share its tiles, and the keys can be split
+    (_packed_varlen)."""
+    unmasked = c.cfg.window_left < 0 and (c.cfg.window_right < 0
+                                          or (not c.varlen_q and c.seqlen_q == 1))
+    if c.meta_splits is not None:
+        splits = c.meta_splits
     else:
-        splits = _splits(num_splits, batch, seqlen_q * group, heads_kv, seqlen_cache, q.device)
-    packed = (unmasked and not varlen_q and batch > 0 and pack_gqa is not False
-              and (group > 1 or splits > 1) and not attention_chunk)
+        splits = _splits(c.num_splits, c.batch, c.seqlen_q * c.group, c.heads_kv, c.seqlen_cache,
+                         c.q.device)
+    if c.decode:
+        return "decode", splits
+    if (unmasked and not c.varlen_q and c.batch > 0 and c.pack_gqa is not False
+            and (c.group > 1 or splits > 1) and not c.attention_chunk):
+        return "packed", splits
+    return ("chunked" if c.attention_chunk else "varlen"), splits
 
-    need_lse = return_softmax_lse or sinks is not None
 
-    def attend() -> tuple[torch.Tensor, torch.Tensor | None]:
-        if total_new and batch:
-            append()
-        if direct:
-            return _decode.forward(
-                q_att, k_cache, v_cache, used_k, softmax_scale=cfg.softmax_scale,
-                softcap=cfg.softcap, window=(cfg.window_left, cfg.window_right),
-                page_table=None if pages is None else pages[0], kv_batch_idx=cache_batch_idx,
-                leftpad_k=cache_leftpad, cu_seqlens_q=cu_seqlens_q if varlen_q else None,
-                max_seqlen_q=seqlen_q, sinks=sinks,
-                num_splits=meta_decode_splits if meta_decode_splits is not None else num_splits,
-                out=out,
-                return_lse=return_softmax_lse)
-        if packed:
-            return _packed_varlen(q_att, k_rows, v_rows, cu_k, seqlen_cache, used_k,
-                                  cache_batch_idx, cache_leftpad, batch_k, cfg, backend,
-                                  descales, splits, out, need_lse)
-        if attention_chunk:
-            result, lse = _chunked(q_rows, k_cache, v_cache, cu_q, used_k, cache_batch_idx,
-                                   cache_leftpad, int(attention_chunk), cfg, out_rows)
-        else:
-            result, lse, _ = _varlen.forward(
-                *args, out=out_rows, need_lse=need_lse, descales=descales,
-                kv_batch_idx=cache_batch_idx, leftpad_k=cache_leftpad,
-                batch_k=batch_k, checked=True)
-        if varlen_q:  # out (total_q, heads, d), lse (heads, total_q), as FA3's varlen
-            return (out if out is not None else result), lse
-        result = out if out is not None else result.view(batch, seqlen_q, heads_q, head_dim)
-        if lse is not None:
-            lse = lse.view(heads_q, batch, seqlen_q).permute(1, 0, 2).contiguous()
-        return result, lse
+def _append(c: _KvCall) -> None:
+    """The new keys into the cache at [cache_seqlens, + new); with rotary, each key rotated at
+    its position from the rotary base first (FA3's order)."""
+    seq, index = _new_key_index(c.batch, c.new, c.cu_seqlens_k_new, c.total_new, c.q.device)
+    rows, pos = _append_slots(seq, index, c.cache_seqlens, c.seqlen_cache, c.batch_cache,
+                              c.cache_batch_idx, c.pages)
+    keys = c.k if c.rotary is None else _rotate(c.k, *c.rotary, c.rotary_base[seq] + index,
+                                                c.rotary_interleaved)
+    with torch.no_grad():
+        c.k_cache[rows, pos] = keys
+        c.v_cache[rows, pos] = c.v
 
-    def run() -> tuple[torch.Tensor, torch.Tensor | None]:
-        result, lse = attend()
-        if sinks is not None and batch > 0 and not direct:
-            # lse: (heads, total_q) varlen, (batch, heads, seqlen_q) dense
-            sunk, lse = apply_sinks(result, lse, sinks, 0 if varlen_q else 1)
-            result.copy_(sunk)
-        return result, lse
 
-    result, lse = _autograd.KvCacheForwardOnly.apply(run, q, k_cache, v_cache) if grad else run()
-    return (result, lse) if return_softmax_lse else result
+def _run_decode(c: _KvCall, splits: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return _decode.forward(
+        c.q_att, c.k_cache, c.v_cache, c.used_k, softmax_scale=c.cfg.softmax_scale,
+        softcap=c.cfg.softcap, window=(c.cfg.window_left, c.cfg.window_right),
+        page_table=None if c.pages is None else c.pages[0], kv_batch_idx=c.cache_batch_idx,
+        leftpad_k=c.cache_leftpad, cu_seqlens_q=c.cu_seqlens_q if c.varlen_q else None,
+        max_seqlen_q=c.seqlen_q, sinks=c.sinks,
+        num_splits=c.meta_decode_splits if c.meta_decode_splits is not None else c.num_splits,
+        out=c.out, return_lse=c.return_softmax_lse)
+
+
+def _run_packed(c: _KvCall, splits: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return _packed_varlen(c.q_att, c.k_rows, c.v_rows, c.cu_k, c.seqlen_cache, c.used_k,
+                          c.cache_batch_idx, c.cache_leftpad, c.batch_k, c.cfg, c.backend,
+                          c.descales, splits, c.out, c.need_lse)
+
+
+def _run_chunked(c: _KvCall, splits: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    result, lse = _chunked(c.q_rows, c.k_cache, c.v_cache, c.cu_q, c.used_k, c.cache_batch_idx,
+                           c.cache_leftpad, int(c.attention_chunk), c.cfg, c.out_rows)
+    return _fa3_layout(c, result, lse)
+
+
+def _run_varlen(c: _KvCall, splits: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    result, lse, _ = _varlen.forward(
+        *c.varlen_args, out=c.out_rows, need_lse=c.need_lse, descales=c.descales,
+        kv_batch_idx=c.cache_batch_idx, leftpad_k=c.cache_leftpad, batch_k=c.batch_k,
+        checked=True)
+    return _fa3_layout(c, result, lse)
+
+
+def _fa3_layout(c: _KvCall, result: torch.Tensor,
+                lse: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A packed-rows result in flash_attn_with_kvcache's layouts: varlen queries keep out
+    (total_q, heads, d) and lse (heads, total_q), as FA3's varlen; dense ones get out (batch,
+    seqlen_q, heads, d) and lse (batch, heads, seqlen_q)."""
+    if c.varlen_q:
+        return (c.out if c.out is not None else result), lse
+    result = c.out if c.out is not None else result.view(c.batch, c.seqlen_q, c.heads_q,
+                                                         c.head_dim)
+    if lse is not None:
+        lse = lse.view(c.heads_q, c.batch, c.seqlen_q).permute(1, 0, 2).contiguous()
+    return result, lse
+
+
+_EXECUTORS = {"decode": _run_decode, "packed": _run_packed, "chunked": _run_chunked,
+              "varlen": _run_varlen}
+
+
+def _execute(c: _KvCall, route: str, splits: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Append the new keys, run the route's executor, then the sinks off the decode kernel."""
+    if c.total_new and c.batch:
+        _append(c)
+    result, lse = _EXECUTORS[route](c, splits)
+    if c.sinks is not None and c.batch > 0 and route != "decode":
+        # lse: (heads, total_q) varlen, (batch, heads, seqlen_q) dense
+        sunk, lse = apply_sinks(result, lse, c.sinks, 0 if c.varlen_q else 1)
+        result.copy_(sunk)
+    return result, lse

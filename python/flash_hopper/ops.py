@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from . import _bwd, _fwd, _validate, _varlen
-from ._lib import FhFwdParams
+from ._abi import FhFwdParams
 
 
 def fwd_into(

@@ -355,7 +355,7 @@ def attention_varlen_ref(
     softcap: float = 0.0,
     upcast: bool = True,
 ) -> tuple[Tensor, Tensor]:
-    """Naive attention of a packed variable-length batch (FA3's varlen layout, issue 13):
+    """Naive attention of a packed variable-length batch (FA3's varlen layout):
     q (total_q, heads_q, d), k / v (total_k, heads_kv, d); sequence b is rows
     cu_seqlens_q[b] .. cu_seqlens_q[b + 1] of q and likewise for k / v, of which only the first
     seqused_q[b] / seqused_k[b] take part when given. Masks are per sequence, bottom-right
@@ -415,7 +415,7 @@ def attention_kvcache_ref(
     sinks: Tensor | None = None,
     upcast: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Naive attention over a KV cache with FA3's flash_attn_with_kvcache semantics (issue 14):
+    """Naive attention over a KV cache with FA3's flash_attn_with_kvcache semantics:
     (out (b, sq, hq, d), lse (b, hq, sq), k_cache', v_cache'), the caches returned as new tensors
     with the new keys written (what the kernel does in place).
 

@@ -28,13 +28,14 @@ from __future__ import annotations
 import contextlib
 import os
 
+from .. import _env
 from .base import Backend
 from .cases import FP8_DTYPES, FP8_NO_BACKWARD, MIXED_NO_BACKWARD
 from .errors import first_line
 
 FP8_SINGLE_LEVEL = "fa3-fp8-single-level"
 # flash_hopper._varlen reads it on every call: "0" skips the offsets' device-to-host check.
-CHECK_OFFSETS_ENV = "FLASH_HOPPER_CHECK_OFFSETS"
+CHECK_OFFSETS_ENV = _env.CHECK_OFFSETS
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""`flash-hopper decode`: the decode sweep of issue 14 (bandwidth of attention against a KV cache).
+"""`flash-hopper decode`: the decode sweep (bandwidth of attention against a KV cache).
 
 Each point is batch x context: `seqlen_q` new query tokens per sequence (1 by default) against a
 full cache of `context` keys, GQA heads_q / heads_kv, one head dim, causal (bottom-right). The

@@ -1,4 +1,4 @@
-"""Device memory of a backward call beyond its inputs and outputs, per config (issue 11).
+"""Device memory of a backward call beyond its inputs and outputs, per config.
 
 Two numbers for rows that time a backward:
 

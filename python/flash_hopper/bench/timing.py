@@ -11,10 +11,11 @@ Why each knob exists:
 - host-bound note (events): an eager call's event pair times the host's launch too whenever the
   GPU queue runs dry, i.e. when the call's host path is about as long as its kernels: the time
   then flips between the kernels and host + kernels (flash-hopper's forward at s512 read 155-316
-  us in one sweep point when its host path was ~136 us; SDPA cuDNN's s512 rows spread 117-149 us
-  in session 16). The warm-up measures the host time per call; a row whose host path is >= 70 %
+  us in one sweep point when its host path was ~136 us; SDPA cuDNN's s512 rows spread alike).
+  The warm-up measures the host time per call; a row whose host path is >= 70 %
   of its median says so in its notes (time it with --cuda-graph). A GPU spin before each start
-  event removed the spread but read 3-5 % slower for every backend (bench/PERFLOG.md session 16).
+  event removed the spread but read 3-5 % slower for every backend (bench/PERFLOG.md: the timer
+  modes, bench/results/2026-12-01-h200-fwd-s16-timer-modes.json).
 """
 
 from __future__ import annotations

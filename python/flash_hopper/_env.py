@@ -1,0 +1,82 @@
+"""The environment variables flash-hopper reads: every knob of the package, and the library's.
+
+Read by the Python package (through the functions below, at every call that needs them, so a
+test or a benchmark may change one between calls):
+
+=========================== ====================================================== ===========
+variable                    meaning                                                default
+=========================== ====================================================== ===========
+FLASH_HOPPER_LIB            the library: a file, or a directory holding            unset
+                            libflash_hopper.so, tried before the package's own
+                            and the installed one (_lib.py); a path with no
+                            library is an error, not a fallback
+FLASH_HOPPER_DECODE         the decode kernel's routes: "0" none (the FA paths     "1"
+                            run every call), "kvcache" flash_attn_with_kvcache
+                            only, anything else also flash_attn_func's and
+                            flash_attn_varlen_func's short queries
+FLASH_HOPPER_CHECK_OFFSETS  "0": calls do not copy offsets, lengths and indices    "1"
+                            to the host to check them (as during CUDA graph
+                            capture); an unchecked bad value gives wrong rows,
+                            never an access outside the tensors
+FH_DEBUG_SMEM_LIMIT         shared memory per block (bytes) the routing assumes    unset: the
+                            when below the device's opt-in limit (to run the       device's
+                            configs of smaller GPUs on a large one); the same      limit
+                            value the library reads
+LOCAL_RANK                  the CUDA device of distributed.init_from_torchrun      the global
+                            (torchrun sets it)                                     rank
+=========================== ====================================================== ===========
+
+Read by the C library itself (kernels/src), listed here so the knobs are in one table:
+
+=========================== ====================================================== ===========
+variable                    meaning                                                default
+=========================== ====================================================== ===========
+FH_DEBUG_SMEM_LIMIT         as above, for the library's tile and stage choices     unset
+                            (api.cu smem_limit, per call)
+FH_DECODE_STAGES            the decode kernel's K / V pipeline stages, when in     per head
+                            range and they fit the shared memory (decode.cu)       dim
+FH_DECODE_PDL               "0": no programmatic dependent launch for the decode   on (sm_90)
+                            kernel (decode.cu, for measurements)
+=========================== ====================================================== ===========
+
+Build options (FH_ARCHS, FH_DTYPES, FH_HEAD_DIMS, ...) are CMake's, read at build time only.
+"""
+
+from __future__ import annotations
+
+import os
+
+LIBRARY = "FLASH_HOPPER_LIB"
+DECODE = "FLASH_HOPPER_DECODE"
+CHECK_OFFSETS = "FLASH_HOPPER_CHECK_OFFSETS"
+DEBUG_SMEM_LIMIT = "FH_DEBUG_SMEM_LIMIT"
+LOCAL_RANK = "LOCAL_RANK"
+
+
+def library_path() -> str:
+    """FLASH_HOPPER_LIB, stripped ("" when unset or blank)."""
+    return os.environ.get(LIBRARY, "").strip()
+
+
+def decode_mode() -> str:
+    """FLASH_HOPPER_DECODE as given ("1" when unset)."""
+    return os.environ.get(DECODE, "1")
+
+
+def offsets_check_on() -> bool:
+    """False only for FLASH_HOPPER_CHECK_OFFSETS=0."""
+    return os.environ.get(CHECK_OFFSETS, "1") != "0"
+
+
+def debug_smem_limit() -> int:
+    """FH_DEBUG_SMEM_LIMIT in bytes, 0 when unset or not an integer (no limit of its own)."""
+    value = os.environ.get(DEBUG_SMEM_LIMIT, "")
+    try:
+        return int(value) if value else 0
+    except ValueError:
+        return 0
+
+
+def local_rank(default: int) -> int:
+    """LOCAL_RANK as an int, ``default`` when unset."""
+    return int(os.environ.get(LOCAL_RANK, default))
