@@ -1,6 +1,6 @@
 """The attention mask policy in Python: a mirror of kernels/include/flash_hopper/mask.h.
 
-One rule decides which key column j a query row i sees (DESIGN.md; bottom-right aligned): with
+One rule decides which key column j a query row i sees (docs/README.md, the numerics contract; bottom-right aligned): with
 diag = seqlen_k - seqlen_q,
 
     0 <= j < seqlen_k

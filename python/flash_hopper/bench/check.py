@@ -18,8 +18,8 @@ the same backend and kernel, on the timed inputs. The fp32 reference runs on the
 query rows at a time (reference.attention_ref_chunked), so its memory stays bounded at any length,
 and once per case: every backend of the case is compared against the same tensors.
 
-Gradients (rows that time a backward), by the backward's form of the same rule (kernels/BWD_PLAN.md
-§10.1, tests/test_bwd_gpu.py), for g in dq, dk, dv of one backward with a fixed dout:
+Gradients (rows that time a backward), by the backward's form of the same rule (docs/testing.md
+"The tolerance doctrine", tests/test_bwd_gpu.py), for g in dq, dk, dv of one backward with a fixed dout:
 
     err     = max |g - g_fp32|
     ref_err = max |g_lowp - g_fp32|         (reference.attention_bwd_ref_chunked, upcast=False)
