@@ -11,10 +11,11 @@ kernels use:
   and simulated against each other with mbarrier and named-barrier semantics (no deadlock, the
   same steps on both sides, balanced arrivals), plus negative controls that must be caught;
 - test_bwd_schedule.cpp: the backward's tile orders (default, deterministic n-descending), each
-  tile's steps against the brute-force transpose of the mask, the deterministic dQ semaphores over
-  whole persistent grids (no deadlock, contributors in rank order), the producer / consumer /
-  dQ-writer role loops of families A and B simulated together (with a happens-before check of
-  the sdS / sP buffer hazard), and negative controls;
+  tile's steps against the brute-force transpose of the mask, the producer and consumer role
+  loops of every built family (bwd_tile_config.h) simulated together over whole persistent grids
+  (a happens-before check of the sdS / sP buffer hazard; the dQ protocol: slots and bulk
+  reduce-adds, red.global, the deterministic semaphores with no deadlock, each part once, rank
+  order and bitwise-equal sums), and a negative control per property;
 - test_fp8_layout.cpp: the FP8 forward's in-place P packing against PTX's fragment layouts and
   the V^T key order, the transposer's coverage and shared-memory banks;
 - test_varlen_span.cpp: a varlen sequence's spans (varlen.h): FA3's offsets rules, the KV-cache
@@ -56,7 +57,7 @@ def test_fwd_schedule_host(tmp_path):
 
 
 def test_bwd_schedule_host(tmp_path):
-    # 300 random problems per tile shape (families A and B), each on five grids: ~1 s.
+    # 300 random problems per built family, each on its grid and on a deterministic one: ~2 s.
     _compile_and_run(tmp_path, "test_bwd_schedule", "300")
 
 
