@@ -6,15 +6,18 @@ kernels use:
 - test_tile_scheduler.cpp: every tile exactly once for grids of 1, 3 and 132 CTAs, longest-first
   masked order, causal load balance; K / V multicast clusters walking the same heads and key
   blocks with every query block once;
-- test_fwd_schedule.cpp: producer and consumer warpgroups recorded over random problems and every
-  kernel shape, checked per role (buffers, GEMM hazards, masks, each tile's blocks summed once)
-  and simulated against each other with mbarrier and named-barrier semantics (no deadlock, the
-  same steps on both sides, balanced arrivals), plus negative controls that must be caught;
+- test_fwd_schedule.cpp: producer, relay (FP8 transposer, mixed-mode converter) and consumer
+  warps recorded over random problems and every kernel shape of the tables in tile_config.h,
+  checked per role (buffers, GEMM hazards, masks, each tile's blocks summed once) and simulated
+  against each other with mbarrier and named-barrier semantics, multicast clusters as two CTAs
+  (no deadlock, the same steps on all sides, no stage written while read, balanced arrivals),
+  plus negative controls that must be caught;
 - test_bwd_schedule.cpp: the backward's tile orders (default, deterministic n-descending), each
-  tile's steps against the brute-force transpose of the mask, the deterministic dQ semaphores over
-  whole persistent grids (no deadlock, contributors in rank order), the producer / consumer /
-  dQ-writer role loops of families A and B simulated together (with a happens-before check of
-  the sdS / sP buffer hazard), and negative controls;
+  tile's steps against the brute-force transpose of the mask, the producer and consumer role
+  loops of every built family (bwd_tile_config.h) simulated together over whole persistent grids
+  (a happens-before check of the sdS / sP buffer hazard; the dQ protocol: slots and bulk
+  reduce-adds, red.global, the deterministic semaphores with no deadlock, each part once, rank
+  order and bitwise-equal sums), and a negative control per property;
 - test_fp8_layout.cpp: the FP8 forward's in-place P packing against PTX's fragment layouts and
   the V^T key order, the transposer's coverage and shared-memory banks;
 - test_varlen_span.cpp: a varlen sequence's spans (varlen.h): FA3's offsets rules, the KV-cache
@@ -56,7 +59,7 @@ def test_fwd_schedule_host(tmp_path):
 
 
 def test_bwd_schedule_host(tmp_path):
-    # 300 random problems per tile shape (families A and B), each on five grids: ~1 s.
+    # 300 random problems per built family, each on its grid and on a deterministic one: ~2 s.
     _compile_and_run(tmp_path, "test_bwd_schedule", "300")
 
 

@@ -12,8 +12,8 @@
 //     and dQ. Both walk every step of every tile in the same code
 //     (bwd_mma.h).
 // All roles walk one step schedule (bwd_schedule.h: BwdCtaSchedule -> BwdTileWork -> QueryStep;
-// produce_bwd() and consume_bwd_wg() are the only places that order loads, waits and releases;
-// tests/cpp/test_bwd_schedule.cpp simulates them against the barrier semantics).
+// produce_bwd() and consume_bwd_wg() are the only places that order loads, waits, releases and
+// dQ adds; tests/cpp/test_bwd_schedule.cpp simulates them against the barrier semantics).
 // Pipelines (pipeline.h; mbarriers in SharedStorage, counts in PipelineSpec):
 //   KV  1 stage: K and V of the tile on one full barrier (expect_tx 2 * kKVBytes); released by
 //       each consumer WG after its last step's GEMMs completed (wait_gemms<0>).
@@ -35,17 +35,18 @@
 //   PdSFree 256, family B only: before writing P, both WGs completed the previous step's GEMMs
 //           (wait_gemms<0>), the last readers of the single P and dS buffers.
 //   DqTurn  256, deterministic mode only: both WGs wait for the block's semaphore (thread 0
-//           spins), add (d96: WG 0, sync, WG 1), fence, sync again, thread 0 increments.
+//           spins), add and fence (dq_wgs = 1, d64 / d96: WG 0, sync, WG 1), sync again, thread
+//           0 increments.
 //   Stats c 128, WG c: its threads stored the step's lse_log2 / D into its slot. The slot is
 //           rewritten one step later, after PdS, which every reader of it passed. With dQ slots
 //           its leader first waits until its previous bulk reduce-add read the dQ slot.
 //   DqSlot c 128, WG c (dQ slots, default mode): its threads stored the step's dQ part into
 //           its dQ slot (+ proxy fence); then its leader issues one bulk reduce-add of the slot.
-// dQ goes from registers to the fp32 accumulator without a writer warp: through the WG's
+// dQ goes from registers to the fp32 accumulator, added by the consumer WGs themselves (the
+// protocol, walked by the kernel and the host test: bwd_schedule.h add_dq): through the WG's
 // shared-memory slot and a bulk reduce-add by its leader (bwd_tile_config.h dq_slots; the leader
 // waits for its last one to complete before the CTA exits), or by red.global.add.v4.f32 (d256,
-// and deterministic mode everywhere; bwd_epilogue.h). The schedule's slot handshake
-// (sync_dq_empty / arrive_dq_full) is empty here and write_dq() is not run.
+// and deterministic mode everywhere, under the DqTurn handshake; bwd_epilogue.h).
 // Tiles without queries touch no barrier in any role (BwdCtaSchedule::next_with_queries); their
 // consumers store dK = dV = 0.
 #pragma once

@@ -238,11 +238,8 @@ struct BwdConsumer {
     for (int k = 0; k < kStatsPerThread; ++k) {
       stats_slot()[thread_idx() % 128 + 128 * k] = stat[k];
     }
-    // The barrier below also tells the WG that its dQ slot is free again: its leader, which
-    // issued the previous step's bulk reduce-add, waits here until that has read the slot.
-    if (Traits::kDqSlots && wg_leader()) {
-      bulk_wait_read();
-    }
+  }
+  CUTE_DEVICE void sync_stats() {
     cutlass::arch::NamedBarrier::sync(
         128, static_cast<uint32_t>(BwdBarrier::kStats0) + wg_first_thread() / 128);
   }
@@ -274,15 +271,17 @@ struct BwdConsumer {
     return get<kFamilyB ? 0 : 1>(c);
   }
 
-  // Softcap (before the mask, as in the forward), the element mask on masked steps, then
-  // P^T = exp2(score * scale_log2 - lse_log2) -> 16 bit. A query column's visible keys are
-  // computed once per column (AttentionMask::columns); the key tail is part of it (hi <= seqlen_k).
-  template <bool kMasked>
-  CUTE_DEVICE void transform(TileState& f, BwdTileWork const& w, QueryStep s) {
+  // Softcap before the mask, as in the forward.
+  CUTE_DEVICE void softcap(TileState& f) {
     if (p.softcap != 0.f) {
       apply_softcap(f.s, p.softcap, p.softcap_prescale);
     }
-    publish_stats();
+  }
+  // The element mask on masked steps, then P^T = exp2(score * scale_log2 - lse_log2) -> 16 bit.
+  // A query column's visible keys are computed once per column (AttentionMask::columns); the key
+  // tail is part of it (hi <= seqlen_k).
+  template <bool kMasked>
+  CUTE_DEVICE void transform(TileState& f, BwdTileWork const& w, QueryStep s) {
     Tensor s_rc = keys_queries(f.s);
     Tensor c_rc = coords_kq();
     float const* lse = stats_slot();
@@ -387,65 +386,80 @@ struct BwdConsumer {
     cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads,
                                       static_cast<uint32_t>(BwdBarrier::kPdSFree));
   }
-  // dQ goes from registers to the accumulator (store_dq): no slot handshake with a writer warp.
-  CUTE_DEVICE void sync_dq_empty() {}
-  CUTE_DEVICE void arrive_dq_full() {}
 
-  // --- dQ ----------------------------------------------------------------------------------------
-  // Adds this WG's dQ part of step s to dQacc (bwd_epilogue.h's fragment order). Deterministic
-  // mode: the dQ WGs wait for the block's semaphore to reach this key block's rank, add, make
-  // the adds visible (fence) and pass the block on.
-  CUTE_DEVICE void store_dq(TileState& f, BwdTileWork const& w, QueryStep s) {
+  // --- dQ (the order of these: bwd_schedule.h add_dq) --------------------------------------------
+  CUTE_DEVICE float* dq_block(BwdTileWork const& w, QueryStep s) {
     const int head = w.dq_head(s);
-    float* acc = p.dq_accum + p.dq_accum_offset(w.tile.batch, head) +
-                 int64_t(s.m) * kBlockM * kHeadDim;
-    if (!p.deterministic) {
-      if constexpr (Traits::kDqSlots) {
-        // The slot is free (publish_stats); fill it, hand it to the async proxy, and let the
-        // leader add it with one bulk reduce-add that runs under the next step's GEMMs.
-        const int wg = wg_first_thread() / 128;
-        float* slot = smem.dq_slot.data() + wg * Traits::kDqWgFloats;
-        stage_dq_fragment<Traits>(slot, f.dq, thread_idx());
-        cutlass::arch::fence_view_async_shared();
-        cutlass::arch::NamedBarrier::sync(128, static_cast<uint32_t>(BwdBarrier::kDqSlot0) + wg);
-        if (wg_leader()) {
-          bulk_reduce_add_f32(acc + (kDqWgs == 2 ? wg * Traits::kDqWgFloats : 0), slot,
-                              Traits::kDqWgFloats * sizeof(float));
-        }
-      } else {
-        add_dq_fragment<Traits>(acc, f.dq, thread_idx());
-      }
-      return;
-    }
-    constexpr uint32_t kDqThreads = Traits::kConsumerThreads;  // both WGs add to every block
-    int* semaphore = p.semaphores + p.semaphore_offset(w.tile.batch, head) +
-                     s.m * (kBlockM / kBwdSemaphoreRows);
-    const int rank = dq_rank(attention_mask(p), s.m, w.tile.n_block, kBlockM, kBlockN);
-    if (thread_idx() == 0) {
-      while (load_acquire_gpu(semaphore) != rank) {
-      }
-    }
-    cutlass::arch::NamedBarrier::sync(kDqThreads, static_cast<uint32_t>(BwdBarrier::kDqTurn));
-    if constexpr (kDqWgs == 2) {  // disjoint columns
-      add_dq_fragment<Traits>(acc, f.dq, thread_idx());
-      __threadfence();
-    } else {  // the same positions: WG 0's partial, then WG 1's, always in this order
-      for (int wg = 0; wg < 2; ++wg) {
-        if (wg_first_thread() == 128 * wg) {
-          add_dq_fragment<Traits>(acc, f.dq, thread_idx());
-          __threadfence();
-        }
-        if (wg == 0) {
-          cutlass::arch::NamedBarrier::sync(kDqThreads,
-                                            static_cast<uint32_t>(BwdBarrier::kDqTurn));
-        }
-      }
-    }
-    cutlass::arch::NamedBarrier::sync(kDqThreads, static_cast<uint32_t>(BwdBarrier::kDqTurn));
-    if (thread_idx() == 0) {
-      atomicAdd(semaphore, 1);
+    return p.dq_accum + p.dq_accum_offset(w.tile.batch, head) +
+           int64_t(s.m) * kBlockM * kHeadDim;
+  }
+  CUTE_DEVICE bool deterministic() const { return p.deterministic; }
+  // This WG's dQ slot in shared memory.
+  struct DqSlot {
+    int wg;
+    float* floats;
+  };
+  CUTE_DEVICE DqSlot dq_slot() {
+    const int wg = wg_first_thread() / 128;
+    return {wg, smem.dq_slot.data() + wg * Traits::kDqWgFloats};
+  }
+  // The WG leader's previous bulk reduce-add has read its dQ slot.
+  CUTE_DEVICE void wait_dq_slot_read() {
+    if (wg_leader()) {
+      bulk_wait_read();
     }
   }
+  // This WG's dQ part into its slot, handed to the async proxy.
+  CUTE_DEVICE void stage_dq(TileState& f, DqSlot const& slot) {
+    stage_dq_fragment<Traits>(slot.floats, f.dq, thread_idx());
+    cutlass::arch::fence_view_async_shared();
+  }
+  CUTE_DEVICE void sync_dq_slot(DqSlot const& slot) {
+    cutlass::arch::NamedBarrier::sync(128, static_cast<uint32_t>(BwdBarrier::kDqSlot0) + slot.wg);
+  }
+  CUTE_DEVICE void reduce_dq_slot(float* acc, DqSlot const& slot) {
+    if (wg_leader()) {
+      bulk_reduce_add_f32(acc + (kDqWgs == 2 ? slot.wg * Traits::kDqWgFloats : 0), slot.floats,
+                          Traits::kDqWgFloats * sizeof(float));
+    }
+  }
+  CUTE_DEVICE void finish_dq() {
+    if (wg_leader()) {
+      bulk_wait_all();
+    }
+  }
+  CUTE_DEVICE void add_dq(TileState& f, float* acc) {
+    add_dq_fragment<Traits>(acc, f.dq, thread_idx());
+  }
+  CUTE_DEVICE void fence_dq() { __threadfence(); }
+  // Deterministic mode: the block's semaphore and the rank of this tile's key block on it.
+  struct DqTurn {
+    int* semaphore;
+    int rank;
+  };
+  CUTE_DEVICE DqTurn dq_turn(BwdTileWork const& w, QueryStep s) {
+    const int head = w.dq_head(s);
+    return {p.semaphores + p.semaphore_offset(w.tile.batch, head) +
+                s.m * (kBlockM / kBwdSemaphoreRows),
+            dq_rank(attention_mask(p), s.m, w.tile.n_block, kBlockM, kBlockN)};
+  }
+  CUTE_DEVICE void wait_dq_turn(DqTurn const& t) {
+    if (thread_idx() == 0) {
+      while (load_acquire_gpu(t.semaphore) != t.rank) {
+      }
+    }
+  }
+  CUTE_DEVICE void sync_dq_turn() {
+    // Both WGs add to every block.
+    cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads,
+                                      static_cast<uint32_t>(BwdBarrier::kDqTurn));
+  }
+  CUTE_DEVICE void pass_dq_turn(DqTurn const& t) {
+    if (thread_idx() == 0) {
+      atomicAdd(t.semaphore, 1);
+    }
+  }
+  static CUTE_DEVICE bool is_wg(int c) { return wg_first_thread() == 128 * c; }
 
   // --- tiles -----------------------------------------------------------------------------------
   CUTE_DEVICE void clear_dkv(TileState& f) {
@@ -464,13 +478,7 @@ template <class Traits>
 CUTE_DEVICE void bwd_consumer_loop(BwdKernelParams<Traits> const& params,
                                    typename Traits::SharedStorage& smem) {
   BwdConsumer<Traits> consumer(params, smem);
-  // Every WG computes and adds a part of dQ (bwd_tile_config.h), so both run the same step code
-  // and meet at the same barrier instructions.
-  consume_bwd_wg<Traits, /*kWritesDq=*/true>(bwd_cta_schedule(params), consumer);
-  // The last bulk reduce-add completes before the CTA (and its shared memory) goes away.
-  if (Traits::kDqSlots && BwdConsumer<Traits>::wg_leader()) {
-    bulk_wait_all();
-  }
+  consume_bwd_wg<Traits>(bwd_cta_schedule(params), consumer);
 }
 
 }  // namespace flash_hopper::sm90

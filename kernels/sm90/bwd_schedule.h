@@ -1,13 +1,14 @@
 // The step schedule of the FA-3 path's backward (docs/bwd_sm90.md "Step schedule and tile order",
 // "dQ and the deterministic mode"): which tiles a CTA computes, which (query head, query block)
-// steps each visits, and in which order the producer loads them, the consumer warpgroups use them
-// and the dQ writer adds them up. Every role
-// walks this one schedule, so the roles cannot disagree on the steps (a disagreement hangs the GPU
+// steps each visits, in which order the producer loads them and the consumer warpgroups use them,
+// and how the consumer warpgroups add their dQ parts into the fp32 accumulator. Every role walks
+// this one schedule, so the roles cannot disagree on the steps (a disagreement hangs the GPU
 // instead of failing a test).
 //
 // Plain C++: the kernel instantiates the role loops with its device operations, the host test
 // (tests/cpp/test_bwd_schedule.cpp) with recorders, and simulates the recorded traffic (mbarriers,
-// named barriers, the deterministic mode's semaphores) over the whole persistent grid.
+// named barriers, bulk reduce-adds, red.global adds, the deterministic mode's semaphores) over the
+// whole persistent grid.
 //
 //   BwdTileScheduler  tile t -> (batch, kv head, key block n); persistent grid, snake order
 //   BwdCtaSchedule    one CTA's tiles + the mask policy -> BwdTileWork
@@ -15,51 +16,57 @@
 //                     steps i = 0 .. num_steps() - 1: (g = i / L, m = m_min + i % L), g outer
 //   dq_rank           the position of key block n among the contributors of dQ block m
 //   produce_bwd()     the producer's load order
-//   consume_bwd_wg()  a consumer warpgroup's order of waits, GEMMs and releases
-//   write_dq()        the dQ writer warp's order of slot handshakes, reductions and semaphores
-//                     (the backward plan's writer design, docs/journal.md "2026-11-30: the
-//                     backward"; host-tested, not used by the kernel as built: its
-//                     consumers add dQ from registers, bwd_mma.h store_dq)
+//   consume_bwd_wg()  a consumer warpgroup's order of waits, GEMMs, releases and dQ adds
+//   detail::add_dq()  one step's dQ protocol (slot + bulk reduce-add, red.global, or the
+//                     deterministic mode's turn on the block's semaphore)
 //
 // Pipelines and named barriers: the contract at the top of bwd_kernel.h (its one copy). The KV
-// pipeline's full parity counts tiles with queries only. write_dq() adds the writer's handshake,
-// which the kernel as built does not use:
-//   DqEmpty(c) named barrier, writer (arrive) + WG c (sync), 160 threads: slot c may be written.
-//   DqFull(c)  named barrier, WG c (arrive) + writer (sync), 160 threads: slot c holds the step.
-// The writer arrives each DqEmpty once at start (the slot is free), so one arrival per DqEmpty is
-// left pending at exit by design.
+// pipeline's full parity counts tiles with queries only.
 //
 // Producer, per tile with queries: Q(step 0), dO(step 0), K+V, then Q(i), dO(i) for i >= 1. K/V
 // come after the first step's loads so that the next tile's first Q/dO load while the finishing
 // tile still holds K/V (its KV buffer is released only after its last GEMM).
 //
 // Consumer WG, one step (family A: S^T = K Q^T, each WG owning 64 keys):
-//   wait Q(s); issue S; wait dO(s); issue dP; wait<1> (S done) -> transform (softcap, mask on
-//   masked steps, P = exp2(..)); issue dV += P^T dO (RS); wait<1> (dP done) -> dS; store dS to
-//   shared; sync PdS; issue dQ = dS K; issue dK += dS^T Q (RS); wait<1> (dV, dQ done) -> release
-//   dO(s); [dQ WG: sync DqEmpty(c); dQ -> slot c; arrive DqFull(c)]; wait<0> (dK done) -> release
-//   Q(s) (the P / dS registers are free only now: they are the RS GEMMs' A operands).
+//   wait Q(s); issue S; wait dO(s); issue dP; wait<1> (S done) -> exponentials (softcap, the
+//   rows' statistics behind the WG's Stats barrier, mask on masked steps, P = exp2(..)); issue
+//   dV += P^T dO (RS); wait<1> (dP done) -> dS; store dS to shared; sync PdS; issue dQ = dS K;
+//   issue dK += dS^T Q (RS); wait<1> (dV, dQ done) -> release dO(s); add dQ (add_dq);
+//   wait<0> (dK done) -> release Q(s) (the P / dS registers are free only now: they are the RS
+//   GEMMs' A operands).
 // Consumer WG, one step (family B, d192 / d256, Cfg::kFamilyB: 64 x 64 tiles, S = Q K^T and
 // dP = dO V^T with each WG owning 32 keys; P and dS live in shared memory, sP and sdS one stage
 // each; dV, dQ and dK are SS GEMMs with the WGs splitting head_dim, each reading both WGs' halves):
-//   wait Q(s); issue S; wait dO(s); issue dP; wait<1> (S done) -> transform; sync PdS (sP / sdS
-//   free: both WGs passed step s-1's wait<0>, the last of its readers of sP / sdS); store P ->
+//   wait Q(s); issue S; wait dO(s); issue dP; wait<1> (S done) -> exponentials; sync PdSFree (sP /
+//   sdS free: both WGs passed step s-1's wait<0>, the last of its readers of sP / sdS); store P ->
 //   sP; wait<0> (dP done) -> dS -> sdS; sync PdS (both halves of P and dS are in shared memory);
-//   issue dV (SS, sP); [dQ WG: issue dQ (SS, sdS)]; issue dK (SS, sdS); wait<1> (dV, dQ done) ->
-//   release dO(s); [dQ WG: dQ slot handshake]; wait<0> (dK done) -> release Q(s).
+//   issue dV (SS, sP); issue dQ (SS, sdS); issue dK (SS, sdS); wait<1> (dV, dQ done) -> release
+//   dO(s); add dQ; wait<0> (dK done) -> release Q(s).
 // The first sync replaces family A's second dS stage: without it, a WG could write step s+1's P
 // while the other WG's dV still reads step s's (both buckets have two Q / dO stages, so the Q
 // pipeline does not order it: Q(s+1) may already be resident while step s's GEMMs run). The
 // P / dS registers are no GEMM operands here, so there is no RS register hazard.
 // Tiles without queries (every row masks the key block out) touch no barrier in any role: the
-// consumers store dK = dV = 0 and the producer and writer skip them.
+// consumers store dK = dV = 0 and the producer skips them.
 //
-// Deterministic mode: dQ block m of (batch, q head) receives its contributors, the key
-// blocks of key_blocks(m), in descending n: the writer waits until the block's semaphore equals
-// dq_rank before its reduce and increments it after the reduce fully completed. The tile order puts
-// each kv head's key blocks in descending n, so every wait is on a smaller tile index, and with
-// every CTA resident the smallest unfinished tile can always run: no deadlock, whatever the
-// hardware's block launch order.
+// dQ, per step and WG (add_dq; every WG adds a part of dQ: its columns, Cfg::kDqWgs = 2, or its
+// own keys' partial sum over the whole block, kDqWgs = 1):
+//   default mode, dQ slots (Cfg::kDqSlots): the WG stores its part into its shared-memory slot
+//     (+ proxy fence), syncs DqSlot c, and its leader issues one bulk reduce-add of the slot. The
+//     slot is written again one step later, after the WG's Stats barrier, which the leader
+//     reaches only once that reduce-add read the slot (wait_dq_slot_read); before exit the leader
+//     waits until its reduce-adds completed (finish_dq: shared memory must outlive their reads).
+//   default mode, no slots (d256): every thread adds its fragment with red.global.add.v4.f32.
+//   deterministic mode: dQ block m of (batch, q head) receives its contributors, the key blocks
+//     of key_blocks(m), in descending n. Thread 0 of WG 0 spins until the block's semaphore
+//     equals dq_rank; sync DqTurn (both WGs); the WGs add with red.global and fence (kDqWgs = 2:
+//     both at once, disjoint columns; kDqWgs = 1: the same positions, so WG 0, sync DqTurn, then
+//     WG 1: the order of the two partials is fixed too); sync DqTurn (every add fenced); thread
+//     0 increments the semaphore. The tile order puts each kv head's key blocks in descending n,
+//     so every wait is on a smaller tile index, and with every CTA resident the smallest
+//     unfinished tile can always run: no deadlock, whatever the hardware's block launch order.
+//     Every element of dQ is then summed in one order, (n descending, WG ascending): bitwise
+//     reproducible.
 #pragma once
 
 #include "flash_hopper/host_device.h"
@@ -278,8 +285,6 @@ struct BwdCtaSchedule {
   AttentionMask mask;
   int cta;
 
-  FH_HOST_DEVICE bool deterministic() const { return tiles.deterministic; }
-
   FH_HOST_DEVICE BwdTileWork make_work(BwdTileCoord c) const {
     BwdTileWork w;
     w.tile = c;
@@ -315,10 +320,6 @@ struct BwdCtaSchedule {
       on_empty(w);
     }
   }
-
-  FH_HOST_DEVICE int rank(BwdTileWork const& w, QueryStep s) const {
-    return dq_rank(mask, s.m, w.tile.n_block, kBlockM, kBlockN);
-  }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -346,19 +347,26 @@ FH_ROLE void produce_bwd(Schedule const& sched, Ops& ops) {
 //               wait_dout(w, s) / release_dout(w, s)
 //   GEMMs       issue_s(f), issue_dp(f), issue_dv(f), issue_dq(f), issue_dk(f),
 //               wait_gemms<kInFlight>()
-//   math        transform<kMasked>(f, w, s) (softcap, element mask, P = exp2, P -> 16 bit),
+//   math        softcap(f); publish_stats() (the WG's lse_log2 / D rows -> its stats slot);
+//               transform<kMasked>(f, w, s) (element mask, P = exp2, P -> 16 bit),
 //               compute_ds(f, w, s) (dS = P (dP - D) [softcap'], dS -> 16 bit, dS -> shared),
 //               family B: store_p(f, w, s) (P -> sP)
-//   barriers    sync_pds(), sync_dq_empty(), arrive_dq_full(); family B: sync_pds_free() (the
-//               same PdS barrier, before overwriting sP / sdS)
-//   dQ          store_dq(f, w, s) (the WG's dQ fragment -> its slot)
+//   barriers    sync_stats() (Stats c), sync_pds(); family B: sync_pds_free()
+//   dQ          dq_block(w, s): the step's block of the accumulator (the adds' target);
+//               dQ slots: wait_dq_slot_read() (the leader: its last bulk reduce-add read the
+//               slot), dq_slot() (the WG's slot), stage_dq(f, slot) (the WG's part -> its slot
+//               + proxy fence), sync_dq_slot(slot) (DqSlot c), reduce_dq_slot(b, slot) (the
+//               leader: one bulk reduce-add), finish_dq() (the leader: every bulk reduce-add
+//               completed);
+//               add_dq(f, b) (red.global.add.v4.f32 of the thread's fragment), fence_dq();
+//               deterministic mode: deterministic(), dq_turn(w, s) (the block's semaphore and
+//               this key block's dq_rank), wait_dq_turn(t) (thread 0: spin until the semaphore
+//               equals the rank), sync_dq_turn() (DqTurn), pass_dq_turn(t) (thread 0: + 1),
+//               is_wg(c) (this is consumer WG c)
 //   tiles       clear_dkv(f), store_dkv(f, w), store_zero(w) (tile without queries)
-// f is the register state of the tile (Ops::TileState). The sm90 kernel (bwd_mma.h) runs
-// consume_bwd_wg<Cfg, true> on both WGs: every WG computes a part of dQ (its columns or rows of
-// dQ, Cfg::kDqWgs = 2, whose dQ GEMM reads both WGs' dS; or its own keys' partial sum,
-// kDqWgs = 1, reading only its own dS, behind a WG-local PdS sync), so both meet at the same
-// barrier instructions. kWritesDq = false (a WG without a dQ part) is kept for the simulation's
-// negative controls. Cfg::kFamilyB selects family B's step (bwd_step_b) for d192 / d256.
+// f is the register state of the tile (Ops::TileState). Cfg supplies kFamilyB (family B's step,
+// bwd_step_b, for d192 / d256), kDqWgs and kDqSlots (bwd_tile_config.h). Both WGs run the same
+// code and meet at the same barrier instructions.
 // ---------------------------------------------------------------------------------------------
 namespace detail {
 
@@ -372,63 +380,107 @@ FH_ROLE void start_step(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
   ops.template wait_gemms<1>();  // S done, dP in flight
 }
 
+// The exponentials: softcap, the rows' statistics into the WG's slot behind its Stats barrier,
+// then the mask and P. The same barrier frees the WG's dQ slot for this step's dQ: its leader
+// reaches it only after the previous step's bulk reduce-add read the slot.
+template <class Cfg, bool kMasked, class Ops, class State>
+FH_ROLE void exponentials(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
+  ops.softcap(f);
+  ops.publish_stats();
+  if constexpr (Cfg::kDqSlots) {
+    ops.wait_dq_slot_read();
+  }
+  ops.sync_stats();
+  ops.template transform<kMasked>(f, w, s);
+}
+
+// One step's dQ part of this WG into the fp32 accumulator (the protocol in the header comment).
+template <class Cfg, class Ops, class State>
+FH_ROLE void add_dq(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
+  const auto block = ops.dq_block(w, s);
+  if (!ops.deterministic()) {
+    if constexpr (Cfg::kDqSlots) {
+      const auto slot = ops.dq_slot();
+      ops.stage_dq(f, slot);
+      ops.sync_dq_slot(slot);
+      ops.reduce_dq_slot(block, slot);  // runs under the next step's GEMMs
+    } else {
+      ops.add_dq(f, block);
+    }
+    return;
+  }
+  const auto turn = ops.dq_turn(w, s);
+  ops.wait_dq_turn(turn);
+  ops.sync_dq_turn();
+  if constexpr (Cfg::kDqWgs == 2) {  // disjoint columns: both WGs at once
+    ops.add_dq(f, block);
+    ops.fence_dq();
+  } else {  // the same positions: WG 0's partial, then WG 1's, always in this order
+    for (int wg = 0; wg < 2; ++wg) {
+      if (ops.is_wg(wg)) {
+        ops.add_dq(f, block);
+        ops.fence_dq();
+      }
+      if (wg == 0) {
+        ops.sync_dq_turn();
+      }
+    }
+  }
+  ops.sync_dq_turn();  // every add of the CTA performed
+  ops.pass_dq_turn(turn);
+}
+
 // Both families close a step alike, once dV is in flight and dS is in shared memory: dQ and dK
-// issued, dO released when dV (and dQ) completed, the dQ handshake under dK, then Q released when
-// dK completed (the last reader of Q, and of family A's P / dS registers and family B's sP / sdS).
-template <bool kWritesDq, class Ops, class State>
+// issued, dO released when dV and dQ completed, dQ added under dK, then Q released when dK
+// completed (the last reader of Q, and of family A's P / dS registers and family B's sP / sdS).
+template <class Cfg, class Ops, class State>
 FH_ROLE void finish_step(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
-  if constexpr (kWritesDq) {
-    ops.issue_dq(f);
-  }
+  ops.issue_dq(f);
   ops.issue_dk(f);
-  ops.template wait_gemms<1>();  // dV (and dQ) done, dK in flight
+  ops.template wait_gemms<1>();  // dV and dQ done, dK in flight
   ops.release_dout(w, s);
-  if constexpr (kWritesDq) {
-    ops.sync_dq_empty();
-    ops.store_dq(f, w, s);
-    ops.arrive_dq_full();
-  }
+  add_dq<Cfg>(ops, f, w, s);
   ops.template wait_gemms<0>();  // dK done
   ops.release_q(w, s);
 }
 
-template <bool kMasked, bool kWritesDq, class Ops, class State>
+template <class Cfg, bool kMasked, class Ops, class State>
 FH_ROLE void bwd_step(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
   start_step(ops, f, w, s);
-  ops.template transform<kMasked>(f, w, s);
+  exponentials<Cfg, kMasked>(ops, f, w, s);
   ops.issue_dv(f);               // the dS arithmetic below runs under this GEMM
   ops.template wait_gemms<1>();  // dP done, dV in flight
   ops.compute_ds(f, w, s);
   ops.sync_pds();                // both WGs' dS are in shared memory
-  finish_step<kWritesDq>(ops, f, w, s);
+  finish_step<Cfg>(ops, f, w, s);
 }
 
 // Family B: P and dS go through the single-stage sP / sdS, read by both WGs' SS GEMMs.
-template <bool kMasked, bool kWritesDq, class Ops, class State>
+template <class Cfg, bool kMasked, class Ops, class State>
 FH_ROLE void bwd_step_b(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
   start_step(ops, f, w, s);
-  ops.template transform<kMasked>(f, w, s);
+  exponentials<Cfg, kMasked>(ops, f, w, s);
   ops.sync_pds_free();           // both WGs' GEMMs of the previous step (sP / sdS readers) done
   ops.store_p(f, w, s);
   ops.template wait_gemms<0>();  // dP done
   ops.compute_ds(f, w, s);
   ops.sync_pds();                // both WGs' halves of P and dS are in shared memory
   ops.issue_dv(f);
-  finish_step<kWritesDq>(ops, f, w, s);
+  finish_step<Cfg>(ops, f, w, s);
 }
 
-template <bool kFamilyB, bool kMasked, bool kWritesDq, class Ops, class State>
+template <class Cfg, bool kMasked, class Ops, class State>
 FH_ROLE void step(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
-  if constexpr (kFamilyB) {
-    bwd_step_b<kMasked, kWritesDq>(ops, f, w, s);
+  if constexpr (Cfg::kFamilyB) {
+    bwd_step_b<Cfg, kMasked>(ops, f, w, s);
   } else {
-    bwd_step<kMasked, kWritesDq>(ops, f, w, s);
+    bwd_step<Cfg, kMasked>(ops, f, w, s);
   }
 }
 
 }  // namespace detail
 
-template <class Cfg, bool kWritesDq, class Schedule, class Ops>
+template <class Cfg, class Schedule, class Ops>
 FH_ROLE void consume_bwd_wg(Schedule const& sched, Ops& ops) {
   auto on_empty = [&](BwdTileWork const& w) { ops.store_zero(w); };
   BwdTileWork w;
@@ -441,60 +493,17 @@ FH_ROLE void consume_bwd_wg(Schedule const& sched, Ops& ops) {
     for (int i = 0; i < w.num_steps(); ++i) {
       const QueryStep s = w.step(i);
       if (s.masked) {
-        detail::step<Cfg::kFamilyB, true, kWritesDq>(ops, f, w, s);
+        detail::step<Cfg, true>(ops, f, w, s);
       } else {
-        detail::step<Cfg::kFamilyB, false, kWritesDq>(ops, f, w, s);
+        detail::step<Cfg, false>(ops, f, w, s);
       }
     }
     ops.release_kv(w);  // after the last step's wait_gemms<0>: no GEMM reads K or V any more
     ops.store_dkv(f, w);
   }
-}
-
-// ---------------------------------------------------------------------------------------------
-// dQ writer warp. Ops:
-//   start()               arrive each DqEmpty(c) once: the slots start free
-//   wait_full(c)          sync DqFull(c): slot c holds the step's dQ part
-//   reduce(c, w, s)       bulk reduce-add of slot c into dQacc of (dq_head, m); commit() groups it
-//   wait_read(n)          at most n bulk groups still reading shared memory
-//   arrive_empty(c)       arrive DqEmpty(c)
-//   wait_complete()       every bulk group's global writes performed (not only read)
-//   wait_rank(w, s, r)    deterministic: spin until the semaphore of (batch, dq_head, m) == r
-//   release_rank(w, s)    deterministic: fence + increment that semaphore
-// In deterministic mode the release waits for full completion: after only the read, the next
-// contributor's reduce could reach L2 first. At exit the writer waits for full completion too
-// (shared memory must outlive the reads, and the kernel's end must not race the writes).
-// ---------------------------------------------------------------------------------------------
-template <class Cfg, class Schedule, class Ops>
-FH_ROLE void write_dq(Schedule const& sched, Ops& ops) {
-  constexpr int kSlots = 2;  // one per consumer WG: every WG adds a part of dQ
-  const bool det = sched.deterministic();
-  ops.start();
-  BwdTileWork w;
-  FH_NO_UNROLL
-  for (int round = 0; sched.next_with_queries(round, w, [](BwdTileWork const&) {}); ++round) {
-    FH_NO_UNROLL
-    for (int i = 0; i < w.num_steps(); ++i) {
-      const QueryStep s = w.step(i);
-      if (det) {
-        ops.wait_rank(w, s, sched.rank(w, s));
-      }
-      for (int c = 0; c < kSlots; ++c) {
-        ops.wait_full(c);
-        ops.reduce(c, w, s);
-        ops.commit();
-      }
-      for (int c = 0; c < kSlots; ++c) {
-        ops.wait_read(kSlots - 1 - c);  // groups are read in order: slot c's is done
-        ops.arrive_empty(c);
-      }
-      if (det) {
-        ops.wait_complete();
-        ops.release_rank(w, s);
-      }
-    }
+  if constexpr (Cfg::kDqSlots) {
+    ops.finish_dq();  // the CTA's shared memory must outlive the last reduce-add's reads
   }
-  ops.wait_complete();
 }
 
 }  // namespace flash_hopper::sm90

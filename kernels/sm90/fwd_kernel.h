@@ -13,8 +13,9 @@
 //   WG 1..W, consumers: grow to RegisterBudget::kConsumer registers; WG c computes query rows
 //     [64c, 64c + 64) of each tile (mma.h) and writes O and LSE (epilogue.h).
 // Both roles walk one step schedule (schedule.h: CtaSchedule -> TileWork -> KeyStep; produce() and
-// consume() are the only places that order loads, waits and releases; tests/cpp/
-// test_fwd_schedule.cpp simulates them against the barrier semantics).
+// consume() are the only places that order loads, waits and releases; the transposer warps walk
+// transpose_v() there too; tests/cpp/test_fwd_schedule.cpp simulates all roles against the barrier
+// semantics, the relays and both CTAs of a multicast cluster included).
 // Pipelines (pipeline.h; mbarriers in SharedStorage, counts in PipelineSpec):
 //   Q   QS buffers, one load per tile with keys (expect_tx kQBytes), round-robin; released by each
 //       consumer WG once the tile's last QK GEMM completed. With QS = 2 the next tile's Q loads

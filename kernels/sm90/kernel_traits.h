@@ -31,11 +31,6 @@ CUTE_HOST_DEVICE constexpr auto k_major_smem_atom() {
   }
 }
 
-// FP8: warps 1-3 of the producer warpgroup transpose V into V^T (transpose.h); in mixed mode
-// they convert the FP8 K / V staging stages into 16-bit ones (convert.h).
-inline constexpr int kTransposerWarps = 3;
-inline constexpr int kConverterWarps = 3;
-
 struct EmptyStorage {};
 
 // The O staging of the epilogue (epilogue.h): the fewest passes P (1, 2 or 4, at least

@@ -10,7 +10,8 @@
 //   CtaSchedule      tile order (tile_scheduler.h) + mask policy (flash_hopper/mask.h) -> TileWork
 //   TileWork         one tile: its key-block range, unmasked split, steps 0 .. num_steps() - 1
 //   KeyStep          step i visits key block n = n_max - 1 - i (diagonal / tail blocks first)
-//   produce()        the producer's load order
+//   produce()        the producer's load order (the mixed mode's converter warps walk it too)
+//   transpose_v()    FP8's transposer warps' V order
 //   consume()        the consumer warpgroups' order of waits, GEMMs, softmax and releases
 //
 // Load order per tile with keys (kVLag = 1 with intra-warpgroup overlap, else 0):
@@ -163,6 +164,23 @@ FH_ROLE void produce(Schedule const& sched, Ops& ops) {
         ops.k(view, w.step(i));
         ops.v(view, w.step(i));
       }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// FP8's V transposer warps (transpose.h): the tiles with keys and their steps in the producer's V
+// order (produce() without the lag). Ops: v(TileWork, KeyStep): wait V, acquire V^T, transpose,
+// release V, commit V^T.
+// ---------------------------------------------------------------------------------------------
+template <class Schedule, class Ops>
+FH_ROLE void transpose_v(Schedule const& sched, Ops& ops) {
+  TileWork w;
+  FH_NO_UNROLL
+  for (int round = 0; sched.next_with_keys(round, w, [](TileWork const&) {}); ++round) {
+    FH_NO_UNROLL
+    for (int i = 0; i < w.num_steps(); ++i) {
+      ops.v(w, w.step(i));
     }
   }
 }

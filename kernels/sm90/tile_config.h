@@ -9,6 +9,12 @@
 
 namespace flash_hopper::sm90 {
 
+// FP8: warps 1-3 of the producer warpgroup transpose V into V^T (transpose.h); in mixed mode
+// they convert the FP8 K / V staging stages into 16-bit ones (convert.h). The pipelines' arrival
+// counts and the host simulation (tests/cpp/test_fwd_schedule.cpp) take these.
+inline constexpr int kTransposerWarps = 3;
+inline constexpr int kConverterWarps = 3;
+
 // Shared memory a block may opt into on sm_90 (cudaDevAttrMaxSharedMemoryPerBlockOptin).
 inline constexpr int kSmemOptinBytes = 232448;
 inline constexpr int kRegistersPerSm = 65536;

@@ -124,19 +124,6 @@ struct Transposer {
   }
 };
 
-// The transposer walks the tiles with keys and their steps in the producer's V order.
-template <class Schedule, class Ops>
-FH_ROLE void transpose_v(Schedule const& sched, Ops& ops) {
-  TileWork w;
-  FH_NO_UNROLL
-  for (int round = 0; sched.next_with_keys(round, w, [](TileWork const&) {}); ++round) {
-    FH_NO_UNROLL
-    for (int i = 0; i < w.num_steps(); ++i) {
-      ops.v(w, w.step(i));
-    }
-  }
-}
-
 template <class Traits>
 CUTE_DEVICE void transposer_loop(KernelParams<Traits> const& params,
                                  typename Traits::SharedStorage& smem, int warp) {

@@ -1,26 +1,38 @@
 // Host test of the FA-3 path's step schedule (kernels/sm90/schedule.h) and pipeline ends
-// (kernels/sm90/pipeline.h): the code the kernel's producer and consumer warpgroups run, with
-// recorders in place of the TMA, WGMMA and mbarrier operations.
+// (kernels/sm90/pipeline.h): the code the kernel's producer, relay (converter / transposer) and
+// consumer warps run, with recorders in place of the TMA, WGMMA and mbarrier operations. The
+// spec is the pipeline contract at the top of kernels/sm90/fwd_kernel.h.
 //
 // For random problems (lengths, causal / windows / chunks, GQA, batch, grid sizes) and every
-// kernel shape of tile_config.h (overlap or not, merged tile boundary or not, rescale placement,
-// Q buffers, W consumer warpgroups), each CTA's producer and consumers are recorded, then
+// forward kernel shape the tuned-config tables instantiate (tile_config.h: fwd_config per bucket
+// and tile family, fwd_config_fp8, fwd_config_mixed; overlap or not, merged tile boundary or
+// not, rescale placement, Q buffers, W consumer warpgroups), each CTA's roles are recorded, then
 //  1. each consumer's record is checked on its own: every GEMM reads the buffers of the key block
 //     it is meant for, S is complete before the softmax reads it, P is not overwritten while its
 //     PV GEMM is in flight, buffers are released only after the GEMMs reading them completed,
 //     every block needing the element mask gets it, and every tile's O and statistics sum exactly
 //     its key blocks (each once) before its epilogue; keyless tiles are written without a barrier;
-//  2. the producer and W consumers are run against each other with mbarrier semantics (phases,
-//     arrival counts, transaction completion) and named-barrier semantics (ping-pong), in random
-//     interleavings: every wait is eventually satisfied (no deadlock), every consumer reads the
-//     payload it expects (the producer visited the same steps, nothing overwritten early), and the
-//     arrivals balance (only WG 0's documented ping-pong token is left pending).
-// The mixed mode's shapes (kernels/sm90/convert.h) add a relay between the two: the producer loads
-// K and V into a ring of staging stages, and three converter agents (warps 1-3 of the producer
-// warpgroup) walk the producer's order, each waiting for a staging stage and a free K / V stage,
-// then arriving on both (the K / V full barriers count three arrivals, the ring's empty barriers
-// three). The simulation runs them with the others.
-// Then negative controls show the checks fail on a broken schedule. Prints "OK" on success.
+//  2. the roles are run against each other with mbarrier semantics (phases, arrival counts,
+//     transaction completion) and named-barrier semantics (ping-pong), in random interleavings:
+//     every wait is eventually satisfied (no deadlock), every reader reads the payload it expects
+//     (the writers visited the same steps, nothing overwritten early: no stage is written while a
+//     reader holds it), and the arrivals balance (only WG 0's documented ping-pong token is left
+//     pending).
+// Relays between the producer and the consumers (fwd_kernel.h "Pipelines"):
+//  - mixed mode (convert.h): the producer loads K and V into a ring of staging stages; three
+//    converter warps walk the producer's order (produce()), each waiting for a staging stage and
+//    a free K / V stage, then arriving on both (K / V full: three arrivals; ring empty: three);
+//  - FP8 (transpose.h): the producer loads V into the V stages; three transposer warps walk
+//    transpose_v(), each waiting for V and a free V^T stage, then releasing V (V empty: three
+//    arrivals) and committing V^T (V^T full: three arrivals; V^T empty: W), which the consumers
+//    read in V's place.
+// K / V multicast (the kMulticast tiles, cluster_m = 2): both CTAs of a cluster are simulated
+// together; each producer loads its half of every K / V block into both CTAs' stages (each CTA's
+// full barrier: its producer's arrival plus both halves), and each consumer warpgroup releases a
+// stage on both CTAs' empty barriers (2W arrivals), so a half lands in a stage only after both
+// CTAs' consumers released it.
+// Then negative controls show the checks fail on a broken schedule, relay or cluster. Prints "OK"
+// on success.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -59,9 +71,8 @@ static std::string context;
 // ------------------------------------------------------------------------------------------------
 // Events
 // ------------------------------------------------------------------------------------------------
-enum Pipe { kQ = 0, kK = 1, kV = 2, kStaging = 3, kNumPipes = 4 };
-static const char* kPipeName[] = {"Q", "K", "V", "staging"};
-static constexpr int kRelays = 3;  // the mixed mode's converter warps (kernel_traits.h)
+enum Pipe { kQ = 0, kK = 1, kV = 2, kStaging = 3, kVt = 4, kNumPipes = 5 };
+static const char* kPipeName[] = {"Q", "K", "V", "staging", "V^T"};
 // The mixed mode's staging ring (tile_config.h, fwd_config_mixed): one depth for every bucket.
 static constexpr int kStagingStages = fwd_config_mixed(128).staging_stages;
 static_assert(fwd_config_mixed(64).staging_stages == kStagingStages &&
@@ -88,26 +99,66 @@ struct Event {
   int stage = 0;
   uint32_t phase = 0;
   Payload payload;
+  // K / V multicast: a load's arrive_full lands half `rank` of the block in every CTA of the
+  // cluster; a release arrives on the empty barrier of every CTA of the cluster (barriers.h).
+  int peers = 1;
+  int rank = 0;
 };
 
-// Barrier backend of pipeline.h's ends that records instead of waiting.
+// Barrier backend of pipeline.h's ends that records instead of waiting. peers / rank: Spec::kPeers
+// of the end and the CTA's rank in its cluster.
 struct Recorder {
   std::vector<Event>* out;
   int pipe;
-  void wait_empty(int s, uint32_t phase) { out->push_back({kWaitEmpty, pipe, s, phase, {}}); }
-  void arrive_full_tx(int s, uint32_t) { out->push_back({kArriveFull, pipe, s, 0, {}}); }
-  void arrive_full(int s) { out->push_back({kArriveFull, pipe, s, 0, {}}); }
-  void wait_full(int s, uint32_t phase) { out->push_back({kWaitFull, pipe, s, phase, {}}); }
-  void arrive_empty(int s) { out->push_back({kArriveEmpty, pipe, s, 0, {}}); }
+  int peers = 1;
+  int rank = 0;
+  void push(Op op, int s, uint32_t phase) {
+    Event e{op, pipe, s, phase, {}};
+    e.peers = peers;
+    e.rank = rank;
+    out->push_back(e);
+  }
+  void wait_empty(int s, uint32_t phase) { push(kWaitEmpty, s, phase); }
+  void arrive_full_tx(int s, uint32_t) { push(kArriveFull, s, 0); }
+  void arrive_full(int s) { push(kArriveFull, s, 0); }
+  void wait_full(int s, uint32_t phase) { push(kWaitFull, s, phase); }
+  void arrive_empty(int s) { push(kArriveEmpty, s, 0); }
 };
 
 // ------------------------------------------------------------------------------------------------
 // Problem and kernel shape
 // ------------------------------------------------------------------------------------------------
-struct Shape {
-  int block_m, block_n, stages, q_stages, wgs;
-  bool overlap, merge, rescale_before;
-  int staging = 0;  // the mixed mode's staging ring (stages); 0: the producer loads K / V stages
+// The tables the kernels are instantiated from (tile_config.h), one enumerator per table.
+enum class Table { k16Bit, kShortMasked, kMulticast, kFp8, kMixed };
+constexpr FwdConfig config_of(int head_dim, Table t) {
+  return t == Table::k16Bit         ? fwd_config(head_dim)
+         : t == Table::kShortMasked ? fwd_config(head_dim, TileFamily::kShortMasked)
+         : t == Table::kMulticast   ? fwd_config(head_dim, TileFamily::kMulticast)
+         : t == Table::kFp8         ? fwd_config_fp8(head_dim)
+                                    : fwd_config_mixed(head_dim);
+}
+
+// A kernel shape as kernel_traits.h derives it from its table entry (kOverlapVariant: the
+// template's overlap switch, off in the 16-bit no-overlap ablation).
+template <int kHeadDim_, Table kTable_, bool kOverlapVariant = true>
+struct Built {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr Table kTable = kTable_;
+  static constexpr FwdConfig kConfig = config_of(kHeadDim, kTable);
+  static constexpr int kBlockM = kConfig.block_m;
+  static constexpr int kBlockN = kConfig.block_n;
+  static constexpr int kStages = kConfig.stages;
+  static constexpr int kQStages = kConfig.q_stages;
+  static constexpr int kWgs = kConfig.consumer_wgs;
+  static constexpr int kClusterM = kConfig.cluster_m;
+  static constexpr int kStaging = kConfig.staging_stages;  // the mixed mode's ring, else 0
+  static constexpr bool kFp8 = kTable == Table::kFp8;
+  static constexpr bool kOverlap = kOverlapVariant && kConfig.intra_wg_overlap;
+  static constexpr bool kVLag = kOverlap && !kFp8;
+  static constexpr bool kRescaleOBeforePv = kConfig.rescale_o_before_pv;
+  static constexpr bool kMergeTileBoundary = kConfig.merge_tile_boundary;
+  static_assert(kClusterM == 1 || (kTable == Table::kMulticast && kClusterM == 2));
+  static_assert((kStaging > 0) == (kTable == Table::kMixed));
 };
 
 struct Problem {
@@ -116,24 +167,42 @@ struct Problem {
   bool pingpong;
 };
 
+// Tiles are numbered by query block (not by scheduler tile: with multicast a scheduler tile is a
+// pair of query blocks, one per CTA of the cluster).
+template <class Cfg>
 static int tile_id(StaticTileScheduler const& s, TileCoord c) {
-  return (c.batch * s.heads + c.head) * s.num_m_blocks + c.m_block;
+  return (c.batch * s.heads + c.head) * (s.num_m_blocks * Cfg::kClusterM) + c.m_block;
 }
+
+// Negative controls. (The order of K loads relative to V loads is not one: K and V have separate
+// pipelines, so either order is correct; it only changes when V arrives.)
+struct Sabotage {
+  int skip_load = -1;         // the producer forgets a load
+  int wrong_block_load = -1;  // the producer loads the wrong key block
+  int skip_release_k = -1;    // a consumer forgets to release a K buffer
+  bool bad_split = false;     // the consumers run one masked block without the mask
+  bool extra_q_stage = false;  // the producer counts one Q buffer more than the consumers
+  int swap_relay = -1;         // a converter agent converts two blocks out of order (mixed)
+  int skip_vt_acquire = -1;    // FP8: a transposer writes this V^T without waiting for it free
+  bool vt_full_one = false;    // FP8: V^T full barriers count one transposer warp, not all
+  bool peers_forgotten = false;  // multicast: the consumers release their own CTA's stage only
+  bool own_half_only = false;    // multicast: a full barrier completes on its own half
+};
 
 // ------------------------------------------------------------------------------------------------
 // Producer recorder
 // ------------------------------------------------------------------------------------------------
-template <int QS, int S>
+template <class Cfg, int kQStages = Cfg::kQStages>
 struct MockProducer {
-  using QSpec = PipelineSpec<QS, 1>;  // the consumer count does not matter on this end
-  using KVSpec = PipelineSpec<S, 1>;
+  using QSpec = PipelineSpec<kQStages, 1>;  // the consumer count does not matter on this end
+  using KVSpec = PipelineSpec<Cfg::kStages, 1, 1, Cfg::kClusterM>;
   StaticTileScheduler const& sched;
   std::vector<Event> ev;
+  int rank;  // in the cluster
   ProducerEnd<QSpec, Recorder> q_pipe{{&ev, kQ}};
-  ProducerEnd<KVSpec, Recorder> k_pipe{{&ev, kK}};
-  ProducerEnd<KVSpec, Recorder> v_pipe{{&ev, kV}};
+  ProducerEnd<KVSpec, Recorder> k_pipe{{&ev, kK, Cfg::kClusterM, rank}};
+  ProducerEnd<KVSpec, Recorder> v_pipe{{&ev, kV, Cfg::kClusterM, rank}};
   // The mixed mode: K and V blocks go into the staging ring in load order (convert.h).
-  bool relay = false;
   ProducerEnd<PipelineSpec<kStagingStages, 1>, Recorder> staging_pipe{{&ev, kStaging}};
   // Sabotage for the negative controls: skip the load with this index, or load the next key
   // block instead of the scheduled one.
@@ -141,7 +210,7 @@ struct MockProducer {
   int wrong_block_load = -1;
   int loads = 0;
 
-  explicit MockProducer(StaticTileScheduler const& s) : sched(s) {}
+  MockProducer(StaticTileScheduler const& s, int r) : sched(s), rank(r) {}
 
   TileWork tile(TileWork const& w) { return w; }
   template <class End>
@@ -155,20 +224,27 @@ struct MockProducer {
     }
     end.load(/*leader=*/true, 0, [&](int) { ev.back().payload = payload; });
   }
-  void q(TileWork const& view, TileWork const&) { load(q_pipe, {tile_id(sched, view.tile), -1}); }
+  int id(TileWork const& view) const { return tile_id<Cfg>(sched, view.tile); }
+  void q(TileWork const& view, TileWork const&) { load(q_pipe, {id(view), -1}); }
   void k(TileWork const& view, KeyStep s) {
-    if (relay) {
-      load(staging_pipe, {tile_id(sched, view.tile), s.n, kK});
+    if (Cfg::kStaging > 0) {
+      load(staging_pipe, {id(view), s.n, kK});
     } else {
-      load(k_pipe, {tile_id(sched, view.tile), s.n});
+      load(k_pipe, {kv_id(view), s.n});
     }
   }
   void v(TileWork const& view, KeyStep s) {
-    if (relay) {
-      load(staging_pipe, {tile_id(sched, view.tile), s.n, kV});
+    if (Cfg::kStaging > 0) {
+      load(staging_pipe, {id(view), s.n, kV});
     } else {
-      load(v_pipe, {tile_id(sched, view.tile), s.n});
+      load(v_pipe, {kv_id(view), s.n});
     }
+  }
+  // K / V of a multicast pair are the pair's: named by the cluster's first query block.
+  int kv_id(TileWork const& view) const {
+    TileCoord c = view.tile;
+    c.m_block -= c.m_block % Cfg::kClusterM;
+    return tile_id<Cfg>(sched, c);
   }
   void prefetch(TileWork const&) {}
 };
@@ -177,10 +253,10 @@ struct MockProducer {
 // Converter recorder (the mixed mode's relay, convert.h): the producer's operations, converting
 // instead of loading, with convert.h's order of waits and arrivals.
 // ------------------------------------------------------------------------------------------------
-template <int S>
+template <class Cfg>
 struct MockConverter {
-  using StagingSpec = PipelineSpec<kStagingStages, kRelays>;
-  using KVSpec = PipelineSpec<S, 1, kRelays>;
+  using StagingSpec = PipelineSpec<kStagingStages, kConverterWarps>;
+  using KVSpec = PipelineSpec<Cfg::kStages, 1, kConverterWarps>;
   StaticTileScheduler const& sched;
   std::vector<Event> ev;
   ConsumerEnd<StagingSpec, Recorder> staging{{&ev, kStaging}};
@@ -197,8 +273,8 @@ struct MockConverter {
   TileWork tile(TileWork const& w) { return w; }
   void q(TileWork const&, TileWork const&) {}
   void prefetch(TileWork const&) {}
-  void k(TileWork const& view, KeyStep s) { convert(kK, {tile_id(sched, view.tile), s.n}); }
-  void v(TileWork const& view, KeyStep s) { convert(kV, {tile_id(sched, view.tile), s.n}); }
+  void k(TileWork const& view, KeyStep s) { convert(kK, {tile_id<Cfg>(sched, view.tile), s.n}); }
+  void v(TileWork const& view, KeyStep s) { convert(kV, {tile_id<Cfg>(sched, view.tile), s.n}); }
   void convert(int pipe, Payload payload) {
     if (converts++ == swap_at) {
       pending.push_back({pipe, payload});
@@ -224,22 +300,56 @@ struct MockConverter {
 };
 
 // ------------------------------------------------------------------------------------------------
+// Transposer recorder (FP8's relay, transpose.h Transposer::v): one warp's order of waits and
+// arrivals per V block, walked by schedule.h's transpose_v().
+// ------------------------------------------------------------------------------------------------
+template <class Cfg>
+struct MockTransposer {
+  using VSpec = PipelineSpec<Cfg::kStages, kTransposerWarps>;
+  using VtSpec = PipelineSpec<Cfg::kStages, Cfg::kWgs, /*kFullArrivals=*/kTransposerWarps>;
+  StaticTileScheduler const& sched;
+  std::vector<Event> ev;
+  ConsumerEnd<VSpec, Recorder> v_in{{&ev, kV}};
+  WriterEnd<VtSpec, Recorder> vt_out{{&ev, kVt}};
+  int skip_acquire = -1;  // sabotage: the V block with this index skips the wait for V^T
+  int blocks = 0;
+
+  explicit MockTransposer(StaticTileScheduler const& s) : sched(s) {}
+
+  // transpose.h: v_pipe.wait(); vt_pipe.acquire(); ldmatrix / stmatrix, proxy fence;
+  // v_pipe.release(); vt_pipe.commit().
+  void v(TileWork const& w, KeyStep s) {
+    const Payload payload{tile_id<Cfg>(sched, w.tile), s.n};
+    v_in.wait();
+    ev.back().payload = payload;
+    if (blocks++ != skip_acquire) {
+      vt_out.acquire();
+    }
+    v_in.release(/*leader=*/true);
+    ev.back().payload = payload;
+    vt_out.commit(/*leader=*/true);
+    ev.back().payload = payload;
+  }
+};
+
+// ------------------------------------------------------------------------------------------------
 // Consumer recorder with the single-agent checks (1.)
 // ------------------------------------------------------------------------------------------------
-template <int QS, int S>
+template <class Cfg>
 struct MockConsumer {
-  using QSpec = PipelineSpec<QS, 1>;
-  using KVSpec = PipelineSpec<S, 1>;
+  using QSpec = PipelineSpec<Cfg::kQStages, 1>;
+  using KVSpec = PipelineSpec<Cfg::kStages, 1>;
   struct TileState {};
 
   StaticTileScheduler const& sched;
   Problem const& prob;
-  Shape const& shape;
   int wg;
+  int peers;  // the CTAs whose empty barriers a K / V release arrives on (multicast: 2)
   std::vector<Event> ev;
   ConsumerEnd<QSpec, Recorder> q_pipe{{&ev, kQ}};
-  ConsumerEnd<KVSpec, Recorder> k_pipe{{&ev, kK}};
-  ConsumerEnd<KVSpec, Recorder> v_pipe{{&ev, kV}};
+  ConsumerEnd<KVSpec, Recorder> k_pipe{{&ev, kK, peers}};
+  // FP8: the consumers read V^T, the transposer's output, in V's place (mma.h).
+  ConsumerEnd<KVSpec, Recorder> v_pipe{{&ev, Cfg::kFp8 ? kVt : kV, peers}};
   // Sabotage for the negative controls: skip the K release with this index.
   int skip_release_k = -1;
   int releases_k = 0;
@@ -256,10 +366,15 @@ struct MockConsumer {
   int scales_of = -1;  // the tile whose scales the state holds (FP8: transform's softcap factor)
   std::vector<int> finished, emptied;  // tile ids written
 
-  MockConsumer(StaticTileScheduler const& s, Problem const& p, Shape const& sh, int wg_)
-      : sched(s), prob(p), shape(sh), wg(wg_) {}
+  MockConsumer(StaticTileScheduler const& s, Problem const& p, int wg_, int peers_)
+      : sched(s), prob(p), wg(wg_), peers(peers_) {}
 
-  int id(TileWork const& w) const { return tile_id(sched, w.tile); }
+  int id(TileWork const& w) const { return tile_id<Cfg>(sched, w.tile); }
+  // K / V of a multicast pair are named by the pair's first query block (MockProducer::kv_id).
+  int kv_of(int tile) const {
+    return tile - tile % (sched.num_m_blocks * Cfg::kClusterM) % Cfg::kClusterM;
+  }
+  int kv_id(TileWork const& w) const { return kv_of(id(w)); }
 
   template <class End>
   void wait(End& end, int pipe, Payload payload) {
@@ -274,7 +389,7 @@ struct MockConsumer {
           kPipeName[pipe], payload.tile, payload.n);
     for (auto const& g : in_flight) {
       // S reads Q and K (its payload is the K block), PV reads V.
-      const bool reads = pipe == kQ   ? g.first == 'S' && g.second.tile == payload.tile
+      const bool reads = pipe == kQ   ? g.first == 'S' && g.second.tile == kv_of(payload.tile)
                          : pipe == kK ? g.first == 'S' && g.second == payload
                                       : g.first == 'P' && g.second == payload;
       CHECK(!reads, "WG %d releases %s (tile %d, n %d) while a GEMM reading it is in flight", wg,
@@ -289,30 +404,30 @@ struct MockConsumer {
 
   void wait_q(TileWork const& w) { wait(q_pipe, kQ, {id(w), -1}); }
   void release_q(TileWork const& w) { release(q_pipe, kQ, {id(w), -1}); }
-  void wait_k(TileWork const& w, KeyStep s) { wait(k_pipe, kK, {id(w), s.n}); }
+  void wait_k(TileWork const& w, KeyStep s) { wait(k_pipe, kK, {kv_id(w), s.n}); }
   void release_k(TileWork const& w, KeyStep s) {
     if (releases_k++ == skip_release_k) {
       held[kK].erase(held[kK].begin());
       return;
     }
-    release(k_pipe, kK, {id(w), s.n});
+    release(k_pipe, kK, {kv_id(w), s.n});
   }
-  void wait_v(TileWork const& w, KeyStep s) { wait(v_pipe, kV, {id(w), s.n}); }
-  void release_v(TileWork const& w, KeyStep s) { release(v_pipe, kV, {id(w), s.n}); }
+  void wait_v(TileWork const& w, KeyStep s) { wait(v_pipe, kV, {kv_id(w), s.n}); }
+  void release_v(TileWork const& w, KeyStep s) { release(v_pipe, kV, {kv_id(w), s.n}); }
 
   void turn_start() {
     if (prob.pingpong && wg == 0) {
-      ev.push_back({kTurnStart, 0, 0, 0, {}});
+      ev.push_back({kTurnStart, 0, 0, 0, {}, 1, 0});
     }
   }
   void turn_wait() {
     if (prob.pingpong) {
-      ev.push_back({kTurnWait, 0, wg, 0, {}});
+      ev.push_back({kTurnWait, 0, wg, 0, {}, 1, 0});
     }
   }
   void turn_pass() {
     if (prob.pingpong) {
-      ev.push_back({kTurnPass, 0, (wg + 1) % shape.wgs, 0, {}});
+      ev.push_back({kTurnPass, 0, (wg + 1) % Cfg::kWgs, 0, {}, 1, 0});
     }
   }
 
@@ -323,8 +438,9 @@ struct MockConsumer {
     if (held[kQ].empty() || held[kK].empty()) {
       return;
     }
-    CHECK(held[kQ].front().tile == held[kK].front().tile, "WG %d: S of Q tile %d with K of tile %d",
-          wg, held[kQ].front().tile, held[kK].front().tile);
+    CHECK(kv_of(held[kQ].front().tile) == held[kK].front().tile,
+          "WG %d: S of Q tile %d with K of tile %d", wg, held[kQ].front().tile,
+          held[kK].front().tile);
     for (auto const& g : in_flight) {
       CHECK(g.first != 'S', "WG %d issues S while the previous S is in flight", wg);
     }
@@ -376,18 +492,18 @@ struct MockConsumer {
   template <bool kMasked>
   void transform(TileState&, TileWork const& w, KeyStep step) {
     CHECK(s_ready && !gemm_in_flight('S'), "WG %d transforms S before its GEMM completed", wg);
-    CHECK((s_block == Payload{id(w), step.n}), "WG %d transforms S of (%d, %d) as (%d, %d)", wg,
-          s_block.tile, s_block.n, id(w), step.n);
+    CHECK((s_block == Payload{kv_id(w), step.n}), "WG %d transforms S of (%d, %d) as (%d, %d)",
+          wg, s_block.tile, s_block.n, kv_id(w), step.n);
     CHECK(scales_of == id(w), "WG %d transforms S of tile %d with tile %d's scales", wg, id(w),
           scales_of);
     if (!kMasked) {
       // Every element of the block must be visible to every real row of the tile.
-      const int r0 = w.tile.m_block * shape.block_m;
-      const int r1 = std::min(r0 + shape.block_m, prob.seqlen_q);
-      const int c0 = step.n * shape.block_n;
+      const int r0 = w.tile.m_block * Cfg::kBlockM;
+      const int r1 = std::min(r0 + Cfg::kBlockM, prob.seqlen_q);
+      const int c0 = step.n * Cfg::kBlockN;
       bool all = true;
       for (int r = r0; r < r1 && all; ++r) {
-        for (int c = c0; c < c0 + shape.block_n; ++c) {
+        for (int c = c0; c < c0 + Cfg::kBlockN; ++c) {
           if (!prob.mask.visible(r, c)) {
             all = false;
             break;
@@ -445,7 +561,7 @@ struct MockConsumer {
     CHECK(!gemm_in_flight('P'), "WG %d finishes O with a PV in flight", wg);
     std::set<Payload> all;
     for (int n = w.range.n_min; n < w.range.n_max; ++n) {
-      all.insert({id(w), n});
+      all.insert({kv_id(w), n});
     }
     std::set<Payload>& st = kPrevious ? finishing_stats : stats;
     CHECK(o_blocks == all, "WG %d finishes tile %d with %zu of its %zu PV blocks", wg, id(w),
@@ -479,50 +595,62 @@ struct Mbarrier {
   bool passes(uint32_t phase) const { return uint32_t(completed & 1) != phase; }
 };
 
-// relays: the mixed mode's converter agents (none otherwise), between the producer and the
-// consumers through the staging ring of `staging` stages.
-static bool simulate(std::vector<Event> const& producer,
-                     std::vector<std::vector<Event>> const& cons, int q_stages, int stages,
-                     int wgs, std::mt19937& rng,
-                     std::vector<std::vector<Event>> const& relays = {}, int staging = 0) {
-  const int num_stages[kNumPipes] = {q_stages, stages, stages, relays.empty() ? 0 : staging};
-  std::vector<Mbarrier> full[kNumPipes], empty[kNumPipes];
-  std::vector<Payload> slot[kNumPipes];
-  for (int p = 0; p < kNumPipes; ++p) {
-    full[p].assign(num_stages[p], Mbarrier{});
-    empty[p].assign(num_stages[p], Mbarrier{});
-    for (auto& b : empty[p]) {
-      b.count = p == kStaging ? int(relays.size()) : wgs;
-    }
-    if (!relays.empty() && (p == kK || p == kV)) {
-      for (auto& b : full[p]) {
-        b.count = int(relays.size());
-      }
-    }
-    slot[p].assign(num_stages[p], Payload{});
-  }
-  std::vector<int> turn_pending(wgs, 0);  // arrivals of the handing-over side per named barrier
-  const int num_relays = int(relays.size());
-  const int agents = 1 + num_relays + wgs;
-  std::vector<size_t> pc(agents, 0);
-  auto program = [&](int a) -> std::vector<Event> const& {
-    return a == 0 ? producer : a <= num_relays ? relays[a - 1] : cons[a - 1 - num_relays];
+// Per pipe: its stages and the arrival counts of its full and empty barriers (PipelineSpec's
+// kFullArrivals and kEmptyArrivals; with multicast the full barrier's count here adds one arrival
+// per half that lands, standing for the transaction bytes).
+struct PipeCounts {
+  int stages = 0, full = 1, empty = 1;
+};
+
+struct Agent {
+  int cta;          // in the cluster
+  bool reader;      // holds stages between its waits on full and its releases (consumer, relay)
+  std::vector<Event> prog;
+};
+
+// The agents of one CTA, or of the CTAs of one multicast cluster, run together.
+static bool simulate(std::vector<Agent> const& agents, int ctas, PipeCounts const* pipes, int wgs,
+                     std::mt19937& rng) {
+  struct Cta {
+    std::vector<Mbarrier> full[kNumPipes], empty[kNumPipes];
+    std::vector<std::vector<Payload>> slot[kNumPipes];  // [stage][half]: what each half holds
+    std::vector<int> holders[kNumPipes];                // [stage]: readers holding it now
+    std::vector<int> turn_pending;  // arrivals of the handing-over side per named barrier
   };
+  std::vector<Cta> st(ctas);
+  for (Cta& c : st) {
+    for (int p = 0; p < kNumPipes; ++p) {
+      c.full[p].assign(pipes[p].stages, Mbarrier{pipes[p].full});
+      c.empty[p].assign(pipes[p].stages, Mbarrier{pipes[p].empty});
+      c.slot[p].assign(pipes[p].stages, std::vector<Payload>(ctas));
+      c.holders[p].assign(pipes[p].stages, 0);
+    }
+    c.turn_pending.assign(wgs, 0);
+  }
+  std::vector<size_t> pc(agents.size(), 0);
   bool ok = true;
   auto fail = [&](char const* what, int a, Event const& e) {
-    CHECK(false, "%s: agent %d event %zu (op %d, %s stage %d, tile %d n %d)", what, a, pc[a],
-          int(e.op), kPipeName[e.pipe], e.stage, e.payload.tile, e.payload.n);
+    CHECK(false, "%s: agent %d (cta %d) event %zu (op %d, %s stage %d, tile %d n %d)", what, a,
+          agents[a].cta, pc[a], int(e.op), kPipeName[e.pipe], e.stage, e.payload.tile,
+          e.payload.n);
     ok = false;
   };
-  std::vector<int> order(agents);
-  for (int a = 0; a < agents; ++a) {
-    order[a] = a;
+  // The halves a write lands: with multicast its own half in every CTA of the cluster, else the
+  // whole stage of its own CTA.
+  auto halves_hold = [&](Cta const& c, Event const& e) {
+    return std::all_of(c.slot[e.pipe][e.stage].begin(), c.slot[e.pipe][e.stage].end(),
+                       [&](Payload const& h) { return h == e.payload; });
+  };
+  std::vector<int> order(agents.size());
+  for (size_t a = 0; a < agents.size(); ++a) {
+    order[a] = int(a);
   }
   for (;;) {
     bool progress = false, done = true;
     std::shuffle(order.begin(), order.end(), rng);
     for (int a : order) {
-      auto const& prog = program(a);
+      auto const& prog = agents[a].prog;
+      Cta& c = st[agents[a].cta];
       // Run this agent a random number of events (models fast and slow roles).
       int burst = 1 + int(rng() % 4);
       while (burst-- > 0 && pc[a] < prog.size()) {
@@ -530,45 +658,73 @@ static bool simulate(std::vector<Event> const& producer,
         bool ran = true;
         switch (e.op) {
           case kWaitEmpty:
-            ran = empty[e.pipe][e.stage].passes(e.phase);
+            ran = c.empty[e.pipe][e.stage].passes(e.phase);
             break;
-          case kArriveFull:
-            // Several writers of one stage (the relays) must agree on what it holds.
-            if (full[e.pipe][e.stage].pending > 0 && slot[e.pipe][e.stage] != e.payload) {
-              fail("writers of one stage disagree on its block", a, e);
+          case kArriveFull: {
+            const bool multicast = e.peers > 1;
+            for (int q = 0; q < ctas; ++q) {
+              if (!multicast && q != agents[a].cta) {
+                continue;
+              }
+              Cta& t = st[q];
+              if (t.holders[e.pipe][e.stage] > 0) {
+                fail(q == agents[a].cta ? "a stage written while a reader holds it"
+                                        : "a multicast load lands in a stage a peer's reader holds",
+                     a, e);
+                return false;
+              }
+              auto& halves = t.slot[e.pipe][e.stage];
+              if (multicast) {
+                halves[e.rank] = e.payload;
+                t.full[e.pipe][e.stage].arrive();  // the half's bytes
+              } else {
+                // Several writers of one stage (the relays) must agree on what it holds.
+                if (t.full[e.pipe][e.stage].pending > 0 && halves[0] != e.payload) {
+                  fail("writers of one stage disagree on its block", a, e);
+                  return false;
+                }
+                std::fill(halves.begin(), halves.end(), e.payload);
+              }
+            }
+            c.full[e.pipe][e.stage].arrive();  // the writer's own arrival (arrive_expect_tx)
+            break;
+          }
+          case kWaitFull:
+            ran = c.full[e.pipe][e.stage].passes(e.phase);
+            if (ran && !halves_hold(c, e)) {
+              fail("a reader read a stage holding another block", a, e);
               return false;
             }
-            slot[e.pipe][e.stage] = e.payload;
-            full[e.pipe][e.stage].arrive();
-            break;
-          case kWaitFull:
-            ran = full[e.pipe][e.stage].passes(e.phase);
-            if (ran && slot[e.pipe][e.stage] != e.payload) {
-              fail("consumer read a buffer holding another block", a, e);
-              return false;
+            if (ran && agents[a].reader) {
+              ++c.holders[e.pipe][e.stage];
             }
             break;
           case kArriveEmpty:
-            if (slot[e.pipe][e.stage] != e.payload) {
-              fail("consumer released a buffer that was overwritten", a, e);
+            if (!halves_hold(c, e)) {
+              fail("a reader released a stage that was overwritten", a, e);
               return false;
             }
-            empty[e.pipe][e.stage].arrive();
+            --c.holders[e.pipe][e.stage];
+            for (int q = 0; q < ctas; ++q) {  // barriers.h: every peer's barrier, this CTA's too
+              if (e.peers > 1 || q == agents[a].cta) {
+                st[q].empty[e.pipe][e.stage].arrive();
+              }
+            }
             break;
           case kTurnStart:
-            if (++turn_pending[0] > 1) {
+            if (++c.turn_pending[0] > 1) {
               fail("two arrivals in one ping-pong generation", a, e);
               return false;
             }
             break;
           case kTurnWait:
-            ran = turn_pending[e.stage] > 0;
+            ran = c.turn_pending[e.stage] > 0;
             if (ran) {
-              --turn_pending[e.stage];
+              --c.turn_pending[e.stage];
             }
             break;
           case kTurnPass:
-            if (++turn_pending[e.stage] > 1) {
+            if (++c.turn_pending[e.stage] > 1) {
               fail("two arrivals in one ping-pong generation", a, e);
               return false;
             }
@@ -586,33 +742,35 @@ static bool simulate(std::vector<Event> const& producer,
       break;
     }
     if (!progress) {
-      for (int a = 0; a < agents; ++a) {
-        if (pc[a] < program(a).size()) {
-          fail("deadlock", a, program(a)[pc[a]]);
+      for (size_t a = 0; a < agents.size(); ++a) {
+        if (pc[a] < agents[a].prog.size()) {
+          fail("deadlock", int(a), agents[a].prog[pc[a]]);
           break;
         }
       }
       return false;
     }
   }
-  for (int p = 0; p < kNumPipes; ++p) {
-    for (auto const& b : full[p]) {
-      if (b.pending != 0) {
-        ok = false;
+  for (Cta const& c : st) {
+    for (int p = 0; p < kNumPipes; ++p) {
+      for (auto const& b : c.full[p]) {
+        if (b.pending != 0) {
+          ok = false;
+        }
       }
     }
-  }
-  // WG 0's first-turn token (or the last pass back to WG 0) is the only unmatched arrival.
-  for (int c = 0; c < wgs; ++c) {
-    const bool any_turns = !cons.empty() && std::any_of(cons[0].begin(), cons[0].end(),
-                                                        [](Event const& e) {
-                                                          return e.op == kTurnStart;
-                                                        });
-    const int expected = (c == 0 && any_turns) ? 1 : 0;
-    if (turn_pending[c] != expected) {
-      CHECK(false, "named barrier %d ends with %d pending arrivals, expected %d", c,
-            turn_pending[c], expected);
-      ok = false;
+    // WG 0's first-turn token (or the last pass back to WG 0) is the only unmatched arrival.
+    const bool any_turns = std::any_of(agents.begin(), agents.end(), [](Agent const& ag) {
+      return std::any_of(ag.prog.begin(), ag.prog.end(),
+                         [](Event const& e) { return e.op == kTurnStart; });
+    });
+    for (int w = 0; w < wgs; ++w) {
+      const int expected = (w == 0 && any_turns) ? 1 : 0;
+      if (c.turn_pending[w] != expected) {
+        CHECK(false, "named barrier %d ends with %d pending arrivals, expected %d", w,
+              c.turn_pending[w], expected);
+        ok = false;
+      }
     }
   }
   if (!ok) {
@@ -624,24 +782,6 @@ static bool simulate(std::vector<Event> const& producer,
 // ------------------------------------------------------------------------------------------------
 // One problem on one kernel shape
 // ------------------------------------------------------------------------------------------------
-template <bool kO, bool kM, bool kR>
-struct CfgT {
-  static constexpr bool kOverlap = kO;
-  static constexpr bool kMergeTileBoundary = kM;
-  static constexpr bool kRescaleOBeforePv = kR;
-};
-
-// Negative controls. (The order of K loads relative to V loads is not one: K and V have separate
-// pipelines, so either order is correct; it only changes when V arrives.)
-struct Sabotage {
-  int skip_load = -1;         // the producer forgets a load
-  int wrong_block_load = -1;  // the producer loads the wrong key block
-  int skip_release_k = -1;    // a consumer forgets to release a K buffer
-  bool bad_split = false;     // the consumers run one masked block without the mask
-  bool extra_q_stage = false;  // the producer counts one Q buffer more than the consumers
-  int swap_relay = -1;         // a converter agent converts two blocks out of order (mixed)
-};
-
 // A schedule whose unmasked split claims one block too many on the right (negative control).
 template <int BM, int BN>
 struct BadSplitSchedule {
@@ -669,77 +809,113 @@ struct BadSplitSchedule {
   }
 };
 
-template <int BM, int BN, int QS, int S, class C>
-static bool run_case(Problem const& prob, Shape const& shape, std::mt19937& rng, Sabotage sab) {
+// The pipes' stages and counts as kernel_traits.h sets them (QPipe, KVPipe, VPipe, VtPipe,
+// StagingPipe), with the sabotages' changes.
+template <class Cfg>
+static void pipe_counts(PipeCounts* pipes, Sabotage const& sab) {
+  constexpr int W = Cfg::kWgs, S = Cfg::kStages, C = Cfg::kClusterM;
+  pipes[kQ] = {Cfg::kQStages + int(sab.extra_q_stage), 1, W};
+  const int release_peers = sab.peers_forgotten ? 1 : C;
+  const int kv_full = Cfg::kStaging > 0 ? kConverterWarps
+                      : C > 1           ? 1 + (sab.own_half_only ? 1 : C)
+                                        : 1;
+  pipes[kK] = {S, kv_full, W * release_peers};
+  pipes[kV] = {S, kv_full, Cfg::kFp8 ? kTransposerWarps : W * release_peers};
+  pipes[kStaging] = {Cfg::kStaging, 1, kConverterWarps};
+  pipes[kVt] = {Cfg::kFp8 ? S : 0, sab.vt_full_one ? 1 : kTransposerWarps, W};
+}
+
+template <class Cfg>
+static bool run_case(Problem const& prob, std::mt19937& rng, Sabotage sab) {
+  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, C = Cfg::kClusterM;
   const StaticTileScheduler sched = StaticTileScheduler::make(
       prob.seqlen_q, prob.seqlen_k, BM, prob.heads, prob.heads_per_kv, prob.batch,
       int64_t(prob.seqlen_k) * 128 * 4, /*longest_first=*/prob.mask.window_left >= 0 ||
                                             prob.mask.window_right >= 0 || prob.mask.chunk > 0,
-      prob.grid_sms);
-  std::vector<int> written(sched.total_tiles, 0);
+      prob.grid_sms, C);
+  const int m_blocks = (prob.seqlen_q + BM - 1) / BM;
+  std::vector<int> written(size_t(sched.num_hb) * sched.num_m_blocks * C, 0);
   const int failures_before = failures;
+  PipeCounts pipes[kNumPipes];
+  pipe_counts<Cfg>(pipes, sab);
   bool ok = true;
-  for (int cta = 0; cta < sched.grid; ++cta) {
-    const CtaSchedule<BM, BN> cs{sched, prob.mask, cta};
-    std::vector<Event> produced;
-    const bool relay = shape.staging > 0;
-    if (sab.extra_q_stage) {
-      MockProducer<QS + 1, S> producer(sched);
-      producer.relay = relay;
-      produce<C::kOverlap>(cs, producer);
-      produced = std::move(producer.ev);
-    } else {
-      MockProducer<QS, S> producer(sched);
-      producer.relay = relay;
-      producer.skip_load = sab.skip_load;
-      producer.wrong_block_load = sab.wrong_block_load;
-      produce<C::kOverlap>(cs, producer);
-      produced = std::move(producer.ev);
-    }
-    std::vector<std::vector<Event>> relays;
-    for (int r = 0; relay && r < kRelays; ++r) {
-      MockConverter<S> converter(sched);
-      converter.swap_at = r == 1 ? sab.swap_relay : -1;
-      produce<C::kOverlap>(cs, converter);
-      relays.push_back(std::move(converter.ev));
-    }
-    std::vector<std::vector<Event>> cons;
-    for (int wg = 0; wg < shape.wgs; ++wg) {
-      MockConsumer<QS, S> consumer(sched, prob, shape, wg);
-      consumer.skip_release_k = sab.skip_release_k;
-      if (sab.bad_split) {
-        consume<C>(BadSplitSchedule<BM, BN>{cs}, consumer);
+  for (int cluster = 0; cluster < sched.grid; ++cluster) {
+    std::vector<Agent> agents;
+    for (int rank = 0; rank < C; ++rank) {
+      const CtaSchedule<BM, BN> cs{sched, prob.mask, cluster, C, rank};
+      if (sab.extra_q_stage) {
+        MockProducer<Cfg, Cfg::kQStages + 1> producer(sched, rank);
+        produce<Cfg::kVLag>(cs, producer);
+        agents.push_back({rank, false, std::move(producer.ev)});
       } else {
-        consume<C>(cs, consumer);
+        MockProducer<Cfg> producer(sched, rank);
+        producer.skip_load = sab.skip_load;
+        producer.wrong_block_load = sab.wrong_block_load;
+        produce<Cfg::kVLag>(cs, producer);
+        agents.push_back({rank, false, std::move(producer.ev)});
       }
-      for (int p = 0; p < kNumPipes; ++p) {
-        CHECK(consumer.held[p].empty(), "WG %d ends holding %zu %s buffers", wg,
-              consumer.held[p].size(), kPipeName[p]);
+      for (int r = 0; Cfg::kStaging > 0 && r < kConverterWarps; ++r) {
+        MockConverter<Cfg> converter(sched);
+        converter.swap_at = r == 1 ? sab.swap_relay : -1;
+        produce<Cfg::kVLag>(cs, converter);
+        agents.push_back({rank, true, std::move(converter.ev)});
       }
-      CHECK(consumer.in_flight.empty(), "WG %d ends with GEMMs in flight", wg);
-      if (wg == 0) {
-        for (int t : consumer.finished) {
-          ++written[t];
+      for (int r = 0; Cfg::kFp8 && r < kTransposerWarps; ++r) {
+        MockTransposer<Cfg> transposer(sched);
+        transposer.skip_acquire = r == 1 ? sab.skip_vt_acquire : -1;
+        transpose_v(cs, transposer);
+        agents.push_back({rank, true, std::move(transposer.ev)});
+      }
+      for (int wg = 0; wg < Cfg::kWgs; ++wg) {
+        MockConsumer<Cfg> consumer(sched, prob, wg, sab.peers_forgotten ? 1 : C);
+        consumer.skip_release_k = sab.skip_release_k;
+        if (sab.bad_split) {
+          consume<Cfg>(BadSplitSchedule<BM, BN>{cs}, consumer);
+        } else {
+          consume<Cfg>(cs, consumer);
         }
-        for (int t : consumer.emptied) {
-          ++written[t];
+        for (int p = 0; p < kNumPipes; ++p) {
+          CHECK(consumer.held[p].empty(), "WG %d ends holding %zu %s buffers", wg,
+                consumer.held[p].size(), kPipeName[p]);
         }
+        CHECK(consumer.in_flight.empty(), "WG %d ends with GEMMs in flight", wg);
+        if (wg == 0) {
+          for (int t : consumer.finished) {
+            ++written[t];
+          }
+          for (int t : consumer.emptied) {
+            ++written[t];
+          }
+        }
+        agents.push_back({rank, true, std::move(consumer.ev)});
       }
-      cons.push_back(std::move(consumer.ev));
     }
-    if (!simulate(produced, cons, QS + int(sab.extra_q_stage), S, shape.wgs, rng, relays,
-                  shape.staging)) {
+    if (!simulate(agents, C, pipes, Cfg::kWgs, rng)) {
       ok = false;
     }
   }
-  for (int t = 0; t < sched.total_tiles; ++t) {
-    CHECK(written[t] == 1, "tile %d written %d times", t, written[t]);
+  // Every query block once (a multicast pair past the last block runs too, storing nothing).
+  for (size_t t = 0; t < written.size(); ++t) {
+    const int m = int(t % (sched.num_m_blocks * C));
+    CHECK(written[t] == (m < m_blocks ? 1 : written[t]) && written[t] <= 1,
+          "tile %zu written %d times", t, written[t]);
   }
   return ok && failures == failures_before;
 }
 
-template <int BM, int BN, int QS, int S, class C>
-static void run_shape(Shape const& shape, std::mt19937& rng, int problems) {
+template <class Cfg>
+static std::string shape_name() {
+  static const char* kTableName[] = {"16-bit", "short-masked", "multicast", "FP8", "mixed"};
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), "d%d %s: BM %d BN %d QS %d S %d W %d cluster %d ov %d merge %d",
+                Cfg::kHeadDim, kTableName[int(Cfg::kTable)], Cfg::kBlockM, Cfg::kBlockN,
+                Cfg::kQStages, Cfg::kStages, Cfg::kWgs, Cfg::kClusterM, int(Cfg::kOverlap),
+                int(Cfg::kMergeTileBoundary));
+  return buf;
+}
+
+template <class Cfg>
+static void run_shape(std::mt19937& rng, int problems) {
   for (int i = 0; i < problems; ++i) {
     Problem prob;
     const int len_kind = int(rng() % 4);
@@ -754,7 +930,8 @@ static void run_shape(Shape const& shape, std::mt19937& rng, int problems) {
     prob.batch = 1 + int(rng() % 3);
     const int grids[] = {1, 2, 3, 7, 132};
     prob.grid_sms = grids[rng() % 5];
-    const int kind = int(rng() % 6);
+    // The multicast tile runs calls without a mask only (fwd_launch.h).
+    const int kind = Cfg::kClusterM > 1 ? 0 : int(rng() % 6);
     int wl = -1, wr = -1, chunk = 0;
     if (kind == 1) {
       wr = 0;  // causal
@@ -776,19 +953,35 @@ static void run_shape(Shape const& shape, std::mt19937& rng, int problems) {
     }
     char buf[256];
     std::snprintf(buf, sizeof(buf),
-                  "BM %d BN %d QS %d S %d W %d ov %d merge %d | b %d h %d g %d sq %d sk %d wl %d "
-                  "wr %d chunk %d grid %d pp %d",
-                  BM, BN, QS, S, shape.wgs, int(C::kOverlap), int(C::kMergeTileBoundary),
-                  prob.batch, prob.heads, prob.heads_per_kv, prob.seqlen_q, prob.seqlen_k, wl, wr,
-                  chunk, prob.grid_sms, int(prob.pingpong));
-    context = buf;
-    run_case<BM, BN, QS, S, C>(prob, shape, rng, Sabotage{});
+                  " | b %d h %d g %d sq %d sk %d wl %d wr %d chunk %d grid %d pp %d", prob.batch,
+                  prob.heads, prob.heads_per_kv, prob.seqlen_q, prob.seqlen_k, wl, wr, chunk,
+                  prob.grid_sms, int(prob.pingpong));
+    context = shape_name<Cfg>() + buf;
+    run_case<Cfg>(prob, rng, Sabotage{});
   }
 }
 
+// Runs one sabotaged case with failures silenced; true if it reported a failure. Sabotages that
+// show in some interleavings only get `attempts` runs.
+template <class Cfg>
+static bool caught(Problem const& prob, std::mt19937& rng, Sabotage const& s, int attempts = 1) {
+  for (int attempt = 0; attempt < attempts; ++attempt) {
+    const int before = failures;
+    quiet = true;
+    const bool ok = run_case<Cfg>(prob, rng, s);
+    const bool any = !ok || failures != before;
+    failures = before;
+    quiet = false;
+    if (any) {
+      return true;
+    }
+  }
+  return false;
+}
+
 // The checks must be able to fail: each sabotage of a valid schedule is caught.
-template <int BM, int BN, int QS, int S, class C>
-static void negative_controls(Shape const& shape, std::mt19937& rng) {
+template <class Cfg>
+static void negative_controls(std::mt19937& rng) {
   Problem prob;
   prob.batch = 1;
   prob.heads = 2;
@@ -796,27 +989,48 @@ static void negative_controls(Shape const& shape, std::mt19937& rng) {
   prob.seqlen_q = 700;
   prob.seqlen_k = 900;
   prob.grid_sms = 3;
-  prob.mask = AttentionMask{700, 900, -1, 0};
+  prob.mask = AttentionMask{700, 900, -1, Cfg::kClusterM > 1 ? -1 : 0};
   prob.pingpong = true;
-  Sabotage sabotages[6];
+  context = "negative control, " + shape_name<Cfg>();
+  CHECK(!caught<Cfg>(prob, rng, {}), "the unsabotaged control fails");
+  Sabotage sabotages[5];
   sabotages[0].skip_load = 5;
   sabotages[1].wrong_block_load = 4;
   sabotages[2].skip_release_k = 3;
-  sabotages[3].bad_split = true;
+  sabotages[3].bad_split = Cfg::kClusterM == 1;  // unmasked calls have no split to break
   sabotages[4].extra_q_stage = true;
-  sabotages[5].swap_relay = 4;
   for (Sabotage const& s : sabotages) {
-    if (s.swap_relay >= 0 && shape.staging == 0) {
-      continue;  // no relay to sabotage
+    if (&s == &sabotages[3] && !s.bad_split) {
+      continue;
     }
-    const int before = failures;
-    quiet = true;
-    const bool ok = run_case<BM, BN, QS, S, C>(prob, shape, rng, s);
-    const bool caught = !ok || failures != before;
-    failures = before;
-    quiet = false;
-    context = "negative control";
-    CHECK(caught, "sabotage %d went unnoticed", int(&s - sabotages));
+    CHECK(caught<Cfg>(prob, rng, s), "sabotage %d went unnoticed", int(&s - sabotages));
+  }
+  if constexpr (Cfg::kStaging > 0) {
+    Sabotage swap;
+    swap.swap_relay = 4;
+    CHECK(caught<Cfg>(prob, rng, swap), "a converter's swapped blocks went unnoticed");
+  }
+  if constexpr (Cfg::kFp8) {
+    // The transposer relay: a warp writing V^T before the consumers released it, and V^T
+    // published after one warp's part of the block.
+    Sabotage early;
+    early.skip_vt_acquire = 3;
+    CHECK(caught<Cfg>(prob, rng, early, 20), "a V^T stage written while read went unnoticed");
+    Sabotage one;
+    one.vt_full_one = true;
+    CHECK(caught<Cfg>(prob, rng, one, 20), "V^T published by one transposer warp went unnoticed");
+  }
+  if constexpr (Cfg::kClusterM > 1) {
+    // The multicast peers: a stage refilled once this CTA's consumers released it, while the
+    // peer's still read it; a full barrier that does not wait for the peer's half.
+    Sabotage own;
+    own.peers_forgotten = true;
+    CHECK(caught<Cfg>(prob, rng, own, 20),
+          "empty barriers without the peer's releases went unnoticed");
+    Sabotage half;
+    half.own_half_only = true;
+    CHECK(caught<Cfg>(prob, rng, half, 20),
+          "a full barrier completing on its own half went unnoticed");
   }
 }
 
@@ -890,30 +1104,45 @@ int main(int argc, char** argv) {
   context = "mask";
   block_masked_agrees(rng, problems);
   query_blocks_is_transpose(rng, problems);
-  // The shapes of tile_config.h (d64, d96 / d128 short-masked, d128, d192, d256) and the
-  // no-overlap ablation.
-  using Merged = CfgT<true, true, false>;
-  using MergedRescaleBefore = CfgT<true, true, true>;
-  using PerTile = CfgT<true, false, true>;
-  using Sequential = CfgT<false, true, false>;
-  run_shape<192, 128, 2, 2, Merged>({192, 128, 2, 2, 3, true, true, false}, rng, problems);
-  run_shape<128, 128, 2, 2, Merged>({128, 128, 2, 2, 2, true, true, false}, rng, problems);
-  run_shape<128, 176, 1, 2, Merged>({128, 176, 2, 1, 2, true, true, false}, rng, problems);
-  run_shape<128, 112, 1, 2, MergedRescaleBefore>({128, 112, 2, 1, 2, true, true, true}, rng,
-                                                 problems);
-  run_shape<128, 80, 1, 2, PerTile>({128, 80, 2, 1, 2, true, false, true}, rng, problems);
-  run_shape<128, 176, 1, 2, Sequential>({128, 176, 2, 1, 2, false, true, false}, rng, problems);
-  run_shape<64, 64, 1, 1, Merged>({64, 64, 1, 1, 1, true, true, false}, rng, problems / 2);
-  negative_controls<128, 176, 1, 2, Merged>({128, 176, 2, 1, 2, true, true, false}, rng);
-  negative_controls<128, 80, 1, 2, PerTile>({128, 80, 2, 1, 2, true, false, true}, rng);
-  negative_controls<128, 176, 1, 2, Sequential>({128, 176, 2, 1, 2, false, true, false}, rng);
-  // The mixed mode (tile_config.h, fwd_config_mixed): d64 / d128 / d256 with the staging ring.
-  constexpr int R = kStagingStages;
-  run_shape<192, 128, 2, 2, Merged>({192, 128, 2, 2, 3, true, true, false, R}, rng, problems);
-  run_shape<128, 128, 2, 2, Merged>({128, 128, 2, 2, 2, true, true, false, R}, rng, problems);
-  run_shape<128, 64, 1, 2, PerTile>({128, 64, 2, 1, 2, true, false, true, R}, rng, problems);
-  negative_controls<128, 128, 2, 2, Merged>({128, 128, 2, 2, 2, true, true, false, R}, rng);
-  negative_controls<128, 64, 1, 2, PerTile>({128, 64, 2, 1, 2, true, false, true, R}, rng);
+  // Every forward kernel the tables instantiate: the 16-bit tiles per bucket, the short-masked
+  // tiles where they differ, the multicast tiles (where the table has one; built on request,
+  // tile_config.h kMulticastBuilt), FP8 and the mixed mode; and the 16-bit no-overlap ablation.
+  static_assert(has_short_masked_tile(64) && has_short_masked_tile(128) &&
+                !has_short_masked_tile(96) && !has_short_masked_tile(192) &&
+                !has_short_masked_tile(256));
+  static_assert(fwd_config(128, TileFamily::kMulticast).cluster_m == 2 &&
+                fwd_config(256, TileFamily::kMulticast).cluster_m == 2 &&
+                fwd_config(64, TileFamily::kMulticast).cluster_m == 1);
+  run_shape<Built<64, Table::k16Bit>>(rng, problems);
+  run_shape<Built<96, Table::k16Bit>>(rng, problems);
+  run_shape<Built<128, Table::k16Bit>>(rng, problems);
+  run_shape<Built<192, Table::k16Bit>>(rng, problems);
+  run_shape<Built<256, Table::k16Bit>>(rng, problems);
+  run_shape<Built<64, Table::kShortMasked>>(rng, problems / 2);
+  run_shape<Built<128, Table::kShortMasked>>(rng, problems / 2);
+  run_shape<Built<128, Table::kMulticast>>(rng, problems / 2);
+  run_shape<Built<256, Table::kMulticast>>(rng, problems / 2);
+  run_shape<Built<128, Table::k16Bit, /*kOverlapVariant=*/false>>(rng, problems / 2);
+  static_assert(has_fp8_config(64) && has_fp8_config(96) && has_fp8_config(128) &&
+                has_fp8_config(192) && has_fp8_config(256));
+  run_shape<Built<64, Table::kFp8>>(rng, problems / 2);
+  run_shape<Built<96, Table::kFp8>>(rng, problems / 2);
+  run_shape<Built<128, Table::kFp8>>(rng, problems / 2);
+  run_shape<Built<192, Table::kFp8>>(rng, problems / 2);
+  run_shape<Built<256, Table::kFp8>>(rng, problems / 2);
+  static_assert(has_mixed_config(64) && has_mixed_config(128) && has_mixed_config(256));
+  run_shape<Built<64, Table::kMixed>>(rng, problems / 2);
+  run_shape<Built<128, Table::kMixed>>(rng, problems / 2);
+  run_shape<Built<256, Table::kMixed>>(rng, problems / 2);
+  // Negative controls on each loop structure and on every relay and the cluster.
+  negative_controls<Built<128, Table::k16Bit>>(rng);                 // merged boundary
+  negative_controls<Built<256, Table::k16Bit>>(rng);                 // per tile
+  negative_controls<Built<128, Table::k16Bit, false>>(rng);          // sequential
+  negative_controls<Built<128, Table::kMixed>>(rng);                 // converter relay
+  negative_controls<Built<256, Table::kMixed>>(rng);
+  negative_controls<Built<128, Table::kFp8>>(rng);                   // transposer relay
+  negative_controls<Built<256, Table::kFp8>>(rng);                   // ... without overlap
+  negative_controls<Built<128, Table::kMulticast>>(rng);             // multicast peers
   if (failures == 0) {
     std::printf("OK\n");
   }
