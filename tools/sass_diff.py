@@ -23,6 +23,9 @@ from pathlib import Path
 _FUNCTION = re.compile(r"^\s+Function : (\S+)")
 _INSTRUCTION = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;")
 _ARCH = re.compile(r"arch = (sm_\w+)")
+# An anonymous namespace's mangled name hashes the source file's path: the same kernel built in
+# another checkout gets another name.
+_ANONYMOUS = re.compile(r"_GLOBAL__N__[0-9a-f]{8}_")
 
 
 def _cuobjdump() -> str:
@@ -52,7 +55,8 @@ def kernels(library: Path, arch: str | None) -> dict[tuple[str, str], list[str]]
             continue
         m = _FUNCTION.match(line)
         if m:
-            current = out.setdefault((where, m.group(1)), []) if arch in (None, where) else None
+            name = _ANONYMOUS.sub("_GLOBAL__N__path_", m.group(1))
+            current = out.setdefault((where, name), []) if arch in (None, where) else None
             continue
         m = _INSTRUCTION.match(line)
         if m and current is not None:
