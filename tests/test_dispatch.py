@@ -1,4 +1,4 @@
-"""The backend policy: the library's own (api.cu), asked with mocked GPUs on CPU, and its plumbing.
+"""The backend policy: the library's own (kernels/src/policy.cu), asked with mocked GPUs on CPU, and its plumbing.
 
 Python no longer carries a copy of the policy, so these tests call the real library's
 fh_fwd_select_backend over a grid of compute capabilities, dtypes, head dims, layouts and backend

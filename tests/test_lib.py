@@ -162,7 +162,7 @@ def test_every_exported_function_is_bound():
 
 def test_library_exports_only_its_c_abi(lib):
     """The dynamic symbol table holds api.h's functions and nothing else of ours: in particular
-    the library's own cuTensorMapEncodeTiled (a forward to the driver, api.cu) stays hidden, so it
+    the library's own cuTensorMapEncodeTiled (a forward to the driver, launch.cu) stays hidden, so it
     can never interpose on the driver's for another library in the process."""
     nm = shutil.which("nm")
     if nm is None:
@@ -473,7 +473,7 @@ def _with(**fields) -> FhFwdParams:
 INVALID, UNSUPPORTED = FhStatus.ERROR_INVALID_ARGUMENT, FhStatus.ERROR_UNSUPPORTED
 STRIDES = [f"{t}_{s}_stride" for t in "qkvo" for s in ("batch", "row", "head")]
 
-# (fields, status, message): every rule of api.cu's validate() except the data pointers.
+# (fields, status, message): every rule of validate_fwd.cu's validate() except the data pointers.
 SHAPE_RULES = [
     ({"abi_version": ABI_VERSION + 1}, INVALID,
      f"abi_version: expected {ABI_VERSION} (this library's FH_ABI_VERSION), got {ABI_VERSION + 1}"),

@@ -1,6 +1,6 @@
 // Host launch of the FA-2 path's backward for one (dtype, head-dim bucket) instantiation: the main
 // kernel and the postprocess that converts its dQ accumulator (whose layout is this kernel's);
-// api.cu runs the shared preprocess before them.
+// kernels/src/launch.cu runs the shared preprocess before them.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -16,7 +16,8 @@
 namespace flash_hopper::sm80 {
 
 // Checks the tile against the device's shared memory first: a tile that does not fit is reported
-// as such (api.cu: FH_ERROR_UNSUPPORTED naming the limit), never launched to fail in CUDA.
+// as such (kernels/src/errors.cu, report_launch: FH_ERROR_UNSUPPORTED naming the limit), never
+// launched to fail in CUDA.
 template <class Traits>
 LaunchResult launch_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t stream) {
   constexpr int kSmem = Traits::kSmemBytes;

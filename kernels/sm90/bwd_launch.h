@@ -1,6 +1,7 @@
 // Host launch of the FA-3 path's backward for one (dtype, head-dim bucket): TMA descriptors of q,
 // k, v and dout, the persistent main kernel, then the postprocess that converts its dQ
-// accumulator (whose order is this kernel's). api.cu runs the shared preprocess before them.
+// accumulator (whose order is this kernel's). kernels/src/launch.cu runs the shared preprocess before
+// them.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -179,7 +179,7 @@ LaunchResult launch_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t
   using KvElement = typename Traits::KvElement;  // Element's but in mixed mode (FP8 K / V)
   constexpr int kSmem = Traits::kSmemBytes;
   if (kSmem > max_smem_per_block) {
-    return LaunchResult::no_tile_fits(kSmem);  // api.cu reports it; nothing launched
+    return LaunchResult::no_tile_fits(kSmem);  // errors.cu reports it; nothing launched
   }
   constexpr int kElem = sizeof(Element);
   constexpr int kKvElem = sizeof(KvElement);
@@ -367,7 +367,7 @@ LaunchResult run_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t st
                                     /*kVarlen=*/true>>(p, max_smem_per_block, stream);
       }
     }
-    if (p.varlen()) {  // api.cu refuses varlen calls of mixed inputs and the ablation variants
+    if (p.varlen()) {  // validate_fwd.cu refuses varlen calls of mixed inputs and ablation variants
       return LaunchResult::internal("varlen call reached a kernel without a varlen instance");
     }
     if constexpr (sizeof(Element) == 2 && kOverlap && has_short_masked_tile(kHeadDim)) {

@@ -190,7 +190,7 @@ def capability_info(capability: tuple[int, int]) -> _device.DeviceInfo:
 
 def smem_limit(info: _device.DeviceInfo) -> int:
     """The shared memory per block the library's launches see on a device: its opt-in limit, or
-    FH_DEBUG_SMEM_LIMIT when lower (as api.cu's smem_limit; read per call, like the library)."""
+    FH_DEBUG_SMEM_LIMIT when lower (as kernels/src/device.cu's smem_limit; read per call, like the library)."""
     limit = info.max_smem_per_block_optin or 48 * 1024
     debug = _env.debug_smem_limit()
     return debug if 0 < debug < limit else limit

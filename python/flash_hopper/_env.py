@@ -32,7 +32,7 @@ Read by the C library itself (kernels/src), listed here so the knobs are in one 
 variable                    meaning                                                default
 =========================== ====================================================== ===========
 FH_DEBUG_SMEM_LIMIT         as above, for the library's tile and stage choices     unset
-                            (api.cu smem_limit, per call)
+                            (device.cu smem_limit, per call)
 FH_DECODE_STAGES            the decode kernel's K / V pipeline stages, when in     per head
                             range and they fit the shared memory (decode.cu)       dim
 FH_DECODE_PDL               "0": no programmatic dependent launch for the decode   on (sm_90)

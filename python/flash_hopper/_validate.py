@@ -12,7 +12,7 @@ error. Two levels:
 - ``check_alignment``: data pointers 16-byte aligned; needs real storage, so it runs per call.
 
 Which kernel path can serve a valid request is not decided here: that is the library's policy
-(api.cu), which the host path asks (dispatch.py).
+(kernels/src/policy.cu), which the host path asks (dispatch.py).
 
 Errors are TypeError for a wrong Python type, NotImplementedError for valid requests not
 supported yet, ValueError for everything else.

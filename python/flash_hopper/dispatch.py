@@ -1,7 +1,7 @@
 """Which kernel path serves a forward or a backward, and why: the library's policy, asked, not
 re-implemented.
 
-The policy lives in C (api.cu ``select_backend``): fh_fwd applies it to the current device, and
+The policy lives in C (kernels/src/policy.cu): fh_fwd applies it to the current device, and
 fh_fwd_select_backend answers for any compute capability without touching a GPU. Python asks the
 second one with the facts it knows:
 
@@ -15,7 +15,7 @@ second one with the facts it knows:
 - ``supports(**config)`` (``flash_hopper.supports``): (ok, reason) for a whole configuration
   (heads, lengths, masks, varlen / KV cache), for servers to ask before capturing graphs.
 
-The rules it applies, in words (api.cu has them in code): "fa3" runs on compute capability 9.0
+The rules it applies, in words (policy.cu has them in code): "fa3" runs on compute capability 9.0
 only (sm90a code), when this build has the kernel for the dtype / head-dim bucket / variant and
 q/k/v have positive strides on every dimension of size > 1 (TMA); "fa2" runs on every cc >= 8.0
 with its kernel built; "auto" takes fa3 where it can run, else fa2. Errors name the GPU, the

@@ -1,8 +1,8 @@
 // Host test of the backward's C ABI (api.h, ABI 3) against the built libflash_hopper, without a
 // GPU: the workspace size against api.h's documented layout (recomputed here, independently of
-// api.cu), one validation rule per case with its exact status and the field, expected and given
-// value in the message, the backend policy over mocked compute capabilities, fh_has_bwd_kernel
-// against build_info's kernel list, and batch == 0. tests/test_bwd_abi_cpp.py compiles and links
+// kernels/src/validate_bwd.cu), one validation rule per case with its exact status and the
+// field, expected and given value in the message, the backend policy over mocked compute
+// capabilities, fh_has_bwd_kernel against build_info's kernel list, and batch == 0. tests/test_bwd_abi_cpp.py compiles and links
 // it. Nothing here may reach a kernel launch: every fh_bwd call below fails validation, has
 // batch == 0, or is built to fail in the backend policy on any machine (see workspace_exact).
 // Prints "OK" and exits 0 on success.

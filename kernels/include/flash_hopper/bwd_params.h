@@ -1,8 +1,9 @@
 // Kernel-side backward parameters, shared by the preprocess, the main kernels of both paths and
 // the postprocess.
 //
-// api.cu validates the C ABI's FhBwdParams and derives this struct once per call (as FwdParams
-// for the forward). Shapes and head counts fit int32 (validated); offsets are int64.
+// kernels/src/validate_bwd.cu validates the C ABI's FhBwdParams, derive.cu derives this struct
+// once per call (as FwdParams for the forward). Shapes and head counts fit int32 (validated);
+// offsets are int64.
 //
 // The workspace (api.h documents the layout) is split here into its four regions. Rows of the
 // per-query regions are padded to seqlen_q_rounded (a multiple of kBwdRowPad, the largest block_m

@@ -1,9 +1,9 @@
 // Kernel-side forward parameters, shared by the FA-2 (sm80) and FA-3 (sm90) paths.
 //
-// api.cu validates the C ABI's FhFwdParams and derives this struct once per call; every kernel
-// takes it by value as a __grid_constant__ parameter. Sequence lengths and head counts fit int32
-// (validated); offsets are computed in int64 from the int64 strides, so tensors with more than
-// 2^31 elements work.
+// kernels/src/validate_fwd.cu validates the C ABI's FhFwdParams, derive.cu derives this struct
+// once per call; every kernel takes it by value as a __grid_constant__ parameter. Sequence
+// lengths and head counts fit int32 (validated); offsets are computed in int64 from the int64
+// strides, so tensors with more than 2^31 elements work.
 #pragma once
 
 #include <cstdint>

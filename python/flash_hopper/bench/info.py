@@ -2,7 +2,7 @@
 
 Works without a GPU and without the kernel library: each part says what it could not find and
 why, and the command still exits 0 (it is the first thing to run when something does not work).
-The path and its reason come from the library's own policy (api.cu), asked for this GPU
+The path and its reason come from the library's own policy (kernels/src/policy.cu), asked for this GPU
 (which_backend) or for a hypothetical one (dispatch.hypothetical: no GPU needed).
 """
 
