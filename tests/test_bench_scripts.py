@@ -226,3 +226,37 @@ def test_pre_merge_script_fails_without_the_sanitizer(tmp_path):
     done, _ = _run_pre_merge_script(tmp_path, tools=("nvidia-smi", "python"))
     assert done.returncode == 1
     assert "compute-sanitizer memcheck (fa2)" in done.stdout.split("gpu_check: FAIL", 1)[1]
+
+
+# ---- serving_check.sh: the short serving-hazard run for a device lease ------------------------
+
+
+def _run_serving_script(tmp_path, fail=""):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for tool in ("nvidia-smi", "compute-sanitizer", "python"):
+        path = bin_dir / tool
+        path.write_text(FAKE_TOOL)
+        path.chmod(0o755)
+    record = tmp_path / "record.txt"
+    record.write_text("")
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHON": str(bin_dir / "python"),
+           "FAKE_RECORD": str(record), "FAKE_FAIL": fail, "HOME": str(tmp_path)}
+    done = subprocess.run(["bash", str(ROOT / "bench" / "serving_check.sh"),
+                           str(tmp_path / "out")], env=env, capture_output=True, text=True,
+                          timeout=60, check=False)
+    return done, record.read_text().splitlines()
+
+
+@needs_bash
+def test_serving_check_runs_every_step_and_fails_when_one_fails(tmp_path):
+    done, calls = _run_serving_script(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert all("REQUIRE_LIB=1" in c for c in calls if c.startswith("python "))
+    sanitizer = [c for c in calls if c.startswith("compute-sanitizer")]
+    assert any("test_decode_gpu.py" in c and "unchecked" in c for c in sanitizer)
+    assert any("fuzz_api.py --small --kinds hazard" in c for c in sanitizer)
+    assert any("fuzz_api.py --kinds hazard" in c for c in calls if c.startswith("python "))
+    done, _ = _run_serving_script(tmp_path, fail="--kinds hazard --seconds 50")
+    assert done.returncode == 1
+    assert "fuzz (hazard) rc=3" in done.stdout
