@@ -142,10 +142,11 @@ echo "ok"
 """
 
 
-def _run_pre_merge_script(tmp_path, fail="", tools=("nvidia-smi", "compute-sanitizer", "python")):
-    """Run gpu_check.sh with stand-ins for the GPU tools and the interpreter; each records its
-    arguments and fails when its command line contains ``fail``. Returns (result, recorded
-    lines)."""
+def _run_pre_merge_script(tmp_path, fail="", tools=("nvidia-smi", "compute-sanitizer", "python"),
+                          script="gpu_check.sh"):
+    """Run a bench/ GPU script (gpu_check.sh) with stand-ins for the GPU tools and the
+    interpreter; each records its arguments and fails when its command line contains ``fail``.
+    Returns (result, recorded lines)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     for tool in tools:
@@ -157,7 +158,7 @@ def _run_pre_merge_script(tmp_path, fail="", tools=("nvidia-smi", "compute-sanit
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "OUT": str(tmp_path / "out"),
            "PYTHON": str(bin_dir / "python"), "FAKE_RECORD": str(record), "FAKE_FAIL": fail,
            "HOME": str(tmp_path)}
-    done = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh")], env=env,
+    done = subprocess.run(["bash", str(ROOT / "bench" / script)], env=env,
                           capture_output=True, text=True, timeout=60, check=False)
     return done, record.read_text().splitlines()
 
@@ -231,32 +232,16 @@ def test_pre_merge_script_fails_without_the_sanitizer(tmp_path):
 # ---- serving_check.sh: the short serving-hazard run for a device lease ------------------------
 
 
-def _run_serving_script(tmp_path, fail=""):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    for tool in ("nvidia-smi", "compute-sanitizer", "python"):
-        path = bin_dir / tool
-        path.write_text(FAKE_TOOL)
-        path.chmod(0o755)
-    record = tmp_path / "record.txt"
-    record.write_text("")
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHON": str(bin_dir / "python"),
-           "FAKE_RECORD": str(record), "FAKE_FAIL": fail, "HOME": str(tmp_path)}
-    done = subprocess.run(["bash", str(ROOT / "bench" / "serving_check.sh"),
-                           str(tmp_path / "out")], env=env, capture_output=True, text=True,
-                          timeout=60, check=False)
-    return done, record.read_text().splitlines()
-
-
 @needs_bash
 def test_serving_check_runs_every_step_and_fails_when_one_fails(tmp_path):
-    done, calls = _run_serving_script(tmp_path)
+    done, calls = _run_pre_merge_script(tmp_path, script="serving_check.sh")
     assert done.returncode == 0, done.stdout + done.stderr
     assert all("REQUIRE_LIB=1" in c for c in calls if c.startswith("python "))
     sanitizer = [c for c in calls if c.startswith("compute-sanitizer")]
     assert any("test_decode_gpu.py" in c and "unchecked" in c for c in sanitizer)
     assert any("fuzz_api.py --small --kinds hazard" in c for c in sanitizer)
     assert any("fuzz_api.py --kinds hazard" in c for c in calls if c.startswith("python "))
-    done, _ = _run_serving_script(tmp_path, fail="--kinds hazard --seconds 50")
+    done, _ = _run_pre_merge_script(tmp_path, fail="--kinds hazard --seconds 50",
+                                    script="serving_check.sh")
     assert done.returncode == 1
     assert "fuzz (hazard) rc=3" in done.stdout
