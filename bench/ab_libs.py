@@ -1,8 +1,13 @@
-"""Interleaved A/B timing of several builds of the library in one process (fa3 path, bf16).
+"""Interleaved A/B timing of several builds of the library in one process (fa3 path).
 
     python bench/ab_libs.py --lib base=build/a/libflash_hopper.so --lib new=build/b/... \\
         -d 128 -s 512 1024 8192 --causal both --rounds 7 --json ab.json
     python bench/ab_libs.py --direction bwd --lib ... -d 64 128 -s 2048 16384
+    python bench/ab_libs.py --dtype e4m3 --softcap 0 30 --lib ... -d 64 128 256
+
+--dtype e4m3 (forward): q, k, v drawn as for bf16, quantized per head (the CLI's FP8 inputs,
+flash_hopper/bench/fp8_inputs.py), descales passed, the output in bf16, checked by the CLI's FP8
+rule (Fp8References). --softcap: each value a config of its own (0 = off).
 
 --direction bwd times each library's fh_bwd (libraries of this package's C ABI only) on one
 forward's out / lse (this package's library computes them), TFLOP/s = 2.5x the forward's FLOPs;
@@ -36,9 +41,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from flash_hopper import _bwd, _lib, _validate, ops
+from flash_hopper import _bwd, _fwd, _lib, _validate, ops
 from flash_hopper.bench.cases import Case
-from flash_hopper.bench.check import CheckResult, GradCheckResult, GradReferences, References
+from flash_hopper.bench.check import (
+    CheckResult,
+    Fp8References,
+    GradCheckResult,
+    GradReferences,
+    References,
+)
+from flash_hopper.bench.fp8_inputs import quantize_inputs
 
 # ABI versions whose FhFwdParams has this package's layout: a library of such a version can be
 # timed against the current one (ABI 2 changed only fh_fwd_select_backend's signature, ABI 3 added
@@ -156,6 +168,33 @@ def bwd_setup(libs: dict, q, k, v, causal: bool, backend: str, sms: int):
     return runs, grads, references, keep
 
 
+def fwd_setup(q, k, v, case: Case, backend: str, sms: int):
+    """(params, out, lse, references, keep) of one forward config: FhFwdParams of this package's
+    plan with every pointer filled (e4m3: the quantized inputs and their descales, out in bf16),
+    the shared output buffers, the references of the CLI's rule for the dtype."""
+    b, s, h, d = q.shape
+    window = (-1, -1)  # causal through case.causal
+    out = torch.empty(b, s, h, d, device=q.device, dtype=torch.bfloat16)
+    lse = torch.empty(b, h, s, device=q.device, dtype=torch.float32)
+    if case.dtype == "e4m3":
+        q8, k8, v8 = quantize_inputs(q, k, v)
+        plan = _fwd.plan_fp8(q8.data, k8.data, v8.data, None, case.causal, window, case.softcap,
+                             backend, q8.descale, k8.descale, v8.descale)
+        params = _lib.FhFwdParams.from_buffer_copy(plan.template)
+        params.q, params.k, params.v = (t.data.data_ptr() for t in (q8, k8, v8))
+        params.q_descale, params.k_descale, params.v_descale = (
+            t.descale.data_ptr() for t in (q8, k8, v8))
+        references = Fp8References(q8, k8, v8, case)
+        keep = (q8, k8, v8)
+    else:
+        cfg = _validate.check_fwd_args(q, k, v, None, case.causal, window, case.softcap, backend)
+        params = ops.make_params(q, k, v, out, lse, cfg, backend, num_sms=sms)
+        references = References(q, k, v, case)
+        keep = ()
+    params.o, params.lse = out.data_ptr(), lse.data_ptr()
+    return params, out, lse, references, keep
+
+
 def flash_hopper_forward(q, k, v, causal: bool):
     from flash_hopper import flash_attn_func
 
@@ -172,6 +211,10 @@ def main() -> int:
                     default=[512, 1024, 2048, 4096, 8192, 16384])
     ap.add_argument("--causal", choices=["both", "on", "off"], default="both")
     ap.add_argument("--direction", choices=["fwd", "bwd"], default="fwd")
+    ap.add_argument("--dtype", choices=["bf16", "e4m3"], default="bf16",
+                    help="e4m3: the FP8 forward (descales per head, out bf16)")
+    ap.add_argument("--softcap", type=float, nargs="+", default=[0.0],
+                    help="softcap values, each a config (forward; 0 = off)")
     ap.add_argument("--backend", default="fa3", help="the path every library runs (default fa3)")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--burst-ms", type=float, default=25.0)
@@ -186,59 +229,59 @@ def main() -> int:
     causals = {"both": [False, True], "on": [True], "off": [False]}[args.causal]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     stream = torch.cuda.current_stream().cuda_stream
+    if args.direction == "bwd" and (args.dtype != "bf16" or args.softcap != [0.0]):
+        raise SystemExit("--direction bwd times bf16 without softcap only")
     rows = []
-    for d in args.head_dim:
-        for s in args.seqlen:
-            for causal in causals:
-                b, h = max(16384 // s, 1), 2048 // d
-                torch.manual_seed(0)
-                q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
-                           for _ in range(3))
-                case = Case(batch=b, seqlen_q=s, seqlen_k=s, heads=h, heads_kv=h, head_dim=d,
-                            causal=causal)
-                if args.direction == "fwd":
-                    out = torch.empty_like(q)
-                    lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
-                    cfg = _validate.check_fwd_args(q, k, v, None, causal, (-1, -1), 0.0,
-                                                   args.backend)
-                    params = ops.make_params(q, k, v, out, lse, cfg, args.backend, num_sms=sms)
-                    runs = {n: functools.partial(lib.fwd, params, stream)
-                            for n, lib in libs.items()}
-                    references = References(q, k, v, case)
-                    checks, outs = check_libraries(runs, out, lse, references)
-                    diff = {n: (outs[n].float() - outs[names[0]].float()).abs().max().item()
-                            for n in names}
-                else:
-                    # _alive: the tensors the params point into, kept until the next config
-                    runs, grads, references, _alive = bwd_setup(libs, q, k, v, causal,
-                                                                args.backend, sms)
-                    checks, outs = check_libraries_bwd(runs, grads, references)
-                    diff = {n: max((a.float() - b0.float()).abs().max().item()
-                                   for a, b0 in zip(outs[n], outs[names[0]])) for n in names}
-                del references, outs
-                for run in runs.values():
-                    for _ in range(3):  # warm-up
-                        run()
-                once = time_burst(runs[names[0]], 1)
-                iters = max(2, int(args.burst_ms / max(once, 1e-3)))
-                times = {n: [] for n in names}
-                for r in range(args.rounds):
-                    for n in names[r % len(names):] + names[:r % len(names)]:
-                        times[n].append(time_burst(runs[n], iters))
-                flops = case.flops() * (2.5 if args.direction == "bwd" else 1.0)
-                med = {n: statistics.median(times[n]) for n in names}
-                row = {"direction": args.direction, "backend": args.backend,
-                       "head_dim": d, "seqlen": s, "causal": causal, "batch": b, "heads": h,
-                       "iters": iters, "rounds": args.rounds,
-                       "tflops": {n: flops / med[n] / 1e9 for n in names},
-                       "spread": {n: (max(times[n]) - min(times[n])) / med[n] for n in names},
-                       "check": {n: vars(checks[n]) for n in names},
-                       "max_abs_diff_vs_first": diff}
-                rows.append(row)
-                base = row["tflops"][names[0]]
-                print(f"d{d:<4}{'c' if causal else 'n'} s{s:<6}" + " ".join(
-                    f"{n}={row['tflops'][n]:5.0f} ({row['tflops'][n] / base - 1:+5.1%})"
-                    + ("" if checks[n].passed else " CHECK FAILED") for n in names), flush=True)
+    configs = [(d, s, causal, softcap) for d in args.head_dim for s in args.seqlen
+               for causal in causals for softcap in args.softcap]
+    for d, s, causal, softcap in configs:
+        b, h = max(16384 // s, 1), 2048 // d
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+                   for _ in range(3))
+        case = Case(batch=b, seqlen_q=s, seqlen_k=s, heads=h, heads_kv=h, head_dim=d,
+                    causal=causal, softcap=softcap, dtype=args.dtype)
+        if args.direction == "fwd":
+            params, out, lse, references, _alive = fwd_setup(q, k, v, case,
+                                                             args.backend, sms)
+            runs = {n: functools.partial(lib.fwd, params, stream)
+                    for n, lib in libs.items()}
+            checks, outs = check_libraries(runs, out, lse, references)
+            diff = {n: (outs[n].float() - outs[names[0]].float()).abs().max().item()
+                    for n in names}
+        else:
+            # _alive: the tensors the params point into, kept until the next config
+            runs, grads, references, _alive = bwd_setup(libs, q, k, v, causal,
+                                                        args.backend, sms)
+            checks, outs = check_libraries_bwd(runs, grads, references)
+            diff = {n: max((a.float() - b0.float()).abs().max().item()
+                           for a, b0 in zip(outs[n], outs[names[0]])) for n in names}
+        del references, outs
+        for run in runs.values():
+            for _ in range(3):  # warm-up
+                run()
+        once = time_burst(runs[names[0]], 1)
+        iters = max(2, int(args.burst_ms / max(once, 1e-3)))
+        times = {n: [] for n in names}
+        for r in range(args.rounds):
+            for n in names[r % len(names):] + names[:r % len(names)]:
+                times[n].append(time_burst(runs[n], iters))
+        flops = case.flops() * (2.5 if args.direction == "bwd" else 1.0)
+        med = {n: statistics.median(times[n]) for n in names}
+        row = {"direction": args.direction, "backend": args.backend, "dtype": args.dtype,
+               "softcap": softcap,
+               "head_dim": d, "seqlen": s, "causal": causal, "batch": b, "heads": h,
+               "iters": iters, "rounds": args.rounds,
+               "tflops": {n: flops / med[n] / 1e9 for n in names},
+               "spread": {n: (max(times[n]) - min(times[n])) / med[n] for n in names},
+               "check": {n: vars(checks[n]) for n in names},
+               "max_abs_diff_vs_first": diff}
+        rows.append(row)
+        base = row["tflops"][names[0]]
+        print(f"{args.dtype} d{d:<4}{'c' if causal else 'n'} s{s:<6}"
+              + (f"cap{softcap:g} " if softcap else "") + " ".join(
+            f"{n}={row['tflops'][n]:5.0f} ({row['tflops'][n] / base - 1:+5.1%})"
+            + ("" if checks[n].passed else " CHECK FAILED") for n in names), flush=True)
     if args.json:
         args.json.write_text(json.dumps({
             "gpu": torch.cuda.get_device_name(0),

@@ -317,11 +317,12 @@ struct Consumer {
   }
 
   // --- softmax ------------------------------------------------------------------------------
-  // Softcap (before the mask: a capped -inf would become -softcap), then the window / causal /
-  // sequence-tail mask on masked blocks only.
-  template <bool kMasked>
+  CUTE_DEVICE bool softcapped() const { return p.softcap != 0.f; }
+  // Softcap (kCapped: the call's softcapped(); before the mask: a capped -inf would become
+  // -softcap), then the window / causal / sequence-tail mask on masked blocks only.
+  template <bool kMasked, bool kCapped>
   CUTE_DEVICE void transform(TileState& f, TileWork const& w, KeyStep step) {
-    if (p.softcap != 0.f) {
+    if constexpr (kCapped) {
       if constexpr (kFp8) {
         apply_softcap(f.s, p.softcap, f.scales.softcap_prescale);
       } else if constexpr (kScaled) {

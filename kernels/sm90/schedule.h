@@ -192,8 +192,9 @@ FH_ROLE void transpose_v(Schedule const& sched, Ops& ops) {
 //   ping-pong   turn_start(), turn_wait(), turn_pass()
 //   GEMMs       issue_qk(f), issue_pv(f), issue_pv_and_wait(f), wait_gemms<kInFlight>(),
 //               complete_pv(f) (the sequential loop's wait for its PV GEMM)
-//   softmax     transform<kMasked>(f, w, step) (softcap, then the element mask),
-//               softmax<kFirst, kCheckInf>(f), rescale_o(f), convert_p(f)
+//   softmax     softcapped() (whether the call caps its scores), transform<kMasked, kCapped>(f,
+//               w, step) (softcap, then the element mask), softmax<kFirst, kCheckInf>(f),
+//               rescale_o(f), convert_p(f)
 //   tiles       start_tile(f, w) (fresh statistics and w's scales, O = 0), begin_next_scales(f, w)
 //               (FP8: keep the finishing tile's scales aside, load w's), begin_next_tile(f, w)
 //               (keep the finishing tile's statistics aside, start w's), finish<kPrevious>(f, w) (O / l, LSE, stores),
@@ -204,6 +205,11 @@ FH_ROLE void transpose_v(Schedule const& sched, Ops& ops) {
 //   kOverlap            intra-warpgroup overlap: S(i) issued with PV(i - 1)
 //   kMergeTileBoundary  one step stream across tiles (tile_config.h)
 //   kRescaleOBeforePv   O *= scale before issuing the PV GEMM, else after it completed
+//
+// Softcap and the element mask are compile-time properties of a step's code (kCapped, kMasked):
+// the loops branch once per step, on the step's kind, and nothing branches between a step's GEMM
+// issue and its waits. (A run-time test of the softcap there let ptxas move the PV GEMM's wait
+// above the softmax it should overlap.)
 
 namespace detail {
 
@@ -228,7 +234,11 @@ FH_ROLE void first_step(Ops& ops, State& f, TileWork const& w) {
   ops.turn_pass();
   ops.template wait_gemms<0>();
   qk_done(ops, w, step);
-  ops.template transform<true>(f, w, step);
+  if (ops.softcapped()) {
+    ops.template transform<true, true>(f, w, step);
+  } else {
+    ops.template transform<true, false>(f, w, step);
+  }
   ops.template softmax</*kFirst=*/true, /*kCheckInf=*/true>(f);
 }
 
@@ -236,7 +246,7 @@ FH_ROLE void first_step(Ops& ops, State& f, TileWork const& w) {
 // previous step, and the softmax of S under that PV. At a tile boundary (kBoundary) `step` is the
 // first step of tile w, the PV is the last of pv_tile, and pv_tile's epilogue runs once it is done.
 // P is converted only after the PV completed: its registers are that GEMM's A operand.
-template <bool kMasked, bool kBoundary, class Cfg, class Ops, class State>
+template <bool kMasked, bool kCapped, bool kBoundary, class Cfg, class Ops, class State>
 FH_ROLE void overlapped_step(Ops& ops, State& f, TileWork const& w, KeyStep step,
                                     TileWork const& pv_tile, KeyStep pv_step) {
   if constexpr (kBoundary) {
@@ -258,7 +268,7 @@ FH_ROLE void overlapped_step(Ops& ops, State& f, TileWork const& w, KeyStep step
     // k_descale of its batch and kv head), not the finishing tile's.
     ops.begin_next_scales(f, w);
   }
-  ops.template transform<kMasked>(f, w, step);
+  ops.template transform<kMasked, kCapped>(f, w, step);
   if constexpr (kBoundary) {
     ops.begin_next_tile(f, w);
     ops.template softmax<true, true>(f);
@@ -276,16 +286,32 @@ FH_ROLE void overlapped_step(Ops& ops, State& f, TileWork const& w, KeyStep step
   ops.convert_p(f);
 }
 
+// Step i >= 1 of tile w (with the PV GEMM of its step i - 1) in the code of its kind: masked or
+// not (the step's), capped or not (the call's). Plain branches, no lambdas: the compiler need not
+// inline a lambda, and a GEMM in flight across a call is serialized.
+template <class Cfg, class Ops, class State>
+FH_ROLE void overlapped_step_of_kind(Ops& ops, State& f, bool capped, TileWork const& w, int i) {
+  const KeyStep step = w.step(i);
+  const KeyStep pv_step = w.step(i - 1);
+  if (step.masked) {
+    if (capped) {
+      overlapped_step<true, true, false, Cfg>(ops, f, w, step, w, pv_step);
+    } else {
+      overlapped_step<true, false, false, Cfg>(ops, f, w, step, w, pv_step);
+    }
+  } else if (capped) {
+    overlapped_step<false, true, false, Cfg>(ops, f, w, step, w, pv_step);
+  } else {
+    overlapped_step<false, false, false, Cfg>(ops, f, w, step, w, pv_step);
+  }
+}
+
 template <class Cfg, class Ops, class State>
 FH_ROLE void overlapped_steps_after_first(Ops& ops, State& f, TileWork const& w) {
+  const bool capped = ops.softcapped();
   FH_NO_UNROLL
   for (int i = 1; i < w.num_steps(); ++i) {
-    const KeyStep step = w.step(i);
-    if (step.masked) {
-      overlapped_step<true, false, Cfg>(ops, f, w, step, w, w.step(i - 1));
-    } else {
-      overlapped_step<false, false, Cfg>(ops, f, w, step, w, w.step(i - 1));
-    }
+    overlapped_step_of_kind<Cfg>(ops, f, capped, w, i);
   }
 }
 
@@ -317,16 +343,12 @@ FH_ROLE void consume_merged(Schedule const& sched, Ops& ops) {
   ops.start_tile(f, cur);
   first_step(ops, f, cur);
   ops.convert_p(f);
+  const bool capped = ops.softcapped();
   int i = 1;  // the next step of cur
   FH_NO_UNROLL
   for (;;) {
     if (i < cur.num_steps()) {
-      const KeyStep step = cur.step(i);
-      if (step.masked) {
-        overlapped_step<true, false, Cfg>(ops, f, cur, step, cur, cur.step(i - 1));
-      } else {
-        overlapped_step<false, false, Cfg>(ops, f, cur, step, cur, cur.step(i - 1));
-      }
+      overlapped_step_of_kind<Cfg>(ops, f, capped, cur, i);
       ++i;
       continue;
     }
@@ -336,8 +358,13 @@ FH_ROLE void consume_merged(Schedule const& sched, Ops& ops) {
       break;
     }
     round = next_round;
-    overlapped_step<true, true, Cfg>(ops, f, next, next.step(0), cur,
-                                      cur.step(cur.num_steps() - 1));
+    if (capped) {
+      overlapped_step<true, true, true, Cfg>(ops, f, next, next.step(0), cur,
+                                             cur.step(cur.num_steps() - 1));
+    } else {
+      overlapped_step<true, false, true, Cfg>(ops, f, next, next.step(0), cur,
+                                              cur.step(cur.num_steps() - 1));
+    }
     cur = next;
     i = 1;
   }
@@ -376,7 +403,7 @@ FH_ROLE void sequential_pv(Ops& ops, State& f, TileWork const& w, KeyStep step) 
   ops.release_v(w, step);
 }
 
-template <bool kMasked, class Ops, class State>
+template <bool kMasked, bool kCapped, class Ops, class State>
 FH_ROLE void sequential_step(Ops& ops, State& f, TileWork const& w, KeyStep step) {
   ops.wait_k(w, step);
   ops.turn_wait();
@@ -384,7 +411,7 @@ FH_ROLE void sequential_step(Ops& ops, State& f, TileWork const& w, KeyStep step
   ops.turn_pass();
   ops.template wait_gemms<0>();
   qk_done(ops, w, step);
-  ops.template transform<kMasked>(f, w, step);
+  ops.template transform<kMasked, kCapped>(f, w, step);
   ops.template softmax<false, kMasked>(f);
   ops.rescale_o(f);
   sequential_pv(ops, f, w, step);
@@ -400,13 +427,20 @@ FH_ROLE void consume_sequential(Schedule const& sched, Ops& ops) {
     ops.start_tile(f, w);
     first_step(ops, f, w);
     sequential_pv(ops, f, w, w.step(0));
+    const bool capped = ops.softcapped();
     FH_NO_UNROLL
     for (int i = 1; i < w.num_steps(); ++i) {
       const KeyStep step = w.step(i);
       if (step.masked) {
-        sequential_step<true>(ops, f, w, step);
+        if (capped) {
+          sequential_step<true, true>(ops, f, w, step);
+        } else {
+          sequential_step<true, false>(ops, f, w, step);
+        }
+      } else if (capped) {
+        sequential_step<false, true>(ops, f, w, step);
       } else {
-        sequential_step<false>(ops, f, w, step);
+        sequential_step<false, false>(ops, f, w, step);
       }
     }
     ops.template finish<false>(f, w);

@@ -165,6 +165,7 @@ struct Problem {
   int batch, heads, heads_per_kv, seqlen_q, seqlen_k, grid_sms;
   AttentionMask mask;
   bool pingpong;
+  bool softcap;  // every transform of the call must apply it, none of another call may
 };
 
 // Tiles are numbered by query block (not by scheduler tile: with multicast a scheduler tile is a
@@ -187,6 +188,7 @@ struct Sabotage {
   bool vt_full_one = false;    // FP8: V^T full barriers count one transposer warp, not all
   bool peers_forgotten = false;  // multicast: the consumers release their own CTA's stage only
   bool own_half_only = false;    // multicast: a full barrier completes on its own half
+  bool softcap_misread = false;  // the consumers' softcapped() answers the opposite of the call
 };
 
 // ------------------------------------------------------------------------------------------------
@@ -350,8 +352,9 @@ struct MockConsumer {
   ConsumerEnd<KVSpec, Recorder> k_pipe{{&ev, kK, peers}};
   // FP8: the consumers read V^T, the transposer's output, in V's place (mma.h).
   ConsumerEnd<KVSpec, Recorder> v_pipe{{&ev, Cfg::kFp8 ? kVt : kV, peers}};
-  // Sabotage for the negative controls: skip the K release with this index.
+  // Sabotage for the negative controls: skip the K release with this index; softcapped() lies.
   int skip_release_k = -1;
+  bool softcap_misread = false;
   int releases_k = 0;
 
   // Buffers this WG waited for and has not released, oldest first.
@@ -489,9 +492,12 @@ struct MockConsumer {
     return false;
   }
 
-  template <bool kMasked>
+  bool softcapped() const { return prob.softcap != softcap_misread; }
+  template <bool kMasked, bool kCapped>
   void transform(TileState&, TileWork const& w, KeyStep step) {
     CHECK(s_ready && !gemm_in_flight('S'), "WG %d transforms S before its GEMM completed", wg);
+    CHECK(kCapped == prob.softcap, "WG %d: a step of a call with softcap %d runs the code of %d",
+          wg, int(prob.softcap), int(kCapped));
     CHECK((s_block == Payload{kv_id(w), step.n}), "WG %d transforms S of (%d, %d) as (%d, %d)",
           wg, s_block.tile, s_block.n, kv_id(w), step.n);
     CHECK(scales_of == id(w), "WG %d transforms S of tile %d with tile %d's scales", wg, id(w),
@@ -869,6 +875,7 @@ static bool run_case(Problem const& prob, std::mt19937& rng, Sabotage sab) {
       for (int wg = 0; wg < Cfg::kWgs; ++wg) {
         MockConsumer<Cfg> consumer(sched, prob, wg, sab.peers_forgotten ? 1 : C);
         consumer.skip_release_k = sab.skip_release_k;
+        consumer.softcap_misread = sab.softcap_misread;
         if (sab.bad_split) {
           consume<Cfg>(BadSplitSchedule<BM, BN>{cs}, consumer);
         } else {
@@ -948,14 +955,15 @@ static void run_shape(std::mt19937& rng, int problems) {
     }
     prob.mask = AttentionMask{prob.seqlen_q, prob.seqlen_k, wl, wr, chunk};
     prob.pingpong = rng() % 4 != 0;
+    prob.softcap = rng() % 2 != 0;
     if (prob.seqlen_q == 0 || prob.batch == 0) {
       continue;  // the launcher returns before the kernel
     }
     char buf[256];
     std::snprintf(buf, sizeof(buf),
-                  " | b %d h %d g %d sq %d sk %d wl %d wr %d chunk %d grid %d pp %d", prob.batch,
-                  prob.heads, prob.heads_per_kv, prob.seqlen_q, prob.seqlen_k, wl, wr, chunk,
-                  prob.grid_sms, int(prob.pingpong));
+                  " | b %d h %d g %d sq %d sk %d wl %d wr %d chunk %d grid %d pp %d cap %d",
+                  prob.batch, prob.heads, prob.heads_per_kv, prob.seqlen_q, prob.seqlen_k, wl, wr,
+                  chunk, prob.grid_sms, int(prob.pingpong), int(prob.softcap));
     context = shape_name<Cfg>() + buf;
     run_case<Cfg>(prob, rng, Sabotage{});
   }
@@ -991,14 +999,16 @@ static void negative_controls(std::mt19937& rng) {
   prob.grid_sms = 3;
   prob.mask = AttentionMask{700, 900, -1, Cfg::kClusterM > 1 ? -1 : 0};
   prob.pingpong = true;
+  prob.softcap = false;
   context = "negative control, " + shape_name<Cfg>();
   CHECK(!caught<Cfg>(prob, rng, {}), "the unsabotaged control fails");
-  Sabotage sabotages[5];
+  Sabotage sabotages[6];
   sabotages[0].skip_load = 5;
   sabotages[1].wrong_block_load = 4;
   sabotages[2].skip_release_k = 3;
   sabotages[3].bad_split = Cfg::kClusterM == 1;  // unmasked calls have no split to break
   sabotages[4].extra_q_stage = true;
+  sabotages[5].softcap_misread = true;
   for (Sabotage const& s : sabotages) {
     if (&s == &sabotages[3] && !s.bad_split) {
       continue;
