@@ -170,7 +170,7 @@ __device__ void sort_pairs(PrepareArgs const& a, uint64_t* keys, int total) {
 __global__ void __launch_bounds__(kThreads, 1) varlen_prepare_kernel(PrepareArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // The FA-3 kernel after this one may launch now (programmatic dependent launch): its CTAs
-  // wait for this grid's completion before reading the list (sm90/fwd_kernel.h).
+  // wait for this grid's completion before reading the list (sm90/fwd/kernel.h).
   asm volatile("griddepcontrol.launch_dependents;");
 #endif
   extern __shared__ __align__(16) unsigned char smem[];

@@ -10,10 +10,10 @@
 #include <cstdint>
 
 #include "flash_hopper/bwd_params.h"
-#include "sm90/bwd_kernel.h"
-#include "sm90/bwd_kernel_traits.h"
-#include "sm90/bwd_postprocess.h"
-#include "sm90/fwd_launch.h"  // tma_stride, check_tma_strides, tma_gmem_tensor, TmaMemo
+#include "sm90/bwd/kernel.h"
+#include "sm90/bwd/kernel_traits.h"
+#include "sm90/bwd/postprocess.h"
+#include "sm90/common/tma_descriptors.h"
 #include "src/registry.h"
 
 namespace flash_hopper::sm90 {

@@ -1,11 +1,13 @@
-// The FA-3 path's tuned-config table: one entry per head-dim bucket, each with its reason.
+// The FA-3 forward's tuned-config table: one entry per head-dim bucket, each with its reason.
 //
-// Numbers for H100/H200 SXM: 64 Ki 32-bit registers per SM, 227 KB (232,448 B) opt-in shared memory
-// per block. Every CTA holds one producer warpgroup and `consumer_wgs` consumer warpgroups of 64
-// query rows each, so block_m = 64 * consumer_wgs. A consumer thread of an m64nNk16 WGMMA holds N/2
-// fp32 accumulator registers: O costs d/2, S costs block_n/2, P (bf16/fp16, the A operand of the
-// PV GEMM in registers) block_n/4.
+// Numbers for H100/H200 SXM (common/budget.h): 64 Ki 32-bit registers per SM, 227 KB (232,448 B)
+// opt-in shared memory per block. Every CTA holds one producer warpgroup and `consumer_wgs`
+// consumer warpgroups of 64 query rows each, so block_m = 64 * consumer_wgs. A consumer thread of
+// an m64nNk16 WGMMA holds N/2 fp32 accumulator registers: O costs d/2, S costs block_n/2, P
+// (bf16/fp16, the A operand of the PV GEMM in registers) block_n/4.
 #pragma once
+
+#include "sm90/common/budget.h"
 
 namespace flash_hopper::sm90 {
 
@@ -14,10 +16,6 @@ namespace flash_hopper::sm90 {
 // counts and the host simulation (tests/cpp/test_fwd_schedule.cpp) take these.
 inline constexpr int kTransposerWarps = 3;
 inline constexpr int kConverterWarps = 3;
-
-// Shared memory a block may opt into on sm_90 (cudaDevAttrMaxSharedMemoryPerBlockOptin).
-inline constexpr int kSmemOptinBytes = 232448;
-inline constexpr int kRegistersPerSm = 65536;
 
 struct FwdConfig {
   int block_m;       // query rows per CTA tile (64 per consumer warpgroup)
@@ -52,36 +50,13 @@ struct FwdConfig {
   int cluster_m = 1;
 };
 
-// Register budget moved by setmaxnreg. The launch gives every thread R0 = floor(65536 / T / 8) * 8
-// registers (T = 128 * (1 + W) threads); the producer warpgroup gives back down to kProducer and
-// the W consumer warpgroups grow to kConsumer, within the CTA's allocation:
-//   128 * kProducer + 128 * W * kConsumer <= T * R0
-// (setmaxnreg.inc blocks until the pool has the registers, so an over-ask hangs: checked below).
-template <int kConsumerWgs, bool kWideProducer = false>
-struct RegisterBudget {
-  static constexpr int kThreads = 128 * (1 + kConsumerWgs);
-  static constexpr int kLaunch = kRegistersPerSm / kThreads / 8 * 8;
-  // 2 WGs: 24 / 240 (168 at launch); 3 WGs: 32 / 160 (128 at launch). The producer needs only
-  // addressing and loop state (FP8's transposer warps too: one ldmatrix / stmatrix unit at a
-  // time, transpose.h); the consumers hold O, S and P (FP8 d256 needs all 240: O 128 + its
-  // two-level accumulator's part 64 + P 16 and the WGMMA descriptors; 232 spilled).
-  // kWideProducer (the mixed mode's converter warps, convert.h: several 16-byte loads in
-  // flight): 40 / 232 with 2 WGs.
-  static_assert(!kWideProducer || kConsumerWgs == 2, "a wide producer leaves 2 WGs 232 each");
-  static constexpr int kProducer = kConsumerWgs == 2 ? (kWideProducer ? 40 : 24) : 32;
-  static constexpr int kConsumer = kConsumerWgs == 2 ? (kWideProducer ? 232 : 240) : 160;
-  static_assert(128 * kProducer + 128 * kConsumerWgs * kConsumer <= kThreads * kLaunch,
-                "setmaxnreg budget exceeds the CTA's register allocation (would hang)");
-  static_assert(kConsumer % 8 == 0 && kProducer % 8 == 0 && kConsumer <= 256 && kProducer >= 24);
-};
-
 // Masked (causal / local) calls with at most short_masked_max_seqlen_k(d) keys run the
-// kShortMasked tile of their bucket where it differs (fwd_launch.h picks at run time; varlen calls
+// kShortMasked tile of their bucket where it differs (launch.h picks at run time; varlen calls
 // by the caller's max_seqlen_k hint): their query tiles hold 1-16 key blocks, half of them
 // crossing the diagonal, so a key block wider than the 128-row query tile (or a 192-row query
 // tile) computes and streams masked columns for nothing.
 // Calls without any mask (no causal or local window; dense, 16-bit) on buckets with a kMulticast
-// tile run it (fwd_launch.h): the default tile in clusters of two CTAs sharing K / V loads (FA3
+// tile run it (launch.h): the default tile in clusters of two CTAs sharing K / V loads (FA3
 // does this for non-causal d >= 128). Masked calls cannot: the two query blocks would see
 // different key blocks.
 enum class TileFamily { kDefault, kShortMasked, kMulticast };
