@@ -15,9 +15,11 @@
 #include <vector>
 
 #include "flash_hopper/mask.h"
+#include "sm90/common/tile_order.h"
 #include "sm90/fwd/schedule.h"
 #include "sm90/fwd/tile_scheduler.h"
 
+using flash_hopper::sm90::kL2SectionBytes;
 using flash_hopper::sm90::StaticTileScheduler;
 using flash_hopper::sm90::TileCoord;
 using flash_hopper::AttentionMask;
@@ -224,7 +226,7 @@ static bool check_varlen(std::vector<VarlenLengths> const& lengths, int block_m,
   // order with the heads fastest.
   CHECK(s.by_sequence == !causal, "varlen by_sequence %d for causal %d", int(s.by_sequence),
         int(causal));
-  const long long budget_heads = std::max<long long>(1, (32LL << 20) / kv_bytes_per_head);
+  const long long budget_heads = std::max<long long>(1, kL2SectionBytes / kv_bytes_per_head);
   CHECK(s.section_heads == (l2_sections ? std::min<long long>(heads, budget_heads * heads_per_kv)
                                          : heads),
         "varlen section of %d heads (budget %lld KV heads, group %d)", s.section_heads,

@@ -71,6 +71,7 @@
 
 #include "flash_hopper/host_device.h"
 #include "flash_hopper/mask.h"
+#include "sm90/common/tile_order.h"
 
 // Same definitions as fwd/schedule.h (identical redefinitions are allowed if both are included).
 #if defined(__CUDACC__)
@@ -140,9 +141,7 @@ struct BwdTileScheduler {
   }
 
   // The tile index of round r for CTA c (the forward's snake).
-  FH_HOST_DEVICE int index(int round, int cta) const {
-    return round * grid + ((round & 1) ? grid - 1 - cta : cta);
-  }
+  FH_HOST_DEVICE int index(int round, int cta) const { return snake_index(round, cta, grid); }
 
   FH_HOST_DEVICE BwdTileCoord coord(int t) const {
     int hb;
