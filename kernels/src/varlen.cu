@@ -15,7 +15,6 @@
 // Passes 1 and 3 enumerate the same pairs in the same way, so the counts agree.
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 
 #include "flash_hopper/fwd_params.h"
@@ -307,11 +306,7 @@ LaunchResult launch_varlen_prepare(FwdParams const& p, int block_m, int block_n,
   a.header = p.varlen_header;
   a.pairs = p.varlen_pairs;
   a.capacity = p.varlen_capacity;
-  static std::atomic<uint64_t> smem_set_on_devices{0};
-  const cudaError_t err = once_per_device(smem_set_on_devices, [] {
-    return cudaFuncSetAttribute(varlen_prepare_kernel,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-  });
+  const cudaError_t err = opt_in_dynamic_smem<varlen_prepare_kernel>(kSmemBytes);
   if (err != cudaSuccess) {
     return LaunchResult::cuda(err);
   }

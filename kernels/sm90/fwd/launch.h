@@ -171,10 +171,7 @@ LaunchResult launch_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t
   const int64_t kv_bytes = int64_t(seqlen_k) * p.head_dim * 2 * kKvElem;
   kp.pingpong = Traits::kPingpongDefault && (p.variant & FH_VARIANT_FLAG_NO_PINGPONG) == 0;
   auto kernel = fwd_kernel<Traits>;
-  static std::atomic<uint64_t> smem_set_on_devices{0};
-  const cudaError_t err = once_per_device(smem_set_on_devices, [&] {
-    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  });
+  const cudaError_t err = opt_in_dynamic_smem<fwd_kernel<Traits>>(kSmem);
   if (err != cudaSuccess) {
     return LaunchResult::cuda(err);
   }
