@@ -110,7 +110,7 @@ def callables(case: dict):
         return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
 
     # The FA-3 launcher reuses a recent call's TMA descriptors for operands at the same address
-    # with the same layout (sm90/fwd_launch.h): the same q, k, v every call hit it. "new-buffers"
+    # with the same layout (sm90/fwd/launch.h): the same q, k, v every call hit it. "new-buffers"
     # cycles through more input sets than it remembers, so every call encodes its descriptors:
     # the cost of inputs that never repeat an address.
     pool = [tuple(torch.randn(b, s, h, d, device="cuda", dtype=dtype) for _ in range(3))

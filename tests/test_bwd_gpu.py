@@ -15,7 +15,7 @@ element the kernels forget to write fails.
 Grid rationale (a few minutes with -n 8 on an H200; the float64 reference dominates): one axis at
 a time around a central case (bf16, hdim 128, GQA 4:2, lengths 113 x 203) instead of a product.
 Both paths run every test that takes the ``path`` fixture (fa3 where this GPU is cc 9.0 and the
-build has the bucket's FA-3 backward kernel, kernels/sm90/bwd_tile_config.h: family A for d64 /
+build has the bucket's FA-3 backward kernel, kernels/sm90/bwd/tile_config.h: family A for d64 /
 d96 / d128, family B for d192 / d256; fa2 everywhere); flash_attn_func is called with
 backend=path, so forward and backward run on it. "auto" trains every bucket on fa3 on cc 9.0
 (test_fa3_backward_buckets); test_fa3_matches_fa2 compares the two paths directly.
@@ -63,7 +63,7 @@ def require_bwd(lib, dtype: torch.dtype, head_dim: int, path: str = "fa2") -> No
     if not lib.has_bwd_kernel(_ENUM_PATH[path], _ENUM_DTYPE[dtype], head_dim):
         pytest.skip(f"this build has no {path} backward kernel for {dtype} hdim bucket "
                     f"{head_dim_bucket(head_dim)} (FH_DIRECTIONS / FH_HEAD_DIMS / FH_DTYPES; "
-                    "fa3: bwd_tile_config.h)")
+                    "fa3: sm90/bwd/tile_config.h)")
     if not lib.has_fwd_kernel(_ENUM_PATH[path], _ENUM_DTYPE[dtype], head_dim):
         pytest.skip(f"this build has no {path} forward kernel for {dtype} hdim {head_dim}")
 

@@ -516,7 +516,7 @@ def test_fa3_persistent_grid(lib, seed, num_sms, causal, window_size, head_dim, 
 
 
 # The FA-3 launcher reuses a recent call's TMA descriptor when an operand has the same address,
-# extents and strides (sm90/fwd_launch.h): one buffer viewed with other strides, or other extents,
+# extents and strides (sm90/fwd/launch.h): one buffer viewed with other strides, or other extents,
 # at the same address must get its own descriptor, and new contents at an old address must be read.
 def test_fa3_tma_descriptor_reuse_is_keyed_by_layout(lib, seed):
     _require_fa3(lib, torch.bfloat16, 64)

@@ -6,16 +6,16 @@ kernels use:
 - test_tile_scheduler.cpp: every tile exactly once for grids of 1, 3 and 132 CTAs, longest-first
   masked order, causal load balance; K / V multicast clusters walking the same heads and key
   blocks with every query block once;
-- test_fwd_schedule.cpp: producer, relay (FP8 transposer, mixed-mode converter) and consumer
-  warps recorded over random problems and every kernel shape of the tables in tile_config.h,
+- test_fwd_schedule.cpp: producer, relay (FP8 transposer, mixed-mode converter) and consumer warps
+  recorded over random problems and every kernel shape of the tables in sm90/fwd/tile_config.h,
   checked per role (buffers, GEMM hazards, masks, each tile's blocks summed once) and simulated
-  against each other with mbarrier and named-barrier semantics, multicast clusters as two CTAs
-  (no deadlock, the same steps on all sides, no stage written while read, balanced arrivals),
-  plus negative controls that must be caught;
+  against each other with mbarrier and named-barrier semantics, multicast clusters as two CTAs (no
+  deadlock, the same steps on all sides, no stage written while read, balanced arrivals), plus
+  negative controls that must be caught;
 - test_bwd_schedule.cpp: the backward's tile orders (default, deterministic n-descending), each
   tile's steps against the brute-force transpose of the mask, the producer and consumer role
-  loops of every built family (bwd_tile_config.h) simulated together over whole persistent grids
-  (a happens-before check of the sdS / sP buffer hazard; the dQ protocol: slots and bulk
+  loops of every built family (sm90/bwd/tile_config.h) simulated together over whole persistent
+  grids (a happens-before check of the sdS / sP buffer hazard; the dQ protocol: slots and bulk
   reduce-adds, red.global, the deterministic semaphores with no deadlock, each part once, rank
   order and bitwise-equal sums), and a negative control per property;
 - test_fp8_layout.cpp: the FP8 forward's in-place P packing against PTX's fragment layouts and

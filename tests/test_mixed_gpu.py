@@ -1,5 +1,5 @@
 """The mixed mode on the GPU: fp16 / bf16 q against an FP8 (e4m3 / e5m2) K/V cache, K and V
-converted to q's dtype in shared memory (kernels/sm90/convert.h), 16-bit GEMMs.
+converted to q's dtype in shared memory (kernels/sm90/fwd/convert.h), 16-bit GEMMs.
 
 Reference: float64 attention on q and the dequantized K / V (k * k_descale, v * v_descale). The
 bound is FA3's rule against a torch computation in q's dtype on the same dequantized K / V

@@ -25,7 +25,7 @@ def load_timeline():
 
 def test_layout_matches_the_kernel_header():
     tl = load_timeline()
-    header = (ROOT / "kernels" / "sm90" / "timeline.h").read_text()
+    header = (ROOT / "kernels" / "sm90" / "fwd" / "timeline.h").read_text()
     for name, value in (("kTimelineCtas", tl.CTAS), ("kTimelineWarps", tl.WARPS),
                         ("kTimelineSlots", tl.SLOTS)):
         assert f"{name} = {value};" in header, name

@@ -187,7 +187,7 @@ def test_rows_outside_sequences_are_not_written(lib, backend):
 def test_equal_lengths_match_the_dense_kernel(lib, backend, causal):
     """Same tiles, same math. Causal: the short masked tile on both sides (dense by seqlen_k,
     varlen by the max_seqlen_k hint), and five sequences as long as the longest take the FA-3
-    path's L2 sections (fwd_launch.h)."""
+    path's L2 sections (sm90/fwd/launch.h)."""
     require_kernel(lib, backend, BF16, 128)
     b, s, h, d = 5, 700, 4, 128
     q, k, v = (torch.randn(b, s, h, d, dtype=BF16, device="cuda") for _ in range(3))
@@ -380,7 +380,7 @@ def test_each_way_of_ordering_the_list(lib, backend, sequences, causal):
     """The prepare kernel's three sorts, each with sequences of several query blocks, masked and
     not: up to 1024 pairs in registers with their records cached, up to 8192 in shared memory,
     beyond that the counting sort (unmasked, each sequence's blocks adjacent and in order: the
-    FA-3 tile order walks them as runs, tile_scheduler.h)."""
+    FA-3 tile order walks them as runs, sm90/fwd/tile_scheduler.h)."""
     require_kernel(lib, backend, BF16, 64)
     rng = random.Random(sequences)
     lengths = [rng.randint(1, 450) for _ in range(sequences)]

@@ -5,7 +5,6 @@
 
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -27,10 +26,7 @@ LaunchResult launch_bwd(BwdParams const& p, cudaStream_t stream) {
                 "query blocks must tile the workspace's padded rows and its semaphores");
   if (p.seqlen_k > 0) {
     auto kernel = bwd_kernel<Traits>;
-    static std::atomic<uint64_t> smem_set_on_devices{0};
-    const cudaError_t err = once_per_device(smem_set_on_devices, [&] {
-      return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    });
+    const cudaError_t err = opt_in_dynamic_smem<bwd_kernel<Traits>>(kSmem);
     if (err != cudaSuccess) {
       return LaunchResult::cuda(err);
     }

@@ -3,7 +3,6 @@
 
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -26,10 +25,7 @@ LaunchResult launch_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t
   }
   auto kernel = fwd_kernel<Traits>;
   if constexpr (kSmem > 48 * 1024) {
-    static std::atomic<uint64_t> smem_set_on_devices{0};
-    const cudaError_t err = once_per_device(smem_set_on_devices, [&] {
-      return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    });
+    const cudaError_t err = opt_in_dynamic_smem<fwd_kernel<Traits>>(kSmem);
     if (err != cudaSuccess) {
       return LaunchResult::cuda(err);
     }

@@ -4,7 +4,7 @@
 #include <cudaTypedefs.h>  // cuda.h's driver types and PFN_cuTensorMapEncodeTiled_v12000
 
 #include "fh_tables.inc"
-#include "sm90/timeline.h"  // kTimelineBytes
+#include "sm90/fwd/timeline.h"  // kTimelineBytes
 #include "src/bwd_common.h"
 #include "src/decode.h"
 #include "src/derive.h"

@@ -88,6 +88,17 @@ cudaError_t once_per_device(std::atomic<uint64_t>& done, Set&& set) {
   return err;
 }
 
+// Opts kKernel (a __global__ function) into `bytes` of dynamic shared memory per block
+// (cudaFuncAttributeMaxDynamicSharedMemorySize): a launch asking for more than 48 KB fails
+// without it. Once per device and kernel; a kernel always asks for the same bytes.
+template <auto kKernel>
+cudaError_t opt_in_dynamic_smem(int bytes) {
+  static std::atomic<uint64_t> set_on_devices{0};
+  return once_per_device(set_on_devices, [&] {
+    return cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  });
+}
+
 // The FhStatus of a launch and, for a failure, its message in msg (NUL-terminated, cut to
 // msg_len). `backend` ("fa2" / "fa3"), `head_dim`, `smem_limit` (bytes per block the launcher
 // was allowed) and `tma_tensors` (the tensors the path loads with TMA: "q/k/v" for the forward,

@@ -1,7 +1,7 @@
 // A kernel launch with programmatic dependent launch (sm_90): the grid may start while the kernel
 // before it in the stream finishes, and its CTAs wait in griddepcontrol.wait (the kernel's part)
 // before they touch anything that kernel writes. Shared by the FA-3 varlen forward (behind its
-// prepare kernel, sm90/fwd_launch.h) and the decode / combine kernels (decode.cu).
+// prepare kernel, sm90/fwd/launch.h) and the decode / combine kernels (decode.cu).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -12,7 +12,7 @@
 # paths that implement it (comma-separated). A direction's instantiations come from
 # kernels/src/<direction>_<arch>_inst.cu.in; "bwd" also builds kernels/src/bwd_common.cu once (the
 # preprocess both paths share). The FA-3 path's backward covers the buckets CMakeLists.txt lists
-# in FH_SM90_BWD_HEAD_DIMS (kernels/sm90/bwd_tile_config.h).
+# in FH_SM90_BWD_HEAD_DIMS (kernels/sm90/bwd/tile_config.h).
 set(FH_DIRECTION_TABLE
   "fwd|FH_REGISTER_FWD|80,90a"
   "bwd|FH_REGISTER_BWD|80,90a")
@@ -31,7 +31,7 @@ set(FH_HEAD_DIM_TABLE 64 96 128 192 256)
 # CUTLASS element type of the instantiation | the direction:path pairs that have kernels for it
 # ("all": every direction on every path) | the head-dim buckets it has kernels for ("all": every
 # bucket). FP8 (e4m3) is the FA-3 path's forward only, in the buckets with an FP8 tile
-# (kernels/sm90/tile_config.h, has_fp8_config).
+# (kernels/sm90/fwd/tile_config.h, has_fp8_config).
 set(FH_DTYPE_TABLE
   "fp16|FH_DTYPE_FP16|cutlass::half_t|all|all"
   "bf16|FH_DTYPE_BF16|cutlass::bfloat16_t|all|all"
@@ -40,7 +40,7 @@ set(FH_DTYPE_TABLE
 # Mixed mode (docs/fwd_sm90.md "Mixed mode"): fp16 / bf16 q against an FP8 K / V cache, the FA-3
 # path's forward only.
 # Name (FH_DTYPES, build_info) | q's FhDtype | K / V's FhDtype (api.h, FhFwdParams::kv_dtype) |
-# q's CUTLASS type | K / V's CUTLASS type | head-dim buckets (kernels/sm90/tile_config.h,
+# q's CUTLASS type | K / V's CUTLASS type | head-dim buckets (kernels/sm90/fwd/tile_config.h,
 # has_mixed_config). Its kernels have the names of FH_DTYPES too, so a build selects them like
 # any dtype.
 set(FH_MIXED_TABLE

@@ -52,7 +52,7 @@ const RegistryEntry* find_kernel(int32_t backend, int32_t dtype, int64_t head_di
 const BwdRegistryEntry* find_bwd_kernel(int32_t backend, int32_t dtype, int64_t head_dim);
 
 // Whether the FA-3 path's backward has a tile for head_dim's bucket in the source tree
-// (CMakeLists.txt FH_SM90_BWD_HEAD_DIMS, kernels/sm90/bwd_tile_config.h), whatever this build
+// (CMakeLists.txt FH_SM90_BWD_HEAD_DIMS, kernels/sm90/bwd/tile_config.h), whatever this build
 // compiled; and the list of those buckets for messages ("64, 96, 128").
 bool fa3_bwd_covers(int64_t head_dim);
 std::string fa3_bwd_buckets();

@@ -54,7 +54,7 @@ FhStatus validate_fp8(const FhFwdParams* p, bool fp8, bool mixed, bool check_dat
            "head_dim: expected a multiple of 16 for %s (16-byte rows), got %lld", what,
            (long long)p->head_dim);
   // The d192 / d256 kernels' PV accumulator is split over the head dim and always two-level
-  // (kernels/sm90/tile_config.h, fwd_config_fp8).
+  // (kernels/sm90/fwd/tile_config.h, fwd_config_fp8).
   FH_CHECK(p->fp8_accumulation == FH_FP8_ACCUM_TWO_LEVEL || p->head_dim <= 128,
            "fp8_accumulation: the single-level ablation exists for head_dim <= 128 (the d192 / "
            "d256 kernels accumulate in two levels only), got head_dim %lld",

@@ -15,7 +15,6 @@
 // Passes 1 and 3 enumerate the same pairs in the same way, so the counts agree.
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 
 #include "flash_hopper/fwd_params.h"
@@ -170,7 +169,7 @@ __device__ void sort_pairs(PrepareArgs const& a, uint64_t* keys, int total) {
 __global__ void __launch_bounds__(kThreads, 1) varlen_prepare_kernel(PrepareArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // The FA-3 kernel after this one may launch now (programmatic dependent launch): its CTAs
-  // wait for this grid's completion before reading the list (sm90/fwd_kernel.h).
+  // wait for this grid's completion before reading the list (sm90/fwd/kernel.h).
   asm volatile("griddepcontrol.launch_dependents;");
 #endif
   extern __shared__ __align__(16) unsigned char smem[];
@@ -307,11 +306,7 @@ LaunchResult launch_varlen_prepare(FwdParams const& p, int block_m, int block_n,
   a.header = p.varlen_header;
   a.pairs = p.varlen_pairs;
   a.capacity = p.varlen_capacity;
-  static std::atomic<uint64_t> smem_set_on_devices{0};
-  const cudaError_t err = once_per_device(smem_set_on_devices, [] {
-    return cudaFuncSetAttribute(varlen_prepare_kernel,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-  });
+  const cudaError_t err = opt_in_dynamic_smem<varlen_prepare_kernel>(kSmemBytes);
   if (err != cudaSuccess) {
     return LaunchResult::cuda(err);
   }

@@ -51,7 +51,7 @@ MIXED_DTYPES = {
 MIXED_HEAD_DIM_BUCKETS = (64, 128, 256)
 FP8_HEAD_DIM_MULTIPLE = 16  # 16-byte rows of 1-byte elements
 # The FP8 single-level accumulation ablation: the d192 / d256 kernels split their PV accumulator
-# over the head dim and accumulate in two levels only (kernels/sm90/tile_config.h).
+# over the head dim and accumulate in two levels only (kernels/sm90/fwd/tile_config.h).
 FP8_SINGLE_LEVEL_MAX_HEAD_DIM = 128
 
 

@@ -1,8 +1,8 @@
-// Host test of the FA-3 backward's schedule (kernels/sm90/bwd_schedule.h): the tile order, the
+// Host test of the FA-3 backward's schedule (kernels/sm90/bwd/schedule.h): the tile order, the
 // steps of every tile, dq_rank and the role loops the kernel's producer and consumer warpgroups
 // run, dQ protocol included (detail::add_dq), with recorders in place of the TMA, WGMMA, barrier,
 // bulk-copy, red.global and semaphore operations. The simulated families are the kernel's, taken
-// from the tuned-config table (bwd_tile_config.h bwd_config for d64 / d96 / d128 / d192 / d256).
+// from the tuned-config table (bwd/tile_config.h bwd_config for d64 / d96 / d128 / d192 / d256).
 //  a. every tile exactly once for grids of 1, 3, 7 and 132 CTAs, both orders;
 //  b. deterministic order: inside every (batch, kv head) the tile index grows as n falls (the
 //     deadlock-freedom condition, docs/bwd_sm90.md "dQ and the deterministic mode");
@@ -40,9 +40,9 @@
 #include <vector>
 
 #include "flash_hopper/mask.h"
-#include "sm90/bwd_schedule.h"
-#include "sm90/bwd_tile_config.h"
-#include "sm90/pipeline.h"
+#include "sm90/bwd/schedule.h"
+#include "sm90/bwd/tile_config.h"
+#include "sm90/common/pipeline.h"
 
 using namespace flash_hopper;
 using namespace flash_hopper::sm90;
@@ -378,7 +378,7 @@ static const char* kOpName[] = {"wait_empty", "arrive_full", "wait_full", "arriv
                                 "wait_complete", "red_add", "fence", "wait_rank", "release_rank"};
 
 // A built backward family, from the tuned-config table the kernels are instantiated from
-// (bwd_kernel_traits.h reads the same fields).
+// (bwd/kernel_traits.h reads the same fields).
 template <int kHeadDimBucket>
 struct Family {
   static constexpr int kHeadDim = kHeadDimBucket;
@@ -400,7 +400,7 @@ static const char* kBufName[] = {"sdS", "sP"};
 
 enum Pipe { kKV = 0, kQ = 1, kDO = 2, kNumPipes = 3 };
 static const char* kPipeName[] = {"KV", "Q", "dO"};
-// The named barriers of bwd_mma.h BwdBarrier that join agents: PdS, PdSFree and DqTurn (both
+// The named barriers of bwd/mma.h BwdBarrier that join agents: PdS, PdSFree and DqTurn (both
 // WGs), PdSLocal(c) = 3 + c (WG c's own PdS sync, dq_wgs = 1). Stats c and DqSlot c order threads
 // of one WG, which the simulation runs as one agent.
 enum Bar { kPdS = 0, kPdSFree = 1, kDqTurn = 2, kPdSLocal = 3, kNumBars = 5 };
@@ -714,7 +714,7 @@ struct MockConsumer {
     }
   }
 
-  // dQ (bwd_schedule.h add_dq): the events the simulation runs; WG-local barriers (DqSlot c)
+  // dQ (bwd/schedule.h add_dq): the events the simulation runs; WG-local barriers (DqSlot c)
   // are implied by the WG being one agent.
   void dq_event(Op op, int key = -1, int val = 0, Payload step = {}) {
     Event e{op};

@@ -1,4 +1,4 @@
-// Host test of the FP8 forward's register and shared-memory orders (kernels/sm90/fp8_layout.h):
+// Host test of the FP8 forward's register and shared-memory orders (kernels/sm90/fwd/fp8_layout.h):
 // - P packed in place (p_source) puts into each byte of the m64k32 e4m3 A fragment exactly the
 //   S accumulator value whose key the V^T buffer holds at that byte's k slot (key_of_slot), for
 //   every lane: the PV GEMM then sums P[key] V[key] over every key once;
@@ -8,7 +8,7 @@
 //   byte permutes).
 // The fragment layouts are PTX's (wgmma m64nNk32 .e4m3 A from registers, f32 accumulator); the
 // swizzles are CuTe's Swizzle<3,4,3> / <2,4,3> on 1-byte K-major atoms (the kernel checks its own
-// layouts are these: transpose.h evaluates CuTe's).
+// layouts are these: fwd/transpose.h evaluates CuTe's).
 #include <array>
 #include <cstdio>
 #include <cstdlib>
@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "sm90/fp8_layout.h"
+#include "sm90/fwd/fp8_layout.h"
 
 using namespace flash_hopper::sm90;
 
@@ -134,12 +134,12 @@ static int matrix_wavefronts(std::vector<int> const& row_addr) {
   return worst;
 }
 
-// The transposer (transpose.h) on one V stage: every unit (32-key slice, 16 columns) through the
-// simulated instructions, then V^T must hold at (column d, slot s of slice k) the byte V had at
-// (key 32k + key_of_slot(s), d).
+// The transposer (fwd/transpose.h) on one V stage: every unit (32-key slice, 16 columns) through
+// the simulated instructions, then V^T must hold at (column d, slot s of slice k) the byte V had
+// at (key 32k + key_of_slot(s), d).
 static bool transposes(int block_n, int head_dim, unsigned perm_even, unsigned perm_odd,
                        int* worst_ld, int* worst_st) {
-  // kernel_traits.h k_major_smem_atom: the widest swizzle row (128 / 64 / 32 bytes) dividing it
+  // common/smem_atoms.h k_major_smem_atom: the widest swizzle row (128 / 64 / 32 bytes) dividing it
   const int v_row = head_dim % 128 == 0 ? 128 : head_dim % 64 == 0 ? 64 : 32;
   const int vt_row = block_n % 128 == 0 ? 128 : 64;
   const int bytes = block_n * head_dim;

@@ -1,12 +1,12 @@
-// Host test of the FA-3 path's step schedule (kernels/sm90/schedule.h) and pipeline ends
-// (kernels/sm90/pipeline.h): the code the kernel's producer, relay (converter / transposer) and
-// consumer warps run, with recorders in place of the TMA, WGMMA and mbarrier operations. The
-// spec is the pipeline contract at the top of kernels/sm90/fwd_kernel.h.
+// Host test of the FA-3 path's step schedule (kernels/sm90/fwd/schedule.h) and pipeline ends
+// (kernels/sm90/common/pipeline.h): the code the kernel's producer, relay (converter /
+// transposer) and consumer warps run, with recorders in place of the TMA, WGMMA and mbarrier
+// operations. The spec is the pipeline contract at the top of kernels/sm90/fwd/kernel.h.
 //
 // For random problems (lengths, causal / windows / chunks, GQA, batch, grid sizes) and every
-// forward kernel shape the tuned-config tables instantiate (tile_config.h: fwd_config per bucket
-// and tile family, fwd_config_fp8, fwd_config_mixed; overlap or not, merged tile boundary or
-// not, rescale placement, Q buffers, W consumer warpgroups), each CTA's roles are recorded, then
+// forward kernel shape the tuned-config tables instantiate (fwd/tile_config.h: fwd_config per
+// bucket and tile family, fwd_config_fp8, fwd_config_mixed; overlap or not, merged tile boundary
+// or not, rescale placement, Q buffers, W consumer warpgroups), each CTA's roles are recorded, then
 //  1. each consumer's record is checked on its own: every GEMM reads the buffers of the key block
 //     it is meant for, S is complete before the softmax reads it, P is not overwritten while its
 //     PV GEMM is in flight, buffers are released only after the GEMMs reading them completed,
@@ -18,11 +18,11 @@
 //     (the writers visited the same steps, nothing overwritten early: no stage is written while a
 //     reader holds it), and the arrivals balance (only WG 0's documented ping-pong token is left
 //     pending).
-// Relays between the producer and the consumers (fwd_kernel.h "Pipelines"):
-//  - mixed mode (convert.h): the producer loads K and V into a ring of staging stages; three
+// Relays between the producer and the consumers (fwd/kernel.h "Pipelines"):
+//  - mixed mode (fwd/convert.h): the producer loads K and V into a ring of staging stages; three
 //    converter warps walk the producer's order (produce()), each waiting for a staging stage and
 //    a free K / V stage, then arriving on both (K / V full: three arrivals; ring empty: three);
-//  - FP8 (transpose.h): the producer loads V into the V stages; three transposer warps walk
+//  - FP8 (fwd/transpose.h): the producer loads V into the V stages; three transposer warps walk
 //    transpose_v(), each waiting for V and a free V^T stage, then releasing V (V empty: three
 //    arrivals) and committing V^T (V^T full: three arrivals; V^T empty: W), which the consumers
 //    read in V's place.
@@ -44,10 +44,10 @@
 #include <vector>
 
 #include "flash_hopper/mask.h"
-#include "sm90/pipeline.h"
-#include "sm90/schedule.h"
-#include "sm90/tile_config.h"
-#include "sm90/tile_scheduler.h"
+#include "sm90/common/pipeline.h"
+#include "sm90/fwd/schedule.h"
+#include "sm90/fwd/tile_config.h"
+#include "sm90/fwd/tile_scheduler.h"
 
 using namespace flash_hopper;
 using namespace flash_hopper::sm90;
@@ -73,7 +73,7 @@ static std::string context;
 // ------------------------------------------------------------------------------------------------
 enum Pipe { kQ = 0, kK = 1, kV = 2, kStaging = 3, kVt = 4, kNumPipes = 5 };
 static const char* kPipeName[] = {"Q", "K", "V", "staging", "V^T"};
-// The mixed mode's staging ring (tile_config.h, fwd_config_mixed): one depth for every bucket.
+// The mixed mode's staging ring (fwd/tile_config.h, fwd_config_mixed): one depth for every bucket.
 static constexpr int kStagingStages = fwd_config_mixed(128).staging_stages;
 static_assert(fwd_config_mixed(64).staging_stages == kStagingStages &&
               fwd_config_mixed(256).staging_stages == kStagingStages);
@@ -100,13 +100,14 @@ struct Event {
   uint32_t phase = 0;
   Payload payload;
   // K / V multicast: a load's arrive_full lands half `rank` of the block in every CTA of the
-  // cluster; a release arrives on the empty barrier of every CTA of the cluster (barriers.h).
+  // cluster; a release arrives on the empty barrier of every CTA of the cluster
+  // (common/barriers.h).
   int peers = 1;
   int rank = 0;
 };
 
-// Barrier backend of pipeline.h's ends that records instead of waiting. peers / rank: Spec::kPeers
-// of the end and the CTA's rank in its cluster.
+// Barrier backend of common/pipeline.h's ends that records instead of waiting. peers / rank:
+// Spec::kPeers of the end and the CTA's rank in its cluster.
 struct Recorder {
   std::vector<Event>* out;
   int pipe;
@@ -128,7 +129,7 @@ struct Recorder {
 // ------------------------------------------------------------------------------------------------
 // Problem and kernel shape
 // ------------------------------------------------------------------------------------------------
-// The tables the kernels are instantiated from (tile_config.h), one enumerator per table.
+// The tables the kernels are instantiated from (fwd/tile_config.h), one enumerator per table.
 enum class Table { k16Bit, kShortMasked, kMulticast, kFp8, kMixed };
 constexpr FwdConfig config_of(int head_dim, Table t) {
   return t == Table::k16Bit         ? fwd_config(head_dim)
@@ -138,7 +139,7 @@ constexpr FwdConfig config_of(int head_dim, Table t) {
                                     : fwd_config_mixed(head_dim);
 }
 
-// A kernel shape as kernel_traits.h derives it from its table entry (kOverlapVariant: the
+// A kernel shape as fwd/kernel_traits.h derives it from its table entry (kOverlapVariant: the
 // template's overlap switch, off in the 16-bit no-overlap ablation).
 template <int kHeadDim_, Table kTable_, bool kOverlapVariant = true>
 struct Built {
@@ -204,7 +205,7 @@ struct MockProducer {
   ProducerEnd<QSpec, Recorder> q_pipe{{&ev, kQ}};
   ProducerEnd<KVSpec, Recorder> k_pipe{{&ev, kK, Cfg::kClusterM, rank}};
   ProducerEnd<KVSpec, Recorder> v_pipe{{&ev, kV, Cfg::kClusterM, rank}};
-  // The mixed mode: K and V blocks go into the staging ring in load order (convert.h).
+  // The mixed mode: K and V blocks go into the staging ring in load order (fwd/convert.h).
   ProducerEnd<PipelineSpec<kStagingStages, 1>, Recorder> staging_pipe{{&ev, kStaging}};
   // Sabotage for the negative controls: skip the load with this index, or load the next key
   // block instead of the scheduled one.
@@ -252,8 +253,8 @@ struct MockProducer {
 };
 
 // ------------------------------------------------------------------------------------------------
-// Converter recorder (the mixed mode's relay, convert.h): the producer's operations, converting
-// instead of loading, with convert.h's order of waits and arrivals.
+// Converter recorder (the mixed mode's relay, fwd/convert.h): the producer's operations, converting
+// instead of loading, with fwd/convert.h's order of waits and arrivals.
 // ------------------------------------------------------------------------------------------------
 template <class Cfg>
 struct MockConverter {
@@ -288,7 +289,7 @@ struct MockConverter {
     }
     pending.clear();
   }
-  // convert.h: staging.wait(); out.acquire(); stores; staging.release(); out.commit().
+  // fwd/convert.h: staging.wait(); out.acquire(); stores; staging.release(); out.commit().
   void record(int pipe, Payload payload) {
     auto& out = pipe == kK ? k_out : v_out;
     staging.wait();
@@ -302,8 +303,8 @@ struct MockConverter {
 };
 
 // ------------------------------------------------------------------------------------------------
-// Transposer recorder (FP8's relay, transpose.h Transposer::v): one warp's order of waits and
-// arrivals per V block, walked by schedule.h's transpose_v().
+// Transposer recorder (FP8's relay, fwd/transpose.h Transposer::v): one warp's order of waits and
+// arrivals per V block, walked by fwd/schedule.h's transpose_v().
 // ------------------------------------------------------------------------------------------------
 template <class Cfg>
 struct MockTransposer {
@@ -318,7 +319,7 @@ struct MockTransposer {
 
   explicit MockTransposer(StaticTileScheduler const& s) : sched(s) {}
 
-  // transpose.h: v_pipe.wait(); vt_pipe.acquire(); ldmatrix / stmatrix, proxy fence;
+  // fwd/transpose.h: v_pipe.wait(); vt_pipe.acquire(); ldmatrix / stmatrix, proxy fence;
   // v_pipe.release(); vt_pipe.commit().
   void v(TileWork const& w, KeyStep s) {
     const Payload payload{tile_id<Cfg>(sched, w.tile), s.n};
@@ -350,7 +351,7 @@ struct MockConsumer {
   std::vector<Event> ev;
   ConsumerEnd<QSpec, Recorder> q_pipe{{&ev, kQ}};
   ConsumerEnd<KVSpec, Recorder> k_pipe{{&ev, kK, peers}};
-  // FP8: the consumers read V^T, the transposer's output, in V's place (mma.h).
+  // FP8: the consumers read V^T, the transposer's output, in V's place (fwd/mma.h).
   ConsumerEnd<KVSpec, Recorder> v_pipe{{&ev, Cfg::kFp8 ? kVt : kV, peers}};
   // Sabotage for the negative controls: skip the K release with this index; softcapped() lies.
   int skip_release_k = -1;
@@ -711,7 +712,8 @@ static bool simulate(std::vector<Agent> const& agents, int ctas, PipeCounts cons
               return false;
             }
             --c.holders[e.pipe][e.stage];
-            for (int q = 0; q < ctas; ++q) {  // barriers.h: every peer's barrier, this CTA's too
+            // common/barriers.h: every peer's barrier, this CTA's too
+            for (int q = 0; q < ctas; ++q) {
               if (e.peers > 1 || q == agents[a].cta) {
                 st[q].empty[e.pipe][e.stage].arrive();
               }
@@ -815,7 +817,7 @@ struct BadSplitSchedule {
   }
 };
 
-// The pipes' stages and counts as kernel_traits.h sets them (QPipe, KVPipe, VPipe, VtPipe,
+// The pipes' stages and counts as fwd/kernel_traits.h sets them (QPipe, KVPipe, VPipe, VtPipe,
 // StagingPipe), with the sabotages' changes.
 template <class Cfg>
 static void pipe_counts(PipeCounts* pipes, Sabotage const& sab) {
@@ -937,7 +939,7 @@ static void run_shape(std::mt19937& rng, int problems) {
     prob.batch = 1 + int(rng() % 3);
     const int grids[] = {1, 2, 3, 7, 132};
     prob.grid_sms = grids[rng() % 5];
-    // The multicast tile runs calls without a mask only (fwd_launch.h).
+    // The multicast tile runs calls without a mask only (fwd/launch.h).
     const int kind = Cfg::kClusterM > 1 ? 0 : int(rng() % 6);
     int wl = -1, wr = -1, chunk = 0;
     if (kind == 1) {
@@ -1116,7 +1118,7 @@ int main(int argc, char** argv) {
   query_blocks_is_transpose(rng, problems);
   // Every forward kernel the tables instantiate: the 16-bit tiles per bucket, the short-masked
   // tiles where they differ, the multicast tiles (where the table has one; built on request,
-  // tile_config.h kMulticastBuilt), FP8 and the mixed mode; and the 16-bit no-overlap ablation.
+  // fwd/tile_config.h kMulticastBuilt), FP8 and the mixed mode; and the 16-bit no-overlap ablation.
   static_assert(has_short_masked_tile(64) && has_short_masked_tile(128) &&
                 !has_short_masked_tile(96) && !has_short_masked_tile(192) &&
                 !has_short_masked_tile(256));

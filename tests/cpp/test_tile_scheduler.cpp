@@ -1,23 +1,25 @@
-// Host test of the FA-3 path's static persistent tile scheduler (kernels/sm90/tile_scheduler.h):
-// for several shapes and grid sizes, every tile is visited exactly once, each CTA's sequence is
-// what the kernel's loop walks, masked schedules run longest-first inside each section, and the
-// load balance of causal schedules stays near ideal. The varlen scheduler (docs/fwd_sm90.md
-// "Tile order"): over random length mixes (zero-length and one-token sequences included, causal and
-// not) every (sequence, head, query block) tile exactly once, none for sequences without query
-// rows, the order costliest first, and the balance near what any order reaches; a negative control
-// shows the checks fail on a pair listed twice. K / V multicast clusters (unmasked calls, two CTAs
-// on adjacent query blocks): both CTAs of a cluster walk the same heads and key blocks round by
-// round, and every query block is computed exactly once (a negative control ignores the rank).
-// Prints "OK" and exits 0 on success.
+// Host test of the FA-3 path's static persistent tile scheduler
+// (kernels/sm90/fwd/tile_scheduler.h): for several shapes and grid sizes, every tile is visited
+// exactly once, each CTA's sequence is what the kernel's loop walks, masked schedules run
+// longest-first inside each section, and the load balance of causal schedules stays near ideal. The
+// varlen scheduler (docs/fwd_sm90.md "Tile order"): over random length mixes (zero-length and
+// one-token sequences included, causal and not) every (sequence, head, query block) tile exactly
+// once, none for sequences without query rows, the order costliest first, and the balance near what
+// any order reaches; a negative control shows the checks fail on a pair listed twice. K / V
+// multicast clusters (unmasked calls, two CTAs on adjacent query blocks): both CTAs of a cluster
+// walk the same heads and key blocks round by round, and every query block is computed exactly once
+// (a negative control ignores the rank). Prints "OK" and exits 0 on success.
 #include <algorithm>
 #include <cstdio>
 #include <random>
 #include <vector>
 
 #include "flash_hopper/mask.h"
-#include "sm90/schedule.h"
-#include "sm90/tile_scheduler.h"
+#include "sm90/common/tile_order.h"
+#include "sm90/fwd/schedule.h"
+#include "sm90/fwd/tile_scheduler.h"
 
+using flash_hopper::sm90::kL2SectionBytes;
 using flash_hopper::sm90::StaticTileScheduler;
 using flash_hopper::sm90::TileCoord;
 using flash_hopper::AttentionMask;
@@ -85,11 +87,11 @@ static void check(int seqlen_q, int block_m, int heads, int heads_per_kv, int ba
 }
 
 
-// K / V multicast (kernels/sm90/schedule.h CtaSchedule with cluster_m = 2): the scheduler's tiles
-// are pairs of query blocks; the CTA of rank r in cluster c computes block 2m + r of pair m. Both
-// CTAs must walk the same rounds with the same (batch, head) and key blocks (their loads fill each
-// other's stages), and every block < num_m exactly once; a pair reaching past the sequence (odd
-// num_m) gives its second CTA a block with no rows. ignore_rank: the negative control.
+// K / V multicast (kernels/sm90/fwd/schedule.h CtaSchedule with cluster_m = 2): the scheduler's
+// tiles are pairs of query blocks; the CTA of rank r in cluster c computes block 2m + r of pair m.
+// Both CTAs must walk the same rounds with the same (batch, head) and key blocks (their loads fill
+// each other's stages), and every block < num_m exactly once; a pair reaching past the sequence
+// (odd num_m) gives its second CTA a block with no rows. ignore_rank: the negative control.
 static void check_clusters(int seqlen_q, int seqlen_k, int block_m, int block_n, int heads,
                            int batch, int max_clusters, bool ignore_rank = false) {
   using Schedule = flash_hopper::sm90::CtaSchedule<128, 176>;
@@ -224,7 +226,7 @@ static bool check_varlen(std::vector<VarlenLengths> const& lengths, int block_m,
   // order with the heads fastest.
   CHECK(s.by_sequence == !causal, "varlen by_sequence %d for causal %d", int(s.by_sequence),
         int(causal));
-  const long long budget_heads = std::max<long long>(1, (32LL << 20) / kv_bytes_per_head);
+  const long long budget_heads = std::max<long long>(1, kL2SectionBytes / kv_bytes_per_head);
   CHECK(s.section_heads == (l2_sections ? std::min<long long>(heads, budget_heads * heads_per_kv)
                                          : heads),
         "varlen section of %d heads (budget %lld KV heads, group %d)", s.section_heads,
@@ -290,7 +292,7 @@ static bool check_varlen(std::vector<VarlenLengths> const& lengths, int block_m,
     const double balance = reachable / worst;
     // In L2 sections as low as 0.71 in these mixes with few heads (sections of one or two
     // heads, the costs rising and falling every two or three rounds); the launcher takes them
-    // only when many sequences are as long as the longest (tile_scheduler.h).
+    // only when many sequences are as long as the longest (fwd/tile_scheduler.h).
     const double bound = l2_sections ? 0.65 : 0.9;
     CHECK(balance > bound, "varlen balance %.3f (grid %d, tiles %d, causal %d, heads %d, "
           "section %d, pairs %d, batch %d)", balance, s.grid, s.tile_count(), int(causal), heads,

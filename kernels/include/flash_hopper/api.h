@@ -243,7 +243,7 @@ FH_EXPORT const char* fh_build_info(void);
 FH_EXPORT int32_t fh_has_fwd_kernel(int32_t backend, int32_t dtype, int64_t head_dim);
 
 // Debug: the device buffer the FA-3 forward records its event timeline into (the first CTAs'
-// waits, GEMM issues and softmax ends with clock64 stamps; layout in kernels/sm90/timeline.h,
+// waits, GEMM issues and softmax ends with clock64 stamps; layout in kernels/sm90/fwd/timeline.h,
 // reader bench/timeline.py), for later fh_fwd calls on this thread; null turns it off. Only
 // libraries built with FH_TIMELINE=ON record: others return FH_ERROR_UNSUPPORTED. bytes must
 // hold the whole layout.

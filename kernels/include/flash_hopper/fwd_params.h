@@ -60,7 +60,7 @@ struct FwdParams {
   int64_t v_descale_batch_stride, v_descale_head_stride;
   int o_fp16;            // FP8: o is fp16 (else bf16)
   int fp8_single_level;  // FP8: PV accumulates in the WGMMA accumulator alone (the ablation of
-                         // two-level accumulation, mma.h)
+                         // two-level accumulation, sm90/fwd/mma.h)
 
   // Varlen (flash_hopper/varlen.h; null cu_seqlens_q: a dense call). The batch strides of q, k,
   // v, o and lse are 0: every row is addressed through its sequence's start.
@@ -81,7 +81,7 @@ struct FwdParams {
 
   int num_sms;
   // Debug: the FA-3 forward's event timeline (libraries built with FH_TIMELINE; null = off;
-  // sm90/timeline.h), from fh_debug_set_timeline.
+  // sm90/fwd/timeline.h), from fh_debug_set_timeline.
   unsigned long long* timeline;
   // FA-3 variant (FhVariant: a set of FH_VARIANT_FLAG_* bits, api.h); 0 = tuned. The launcher
   // reads the runtime flags from it (NO_PINGPONG); the FA-2 path ignores it.

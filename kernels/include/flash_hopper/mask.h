@@ -1,6 +1,6 @@
 // The attention mask policy: which key columns a query row sees, and, from that one rule, which
 // key blocks a query tile visits and which of them need per-element masking. Both paths use it
-// (sm80/fwd_kernel.h, sm90/schedule.h and the consumers' element mask in register_ops.h), the
+// (sm80/fwd_kernel.h, sm90/fwd/schedule.h and the consumers' element mask in register_ops.h), the
 // host tests compile it with g++ (tests/cpp/), and python/flash_hopper/mask.py mirrors it line by
 // line for the reference, the FLOP counter and the benchmark peers (tests/test_mask_policy.py
 // compares the two on random configurations).
@@ -23,9 +23,9 @@
 // per-element mask iff it lies inside every row's interval (unmasked_blocks()).
 //
 // Growth: varlen builds one mask per sequence (its own seqlen_q / seqlen_k), which is why the
-// schedule asks for the mask per tile (sm90/schedule.h). Learnable attention sinks are logits added
-// to the softmax's running max and sum, not a mask. Always-visible sink *tokens* (StreamingLLM)
-// would break the single interval: they would become a second, leading key range.
+// schedule asks for the mask per tile (sm90/fwd/schedule.h). Learnable attention sinks are logits
+// added to the softmax's running max and sum, not a mask. Always-visible sink *tokens*
+// (StreamingLLM) would break the single interval: they would become a second, leading key range.
 #pragma once
 
 #include "flash_hopper/host_device.h"

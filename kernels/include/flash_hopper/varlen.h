@@ -13,7 +13,7 @@
 // sequence's span and the tile's key-block range copied into the pair, so a kernel loads one
 // 48-byte record per tile. The FA-3
 // path's persistent CTAs walk the list in the static scheduler's snake order
-// (sm90/tile_scheduler.h: FwdTileOrder), the FA-2 path launches one CTA per (pair, head).
+// (sm90/fwd/tile_scheduler.h: FwdTileOrder), the FA-2 path launches one CTA per (pair, head).
 // Workspace (caller-allocated, fh_fwd_workspace_size): a 32-byte header {num_pairs, overflow,
 // ...}, then VarlenPair[capacity] (48 bytes each); capacity = total_q / 64 + batch bounds the pairs of any
 // monotone cu_seqlens for every kernel tile (block_m >= 64); an overflow (only for offsets that

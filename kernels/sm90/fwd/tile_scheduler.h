@@ -10,11 +10,13 @@
 // With a causal or local mask, tiles run longest-first (the last query blocks see the most keys
 // under the bottom-right aligned mask) so the short tiles fill the tail:
 // 1. L2 sections: (batch, head) pairs are grouped so that the K/V of one section (heads of one
-//    GQA group are adjacent) fit in ~32 MiB of the 50 MB L2; sections run one after another.
+//    GQA group are adjacent) fit in ~32 MiB of the 50 MB L2; sections run one after another
+//    (common/tile_order.h, l2_section_heads).
 // 2. Inside a section the query-block rank is major (longest first) and the (batch, head) pair
 //    fastest.
-// 3. Snake: CTA c takes index r * G + c in even rounds and r * G + (G - 1 - c) in odd ones, so
-//    with tile sizes decreasing along t no CTA gets the largest tile of every round.
+// 3. Snake (common/tile_order.h, snake_index): CTA c takes index r * G + c in even rounds and
+//    r * G + (G - 1 - c) in odd ones, so with tile sizes decreasing along t no CTA gets the
+//    largest tile of every round.
 // 4. With longest-first, the sections alternate direction (the last one descending): otherwise
 //    the round that crosses from one section's short tiles into the next one's long tiles pairs
 //    long with short and the snake no longer balances (simulated and measured: bench/PERFLOG.md
@@ -28,6 +30,7 @@
 #include "flash_hopper/host_device.h"
 #include "flash_hopper/mask.h"
 #include "flash_hopper/varlen.h"
+#include "sm90/common/tile_order.h"
 
 namespace flash_hopper::sm90 {
 
@@ -68,14 +71,7 @@ struct StaticTileScheduler {
     s.num_m_blocks = (m_blocks + cluster_m - 1) / cluster_m;
     s.heads = heads;
     s.num_hb = heads * batch;
-    constexpr int64_t kL2Budget = int64_t(32) << 20;
-    int64_t kv_heads = kv_bytes_per_head > 0 ? kL2Budget / kv_bytes_per_head : s.num_hb;
-    kv_heads = kv_heads < 1 ? 1 : kv_heads;
-    const int64_t hb = kv_heads * heads_per_kv;
-    s.section_hb = static_cast<int>(hb < s.num_hb ? hb : s.num_hb);
-    if (s.section_hb < 1) {
-      s.section_hb = 1;
-    }
+    s.section_hb = l2_section_heads(kv_bytes_per_head, heads_per_kv, s.num_hb);
     s.num_sections = (s.num_hb + s.section_hb - 1) / s.section_hb;
     const int64_t total = int64_t(s.num_m_blocks) * s.num_hb;
     s.total_tiles = static_cast<int>(total);
@@ -89,9 +85,7 @@ struct StaticTileScheduler {
   FH_HOST_DEVICE int tile_count() const { return total_tiles; }
 
   // The index of round r for CTA c (snake order).
-  FH_HOST_DEVICE int index(int round, int cta) const {
-    return round * grid + ((round & 1) ? grid - 1 - cta : cta);
-  }
+  FH_HOST_DEVICE int index(int round, int cta) const { return snake_index(round, cta, grid); }
 
   FH_HOST_DEVICE TileCoord coord(int t) const {
     TileCoord c;
@@ -174,27 +168,20 @@ struct VarlenTileScheduler {
   static VarlenTileScheduler make(VarlenPair const* pairs, VarlenHeader const* header, int heads,
                                   int heads_per_kv, int64_t kv_bytes_per_head, bool masked,
                                   bool l2_sections, int grid) {
-    constexpr int64_t kL2Budget = int64_t(32) << 20;
-    int64_t kv_heads = kv_bytes_per_head > 0 && l2_sections ? kL2Budget / kv_bytes_per_head
-                                                            : heads;
-    kv_heads = kv_heads < 1 ? 1 : kv_heads;
-    const int64_t section = kv_heads * (heads_per_kv > 0 ? heads_per_kv : 1);
     VarlenTileScheduler s;
     s.pairs = pairs;
     s.header = header;
     s.heads = heads;
     s.grid = grid;
     s.by_sequence = !masked;
-    s.section_heads = static_cast<int>(section < heads ? section : heads);
-    s.section_heads = s.section_heads < 1 ? 1 : s.section_heads;
+    s.section_heads = l2_section_heads(l2_sections ? kv_bytes_per_head : 0,
+                                       heads_per_kv > 0 ? heads_per_kv : 1, heads);
     s.num_sections = (heads + s.section_heads - 1) / s.section_heads;
     return s;
   }
 
   FH_HOST_DEVICE int tile_count() const { return header->num_pairs * heads; }
-  FH_HOST_DEVICE int index(int round, int cta) const {
-    return round * grid + ((round & 1) ? grid - 1 - cta : cta);
-  }
+  FH_HOST_DEVICE int index(int round, int cta) const { return snake_index(round, cta, grid); }
   FH_HOST_DEVICE TileCoord coord(int t) const {
     KeyBlockRange range;
     KeyBlockSplit split;

@@ -1,12 +1,12 @@
 // Kernel parameters of the FA-3 path, passed by value as a __grid_constant__: the derived
-// FwdParams, the TMA descriptors (encoded on the host, fwd_launch.h) and the tile scheduler.
+// FwdParams, the TMA descriptors (encoded on the host, launch.h) and the tile scheduler.
 #pragma once
 
 #include <cute/config.hpp>
 
 #include "flash_hopper/fwd_params.h"
-#include "sm90/schedule.h"
-#include "sm90/tile_scheduler.h"
+#include "sm90/fwd/schedule.h"
+#include "sm90/fwd/tile_scheduler.h"
 
 namespace flash_hopper::sm90 {
 

@@ -20,7 +20,7 @@
 //   detail::add_dq()  one step's dQ protocol (slot + bulk reduce-add, red.global, or the
 //                     deterministic mode's turn on the block's semaphore)
 //
-// Pipelines and named barriers: the contract at the top of bwd_kernel.h (its one copy). The KV
+// Pipelines and named barriers: the contract at the top of kernel.h (its one copy). The KV
 // pipeline's full parity counts tiles with queries only.
 //
 // Producer, per tile with queries: Q(step 0), dO(step 0), K+V, then Q(i), dO(i) for i >= 1. K/V
@@ -71,8 +71,9 @@
 
 #include "flash_hopper/host_device.h"
 #include "flash_hopper/mask.h"
+#include "sm90/common/tile_order.h"
 
-// Same definitions as schedule.h (identical redefinitions are allowed if both are included).
+// Same definitions as fwd/schedule.h (identical redefinitions are allowed if both are included).
 #if defined(__CUDACC__)
 #define FH_NO_UNROLL _Pragma("unroll 1")
 #define FH_ROLE __forceinline__ __device__
@@ -140,9 +141,7 @@ struct BwdTileScheduler {
   }
 
   // The tile index of round r for CTA c (the forward's snake).
-  FH_HOST_DEVICE int index(int round, int cta) const {
-    return round * grid + ((round & 1) ? grid - 1 - cta : cta);
-  }
+  FH_HOST_DEVICE int index(int round, int cta) const { return snake_index(round, cta, grid); }
 
   FH_HOST_DEVICE BwdTileCoord coord(int t) const {
     int hb;
@@ -365,7 +364,7 @@ FH_ROLE void produce_bwd(Schedule const& sched, Ops& ops) {
 //               is_wg(c) (this is consumer WG c)
 //   tiles       clear_dkv(f), store_dkv(f, w), store_zero(w) (tile without queries)
 // f is the register state of the tile (Ops::TileState). Cfg supplies kFamilyB (family B's step,
-// bwd_step_b, for d192 / d256), kDqWgs and kDqSlots (bwd_tile_config.h). Both WGs run the same
+// bwd_step_b, for d192 / d256), kDqWgs and kDqSlots (tile_config.h). Both WGs run the same
 // code and meet at the same barrier instructions.
 // ---------------------------------------------------------------------------------------------
 namespace detail {

@@ -6,14 +6,13 @@
 
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 
 #include "flash_hopper/bwd_params.h"
-#include "sm90/bwd_kernel.h"
-#include "sm90/bwd_kernel_traits.h"
-#include "sm90/bwd_postprocess.h"
-#include "sm90/fwd_launch.h"  // tma_stride, check_tma_strides, tma_gmem_tensor, TmaMemo
+#include "sm90/bwd/kernel.h"
+#include "sm90/bwd/kernel_traits.h"
+#include "sm90/bwd/postprocess.h"
+#include "sm90/common/tma_descriptors.h"
 #include "src/registry.h"
 
 namespace flash_hopper::sm90 {
@@ -104,15 +103,11 @@ LaunchResult launch_bwd(BwdParams const& p, int max_smem_per_block, cudaStream_t
                                       p.batch, p.deterministic != 0, p.num_sms,
                                       bwd_longest_first(attention_mask(p)));
     if (kp.tiles.total_tiles > 0) {
-      auto kernel = bwd_kernel<Traits>;
-      static std::atomic<uint64_t> smem_set_on_devices{0};
-      const cudaError_t err = once_per_device(smem_set_on_devices, [&] {
-        return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-      });
+      const cudaError_t err = opt_in_dynamic_smem<bwd_kernel<Traits>>(kSmem);
       if (err != cudaSuccess) {
         return LaunchResult::cuda(err);
       }
-      kernel<<<kp.tiles.grid, Traits::kThreads, kSmem, stream>>>(kp);
+      bwd_kernel<Traits><<<kp.tiles.grid, Traits::kThreads, kSmem, stream>>>(kp);
       const cudaError_t launched = cudaGetLastError();
       if (launched != cudaSuccess) {
         return LaunchResult::cuda(launched);

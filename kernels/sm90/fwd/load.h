@@ -1,15 +1,15 @@
 // Producer of the FA-3 path: one elected thread of warp 0 issues every TMA load, in the order
 // schedule.h's produce() walks (K of the first step, Q, then K and V per step). Each load first
-// waits until its buffer is empty (pipeline.h). Mixed mode: K and V blocks go into the FP8
+// waits until its buffer is empty (common/pipeline.h). Mixed mode: K and V blocks go into the FP8
 // staging ring, one stage each in this order, for the converter warps (convert.h).
 #pragma once
 
 #include <cute/tensor.hpp>
 
-#include "sm90/barriers.h"
-#include "sm90/kernel_traits.h"  // EmptyStorage
-#include "sm90/params.h"
-#include "sm90/schedule.h"
+#include "sm90/common/barriers.h"
+#include "sm90/fwd/kernel_traits.h"  // EmptyStorage
+#include "sm90/fwd/params.h"
+#include "sm90/fwd/schedule.h"
 
 namespace flash_hopper::sm90 {
 

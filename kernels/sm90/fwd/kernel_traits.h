@@ -1,5 +1,5 @@
-// CuTe types of one FA-3 path instantiation: tile shapes, WGMMA tiled MMAs, shared-memory layouts,
-// TMA copy types and the shared-storage struct, all derived from the tuned config.
+// CuTe types of one FA-3 forward instantiation: tile shapes, WGMMA tiled MMAs, shared-memory
+// layouts, TMA copy types and the shared-storage struct, all derived from the tuned config.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -8,28 +8,14 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/numeric_types.h>
 
-#include "sm90/pipeline.h"
-#include "sm90/tile_config.h"
-#include "sm90/tile_scheduler.h"
+#include "sm90/common/pipeline.h"
+#include "sm90/common/smem_atoms.h"
+#include "sm90/fwd/tile_config.h"
+#include "sm90/fwd/tile_scheduler.h"
 
 namespace flash_hopper::sm90 {
 
 using namespace cute;
-
-// K-major swizzle atom for a row of kCols elements: the widest swizzle whose row span (128, 64 or
-// 32 bytes) divides the row (the same rule as CUTLASS's ss_smem_selector).
-template <class Element, int kCols>
-CUTE_HOST_DEVICE constexpr auto k_major_smem_atom() {
-  constexpr int kRowBytes = kCols * int(sizeof(Element));
-  if constexpr (kRowBytes % 128 == 0) {
-    return GMMA::Layout_K_SW128_Atom<Element>{};
-  } else if constexpr (kRowBytes % 64 == 0) {
-    return GMMA::Layout_K_SW64_Atom<Element>{};
-  } else {
-    static_assert(kRowBytes % 32 == 0, "head dim bucket must span a multiple of 32 bytes");
-    return GMMA::Layout_K_SW32_Atom<Element>{};
-  }
-}
 
 struct EmptyStorage {};
 
@@ -194,7 +180,8 @@ struct FwdTraits {
   static_assert(kMixed || kKVBytes * kStages == cosize_v<SmemLayoutK> * sizeof(Element));
   static_assert(!kMixed || kKVBytes * kStagingStages == cosize_v<SmemLayoutStaging>);
 
-  // Q buffers and K / V stages between the producer and the consumer warpgroups (pipeline.h).
+  // Q buffers and K / V stages between the producer and the consumer warpgroups
+  // (common/pipeline.h).
   // FP8: V goes from the producer to the transposer warps (VPipe), V^T from them to the
   // consumers (VtPipe, full barriers without transaction bytes).
   // Mixed mode: the producer loads into the staging ring (StagingPipe, released by the converter

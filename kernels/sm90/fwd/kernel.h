@@ -3,7 +3,7 @@
 // Pipeline contract
 // -----------------
 // Roles, T = 128 * (1 + W) threads, W consumer warpgroups (tile_config.h; a bucket may have a
-// second tile for short masked calls, chosen per call in fwd_launch.h, same contract):
+// second tile for short masked calls, chosen per call in launch.h, same contract):
 //   WG 0, producer: all four warps drop to RegisterBudget::kProducer registers; warp 0 walks the
 //     step schedule and one elected lane issues every TMA load (load.h). Warps 1-3 exit, except
 //     for FP8 inputs: they transpose each V stage into V^T (transpose.h), and in mixed mode
@@ -16,7 +16,7 @@
 // consume() are the only places that order loads, waits and releases; the transposer warps walk
 // transpose_v() there too; tests/cpp/test_fwd_schedule.cpp simulates all roles against the barrier
 // semantics, the relays and both CTAs of a multicast cluster included).
-// Pipelines (pipeline.h; mbarriers in SharedStorage, counts in PipelineSpec):
+// Pipelines (common/pipeline.h; mbarriers in SharedStorage, counts in PipelineSpec):
 //   Q   QS buffers, one load per tile with keys (expect_tx kQBytes), round-robin; released by each
 //       consumer WG once the tile's last QK GEMM completed. With QS = 2 the next tile's Q loads
 //       while the current tile computes.
@@ -54,15 +54,15 @@
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/cutlass.h>
 
-#include "sm90/barriers.h"
-#include "sm90/convert.h"
-#include "sm90/kernel_traits.h"
-#include "sm90/load.h"
-#include "sm90/mma.h"
-#include "sm90/params.h"
-#include "sm90/pipeline.h"
-#include "sm90/transpose.h"
-#include "sm90/vtail.h"
+#include "sm90/common/barriers.h"
+#include "sm90/common/pipeline.h"
+#include "sm90/fwd/convert.h"
+#include "sm90/fwd/kernel_traits.h"
+#include "sm90/fwd/load.h"
+#include "sm90/fwd/mma.h"
+#include "sm90/fwd/params.h"
+#include "sm90/fwd/transpose.h"
+#include "sm90/fwd/vtail.h"
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "the FA-3 path needs sm_90a (setmaxnreg and WGMMA); compile with arch=compute_90a"
@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     __syncthreads();
   }
   if constexpr (Traits::kVarlen) {
-    // Launched while the prepare kernel runs (programmatic dependent launch, fwd_launch.h): its
+    // Launched while the prepare kernel runs (programmatic dependent launch, launch.h): its
     // tile list is complete and visible past this wait, before any role reads it.
     asm volatile("griddepcontrol.wait;" ::: "memory");
   }

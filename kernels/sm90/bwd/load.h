@@ -1,22 +1,22 @@
 // Producer of the FA-3 path's backward: one elected thread of warp 0 issues every TMA load, in the
-// order bwd_schedule.h's produce_bwd() walks: per tile Q(step 0), dO(step 0), K + V, then Q and dO
-// of every further step. Each load first waits until its buffer is empty (pipeline.h). The rows'
-// lse_log2 / D are not loaded here: each consumer WG fetches them itself (bwd_mma.h, load_stats).
+// order schedule.h's produce_bwd() walks: per tile Q(step 0), dO(step 0), K + V, then Q and dO
+// of every further step. Each load first waits until its buffer is empty (common/pipeline.h). The
+// rows' lse_log2 / D are not loaded here: each consumer WG fetches them itself (mma.h,
+// load_stats).
 #pragma once
 
 #include <cute/tensor.hpp>
 
 #include "flash_hopper/bwd_params.h"
-#include "sm90/barriers.h"
-#include "sm90/bwd_schedule.h"
-#include "sm90/tile_scheduler.h"
+#include "sm90/bwd/schedule.h"
+#include "sm90/common/barriers.h"
 
 namespace flash_hopper::sm90 {
 
 using namespace cute;
 
 // Kernel parameters, passed by value as a __grid_constant__: the derived BwdParams, the TMA
-// descriptors (encoded on the host, bwd_launch.h) and the tile scheduler.
+// descriptors (encoded on the host, launch.h) and the tile scheduler.
 template <class Traits>
 struct BwdKernelParams {
   BwdParams bwd;

@@ -35,7 +35,7 @@
 
 #include "flash_hopper/host_device.h"
 #include "flash_hopper/mask.h"
-#include "sm90/tile_scheduler.h"
+#include "sm90/fwd/tile_scheduler.h"
 
 // The role loops run on the device only (or on the host in the test): FH_ROLE, not FH_HOST_DEVICE,
 // so they may call the kernel's device-only operations.

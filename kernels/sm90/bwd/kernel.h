@@ -1,31 +1,31 @@
 // FA-3 path backward kernel (sm_90a): entry, shared memory, barrier setup, role dispatch.
 //
-// Pipeline contract (families A and B, bwd_tile_config.h; the kernel in prose: docs/bwd_sm90.md)
+// Pipeline contract (families A and B, tile_config.h; the kernel in prose: docs/bwd_sm90.md)
 // -----------------
 // Roles, T = 384 threads:
 //   WG 0: all warps drop to RegisterBudget<2>::kProducer registers; warp 0 is the producer (one
-//     elected lane issues every TMA load and bulk copy, bwd_load.h); warps 1-3 exit.
+//     elected lane issues every TMA load and bulk copy, load.h); warps 1-3 exit.
 //   WG 1, 2 = consumers c = 0, 1 (kConsumer registers). Family A: WG c owns keys [64c, 64c + 64)
 //     of the tile for S^T, dP^T, dV and dK, and head_dim columns [c * D / 2, ...) of dQ (d128),
 //     or the partial dQ of its own keys over all rows and columns (d64, d96). Family B: WG c
 //     computes S and dP for keys [32c, 32c + 32) and head_dim columns [c * D / 2, ...) of dV, dK
 //     and dQ. Both walk every step of every tile in the same code
-//     (bwd_mma.h).
-// All roles walk one step schedule (bwd_schedule.h: BwdCtaSchedule -> BwdTileWork -> QueryStep;
+//     (mma.h).
+// All roles walk one step schedule (schedule.h: BwdCtaSchedule -> BwdTileWork -> QueryStep;
 // produce_bwd() and consume_bwd_wg() are the only places that order loads, waits, releases and
 // dQ adds; tests/cpp/test_bwd_schedule.cpp simulates them against the barrier semantics).
-// Pipelines (pipeline.h; mbarriers in SharedStorage, counts in PipelineSpec):
+// Pipelines (common/pipeline.h; mbarriers in SharedStorage, counts in PipelineSpec):
 //   KV  1 stage: K and V of the tile on one full barrier (expect_tx 2 * kKVBytes); released by
 //       each consumer WG after its last step's GEMMs completed (wait_gemms<0>).
 //   Q   2 stages: Q rows (expect_tx kQBytes); released after the step's dK GEMM, Q's last reader.
 //   dO  2 stages: dO rows; released after the step's dV GEMM, dO's last reader.
 //   The rows' lse_log2 / D do not go through these: each consumer WG loads them from L2 at the
-//   step's start and stores them into its own slot (bwd_mma.h load_stats / publish_stats).
+//   step's start and stores them into its own slot (mma.h load_stats / publish_stats).
 //   full[s]: 1 arrival (the producer's arrive_and_expect_tx; the TMA completes the bytes).
 //   empty[s]: 2 arrivals, thread 0 of each consumer WG, after a barrier that orders the whole
 //   WG's reads of the stage before it (PdS). Producers start every empty barrier at phase 1
 //   (reported complete: buffers start free).
-// Named barriers (bwd_mma.h BwdBarrier):
+// Named barriers (mma.h BwdBarrier):
 //   PdS     256: both consumer WGs after writing their dS^T half to sdS[step % 2] (+ proxy fence);
 //           then the dQ GEMM reads both halves. Two dS buffers make it the only sync per step
 //           in family A. Where each WG's dQ reads only its own half (dq_wgs = 1: d64, d96) it is
@@ -43,10 +43,10 @@
 //   DqSlot c 128, WG c (dQ slots, default mode): its threads stored the step's dQ part into
 //           its dQ slot (+ proxy fence); then its leader issues one bulk reduce-add of the slot.
 // dQ goes from registers to the fp32 accumulator, added by the consumer WGs themselves (the
-// protocol, walked by the kernel and the host test: bwd_schedule.h add_dq): through the WG's
-// shared-memory slot and a bulk reduce-add by its leader (bwd_tile_config.h dq_slots; the leader
+// protocol, walked by the kernel and the host test: schedule.h add_dq): through the WG's
+// shared-memory slot and a bulk reduce-add by its leader (tile_config.h dq_slots; the leader
 // waits for its last one to complete before the CTA exits), or by red.global.add.v4.f32 (d256,
-// and deterministic mode everywhere, under the DqTurn handshake; bwd_epilogue.h).
+// and deterministic mode everywhere, under the DqTurn handshake; epilogue.h).
 // Tiles without queries touch no barrier in any role (BwdCtaSchedule::next_with_queries); their
 // consumers store dK = dV = 0.
 #pragma once
@@ -56,11 +56,11 @@
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/cutlass.h>
 
-#include "sm90/barriers.h"
-#include "sm90/bwd_kernel_traits.h"
-#include "sm90/bwd_load.h"
-#include "sm90/bwd_mma.h"
-#include "sm90/pipeline.h"
+#include "sm90/bwd/kernel_traits.h"
+#include "sm90/bwd/load.h"
+#include "sm90/bwd/mma.h"
+#include "sm90/common/barriers.h"
+#include "sm90/common/pipeline.h"
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "the FA-3 path needs sm_90a (setmaxnreg and WGMMA); compile with arch=compute_90a"

@@ -19,13 +19,13 @@
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
-#include "sm90/barriers.h"
-#include "sm90/fp8_layout.h"
-#include "sm90/params.h"
-#include "sm90/pipeline.h"
-#include "sm90/schedule.h"
-#include "sm90/timeline.h"
-#include "sm90/utils.h"
+#include "sm90/common/barriers.h"
+#include "sm90/common/pipeline.h"
+#include "sm90/common/utils.h"
+#include "sm90/fwd/fp8_layout.h"
+#include "sm90/fwd/params.h"
+#include "sm90/fwd/schedule.h"
+#include "sm90/fwd/timeline.h"
 
 namespace flash_hopper::sm90 {
 

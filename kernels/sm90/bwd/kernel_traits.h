@@ -1,4 +1,4 @@
-// CuTe types of one FA-3 path backward instantiation (bwd_tile_config.h): tile shapes, the four
+// CuTe types of one FA-3 path backward instantiation (tile_config.h): tile shapes, the four
 // tiled MMAs, shared-memory layouts with their transposed views, TMA types, the shared-storage
 // struct and the pipeline specs.
 //
@@ -27,9 +27,9 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/numeric_types.h>
 
-#include "sm90/bwd_tile_config.h"
-#include "sm90/kernel_traits.h"  // k_major_smem_atom
-#include "sm90/pipeline.h"
+#include "sm90/bwd/tile_config.h"
+#include "sm90/common/pipeline.h"
+#include "sm90/common/smem_atoms.h"
 
 namespace flash_hopper::sm90 {
 
@@ -68,7 +68,7 @@ struct BwdTraits {
   static constexpr int kStages = kConfig.q_stages;  // Q and dO buffers
   static constexpr int kDqWgs = kConfig.dq_wgs;
   static constexpr int kConsumerWgs = 2;
-  static constexpr bool kFamilyB = kConfig.family_b;  // also bwd_schedule.h's Cfg
+  static constexpr bool kFamilyB = kConfig.family_b;  // also schedule.h's Cfg
   static constexpr bool kDqSlots = kConfig.dq_slots;
 
   using Registers = RegisterBudget<kConsumerWgs>;
@@ -84,7 +84,7 @@ struct BwdTraits {
   static constexpr bool kDqByRows = kBlockM == 128 && kDqWgs == 2;
   static_assert(kStages == 2, "Q and dO are double-buffered");
   static_assert(kHeadDim % kDqWgs == 0 && (kHeadDim / kDqWgs) % 32 == 0);
-  // Floats of one WG's dQ part of a step (contiguous in the accumulator, bwd_epilogue.h).
+  // Floats of one WG's dQ part of a step (contiguous in the accumulator, epilogue.h).
   static constexpr int kDqWgFloats = kBlockM * kHeadDim / kDqWgs;
 
   // The S / dP accumulator's (rows, cols): family A (keys, queries) = S^T, family B (queries,
@@ -178,9 +178,9 @@ struct BwdTraits {
     array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
     array_aligned<Element, cosize_v<SmemLayoutK>, 1024> v;
     array_aligned<Element, cosize_v<SmemLayoutdS>, 1024> ds;  // P / dS buffers
-    // Per consumer WG: the step's lse_log2 rows, then its D rows (bwd_mma.h load_stats).
+    // Per consumer WG: the step's lse_log2 rows, then its D rows (mma.h load_stats).
     array_aligned<float, 2 * kBlockM * kConsumerWgs, 16> stats;
-    // Per consumer WG: its dQ part of the step in the accumulator's order (bwd_epilogue.h).
+    // Per consumer WG: its dQ part of the step in the accumulator's order (epilogue.h).
     array_aligned<float, kDqSlots ? kDqWgFloats * kConsumerWgs : 4, 128> dq_slot;
     cutlass::arch::ClusterTransactionBarrier q_full[kStages];
     cutlass::arch::ClusterBarrier q_empty[kStages];

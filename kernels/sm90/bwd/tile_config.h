@@ -20,7 +20,7 @@
 // over all 64 keys / queries with each WG computing head_dim / 2 columns.
 #pragma once
 
-#include "sm90/tile_config.h"
+#include "sm90/common/budget.h"
 
 namespace flash_hopper::sm90 {
 

@@ -1,6 +1,6 @@
 // The FA-3 path's backward postprocess: dq = softmax_scale * dQacc, in the input dtype.
 //
-// The main kernel adds each query block's dQ in its own fragment order (bwd_epilogue.h,
+// The main kernel adds each query block's dQ in its own fragment order (epilogue.h,
 // dq_fragment_offset). This kernel runs one CTA per query block with the dQ GEMM's thread count:
 // thread t reads the values consumer thread t added, as float4s, into the dQ GEMM's accumulator
 // fragment, and writes its rows with the forward epilogue's quad transposition (16 contiguous
@@ -15,9 +15,9 @@
 
 #include "flash_hopper/bwd_params.h"
 #include "flash_hopper/register_ops.h"  // convert_into
-#include "sm90/bwd_epilogue.h"
-#include "sm90/epilogue.h"  // store_row_quad
-#include "sm90/utils.h"     // acc_rowcol
+#include "sm90/bwd/epilogue.h"
+#include "sm90/common/fragment_store.h"
+#include "sm90/common/utils.h"     // acc_rowcol
 
 namespace flash_hopper::sm90 {
 

@@ -28,14 +28,15 @@
 
 #include "flash_hopper/mask.h"
 #include "flash_hopper/register_ops.h"  // apply_softcap, apply_mask
-#include "sm90/barriers.h"
-#include "sm90/epilogue.h"
-#include "sm90/fp8_layout.h"
-#include "sm90/params.h"
-#include "sm90/schedule.h"
-#include "sm90/softmax.h"
-#include "sm90/timeline.h"
-#include "sm90/utils.h"
+#include "sm90/common/barriers.h"
+#include "sm90/common/utils.h"
+#include "sm90/fwd/barriers.h"
+#include "sm90/fwd/epilogue.h"
+#include "sm90/fwd/fp8_layout.h"
+#include "sm90/fwd/params.h"
+#include "sm90/fwd/schedule.h"
+#include "sm90/fwd/softmax.h"
+#include "sm90/fwd/timeline.h"
 
 namespace flash_hopper::sm90 {
 

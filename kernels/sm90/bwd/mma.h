@@ -1,7 +1,7 @@
-// Consumer warpgroups of the FA-3 path's backward (bwd_tile_config.h): the five GEMMs with
+// Consumer warpgroups of the FA-3 path's backward (tile_config.h): the five GEMMs with
 // WGMMA, P and dS (family A: in registers, dS also to shared memory for dQ; family B: both to
 // shared memory), the dQ accumulation and the dK / dV epilogue. The order of every wait, GEMM,
-// barrier and release is bwd_schedule.h's consume_bwd_wg(); this file supplies the operations.
+// barrier and release is schedule.h's consume_bwd_wg(); this file supplies the operations.
 //
 // Per step (query head g, query block m) WG c, owning keys [64c, 64c + 64) of the tile, computes
 //   S^T  = K_c Q^T            (64 keys x 64 queries, fp32)
@@ -10,7 +10,7 @@
 //   dV_c += P^T dO ;  dK_c += dS^T Q              (RS: P^T, dS^T are the A operands)
 //   dQ[:, cols of c] = dS K                       (SS: dS through shared memory, both WGs' keys;
 //                                                  or dq_wgs = 1: dQ_c = dS_c K_c, own keys)
-// and adds dQ to the fp32 accumulator in global memory (bwd_epilogue.h).
+// and adds dQ to the fp32 accumulator in global memory (epilogue.h).
 // Family B (d192 / d256, 64 x 64) computes S = Q K_c^T and dP = dO V_c^T for its 32 keys c, stores
 // P and dS to shared memory, and after the PdS barrier computes head_dim columns
 // [c D / 2, (c + 1) D / 2) of dV += P^T dO, dK += dS^T Q and dQ = dS K over all 64 keys / queries.
@@ -24,11 +24,11 @@
 #include "flash_hopper/bwd_params.h"
 #include "flash_hopper/mask.h"
 #include "flash_hopper/register_ops.h"  // apply_softcap, convert_into
-#include "sm90/barriers.h"
-#include "sm90/bwd_epilogue.h"
-#include "sm90/bwd_load.h"
-#include "sm90/bwd_schedule.h"
-#include "sm90/utils.h"
+#include "sm90/bwd/epilogue.h"
+#include "sm90/bwd/load.h"
+#include "sm90/bwd/schedule.h"
+#include "sm90/common/barriers.h"
+#include "sm90/common/utils.h"
 
 namespace flash_hopper::sm90 {
 
@@ -57,7 +57,7 @@ struct BwdConsumer {
   // dS from P's 16-bit copy (the dV GEMM's operand) instead of the fp32 exponentials, where the
   // fp32 P does not fit next to dP (128-query steps).
   static constexpr bool kDsFrom16BitP = kBlockM == 128;
-  // P and dS buffers of the P / dS array (bwd_kernel_traits.h): family A alternates dS over both.
+  // P and dS buffers of the P / dS array (kernel_traits.h): family A alternates dS over both.
   static constexpr int kPBuffer = 0;
   static constexpr int kdSBufferB = 1;
   using SdPShape = Shape<Int<Traits::kSdPRows>, Int<Traits::kSdPCols>>;
@@ -80,7 +80,7 @@ struct BwdConsumer {
   QEnd do_pipe;
   KVEnd kv_pipe;
   int ds_stage = kFamilyB ? kdSBufferB : 0;  // the dS buffer of the step (family A alternates)
-  // This thread's lse_log2 / D values of the step, in flight from L2 (bwd_mma.h load_stats).
+  // This thread's lse_log2 / D values of the step, in flight from L2 (load_stats).
   static constexpr int kStatsPerThread = 2 * kBlockM / 128;
   float stat[kStatsPerThread] = {};
 
@@ -141,13 +141,13 @@ struct BwdConsumer {
   CUTE_DEVICE void release_q(BwdTileWork const&, QueryStep) {
     q_pipe.release(wg_leader());
     if constexpr (!kFamilyB) {
-      ds_stage ^= 1;  // the step ends here for this WG (bwd_schedule.h)
+      ds_stage ^= 1;  // the step ends here for this WG (schedule.h)
     }
   }
   CUTE_DEVICE void wait_dout(BwdTileWork const&, QueryStep) { do_pipe.wait(); }
   CUTE_DEVICE void release_dout(BwdTileWork const&, QueryStep) { do_pipe.release(wg_leader()); }
 
-  // --- GEMMs (forget(), utils.h: a zero-initializing GEMM's accumulator is not live before it) --
+  // --- GEMMs (common/utils.h forget(): a zero-initializing GEMM's accumulator is not live) ------
 
   // S^T = K Q^T (family A) or S = Q K^T (family B); dP alike with V and dO.
   template <class TensorKV, class TensorQ, class TensorAcc>
@@ -387,7 +387,7 @@ struct BwdConsumer {
                                       static_cast<uint32_t>(BwdBarrier::kPdSFree));
   }
 
-  // --- dQ (the order of these: bwd_schedule.h add_dq) --------------------------------------------
+  // --- dQ (the order of these: schedule.h add_dq) ------------------------------------------------
   CUTE_DEVICE float* dq_block(BwdTileWork const& w, QueryStep s) {
     const int head = w.dq_head(s);
     return p.dq_accum + p.dq_accum_offset(w.tile.batch, head) +

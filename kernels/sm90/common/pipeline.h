@@ -34,7 +34,7 @@ struct PipelineState {
   }
 };
 
-// kPeers: the CTAs of a cluster whose buffers one load fills (K / V multicast, kernel_traits.h
+// kPeers: the CTAs of a cluster whose buffers one load fills (K / V multicast, fwd/kernel_traits.h
 // kClusterM): each CTA's loads write every peer's stage, so a stage is empty once the consumer
 // warpgroups of every peer released it; they arrive on each peer's empty barrier.
 template <int kStages_, int kConsumerWgs_, int kFullArrivals_ = 1, int kPeers_ = 1>

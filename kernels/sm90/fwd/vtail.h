@@ -17,9 +17,9 @@
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
-#include "sm90/params.h"
-#include "sm90/pipeline.h"
-#include "sm90/schedule.h"
+#include "sm90/common/pipeline.h"
+#include "sm90/fwd/params.h"
+#include "sm90/fwd/schedule.h"
 
 namespace flash_hopper::sm90 {
 

@@ -1,12 +1,12 @@
 // Epilogue of the FA-3 path's backward consumers: dQ into the fp32 accumulator (every step), dK
 // and dV from registers to global memory (every tile).
 //
-// dQ accumulator order inside a query block (kBlockM x kHeadDim floats; bwd_postprocess.h reads it
+// dQ accumulator order inside a query block (kBlockM x kHeadDim floats; postprocess.h reads it
 // back through the same tiled MMA): with kDqWgs = 2, WG c's columns start at
 // c * kBlockM * kHeadDim / 2; with kDqWgs = 1 both WGs add their partial sums over the same
 // positions. Value v of WG thread t is at (v / 4) * 512 + 4 * t + v % 4, so each thread adds whole
 // float4s (red.global.add.v4.f32) and a warp's adds cover 512 contiguous bytes; or, with dQ
-// slots (bwd_tile_config.h), the WG stores its part into shared memory in the same order and one
+// slots (tile_config.h), the WG stores its part into shared memory in the same order and one
 // thread adds it with one bulk reduce-add.
 #pragma once
 
@@ -15,9 +15,9 @@
 #include <cutlass/numeric_conversion.h>
 
 #include "flash_hopper/bwd_params.h"
-#include "sm90/bwd_schedule.h"
-#include "sm90/epilogue.h"  // quad_transpose
-#include "sm90/utils.h"
+#include "sm90/bwd/schedule.h"
+#include "sm90/common/fragment_store.h"
+#include "sm90/common/utils.h"
 
 namespace flash_hopper::sm90 {
 
@@ -83,7 +83,7 @@ CUTE_DEVICE void add_dq_fragment(float* block, TensorDq const& dq, int thread) {
 
 // Rows [row0, row0 + kBlockN) of one (batch, kv head) of dK or dV: value(r, c) is the 16-bit
 // element at (row, column) index (r, c) of the thread's dK/dV accumulator in its row-column view;
-// rows < seqlen_k and columns < head_dim are written (epilogue.h store_row_quad).
+// rows < seqlen_k and columns < head_dim are written (common/fragment_store.h store_row_quad).
 template <class Traits, class ThrMma, class ValueAt>
 CUTE_DEVICE void store_kv_rows(void* base, int64_t row_stride, int row0, int seqlen_k,
                                int head_dim, ThrMma const& thr_mma, ValueAt value) {

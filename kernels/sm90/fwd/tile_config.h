@@ -1,11 +1,13 @@
-// The FA-3 path's tuned-config table: one entry per head-dim bucket, each with its reason.
+// The FA-3 forward's tuned-config table: one entry per head-dim bucket, each with its reason.
 //
-// Numbers for H100/H200 SXM: 64 Ki 32-bit registers per SM, 227 KB (232,448 B) opt-in shared memory
-// per block. Every CTA holds one producer warpgroup and `consumer_wgs` consumer warpgroups of 64
-// query rows each, so block_m = 64 * consumer_wgs. A consumer thread of an m64nNk16 WGMMA holds N/2
-// fp32 accumulator registers: O costs d/2, S costs block_n/2, P (bf16/fp16, the A operand of the
-// PV GEMM in registers) block_n/4.
+// Numbers for H100/H200 SXM (common/budget.h): 64 Ki 32-bit registers per SM, 227 KB (232,448 B)
+// opt-in shared memory per block. Every CTA holds one producer warpgroup and `consumer_wgs`
+// consumer warpgroups of 64 query rows each, so block_m = 64 * consumer_wgs. A consumer thread of
+// an m64nNk16 WGMMA holds N/2 fp32 accumulator registers: O costs d/2, S costs block_n/2, P
+// (bf16/fp16, the A operand of the PV GEMM in registers) block_n/4.
 #pragma once
+
+#include "sm90/common/budget.h"
 
 namespace flash_hopper::sm90 {
 
@@ -15,18 +17,18 @@ namespace flash_hopper::sm90 {
 inline constexpr int kTransposerWarps = 3;
 inline constexpr int kConverterWarps = 3;
 
-// Shared memory a block may opt into on sm_90 (cudaDevAttrMaxSharedMemoryPerBlockOptin).
-inline constexpr int kSmemOptinBytes = 232448;
-inline constexpr int kRegistersPerSm = 65536;
-
+// One entry of the table. An entry starts from FwdConfig::tile(block_m, block_n) and names every
+// field that differs from the defaults below with its with_*() setter, so no entry depends on the
+// order of the fields (C++17: no designated initializers).
 struct FwdConfig {
-  int block_m;       // query rows per CTA tile (64 per consumer warpgroup)
-  int block_n;       // keys per pipeline stage
-  int stages;        // K and V pipeline depth
-  int q_stages;      // Q buffers: 2 lets the next tile's Q load while this tile computes
-  int consumer_wgs;  // consumer warpgroups
-  bool pingpong;     // default of the runtime ping-pong flag (variants can turn it off)
-  bool rescale_o_before_pv;  // O *= scale before issuing the PV GEMM (hides the FMULs under QK)
+  int block_m = 128;     // query rows per CTA tile (64 per consumer warpgroup)
+  int block_n = 128;     // keys per pipeline stage
+  int stages = 2;        // K and V pipeline depth
+  int q_stages = 2;      // Q buffers: 2 lets the next tile's Q load while this tile computes
+  int consumer_wgs = 2;  // consumer warpgroups
+  bool pingpong = true;  // default of the runtime ping-pong flag (variants can turn it off)
+  // O *= scale before issuing the PV GEMM (hides the FMULs under QK)
+  bool rescale_o_before_pv = false;
   // The step at a tile boundary issues the next tile's first S with this tile's last PV and
   // runs the epilogue under it (mma.h). It holds both tiles' softmax statistics: off where O
   // is so large that this spills (d256: O alone is 128 registers).
@@ -50,38 +52,49 @@ struct FwdConfig {
   // adjacent query blocks of one head, so each loads 1 / cluster_m of every K / V block and the
   // TMA multicasts it into all of them (half the L2 -> SM traffic for K / V at 2).
   int cluster_m = 1;
-};
 
-// Register budget moved by setmaxnreg. The launch gives every thread R0 = floor(65536 / T / 8) * 8
-// registers (T = 128 * (1 + W) threads); the producer warpgroup gives back down to kProducer and
-// the W consumer warpgroups grow to kConsumer, within the CTA's allocation:
-//   128 * kProducer + 128 * W * kConsumer <= T * R0
-// (setmaxnreg.inc blocks until the pool has the registers, so an over-ask hangs: checked below).
-template <int kConsumerWgs, bool kWideProducer = false>
-struct RegisterBudget {
-  static constexpr int kThreads = 128 * (1 + kConsumerWgs);
-  static constexpr int kLaunch = kRegistersPerSm / kThreads / 8 * 8;
-  // 2 WGs: 24 / 240 (168 at launch); 3 WGs: 32 / 160 (128 at launch). The producer needs only
-  // addressing and loop state (FP8's transposer warps too: one ldmatrix / stmatrix unit at a
-  // time, transpose.h); the consumers hold O, S and P (FP8 d256 needs all 240: O 128 + its
-  // two-level accumulator's part 64 + P 16 and the WGMMA descriptors; 232 spilled).
-  // kWideProducer (the mixed mode's converter warps, convert.h: several 16-byte loads in
-  // flight): 40 / 232 with 2 WGs.
-  static_assert(!kWideProducer || kConsumerWgs == 2, "a wide producer leaves 2 WGs 232 each");
-  static constexpr int kProducer = kConsumerWgs == 2 ? (kWideProducer ? 40 : 24) : 32;
-  static constexpr int kConsumer = kConsumerWgs == 2 ? (kWideProducer ? 232 : 240) : 160;
-  static_assert(128 * kProducer + 128 * kConsumerWgs * kConsumer <= kThreads * kLaunch,
-                "setmaxnreg budget exceeds the CTA's register allocation (would hang)");
-  static_assert(kConsumer % 8 == 0 && kProducer % 8 == 0 && kConsumer <= 256 && kProducer >= 24);
+  // A block_m x block_n tile with one consumer warpgroup per 64 query rows, the rest defaults.
+  static constexpr FwdConfig tile(int block_m, int block_n) {
+    FwdConfig c;
+    c.block_m = block_m;
+    c.block_n = block_n;
+    c.consumer_wgs = block_m / 64;
+    return c;
+  }
+  constexpr FwdConfig with_q_stages(int v) const { return with(&FwdConfig::q_stages, v); }
+  constexpr FwdConfig with_pingpong(bool v) const { return with(&FwdConfig::pingpong, v); }
+  constexpr FwdConfig with_rescale_o_before_pv(bool v) const {
+    return with(&FwdConfig::rescale_o_before_pv, v);
+  }
+  constexpr FwdConfig with_merge_tile_boundary(bool v) const {
+    return with(&FwdConfig::merge_tile_boundary, v);
+  }
+  constexpr FwdConfig with_intra_wg_overlap(bool v) const {
+    return with(&FwdConfig::intra_wg_overlap, v);
+  }
+  constexpr FwdConfig with_pv_parts(int v) const { return with(&FwdConfig::pv_parts, v); }
+  constexpr FwdConfig with_staging_stages(int v) const {
+    return with(&FwdConfig::staging_stages, v);
+  }
+  constexpr FwdConfig with_o_passes_min(int v) const { return with(&FwdConfig::o_passes_min, v); }
+  constexpr FwdConfig with_cluster_m(int v) const { return with(&FwdConfig::cluster_m, v); }
+
+ private:
+  template <class T>
+  constexpr FwdConfig with(T FwdConfig::*field, T value) const {
+    FwdConfig c = *this;
+    c.*field = value;
+    return c;
+  }
 };
 
 // Masked (causal / local) calls with at most short_masked_max_seqlen_k(d) keys run the
-// kShortMasked tile of their bucket where it differs (fwd_launch.h picks at run time; varlen calls
+// kShortMasked tile of their bucket where it differs (launch.h picks at run time; varlen calls
 // by the caller's max_seqlen_k hint): their query tiles hold 1-16 key blocks, half of them
 // crossing the diagonal, so a key block wider than the 128-row query tile (or a 192-row query
 // tile) computes and streams masked columns for nothing.
 // Calls without any mask (no causal or local window; dense, 16-bit) on buckets with a kMulticast
-// tile run it (fwd_launch.h): the default tile in clusters of two CTAs sharing K / V loads (FA3
+// tile run it (launch.h): the default tile in clusters of two CTAs sharing K / V loads (FA3
 // does this for non-causal d >= 128). Masked calls cannot: the two query blocks would see
 // different key blocks.
 enum class TileFamily { kDefault, kShortMasked, kMulticast };
@@ -95,6 +108,8 @@ constexpr int short_masked_max_seqlen_k(int head_dim) {
 }
 
 constexpr FwdConfig fwd_config(int head_dim, TileFamily family = TileFamily::kDefault) {
+  // kMulticast: the default tile in clusters of two CTAs, on the buckets that have it (d128, d256).
+  const int multicast_cluster = family == TileFamily::kMulticast ? 2 : 1;
   // d64: GEMM time per score (4d FLOP / 4096 FLOP/clk) equals exp time (1/16 clk per score), so
   //   three consumer warpgroups ping-pong to keep one WG's softmax under the others' GEMMs;
   //   O + S + P = 32 + 64 + 32 = 128 of the 160 registers three WGs can have. Shared memory has
@@ -106,20 +121,17 @@ constexpr FwdConfig fwd_config(int head_dim, TileFamily family = TileFamily::kDe
   //   112 KB.
   if (head_dim <= 64) {
     if (family == TileFamily::kShortMasked) {
-      return {128, 128, 2, 2, 2, true, false};
+      return FwdConfig::tile(/*block_m=*/128, /*block_n=*/128);
     }
-    FwdConfig c{/*block_m=*/192, /*block_n=*/128, /*stages=*/2, /*q_stages=*/2,
-                /*consumer_wgs=*/3, /*pingpong=*/true, /*rescale_o_before_pv=*/false};
     // O from the registers: with the staged epilogue (24 KB, or 12 KB in two passes) d64 gained at
     // s512 but lost from s2k on (the same main loop, scheduled differently at 160 registers;
     // bench/PERFLOG.md "O through shared memory").
-    c.o_passes_min = 0;
-    return c;
+    return FwdConfig::tile(/*block_m=*/192, /*block_n=*/128).with_o_passes_min(0);
   }
   // d96: 3 WGs would leave 160 registers for O + S + P = 48 + 64 + 32 plus addressing (spills);
   //   two WGs with N = 128: 144 live of 240. Two Q buffers: 2 x 24 K + 4 x 24 K = 144 KB.
   if (head_dim <= 96) {
-    return {128, 128, 2, 2, 2, true, false};
+    return FwdConfig::tile(/*block_m=*/128, /*block_n=*/128);
   }
   // d128: N = 176, the largest N whose K and V stages fit next to Q (32 K + 2 x 2 x 44 K =
   //   208 KB); O + S + P = 64 + 88 + 44 = 196 of 240 (N = 192 would leave too few for addressing).
@@ -132,24 +144,30 @@ constexpr FwdConfig fwd_config(int head_dim, TileFamily family = TileFamily::kDe
   //   Smem 2 x 32 K (two Q buffers) + 4 x 32 K = 192 KB.
   if (head_dim <= 128) {
     if (family == TileFamily::kShortMasked) {
-      return {128, 128, 2, 2, 2, true, false};
+      return FwdConfig::tile(/*block_m=*/128, /*block_n=*/128);
     }
-    FwdConfig c{128, 176, 2, 1, 2, true, false};
-    c.cluster_m = family == TileFamily::kMulticast ? 2 : 1;
-    return c;
+    return FwdConfig::tile(/*block_m=*/128, /*block_n=*/176)
+        .with_q_stages(1)
+        .with_cluster_m(multicast_cluster);
   }
   // d192: N = 112: 48 K + 2 x 2 x 42 K = 216 KB (N = 128 would need 240 KB);
   //   O + S + P = 96 + 56 + 28 = 180.
   if (head_dim <= 192) {
-    return {128, 112, 2, 1, 2, false, true};
+    return FwdConfig::tile(/*block_m=*/128, /*block_n=*/112)
+        .with_q_stages(1)
+        .with_pingpong(false)
+        .with_rescale_o_before_pv(true);
   }
   // d256: N = 80: 64 K + 2 x 2 x 40 K = 224 KB, 3 KB left for barriers; O + S + P = 128 + 40 + 20
   //   = 188. O is rescaled before the PV GEMM so its 128 FMULs per thread run under the QK GEMM.
   //   The merged tile boundary (both tiles' row statistics live) spilled here: each tile keeps
   //   its own prologue and drain.
-  FwdConfig c{128, 80, 2, 1, 2, false, true, /*merge_tile_boundary=*/false};
-  c.cluster_m = family == TileFamily::kMulticast ? 2 : 1;
-  return c;
+  return FwdConfig::tile(/*block_m=*/128, /*block_n=*/80)
+      .with_q_stages(1)
+      .with_pingpong(false)
+      .with_rescale_o_before_pv(true)
+      .with_merge_tile_boundary(false)
+      .with_cluster_m(multicast_cluster);
 }
 
 // FP8 (e4m3) forward (docs/fwd_sm90.md "FP8 (e4m3)"): both GEMMs are FP8 WGMMAs (k = 32), so a key
@@ -189,29 +207,22 @@ constexpr bool has_fp8_config(int head_dim) {
 
 constexpr FwdConfig fwd_config_fp8_tile(int head_dim) {
   if (head_dim <= 64) {
-    return {/*block_m=*/192, /*block_n=*/64, /*stages=*/2, /*q_stages=*/2, /*consumer_wgs=*/3,
-            /*pingpong=*/true, /*rescale_o_before_pv=*/false};
+    return FwdConfig::tile(/*block_m=*/192, /*block_n=*/64);
   }
   if (head_dim <= 128) {  // d96 and d128
-    return {/*block_m=*/128, /*block_n=*/128, /*stages=*/2, /*q_stages=*/2, /*consumer_wgs=*/2,
-            /*pingpong=*/true, /*rescale_o_before_pv=*/false};
+    return FwdConfig::tile(/*block_m=*/128, /*block_n=*/128);
   }
-  if (head_dim <= 192) {
-    return {/*block_m=*/128, /*block_n=*/128, /*stages=*/2, /*q_stages=*/2, /*consumer_wgs=*/2,
-            /*pingpong=*/true, /*rescale_o_before_pv=*/false, /*merge_tile_boundary=*/false,
-            /*intra_wg_overlap=*/false, /*pv_parts=*/2};
-  }
-  return {/*block_m=*/128, /*block_n=*/128, /*stages=*/2, /*q_stages=*/1, /*consumer_wgs=*/2,
-          /*pingpong=*/true, /*rescale_o_before_pv=*/false, /*merge_tile_boundary=*/false,
-          /*intra_wg_overlap=*/false, /*pv_parts=*/2};
+  const FwdConfig parts = FwdConfig::tile(/*block_m=*/128, /*block_n=*/128)
+                              .with_merge_tile_boundary(false)
+                              .with_intra_wg_overlap(false)
+                              .with_pv_parts(2);
+  return head_dim <= 192 ? parts : parts.with_q_stages(1);
 }
 
 // FP8's O leaves from the registers (o_passes_min = 0): the staged epilogue is measured on the
 // 16-bit kernels only (bench/PERFLOG.md "O through shared memory").
 constexpr FwdConfig fwd_config_fp8(int head_dim) {
-  FwdConfig c = fwd_config_fp8_tile(head_dim);
-  c.o_passes_min = 0;
-  return c;
+  return fwd_config_fp8_tile(head_dim).with_o_passes_min(0);
 }
 
 // Mixed mode (fp16 / bf16 q, e4m3 / e5m2 K and V; docs/fwd_sm90.md "Mixed mode"): the 16-bit
@@ -232,22 +243,21 @@ constexpr bool has_mixed_config(int head_dim) {
 }
 
 constexpr FwdConfig fwd_config_mixed_tile(int head_dim) {
-  if (head_dim <= 64) {
-    return {128, 128, 2, 2, 2, true, false, true, true, 1, /*staging_stages=*/2};
+  if (head_dim <= 128) {  // d64 and d128
+    return FwdConfig::tile(/*block_m=*/128, /*block_n=*/128).with_staging_stages(2);
   }
-  if (head_dim <= 128) {
-    return {128, 128, 2, 2, 2, true, false, true, true, 1, /*staging_stages=*/2};
-  }
-  return {128, 64, 2, 1, 2, false, true, /*merge_tile_boundary=*/false, true, 1,
-          /*staging_stages=*/2};
+  return FwdConfig::tile(/*block_m=*/128, /*block_n=*/64)
+      .with_q_stages(1)
+      .with_pingpong(false)
+      .with_rescale_o_before_pv(true)
+      .with_merge_tile_boundary(false)
+      .with_staging_stages(2);
 }
 
 // As FP8's, the mixed mode's O leaves from the registers (its d128 / d256 stages leave no room
 // either).
 constexpr FwdConfig fwd_config_mixed(int head_dim) {
-  FwdConfig c = fwd_config_mixed_tile(head_dim);
-  c.o_passes_min = 0;
-  return c;
+  return fwd_config_mixed_tile(head_dim).with_o_passes_min(0);
 }
 
 // Whether a bucket has a kMulticast tile (d128 and d256: FA3's choice for unmasked calls), in

@@ -31,12 +31,12 @@
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
-#include "sm90/barriers.h"
-#include "sm90/kernel_traits.h"  // kConverterWarps
-#include "sm90/params.h"
-#include "sm90/pipeline.h"
-#include "sm90/schedule.h"
-#include "sm90/timeline.h"
+#include "sm90/common/barriers.h"
+#include "sm90/common/pipeline.h"
+#include "sm90/fwd/kernel_traits.h"  // kConverterWarps
+#include "sm90/fwd/params.h"
+#include "sm90/fwd/schedule.h"
+#include "sm90/fwd/timeline.h"
 
 namespace flash_hopper::sm90 {
 
