@@ -93,6 +93,18 @@ def test_decode_serves_d128_on_99_kib_devices_and_routes_d256_away(lib):
     assert lib.decode_stages(96, 232448) == 0  # not a decode head dim
 
 
+def test_the_policy_sees_the_strides_the_kernel_gets(lib):
+    """A dim of one is never stepped along and torch leaves any stride there: the decode route
+    asks the policy with the effective strides it then launches with (as the FA path does), so
+    an odd stride on it neither refuses the route nor reaches the kernel."""
+    q = torch.zeros(8 * 64 + 3, dtype=BF16).as_strided((1, 1, 8, 64), (3, 5, 64, 1))
+    kc = torch.zeros(1, 256, 2, 64, dtype=BF16)
+    p = _decode._fill(q, kc, kc, (512, 512, 64, 1), 1, 1, None, False)
+    assert (p.q_batch_stride, p.q_row_stride, p.q_head_stride) == (512, 512, 64)
+    p.softmax_scale, p.window_left, p.window_right = 0.125, -1, -1  # as serves() asks
+    assert lib.policy(p, (9, 0))[0] == FhBackend.DECODE
+
+
 def test_debug_smem_limit_lowers_what_the_route_sees(monkeypatch, lib):
     assert decode_served(lib, (9, 0), 256)
     monkeypatch.setenv("FH_DEBUG_SMEM_LIMIT", "101376")

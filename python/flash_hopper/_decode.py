@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from . import _abi, _device, _env, _lib, _plan_cache
+from . import _abi, _device, _env, _lib, _plan_cache, _validate
 from ._abi import FhDecodeParams
 from ._tables import INPUT_DTYPES
 
@@ -171,7 +171,10 @@ def _fill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out_str
     """FhDecodeParams of a call's shapes and strides (no data, score or schedule): dense caches
     (entries, capacity, heads_kv, d), one "page" per entry; paged ones (num_pages, page_size,
     heads_kv, d) with a (rows, max_pages) table (contiguous rows). The page table pointer is a
-    placeholder (the policy and the plan read whether the cache is paged, not where)."""
+    placeholder (the policy and the plan read whether the cache is paged, not where). Strides
+    are effective ones (_validate.effective_strides: a dim of one is never stepped along), as the
+    FA host path's: the policy weighs the same strides the kernel is given."""
+    effective = _validate.effective_strides
     p = FhDecodeParams()
     p.abi_version = _abi.ABI_VERSION
     p.dtype = int(INPUT_DTYPES.get(q.dtype, _abi.FhDtype.FP32))
@@ -185,13 +188,13 @@ def _fill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out_str
     else:  # a dense cache: one "page" per entry
         p.max_pages = 1
     if varlen:
-        p.q_batch_stride, (p.q_row_stride, p.q_head_stride) = 0, q.stride()[:2]
+        p.q_batch_stride, (p.q_row_stride, p.q_head_stride) = 0, effective(q)[:2]
         p.o_batch_stride, (p.o_row_stride, p.o_head_stride) = 0, out_strides[:2]
     else:
-        p.q_batch_stride, p.q_row_stride, p.q_head_stride = q.stride()[:3]
+        p.q_batch_stride, p.q_row_stride, p.q_head_stride = effective(q)[:3]
         p.o_batch_stride, p.o_row_stride, p.o_head_stride = out_strides[:3]
-    p.k_page_stride, p.k_row_stride, p.k_head_stride = k_cache.stride()[:3]
-    p.v_page_stride, p.v_row_stride, p.v_head_stride = v_cache.stride()[:3]
+    p.k_page_stride, p.k_row_stride, p.k_head_stride = effective(k_cache)[:3]
+    p.v_page_stride, p.v_row_stride, p.v_head_stride = effective(v_cache)[:3]
     return p
 
 
@@ -211,7 +214,7 @@ def serves(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         return False
     if not aligned(q, k_cache, v_cache, *((out,) if out is not None else ())):
         return False
-    out_strides = out.stride() if out is not None else q.stride()
+    out_strides = _validate.effective_strides(out if out is not None else q)
     table = None if page_table is None else tuple(page_table.shape)
     key = (q.device, q.dtype, tuple(q.shape), q.stride(), tuple(k_cache.shape), k_cache.stride(),
            tuple(v_cache.shape), v_cache.stride(), out_strides, batch, seqlen_q, varlen, table,
@@ -251,7 +254,7 @@ def _plan(lib: _lib.Library, q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     cached = _plans.get(key)
     if cached is not None:
         return cached
-    p = _fill(q, k_cache, v_cache, out.stride(), batch, seqlen_q,
+    p = _fill(q, k_cache, v_cache, _validate.effective_strides(out), batch, seqlen_q,
               None if page_table is None else tuple(page_table.shape), varlen)
     if page_table is not None:
         p.page_table_stride = page_table.stride(0)
