@@ -4,10 +4,10 @@
 
 Needs a library built with FH_TIMELINE=ON (CMake) and a GPU. Every CTA's thread 0 records the
 global timer (ns) when it starts, when its first key block has landed, when its loop is done, when
-its split's partials are written (split calls) and when it ends, plus its SM (and whether it
-merged the splits: none since a combine kernel took the merge over, bench/PERFLOG.md "the split
-merge as a kernel of its own";
-kernels/decode/decode_kernel.h, DecodeMarks). This script runs each point
+its split's partials are written (split calls) and when it ends, plus its SM (bit 32 of that
+word, a merge flag phases() still reads, is never set: a combine kernel merges the splits,
+bench/PERFLOG.md "the split merge as a kernel of its own"; kernels/decode/decode_kernel.h,
+DecodeMarks, the shared per-CTA recorder of kernels/include/flash_hopper/timeline.h). This script runs each point
 (GQA 32 / 8, d128, bf16, one query token, dense or paged cache) once to warm up, once recorded,
 and writes DIR/decode_timeline.json: per point the span of the grid, and the medians / maxima of
 each phase over the CTAs. phases() and summarize() are plain Python (tests/test_timeline.py).
@@ -20,7 +20,7 @@ import json
 import statistics
 from pathlib import Path
 
-SLOTS = 8  # kMarkSlots
+SLOTS = 8  # DecodeMarks::kSlots: 5 events, the SM id, clock64 at start and end
 BYTES = 8 * 2 * 16 * 8192  # kTimelineBytes: the buffer fh_debug_set_timeline asks for
 MAX_CTAS = BYTES // (8 * SLOTS)
 

@@ -252,9 +252,15 @@ def ratios(rows: list[dict]) -> list[dict]:
 def stub_device_for_cpu_proxy() -> None:
     """Let flash_attn_func run its host path on CPU tensors: device check relaxed, a cc 9.0 GPU
     pretended, stream/device of the launch stubbed, fh_fwd's CUDA failure ignored. Validation,
-    the plan cache, the policy and the C call itself stay real."""
+    the plan cache, the policy and the C call itself stay real. The policy sends short queries
+    to the decode kernel, whose host side launches on CUDA streams: FLASH_HOPPER_DECODE=kvcache
+    keeps the proxy on the FA path's host side."""
+    import os
+
     import torch
     from flash_hopper import _device, _fwd, _lib, _validate
+
+    os.environ["FLASH_HOPPER_DECODE"] = "kvcache"
 
     _validate._check_device = lambda name, t, ref: None
     info = types.SimpleNamespace(capability=(9, 0), sm_count=132)

@@ -4,8 +4,8 @@ step by step.
     python bench/timeline.py --dtype e4m3 -d 128 -s 8192 -b 2 --out DIR [--causal]
 
 Needs a library built with FH_TIMELINE=ON (CMake) on an sm90 GPU. The kernel's first CTAs record,
-per warp (lane 0), (clock64 << 8 | event) words (kernels/sm90/fwd/timeline.h holds the event ids and
-the buffer layout); this script sets the buffer (fh_debug_set_timeline), runs one call after a
+per warp (lane 0), (clock64 << 8 | event) words (kernels/sm90/fwd/timeline.h holds the event ids,
+kernels/include/flash_hopper/timeline.h the buffer layout); this script sets the buffer (fh_debug_set_timeline), runs one call after a
 warm-up, and writes DIR/timeline.json (per warp: the events; per role: the time between each pair
 of consecutive events, summed, and the step period) and DIR/timeline.png (the events of CTA 0 over
 a window of cycles). decode() and transitions() are plain Python (tests/test_timeline.py).
@@ -18,7 +18,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-# kernels/sm90/fwd/timeline.h
+# kernels/include/flash_hopper/timeline.h (WarpTimeline); the event ids: kernels/sm90/fwd/timeline.h
 CTAS, WARPS, SLOTS = 2, 16, 8192
 EVENTS = {1: "k_wait", 2: "k_ready", 3: "turn_wait", 4: "turn", 5: "qk_issued", 6: "v_wait",
           7: "v_ready", 8: "pv_issued", 9: "s_ready", 10: "softmax_done", 11: "gemms_done",

@@ -511,8 +511,11 @@ GUARD_SENTINEL = math.nan  # fills the inputs' and caches' buffers: a read past 
 INT32_MAX = 2**31 - 1
 INT32_MIN = -(2**31)
 HUGE_WINDOWS = (INT32_MAX, 2**32, 2**40)
-DECODE_HEAD_DIMS = (64, 128, 256)  # the decode kernel's (kvcache.py, _decode.py)
-DECODE_ROWS = 128  # its packed rows at most: seqlen_q x heads_q / heads_kv
+# The decode kernel's head dims and packed rows (seqlen_q x heads_q / heads_kv) at most, as the
+# library's table has them (build_info "decode"; test_fuzz.py checks they agree): the draws aim
+# half of the short-query shapes at its route.
+DECODE_HEAD_DIMS = (64, 128, 256)
+DECODE_ROWS = 128
 
 HAZARD_CATEGORIES = (
     # offsets and lengths

@@ -38,6 +38,11 @@ def test_paths_for_example_gpus_come_from_the_library(lib, no_gpu):
     assert f"archs {' '.join(build['archs'])}" in text
     for kernel in build["kernels"]:  # one line per path and dtype lists the built head dims
         assert f"{kernel['backend']} {kernel['dtype']}: head dims" in text
+    decode = build["decode"]  # and the decode kernel's table, in every build
+    assert (f"decode {' '.join(decode['dtypes'])}: head dims "
+            f"{' '.join(map(str, decode['head_dims']))} (at most {decode['max_rows']}") in text
+    # head dim 64 (a decode head dim) on the example GPUs: the decode kernel runs those 128 rows
+    assert {entry.get("path") for entry in report["paths"]} == {"decode"}
     if "sm80" in build["archs"]:  # the FA-2 path's PTX runs newer GPUs by JIT: info says so
         assert "PTX compute_80 (the driver JIT-compiles it for newer GPUs" in text
     assert f"link {build['link']}" in text

@@ -1,13 +1,13 @@
-"""The decode kernel's C ABI on the CPU (docs/decode.md): fh_decode_plan's split choice and
-workspace, and every refusal of FhDecodeParams naming the field, the expected and the given value
-(nothing is launched: validation runs before any CUDA call). The kernel itself:
-test_decode_gpu.py."""
+"""The decode kernel's C ABI on the CPU (docs/decode.md): its table as the library exports it,
+fh_decode_plan's split choice and workspace, the policy's question (fh_decode_select_backend),
+and every refusal of FhDecodeParams naming the field, the expected and the given value (nothing
+is launched: validation runs before any CUDA call). The kernel itself: test_decode_gpu.py."""
 
 from __future__ import annotations
 
 import pytest
-from flash_hopper import _decode
-from flash_hopper._lib import ABI_VERSION, FhDecodeParams, FhDtype
+from flash_hopper import UnsupportedError, _decode, _tables
+from flash_hopper._lib import ABI_VERSION, FhBackend, FhDecodeParams, FhDtype
 
 
 def params(**kw) -> FhDecodeParams:
@@ -97,11 +97,72 @@ def test_decode_refuses_before_any_launch(lib, kw, fragment):
     assert fragment in str(err.value), str(err.value)
 
 
-def test_usable_without_a_gpu_is_false():
+def test_serves_without_a_gpu_is_false():
     import torch
 
     q = torch.zeros(1, 1, 8, 128, dtype=torch.bfloat16)
-    assert not _decode.usable(q, q, q, 8)
+    assert not _decode.serves(q, q, q, None, batch=1, seqlen_q=1)
+
+
+# --- the table (kernels/src/tables.cmake) as built, and the policy on it --------------------------
+
+
+def test_the_table_is_what_the_library_runs(lib):
+    """build_info's "decode" is the table the kernels are instantiated from: each head dim runs
+    its tuned stages on a 227 KiB GPU and none other does; the plan takes its dtypes only."""
+    table = _tables.decode_table(lib.build_info())
+    assert table["head_dims"] == sorted(table["head_dims"]) and table["max_rows"] > 0
+    assert set(table["dtypes"]) <= set(_tables.DTYPE_NAMES)
+    for head_dim, stages in zip(table["head_dims"], table["stages"]):
+        assert stages in table["stage_counts"]
+        assert lib.decode_stages(head_dim, 227 * 1024) == stages
+        assert lib.decode_stages(head_dim + 8, 227 * 1024) == 0
+    for name, dtype in _tables.DTYPE_NAMES.items():
+        p = params(dtype=int(_tables.INPUT_DTYPES[dtype]), num_splits=0)
+        if name in table["dtypes"]:
+            lib.decode_plan(p, num_sms=132)
+        else:
+            with pytest.raises(ValueError, match=f"dtype: expected .* for decode, got {p.dtype}"):
+                lib.decode_plan(p, num_sms=132)
+    assert _tables.decode_summary(lib.build_info()) == (
+        f"{' / '.join(table['dtypes'])}, head_dim {' / '.join(map(str, table['head_dims']))}, "
+        f"seqlen_q * heads_q / heads_kv <= {table['max_rows']}")
+
+
+def test_the_policy_serves_a_short_query(lib):
+    backend, reason = lib.policy(params(seqlen_q=4), (9, 0))
+    assert backend == FhBackend.DECODE
+    assert reason == ("the decode kernel (cc 9.0): 4 query heads per KV head x 4 tokens packed "
+                      "into 16-row tiles, keys split across SMs (the splits merged by a combine "
+                      "kernel launched behind it), K / V read in place")
+    paged = params(page_table=16, page_size=16, num_pages=512, max_pages=512,
+                   page_table_stride=512)
+    assert lib.policy(paged, (8, 0))[1].endswith(" through the page table (page size 16)")
+
+
+@pytest.mark.parametrize(("kw", "capability", "fragment"), [
+    ({"dtype": int(FhDtype.E4M3)}, (9, 0),
+     "dtype: the decode kernel takes fp16 or bf16 q, k and v, got e4m3"),
+    ({"head_dim": 96}, (9, 0),
+     "head_dim: the decode kernel takes head_dim 64, 128 or 256, got 96"),
+    ({"seqlen_q": 33}, (9, 0),
+     "at most 128 packed rows (query tokens x query heads per KV head), got 33 x 4"),
+    ({}, (7, 5),
+     "the decode kernel needs a GPU of compute capability >= 8.0, this GPU is cc 7.5"),
+    ({"head_dim": 256}, (8, 6),
+     "at head_dim 256 does not fit the 101376 bytes of shared memory per block of cc 8.6"),
+])
+def test_the_policy_says_why_not(lib, kw, capability, fragment):
+    with pytest.raises(UnsupportedError) as err:
+        lib.policy(params(**kw), capability)
+    assert fragment in str(err.value), str(err.value)
+
+
+def test_the_policy_refuses_bad_shapes_as_the_plan_does(lib):
+    with pytest.raises(ValueError, match="heads_kv: expected a divisor of heads_q"):
+        lib.policy(params(heads_kv=5), (9, 0))
+    with pytest.raises(ValueError, match="k_row_stride: expected a multiple of 8 elements"):
+        lib.policy(params(k_row_stride=1028), (9, 0))
 
 
 def test_packed_spans_read_packed_keys_as_one_cache_entry():

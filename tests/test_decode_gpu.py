@@ -274,13 +274,14 @@ def test_cuda_graph_replays_new_lengths(paged):
         check_kvcache(out, None, ref_out, None, low)
 
 
-def test_usable_refuses_what_the_kernel_does_not_serve():
-    q = torch.randn(1, 1, 8, 128, device="cuda").bfloat16()
+def test_serves_refuses_what_the_kernel_does_not_serve():
+    q = torch.randn(1, 33, 8, 128, device="cuda").bfloat16()  # 33 tokens x 4 heads per KV head
     kc = torch.randn(1, 64, 2, 128, device="cuda").bfloat16()
-    assert _decode.usable(q, kc, kc, 4)
-    assert not _decode.usable(q, kc, kc, _decode.MAX_ROWS + 1)
-    assert not _decode.usable(q[..., :96], kc[..., :96], kc[..., :96], 4)
-    assert not _decode.usable(q.half(), kc, kc, 4)
+    assert _decode.serves(q[:, :1], kc, kc, None, batch=1, seqlen_q=1)
+    assert not _decode.serves(q, kc, kc, None, batch=1, seqlen_q=33)  # 132 rows: past the bound
+    assert not _decode.serves(q[:, :1, :, :96], kc[..., :96], kc[..., :96], None, batch=1,
+                              seqlen_q=1)
+    assert not _decode.serves(q[:, :1].half(), kc, kc, None, batch=1, seqlen_q=1)
 
 
 @pytest.mark.parametrize("num_splits", [0, 4])
@@ -306,17 +307,20 @@ def test_scheduler_metadata_keeps_the_kernels_split_choice(num_splits):
 def test_flash_attn_func_short_queries_on_the_decode_kernel(monkeypatch, seqlen_q, causal,
                                                             window):
     """flash_attn_func's short queries run on the decode kernel (a dense K / V as full cache
-    entries), with the FA path's results (FLASH_HOPPER_DECODE=kvcache: the FA path)."""
-    from flash_hopper import flash_attn_func
+    entries), with the FA path's results (FLASH_HOPPER_DECODE=kvcache: the FA path), and
+    which_backend names the family that ran."""
+    from flash_hopper import flash_attn_func, which_backend
 
     q, k, v = short_query_inputs(seqlen_q)
     kw = {"causal": causal, "window_size": window, "softcap": 5.0}
     monkeypatch.setenv("FLASH_HOPPER_DECODE", "kvcache")
     want, want_lse = flash_attn_func(q, k, v, return_attn_probs=True, **kw)
     assert run_count(lambda: flash_attn_func(q, k, v, **kw)) == 0
+    assert which_backend(q, k, v, **kw)[0] != "decode"
     monkeypatch.delenv("FLASH_HOPPER_DECODE")
     got, got_lse = flash_attn_func(q, k, v, return_attn_probs=True, **kw)
     assert run_count(lambda: flash_attn_func(q, k, v, **kw)) == 1
+    assert which_backend(q, k, v, **kw)[0] == "decode"
     assert (got.float() - want.float()).abs().max().item() < 2e-2
     assert (got_lse - want_lse).abs().max().item() < 1e-3
 
@@ -524,7 +528,8 @@ def test_smaller_shared_memory_runs_fewer_stages_or_routes_away(monkeypatch, lib
     seqlens = torch.tensor([300, 41], dtype=I32, device="cuda")
     ref_out, ref_lse, k1, v1, low = kvcache_references(q, kc, vc, kn, vn, cache_seqlens=seqlens,
                                                        causal=True)
-    assert _decode.usable(q, kc, vc, 2 * 4) == decode  # the route, decided before the append
+    # the route, decided before the append
+    assert _decode.serves(q, kc, vc, None, batch=2, seqlen_q=2) == decode
     backend = "auto"
     if not decode:
         if not lib.has_fwd_kernel(FhBackend.FA2, FhDtype.BF16, head_dim):

@@ -4,7 +4,9 @@ Python no longer carries a copy of the policy, so these tests call the real libr
 fh_fwd_select_backend over a grid of compute capabilities, dtypes, head dims, layouts and backend
 requests, and compare each answer with the rules as documented (dispatch.py's docstring), using
 the build's own kernel list. Whatever the build (CI's reduced one, a developer's), every cell is
-checked: a request for a kernel the build lacks must fail and name the build variables.
+checked: a request for a kernel the build lacks must fail and name the build variables. The
+decode kernel's rung (decode_route) is checked the same way against its table in build_info and
+the GPUs' shared memory, and which_backend must name the family that runs (decode included).
 """
 
 from __future__ import annotations
@@ -54,11 +56,13 @@ HEAD_DIMS = [64, 72, 128, 256]
 LAYOUTS = ["contiguous", "kv_broadcast"]
 
 
-def params_for(dtype: str, head_dim: int, requested: str, layout: str = "contiguous"):
-    """The FhFwdParams the host path fills for q (2, 64, 8, d) and k/v (2, 80, 2 or 8, d)."""
+def params_for(dtype: str, head_dim: int, requested: str, layout: str = "contiguous",
+               seqlen_q: int = 64, decode_route: bool = False):
+    """The FhFwdParams the host path fills for q (2, seqlen_q, 8, d) and k/v (2, 80, 2 or 8, d),
+    decode_route as flash_attn_func's plans set it."""
     with FakeTensorMode():
         torch_dtype = _tables.DTYPE_NAMES[dtype]
-        q = torch.empty(2, 64, 8, head_dim, dtype=torch_dtype, device="cuda")
+        q = torch.empty(2, seqlen_q, 8, head_dim, dtype=torch_dtype, device="cuda")
         if layout == "contiguous":
             k = torch.empty(2, 80, 2, head_dim, dtype=torch_dtype, device="cuda")
         else:
@@ -66,8 +70,10 @@ def params_for(dtype: str, head_dim: int, requested: str, layout: str = "contigu
                 2, 80, 8, head_dim)
         cfg = _validate.check_fwd_args(q, k, k, backend=requested)
         effective = _validate.effective_strides
-        return _fwd.fill_params(cfg, effective(q), effective(k), effective(k), effective(q),
-                                None, requested)
+        p = _fwd.fill_params(cfg, effective(q), effective(k), effective(k), effective(q), None,
+                             requested)
+        p.decode_route = int(decode_route)
+        return p
 
 
 def expected(capability, dtype, head_dim, requested, layout, kernels) -> str | None:
@@ -213,7 +219,11 @@ def test_a_broadcast_layout_names_the_tensor_and_the_field(lib, kernels):
         assert dispatch.choose(params_for("bf16", 64, "fa2", "kv_broadcast"), (9, 0))[0] == "fa2"
 
 
-def test_hypothetical_needs_no_gpu(lib, kernels):
+def test_hypothetical_needs_no_gpu(lib, kernels, monkeypatch):
+    # 128 rows of head dim 64: the decode kernel's, unless FLASH_HOPPER_DECODE closes the route
+    name, reason = dispatch.hypothetical((9, 0), "bf16", 64)
+    assert name == "decode" and reason.startswith("the decode kernel (cc 9.0): 1 query heads")
+    monkeypatch.setenv("FLASH_HOPPER_DECODE", "kvcache")
     want = expected((9, 0), "bf16", 64, "auto", "contiguous", kernels)
     if want is None:
         with raises(UnsupportedError, "FH_"):
@@ -265,7 +275,9 @@ def h100(monkeypatch):
     _fwd.clear_plans()
 
 
-def test_which_backend_asks_the_library_with_the_device_capability(lib, kernels, h100):
+def test_which_backend_asks_the_library_with_the_device_capability(lib, kernels, h100,
+                                                                   monkeypatch):
+    monkeypatch.setenv("FLASH_HOPPER_DECODE", "kvcache")  # the FA paths' answers
     with FakeTensorMode():
         q = torch.empty(2, 17, 8, 64, dtype=torch.bfloat16, device="cuda")
         k = torch.empty(2, 33, 2, 64, dtype=torch.bfloat16, device="cuda")
@@ -319,3 +331,105 @@ def test_variants_keep_their_name_through_the_policy(lib, kernels, h100):
     assert params.backend == FhBackend.FA3 and params.variant == FhVariant.NO_PINGPONG
     if _built(kernels, "fa3", variant=1):
         assert dispatch.choose(params, (9, 0))[0] == "fa3-no-pingpong"
+
+
+# --- the decode kernel's rung: the family that runs ------------------------------------------------
+
+# The opt-in shared memory per block (KiB) of the capabilities of the grid, CUDA's tables: the
+# decode kernel serves a GPU only where its fewest stages fit (d256 needs more than 99 KiB).
+OPTIN_KIB = {(7, 5): 64, (8, 0): 163, (8, 6): 99, (8, 9): 99, (9, 0): 227, (10, 0): 227,
+             (12, 0): 99}
+
+
+def decode_expected(lib, capability, dtype, head_dim, rows, requested, route) -> bool:
+    """The decode rung as documented (dispatch.py): asked for (decode_route, backend "auto"), its
+    table's dtypes and head dims (build_info "decode"), 1..max_rows packed rows, cc >= 8.0 with
+    shared memory for its stages."""
+    table = lib.build_info()["decode"]
+    return (route and requested == "auto" and capability >= (8, 0)
+            and dtype in table["dtypes"] and head_dim in table["head_dims"]
+            and 0 < rows <= table["max_rows"]
+            and lib.decode_stages(head_dim, OPTIN_KIB[capability] * 1024) > 0)
+
+
+@pytest.mark.parametrize("capability", CAPABILITIES, ids=lambda c: f"cc{c[0]}{c[1]}")
+def test_the_decode_rung_over_the_grid(lib, kernels, capability):
+    # Rows: q's 8 heads over 2 KV heads (4 per KV head) x 1 / 32 / 33 tokens: 4, 128 (the bound),
+    # 132. Head dims: the decode table's, a bucket it lacks (96) and a padded one (72).
+    for dtype, head_dim, seqlen_q, requested, route in itertools.product(
+            ("fp16", "bf16"), (64, 72, 96, 128, 256), (1, 32, 33), ("auto", "fa2", "fa3"),
+            (False, True)):
+        cell = (capability, dtype, head_dim, seqlen_q, requested, route)
+        p = params_for(dtype, head_dim, requested, seqlen_q=seqlen_q, decode_route=route)
+        if decode_expected(lib, capability, dtype, head_dim, 4 * seqlen_q, requested, route):
+            name, reason, backend = dispatch.choose(p, capability)
+            assert (name, backend) == ("decode", FhBackend.DECODE), cell
+            assert reason.startswith(f"the decode kernel (cc {capability[0]}.{capability[1]}): "
+                                     f"4 query heads per KV head x {seqlen_q} tokens"), cell
+            continue
+        try:
+            name = dispatch.choose(p, capability)[0]
+        except UnsupportedError:
+            continue  # no FA kernel for it: test_the_library_policy_over_the_grid's business
+        assert name != "decode", cell
+    # FP8 inputs and the mixed mode (128 rows, decode_route as flash_attn_func asks): never it
+    for dtype in ("e4m3", "bf16+e4m3", "fp16+e5m2"):
+        try:
+            assert dispatch.hypothetical(capability, dtype, 128)[0] != "decode", dtype
+        except UnsupportedError:
+            pass
+
+
+def test_the_decode_rung_serves_without_fa_kernels(lib, kernels):
+    """The decode kernel is in every build: a head dim this build has no FA kernel for still
+    runs its short queries there."""
+    table = lib.build_info()["decode"]
+    missing = [d for d in table["head_dims"]
+               if not any(_built(kernels, b, "bf16", d) for b in ("fa2", "fa3"))]
+    if not missing:
+        pytest.skip("this build has FA kernels for every decode head dim")
+    p = params_for("bf16", missing[0], "auto", seqlen_q=1, decode_route=True)
+    assert dispatch.choose(p, (9, 0))[0] == "decode"
+    p.decode_route = 0
+    with raises(UnsupportedError, f"FH_HEAD_DIMS including {missing[0]}"):
+        dispatch.choose(p, (9, 0))
+
+
+def test_the_decode_rung_names_no_route_the_caller_did_not_open(lib):
+    # decode_route must be 0 or 1; a varlen request without its bound stays on the FA paths.
+    p = params_for("bf16", 64, "auto", seqlen_q=1, decode_route=True)
+    p.decode_route = 2
+    with raises(ValueError, "decode_route: expected 0 (the FA paths) or 1", "got 2"):
+        dispatch.choose(p, (9, 0))
+
+
+def test_which_backend_names_the_decode_kernel_for_short_queries(lib, kernels, h100,
+                                                                 monkeypatch):
+    with FakeTensorMode():
+        q = torch.empty(2, 1, 32, 128, dtype=torch.bfloat16, device="cuda")
+        k = torch.empty(2, 4096, 8, 128, dtype=torch.bfloat16, device="cuda")
+        long_q = torch.empty(2, 40, 32, 128, dtype=torch.bfloat16, device="cuda")
+    monkeypatch.delenv("FLASH_HOPPER_DECODE", raising=False)
+    name, reason = which_backend(q, k, k)
+    assert name == "decode" and reason.startswith(
+        "the decode kernel (cc 9.0): 4 query heads per KV head x 1 tokens"), reason
+    assert which_backend(q, k, k, causal=True)[0] == "decode"  # masks are in the kernel
+    # 160 rows, an explicit FA backend, or the route closed: the FA paths' answer
+    for call, env in (((long_q, k, k), "1"), ((q, k, k), "kvcache"), ((q, k, k), "0")):
+        monkeypatch.setenv("FLASH_HOPPER_DECODE", env)
+        try:
+            assert which_backend(*call)[0] != "decode"
+        except UnsupportedError as exc:
+            assert "FH_HEAD_DIMS including 128" in str(exc)  # no FA kernel in this build
+    monkeypatch.delenv("FLASH_HOPPER_DECODE")
+    try:
+        assert which_backend(q, k, k, backend="fa2")[0] == "fa2"
+    except UnsupportedError as exc:
+        assert "FH_HEAD_DIMS including 128" in str(exc)
+    h100.capability = (8, 6)  # 99 KiB: d128 fits with 2 stages
+    _fwd.clear_plans()
+    assert which_backend(q, k, k)[0] == "decode"
+    h100.capability = (7, 5)
+    _fwd.clear_plans()
+    with raises(UnsupportedError, "this GPU is cc 7.5"):
+        which_backend(q, k, k)

@@ -306,6 +306,12 @@ def test_hazard_draws_cover_every_category():
         assert not d.decode or d.head_dim in fuzz_api.DECODE_HEAD_DIMS
 
 
+def test_decode_shapes_follow_the_librarys_table(lib):
+    table = lib.build_info()["decode"]
+    assert fuzz_api.DECODE_HEAD_DIMS == tuple(table["head_dims"])
+    assert fuzz_api.DECODE_ROWS == table["max_rows"]
+
+
 def test_hazard_draws_are_well_formed():
     for draw in hazard_draws(500):
         config = draw.config()

@@ -210,7 +210,7 @@ def test_gqa(lib, backend, seed, heads_q, heads_kv, causal):
 # pointers (fa2); the fa3 path's TMA needs positive strides, so "auto" runs fa2 there and an
 # explicit "fa3" says which tensor and stride keep it out.
 @pytest.mark.parametrize("bcast", ["heads", "batch"])
-def test_expanded_kv(lib, seed, bcast):
+def test_expanded_kv(lib, seed, bcast, monkeypatch):
     require_kernel(lib, "fa2", torch.bfloat16, 64)
     q, k, v = make_qkv(2, 97, 131, 4, 1, 64, torch.bfloat16)
     if bcast == "heads":
@@ -219,6 +219,10 @@ def test_expanded_kv(lib, seed, bcast):
         k, v = k[:1].expand(2, 131, 1, 64), v[:1].expand(2, 131, 1, 64)
     fa3_here = (_backend_runs_here(lib, "fa3") is None
                 and lib.has_fwd_kernel(FhBackend.FA3, FhDtype.BF16, 64))
+    # flash_attn_func's 97 query rows per KV head are the decode kernel's; the FA paths' answer
+    # is fa2 (FLASH_HOPPER_DECODE=kvcache closes the decode route)
+    assert which_backend(q, k, v)[0] == "decode"
+    monkeypatch.setenv("FLASH_HOPPER_DECODE", "kvcache")
     assert which_backend(q, k, v)[0] == "fa2"
     out, lse = run(q, k, v, "fa2")
     assert_matches_reference(out, lse, q, k, v)
@@ -420,7 +424,7 @@ def test_dispatch_agrees_with_the_library(lib, dtype):
     if _capability() < (8, 0):
         pytest.skip("needs compute capability >= 8.0")
     require_kernel(lib, "fa2", dtype, 128)
-    q, k, v = make_qkv(1, 64, 64, 2, 2, 128, dtype)
+    q, k, v = make_qkv(1, 160, 160, 2, 2, 128, dtype)  # 160 rows: past the decode kernel's
     name, reason = which_backend(q, k, v)
     assert name in ("fa2", "fa3") and reason
     out = torch.empty_like(q)

@@ -25,7 +25,7 @@ def _cfg(args):
 @pytest.fixture
 def launches(monkeypatch):
     """The launchers called, in order, each with the cache's row 0 as it was at the call; the
-    decode kernel counts as usable where ``usable[0]``."""
+    library's policy counts the decode kernel as serving the call where ``usable[0]``."""
     calls, usable = [], [True]
     state = {}
 
@@ -38,7 +38,7 @@ def launches(monkeypatch):
     def rows_result(q_rows, *args, **kwargs):
         return torch.zeros_like(q_rows), torch.zeros(q_rows.shape[1], q_rows.shape[0]), None
 
-    monkeypatch.setattr(_decode, "usable", lambda *args: usable[0])
+    monkeypatch.setattr(_decode, "serves", lambda *args: usable[0])
     monkeypatch.setattr(_varlen, "check_call", lambda *args: _cfg(args))
     monkeypatch.setattr(_varlen, "plan", lambda *args: types.SimpleNamespace(
         dense=types.SimpleNamespace(cfg=_cfg(args))))

@@ -52,11 +52,11 @@ C_TYPES = {"int32_t": ctypes.c_int32, "int64_t": ctypes.c_int64, "float": ctypes
 # (Version 2 changed fh_fwd_select_backend's signature, version 3 added the backward: neither
 # changed the struct, which bench/ab_libs.py relies on to time older libraries.)
 SIZEOF_BY_ABI = {1: 376, 2: 376, 3: 376, 4: 408, 5: 416, 6: 456, 7: 480, 8: 480, 9: 480,
-                 10: 480}
+                 10: 480, 11: 440}
 # sizeof(FhBwdParams) per ABI version (it appeared in 3).
-SIZEOF_BWD_BY_ABI = {3: 504, 4: 504, 5: 504, 6: 504, 7: 504, 8: 504, 9: 504, 10: 504}
+SIZEOF_BWD_BY_ABI = {3: 504, 4: 504, 5: 504, 6: 504, 7: 504, 8: 504, 9: 504, 10: 504, 11: 504}
 # sizeof(FhDecodeParams) per ABI version (it appeared in 8).
-SIZEOF_DECODE_BY_ABI = {8: 336, 9: 328, 10: 336}
+SIZEOF_DECODE_BY_ABI = {8: 336, 9: 328, 10: 336, 11: 336}
 
 
 def _source(path: Path) -> str:
@@ -115,7 +115,7 @@ def _cmake_list(name: str) -> list[str]:
 # --- the binding mirrors api.h -------------------------------------------------------------------
 
 
-STRUCTS = [(FhFwdParams, "FhFwdParams", SIZEOF_BY_ABI, 64),
+STRUCTS = [(FhFwdParams, "FhFwdParams", SIZEOF_BY_ABI, 59),
            (FhBwdParams, "FhBwdParams", SIZEOF_BWD_BY_ABI, 66),
            (FhDecodeParams, "FhDecodeParams", SIZEOF_DECODE_BY_ABI, 45)]
 
@@ -558,20 +558,12 @@ SHAPE_RULES = [
     ({"seqused_k": ADDR}, INVALID, "cu_seqlens_q / cu_seqlens_k: expected both"),
     ({"cu_seqlens_q": ADDR, "cu_seqlens_k": ADDR}, INVALID,
      "q_batch_stride: expected 0 in a varlen call (packed tensors have no batch axis), got"),
-    ({"page_table": ADDR}, UNSUPPORTED, "page_table/page_size: expected null/0"),
-    ({"page_size": 16}, UNSUPPORTED, ("page_table/page_size: expected null/0 (paged KV is not "
-                                     "implemented yet), got page_size 16")),
-    ({"page_table_batch_stride": 8}, UNSUPPORTED, "page_table/page_size: expected null/0"),
     ({"q_descale": ADDR}, INVALID,
      "q_descale: expected null for bf16 inputs (descales belong to e4m3 inputs), got 0x"),
     ({"k_descale": ADDR}, INVALID, "k_descale: expected null for bf16 inputs"),
     ({"v_descale": ADDR}, INVALID, "v_descale: expected null for bf16 inputs"),
     ({"fp8_accumulation": 1}, INVALID,
      "fp8_accumulation: expected 0 for bf16 inputs (it applies to e4m3 inputs), got 1"),
-    ({"num_splits": 4}, UNSUPPORTED, ("num_splits: expected 0 or 1 (split-KV is not implemented "
-                                     "yet), got 4")),
-    ({"o_accum": ADDR}, UNSUPPORTED, "num_splits: expected 0 or 1"),
-    ({"lse_accum": ADDR}, UNSUPPORTED, "num_splits: expected 0 or 1"),
     ({"backend": 7}, INVALID, "backend: expected FH_BACKEND_AUTO (0), FA2 (1) or FA3 (2), got 7"),
     ({"variant": 4, "backend": FhBackend.FA3}, INVALID,
      "variant: expected an FhVariant 0 (tuned) .. 3 (fa3-no-pingpong-no-overlap), got 4"),
@@ -584,6 +576,9 @@ SHAPE_RULES = [
      ("variant: 2 (fa3-no-overlap) is a variant of the fa3 path and needs backend "
      "FH_BACKEND_FA3 (2), got backend 0 (auto)")),
     ({"num_sms": -1}, INVALID, "num_sms: expected 0 (every SM) or a positive cap, got -1"),
+    ({"decode_route": 3}, INVALID,
+     ("decode_route: expected 0 (the FA paths) or 1 (the decode kernel where it serves the "
+      "call), got 3")),
 ]
 
 # The data pointers: fh_fwd checks them, the policy alone does not read them.

@@ -2,8 +2,9 @@
 (flash_hopper.mask), and the mirror against brute force.
 
 - tests/cpp/mask_dump.cpp (compiled here with the host compiler, as the kernels' own header is
-  plain C++) prints every tile's key-block range and unmasked split, every row's column interval
-  and a brute-force visible-pair count; the mirror must give the same integers.
+  plain C++) prints every tile's key-block range and unmasked split, every row's column interval,
+  every row's keys with and without a left pad (the decode kernel's) and a brute-force
+  visible-pair count; the mirror must give the same integers.
 - The mirror's decisions are then checked element by element against ``naive_visible``, the rule
   written out here from docs/README.md "Numerics contract" (plus the chunk term), independently of
   the mirror's code: every visible element lies inside its tile's key-block range, and the range is
@@ -132,7 +133,7 @@ def _compiler() -> str:
 @pytest.fixture(scope="module")
 def cpp_dump(tmp_path_factory) -> dict[int, dict]:
     """{config index: {"m": [(m, n_min, n_max, n_left, n_right)], "n": [(n, m_min, m_max)],
-    "r": [(row, lo, hi)],
+    "r": [(row, lo, hi)], "k": [(row, first, lo, hi)],
     "pairs": count}} from mask_dump.cpp."""
     exe = tmp_path_factory.mktemp("mask") / "mask_dump"
     subprocess.run([_compiler(), "-std=c++17", "-O1", "-Wall", "-Werror",
@@ -146,7 +147,7 @@ def cpp_dump(tmp_path_factory) -> dict[int, dict]:
         kind, *values = line.split()
         numbers = tuple(int(v) for v in values)
         if kind == "config":
-            current = dump[numbers[0]] = {"m": [], "n": [], "r": []}
+            current = dump[numbers[0]] = {"m": [], "n": [], "r": [], "k": []}
         elif kind == "pairs":
             current["pairs"] = numbers[0]
         else:
@@ -170,14 +171,17 @@ def python_dump(config) -> dict:
         key_tiles.append((n, q.m_min, q.m_max))
     columns = [mask.columns(row) for row in range(m_blocks * block_m)]
     rows = [(row, c.lo, c.hi) for row, c in enumerate(columns)]
-    return {"m": tiles, "n": key_tiles, "r": rows, "pairs": mask.visible_pairs()}
+    ranges = [(row, first, mask.keys(row, first))
+              for row in range(mask.seqlen_q) for first in (0, row % 5)]
+    keys = [(row, first, k.lo, k.hi) for row, first, k in ranges]
+    return {"m": tiles, "n": key_tiles, "r": rows, "k": keys, "pairs": mask.visible_pairs()}
 
 
 def test_cpp_header_equals_python_mirror(cpp_dump):
     mismatches = []
     for index, config in enumerate(CONFIGS):
         expected, got = cpp_dump[index], python_dump(config)
-        for key in ("m", "n", "r", "pairs"):
+        for key in ("m", "n", "r", "k", "pairs"):
             if expected[key] != got[key]:
                 first = next((e, g) for e, g in zip(expected[key], got[key]) if e != g) \
                     if key != "pairs" else (expected[key], got[key])
@@ -211,6 +215,24 @@ def test_mirror_visible_equals_the_rule(config):
         expected = bool(truth[row, col + 3])
         assert mask.visible(row, col) is expected
         assert bool(mask.visible(torch.tensor(row), torch.tensor(col))) is expected
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=_id)
+def test_mirror_keys_are_the_rule_after_a_left_pad(config):
+    """keys(row, first), the decode kernel's interval: keys [0, first) are a left pad and the
+    rest follow the rule on the seqlen_k - first keys after it (the FA paths' frame)."""
+    mask = _mask(config)
+    seqlen_q, seqlen_k = config[:2]
+    i = torch.arange(seqlen_q).unsqueeze(1)
+    for first in sorted({0, min(1, seqlen_k), seqlen_k // 3, seqlen_k}):
+        j = torch.arange(seqlen_k - first).unsqueeze(0)
+        truth = naive_visible(i, j, seqlen_q, seqlen_k - first, *config[2:5])
+        ranges = [mask.keys(row, first) for row in range(seqlen_q)]
+        lo = torch.tensor([r.lo for r in ranges], dtype=torch.long).unsqueeze(1)
+        hi = torch.tensor([r.hi for r in ranges], dtype=torch.long).unsqueeze(1)
+        got = (j + first >= lo) & (j + first < hi)
+        assert torch.equal(got, truth), (_id(config), first)
+        assert all(r.empty() or first <= r.lo < r.hi <= seqlen_k for r in ranges)
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=_id)

@@ -191,11 +191,10 @@ def test_make_params_from_a_packed_qkv_tensor():
     assert p.softmax_scale == pytest.approx(d**-0.5)
     assert p.softcap == pytest.approx(2.5)
     assert (p.window_left, p.window_right) == (16, 0)
-    assert (p.backend, p.variant, p.num_sms, p.num_splits) == (FhBackend.FA2, 0, 132, 1)
-    reserved = ("cu_seqlens_q", "cu_seqlens_k", "seqused_k", "page_table", "q_descale",
-                "k_descale", "v_descale", "o_accum", "lse_accum")
-    assert all(getattr(p, name) is None for name in reserved)
-    assert (p.page_table_batch_stride, p.page_size) == (0, 0)
+    assert (p.backend, p.variant, p.num_sms, p.decode_route) == (FhBackend.FA2, 0, 132, 0)
+    unused = ("cu_seqlens_q", "cu_seqlens_k", "seqused_k", "q_descale", "k_descale",
+              "v_descale")
+    assert all(getattr(p, name) is None for name in unused)
 
 
 def test_make_params_without_lse_and_with_empty_keys():
@@ -369,7 +368,8 @@ def test_the_plan_cache_is_bounded(host, monkeypatch):
     for seqlen in range(1, 11):  # a growing sequence: one new signature per step
         flash_attn_func(torch.randn(2, seqlen, 8, 64, dtype=torch.bfloat16), k, v)
     assert len(_fwd._plans) == 4
-    assert [key[1][1] for key in _fwd._plans.signatures()] == [7, 8, 9, 10]  # the oldest went first
+    # the oldest went first (a key: the call's signature, sm_margin, what the decode route reads)
+    assert [key[0][1][1] for key in _fwd._plans.signatures()] == [7, 8, 9, 10]
 
 
 def test_the_op_and_the_eager_path_fill_the_same_struct(host):

@@ -3,7 +3,8 @@ outside the caller's tensors is read or written, and a refused call changes no c
 
 An inference server passes client-controlled lengths and indices through cu_seqlens_q,
 cache_batch_idx, page_table, window_size and num_splits. These tests hold the host side to it with
-the library's real C ABI (validation, fh_decode_stages) and, where a test needs a GPU's calls, the
+the library's real C ABI (validation, fh_decode_stages, the decode kernel's policy) and, where a
+test needs a GPU's calls, the
 library's device entry points recorded instead of launched (the parameters the kernel would get).
 The kernels' side of each guarantee runs on a GPU in test_decode_gpu.py (bench/gpu_check.sh, also
 under compute-sanitizer)."""
@@ -17,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from flash_hopper import _decode, _device, _lib, _varlen, kvcache
-from flash_hopper._lib import FhDecodeParams
+from flash_hopper._lib import FhBackend, FhDecodeParams
 from flash_hopper.kvcache import flash_attn_with_kvcache
 
 from tests._helpers import raises
@@ -58,19 +59,29 @@ def decode_smem(head_dim: int, stages: int) -> int:
 # --- every kernel the decode policy picks fits the device ----------------------------------------
 
 
+def decode_served(lib, capability: tuple[int, int], head_dim: int) -> bool:
+    """The library's policy (fh_decode_select_backend) for GQA 32 / 8, one token, on a GPU of
+    ``capability``: whether the decode kernel serves it."""
+    try:
+        return lib.policy(params(head_dim=head_dim), capability)[0] == FhBackend.DECODE
+    except NotImplementedError:
+        return False
+
+
 @pytest.mark.parametrize("device", list(DEVICES), ids=list(DEVICES))
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_decode_stages_fit_every_listed_device(lib, device, head_dim):
     info = DEVICES[device]
     limit = info.max_smem_per_block_optin
     stages = lib.decode_stages(head_dim, limit)
-    tuned = 4 if head_dim == 64 else 3
+    tuned = dict(zip(*(lib.build_info()["decode"][k] for k in ("head_dims", "stages"))))[head_dim]
     if stages:  # the largest count up to the tuned one that fits
         assert 2 <= stages <= tuned and decode_smem(head_dim, stages) <= limit
         assert stages == tuned or decode_smem(head_dim, stages + 1) > limit
     else:  # nothing fits: the route must not be taken
         assert decode_smem(head_dim, 2) > limit
-    assert _decode.device_serves(info, head_dim, lib) == (stages > 0)
+    # the policy's own table of the GPU's shared memory agrees: it routes there iff it fits
+    assert decode_served(lib, info.capability, head_dim) == (stages > 0)
 
 
 def test_decode_serves_d128_on_99_kib_devices_and_routes_d256_away(lib):
@@ -82,14 +93,26 @@ def test_decode_serves_d128_on_99_kib_devices_and_routes_d256_away(lib):
     assert lib.decode_stages(96, 232448) == 0  # not a decode head dim
 
 
+def test_the_policy_sees_the_strides_the_kernel_gets(lib):
+    """A dim of one is never stepped along and torch leaves any stride there: the decode route
+    asks the policy with the effective strides it then launches with (as the FA path does), so
+    an odd stride on it neither refuses the route nor reaches the kernel."""
+    q = torch.zeros(8 * 64 + 3, dtype=BF16).as_strided((1, 1, 8, 64), (3, 5, 64, 1))
+    kc = torch.zeros(1, 256, 2, 64, dtype=BF16)
+    p = _decode._fill(q, kc, kc, (512, 512, 64, 1), 1, 1, None, False)
+    assert (p.q_batch_stride, p.q_row_stride, p.q_head_stride) == (512, 512, 64)
+    p.softmax_scale, p.window_left, p.window_right = 0.125, -1, -1  # as serves() asks
+    assert lib.policy(p, (9, 0))[0] == FhBackend.DECODE
+
+
 def test_debug_smem_limit_lowers_what_the_route_sees(monkeypatch, lib):
-    h200 = DEVICES["H100 / H200 (9.0)"]
-    assert _decode.device_serves(h200, 256, lib)
+    assert decode_served(lib, (9, 0), 256)
     monkeypatch.setenv("FH_DEBUG_SMEM_LIMIT", "101376")
-    assert _decode.smem_limit(h200) == 101376
-    assert not _decode.device_serves(h200, 256, lib) and _decode.device_serves(h200, 128, lib)
+    assert not decode_served(lib, (9, 0), 256) and decode_served(lib, (9, 0), 128)
+    with pytest.raises(NotImplementedError, match="does not fit the 101376 bytes of shared"):
+        lib.policy(params(head_dim=256), (9, 0))
     monkeypatch.setenv("FH_DEBUG_SMEM_LIMIT", str(10**9))  # only ever lowers the limit
-    assert _decode.smem_limit(h200) == 227 * 1024
+    assert decode_served(lib, (9, 0), 256)
 
 
 # --- the decode ABI: bounds and the rows varlen offsets are clamped to --------------------------
@@ -192,12 +215,17 @@ def test_decode_launches_on_the_tensors_device(recorded):
 
 def test_varlen_route_sizes_its_grid_by_the_longest_sequence(monkeypatch):
     """cu_seqlens_q = [0, 3] with max_seqlen_q = 1: the decode route must size its grid by the 3
-    rows the offsets hold (read for the value check anyway), or two rows stay unwritten."""
+    rows the offsets hold (read for the value check anyway), or two rows stay unwritten; the
+    library's policy is asked with that bound too."""
     seen = {}
 
     def route(q, k, v, cu_q, cu_k, max_seqlen_q, *rest):
         seen["max_seqlen_q"] = max_seqlen_q
         return q, None
+
+    def ask(vp, longest_q, *rest):
+        seen["asked"] = longest_q
+        return True
 
     cfg = SimpleNamespace(backend="auto", softmax_scale=0.125, window_left=-1, window_right=-1,
                           softcap=0.0)
@@ -206,14 +234,15 @@ def test_varlen_route_sizes_its_grid_by_the_longest_sequence(monkeypatch):
                            out_shape=(3, 2, 64), lse_shape=(2, 3))
     monkeypatch.setattr(_varlen, "plan", lambda *a, **k: plan)
     monkeypatch.setattr(_varlen._decode, "varlen_forward", route)
+    monkeypatch.setattr(_varlen, "_decode_route", ask)
     monkeypatch.setattr(_varlen, "offsets_checked", lambda: True)
     q, kv = torch.zeros(3, 2, 64, dtype=BF16), torch.zeros(7, 2, 64, dtype=BF16)
     cu_q, cu_k = torch.tensor([0, 3], dtype=I32), torch.tensor([0, 7], dtype=I32)
     _varlen.forward(q, kv, kv, cu_q, cu_k, 1, 7, None, None, None, False, (-1, -1), 0.0, "auto")
-    assert seen["max_seqlen_q"] == 3
+    assert seen["max_seqlen_q"] == seen["asked"] == 3
     monkeypatch.setattr(_varlen, "offsets_checked", lambda: False)  # unchecked: the hint is all
     _varlen.forward(q, kv, kv, cu_q, cu_k, 1, 7, None, None, None, False, (-1, -1), 0.0, "auto")
-    assert seen["max_seqlen_q"] == 1
+    assert seen["max_seqlen_q"] == seen["asked"] == 1
 
 
 def test_packed_spans_clamp_seqused_k_to_the_span():

@@ -18,8 +18,15 @@ def test_a_built_kernel_is_named(lib):
     d = first_bucket(lib, FhBackend.FA3)
     if d is None:
         pytest.skip("this build has no bf16 FA-3 kernel")
-    ok, reason = supports(capability=(9, 0), head_dim=d, heads_q=16, heads_kv=4)
+    ok, reason = supports(capability=(9, 0), head_dim=d, heads_q=16, heads_kv=4, seqlen_q=512)
     assert ok and reason.startswith("fa3: cc 9.0 and fa3 kernel built for bf16"), reason
+    # flash_attn_func's and flash_attn_varlen_func's short queries: the decode kernel, whatever
+    # FA kernels the build holds (the family that runs, from the library's policy)
+    for varlen in (False, True):
+        ok, reason = supports(capability=(9, 0), head_dim=128, heads_q=16, heads_kv=4,
+                              varlen=varlen)
+        assert ok and reason.startswith("decode: the decode kernel (cc 9.0): 4 query heads per "
+                                        "KV head x 1 tokens"), reason
     # explicit FA-3 backend: the varlen kernels (packed at the API level when rows are unmasked)
     ok, reason = supports(capability=(9, 0), head_dim=d, heads_q=16, heads_kv=4, kvcache=True,
                           causal=True, seqlen_q=1, backend="fa3")
@@ -74,5 +81,15 @@ def test_a_bucket_this_build_lacks_names_the_build_variables(lib):
                     and not lib.has_fwd_kernel(FhBackend.FA2, FhDtype.BF16, d)), None)
     if missing is None:
         pytest.skip("this build has every bf16 bucket")
-    ok, reason = supports(capability=(9, 0), head_dim=missing)
+    ok, reason = supports(capability=(9, 0), head_dim=missing, seqlen_q=4096)
     assert not ok and f"FH_HEAD_DIMS including {missing}" in reason, reason
+
+
+def test_the_route_env_closes_the_decode_kernel(lib, monkeypatch):
+    # FLASH_HOPPER_DECODE: "kvcache" keeps flash_attn_func's short queries on the FA paths, "0"
+    # every call; supports answers as the calls would run.
+    short = {"capability": (9, 0), "head_dim": 128, "heads_q": 16, "heads_kv": 4}
+    for env, plain, kv in (("1", True, True), ("kvcache", False, True), ("0", False, False)):
+        monkeypatch.setenv("FLASH_HOPPER_DECODE", env)
+        assert supports(**short)[1].startswith("decode:") == plain, env
+        assert supports(**short, kvcache=True)[1].startswith("decode:") == kv, env

@@ -25,10 +25,11 @@ def load_timeline():
 
 def test_layout_matches_the_kernel_header():
     tl = load_timeline()
+    layout = (ROOT / "kernels" / "include" / "flash_hopper" / "timeline.h").read_text()
     header = (ROOT / "kernels" / "sm90" / "fwd" / "timeline.h").read_text()
     for name, value in (("kTimelineCtas", tl.CTAS), ("kTimelineWarps", tl.WARPS),
                         ("kTimelineSlots", tl.SLOTS)):
-        assert f"{name} = {value};" in header, name
+        assert f"{name} = {value};" in layout, name
     # every event id the header declares has a name here, with the same number
     import re
     declared = {int(v) for v in re.findall(r"k\w+ = (\d+),", header)}
@@ -74,9 +75,16 @@ def test_the_debug_hook_needs_a_timeline_build(lib):
 
 
 def test_decode_timeline_layout_matches_the_kernel_header():
+    import re
+
     dt = load_bench("decode_timeline")
     header = (ROOT / "kernels" / "decode" / "decode_kernel.h").read_text()
-    assert f"kMarkSlots = {dt.SLOTS};" in header
+    layout = (ROOT / "kernels" / "include" / "flash_hopper" / "timeline.h").read_text()
+    # CtaMarks<DecodeEv, kNumDecodeEvents>: the events, then the SM id and two clocks
+    (events,) = re.findall(r"kNumDecodeEvents = (\d+),", header)
+    (extra,) = re.findall(r"kSlots = kEvents \+ (\d+);", layout)
+    assert int(events) + int(extra) == dt.SLOTS
+    assert "using DecodeMarks = CtaMarks<DecodeEv, kNumDecodeEvents>;" in header
     # the decode kernel's marks fit the buffer fh_debug_set_timeline takes
     assert dt.BYTES == load_timeline().BYTES
 

@@ -34,6 +34,8 @@
 #include <cstdint>
 
 #include "flash_hopper/decode_plan.h"
+#include "flash_hopper/score_math.h"  // kLog2e, kLn2, fast_tanh
+#include "flash_hopper/timeline.h"    // CtaMarks
 
 namespace flash_hopper {
 namespace decode {
@@ -82,61 +84,19 @@ struct DecodeParams {
   int splits;
 };
 
-// FH_TIMELINE builds (CMake FH_TIMELINE=ON; fh_debug_set_timeline): every CTA's thread 0 records
-// kMarkSlots words at timeline + kMarkSlots * (linear CTA id): the global timer (ns) at each
-// DecodeEv, then (SM id | 1 << 32 if it merged splits: none since the combine kernel merges them),
-// then clock64() at start and end.
-// bench/decode_timeline.py reads them. Other builds compile every mark to nothing.
+// FH_TIMELINE builds (fh_debug_set_timeline): when each CTA reaches these phases, recorded by the
+// shared per-CTA recorder (flash_hopper/timeline.h, CtaMarks: the global timer at each event,
+// then the SM id and clock64() at start and end). bench/decode_timeline.py reads them. Other
+// builds compile every mark to nothing.
 enum DecodeEv : int {
   kEvStart = 0,      // entered
   kEvFirstBlock = 1, // the first key block landed
   kEvLoopDone = 2,   // the last block's P V issued
   kEvPublished = 3,  // split calls: partials written
-  kEvEnd = 4,        // every thread done (the merger: after the merge)
+  kEvEnd = 4,        // every thread done
+  kNumDecodeEvents = 5,
 };
-inline constexpr int kMarkSlots = 8;
-
-struct DecodeMarks {
-#ifdef FH_TIMELINE
-  unsigned long long* slots = nullptr;
-  __device__ DecodeMarks(unsigned long long* buffer, int64_t capacity_ctas) {
-    const int64_t cta =
-        (int64_t(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-    if (buffer != nullptr && threadIdx.x == 0 && cta < capacity_ctas) {
-      slots = buffer + cta * kMarkSlots;
-      unsigned sm;
-      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-      slots[5] = sm;
-      slots[6] = clock64();
-    }
-  }
-  __device__ static unsigned long long now() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-  }
-  __device__ void mark(DecodeEv e) {
-    if (slots != nullptr) {
-      slots[e] = now();
-    }
-  }
-  __device__ void end(bool merged) {  // every thread of the CTA calls it
-    __syncthreads();
-    if (slots != nullptr) {
-      slots[kEvEnd] = now();
-      slots[5] |= static_cast<unsigned long long>(merged) << 32;
-      slots[7] = clock64();
-    }
-  }
-#else
-  __device__ DecodeMarks(unsigned long long*, int64_t) {}
-  __device__ void mark(DecodeEv) {}
-  __device__ void end(bool) {}
-#endif
-};
-
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
+using DecodeMarks = CtaMarks<DecodeEv, kNumDecodeEvents>;
 
 template <class Element>
 struct MmaOps;
@@ -190,12 +150,6 @@ struct DecodeConfig {
     return row * kChunks + (c ^ (row & 7));
   }
 };
-
-__device__ __forceinline__ float tanh_approx(float x) {
-  float y;
-  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 
 __device__ __forceinline__ int clamp_int(int x, int lo, int hi) {
   return x < lo ? lo : (x > hi ? hi : x);
@@ -327,8 +281,10 @@ __global__ void __launch_bounds__(kThreads)
   }
   const int seqlen = clamp_int(p.seqlens_k[b], 0, p.capacity);
   const int lead = p.leftpad_k != nullptr ? clamp_int(p.leftpad_k[b], 0, seqlen) : 0;
-  const KeyRange all = block_keys(seqlen, lead, seqlen_q, p.group, rows.first_row, count,
-                                  p.window_left, p.window_right);
+  // The sequence's mask (mask.h through decode_plan.h), built at each use from the parameters:
+  // one kept in a variable across the loads compiled to another, branchier instruction stream.
+  auto mask = [&] { return sequence_mask(seqlen, seqlen_q, p.window_left, p.window_right); };
+  const KeyRange all = block_keys(mask(), lead, p.group, rows.first_row, count);
   const KeyRange mine = split_keys(all, split, p.splits, kBlockN);
   const int n_blocks = (mine.size() + kBlockN - 1) / kBlockN;
 
@@ -467,9 +423,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
     const int i = lane / 4 + 8 * ri;
-    row_range[ri] = i < count ? row_keys(seqlen, lead, seqlen_q, rows.token_of(i), p.window_left,
-                                         p.window_right)
-                              : KeyRange{0, 0};
+    row_range[ri] = i < count ? mask().keys(rows.token_of(i), lead) : KeyRange{0, 0};
     row_range[ri].hi = imin(row_range[ri].hi, mine.hi);
     m[ri] = -INFINITY;
     l[ri] = 0.f;
@@ -530,7 +484,7 @@ __global__ void __launch_bounds__(kThreads)
         const KeyRange& r = row_range[e >> 1];
         float x = sc[n][e];
         if (p.softcap > 0.f) {
-          x = p.softcap * tanh_approx(x * p.softcap_scale);
+          x = p.softcap * fast_tanh(x * p.softcap_scale);
         }
         sc[n][e] = (key >= r.lo && key < r.hi) ? x * p.scale_log2 : -INFINITY;
       }
@@ -658,7 +612,7 @@ __global__ void __launch_bounds__(kThreads)
         rows.write_lse(row, lse2);
       }
     }
-    marks.end(false);
+    marks.end(kEvEnd);
     return;
   }
 
@@ -676,7 +630,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   marks.mark(kEvPublished);
-  marks.end(false);
+  marks.end(kEvEnd);
 }
 
 // The merge of a split call's partials: one CTA per row block, launched right behind decode_kernel

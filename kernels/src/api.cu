@@ -37,8 +37,8 @@ FhStatus check_select_args(int32_t cc_major, int32_t cc_minor, const int32_t* ba
   return FH_SUCCESS;
 }
 
-// fh_fwd_select_backend / fh_bwd_select_backend: validate without data pointers, ask the
-// policy, write the backend and (when asked) why.
+// fh_fwd_select_backend / fh_bwd_select_backend / fh_decode_select_backend: validate without data
+// pointers, ask the policy, write the backend and (when asked) why.
 template <class ChoiceT, class Params>
 FhStatus answer_policy(const Params* params, int32_t cc_major, int32_t cc_minor,
                        int32_t* backend_out, char* reason, size_t reason_len) {
@@ -157,6 +157,12 @@ FH_EXPORT FhStatus fh_decode_plan(const FhDecodeParams* params, int32_t num_sms,
   *num_splits_out = splits;
   *workspace_bytes_out = decode_workspace_bytes(params, splits);
   return FH_SUCCESS;
+}
+
+FH_EXPORT FhStatus fh_decode_select_backend(const FhDecodeParams* params, int32_t cc_major,
+                                            int32_t cc_minor, int32_t* backend_out, char* reason,
+                                            size_t reason_len) {
+  return answer_policy<DecodeChoice>(params, cc_major, cc_minor, backend_out, reason, reason_len);
 }
 
 FH_EXPORT int32_t fh_decode_stages(int64_t head_dim, int32_t max_smem_per_block) {

@@ -17,6 +17,7 @@
 
 #include "flash_hopper/api.h"
 #include "flash_hopper/bwd_params.h"
+#include "flash_hopper/score_math.h"  // kLog2e
 #include "src/bwd_common.h"
 
 namespace flash_hopper {
@@ -31,7 +32,6 @@ constexpr int kThreads = 256;
 constexpr int kThreadsPerRow = 8;
 constexpr int kRowsPerPass = kThreads / kThreadsPerRow;
 constexpr int kElemsPerChunk = 8;  // 2-byte elements per 16-byte vector
-constexpr float kLog2e = 1.4426950408889634f;
 
 static_assert(kRowsPerCta % kBwdSemaphoreRows == 0, "a CTA must own whole semaphores");
 static_assert(kRowsPerCta % kRowsPerPass == 0, "passes must tile the CTA's rows");

@@ -1,17 +1,19 @@
-// The decode kernel's instantiations (fp16 / bf16 x head_dim 64 / 128 / 256) and launch.
+// The decode kernel's instantiations (the decode table of kernels/src/tables.cmake: its dtypes x
+// head dims x stage counts) and launch.
 //
-// Stages: enough key blocks in flight to cover DRAM latency at the SM's share of the bandwidth
-// (~35 bytes / ns / SM on an H200: a 64-key block of d128 K and V, 32 KiB, every ~1 us) while
-// two CTAs share an SM, so that one's merge or ramp hides under the other's loads:
+// Stages (the table's tuned count per head dim): enough key blocks in flight to cover DRAM
+// latency at the SM's share of the bandwidth (~35 bytes / ns / SM on an H200: a 64-key block of
+// d128 K and V, 32 KiB, every ~1 us) while two CTAs share an SM, so that one's merge or ramp hides
+// under the other's loads:
 //   d64:  4 x 16 KiB = 66 KiB per CTA (3 per SM)
 //   d128: 3 x 32 KiB = 100 KiB (2 per SM)
 //   d256: 3 x 64 KiB = 200 KiB (1 per SM; 2 stages would still leave 1)
 // A device whose shared memory per block is smaller (sm_86 / sm_89 / sm_120: 99 KiB; sm_80:
-// 163 KiB) runs the largest stage count that fits it, down to 2 (d128 2 stages: 70 KiB, d256:
-// 138 KiB); where not even 2 fit (d256 on 99 KiB), the kernel does not serve the device
-// (fh_decode_stages answers 0 and the caller routes elsewhere before touching any cache).
-// Every stage count 2..5 that fits is compiled (24 small kernels) so that FH_DECODE_STAGES can
-// measure the others without a rebuild.
+// 163 KiB) runs the largest stage count that fits it, down to the table's fewest (d128 2 stages:
+// 70 KiB, d256: 138 KiB); where not even those fit (d256 on 99 KiB), the kernel does not serve
+// the device (fh_decode_stages answers 0 and the library's policy sends the call elsewhere, before
+// the caller touches any cache). Every stage count of the table that fits 227 KiB is compiled, so
+// that FH_DECODE_STAGES can measure the others without a rebuild.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -21,6 +23,7 @@
 #include <cstring>
 
 #include "decode/decode_kernel.h"
+#include "fh_decode_table.inc"
 #include "src/decode.h"
 #include "src/score_transform.h"
 #include "src/programmatic_launch.h"
@@ -31,62 +34,88 @@ namespace {
 using decode::DecodeConfig;
 using decode::DecodeParams;
 
-// The tuned stage count per head dim; FH_DECODE_STAGES (2..5, read per call) overrides it for
-// measurements (bench/PERFLOG.md). Either gives way to fewer stages where it does not fit.
-constexpr int kMinStages = 2;
-constexpr int kMaxStages = 5;
+// The tuned stage count per head dim; FH_DECODE_STAGES (a count of the table, read per call)
+// overrides it for measurements (bench/PERFLOG.md). Either gives way to fewer stages where it
+// does not fit.
+constexpr int kMinStages = FH_DECODE_MIN_STAGES;
 constexpr int kMaxSmemPerBlock = 227 * 1024;
 
-int default_stages(int64_t head_dim) { return head_dim == 64 ? 4 : 3; }
+// The kernel's element type of a table dtype.
+template <int32_t kDtype>
+struct DecodeElement;
+template <>
+struct DecodeElement<FH_DTYPE_FP16> {
+  using Type = __half;
+};
+template <>
+struct DecodeElement<FH_DTYPE_BF16> {
+  using Type = __nv_bfloat16;
+};
+
+// The table's head dims with their tuned stages.
+struct TunedStages {
+  int64_t head_dim;
+  int stages;
+};
+#define FH_DECODE_TUNED(hd, stages) {hd, stages},
+constexpr TunedStages kTunedStages[] = {FH_DECODE_TABLE(FH_DECODE_TUNED)};
+#undef FH_DECODE_TUNED
+
+int default_stages(int64_t head_dim) {
+  for (const TunedStages& t : kTunedStages) {
+    if (t.head_dim == head_dim) {
+      return t.stages;
+    }
+  }
+  return 0;
+}
 
 template <int kHeadDim, int kStages>
 constexpr int smem_bytes() {
   return DecodeConfig<kHeadDim, kStages>::kSmemBytes;
 }
 
+// The shared memory of a stage count of the table at kHeadDim; 0 for a count it does not list.
 template <int kHeadDim>
 int smem_for(int stages) {
-  switch (stages) {
-    case 2:
-      return smem_bytes<kHeadDim, 2>();
-    case 3:
-      return smem_bytes<kHeadDim, 3>();
-    case 4:
-      return smem_bytes<kHeadDim, 4>();
-    default:
-      return smem_bytes<kHeadDim, 5>();
+#define FH_DECODE_SMEM(s)              \
+  if (stages == s) {                   \
+    return smem_bytes<kHeadDim, s>(); \
   }
+  FH_DECODE_STAGE_COUNTS(FH_DECODE_SMEM)
+#undef FH_DECODE_SMEM
+  return 0;
 }
 
+// The same for a head dim of the table; 0 for one it does not list.
 int smem_of(int64_t head_dim, int stages) {
-  switch (head_dim) {
-    case 64:
-      return smem_for<64>(stages);
-    case 128:
-      return smem_for<128>(stages);
-    case 256:
-      return smem_for<256>(stages);
-    default:
-      return 0;
+#define FH_DECODE_SMEM_OF(hd, tuned) \
+  if (head_dim == hd) {              \
+    return smem_for<hd>(stages);     \
   }
+  FH_DECODE_TABLE(FH_DECODE_SMEM_OF)
+#undef FH_DECODE_SMEM_OF
+  return 0;
 }
 
 }  // namespace
 
 int decode_stages(int64_t head_dim, int max_smem_per_block) {
-  if (smem_of(head_dim, kMinStages) <= 0) {
+  const int tuned = default_stages(head_dim);
+  if (tuned == 0) {
     return 0;  // not a decode head dim
   }
   const int limit = max_smem_per_block < kMaxSmemPerBlock ? max_smem_per_block : kMaxSmemPerBlock;
-  int want = default_stages(head_dim);
+  int want = tuned;
   if (const char* env = std::getenv("FH_DECODE_STAGES")) {
     const int v = std::atoi(env);
-    if (v >= kMinStages && v <= kMaxStages) {
+    if (smem_of(head_dim, v) > 0) {
       want = v;
     }
   }
   for (int stages = want; stages >= kMinStages; --stages) {
-    if (smem_of(head_dim, stages) <= limit) {
+    const int smem = smem_of(head_dim, stages);
+    if (smem > 0 && smem <= limit) {
       return stages;
     }
   }
@@ -197,33 +226,26 @@ LaunchResult launch(DecodeParams const& d, int max_smem_per_block, bool programm
 template <class Element, int kHeadDim>
 LaunchResult launch_stages(DecodeParams const& d, int max_smem_per_block, bool programmatic,
                            cudaStream_t stream) {
-  switch (decode_stages(kHeadDim, max_smem_per_block)) {
-    case 0:
-      return LaunchResult::no_tile_fits(smem_bytes<kHeadDim, kMinStages>());
-    case 2:
-      return launch<Element, kHeadDim, 2>(d, max_smem_per_block, programmatic, stream);
-    case 3:
-      return launch<Element, kHeadDim, 3>(d, max_smem_per_block, programmatic, stream);
-    case 4:
-      return launch<Element, kHeadDim, 4>(d, max_smem_per_block, programmatic, stream);
-    default:
-      return launch<Element, kHeadDim, 5>(d, max_smem_per_block, programmatic, stream);
+  const int stages = decode_stages(kHeadDim, max_smem_per_block);
+#define FH_DECODE_LAUNCH(s)                                                    \
+  if (stages == s) {                                                           \
+    return launch<Element, kHeadDim, s>(d, max_smem_per_block, programmatic, stream); \
   }
+  FH_DECODE_STAGE_COUNTS(FH_DECODE_LAUNCH)
+#undef FH_DECODE_LAUNCH
+  return LaunchResult::no_tile_fits(smem_bytes<kHeadDim, kMinStages>());
 }
 
 template <class Element>
 LaunchResult launch_dtype(DecodeParams const& d, int64_t head_dim, int max_smem_per_block,
                           bool programmatic, cudaStream_t stream) {
-  switch (head_dim) {
-    case 64:
-      return launch_stages<Element, 64>(d, max_smem_per_block, programmatic, stream);
-    case 128:
-      return launch_stages<Element, 128>(d, max_smem_per_block, programmatic, stream);
-    case 256:
-      return launch_stages<Element, 256>(d, max_smem_per_block, programmatic, stream);
-    default:
-      return LaunchResult::internal("decode head_dim outside 64 / 128 / 256");
+#define FH_DECODE_LAUNCH_HEAD_DIM(hd, tuned)                                          \
+  if (head_dim == hd) {                                                               \
+    return launch_stages<Element, hd>(d, max_smem_per_block, programmatic, stream); \
   }
+  FH_DECODE_TABLE(FH_DECODE_LAUNCH_HEAD_DIM)
+#undef FH_DECODE_LAUNCH_HEAD_DIM
+  return LaunchResult::internal("decode head_dim outside the decode table");
 }
 
 }  // namespace
@@ -243,15 +265,17 @@ LaunchResult launch_decode(FhDecodeParams const* p, int max_smem_per_block, int 
   DecodeParams d = derive(p);
   const bool programmatic = programmatic_launch(cc_major);
   d.timeline = timeline;
-  d.timeline_ctas = timeline_bytes / int64_t(sizeof(unsigned long long) * decode::kMarkSlots);
-  if (p->dtype == FH_DTYPE_BF16) {
-    return launch_dtype<__nv_bfloat16>(d, p->head_dim, max_smem_per_block, programmatic,
-                                        stream);
+  d.timeline_ctas =
+      timeline_bytes / int64_t(sizeof(unsigned long long) * decode::DecodeMarks::kSlots);
+#define FH_DECODE_LAUNCH_DTYPE(value, name)                                            \
+  if (p->dtype == value) {                                                             \
+    return launch_dtype<typename DecodeElement<value>::Type>(d, p->head_dim,           \
+                                                             max_smem_per_block,       \
+                                                             programmatic, stream);    \
   }
-  if (p->dtype == FH_DTYPE_FP16) {
-    return launch_dtype<__half>(d, p->head_dim, max_smem_per_block, programmatic, stream);
-  }
-  return LaunchResult::internal("decode dtype other than fp16 / bf16");
+  FH_DECODE_DTYPES(FH_DECODE_LAUNCH_DTYPE)
+#undef FH_DECODE_LAUNCH_DTYPE
+  return LaunchResult::internal("decode dtype outside the decode table");
 }
 
 }  // namespace flash_hopper

@@ -8,8 +8,6 @@
 namespace flash_hopper {
 namespace {
 
-constexpr float kLog2e = 1.4426950408889634f;
-
 // A window wider than the sequence is the same as no bound: keep the int32 math overflow-free.
 int clamp_window(int64_t window, int64_t seqlen_q, int64_t seqlen_k) {
   return window >= seqlen_k + seqlen_q ? -1 : int(window);

@@ -21,4 +21,10 @@ FhStatus query_device(DeviceInfo* info);
 // 101376 = sm86/sm89's opt-in). Read per call: tests change it between calls.
 int smem_limit(const DeviceInfo& dev);
 
+// The opt-in shared memory per block of a GPU of compute capability cc_major.cc_minor (CUDA's
+// tables), for the policy's questions about a GPU that is not here (fh_fwd_select_backend,
+// fh_decode_select_backend); 99 KiB, the smallest of cc >= 8.6, for a capability the table does
+// not list. A DeviceInfo of it, for smem_limit.
+DeviceInfo capability_device(int cc_major, int cc_minor);
+
 }  // namespace flash_hopper

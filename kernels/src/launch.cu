@@ -4,7 +4,7 @@
 #include <cudaTypedefs.h>  // cuda.h's driver types and PFN_cuTensorMapEncodeTiled_v12000
 
 #include "fh_tables.inc"
-#include "sm90/fwd/timeline.h"  // kTimelineBytes
+#include "flash_hopper/timeline.h"  // kTimelineBytes
 #include "src/bwd_common.h"
 #include "src/decode.h"
 #include "src/derive.h"
@@ -29,6 +29,11 @@ thread_local unsigned long long* g_timeline = nullptr;
 
 FhStatus launch_call(const FhFwdParams* p, Choice const& choice, const DeviceInfo& dev,
                      cudaStream_t stream) {
+  if (choice.backend == FH_BACKEND_DECODE) {
+    return fail(FH_ERROR_UNSUPPORTED,
+                "decode_route: the policy sends this call to the decode kernel, which fh_decode "
+                "runs (FhDecodeParams); fh_fwd runs the FA paths (decode_route 0)");
+  }
   FwdParams k = derive(p, dev);
   k.timeline = g_timeline;
   const int limit = smem_limit(dev);
@@ -56,7 +61,7 @@ FhStatus launch_call(const FhDecodeParams* p, const DeviceInfo& dev, cudaStream_
   const int limit = smem_limit(dev);
 #ifdef FH_TIMELINE
   unsigned long long* timeline = g_timeline;
-  const int64_t timeline_bytes = flash_hopper::sm90::kTimelineBytes;
+  const int64_t timeline_bytes = kTimelineBytes;
 #else
   unsigned long long* timeline = nullptr;
   const int64_t timeline_bytes = 0;
@@ -67,9 +72,9 @@ FhStatus launch_call(const FhDecodeParams* p, const DeviceInfo& dev, cudaStream_
 
 FhStatus set_debug_timeline(void* device_buffer, int64_t bytes) {
 #ifdef FH_TIMELINE
-  FH_CHECK(device_buffer == nullptr || bytes >= flash_hopper::sm90::kTimelineBytes,
+  FH_CHECK(device_buffer == nullptr || bytes >= kTimelineBytes,
            "bytes: expected at least %lld for the timeline buffer, got %lld",
-           (long long)flash_hopper::sm90::kTimelineBytes, (long long)bytes);
+           (long long)kTimelineBytes, (long long)bytes);
   g_timeline = static_cast<unsigned long long*>(device_buffer);
   return FH_SUCCESS;
 #else

@@ -13,6 +13,8 @@
 
 namespace flash_hopper {
 
+// The chosen FA path's launcher; a call the policy sends to the decode kernel (decode_route) is
+// refused with FH_ERROR_UNSUPPORTED: fh_decode runs it, with its own parameters.
 FhStatus launch_call(const FhFwdParams* p, Choice const& choice, const DeviceInfo& dev,
                      cudaStream_t stream);
 

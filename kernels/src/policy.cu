@@ -5,6 +5,9 @@
 #include <string>
 #include <utility>
 
+#include "flash_hopper/decode_plan.h"
+#include "src/decode.h"
+#include "src/device.h"
 #include "src/errors.h"
 #include "src/validate.h"
 
@@ -416,10 +419,103 @@ FhStatus select_for(Request& r, const Params* p, const Entry* fa3, const Entry* 
   return FH_SUCCESS;
 }
 
+// --- the decode kernel -------------------------------------------------------------------------
+
+// A call as the decode kernel's rules weigh it, from either parameter struct.
+struct DecodeRequest {
+  int32_t dtype = FH_DTYPE_FP16;
+  const char* other = nullptr;  // what the decode route does not take in this call, or null
+  int64_t head_dim = 0;
+  int64_t group = 1;            // query heads per KV head
+  int64_t tokens = 0;           // query tokens per sequence (a varlen call's bound; 0: unknown)
+  int64_t keys = 0;             // the call's keys (a cache's capacity)
+  int64_t page_size = 0;        // paged: keys per page; 0: dense
+};
+
+// The decode kernel's rules, in the order a refusal names them: the GPU, the decode table's dtype
+// and head dim, what else the route does not take, the packed rows and keys, and whether the
+// kernel's fewest stages fit the GPU's shared memory (decode.cu: fh_decode_stages). true with the
+// reason in *why (if not null); false with what it lacks in *no.
+bool decode_serves(const DecodeRequest& r, int cc_major, int cc_minor, std::string* why,
+                   std::string* no) {
+  const int64_t rows = r.tokens * r.group;
+  const int smem = smem_limit(capability_device(cc_major, cc_minor));
+  if (cc_major < 8) {
+    *no = format("the decode kernel needs a GPU of compute capability >= 8.0, this GPU is "
+                 "cc %d.%d",
+                 cc_major, cc_minor);
+  } else if (!decode_has_dtype(r.dtype)) {
+    const char* name = dtype_name(r.dtype);
+    *no = format("dtype: the decode kernel takes %s q, k and v, got %s",
+                 decode_dtype_names().c_str(), name != nullptr ? name : "another dtype");
+  } else if (!decode_has_head_dim(r.head_dim)) {
+    *no = format("head_dim: the decode kernel takes head_dim %s, got %lld",
+                 decode_head_dim_choices().c_str(), (long long)r.head_dim);
+  } else if (r.other != nullptr) {
+    *no = format("the decode route does not take %s", r.other);
+  } else if (r.tokens <= 0) {
+    *no = "seqlen_q / max_seqlen_q: the decode route sizes its grid by the query tokens of the "
+          "longest sequence, got 0 (unknown)";
+  } else if (rows > FH_DECODE_MAX_ROWS) {
+    *no = format("seqlen_q: the decode kernel takes at most %d packed rows (query tokens x query "
+                 "heads per KV head), got %lld x %lld",
+                 FH_DECODE_MAX_ROWS, (long long)r.tokens, (long long)r.group);
+  } else if (r.keys <= 0) {
+    *no = "seqlen_k: the decode kernel needs keys to attend, got 0";
+  } else if (decode_stages(r.head_dim, smem) == 0) {
+    *no = format("the decode kernel at head_dim %lld does not fit the %d bytes of shared memory "
+                 "per block of cc %d.%d",
+                 (long long)r.head_dim, smem, cc_major, cc_minor);
+  } else {
+    if (why != nullptr) {
+      *why = format("the decode kernel (cc %d.%d): %lld query heads per KV head x %lld tokens "
+                    "packed into %d-row tiles, keys split across SMs (the splits merged by a "
+                    "combine kernel launched behind it), K / V read in place",
+                    cc_major, cc_minor, (long long)r.group, (long long)r.tokens,
+                    decode::kRowsPerCta);
+      if (r.page_size > 0) {
+        *why += format(" through the page table (page size %lld)", (long long)r.page_size);
+      }
+    }
+    return true;
+  }
+  return false;
+}
+
+// An FA forward call as the decode kernel would take it (k / v as one cache entry per sequence,
+// varlen's packed keys as one entry with each sequence's span): q, k and v in one dtype, no
+// KV-cache fields and no seqused_q (the route computes spans from cu_seqlens_k and seqused_k).
+DecodeRequest decode_request(const FhFwdParams* p) {
+  DecodeRequest r;
+  r.dtype = p->dtype;
+  r.head_dim = p->head_dim;
+  r.group = p->heads_q / p->heads_kv;
+  r.keys = p->seqlen_k;
+  const bool varlen = is_varlen(p);
+  r.tokens = varlen ? p->max_seqlen_q : p->seqlen_q;
+  if (is_mixed(p)) {
+    r.other = "FP8 k / v (the mixed mode)";
+  } else if (p->kv_batch_idx != nullptr || p->leftpad_k != nullptr) {
+    r.other = "kv_batch_idx / leftpad_k (flash_attn_with_kvcache asks with FhDecodeParams)";
+  } else if (p->seqused_q != nullptr) {
+    r.other = "seqused_q";
+  }
+  return r;
+}
+
 }  // namespace
 
 FhStatus select_backend(const FhFwdParams* p, int cc_major, int cc_minor, Choice* out,
                         std::string* why) {
+  // The decode kernel above the FA paths, for a caller that can run it (decode_route) and lets
+  // the library choose: it serves the short queries whatever FA kernels this build holds.
+  std::string no;
+  if (p->decode_route != 0 && p->backend == FH_BACKEND_AUTO &&
+      decode_serves(decode_request(p), cc_major, cc_minor, why, &no)) {
+    out->backend = FH_BACKEND_DECODE;
+    out->kernel = nullptr;
+    return FH_SUCCESS;
+  }
   const bool mixed = is_mixed(p);
   Request r;
   r.dir = &kForward;
@@ -445,6 +541,24 @@ FhStatus select_backend(const FhBwdParams* p, int cc_major, int cc_minor, BwdCho
   r.tuned_built = fa3 != nullptr;  // one kernel per bucket: the backward has no variants
   return select_for(r, p, fa3, find_bwd_kernel(FH_BACKEND_FA2, p->dtype, p->head_dim), cc_major,
                     cc_minor, out, why);
+}
+
+FhStatus select_backend(const FhDecodeParams* p, int cc_major, int cc_minor, DecodeChoice* out,
+                        std::string* why) {
+  DecodeRequest r;
+  r.dtype = p->dtype;
+  r.head_dim = p->head_dim;
+  r.group = p->heads_q / p->heads_kv;
+  r.tokens = p->seqlen_q;
+  const bool paged = p->page_table != nullptr;
+  r.keys = paged ? p->max_pages * p->page_size : p->page_size;
+  r.page_size = paged ? p->page_size : 0;
+  std::string no;
+  if (!decode_serves(r, cc_major, cc_minor, why, &no)) {
+    return fail(FH_ERROR_UNSUPPORTED, "%s", no.c_str());
+  }
+  out->backend = FH_BACKEND_DECODE;
+  return FH_SUCCESS;
 }
 
 }  // namespace flash_hopper

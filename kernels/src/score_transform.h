@@ -1,8 +1,10 @@
 // The score transform's kernel constants, derived once for every kernel from softmax_scale and
 // softcap (derive.cu defines it): FwdParams and BwdParams (derive.cu) and the decode kernel's
-// DecodeParams (decode.cu). Host-only and free of kernel headers, so that a kernel translation
-// unit can include it.
+// DecodeParams (decode.cu). Host code on the kernels' own constants (score_math.h: log2(e)), and
+// free of kernel headers, so that a kernel translation unit can include it.
 #pragma once
+
+#include "flash_hopper/score_math.h"
 
 namespace flash_hopper {
 

@@ -1,12 +1,14 @@
-# The build's tables, once on the C side: directions, head-dim buckets, dtypes and the FA-3 path's
-# variants.
+# The build's tables, once on the C side: directions, head-dim buckets, dtypes, the FA-3 path's
+# variants and the decode kernel's head dims, stages and dtypes.
 #
 # CMakeLists.txt turns them into the instantiation list (one generated .cu per kernel), the
 # launcher registry (fh_registry.inc), the C ABI's constants and messages, and fh_build_info()'s
-# JSON (fh_tables.inc). Python keeps its own copy in python/flash_hopper/_tables.py (derived from
-# the api.h enum mirror, so torch.compile can trace validation without loading the library);
+# JSON (fh_tables.inc; the decode kernel's in fh_decode_table.inc, which its translation unit
+# includes). Python keeps its own copy in python/flash_hopper/_tables.py (derived from the api.h
+# enum mirror, so torch.compile can trace validation without loading the library);
 # tests/test_lib.py checks that copy against api.h and against the built library's build_info,
-# and the library refuses to load when they disagree.
+# and the library refuses to load when they disagree. The decode kernel's table Python reads from
+# build_info: which calls it serves is the library's policy's answer, never Python's.
 
 # Directions: FH_DIRECTIONS value | the fh_registry.inc row macro of its launchers | the FH_ARCHS
 # paths that implement it (comma-separated). A direction's instantiations come from
@@ -61,3 +63,21 @@ set(FH_FA3_VARIANT_TABLE
   "fa3-no-pingpong|1|0"
   "fa3-no-overlap|2|2"
   "fa3-no-pingpong-no-overlap|3|2")
+
+# The decode kernel (kernels/decode/decode_kernel.h, docs/decode.md), in every build whatever the
+# FH_* variables select (its kernels are small). Head dims: head dim | the key-ring stages it runs
+# at where they fit the device (kernels/src/decode.cu says why each), ascending. A head dim must
+# be a multiple of 64 (the kernel's shared-memory swizzle).
+set(FH_DECODE_TABLE
+  "64|4"
+  "128|3"
+  "256|3")
+# The stage counts compiled per head dim: a device with less shared memory per block runs the
+# largest one that fits, and FH_DECODE_STAGES measures the others without a rebuild. Ascending;
+# the first is the fewest a device must hold for the kernel to serve it.
+set(FH_DECODE_STAGE_COUNTS 2 3 4 5)
+# Its inputs (FH_DTYPE_TABLE names; q, K and V alike), and the packed rows (query tokens x query
+# heads per KV head) of the calls the library's policy sends to it (kernels/src/policy.cu): each
+# 16 rows re-read the keys from L2, so longer queries stay on the FA kernels.
+set(FH_DECODE_DTYPES fp16 bf16)
+set(FH_DECODE_MAX_ROWS 128)

@@ -169,6 +169,70 @@ const std::string& dtype_choices() {
   return choices;
 }
 
+namespace {
+
+// The decode table (fh_decode_table.inc) as arrays.
+struct DecodeDtype {
+  int32_t value;
+  const char* enumerator;  // "FH_DTYPE_FP16"
+  const char* name;        // "fp16"
+};
+#define FH_DECODE_DTYPE_ROW(value, name) {value, #value, name},
+constexpr DecodeDtype kDecodeDtypes[] = {FH_DECODE_DTYPES(FH_DECODE_DTYPE_ROW)};
+#undef FH_DECODE_DTYPE_ROW
+#define FH_DECODE_HEAD_DIM_ROW(hd, stages) hd,
+constexpr int64_t kDecodeHeadDims[] = {FH_DECODE_TABLE(FH_DECODE_HEAD_DIM_ROW)};
+#undef FH_DECODE_HEAD_DIM_ROW
+
+// "a, b or c" of an array's items as `text` spells each.
+template <class T, size_t N, class Text>
+std::string either(const T (&items)[N], Text text) {
+  std::string s;
+  for (size_t i = 0; i < N; ++i) {
+    s += (i == 0 ? "" : (i + 1 == N ? " or " : ", ")) + text(items[i]);
+  }
+  return s;
+}
+
+}  // namespace
+
+bool decode_has_dtype(int32_t dtype) {
+  for (const DecodeDtype& d : kDecodeDtypes) {
+    if (d.value == dtype) {
+      return true;
+    }
+  }
+  return false;
+}
+
+bool decode_has_head_dim(int64_t head_dim) {
+  for (int64_t d : kDecodeHeadDims) {
+    if (d == head_dim) {
+      return true;
+    }
+  }
+  return false;
+}
+
+const std::string& decode_dtype_choices() {
+  static const std::string choices = either(kDecodeDtypes, [](const DecodeDtype& d) {
+    return format("%s (%d)", d.enumerator, int(d.value));
+  });
+  return choices;
+}
+
+const std::string& decode_dtype_names() {
+  static const std::string names =
+      either(kDecodeDtypes, [](const DecodeDtype& d) { return std::string(d.name); });
+  return names;
+}
+
+const std::string& decode_head_dim_choices() {
+  static const std::string choices =
+      either(kDecodeHeadDims, [](int64_t d) { return std::to_string(d); });
+  return choices;
+}
+
 const char* build_arch(int32_t backend) {
 #define FH_ARCH_VALUE(value, arch, name) \
   if (backend == value) {                \
@@ -184,6 +248,7 @@ const char* backend_name(int32_t backend) {
     case FH_BACKEND_AUTO: return "auto";
     case FH_BACKEND_FA2: return "fa2";
     case FH_BACKEND_FA3: return "fa3";
+    case FH_BACKEND_DECODE: return "decode";
     default: return "unknown";
   }
 }

@@ -73,10 +73,20 @@ const char* dtype_name(int32_t dtype);
 // "FH_DTYPE_FP16 (0, fp16) or FH_DTYPE_BF16 (1, bf16)", for messages.
 const std::string& dtype_choices();
 
+// The decode kernel's table (tables.cmake: FH_DECODE_TABLE, FH_DECODE_DTYPES), built in every
+// build: whether it has kernels for a dtype and for a head dim (exactly: it has no buckets), and
+// both lists as messages name them ("FH_DTYPE_FP16 (0) or FH_DTYPE_BF16 (1)" to C callers,
+// "fp16 or bf16" by FH_DTYPES names, "64, 128 or 256").
+bool decode_has_dtype(int32_t dtype);
+bool decode_has_head_dim(int64_t head_dim);
+const std::string& decode_dtype_choices();
+const std::string& decode_dtype_names();
+const std::string& decode_head_dim_choices();
+
 // The FH_ARCHS value that builds a backend's kernels ("80", "90a").
 const char* build_arch(int32_t backend);
 
-// "auto", "fa2", "fa3" (or "unknown").
+// "auto", "fa2", "fa3", "decode" (or "unknown").
 const char* backend_name(int32_t backend);
 
 }  // namespace flash_hopper

@@ -157,8 +157,17 @@ FhStatus validate(const FhBwdParams* p, bool check_data);
 
 // --- decode (validate_decode.cu) -------------------------------------------------------------
 
-// Everything fh_decode_plan needs (no data pointers): shapes, the cache's geometry, the score.
+// Everything fh_decode_plan needs (no data pointers): the dtype and head dim the decode table
+// has, shapes, the cache's geometry, the score.
 FhStatus validate_decode_shapes(const FhDecodeParams* p);
+
+// The same but the dtype and head dim, after the struct's pointer and abi_version.
+FhStatus validate_decode_layout(const FhDecodeParams* p);
+
+// The decode call as the policy takes it (fh_decode_select_backend): the pointer, abi_version,
+// layout and strides, not the dtype and head dim (the policy weighs those: policy.cu); with
+// check_data, everything fh_decode needs.
+FhStatus validate(const FhDecodeParams* p, bool check_data);
 
 // Everything fh_decode needs: the shapes, a planned num_splits, pointers, strides, workspace.
 FhStatus validate_decode(const FhDecodeParams* p);

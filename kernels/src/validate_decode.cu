@@ -1,5 +1,6 @@
-// Validation of FhDecodeParams (fh_decode_plan, fh_decode) and the plan fh_decode_plan answers:
-// the key splits and the workspace they need (kernels/include/flash_hopper/decode_plan.h).
+// Validation of FhDecodeParams (fh_decode_plan, fh_decode, fh_decode_select_backend) and the plan
+// fh_decode_plan answers: the key splits and the workspace they need
+// (kernels/include/flash_hopper/decode_plan.h).
 #include <cstdint>
 
 #include "flash_hopper/decode_plan.h"
@@ -18,10 +19,14 @@ int64_t decode_row_blocks(const FhDecodeParams* p) {
 FhStatus validate_decode_shapes(const FhDecodeParams* p) {
   FH_CHECK(p != nullptr, "params: expected a pointer to FhDecodeParams, got null");
   FH_TRY(validate_abi(p));
-  FH_CHECK(p->dtype == FH_DTYPE_FP16 || p->dtype == FH_DTYPE_BF16,
-           "dtype: expected FH_DTYPE_FP16 (0) or FH_DTYPE_BF16 (1) for decode, got %d", p->dtype);
-  FH_CHECK(p->head_dim == 64 || p->head_dim == 128 || p->head_dim == 256,
-           "head_dim: expected 64, 128 or 256 for decode, got %lld", (long long)p->head_dim);
+  FH_CHECK(decode_has_dtype(p->dtype), "dtype: expected %s for decode, got %d",
+           decode_dtype_choices().c_str(), p->dtype);
+  FH_CHECK(decode_has_head_dim(p->head_dim), "head_dim: expected %s for decode, got %lld",
+           decode_head_dim_choices().c_str(), (long long)p->head_dim);
+  return validate_decode_layout(p);
+}
+
+FhStatus validate_decode_layout(const FhDecodeParams* p) {
   FH_CHECK(p->batch >= 0 && p->batch <= kMaxGridYZ, "batch: expected 0..%lld, got %lld",
            (long long)kMaxGridYZ, (long long)p->batch);
   FH_CHECK(p->heads_q >= 1 && p->heads_q <= kMaxGridYZ, "heads_q: expected 1..%lld, got %lld",
@@ -82,6 +87,27 @@ int64_t decode_workspace_bytes(const FhDecodeParams* p, int splits) {
       .bytes;
 }
 
+namespace {
+
+// cp.async moves 16-byte vectors: every row and head start of q, k, v and o 16-byte aligned.
+FhStatus validate_decode_strides(const FhDecodeParams* p) {
+  const NamedStride strides[] = {FH_NAMED_STRIDES(p, q, batch), FH_NAMED_STRIDES(p, k, page),
+                                 FH_NAMED_STRIDES(p, v, page), FH_NAMED_STRIDES(p, o, batch)};
+  return validate_strides(strides);
+}
+
+}  // namespace
+
+FhStatus validate(const FhDecodeParams* p, bool check_data) {
+  if (check_data) {
+    return validate_decode(p);
+  }
+  FH_CHECK(p != nullptr, "params: expected a pointer to FhDecodeParams, got null");
+  FH_TRY(validate_abi(p));
+  FH_TRY(validate_decode_layout(p));
+  return validate_decode_strides(p);
+}
+
 FhStatus validate_decode(const FhDecodeParams* p) {
   FH_TRY(validate_decode_shapes(p));
   FH_CHECK(p->num_splits >= 1 && p->num_splits <= decode::kMaxSplits,
@@ -92,9 +118,7 @@ FhStatus validate_decode(const FhDecodeParams* p) {
   FH_TRY(validate_tensor(p->v, "v"));
   FH_TRY(validate_tensor(p->o, "o"));
   FH_CHECK(p->seqlens_k != nullptr, "seqlens_k: expected an int32 device array, got null");
-  const NamedStride strides[] = {FH_NAMED_STRIDES(p, q, batch), FH_NAMED_STRIDES(p, k, page),
-                                 FH_NAMED_STRIDES(p, v, page), FH_NAMED_STRIDES(p, o, batch)};
-  FH_TRY(validate_strides(strides));
+  FH_TRY(validate_decode_strides(p));
   if (p->num_splits > 1) {
     const int64_t need = decode_workspace_bytes(p, p->num_splits);
     FH_CHECK(p->workspace != nullptr && aligned(p->workspace, 256),

@@ -1,6 +1,6 @@
 // Validation of FhFwdParams (fh_fwd, fh_fwd_select_backend, fh_fwd_workspace_size): the dtype and
-// its modes (FP8 inputs, the mixed mode's FP8 k / v), varlen, the reserved paged / split-KV
-// fields and the dispatch fields, on top of the rules validate.h shares.
+// its modes (FP8 inputs, the mixed mode's FP8 k / v), varlen and the dispatch fields, on top of
+// the rules validate.h shares.
 #include <cstdint>
 
 #include "flash_hopper/varlen.h"
@@ -156,7 +156,7 @@ FhStatus validate_varlen(const FhFwdParams* p, bool fp8, bool mixed, bool check_
 }  // namespace
 
 // Host-only checks: ABI, dtype, shapes, head dim, heads, scale/mask, strides, pointers (only with
-// check_data: the policy alone does not read them), varlen, reserved fields, dispatch fields.
+// check_data: the policy alone does not read them), varlen, dispatch fields.
 FhStatus validate(const FhFwdParams* p, bool check_data) {
   FH_CHECK(p != nullptr, "params: expected a non-null FhFwdParams pointer, got null");
   FH_TRY(validate_abi(p));
@@ -199,17 +199,6 @@ FhStatus validate(const FhFwdParams* p, bool check_data) {
            "variant: expected an FhVariant 0 (tuned) .. %d (%s), got %d", kNumVariants - 1,
            kVariantNames[kNumVariants - 1], p->variant);
   FH_TRY(validate_varlen(p, fp8, mixed, check_data && !empty));
-  if (p->page_table || p->page_size != 0 || p->page_table_batch_stride != 0) {
-    return fail(FH_ERROR_UNSUPPORTED,
-                "page_table/page_size: expected null/0 (paged KV is not implemented yet), got "
-                "page_size %lld",
-                (long long)p->page_size);
-  }
-  if (p->num_splits > 1 || p->o_accum || p->lse_accum) {
-    return fail(FH_ERROR_UNSUPPORTED,
-                "num_splits: expected 0 or 1 (split-KV is not implemented yet), got %d",
-                p->num_splits);
-  }
   FH_CHECK(p->backend == FH_BACKEND_AUTO || p->backend == FH_BACKEND_FA2 ||
                p->backend == FH_BACKEND_FA3,
            "backend: expected FH_BACKEND_AUTO (0), FA2 (1) or FA3 (2), got %d", p->backend);
@@ -219,6 +208,10 @@ FhStatus validate(const FhFwdParams* p, bool check_data) {
            p->variant, kVariantNames[p->variant], p->backend, backend_name(p->backend));
   FH_CHECK(p->num_sms >= 0, "num_sms: expected 0 (every SM) or a positive cap, got %d",
            p->num_sms);
+  FH_CHECK(p->decode_route == 0 || p->decode_route == 1,
+           "decode_route: expected 0 (the FA paths) or 1 (the decode kernel where it serves the "
+           "call), got %d",
+           p->decode_route);
   return FH_SUCCESS;
 }
 

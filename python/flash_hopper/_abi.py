@@ -12,7 +12,7 @@ import ctypes
 import enum
 
 # Must equal FH_ABI_VERSION in api.h; the library reports its own through fh_abi_version().
-ABI_VERSION = 10
+ABI_VERSION = 11
 
 
 class FhStatus(enum.IntEnum):
@@ -41,6 +41,7 @@ class FhBackend(enum.IntEnum):
     AUTO = 0
     FA2 = 1
     FA3 = 2
+    DECODE = 3  # the policy's answer for calls the decode kernel runs (fh_decode)
 
 
 class FhFp8Accumulation(enum.IntEnum):
@@ -129,10 +130,6 @@ class FhFwdParams(ctypes.Structure):
         ("kv_batch_idx", _PTR),
         ("leftpad_k", _PTR),
         ("batch_k", _I64),
-        # reserved: paged KV
-        ("page_table", _PTR),
-        ("page_table_batch_stride", _I64),
-        ("page_size", _I64),
         # FP8 (dtype E4M3)
         ("q_descale", _PTR),
         ("k_descale", _PTR),
@@ -144,14 +141,11 @@ class FhFwdParams(ctypes.Structure):
         ("v_descale_batch_stride", _I64),
         ("v_descale_head_stride", _I64),
         ("fp8_accumulation", _I32),
-        # reserved: split-KV
-        ("num_splits", _I32),
-        ("o_accum", _PTR),
-        ("lse_accum", _PTR),
         # dispatch
         ("backend", _I32),
         ("variant", _I32),
         ("num_sms", _I32),
+        ("decode_route", _I32),
     ]
 
 

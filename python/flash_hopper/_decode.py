@@ -1,16 +1,18 @@
 """The decode kernel (kernels/decode/decode_kernel.h, api.h's fh_decode) from Python.
 
-flash_attn_with_kvcache (kvcache.py) routes short queries here: a few query rows per sequence
-(decode, speculative decoding) against a dense or paged cache, the query heads of a KV head
-packed into one tile, the keys split across CTAs and merged by a combine kernel the library
-launches behind the decode kernel (programmatic dependent launch on sm_90). What it
-takes is what the kernel serves (``usable``); everything else stays on the varlen kernels.
+Short queries come here: a few query rows per sequence (decode, speculative decoding) against a
+dense or paged cache, the query heads of a KV head packed into one tile, the keys split across
+CTAs and merged by a combine kernel the library launches behind the decode kernel (programmatic
+dependent launch on sm_90). Which calls it serves is the library's policy's answer
+(kernels/src/policy.cu), never this module's: flash_attn_func's plan asks it with decode_route
+(_fwd.make_plan), flash_attn_varlen_func's route per call (_varlen.forward), and
+flash_attn_with_kvcache's route through ``serves`` (fh_decode_select_backend); everything else
+stays on the FA kernels.
 
-The caller has validated the arguments (kvcache.py); this module checks only what the kernel adds
-(head dims, alignment) and fills FhDecodeParams. Per call: one plan lookup (cached per call
-signature: the split count and workspace size from fh_decode_plan), for split calls a scratch
-workspace from torch's caching allocator (nothing to initialise: a captured call's is its own for
-the graph's life), one library call.
+The caller has validated the arguments; this module fills FhDecodeParams. Per call: one plan
+lookup (cached per call signature: the split count and workspace size from fh_decode_plan), for
+split calls a scratch workspace from torch's caching allocator (nothing to initialise: a captured
+call's is its own for the graph's life), one library call.
 """
 
 from __future__ import annotations
@@ -20,14 +22,10 @@ from typing import Any, NamedTuple
 
 import torch
 
-from . import _abi, _device, _env, _lib, _plan_cache
+from . import _abi, _device, _env, _lib, _plan_cache, _validate
 from ._abi import FhDecodeParams
+from ._tables import INPUT_DTYPES
 
-HEAD_DIMS = (64, 128, 256)
-DTYPES = {torch.float16: _abi.FhDtype.FP16, torch.bfloat16: _abi.FhDtype.BF16}
-# Packed rows (seqlen_q x heads_q / heads_kv) a call may have: each 16 rows re-read the keys (from
-# L2), so long queries (prefill against a cache) stay on the varlen kernels.
-MAX_ROWS = 128
 MAX_SPLITS = 128  # decode_plan.h kMaxSplits
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
@@ -57,6 +55,13 @@ def everywhere() -> bool:
     several times faster than the FA-3 path's tiles of one valid row (bench/PERFLOG.md, "the
     decode kernel", against the baseline in "flash_attn_with_kvcache, first step")."""
     return _env.decode_mode() not in ("0", "kvcache")
+
+
+def route_key() -> tuple[str, int]:
+    """What the decode route's answer depends on besides a call's shapes, read per call as the
+    library reads it: FLASH_HOPPER_DECODE and FH_DEBUG_SMEM_LIMIT (the policy's view of the GPU's
+    shared memory). The plan caches that hold an answer key it with the call."""
+    return _env.decode_mode(), _env.debug_smem_limit()
 
 
 def eager_constant(cache: dict, pinned: dict, key: tuple,
@@ -104,17 +109,13 @@ _graph_full: dict[tuple, torch.Tensor] = {}  # those a captured call took: never
 
 def dense_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float,
                   window: tuple[int, int], softcap: float, out: torch.Tensor,
-                  need_lse: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """flash_attn_func's attention through the decode kernel when it serves the call (short
-    queries: seqlen_q x heads_q / heads_kv <= MAX_ROWS, at least one key), else None: k / v
-    (batch, seqlen_k, heads_kv, d) are a cache of ``batch`` full entries. Validated by the
-    caller; out (batch, seqlen_q, heads_q, d) is written."""
-    batch, seqlen_q, heads_q, _ = q.shape
-    seqlen_k, heads_kv = k.shape[1], k.shape[2]
-    if not everywhere() or seqlen_k == 0 or heads_q % heads_kv:
-        return None
-    if not usable(q, k, v, seqlen_q * (heads_q // heads_kv), out):
-        return None
+                  need_lse: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """flash_attn_func's attention through the decode kernel, for a call the library's policy
+    sent there (a "decode" plan): k / v (batch, seqlen_k, heads_kv, d) are a cache of ``batch``
+    full entries. Validated by the caller, pointers included; out (batch, seqlen_q, heads_q, d)
+    is written."""
+    batch = q.shape[0]
+    seqlen_k = k.shape[1]
     lengths = eager_constant(_full, _graph_full, (q.device, batch, seqlen_k), lambda: torch.full(
         (batch,), seqlen_k, dtype=torch.int32, device=q.device))
     return forward(q, k, v, lengths, softmax_scale=softmax_scale, softcap=softcap, window=window,
@@ -142,23 +143,13 @@ def varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
                    seqused_k: torch.Tensor | None, softmax_scale: float, window: tuple[int, int],
                    softcap: float, out: torch.Tensor,
-                   need_lse: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """flash_attn_varlen_func's attention through the decode kernel when it serves the call
-    (short queries: max_seqlen_q x heads_q / heads_kv <= MAX_ROWS; FLASH_HOPPER_DECODE neither 0
-    nor kvcache), else None. q (total_q, heads_q, d) by cu_seqlens_q; k / v (total_k, heads_kv, d) read as one
-    cache entry (packed_spans). Validated by the caller (offsets included); out written."""
-    heads_q, heads_kv = q.shape[1], k.shape[1]
+                   need_lse: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """flash_attn_varlen_func's attention through the decode kernel, for a call the library's
+    policy sent there (_varlen.forward asks per call, with the longest sequence's queries). q
+    (total_q, heads_q, d) by cu_seqlens_q; k / v (total_k, heads_kv, d) read as one cache entry
+    (packed_spans). Validated by the caller (offsets and pointers included); out written."""
     batch = cu_seqlens_q.shape[0] - 1
-    if not varlen_too() or batch <= 0 or k.shape[0] == 0 or heads_q % heads_kv:
-        return None
-    if max_seqlen_q is None:  # no bound to size the grid by (the caller read none): not here
-        return None
-    if cu_seqlens_k.dtype != torch.int32 or (seqused_k is not None
-                                            and seqused_k.dtype != torch.int32):
-        return None
     k1, v1 = k.unsqueeze(0), v.unsqueeze(0)
-    if not usable(q, k1, v1, max_seqlen_q * (heads_q // heads_kv), out):
-        return None
     zeros = eager_constant(_zeros, _graph_zeros, (q.device, batch), lambda: torch.zeros(
         batch, dtype=torch.int32, device=q.device))
     leftpad, seqlen = packed_spans(cu_seqlens_k, seqused_k)
@@ -168,64 +159,78 @@ def varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    return_lse=need_lse)
 
 
-def _aligned(t: torch.Tensor) -> bool:
-    return t.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in t.stride()[:-1])
+def aligned(*tensors: torch.Tensor) -> bool:
+    """Whether every tensor's data starts 16-byte aligned (cp.async moves 16-byte vectors; the
+    strides are the policy's to check)."""
+    return all(t.data_ptr() % 16 == 0 for t in tensors)
 
 
-# Opt-in shared memory per block by compute capability (CUDA's tables), for questions about a GPU
-# that is not here (flash_hopper.supports(capability=...)); a present GPU is queried instead.
-_OPTIN_SMEM_BY_CC = {(8, 0): 163 * 1024, (8, 7): 163 * 1024, (9, 0): 227 * 1024,
-                     (10, 0): 227 * 1024, (10, 3): 227 * 1024}
-_OPTIN_SMEM_DEFAULT = 99 * 1024  # sm_86 / sm_89 / sm_120 / sm_121: the smallest of cc >= 8.6
+def _fill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out_strides: tuple,
+          batch: int, seqlen_q: int, page_table_shape: tuple | None, varlen: bool,
+          ) -> FhDecodeParams:
+    """FhDecodeParams of a call's shapes and strides (no data, score or schedule): dense caches
+    (entries, capacity, heads_kv, d), one "page" per entry; paged ones (num_pages, page_size,
+    heads_kv, d) with a (rows, max_pages) table (contiguous rows). The page table pointer is a
+    placeholder (the policy and the plan read whether the cache is paged, not where). Strides
+    are effective ones (_validate.effective_strides: a dim of one is never stepped along), as the
+    FA host path's: the policy weighs the same strides the kernel is given."""
+    effective = _validate.effective_strides
+    p = FhDecodeParams()
+    p.abi_version = _abi.ABI_VERSION
+    p.dtype = int(INPUT_DTYPES.get(q.dtype, _abi.FhDtype.FP32))
+    p.batch, p.seqlen_q, p.heads_q, p.heads_kv, p.head_dim = (
+        batch, seqlen_q, q.shape[-2], k_cache.shape[2], q.shape[-1])
+    p.total_q = q.shape[0] if varlen else 0
+    p.num_pages, p.page_size = k_cache.shape[0], k_cache.shape[1]
+    if page_table_shape is not None:
+        p.max_pages = p.page_table_stride = page_table_shape[1]
+        p.page_table = 16
+    else:  # a dense cache: one "page" per entry
+        p.max_pages = 1
+    if varlen:
+        p.q_batch_stride, (p.q_row_stride, p.q_head_stride) = 0, effective(q)[:2]
+        p.o_batch_stride, (p.o_row_stride, p.o_head_stride) = 0, out_strides[:2]
+    else:
+        p.q_batch_stride, p.q_row_stride, p.q_head_stride = effective(q)[:3]
+        p.o_batch_stride, p.o_row_stride, p.o_head_stride = out_strides[:3]
+    p.k_page_stride, p.k_row_stride, p.k_head_stride = effective(k_cache)[:3]
+    p.v_page_stride, p.v_row_stride, p.v_head_stride = effective(v_cache)[:3]
+    return p
 
 
-def capability_info(capability: tuple[int, int]) -> _device.DeviceInfo:
-    """A stand-in DeviceInfo for a compute capability: its opt-in shared memory per block."""
-    smem = _OPTIN_SMEM_BY_CC.get(tuple(capability), _OPTIN_SMEM_DEFAULT)
-    return _device.DeviceInfo(index=-1, name=f"cc {capability[0]}.{capability[1]}",
-                              capability=tuple(capability), sm_count=0,
-                              max_smem_per_block_optin=smem, driver_version=None,
-                              source="capability")
+_served = _plan_cache.PlanCache(256)
 
 
-def smem_limit(info: _device.DeviceInfo) -> int:
-    """The shared memory per block the library's launches see on a device: its opt-in limit, or
-    FH_DEBUG_SMEM_LIMIT when lower (as kernels/src/device.cu's smem_limit; read per call, like the library)."""
-    limit = info.max_smem_per_block_optin or 48 * 1024
-    debug = _env.debug_smem_limit()
-    return debug if 0 < debug < limit else limit
-
-
-def device_serves(info: _device.DeviceInfo, head_dim: int,
-                  lib: _lib.Library | None = None) -> bool:
-    """Whether the decode kernel runs at head_dim on a device: compute capability >= 8.0 and a
-    stage count whose shared memory fits the device (the library's fh_decode_stages: d128 runs
-    on 99 KiB devices with 2 stages, d256 needs more than 99 KiB)."""
-    if info.capability[0] < 8 or head_dim not in HEAD_DIMS:
+def serves(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+           out: torch.Tensor | None, batch: int, seqlen_q: int, varlen: bool = False,
+           page_table: torch.Tensor | None = None) -> bool:
+    """Whether flash_attn_with_kvcache's call runs on the decode kernel: the library's policy
+    (fh_decode_select_backend: dtype, head dim, packed rows, the GPU's shared memory, strides),
+    asked once per call signature, for a call it can express (FLASH_HOPPER_DECODE not 0, CUDA
+    tensors, q, k and v in one dtype) with 16-byte aligned data. q (batch, seqlen_q, heads_q, d)
+    or, varlen, (total_q, heads_q, d) with ``batch`` sequences, ``seqlen_q`` the longest; the
+    cache dense or paged (``page_table``). Decided before any cache is written."""
+    if not enabled() or not q.is_cuda or not (q.dtype == k_cache.dtype == v_cache.dtype):
         return False
-    lib = lib if lib is not None else _lib.get_library()
-    return lib.decode_stages(head_dim, smem_limit(info)) > 0
-
-
-def usable(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: int,
-           out: torch.Tensor | None = None) -> bool:
-    """Whether the decode kernel serves a call: fp16 / bf16 everywhere, head_dim 64 / 128 / 256,
-    at most MAX_ROWS packed rows, 16-byte aligned rows (cp.async), a GPU of cc >= 8.0 whose
-    shared memory holds the kernel at this head dim (device_serves). Decided before any cache is
-    written: a call the kernel would refuse never takes this route."""
-    if not enabled() or q.dtype not in DTYPES or not q.is_cuda:
+    if not aligned(q, k_cache, v_cache, *((out,) if out is not None else ())):
         return False
-    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype or q.shape[-1] not in HEAD_DIMS:
-        return False
-    if not 0 < rows <= MAX_ROWS:
-        return False
-    tensors = (q, k_cache, v_cache) + ((out,) if out is not None else ())
-    if not all(_aligned(t) for t in tensors):
-        return False
-    try:
-        return device_serves(_device.device_info(_index(q.device)), q.shape[-1])
-    except Exception:  # noqa: BLE001 - no device or no library: not usable
-        return False
+    out_strides = _validate.effective_strides(out if out is not None else q)
+    table = None if page_table is None else tuple(page_table.shape)
+    key = (q.device, q.dtype, tuple(q.shape), q.stride(), tuple(k_cache.shape), k_cache.stride(),
+           tuple(v_cache.shape), v_cache.stride(), out_strides, batch, seqlen_q, varlen, table,
+           _env.debug_smem_limit())
+    served = _served.get(key)
+    if served is None:
+        try:
+            p = _fill(q, k_cache, v_cache, out_strides, batch, seqlen_q, table, varlen)
+            p.softmax_scale, p.window_left, p.window_right = 1.0, -1, -1
+            lib = _lib.get_library()
+            served = lib.policy(p, _device.device_info(_index(q.device)).capability)[0] == (
+                _abi.FhBackend.DECODE)
+        except Exception:  # noqa: BLE001 - refused, a shape the checks refuse, no device or
+            served = False  # no library: not served
+        _served.remember(key, served)
+    return served
 
 
 class _Plan(NamedTuple):
@@ -239,7 +244,7 @@ _plans = _plan_cache.PlanCache(256)
 
 def _plan(lib: _lib.Library, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
           out: torch.Tensor, lse_strides: tuple[int, int], batch: int, seqlen_q: int,
-          heads_kv: int, page_table: torch.Tensor | None, varlen: bool, flags: tuple,
+          page_table: torch.Tensor | None, varlen: bool, flags: tuple,
           softmax_scale: float, softcap: float, window: tuple[int, int],
           num_splits: int) -> _Plan:
     key = (q.device, q.dtype, tuple(q.shape), q.stride(), tuple(k_cache.shape), k_cache.stride(),
@@ -249,33 +254,15 @@ def _plan(lib: _lib.Library, q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     cached = _plans.get(key)
     if cached is not None:
         return cached
-    heads_q, head_dim = q.shape[-2], q.shape[-1]
-    p = FhDecodeParams()
-    p.abi_version = _abi.ABI_VERSION
-    p.dtype = int(DTYPES[q.dtype])
-    p.batch, p.seqlen_q, p.heads_q, p.heads_kv, p.head_dim = (batch, seqlen_q, heads_q,
-                                                               heads_kv, head_dim)
-    p.total_q = q.shape[0] if varlen else 0
+    p = _fill(q, k_cache, v_cache, _validate.effective_strides(out), batch, seqlen_q,
+              None if page_table is None else tuple(page_table.shape), varlen)
     if page_table is not None:
-        p.num_pages, p.page_size = k_cache.shape[0], k_cache.shape[1]
-        p.max_pages, p.page_table_stride = page_table.shape[1], page_table.stride(0)
-    else:  # a dense cache: one "page" per entry
-        p.num_pages, p.page_size, p.max_pages = k_cache.shape[0], k_cache.shape[1], 1
-    if varlen:
-        p.q_batch_stride, (p.q_row_stride, p.q_head_stride) = 0, q.stride()[:2]
-        p.o_batch_stride, (p.o_row_stride, p.o_head_stride) = 0, out.stride()[:2]
-    else:
-        p.q_batch_stride, p.q_row_stride, p.q_head_stride = q.stride()[:3]
-        p.o_batch_stride, p.o_row_stride, p.o_head_stride = out.stride()[:3]
-    p.k_page_stride, p.k_row_stride, p.k_head_stride = k_cache.stride()[:3]
-    p.v_page_stride, p.v_row_stride, p.v_head_stride = v_cache.stride()[:3]
+        p.page_table_stride = page_table.stride(0)
     p.lse_batch_stride, p.lse_head_stride = lse_strides
     p.softmax_scale, p.softcap = softmax_scale, softcap
     p.window_left, p.window_right = window
     p.num_splits = num_splits
     index = _index(q.device)
-    if page_table is not None:
-        p.page_table = 16  # a placeholder: the plan reads whether the cache is paged, not where
     splits, nbytes = lib.decode_plan(p, _device.device_info(index).sm_count)
     p.page_table = None
     p.num_splits = splits
@@ -306,7 +293,6 @@ def forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     else:
         batch, seqlen_q = q.shape[0], q.shape[1]
     heads_q = q.shape[-2]
-    heads_kv = k_cache.shape[2]
     if out is None:
         out = torch.empty_like(q)
     lse = None
@@ -328,9 +314,9 @@ def forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     # num_splits: FA3's meaning, any int >= 0; beyond the kernel's cap it is the cap (an int32
     # field must never see a value that wraps)
     splits = min(max(int(num_splits), 0), MAX_SPLITS)
-    plan = _plan(lib, q, k_cache, v_cache, out, lse_strides, batch, seqlen_q, heads_kv,
-                 page_table, varlen, flags, float(softmax_scale), float(softcap),
-                 (int(window[0]), int(window[1])), splits)
+    plan = _plan(lib, q, k_cache, v_cache, out, lse_strides, batch, seqlen_q, page_table, varlen,
+                 flags, float(softmax_scale), float(softcap), (int(window[0]), int(window[1])),
+                 splits)
     index = _index(q.device)
     stream = _raw_stream(index)
     p = FhDecodeParams.from_buffer_copy(plan.template)

@@ -20,8 +20,8 @@ FLASH_HOPPER_CHECK_OFFSETS  "0": calls do not copy offsets, lengths and indices 
                             never an access outside the tensors
 FH_DEBUG_SMEM_LIMIT         shared memory per block (bytes) the routing assumes    unset: the
                             when below the device's opt-in limit (to run the       device's
-                            configs of smaller GPUs on a large one); the same      limit
-                            value the library reads
+                            configs of smaller GPUs on a large one); the library   limit
+                            reads it, Python keys its cached answers with it
 LOCAL_RANK                  the CUDA device of distributed.init_from_torchrun      the global
                             (torchrun sets it)                                     rank
 =========================== ====================================================== ===========
@@ -32,9 +32,11 @@ Read by the C library itself (kernels/src), listed here so the knobs are in one 
 variable                    meaning                                                default
 =========================== ====================================================== ===========
 FH_DEBUG_SMEM_LIMIT         as above, for the library's tile and stage choices     unset
-                            (device.cu smem_limit, per call)
-FH_DECODE_STAGES            the decode kernel's K / V pipeline stages, when in     per head
-                            range and they fit the shared memory (decode.cu)       dim
+                            and its policy's decode answers (device.cu
+                            smem_limit, per call)
+FH_DECODE_STAGES            the decode kernel's K / V pipeline stages, when one    per head
+                            of the table's and they fit the shared memory          dim
+                            (decode.cu, tables.cmake FH_DECODE_STAGE_COUNTS)
 FH_DECODE_PDL               "0": no programmatic dependent launch for the decode   on (sm_90)
                             kernel (decode.cu, for measurements)
 =========================== ====================================================== ===========

@@ -9,7 +9,10 @@ cache's is meant to as well.
 
 1. validate: ``_validate.check_fwd_args`` / ``check_op_args`` (tensor metadata and scalars).
 2. choose the path: the library's own policy for the device's compute capability
-   (``dispatch.choose``; Python does not re-implement it).
+   (``dispatch.choose``; Python does not re-implement it). flash_attn_func's calls with backend
+   "auto" ask with decode_route (FLASH_HOPPER_DECODE allowing it, ``_decode.everywhere``): the
+   policy answers "decode" for the short queries the decode kernel serves, and step 4 runs them
+   there (``_decode.dense_forward``).
 3. fill: an FhFwdParams with everything but the five data pointers, its backend pinned to the
    choice so that fh_fwd runs exactly what the plan names; kept as bytes (``Plan``).
 4. launch: copy the bytes into a fresh struct, write the data pointers, call fh_fwd on torch's
@@ -42,7 +45,9 @@ class Plan(NamedTuple):
     """Steps 1-3 for one call signature; immutable, shared between threads."""
 
     cfg: _validate.FwdConfig
-    backend: str  # what runs: "fa2", "fa3", an FA-3 variant name, or "none" (nothing to compute)
+    # what runs: "fa2", "fa3", an FA-3 variant name, "decode" (the decode kernel) or "none"
+    # (nothing to compute)
+    backend: str
     reason: str
     template: bytes | None  # FhFwdParams without data pointers; None when nothing is launched
     device: torch.device
@@ -105,7 +110,6 @@ def fill_params(
     p.softmax_scale = cfg.softmax_scale
     p.softcap = cfg.softcap
     p.window_left, p.window_right = cfg.window_left, cfg.window_right
-    p.num_splits = 1
     p.backend, p.variant = BACKENDS[backend]
     p.num_sms = num_sms
     return p
@@ -121,10 +125,11 @@ def make_plan(
     with_lse: bool = True,
     num_sms: int = 0,
     fp8: _validate.Fp8Options | None = None,
+    decode_route: bool = False,
 ) -> Plan:
     """Choose the path and fill the template for validated tensors (metadata only). ``out`` /
     ``lse``: caller buffers (fwd_into), or None for fresh contiguous ones (``with_lse``: one is
-    allocated)."""
+    allocated). ``decode_route``: the caller runs a "decode" answer on the decode kernel."""
     out_shape = (cfg.batch, cfg.seqlen_q, cfg.heads_q, cfg.head_dim)
     lse_shape = (cfg.batch, cfg.heads_q, cfg.seqlen_q)
     out_dtype = fp8.out_dtype if fp8 is not None else cfg.dtype
@@ -141,9 +146,11 @@ def make_plan(
         effective(out) if out is not None else packed(out_shape), lse_strides, cfg.backend,
         num_sms, fp8,
     )
+    params.decode_route = int(decode_route)
     index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     name, reason, backend = dispatch.choose(params, _device.device_info(index).capability)
     params.backend = backend  # pinned: fh_fwd runs what the plan names (fwd_into reports it)
+    params.decode_route = 0
     return Plan(cfg, name, reason, bytes(params), q.device, out_shape, lse_shape,
                 _lib.get_library(), out_dtype)
 
@@ -188,12 +195,10 @@ def _run_new_outputs(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         if (q_ptr | k_ptr | v_ptr) & (_validate.ALIGN_BYTES - 1):
             _validate.check_alignment(q=q, k=k, v=v)  # raises, naming the tensor
     out = torch.empty(plan.out_shape, dtype=plan.out_dtype, device=plan.device)
-    if plan.template is not None and descales is None and plan.cfg.backend == "auto":
-        routed = _decode.dense_forward(q, k, v, plan.cfg.softmax_scale,
-                                       (plan.cfg.window_left, plan.cfg.window_right),
-                                       plan.cfg.softcap, out, need_lse)
-        if routed is not None:  # short queries on the decode kernel (_decode.everywhere)
-            return routed
+    if plan.backend == "decode":  # short queries: the policy's answer for a decode_route plan
+        return _decode.dense_forward(q, k, v, plan.cfg.softmax_scale,
+                                     (plan.cfg.window_left, plan.cfg.window_right),
+                                     plan.cfg.softcap, out, need_lse)
     lse = torch.empty(plan.lse_shape, dtype=torch.float32, device=plan.device) if need_lse else None
     if plan.template is not None:
         _launch(plan, q_ptr, k_ptr, v_ptr, out.data_ptr(), lse.data_ptr() if need_lse else 0,
@@ -234,15 +239,18 @@ def _op_key(q: Any, k: Any, v: Any, softmax_scale: Any, window_left: Any, window
 def plan_eager(q: Any, k: Any, v: Any, softmax_scale: Any, causal: Any, window_size: Any,
                softcap: Any, backend: Any, sm_margin: int = 0) -> Plan:
     """The plan of flash_attn_func's arguments: cached, or validated and made (then cached).
-    ``sm_margin``: FA3's, validated by the caller (_device.grid_cap)."""
+    ``sm_margin``: FA3's, validated by the caller (_device.grid_cap). What the decode route
+    depends on (FLASH_HOPPER_DECODE, FH_DEBUG_SMEM_LIMIT: _decode.route_key) is part of the call
+    signature."""
     key = _eager_key(q, k, v, softmax_scale, causal, window_size, softcap, backend)
-    if key is not None and sm_margin:
-        key = (key, sm_margin)
+    if key is not None:
+        key = (key, sm_margin, _decode.route_key())
     plan = _plans.get(key)
     if plan is None:
         cfg = _validate.check_fwd_args(q, k, v, softmax_scale, causal, window_size, softcap,
                                        backend)
-        plan = make_plan(cfg, q, k, v, num_sms=_device.grid_cap(q.device, sm_margin))
+        plan = make_plan(cfg, q, k, v, num_sms=_device.grid_cap(q.device, sm_margin),
+                         decode_route=_decode.everywhere())
         if key is not None:
             _plans.remember(key, plan)
     return plan
@@ -265,15 +273,15 @@ def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, 
     ``deterministic`` does not change the forward (it always is); it is an input of the op so
     that the op's registered backward, which sees only the op's inputs, can pass it on.
     ``sm_margin``: FA3's (SMs the kernel leaves free), the backward's too."""
-    key = _op_key(q, k, v, softmax_scale, window_left, window_right, softcap, backend)
-    if sm_margin:
-        key = (key, sm_margin)
+    key = (_op_key(q, k, v, softmax_scale, window_left, window_right, softcap, backend),
+           sm_margin, _decode.route_key())
     plan = _plans.get(key)
     if plan is None:
         cfg = _validate.check_op_args(
             q, k, v, softmax_scale, window_left, window_right, softcap, backend
         )
-        plan = make_plan(cfg, q, k, v, num_sms=_device.grid_cap(q.device, sm_margin))
+        plan = make_plan(cfg, q, k, v, num_sms=_device.grid_cap(q.device, sm_margin),
+                         decode_route=_decode.everywhere())
         _plans.remember(key, plan)
     return _run_new_outputs(plan, q, k, v)
 

@@ -209,6 +209,11 @@ class Library:
         d.fh_decode_plan.restype = ctypes.c_int
         d.fh_decode_stages.argtypes = [ctypes.c_int64, ctypes.c_int32]
         d.fh_decode_stages.restype = ctypes.c_int32
+        d.fh_decode_select_backend.argtypes = [
+            dec_p, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32),
+            ctypes.c_char_p, ctypes.c_size_t,
+        ]
+        d.fh_decode_select_backend.restype = ctypes.c_int
 
     # --- raw calls (status codes), for tests of the ABI itself ---------------------------------
     def fwd_status(self, params: FhFwdParams, stream: int | None) -> int:
@@ -230,17 +235,23 @@ class Library:
         self.check(self._dll.fh_debug_set_timeline(device_ptr, int(nbytes)),
                    "fh_debug_set_timeline")
 
-    def policy(self, params: FhFwdParams | FhBwdParams,
+    def policy(self, params: FhFwdParams | FhBwdParams | FhDecodeParams,
                capability: tuple[int, int]) -> tuple[FhBackend, str]:
-        """(backend, reason) fh_fwd (for FhFwdParams) or fh_bwd (for FhBwdParams) would run for
-        ``params`` on a GPU of ``capability``.
+        """(backend, reason) of the library's policy for ``params`` on a GPU of ``capability``:
+        what fh_fwd (FhFwdParams; FhBackend.DECODE for a decode_route call the decode kernel
+        serves) or fh_bwd (FhBwdParams) would run, or whether the decode kernel serves an
+        FhDecodeParams call (FhBackend.DECODE).
 
-        The library's own policy (fh_fwd_select_backend / fh_bwd_select_backend): no GPU is
-        touched, the data pointers are not read. Raises like fh_fwd / fh_bwd for params nothing
-        can serve.
+        The library's own policy (fh_fwd_select_backend / fh_bwd_select_backend /
+        fh_decode_select_backend): no GPU is touched, the data pointers are not read. Raises like
+        fh_fwd / fh_bwd / fh_decode_plan for params nothing can serve.
         """
-        select = (self._dll.fh_bwd_select_backend if isinstance(params, FhBwdParams)
-                  else self._dll.fh_fwd_select_backend)
+        if isinstance(params, FhBwdParams):
+            select = self._dll.fh_bwd_select_backend
+        elif isinstance(params, FhDecodeParams):
+            select = self._dll.fh_decode_select_backend
+        else:
+            select = self._dll.fh_fwd_select_backend
         out = ctypes.c_int32(-1)
         reason = ctypes.create_string_buffer(_REASON_BYTES)
         status = select(
@@ -338,7 +349,7 @@ class Library:
         raise status_error(status, f"{what}: {text}")
 
 
-# Room for fh_fwd_select_backend's / fh_bwd_select_backend's reason: the longest is about 400 bytes (a layout problem).
+# Room for the select functions' reasons: the longest is about 400 bytes (a layout problem).
 _REASON_BYTES = 1024
 
 

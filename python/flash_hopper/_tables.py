@@ -123,6 +123,26 @@ def has_backward(info: dict[str, Any]) -> bool:
     return bool(info.get("backward", False))
 
 
+# --- the decode kernel's table (build_info "decode": kernels/src/tables.cmake) -------------------
+
+
+def decode_table(info: dict[str, Any]) -> dict[str, Any]:
+    """build_info's "decode": the decode kernel's dtypes, head_dims with their tuned stages, the
+    stage_counts compiled and max_rows (the packed rows of the calls the policy sends to it); {}
+    for a library before ABI 11. Which calls it serves is the library's policy's answer
+    (dispatch.choose, fh_decode_select_backend): this is for reports and messages."""
+    return dict(info.get("decode") or {})
+
+
+def decode_summary(info: dict[str, Any]) -> str:
+    """What the decode kernel takes, as messages say it: "fp16 / bf16, head_dim 64 / 128 / 256,
+    seqlen_q * heads_q / heads_kv <= 128"."""
+    table = decode_table(info)
+    return (f"{' / '.join(table.get('dtypes', ()))}, head_dim "
+            f"{' / '.join(str(d) for d in table.get('head_dims', ()))}, seqlen_q * heads_q / "
+            f"heads_kv <= {table.get('max_rows', '?')}")
+
+
 # --- agreement with a built library --------------------------------------------------------------
 
 

@@ -18,6 +18,9 @@ of _fwd.py:
 4. launch: the work list's workspace from torch's caching allocator (fh_fwd_workspace_size
    bytes), data and offset pointers written, fh_fwd on the current stream. The library's prepare
    kernel builds the tile list on the device: no host synchronization in the launch itself.
+   Short queries may run on the decode kernel instead: with backend "auto" (and
+   FLASH_HOPPER_DECODE allowing it) the library's policy is asked per call with decode_route and
+   the longest sequence's queries (``_decode_route``).
 
 Backward (``backward``): per sequence through the dense backward kernels (one launch of the
 backward's three kernels per sequence with query rows, into views of dq / dk / dv), which needs
@@ -32,8 +35,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from . import _bwd, _decode, _device, _env, _fwd, _plan_cache, _validate
-from ._abi import FhFwdParams
+from . import _bwd, _decode, _device, _env, _fwd, _plan_cache, _validate, dispatch
+from ._abi import FhBackend, FhFwdParams, FhVariant
 from ._errors import UnsupportedError
 from ._tables import FP8_DTYPES, KV_FP8_DTYPES
 
@@ -308,6 +311,31 @@ def plan(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sequse
     return result
 
 
+_routes = _plan_cache.PlanCache(256)
+
+
+def _decode_route(vp: VarlenPlan, longest_q: int | None, seqused_q: Any, seqused_k: Any,
+                  device: torch.device) -> bool:
+    """Whether the library's policy sends a flash_attn_varlen_func call to the decode kernel: its
+    template asked with backend "auto", decode_route and the longest sequence's queries as
+    max_seqlen_q (None: unknown, the decode route then declines), once per plan, bound and
+    optional array."""
+    key = (vp.template, longest_q, seqused_q is not None, seqused_k is not None, device,
+           _env.debug_smem_limit())
+    routed = _routes.get(key)
+    if routed is None:
+        p = FhFwdParams.from_buffer_copy(vp.template)
+        p.backend, p.variant, p.decode_route = FhBackend.AUTO, FhVariant.TUNED, 1
+        p.max_seqlen_q = longest_q or 0
+        p.cu_seqlens_q = p.cu_seqlens_k = 16  # placeholders: the policy reads no pointer
+        p.seqused_q = 16 if seqused_q is not None else None
+        p.seqused_k = 16 if seqused_k is not None else None
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        routed = dispatch.choose(p, _device.device_info(index).capability)[0] == "decode"
+        _routes.remember(key, routed)
+    return routed
+
+
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
             cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
             seqused_q: torch.Tensor | None, seqused_k: torch.Tensor | None, softmax_scale: Any,
@@ -335,13 +363,14 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: tor
     if out is None:
         out = torch.empty(vp.out_shape, dtype=vp.dense.out_dtype, device=device)
     cfg = vp.dense.cfg
-    if (vp.template is not None and not checked and kv_batch_idx is None and leftpad_k is None
-            and seqused_q is None and cfg.backend == "auto"):
-        routed = _decode.varlen_forward(
+    if (vp.template is not None and not checked and cfg.backend == "auto"
+            and _decode.varlen_too()
+            and _decode_route(vp, longest_q, seqused_q, seqused_k, q.device)):
+        if not _decode.aligned(q, k, v, out):
+            _validate.check_alignment(q=q, k=k, v=v, out=out)
+        return (*_decode.varlen_forward(
             q, k, v, cu_seqlens_q, cu_seqlens_k, longest_q, seqused_k, cfg.softmax_scale,
-            (cfg.window_left, cfg.window_right), cfg.softcap, out, need_lse)
-        if routed is not None:  # short queries on the decode kernel
-            return routed[0], routed[1], vp
+            (cfg.window_left, cfg.window_right), cfg.softcap, out, need_lse), vp)
     lse = torch.empty(vp.lse_shape, dtype=torch.float32, device=device) if need_lse else None
     if vp.template is None:
         return out, lse, vp

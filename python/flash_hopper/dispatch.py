@@ -7,7 +7,8 @@ second one with the facts it knows:
 
 - ``choose(params, capability)``: for a filled request (FhFwdParams, data pointers not needed);
   the host path (_fwd.py) asks once per call signature and pins the answer in its plan, so the
-  backend fwd_into reports is the one that ran.
+  backend fwd_into reports is the one that ran. A request with decode_route (flash_attn_func's
+  and flash_attn_varlen_func's "auto" calls) may get "decode": the decode kernel serves it.
 - ``choose_bwd(params, capability)``: the same for the backward (FhBwdParams,
   fh_bwd_select_backend); the backward's host path (_bwd.py) pins it in its plan.
 - ``hypothetical(capability, dtype, head_dim, backend, causal)``: for a GPU that is not here
@@ -15,11 +16,14 @@ second one with the facts it knows:
 - ``supports(**config)`` (``flash_hopper.supports``): (ok, reason) for a whole configuration
   (heads, lengths, masks, varlen / KV cache), for servers to ask before capturing graphs.
 
-The rules it applies, in words (policy.cu has them in code): "fa3" runs on compute capability 9.0
-only (sm90a code), when this build has the kernel for the dtype / head-dim bucket / variant and
-q/k/v have positive strides on every dimension of size > 1 (TMA); "fa2" runs on every cc >= 8.0
-with its kernel built; "auto" takes fa3 where it can run, else fa2. Errors name the GPU, the
-build variables to change or the stride at fault.
+The rules it applies, in words (policy.cu has them in code): "decode" (the decode kernel, asked
+for with decode_route and backend "auto") where it serves the call: its table's dtypes and head
+dims (build_info "decode"), at most its max_rows packed rows (query tokens x query heads per KV
+head), cc >= 8.0 with shared memory for its stages; "fa3" runs on compute capability 9.0 only
+(sm90a code), when this build has the kernel for the dtype / head-dim bucket / variant and q/k/v
+have positive strides on every dimension of size > 1 (TMA); "fa2" runs on every cc >= 8.0 with
+its kernel built; "auto" takes decode where it serves the call, else fa3 where it can run, else
+fa2. Errors name the GPU, the build variables to change or the stride at fault.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ __all__ = ["choose", "choose_bwd", "head_dim_bucket", "hypothetical", "supports"
 def choose(params: FhFwdParams, capability: tuple[int, int]) -> tuple[str, str, _abi.FhBackend]:
     """(name, reason, FhBackend) the library picks for ``params`` on a GPU of ``capability``.
 
-    ``name`` is what runs: "fa2", "fa3" or the requested FA-3 variant ("fa3-no-pingpong", ...).
+    ``name`` is what runs: "fa2", "fa3", the requested FA-3 variant ("fa3-no-pingpong", ...) or
+    "decode" (a decode_route request the decode kernel serves).
     Raises ValueError for invalid params and UnsupportedError (a NotImplementedError) when
     nothing in this build can serve them on that GPU.
     """
@@ -70,8 +75,12 @@ def hypothetical(
     capability: tuple[int, int], dtype: str, head_dim: int, backend: str = "auto",
     causal: bool = False,
 ) -> tuple[str, str]:
-    """(name, reason) for a small contiguous (batch 1, 128 x 128 tokens, 1 head) problem of
-    ``dtype`` ("bf16") and ``head_dim`` on a GPU of ``capability``; raises like choose()."""
+    """(name, reason) flash_attn_func would get for a small contiguous (batch 1, 128 x 128 tokens,
+    1 head) problem of ``dtype`` ("bf16") and ``head_dim`` on a GPU of ``capability`` (its
+    128 rows are short queries: "decode" where FLASH_HOPPER_DECODE allows the route and the
+    decode kernel serves them); raises like choose()."""
+    from . import _decode  # torch-dependent: imported when asked
+
     if backend not in _tables.BACKENDS:
         raise ValueError(
             f"backend: expected one of {', '.join(_tables.BACKEND_NAMES)}, got {backend!r}"
@@ -92,6 +101,7 @@ def hypothetical(
     p.softmax_scale = 1.0
     p.window_left, p.window_right = -1, 0 if causal else -1
     p.backend, p.variant = _tables.BACKENDS[backend]
+    p.decode_route = int(_decode.everywhere())
     name, reason, _ = choose(p, capability)
     return name, reason
 
@@ -117,27 +127,22 @@ def supports(
 ) -> tuple[bool, str]:
     """(ok, reason): whether a forward configuration runs, and on which kernel, before a server
     captures graphs around it. The library's own validation and policy answer
-    (fh_fwd_select_backend on this GPU, or on ``capability``): ok is False with the reason a call
-    would raise, naming the argument; True with the path ("fa3: cc 9.0 and fa3 kernel built for
-    bf16 hdim 128", plus how a KV-cache decode call is split when it applies).
+    (fh_fwd_select_backend / fh_decode_select_backend on this GPU, or on ``capability``): ok is
+    False with the reason a call would raise, naming the argument; True with the kernel family
+    that runs and why ("fa3: cc 9.0 and fa3 kernel built for bf16 hdim 128", "decode: the decode
+    kernel (cc 9.0): ...", plus how a KV-cache call is packed or split off the decode kernel).
 
     dtype: "fp16", "bf16", "e4m3" or a mixed name ("bf16+e4m3": 16-bit q, FP8 K / V). varlen:
     flash_attn_varlen_func; kvcache: flash_attn_with_kvcache (a dense cache: varlen kernels);
     rotary / sinks / page_size: flash_attn_with_kvcache's rotary embedding (16-bit, dense
-    caches), sink logits and paged caches. Short KV-cache queries (fp16 / bf16, head_dim 64 /
-    128 / 256, seqlen_q x heads_q / heads_kv <= 128, backend "auto") run on the decode kernel,
-    paged caches read in place; others on the varlen kernels, paged caches gathered first."""
+    caches), sink logits and paged caches. With backend "auto" short queries run on the decode
+    kernel where the library's policy says it serves them (FLASH_HOPPER_DECODE allowing the
+    route), paged caches read in place; others on the FA kernels (varlen kernels for KV-cache
+    calls, paged caches gathered first)."""
     from . import _decode  # torch-dependent: imported when asked
 
-    heads_kv_ = heads_q if heads_kv is None else heads_kv
-    decode = (kvcache and backend == "auto" and dtype in ("fp16", "bf16")
-              and head_dim in _decode.HEAD_DIMS and heads_kv_ > 0 and heads_q % heads_kv_ == 0
-              and 0 < seqlen_q * (heads_q // heads_kv_) <= _decode.MAX_ROWS
-              and (capability is None or capability[0] >= 8))
     for name, flag, what in (("page_size", page_size is not None and not kvcache,
                               "paged KV outside flash_attn_with_kvcache"),
-                             ("rotary", rotary and page_size is not None and not decode,
-                              "rotary with a paged cache off the decode kernel"),
                              ("sinks", sinks and not kvcache,
                               "attention sinks outside flash_attn_with_kvcache"),
                              ("rotary", rotary and dtype == "e4m3", "rotary with FP8 inputs")):
@@ -159,16 +164,21 @@ def supports(
 
             from . import _device
 
-            info = _device.device_info(torch.cuda.current_device())
-            capability = info.capability
+            capability = _device.device_info(torch.cuda.current_device()).capability
         except Exception as exc:  # noqa: BLE001 - no GPU here: say so
             return False, (f"no CUDA device to answer for ({type(exc).__name__}: {exc}); pass "
                            f"capability=(9, 0) to ask for a GPU that is not here")
-    else:
-        info = _decode.capability_info(capability)
     left, right = (int(window_size[0]), int(window_size[1]))
     if causal:
         right = 0
+    if kvcache and backend == "auto" and _decode.enabled():
+        served = _kvcache_decode(dtype, head_dim, heads_q, heads_kv, seqlen_q, seqlen_k, left,
+                                 right, softcap, page_size, capability)
+        if served is not None:
+            return True, f"decode: {served}"
+    if rotary and page_size is not None:
+        return False, ("rotary: rotary with a paged cache off the decode kernel is not "
+                       "implemented yet")
     p = FhFwdParams()
     p.abi_version = _abi.ABI_VERSION
     _set_dtypes(p, dtype)
@@ -184,34 +194,15 @@ def supports(
     p.lse_head_stride = seqlen_q if (varlen or kvcache) else 0
     if varlen or kvcache:  # placeholders: the policy reads no pointer
         p.cu_seqlens_q = p.cu_seqlens_k = 16
+        p.max_seqlen_q = max(seqlen_q, 0)  # the one sequence's queries bound the decode route
     p.softmax_scale = float(head_dim) ** -0.5 if head_dim > 0 else 1.0
     p.softcap = softcap
     p.window_left, p.window_right = left, right
     p.backend, p.variant = _tables.BACKENDS[backend]
-    # the decode kernel where the device's shared memory holds it (d256 does not fit 99 KiB)
-    decode = decode and _decode.device_serves(info, head_dim)
-    if decode:  # the decode kernel's own checks (fh_decode_plan), no FA kernel needed
-        d = FhDecodeParams()
-        d.abi_version = _abi.ABI_VERSION
-        d.dtype = int(_abi.FhDtype.BF16 if dtype == "bf16" else _abi.FhDtype.FP16)
-        d.batch, d.seqlen_q, d.heads_q, d.heads_kv, d.head_dim = (1, seqlen_q, heads_q,
-                                                                  heads_kv, head_dim)
-        d.page_size = page_size if page_size is not None else max(seqlen_k, 1)
-        d.num_pages = d.max_pages = d.page_table_stride = 1
-        if page_size is not None:
-            d.page_table = 16  # a placeholder: the plan reads whether, not where
-            d.max_pages = d.page_table_stride = max(-(-seqlen_k // max(page_size, 1)), 1)
-        d.softmax_scale, d.softcap = p.softmax_scale, softcap
-        d.window_left, d.window_right = left, right
-        try:
-            _lib.get_library().decode_plan(d, num_sms=1)
-        except (ValueError, NotImplementedError) as exc:
-            return False, str(exc)
-        paged = f" through the page table (page size {page_size})" if page_size is not None else ""
-        return True, (f"decode: the decode kernel (cc {capability[0]}.{capability[1]}): "
-                      f"{heads_q // heads_kv} query heads per KV head x {seqlen_q} tokens packed "
-                      f"into 16-row tiles, keys split across SMs (the splits merged by a combine "
-                      f"kernel launched behind it), K / V read in place{paged}")
+    # flash_attn_func's and flash_attn_varlen_func's short queries: the decode kernel where it
+    # serves them (the policy's rung above the FA paths)
+    if not kvcache:
+        p.decode_route = int(_decode.varlen_too() if varlen else _decode.everywhere())
     try:
         name, reason, _ = choose(p, capability)
     except (ValueError, NotImplementedError) as exc:
@@ -224,3 +215,31 @@ def supports(
     if kvcache and page_size is not None:
         note += "; paged: the pages gathered into a dense copy per call (off the decode kernel)"
     return True, f"{name}: {reason}{note}"
+
+
+def _kvcache_decode(dtype: str, head_dim: int, heads_q: int, heads_kv: int, seqlen_q: int,
+                    seqlen_k: int, left: int, right: int, softcap: float, page_size: int | None,
+                    capability: tuple[int, int]) -> str | None:
+    """The reason flash_attn_with_kvcache's call of this shape runs on the decode kernel
+    (fh_decode_select_backend, then fh_decode_plan's checks), or None when it does not (the call
+    then runs on the varlen kernels, whose answer supports gives)."""
+    d = FhDecodeParams()
+    d.abi_version = _abi.ABI_VERSION
+    d.dtype = int(_tables.INPUT_DTYPES.get(_tables.DTYPE_NAMES.get(dtype), _abi.FhDtype.FP32))
+    d.batch, d.seqlen_q, d.heads_q, d.heads_kv, d.head_dim = (1, seqlen_q, heads_q, heads_kv,
+                                                              head_dim)
+    d.page_size = page_size if page_size is not None else max(seqlen_k, 1)
+    d.num_pages = d.max_pages = d.page_table_stride = 1
+    if page_size is not None:
+        d.page_table = 16  # a placeholder: the policy and the plan read whether, not where
+        d.max_pages = d.page_table_stride = max(-(-seqlen_k // max(page_size, 1)), 1)
+    d.softmax_scale = float(head_dim) ** -0.5 if head_dim > 0 else 1.0
+    d.softcap = softcap
+    d.window_left, d.window_right = left, right
+    lib = _lib.get_library()
+    try:
+        _, reason = lib.policy(d, capability)
+        lib.decode_plan(d, num_sms=1)
+    except (ValueError, NotImplementedError):
+        return None
+    return reason

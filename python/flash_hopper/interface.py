@@ -447,10 +447,10 @@ def which_backend(
     window_size: Sequence[int] = (-1, -1),
     softcap: float = 0.0,
 ) -> tuple[str, str]:
-    """(backend, reason) of the FA path flash_attn_func would use for these arguments, without
-    launching: the library's own policy on q's device ("none" when there is nothing to compute).
-    With backend "auto", short queries run on the decode kernel instead where it serves them
-    (FLASH_HOPPER_DECODE, _decode.everywhere); flash_hopper.supports names that route.
+    """(backend, reason) of the kernel family flash_attn_func would use for these arguments,
+    without launching: the library's own policy on q's device. "fa2", "fa3" (or an FA-3 variant),
+    "decode" for the short queries the decode kernel serves (backend "auto", FLASH_HOPPER_DECODE
+    allowing the route), "none" when there is nothing to compute.
 
     Raises like flash_attn_func would (invalid arguments, no kernel for this GPU/build).
     """

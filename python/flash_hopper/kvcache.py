@@ -1,10 +1,12 @@
 """flash_attn_with_kvcache: new queries against a KV cache, FA3's signature.
 
-Short queries (at most _decode.MAX_ROWS = 128 packed rows, seqlen_q x heads_q / heads_kv; fp16 /
-bf16; head_dim 64 / 128 / 256) run on the decode kernel (_decode, kernels/decode/): the query
-heads of a KV head packed as one tile's rows, the keys split across CTAs (the splits merged by a
-combine kernel launched behind it), K / V read in place from a dense cache or through the page
-table of a paged one (any page size, any strides), masks, softcap and sinks in the kernel.
+Short queries run on the decode kernel (_decode, kernels/decode/) where the library's policy says
+it serves them (fh_decode_select_backend, asked before the append: the decode table's dtypes and
+head dims, at most its max_rows packed rows of seqlen_q x heads_q / heads_kv, a GPU whose shared
+memory holds it): the query heads of a KV head packed as one tile's rows, the keys split across
+CTAs (the splits merged by a combine kernel launched behind it), K / V read in place from a dense
+cache or through the page table of a paged one (any page size, any strides), masks, softcap and
+sinks in the kernel.
 
 Everything else (FP8, long queries, other head dims) goes through the varlen kernels
 (_varlen.forward): q (batch, seqlen_q, ...) is the packed (batch * seqlen_q, ...) view with
@@ -53,7 +55,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from . import _autograd, _chunk, _decode, _device, _validate, _varlen
+from . import _autograd, _chunk, _decode, _device, _lib, _tables, _validate, _varlen
 from ._combine import flash_attn_combine, lse_weights
 from ._errors import UnsupportedError
 from ._tables import FP8_DTYPES
@@ -367,16 +369,16 @@ def _check_page_table(page_table: Any, k_cache: Any, v_cache: Any, q: Any, k: An
     return table, num_pages, page_size
 
 
-def _packed_rows(q: torch.Tensor, k_cache: torch.Tensor, cu_seqlens_q: Any,
-                 max_seqlen_q: Any) -> int:
-    """The decode kernel's packed rows per sequence (seqlen_q x heads_q / heads_kv); 0 for
-    shapes the full checks will refuse."""
+def _longest_q(q: torch.Tensor, k_cache: torch.Tensor, cu_seqlens_q: Any,
+               max_seqlen_q: Any) -> int:
+    """The query tokens of the longest sequence, as the decode route sizes its grid (seqlen_q; a
+    varlen call's max_seqlen_q, or all its rows without one); 0 for shapes the full checks will
+    refuse."""
     varlen = isinstance(cu_seqlens_q, torch.Tensor)
     if q.dim() != (3 if varlen else 4) or q.shape[-2] % k_cache.shape[2]:
         return 0
-    tokens = q.shape[1] if not varlen else (
+    return q.shape[1] if not varlen else (
         int(max_seqlen_q) if isinstance(max_seqlen_q, numbers.Integral) else q.shape[0])
-    return tokens * (q.shape[-2] // k_cache.shape[2])
 
 
 def _paged(*, page_table, k_cache, v_cache, cache_batch_idx, **call):
@@ -396,9 +398,9 @@ def _paged(*, page_table, k_cache, v_cache, cache_batch_idx, **call):
     table, num_pages, page_size = _check_page_table(page_table, k_cache, v_cache, q, k,
                                                     cache_batch_idx, call["cu_seqlens_q"])
     if call["rotary_cos"] is not None:
-        raise UnsupportedError("rotary_cos: rotary embedding with page_table is implemented on "
-                               "the decode kernel only (fp16 / bf16, head_dim 64 / 128 / 256, "
-                               "seqlen_q * heads_q / heads_kv <= 128)")
+        served = _tables.decode_summary(_lib.get_library().build_info())
+        raise UnsupportedError(f"rotary_cos: rotary embedding with page_table is implemented on "
+                               f"the decode kernel only ({served})")
     batch = table.shape[0]
     capacity = table.shape[1] * page_size
     cu_new = call["cu_seqlens_k_new"]
@@ -789,9 +791,12 @@ def _pages_in_place(page_table: Any, k_cache: Any, v_cache: Any, q: Any, k: Any,
     kernel reads the pool in place, None for the paged fallback (_paged: a dense copy)."""
     table, num_pages, page_size = _check_page_table(page_table, k_cache, v_cache, q, k,
                                                     cache_batch_idx, cu_seqlens_q)
-    rows = _packed_rows(q, k_cache, cu_seqlens_q, max_seqlen_q)
+    varlen = isinstance(cu_seqlens_q, torch.Tensor)
+    batch = cu_seqlens_q.shape[0] - 1 if varlen else q.shape[0]
     if (backend != "auto" or qv is not None or attention_chunk
-            or not _decode.usable(q, k_cache, v_cache, rows, out)):
+            or not _decode.serves(q, k_cache, v_cache, out, batch,
+                                  _longest_q(q, k_cache, cu_seqlens_q, max_seqlen_q), varlen,
+                                  table)):
         return None
     return table, num_pages, page_size
 
@@ -1033,8 +1038,9 @@ def _checked_call(q, k_cache, v_cache, k, v, *, qv, rotary_cos, rotary_sin, cach
     # Whether the decode kernel serves the call (_route's first choice) is decided here, as it
     # picks the checks: a paged cache came here only if it serves it.
     group = heads_q // heads_kv if heads_q % heads_kv == 0 else 0
-    decode = pages is not None or (backend == "auto" and seqlen_cache > 0 and not attention_chunk
-                                   and _decode.usable(q, k_cache, v_cache, seqlen_q * group, out))
+    decode = pages is not None or (backend == "auto" and not attention_chunk
+                                   and _decode.serves(q, k_cache, v_cache, out, batch, seqlen_q,
+                                                      varlen_q))
     if decode:  # the checks alone: no FA kernel needs to exist for this dtype / head dim
         cfg = _varlen.check_call(*args, out_rows, descales, batch_k)
     else:
@@ -1058,8 +1064,9 @@ def _checked_call(q, k_cache, v_cache, k, v, *, qv, rotary_cos, rotary_sin, cach
 def _route(c: _KvCall) -> tuple[str, int]:
     """Which executor runs a checked call ("decode", "packed", "chunked" or "varlen"; the paged
     fallback was decided before the checks, _pages_in_place) and the key splits of the packed
-    route. The decode kernel (backend "auto"): short queries (at most _decode.MAX_ROWS packed
-    rows), fp16 / bf16, any mask, sinks in the kernel; an explicit backend ("fa2", "fa3") runs
+    route. The decode kernel (backend "auto"): the short queries the library's policy sends there
+    (decided before the checks, _decode.serves), any mask, sinks in the kernel; an explicit
+    backend ("fa2", "fa3") runs
     that path's varlen kernels. Unmasked rows (one query token, or neither causal nor a window):
     the query heads of a KV head can share its tiles, and the keys can be split
     (_packed_varlen)."""

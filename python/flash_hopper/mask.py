@@ -10,7 +10,8 @@ diag = seqlen_k - seqlen_q,
 
 ``chunk`` is FA3's ``attention_chunk`` (chunked-local attention). ``AttentionMask`` has the C++
 struct's fields and methods with the same names and the same integer results (floor division in
-``chunk_start``; ``columns(row).lo`` may be negative, ``hi`` is clipped to seqlen_k), so the
+``chunk_start``; ``columns(row).lo`` may be negative, ``hi`` is clipped to seqlen_k; ``keys`` is
+the decode kernel's clipped interval with a left pad), so the
 reference walks key blocks exactly like the kernels, and tests/test_mask_policy.py compares the
 two on random configurations. On top of the mirror sit the vectorized forms the rest of Python
 needs: ``visible`` and ``columns`` work elementwise on torch tensors as well as on ints (flex
@@ -73,6 +74,18 @@ class ColumnRange:
 
     lo: Index
     hi: Index
+
+
+@dataclass(frozen=True)
+class KeyRange(ColumnRange):
+    """Visible keys [lo, hi) of a row clipped to the sequence (``keys``; ints): the mask.h
+    struct of that name, empty when hi <= lo."""
+
+    def empty(self) -> bool:
+        return self.hi <= self.lo
+
+    def size(self) -> int:
+        return max(self.hi - self.lo, 0)
 
 
 def _minimum(a: Index, b: Index) -> Index:
@@ -143,6 +156,21 @@ class AttentionMask:
             lo = _maximum(lo, c0)
             hi = _minimum(hi, c0 + self.chunk)
         return ColumnRange(lo, hi)
+
+    def keys(self, row: int, first: int = 0) -> KeyRange:
+        """Row's visible keys clipped to [first, seqlen_k), keys [0, first) a left pad (the
+        decode kernel's cache_leftpad): columns() of the keys after the pad, shifted by first."""
+        diagonal = self.seqlen_k - self.seqlen_q + row
+        lo, hi = first, self.seqlen_k
+        if self.window_right >= 0 and diagonal + self.window_right + 1 < hi:
+            hi = diagonal + self.window_right + 1
+        if self.window_left >= 0 and diagonal - self.window_left > lo:
+            lo = diagonal - self.window_left
+        if self.chunk > 0:
+            c0 = first + self.chunk_start(row + self.diag() - first)
+            lo = max(lo, c0)
+            hi = min(hi, c0 + self.chunk)
+        return KeyRange(lo, hi)
 
     def visible(self, row: Index, col: Index) -> bool | torch.Tensor:
         """Whether row sees col; elementwise (broadcast) when either is a tensor."""

@@ -7,9 +7,11 @@
 //   m <m_block> <n_min> <n_max> <n_left> <n_right>     every query tile
 //   n <n_block> <m_min> <m_max>                         every key tile (and one past the last)
 //   r <row> <lo> <hi>                                   every row of every tile, padding included
+//   k <row> <first> <lo> <hi>                           keys() of every row, pads 0 and row % 5
 //   pairs <count>                                       visible() summed over the full matrix
 // Every value comes from the header's own methods; the counting loop is the only logic here.
 #include <cstdio>
+#include <initializer_list>
 
 #include "flash_hopper/mask.h"
 
@@ -36,6 +38,12 @@ int main() {
     for (int row = 0; row < m_blocks * block_m; ++row) {
       const flash_hopper::ColumnRange c = mask.columns(row);
       std::printf("r %d %d %d\n", row, c.lo, c.hi);
+    }
+    for (int row = 0; row < seqlen_q; ++row) {
+      for (int first : {0, row % 5}) {
+        const flash_hopper::KeyRange k = mask.keys(row, first);
+        std::printf("k %d %d %d %d\n", row, first, k.lo, k.hi);
+      }
     }
     long long pairs = 0;
     for (int row = 0; row < seqlen_q; ++row) {

@@ -1,7 +1,9 @@
 // Host test of the decode kernel's plan (kernels/include/flash_hopper/decode_plan.h): the keys a
-// row sees against a brute-force mask, a row block's range as the union of its rows', splits
-// that cover each range exactly once in whole blocks, page lookups (power-of-two and other page
-// sizes, clamped ids, 64-bit offsets), the split heuristic's bounds and the workspace layout.
+// row sees, from the shared mask policy (mask.h, AttentionMask::keys on sequence_mask), against a
+// brute-force mask and against the FA paths' frame of the same mask (columns() of the keys after
+// the left pad), a row block's range as the union of its rows', splits that cover each range
+// exactly once in whole blocks, page lookups (power-of-two and other page sizes, clamped ids,
+// 64-bit offsets), the split heuristic's bounds and the workspace layout.
 #include <cstdint>
 #include <cstdio>
 #include <vector>
@@ -9,10 +11,18 @@
 #include "flash_hopper/decode_plan.h"
 #include "host_check.h"
 
+using flash_hopper::AttentionMask;
+using flash_hopper::ColumnRange;
+using flash_hopper::KeyRange;
 using namespace flash_hopper::decode;
 
-// FA3's bottom-right aligned mask on keys [lead, seqlen), brute force.
-static bool visible(int seqlen, int lead, int seqlen_q, int t, int key, int wl, int wr) {
+// Floor division (a may be negative).
+static int floor_div(int a, int b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+// FA3's bottom-right aligned mask on keys [lead, seqlen), brute force: the diagonal on the last
+// key, chunks (attention_chunk) counted from the first key after the pad.
+static bool visible(int seqlen, int lead, int seqlen_q, int t, int key, int wl, int wr,
+                    int chunk = 0) {
   if (key < lead || key >= seqlen) {
     return false;
   }
@@ -23,32 +33,54 @@ static bool visible(int seqlen, int lead, int seqlen_q, int t, int key, int wl, 
   if (wl >= 0 && key < pos - wl) {
     return false;
   }
+  if (chunk > 0 && floor_div(pos - lead, chunk) != floor_div(key - lead, chunk)) {
+    return false;
+  }
   return true;
 }
 
+// The same row in the FA paths' frame (varlen.h drops the pad from the span): columns() of the
+// seqlen - lead keys after the pad, clipped to them and shifted back by lead.
+static KeyRange fa_frame(int seqlen, int lead, int seqlen_q, int t, int wl, int wr, int chunk) {
+  const AttentionMask fa{seqlen_q, seqlen - lead, wl, wr, chunk};
+  const ColumnRange c = fa.columns(t);
+  return {lead + (c.lo > 0 ? c.lo : 0), lead + c.hi};
+}
+
+// Every key of every row: the decode kernel's keys (the shared mask's keys() with the left pad)
+// against the brute force and against the FA paths' frame; chunks too, which the kernels leave at
+// 0 (the API splits chunked calls) but the policy keeps one rule for.
 static void rows_and_blocks() {
   const int windows[][2] = {{-1, -1}, {-1, 0}, {5, 0}, {0, 0}, {30, 7}, {-1, 3}, {2, -1}};
   for (int seqlen = 0; seqlen <= 70; seqlen += 7) {
     for (int lead = 0; lead <= seqlen; lead += 9) {
       for (int seqlen_q = 1; seqlen_q <= 9; seqlen_q += 4) {
         for (const auto& w : windows) {
-          for (int t = 0; t < seqlen_q; ++t) {
-            const KeyRange r = row_keys(seqlen, lead, seqlen_q, t, w[0], w[1]);
-            for (int key = -2; key < seqlen + 2; ++key) {
-              const bool in = key >= r.lo && key < r.hi;
-              CHECK(in == visible(seqlen, lead, seqlen_q, t, key, w[0], w[1]),
-                    "row_keys seqlen %d lead %d sq %d t %d key %d window (%d, %d)", seqlen, lead,
-                    seqlen_q, t, key, w[0], w[1]);
+          for (int chunk : {0, 1, 6, 16}) {
+            const AttentionMask mask{seqlen_q, seqlen, w[0], w[1], chunk};
+            for (int t = 0; t < seqlen_q; ++t) {
+              const KeyRange r = mask.keys(t, lead);
+              for (int key = -2; key < seqlen + 2; ++key) {
+                const bool in = key >= r.lo && key < r.hi;
+                CHECK(in == visible(seqlen, lead, seqlen_q, t, key, w[0], w[1], chunk),
+                      "keys() seqlen %d lead %d sq %d t %d key %d window (%d, %d) chunk %d",
+                      seqlen, lead, seqlen_q, t, key, w[0], w[1], chunk);
+              }
+              const KeyRange f = fa_frame(seqlen, lead, seqlen_q, t, w[0], w[1], chunk);
+              CHECK((r.empty() && f.hi <= f.lo) || (r.lo == f.lo && r.hi == f.hi),
+                    "keys() [%d, %d) vs the FA frame [%d, %d): seqlen %d lead %d sq %d t %d "
+                    "window (%d, %d) chunk %d",
+                    r.lo, r.hi, f.lo, f.hi, seqlen, lead, seqlen_q, t, w[0], w[1], chunk);
             }
           }
+          const AttentionMask mask = sequence_mask(seqlen, seqlen_q, w[0], w[1]);
           for (int group = 1; group <= 8; group *= 2) {
             const int rows = seqlen_q * group;
             for (int first = 0; first < rows; first += kRowsPerCta) {
               const int count = imin(kRowsPerCta, rows - first);
-              const KeyRange b = block_keys(seqlen, lead, seqlen_q, group, first, count, w[0],
-                                            w[1]);
+              const KeyRange b = block_keys(mask, lead, group, first, count);
               for (int i = first; i < first + count; ++i) {  // every row's keys inside
-                const KeyRange r = row_keys(seqlen, lead, seqlen_q, i / group, w[0], w[1]);
+                const KeyRange r = mask.keys(i / group, lead);
                 CHECK(r.empty() || (r.lo >= b.lo && r.hi <= b.hi),
                       "block_keys misses row %d's keys", i);
               }
@@ -161,9 +193,9 @@ static void heuristic_and_workspace() {
 }
 
 // Windows of any int64 the API takes: clamp_window turns every bound at or past its reach into
-// "unbounded" (what it means there), and row_keys' bounds never wrap, even with a cache of
-// INT32_MAX keys. A window of 2^32 must not become 0 (one key) and one of 2^31 - 1 on the right
-// must not overflow into an empty row.
+// "unbounded" (what it means there), and the mask's keys() bounds never wrap, even with a cache
+// of INT32_MAX keys. A window of 2^32 must not become 0 (one key) and one of 2^31 - 1 on the
+// right must not overflow into an empty row.
 static void huge_windows() {
   const int64_t huge[] = {int64_t{1} << 32, (int64_t{1} << 31) - 1, int64_t{1} << 40,
                           int64_t{1} << 62};
@@ -175,14 +207,19 @@ static void huge_windows() {
         "clamp_window at its reach");
   // causal, window_left 2^32: every key of the row (the FA path's answer), not one
   const int capacity = 4096;
-  KeyRange r = row_keys(100, 0, 1, 0, clamp_window(int64_t{1} << 32, capacity), 0);
+  KeyRange r = sequence_mask(100, 1, clamp_window(int64_t{1} << 32, capacity), 0).keys(0, 0);
   CHECK(r.lo == 0 && r.hi == 100, "causal + window 2^32: [%d, %d)", r.lo, r.hi);
   // window_right 2^31 - 1 unclamped: pos + w + 1 passes INT32_MAX, computed in 64 bits
-  r = row_keys(100, 0, 1, 0, -1, INT32_MAX);
+  r = sequence_mask(100, 1, -1, INT32_MAX).keys(0, 0);
   CHECK(r.lo == 0 && r.hi == 100, "window_right INT32_MAX: [%d, %d)", r.lo, r.hi);
-  r = row_keys(INT32_MAX, 0, 1, 0, INT32_MAX - 1, 0);
+  r = sequence_mask(INT32_MAX, 1, INT32_MAX - 1, 0).keys(0, 0);
   CHECK(r.lo == 0 && r.hi == INT32_MAX, "a cache of INT32_MAX keys: [%d, %d)", r.lo, r.hi);
-  // every clamped window agrees with the brute-force mask at its reach and past it
+  // the same past INT32_MAX with a left pad: the pad bounds the row, the window does not wrap
+  r = sequence_mask(INT32_MAX, 2, INT32_MAX - 1, INT32_MAX).keys(1, 1000);
+  CHECK(r.lo == 1000 && r.hi == INT32_MAX, "a padded cache of INT32_MAX keys: [%d, %d)", r.lo,
+        r.hi);
+  // every clamped window agrees with the brute-force mask at its reach and past it, left pad
+  // or not
   for (int seqlen_q = 1; seqlen_q <= 4; ++seqlen_q) {
     for (int seqlen = 0; seqlen <= 40; seqlen += 5) {
       const int cap = 40;
@@ -190,14 +227,17 @@ static void huge_windows() {
         for (int64_t wr : {int64_t{-1}, int64_t{0}, int64_t{seqlen_q}, int64_t{1} << 33}) {
           const int l = clamp_window(wl, cap);
           const int rr = clamp_window(wr, seqlen_q);
-          for (int t = 0; t < seqlen_q; ++t) {
-            const KeyRange k = row_keys(seqlen, 0, seqlen_q, t, l, rr);
-            for (int key = 0; key < seqlen; ++key) {
-              const int pos = seqlen - seqlen_q + t;
-              const bool want = (wr < 0 || key <= pos + wr) && (wl < 0 || key >= pos - wl);
-              CHECK((key >= k.lo && key < k.hi) == want,
-                    "clamped window (%lld, %lld) seqlen %d sq %d t %d key %d", (long long)wl,
-                    (long long)wr, seqlen, seqlen_q, t, key);
+          for (int lead = 0; lead <= seqlen; lead += 7) {
+            for (int t = 0; t < seqlen_q; ++t) {
+              const KeyRange k = sequence_mask(seqlen, seqlen_q, l, rr).keys(t, lead);
+              for (int key = 0; key < seqlen; ++key) {
+                const int pos = seqlen - seqlen_q + t;
+                const bool want = key >= lead && (wr < 0 || key <= pos + wr) &&
+                                  (wl < 0 || key >= pos - wl);
+                CHECK((key >= k.lo && key < k.hi) == want,
+                      "clamped window (%lld, %lld) seqlen %d lead %d sq %d t %d key %d",
+                      (long long)wl, (long long)wr, seqlen, lead, seqlen_q, t, key);
+              }
             }
           }
         }

@@ -10,7 +10,7 @@
 // - Tensors use FA3's layout: q (batch, seqlen_q, heads_q, head_dim), k/v (batch, seqlen_k,
 //   heads_kv, head_dim), o like q; the head_dim axis must be contiguous (stride 1).
 // - lse is fp32 (batch, heads_q, seqlen_q) with its own batch/head strides, row stride 1.
-// - Fields reserved for later features (paged KV, split-KV) are part of the
+// - Fields reserved for later features (FhBwdParams' varlen, chunk and sinks) are part of the
 //   struct now so the ABI does not change when they land; until then a non-null / non-zero value in
 //   them is rejected with FH_ERROR_UNSUPPORTED, never silently ignored.
 // - Functions return FhStatus; on error fh_last_error() returns a message naming the argument,
@@ -40,8 +40,10 @@ extern "C" {
 // FH_DTYPE_E5M2). 6: varlen (FhFwdParams::seqused_q, max_seqlen_*, workspace;
 // fh_fwd_workspace_size). 7: KV-cache fields (FhFwdParams::kv_batch_idx, leftpad_k, batch_k).
 // 8: the decode kernel (FhDecodeParams, fh_decode, fh_decode_plan). 9: FhDecodeParams without
-// the merge counters (a combine kernel merges the splits).
-#define FH_ABI_VERSION 10
+// the merge counters (a combine kernel merges the splits). 11: the decode kernel in the policy
+// (FH_BACKEND_DECODE, FhFwdParams::decode_route, fh_decode_select_backend); FhFwdParams without
+// the reserved paged / split-KV fields (the decode kernel serves both: FhDecodeParams).
+#define FH_ABI_VERSION 11
 
 // The library's own status; the message (fh_last_error) tells the cases of one status apart.
 typedef enum FhStatus {
@@ -72,6 +74,9 @@ typedef enum FhBackend {
   FH_BACKEND_AUTO = 0,  // FA-3 path on cc 9.0 when built, else FA-2 path
   FH_BACKEND_FA2 = 1,   // sm80 kernels (cp.async + mma.sync); runs on any cc >= 8.0
   FH_BACKEND_FA3 = 2,   // sm90a kernels (TMA + WGMMA, warp specialized)
+  // The decode kernel (fh_decode, FhDecodeParams): an answer of the policy, never a request
+  // (fh_fwd_select_backend for decode_route calls, fh_decode_select_backend).
+  FH_BACKEND_DECODE = 3,
 } FhBackend;
 
 // Each bit switches one FA-3 optimization off (the FA3 paper's ablation, Table 2). A variant is
@@ -181,10 +186,6 @@ typedef struct FhFwdParams {
   const int32_t* kv_batch_idx;
   const int32_t* leftpad_k;
   int64_t batch_k;
-  // --- reserved: paged KV in the FA kernels (paged caches: docs/host.md "KV-cache routes") --
-  const int32_t* page_table;
-  int64_t page_table_batch_stride;
-  int64_t page_size;
   // --- FP8 (dtype FH_DTYPE_E4M3; k/v descales also in the mixed mode; null / 0 otherwise) --
   // Descales: fp32 (batch, heads_kv) at ptr[b * batch_stride + h_kv * head_stride], the factor
   // that turns the stored e4m3 values back into the real ones (score = q_descale * k_descale *
@@ -197,27 +198,33 @@ typedef struct FhFwdParams {
   int64_t k_descale_batch_stride, k_descale_head_stride;
   int64_t v_descale_batch_stride, v_descale_head_stride;
   int32_t fp8_accumulation;  // FhFp8Accumulation; 0 = two-level
-  // --- reserved: split-KV in the FA kernels (the decode kernel splits: FhDecodeParams) ------
-  int32_t num_splits;  // 0 or 1 = no split
-  float* o_accum;
-  float* lse_accum;
 
   // --- dispatch ---------------------------------------------------------------------------
-  int32_t backend;  // FhBackend
+  int32_t backend;  // FhBackend: AUTO, FA2 or FA3
   int32_t variant;  // FhVariant: 0 = tuned kernel; other values need backend FH_BACKEND_FA3
   int32_t num_sms;  // 0 = query the device; else a cap (min with the device's SM count)
+  // 1: the caller runs the calls the decode kernel serves on it (fh_decode with k / v as a cache
+  // of one full entry per sequence, varlen's packed keys as one entry with each sequence's span;
+  // a varlen call's max_seqlen_q must then bound its sequences' queries), so that with backend
+  // FH_BACKEND_AUTO the policy answers FH_BACKEND_DECODE for them; fh_fwd refuses those
+  // (FH_ERROR_UNSUPPORTED). 0: the FA paths only.
+  int32_t decode_route;
 } FhFwdParams;
 
 // Forward attention on `stream` (a cudaStream_t; null = legacy default stream) on the current
 // device: validate, choose the backend (the policy of fh_fwd_select_backend on this device's
-// compute capability), launch.
+// compute capability), launch. A call the policy sends to the decode kernel (decode_route) is
+// refused: fh_decode runs it.
 FH_EXPORT FhStatus fh_fwd(const FhFwdParams* params, void* stream);
 
 // The backend policy alone, for a GPU of compute capability cc_major.cc_minor: touches no GPU,
 // so it answers on machines without one and for hypothetical GPUs. Validates params like fh_fwd
 // except the data pointers, which it does not read (they may be null). On success writes the
-// FhBackend fh_fwd would run into *backend_out and, when reason is not null, why (e.g. "cc 9.0
-// and fa3 kernel built for bf16 hdim 128 -> fa3"), NUL-terminated and cut to reason_len bytes.
+// FhBackend fh_fwd would run (FH_BACKEND_DECODE: the decode kernel, for a decode_route call it
+// serves, whatever FA kernels the build holds) into *backend_out and, when reason is not null, why
+// (e.g. "cc 9.0 and fa3 kernel built for bf16 hdim 128 -> fa3"), NUL-terminated and cut to
+// reason_len bytes. A question about a GPU that is not here takes the opt-in shared memory per
+// block of CUDA's tables for its capability (the decode kernel's fit).
 // When nothing can serve the request it returns FH_ERROR_UNSUPPORTED and fh_last_error() says
 // why and what to rebuild or change.
 FH_EXPORT FhStatus fh_fwd_select_backend(const FhFwdParams* params, int32_t cc_major,
@@ -364,8 +371,9 @@ FH_EXPORT int32_t fh_has_bwd_kernel(int32_t backend, int32_t dtype, int64_t head
 // keys optionally split across CTAs (split-KV: a batch of one still fills the GPU) and merged by
 // their LSEs in a combine kernel the call launches right behind the decode kernel, K / V loaded
 // row by row through the page table (cp.async: any page size, any strides, vLLM's interleaved
-// K / V views included). fp16 / bf16; head_dim 64, 128 or 256. sm_80 and up, where the kernel's
-// shared memory fits (fh_decode_stages).
+// K / V views included). The dtypes and head dims of the decode table (kernels/src/tables.cmake;
+// fh_build_info's "decode"). sm_80 and up, where the kernel's shared memory fits
+// (fh_decode_stages).
 //
 // Keys: sequence b attends keys [leftpad_k[b], seqlens_k[b]) of its cache, both clamped to the
 // cache's capacity (dense: page_size; paged: max_pages * page_size); masks (causal, windows)
@@ -378,7 +386,7 @@ FH_EXPORT int32_t fh_has_bwd_kernel(int32_t backend, int32_t dtype, int64_t head
 // pool. Nothing outside q, k, v, o, lse and the workspace is read or written.
 typedef struct FhDecodeParams {
   int32_t abi_version;  // must be FH_ABI_VERSION
-  int32_t dtype;        // FhDtype of q, k, v and o: FH_DTYPE_FP16 or FH_DTYPE_BF16
+  int32_t dtype;        // FhDtype of q, k, v and o: one of the decode table's
 
   // --- data -------------------------------------------------------------------------------
   const void* q;
@@ -441,11 +449,23 @@ FH_EXPORT FhStatus fh_decode_plan(const FhDecodeParams* params, int32_t num_sms,
 // Decode attention on `stream` on the current device. batch == 0 returns at once.
 FH_EXPORT FhStatus fh_decode(const FhDecodeParams* params, void* stream);
 
+// The policy's question for a decode call on a GPU of compute capability cc_major.cc_minor (with
+// the opt-in shared memory per block of CUDA's tables for it): touches no GPU, reads no data
+// pointer. FH_SUCCESS with FH_BACKEND_DECODE in *backend_out and, when reason is not null, why,
+// when the decode kernel serves the call there (its dtype and head dim in the decode table, at
+// most fh_build_info's decode max_rows packed rows, its stages fitting the shared memory);
+// FH_ERROR_UNSUPPORTED with fh_last_error() naming what it lacks otherwise,
+// FH_ERROR_INVALID_ARGUMENT for shapes fh_decode_plan refuses too. flash_attn_with_kvcache's route
+// asks it first.
+FH_EXPORT FhStatus fh_decode_select_backend(const FhDecodeParams* params, int32_t cc_major,
+                                            int32_t cc_minor, int32_t* backend_out, char* reason,
+                                            size_t reason_len);
+
 // The key-ring stages the decode kernel runs at head_dim on a device that allows
 // max_smem_per_block bytes of shared memory per block (its opt-in limit; 0: the current device's,
 // lowered by FH_DEBUG_SMEM_LIMIT as for every launch): the tuned count where it fits, else the
-// largest that fits; 0 where none fits or head_dim is not 64 / 128 / 256 (the decode kernel does
-// not serve that device). Pure host arithmetic for max_smem_per_block > 0.
+// largest that fits; 0 where none fits or head_dim is not one of the decode table's (the decode
+// kernel does not serve that device). Pure host arithmetic for max_smem_per_block > 0.
 FH_EXPORT int32_t fh_decode_stages(int64_t head_dim, int32_t max_smem_per_block);
 
 #ifdef __cplusplus

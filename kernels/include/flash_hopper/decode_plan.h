@@ -8,10 +8,11 @@
 // tile once for all of them. A CTA holds kRowsPerCta consecutive rows (one m16 MMA row block);
 // more rows than that take more CTAs (row blocks) over the same keys.
 //
-// Keys. Sequence b's cache holds keys [lead, seqlen) (lead = cache_leftpad, 0 without). Masks are
-// aligned bottom-right as FA3's: query token t of seqlen_q sits at key position
-// seqlen - seqlen_q + t; a causal row sees keys up to it, a window (left, right) the keys within
-// [pos - left, pos + right] (-1: unbounded).
+// Keys. Sequence b's cache holds keys [lead, seqlen) (lead = cache_leftpad, 0 without). Which of
+// them a query token sees is the mask policy's answer (mask.h, AttentionMask::keys with lead as
+// the left pad), the rule every kernel applies: bottom-right aligned as FA3's, query token t of
+// seqlen_q at key position seqlen - seqlen_q + t; a causal row sees keys up to it, a window
+// (left, right) the keys within [pos - left, pos + right] (-1: unbounded).
 //
 // Splits. A CTA's key range (the union over its rows) is cut into num_splits chunks of whole
 // key blocks; each split writes its rows' partial O and LSE, and a combine kernel launched behind
@@ -21,6 +22,7 @@
 #include <cstdint>
 
 #include "flash_hopper/host_device.h"
+#include "flash_hopper/mask.h"
 
 namespace flash_hopper {
 namespace decode {
@@ -37,52 +39,35 @@ FH_HOST_DEVICE int64_t row_blocks(int64_t seqlen_q, int64_t group) {
   return (seqlen_q * group + kRowsPerCta - 1) / kRowsPerCta;
 }
 
-struct KeyRange {
-  int lo;  // first key
-  int hi;  // one past the last key; hi <= lo: empty
-
-  FH_HOST_DEVICE bool empty() const { return hi <= lo; }
-  FH_HOST_DEVICE int size() const { return hi > lo ? hi - lo : 0; }
-};
-
 FH_HOST_DEVICE int imin(int a, int b) { return a < b ? a : b; }
 FH_HOST_DEVICE int imax(int a, int b) { return a > b ? a : b; }
 
 // A window side as the kernel takes it: < 0 unbounded; a bound of at least `reach` keys is
-// unbounded too, and keeps the int math below overflow-free for any int64 the caller passes.
+// unbounded too, so that any int64 the caller passes fits the mask's int fields.
 // reach: the cache's capacity for the left side (a row's position is below it), the query tokens
 // of a sequence for the right side (a row's position is at least seqlen - seqlen_q).
 FH_HOST_DEVICE int clamp_window(int64_t window, int64_t reach) {
   return window < 0 || window >= reach ? -1 : static_cast<int>(window);
 }
 
-// The keys query token `token` of a sequence sees: [lead, seqlen) under the window / causal mask
-// (window_left / window_right < 0: unbounded on that side; causal is window_right = 0). The
-// bounds are computed in 64 bits: position + window may pass INT32_MAX.
-FH_HOST_DEVICE KeyRange row_keys(int seqlen, int lead, int seqlen_q, int token, int window_left,
-                                 int window_right) {
-  const int64_t pos = int64_t{seqlen} - seqlen_q + token;
-  KeyRange r{lead, seqlen};
-  if (window_right >= 0 && pos + window_right + 1 < r.hi) {
-    r.hi = static_cast<int>(pos + window_right + 1);
-  }
-  if (window_left >= 0 && pos - window_left > r.lo) {
-    r.lo = static_cast<int>(pos - window_left);
-  }
-  return r;
+// A sequence's mask: its seqlen_q query tokens against the keys [0, seqlen) of its cache, the
+// first `lead` of them a left pad (mask.keys(token, lead)); windows as clamp_window gives them.
+// The kernel and the host tests build it here and nowhere else.
+FH_HOST_DEVICE AttentionMask sequence_mask(int seqlen, int seqlen_q, int window_left,
+                                           int window_right) {
+  return AttentionMask{seqlen_q, seqlen, window_left, window_right};
 }
 
 // The keys a row block sees: rows [first_row, first_row + count) hold tokens
-// first_row / group .. (first_row + count - 1) / group, and the range grows with the token.
-FH_HOST_DEVICE KeyRange block_keys(int seqlen, int lead, int seqlen_q, int group, int first_row,
-                                   int count, int window_left, int window_right) {
+// first_row / group .. (first_row + count - 1) / group, and both ends of a token's keys grow with
+// the token (mask.h), so the block's range runs from its first token's lo to its last token's hi.
+FH_HOST_DEVICE KeyRange block_keys(AttentionMask const& mask, int lead, int group, int first_row,
+                                   int count) {
   if (count <= 0) {
     return {0, 0};
   }
-  const KeyRange first = row_keys(seqlen, lead, seqlen_q, first_row / group, window_left,
-                                  window_right);
-  const KeyRange last = row_keys(seqlen, lead, seqlen_q, (first_row + count - 1) / group,
-                                 window_left, window_right);
+  const KeyRange first = mask.keys(first_row / group, lead);
+  const KeyRange last = mask.keys((first_row + count - 1) / group, lead);
   return {first.lo, last.hi};
 }
 

@@ -22,11 +22,18 @@
 // between its first row's lo and its last row's hi (key_blocks()), and a key block needs no
 // per-element mask iff it lies inside every row's interval (unmasked_blocks()).
 //
+// The decode kernel (kernels/decode/decode_kernel.h) walks keys by index, not by block: keys()
+// gives a row's interval clipped to the sequence, with a left pad (a KV cache's cache_leftpad:
+// keys before it are never visible, and the diagonal stays on the last key) and bounds compared
+// in 64 bits, so that it takes any window the API passes.
+//
 // Growth: varlen builds one mask per sequence (its own seqlen_q / seqlen_k), which is why the
 // schedule asks for the mask per tile (sm90/fwd/schedule.h). Learnable attention sinks are logits
 // added to the softmax's running max and sum, not a mask. Always-visible sink *tokens*
 // (StreamingLLM) would break the single interval: they would become a second, leading key range.
 #pragma once
+
+#include <cstdint>
 
 #include "flash_hopper/host_device.h"
 
@@ -65,6 +72,16 @@ struct ColumnRange {
   int hi;
 };
 
+// Visible keys [lo, hi) of one query row, clipped to the sequence (keys()): first <= lo and
+// hi <= seqlen_k when not empty; empty when hi <= lo.
+struct KeyRange {
+  int lo;
+  int hi;
+
+  FH_HOST_DEVICE bool empty() const { return hi <= lo; }
+  FH_HOST_DEVICE int size() const { return hi > lo ? hi - lo : 0; }
+};
+
 struct AttentionMask {
   int seqlen_q;
   int seqlen_k;
@@ -93,6 +110,39 @@ struct AttentionMask {
       const int c0 = chunk_start(row + diag());
       r.lo = max_(r.lo, c0);
       r.hi = min_(r.hi, c0 + chunk);
+    }
+    return r;
+  }
+
+  // Row `row`'s visible keys, clipped to [first, seqlen_k): keys [0, first) are a left pad. The
+  // pad leaves the diagonal on the last key, so this is columns() of the seqlen_k - first keys
+  // after the pad, shifted by first (the FA paths' frame: varlen.h drops the pad from the span,
+  // chunks included).
+  FH_HOST_DEVICE KeyRange keys(int row, int first = 0) const {
+    KeyRange r = window_keys(seqlen_k, first, seqlen_q, row, window_left, window_right);
+    if (chunk > 0) {
+      const int c0 = first + chunk_start(row + diag() - first);
+      r.lo = max_(r.lo, c0);
+      if (int64_t{c0} + chunk < r.hi) {
+        r.hi = c0 + chunk;
+      }
+    }
+    return r;
+  }
+
+  // keys() without the chunk term. The bounds are compared in 64 bits: a window the caller did
+  // not clamp may put row + diag() + window_right + 1 past INT32_MAX. From scalars, which keys()
+  // passes its fields as: a kernel that builds its mask where it uses it (the decode kernel) then
+  // keeps its window's loads at that use, where its schedule wants them.
+  static FH_HOST_DEVICE KeyRange window_keys(int seqlen_k, int first, int seqlen_q, int row,
+                                             int window_left, int window_right) {
+    const int64_t diagonal = int64_t{seqlen_k} - seqlen_q + row;
+    KeyRange r{first, seqlen_k};
+    if (window_right >= 0 && diagonal + window_right + 1 < r.hi) {
+      r.hi = static_cast<int>(diagonal + window_right + 1);
+    }
+    if (window_left >= 0 && diagonal - window_left > r.lo) {
+      r.lo = static_cast<int>(diagonal - window_left);
     }
     return r;
   }

@@ -11,6 +11,7 @@
 #include <cutlass/numeric_conversion.h>
 
 #include "flash_hopper/mask.h"
+#include "flash_hopper/score_math.h"  // fast_tanh
 
 namespace flash_hopper {
 
@@ -22,12 +23,6 @@ CUTE_DEVICE float quad_allreduce(float x, Op op) {
   x = op(x, __shfl_xor_sync(0xffffffff, x, 2));
   x = op(x, __shfl_xor_sync(0xffffffff, x, 1));
   return x;
-}
-
-CUTE_DEVICE float fast_tanh(float x) {
-  float y;
-  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
 }
 
 // dst = convert(src), element-wise with packed conversions (cvt.rn.bf16x2.f32).

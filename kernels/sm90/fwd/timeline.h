@@ -1,16 +1,13 @@
-// Event timeline of the FA-3 forward, for libraries built with FH_TIMELINE=ON (CMake; it defines
-// FH_TIMELINE). Other builds compile every mark to nothing. It shows where each warpgroup's step
-// spends its cycles (waits on the tensor cores, softmax, ping-pong turns, pipeline barriers), which
-// the profiler's per-instruction stall counts do not order in time.
-//
-// The first kTimelineCtas CTAs record, lane 0 of each warp: slot 0 of the warp's kTimelineSlots
-// holds the number of events, slots 1.. the events as (clock64() << 8) | event id. clock64 is the
-// SM's cycle counter, so the events of one CTA share one clock. The buffer (FwdParams::timeline,
-// set with fh_debug_set_timeline) is read by bench/timeline.py, which knows these ids.
+// Event timeline of the FA-3 forward, for libraries built with FH_TIMELINE=ON: its event ids and
+// its recorder, the shared per-warp one (flash_hopper/timeline.h holds the buffer layout). It
+// shows where each warpgroup's step spends its cycles (waits on the tensor cores, softmax,
+// ping-pong turns, pipeline barriers), which the profiler's per-instruction stall counts do not
+// order in time. bench/timeline.py reads the buffer and knows these ids.
 #pragma once
 
-#include <cute/config.hpp>
 #include <cstdint>
+
+#include "flash_hopper/timeline.h"
 
 namespace flash_hopper::sm90 {
 
@@ -36,31 +33,6 @@ enum class Ev : uint32_t {
   kTrDone = 22,    // V^T written and published
 };
 
-inline constexpr int kTimelineCtas = 2;
-inline constexpr int kTimelineWarps = 16;     // the largest CTA: 4 warpgroups
-inline constexpr int kTimelineSlots = 8192;   // per warp, slot 0 the count
-inline constexpr long long kTimelineBytes =
-    8LL * kTimelineCtas * kTimelineWarps * kTimelineSlots;
-
-struct Timeline {
-#ifdef FH_TIMELINE
-  unsigned long long* slots = nullptr;  // this warp's, or null (not recording)
-  int count = 0;
-  CUTE_DEVICE explicit Timeline(unsigned long long* buffer) {
-    if (buffer != nullptr && blockIdx.x < kTimelineCtas && threadIdx.x % 32 == 0) {
-      slots = buffer + (int64_t(blockIdx.x) * kTimelineWarps + threadIdx.x / 32) * kTimelineSlots;
-    }
-  }
-  CUTE_DEVICE void mark(Ev e) {
-    if (slots != nullptr && count < kTimelineSlots - 1) {
-      slots[1 + count] = (static_cast<unsigned long long>(clock64()) << 8) | uint32_t(e);
-      slots[0] = ++count;
-    }
-  }
-#else
-  CUTE_DEVICE explicit Timeline(unsigned long long*) {}
-  CUTE_DEVICE void mark(Ev) {}
-#endif
-};
+using Timeline = WarpTimeline<Ev>;
 
 }  // namespace flash_hopper::sm90

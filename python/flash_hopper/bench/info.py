@@ -3,7 +3,8 @@
 Works without a GPU and without the kernel library: each part says what it could not find and
 why, and the command still exits 0 (it is the first thing to run when something does not work).
 The path and its reason come from the library's own policy (kernels/src/policy.cu), asked for this GPU
-(which_backend) or for a hypothetical one (dispatch.hypothetical: no GPU needed).
+(which_backend) or for a hypothetical one (dispatch.hypothetical: no GPU needed): the kernel family
+flash_attn_func runs, "decode" for the decode kernel (its 128 query rows are short queries).
 """
 
 from __future__ import annotations
@@ -110,6 +111,11 @@ def render(report: dict[str, object]) -> str:
                          f"{lib.get('link', '?')}")
         for path_dtype, head_dims in _kernels_by_path(lib).items():
             lines.append(f"            {path_dtype}: head dims {_join(head_dims)}")
+        decode = lib.get("decode")  # the decode kernel's table (every build has it; ABI 11)
+        if decode:
+            lines.append(f"            decode {_join(decode.get('dtypes'))}: head dims "
+                         f"{_join(decode.get('head_dims'))} (at most {decode.get('max_rows')} "
+                         f"packed rows)")
         for key in ("fa3_variants", "backward"):
             if key in lib:
                 value = lib[key]
