@@ -29,8 +29,10 @@ per thread here):
     GEMM's wait is the first DEPBAR after the PV group with at least k groups issued after it.
   * The V transposer (FP8): the innermost loop holding LDSM (transposing), STSM and an mbarrier
     operation (SYNCS) is the per-V-tile loop, counted on its shortest path (a warp that only
-    transposes); a loop inside it (ours: one unit of 32 keys x 16 columns per trip) is reported
-    per trip as well.
+    transposes); a loop inside it (a unit of 32 keys x 16 columns per trip) is reported per trip
+    as well. Where each transposer warp runs a copy of its own (ours: straight-line code with
+    each warp's units fixed at compile time), every copy's per-V-tile loop is counted too
+    (`per_copy`, by address), and their sum is the transposer's per V tile.
 
 Static counts only: no latencies, no stalls, no bank conflicts, no trip counts of loops the
 compiler did not unroll, and a path is not a profile (bench/PERFLOG.md holds the measurements).
@@ -480,11 +482,23 @@ def transpose_loop(cfg: Cfg, block_n: int) -> dict | None:
         return None
     _, head, body = min(tile, key=lambda t: (t[0], t[1]))
     wanted = {"ldsm": _is_ldsm_t, "stsm": lambda i: i.base == "STSM"}
-    # The shortest path: a warp that only transposes (FA3's warp 0 also issues the K / V TMA
-    # loads from this loop, behind a branch the other warps skip).
-    path = best_path(cfg, body, head, wanted, longest=False)
+
+    def per_tile(h: int, b: set[int]) -> dict:
+        # The shortest path: a warp that only transposes (FA3's warp 0 also issues the K / V TMA
+        # loads from this loop, behind a branch the other warps skip).
+        path = best_path(cfg, b, h, wanted, longest=False)
+        return count_ops([i for blk in path for i in cfg.block_instrs(blk)], block_n)
+
     out = {"header": hex(cfg.instrs[cfg.blocks[head].start].addr),
-           "per_tile_path": count_ops([i for b in path for i in cfg.block_instrs(b)], block_n)}
+           "per_tile_path": per_tile(head, body)}
+    # One per-V-tile loop per copy of the code: the candidates holding no other candidate.
+    copies = sorted((h, b) for _, h, b in tile if not any(b2 < b for _, _, b2 in tile))
+    if len(copies) > 1:
+        out["per_copy"] = [{"header": hex(cfg.instrs[cfg.blocks[h].start].addr),
+                            "per_tile_path": per_tile(h, b)} for h, b in copies]
+        out["per_tile_all_copies"] = dict(sum(
+            (Counter({k: v for k, v in c["per_tile_path"].items() if isinstance(v, int)})
+             for c in out["per_copy"]), Counter()))
     inner = [(len(b2), h2, b2) for h2, b2 in loops.items()
              if h2 != head and b2 < body and has(b2, _is_ldsm_t)]
     if inner:
@@ -620,7 +634,12 @@ def _transpose_table(case: str, labels: list[str], results: dict[str, dict]) -> 
     cols = []
     for lb in labels:
         t = results[lb].get("transpose_loop")
-        if t:
+        if t and "per_copy" in t:
+            side = lb.partition(':')[0]
+            cols += [(f"{side}: copy {k} per-tile path", c["per_tile_path"])
+                     for k, c in enumerate(t["per_copy"])]
+            cols.append((f"{side}: all copies per tile", t["per_tile_all_copies"]))
+        elif t:
             cols.append((f"{lb.partition(':')[0]}: per-tile path", t["per_tile_path"]))
             if "unit_loop" in t:
                 cols.append((f"{lb.partition(':')[0]}: unit loop, per trip",

@@ -19,7 +19,9 @@ kernels use:
   reduce-adds, red.global, the deterministic semaphores with no deadlock, each part once, rank
   order and bitwise-equal sums), and a negative control per property;
 - test_fp8_layout.cpp: the FP8 forward's in-place P packing against PTX's fragment layouts and
-  the V^T key order, the transposer's coverage and shared-memory banks;
+  the V^T key order, the transposer's addresses (against a plain model of the layouts; also
+  against the kernel's own CuTe layouts where CUTLASS and the CUDA headers are found), its
+  coverage and shared-memory banks;
 - test_varlen_span.cpp: a varlen sequence's spans (varlen.h): FA3's offsets rules, the KV-cache
   entry index and left padding, the clamps that keep unvalidated offsets inside the tensors;
 - test_decode_plan.cpp: the decode kernel's plan (decode_plan.h): each row's keys against a
@@ -27,6 +29,7 @@ kernels use:
   split heuristic's one-wave bound, the workspace layout.
 """
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -37,16 +40,33 @@ ROOT = Path(__file__).resolve().parents[1]
 INCLUDES = [f"-I{ROOT / 'kernels'}", f"-I{ROOT / 'kernels' / 'include'}"]
 
 
-def _compile_and_run(tmp_path: Path, name: str, *args: str) -> None:
+def _compile_and_run(tmp_path: Path, name: str, *args: str, includes: tuple = ()) -> str:
     cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
     if cxx is None:
         pytest.skip("no C++ compiler on PATH")
     exe = tmp_path / name
-    subprocess.run([cxx, "-std=c++17", "-O1", "-Wall", "-Werror", *INCLUDES, "-o", str(exe),
-                    str(ROOT / "tests" / "cpp" / f"{name}.cpp")], check=True)
+    subprocess.run([cxx, "-std=c++17", "-O1", "-Wall", "-Werror", *INCLUDES, *includes, "-o",
+                    str(exe), str(ROOT / "tests" / "cpp" / f"{name}.cpp")], check=True)
     result = subprocess.run([str(exe), *args], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip().endswith("OK")
+    return result.stdout
+
+
+def _cute_includes() -> tuple:
+    """CUTLASS's headers (the cutlass_library wheel's, as the CMake build takes them) and the
+    CUDA toolkit's, as system headers (their warnings are not the test's); () where either is
+    missing."""
+    try:
+        import cutlass_library
+    except ImportError:
+        return ()
+    cutlass = Path(cutlass_library.__file__).parent / "source" / "include"
+    cuda = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"
+    if not (cutlass / "cute" / "tensor.hpp").exists() or not (cuda / "cuda_runtime_api.h").exists():
+        return ()
+    dirs = [cutlass, cuda] + ([cuda / "cccl"] if (cuda / "cccl").is_dir() else [])
+    return tuple(f"-isystem{d}" for d in dirs)
 
 
 def test_tile_scheduler_host(tmp_path):
@@ -65,6 +85,16 @@ def test_bwd_schedule_host(tmp_path):
 
 def test_fp8_layout_host(tmp_path):
     _compile_and_run(tmp_path, "test_fp8_layout")
+
+
+def test_fp8_layout_cute_host(tmp_path):
+    # The transposer's addresses against the kernel's own CuTe layouts (fwd/kernel_traits.h), every
+    # FP8 head dim: needs CUTLASS and the CUDA headers, which the CPU-only CI machine may lack.
+    includes = _cute_includes()
+    if not includes:
+        pytest.skip("CUTLASS (cutlass_library) or the CUDA headers not found")
+    out = _compile_and_run(tmp_path, "test_fp8_layout", includes=includes)
+    assert "against the kernel's CuTe layouts" in out
 
 
 def test_varlen_span_host(tmp_path):

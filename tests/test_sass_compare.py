@@ -114,6 +114,45 @@ TRANSPOSER = [
 ]
 
 
+# Straight-line transposer warps, each with a copy of its own (warp 0: two units, warp 1: one),
+# picked once by the warp index; per V tile each copy waits, transposes and releases.
+TRANSPOSER_COPIES = [
+    "ISETP.NE.AND P3, PT, R0, RZ, PT",
+    "@P3 BRA =>TILE1",
+    "TILE0:",
+    "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4+0x40], R2",
+    "LDSM.16.MT88.4 R12, [R8]",
+    "LOP3.LUT R10, R8, 0x10, RZ, 0x3c, !PT",
+    "LDSM.16.MT88.4 R4, [R10]",
+    "PRMT R16, R12, R2, R13",
+    "PRMT R17, R12, R3, R13",
+    "PRMT R18, R14, R2, R15",
+    "PRMT R19, R14, R3, R15",
+    "STSM.16.M88.4 [R9], R16",
+    "PRMT R16, R4, R2, R5",
+    "PRMT R17, R4, R3, R5",
+    "PRMT R18, R6, R2, R7",
+    "PRMT R19, R6, R3, R7",
+    "STSM.16.M88.4 [R9+0x800], R16",
+    "SYNCS.ARRIVE.TRANS64.A1T0 RZ, [UR4+0x48], RZ",
+    "ISETP.GT.AND P2, PT, R11, RZ, PT",
+    "@P2 BRA =>TILE0",
+    "EXIT",
+    "TILE1:",
+    "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4+0x40], R2",
+    "LDSM.16.MT88.4 R12, [R8+0x1000]",
+    "PRMT R16, R12, R2, R13",
+    "PRMT R17, R12, R3, R13",
+    "PRMT R18, R14, R2, R15",
+    "PRMT R19, R14, R3, R15",
+    "STSM.16.M88.4 [R9+0x1000], R16",
+    "SYNCS.ARRIVE.TRANS64.A1T0 RZ, [UR4+0x48], RZ",
+    "ISETP.GT.AND P2, PT, R11, RZ, PT",
+    "@P2 BRA =>TILE1",
+    "EXIT",
+]
+
+
 def _loop_text(labels: bool = False) -> str:
     text = assemble("_Z4fakev", LOOP)
     if not labels:
@@ -257,6 +296,22 @@ def test_transposer_tile_and_unit_loops():
     assert (unit["LDSM.T"], unit["PRMT data"], unit["STSM"], unit["total"]) == (1, 4, 1, 9)
     tile = t["per_tile_path"]  # the unit loop once, plus the wait and the release
     assert tile["total"] == 14 and tile["SYNCS wait"] == 1 and tile["SYNCS arrive"] == 1
+
+
+def test_transposer_copies_per_warp():
+    cfg = sc.Cfg(sc.parse_sass(assemble("_Z2trv", TRANSPOSER_COPIES))["_Z2trv"])
+    t = sc.transpose_loop(cfg, BLOCK_N)
+    assert "unit_loop" not in t
+    copies = [c["per_tile_path"] for c in t["per_copy"]]
+    assert [(c["LDSM.T"], c["PRMT data"], c["STSM"], c["total"]) for c in copies] == [
+        (2, 8, 2, 17), (1, 4, 1, 10)]
+    assert t["per_tile_path"] == copies[0]  # the smallest loop, then the first: as before
+    total = t["per_tile_all_copies"]
+    assert (total["LDSM.T"], total["STSM"], total["SYNCS arrive"], total["total"]) == (3, 3, 2, 27)
+    table = "\n".join(sc._transpose_table("e4m3-d128", ["ours:e4m3-d128"],
+                                           {"ours:e4m3-d128": {"transpose_loop": t}}))
+    assert "ours: copy 1 per-tile path" in table and "ours: all copies per tile" in table
+    assert "| total | 17 | 10 | 27 |" in table
 
 
 def test_markdown_pairs_the_sides_of_a_case():

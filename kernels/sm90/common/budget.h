@@ -20,9 +20,10 @@ struct RegisterBudget {
   static constexpr int kThreads = 128 * (1 + kConsumerWgs);
   static constexpr int kLaunch = kRegistersPerSm / kThreads / 8 * 8;
   // 2 WGs: 24 / 240 (168 at launch); 3 WGs: 32 / 160 (128 at launch). The producer needs only
-  // addressing and loop state (FP8's transposer warps too: one ldmatrix / stmatrix unit at a
-  // time, fwd/transpose.h); the consumers hold O, S and P (FP8 d256 needs all 240: O 128 + its
-  // two-level accumulator's part 64 + P 16 and the WGMMA descriptors; 232 spilled).
+  // addressing and loop state (FP8's transposer warps too: two ldmatrix units in flight at most,
+  // one in the 24-register varlen kernels, fwd/transpose.h); the consumers hold O, S and P (FP8
+  // d256 needs all 240: O 128 + its two-level accumulator's part 64 + P 16 and the WGMMA
+  // descriptors; 232 spilled).
   // kWideProducer (the mixed mode's converter warps, fwd/convert.h: several 16-byte loads in
   // flight): 40 / 232 with 2 WGs.
   static_assert(!kWideProducer || kConsumerWgs == 2, "a wide producer leaves 2 WGs 232 each");
