@@ -17,7 +17,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -204,10 +203,7 @@ LaunchResult launch(DecodeParams const& d, int max_smem_per_block, bool programm
       return LaunchResult::no_tile_fits(kSmem);
     }
     auto kernel = decode::decode_kernel<Element, kHeadDim, kStages>;
-    static std::atomic<uint64_t> configured{0};
-    cudaError_t err = once_per_device(configured, [&] {
-      return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    });
+    cudaError_t err = opt_in_dynamic_smem<decode::decode_kernel<Element, kHeadDim, kStages>>(kSmem);
     if (err != cudaSuccess) {
       return LaunchResult::cuda(err);
     }
