@@ -6,11 +6,11 @@ kernel's tuning, docs/decode.md).
 
 A variant is NAME[:sN][:stM]: NAME "dense" (a dense cache) or "paged" / "pagedP" (a pool of P-key
 pages, default 16, shuffled, read through a page table); sN passes num_splits=N (default 0: the
-library's choice); stM sets FH_DECODE_STAGES=M for the call (the kernel reads it per call). Every
-point runs each variant and cuDNN (SDPA, dense cache) as CUDA-graph replays (bench/decode's
-timer), interleaved over --reps repeats, and reports the median. GQA 32 / 8, d128, bf16, one query
-token unless --heads / -d / --seqlen-q say otherwise. parse_variant() is plain Python
-(tests/test_bench_decode.py).
+library's choice); stM sets FLASH_HOPPER_DECODE_STAGES=M for the call (the kernel reads it per
+call). Every point runs each variant and cuDNN (SDPA, dense cache) as CUDA-graph replays
+(bench/decode's timer), interleaved over --reps repeats, and reports the median. GQA 32 / 8, d128,
+bf16, one query token unless --heads / -d / --seqlen-q say otherwise. parse_variant() is plain
+Python (tests/test_bench_decode.py).
 """
 
 from __future__ import annotations
@@ -107,11 +107,11 @@ def main() -> None:
         for _ in range(args.reps):
             for x in variants:
                 if x.stages is None:
-                    os.environ.pop("FH_DECODE_STAGES", None)
+                    os.environ.pop("FLASH_HOPPER_DECODE_STAGES", None)
                 else:
-                    os.environ["FH_DECODE_STAGES"] = str(x.stages)
+                    os.environ["FLASH_HOPPER_DECODE_STAGES"] = str(x.stages)
                 times[x.label].append(graph_time_us(make(x))[0])
-            os.environ.pop("FH_DECODE_STAGES", None)
+            os.environ.pop("FLASH_HOPPER_DECODE_STAGES", None)
             if sq == 1:  # SDPA's causal mask is top-left aligned: one query token only
                 times["cudnn"].append(graph_time_us(cudnn)[0])
         out = []

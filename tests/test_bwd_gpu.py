@@ -348,7 +348,8 @@ def test_bwd_into_nan_poisoned(lib, seed, num_sms, deterministic, causal, window
 # The FA-2 backward's tiles take 129-176 KB of shared memory (sm80 / sm90 class GPUs); d256's
 # two-Q-buffer tile (176 KB) has a one-buffer fallback (144 KB) for the A100's 164 KB, and below
 # what a bucket needs the call fails with a clear "shared memory" error before any launch.
-# FH_DEBUG_SMEM_LIMIT lowers the limit the library sees (read per call), so all three run here.
+# FLASH_HOPPER_DEBUG_SMEM_LIMIT lowers the limit the library sees (read per call), so all three
+# run here.
 def test_shared_memory_fallback_and_limit(lib, seed, monkeypatch):
     b, sq, sk, hq, hkv, _ = CENTRAL
     require_bwd(lib, torch.bfloat16, 256)
@@ -363,9 +364,11 @@ def test_shared_memory_fallback_and_limit(lib, seed, monkeypatch):
                      cfg.window_right, cfg.softcap, backend="fa2")
         return grads
 
-    monkeypatch.setenv("FH_DEBUG_SMEM_LIMIT", str(164 * 1024))  # A100: the fallback tile
+    # A100: the fallback tile
+    monkeypatch.setenv("FLASH_HOPPER_DEBUG_SMEM_LIMIT", str(164 * 1024))
     assert_grads_match(backward(), q, k, v, dout, causal=True)
-    monkeypatch.setenv("FH_DEBUG_SMEM_LIMIT", str(99 * 1024))  # sm86 / sm89: no tile fits
+    # sm86 / sm89: no tile fits
+    monkeypatch.setenv("FLASH_HOPPER_DEBUG_SMEM_LIMIT", str(99 * 1024))
     with pytest.raises(NotImplementedError, match="shared memory"):
         backward()
 

@@ -514,12 +514,12 @@ def test_huge_windows_are_unbounded_not_wrapped(window, causal):
     (163 * 1024, 256, True), (163 * 1024, 128, True)])  # A100
 def test_smaller_shared_memory_runs_fewer_stages_or_routes_away(monkeypatch, lib, limit,
                                                                 head_dim, decode):
-    """FH_DEBUG_SMEM_LIMIT shows the library a smaller GPU's shared memory: the decode kernel runs
-    with the stages that fit, or (d256 on 99 KiB) the route leaves it before the cache is
-    written, for the varlen kernels (on those GPUs FA-2's, whose tiles fit 99 KiB: run here with
-    backend="fa2", as this H100 / H200 would otherwise pick FA-3); either way the new keys are
-    appended once and the result is right."""
-    monkeypatch.setenv("FH_DEBUG_SMEM_LIMIT", str(limit))
+    """FLASH_HOPPER_DEBUG_SMEM_LIMIT shows the library a smaller GPU's shared memory: the decode
+    kernel runs with the stages that fit, or (d256 on 99 KiB) the route leaves it before the
+    cache is written, for the varlen kernels (on those GPUs FA-2's, whose tiles fit 99 KiB: run
+    here with backend="fa2", as this H100 / H200 would otherwise pick FA-3); either way the new
+    keys are appended once and the result is right."""
+    monkeypatch.setenv("FLASH_HOPPER_DEBUG_SMEM_LIMIT", str(limit))
     g = torch.Generator(device="cuda").manual_seed(head_dim)
     q = torch.randn(2, 2, 16, head_dim, device="cuda", generator=g).bfloat16()
     kc, vc = dense_cache(2, 400, 4, head_dim, [300, 41], torch.bfloat16, g)

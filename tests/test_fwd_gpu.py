@@ -176,17 +176,18 @@ def test_head_dims(lib, backend, seed, head_dim, causal, dtype):
 
 
 # Every FA-2 tile config fits 99 KB of opt-in shared memory (sm86/sm89); a device with less gets a
-# clear "unsupported" error, not a failed launch. FH_DEBUG_SMEM_LIMIT lowers the limit the library
-# sees, so both sides of that line run here.
+# clear "unsupported" error, not a failed launch. FLASH_HOPPER_DEBUG_SMEM_LIMIT lowers the limit
+# the library sees, so both sides of that line run here.
 def test_shared_memory_limit_is_checked_before_launch(lib, seed, monkeypatch):
     if _backend_runs_here(lib, "fa2"):
         pytest.skip(_backend_runs_here(lib, "fa2"))
     require_kernel(lib, "fa2", torch.bfloat16, 256)
     q, k, v = make_qkv(2, 113, 203, 4, 2, 256, torch.bfloat16)
-    monkeypatch.setenv("FH_DEBUG_SMEM_LIMIT", str(99 * 1024))
+    monkeypatch.setenv("FLASH_HOPPER_DEBUG_SMEM_LIMIT", str(99 * 1024))
     out, lse = run(q, k, v, "fa2")
     assert_matches_reference(out, lse, q, k, v)
-    monkeypatch.setenv("FH_DEBUG_SMEM_LIMIT", str(64 * 1024))  # below d-256's 96 KB tile
+    # below d-256's 96 KB tile
+    monkeypatch.setenv("FLASH_HOPPER_DEBUG_SMEM_LIMIT", str(64 * 1024))
     with pytest.raises(NotImplementedError, match="shared memory"):
         run(q, k, v, "fa2")
 

@@ -107,11 +107,11 @@ def test_the_policy_sees_the_strides_the_kernel_gets(lib):
 
 def test_debug_smem_limit_lowers_what_the_route_sees(monkeypatch, lib):
     assert decode_served(lib, (9, 0), 256)
-    monkeypatch.setenv("FH_DEBUG_SMEM_LIMIT", "101376")
+    monkeypatch.setenv("FLASH_HOPPER_DEBUG_SMEM_LIMIT", "101376")
     assert not decode_served(lib, (9, 0), 256) and decode_served(lib, (9, 0), 128)
     with pytest.raises(NotImplementedError, match="does not fit the 101376 bytes of shared"):
         lib.policy(params(head_dim=256), (9, 0))
-    monkeypatch.setenv("FH_DEBUG_SMEM_LIMIT", str(10**9))  # only ever lowers the limit
+    monkeypatch.setenv("FLASH_HOPPER_DEBUG_SMEM_LIMIT", str(10**9))  # only ever lowers the limit
     assert decode_served(lib, (9, 0), 256)
 
 

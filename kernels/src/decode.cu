@@ -13,7 +13,7 @@
 // 70 KiB, d256: 138 KiB); where not even those fit (d256 on 99 KiB), the kernel does not serve
 // the device (fh_decode_stages answers 0 and the library's policy sends the call elsewhere, before
 // the caller touches any cache). Every stage count of the table that fits 227 KiB is compiled, so
-// that FH_DECODE_STAGES can measure the others without a rebuild.
+// that FLASH_HOPPER_DECODE_STAGES can measure the others without a rebuild.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -33,9 +33,9 @@ namespace {
 using decode::DecodeConfig;
 using decode::DecodeParams;
 
-// The tuned stage count per head dim; FH_DECODE_STAGES (a count of the table, read per call)
-// overrides it for measurements (bench/PERFLOG.md). Either gives way to fewer stages where it
-// does not fit.
+// The tuned stage count per head dim; FLASH_HOPPER_DECODE_STAGES (a count of the table, read per
+// call) overrides it for measurements (bench/PERFLOG.md). Either gives way to fewer stages where
+// it does not fit.
 constexpr int kMinStages = FH_DECODE_MIN_STAGES;
 constexpr int kMaxSmemPerBlock = 227 * 1024;
 
@@ -106,7 +106,7 @@ int decode_stages(int64_t head_dim, int max_smem_per_block) {
   }
   const int limit = max_smem_per_block < kMaxSmemPerBlock ? max_smem_per_block : kMaxSmemPerBlock;
   int want = tuned;
-  if (const char* env = std::getenv("FH_DECODE_STAGES")) {
+  if (const char* env = std::getenv("FLASH_HOPPER_DECODE_STAGES")) {
     const int v = std::atoi(env);
     if (smem_of(head_dim, v) > 0) {
       want = v;
@@ -123,12 +123,12 @@ int decode_stages(int64_t head_dim, int max_smem_per_block) {
 
 namespace {
 
-// Programmatic dependent launch on sm_90 (FH_DECODE_PDL=0 turns it off, for measurements): each
-// kernel starts while the one before it in the stream finishes and waits for it in
-// griddepcontrol.wait: a short call's launch gap hides behind the kernel before it
+// Programmatic dependent launch on sm_90 (FLASH_HOPPER_DECODE_PDL=0 turns it off, for
+// measurements): each kernel starts while the one before it in the stream finishes and waits for
+// it in griddepcontrol.wait: a short call's launch gap hides behind the kernel before it
 // (bench/PERFLOG.md "the split merge as a kernel of its own").
 bool programmatic_launch(int cc_major) {
-  const char* env = std::getenv("FH_DECODE_PDL");
+  const char* env = std::getenv("FLASH_HOPPER_DECODE_PDL");
   return cc_major >= 9 && !(env != nullptr && std::strcmp(env, "0") == 0);
 }
 

@@ -11,8 +11,8 @@
 namespace flash_hopper {
 
 // The key-ring stages of the decode kernel at head_dim under a shared-memory limit per block
-// (api.h: fh_decode_stages): the tuned count (or FH_DECODE_STAGES) where it fits, else the largest
-// that fits, 0 where none does.
+// (api.h: fh_decode_stages): the tuned count (or FLASH_HOPPER_DECODE_STAGES) where it fits, else
+// the largest that fits, 0 where none does.
 int decode_stages(int64_t head_dim, int max_smem_per_block);
 
 // CTAs of that kernel one SM holds (shared memory bound; 228 KiB per SM, 1 KiB reserved per CTA).

@@ -63,7 +63,7 @@ FhStatus query_device(DeviceInfo* info) {
 
 int smem_limit(const DeviceInfo& dev) {
   int limit = dev.max_smem_optin;
-  if (const char* env = std::getenv("FH_DEBUG_SMEM_LIMIT")) {
+  if (const char* env = std::getenv("FLASH_HOPPER_DEBUG_SMEM_LIMIT")) {
     const int v = std::atoi(env);
     if (v > 0 && v < limit) {
       limit = v;

@@ -16,9 +16,10 @@ struct DeviceInfo {
 // The current device's facts; FH_ERROR_CUDA (fail_cuda) where CUDA cannot tell.
 FhStatus query_device(DeviceInfo* info);
 
-// The shared-memory limit tile selection sees: the device's opt-in limit, or FH_DEBUG_SMEM_LIMIT
-// (bytes) when lower, so a large GPU can run and test the configs meant for smaller ones (e.g.
-// 101376 = sm86/sm89's opt-in). Read per call: tests change it between calls.
+// The shared-memory limit tile selection sees: the device's opt-in limit, or
+// FLASH_HOPPER_DEBUG_SMEM_LIMIT (bytes) when lower, so a large GPU can run and test the configs
+// meant for smaller ones (e.g. 101376 = sm86/sm89's opt-in). Read per call: tests change it
+// between calls.
 int smem_limit(const DeviceInfo& dev);
 
 // The opt-in shared memory per block of a GPU of compute capability cc_major.cc_minor (CUDA's

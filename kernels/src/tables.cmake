@@ -73,8 +73,8 @@ set(FH_DECODE_TABLE
   "128|3"
   "256|3")
 # The stage counts compiled per head dim: a device with less shared memory per block runs the
-# largest one that fits, and FH_DECODE_STAGES measures the others without a rebuild. Ascending;
-# the first is the fewest a device must hold for the kernel to serve it.
+# largest one that fits, and FLASH_HOPPER_DECODE_STAGES measures the others without a rebuild.
+# Ascending; the first is the fewest a device must hold for the kernel to serve it.
 set(FH_DECODE_STAGE_COUNTS 2 3 4 5)
 # Its inputs (FH_DTYPE_TABLE names; q, K and V alike), and the packed rows (query tokens x query
 # heads per KV head) of the calls the library's policy sends to it (kernels/src/policy.cu): each

@@ -59,8 +59,8 @@ def everywhere() -> bool:
 
 def route_key() -> tuple[str, int]:
     """What the decode route's answer depends on besides a call's shapes, read per call as the
-    library reads it: FLASH_HOPPER_DECODE and FH_DEBUG_SMEM_LIMIT (the policy's view of the GPU's
-    shared memory). The plan caches that hold an answer key it with the call."""
+    library reads it: FLASH_HOPPER_DECODE and FLASH_HOPPER_DEBUG_SMEM_LIMIT (the policy's view of
+    the GPU's shared memory). The plan caches that hold an answer key it with the call."""
     return _env.decode_mode(), _env.debug_smem_limit()
 
 

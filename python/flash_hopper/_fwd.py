@@ -240,8 +240,8 @@ def plan_eager(q: Any, k: Any, v: Any, softmax_scale: Any, causal: Any, window_s
                softcap: Any, backend: Any, sm_margin: int = 0) -> Plan:
     """The plan of flash_attn_func's arguments: cached, or validated and made (then cached).
     ``sm_margin``: FA3's, validated by the caller (_device.grid_cap). What the decode route
-    depends on (FLASH_HOPPER_DECODE, FH_DEBUG_SMEM_LIMIT: _decode.route_key) is part of the call
-    signature."""
+    depends on (FLASH_HOPPER_DECODE, FLASH_HOPPER_DEBUG_SMEM_LIMIT: _decode.route_key) is part of
+    the call signature."""
     key = _eager_key(q, k, v, softmax_scale, causal, window_size, softcap, backend)
     if key is not None:
         key = (key, sm_margin, _decode.route_key())

@@ -463,9 +463,9 @@ FH_EXPORT FhStatus fh_decode_select_backend(const FhDecodeParams* params, int32_
 
 // The key-ring stages the decode kernel runs at head_dim on a device that allows
 // max_smem_per_block bytes of shared memory per block (its opt-in limit; 0: the current device's,
-// lowered by FH_DEBUG_SMEM_LIMIT as for every launch): the tuned count where it fits, else the
-// largest that fits; 0 where none fits or head_dim is not one of the decode table's (the decode
-// kernel does not serve that device). Pure host arithmetic for max_smem_per_block > 0.
+// lowered by FLASH_HOPPER_DEBUG_SMEM_LIMIT as for every launch): the tuned count where it fits,
+// else the largest that fits; 0 where none fits or head_dim is not one of the decode table's (the
+// decode kernel does not serve that device). Pure host arithmetic for max_smem_per_block > 0.
 FH_EXPORT int32_t fh_decode_stages(int64_t head_dim, int32_t max_smem_per_block);
 
 #ifdef __cplusplus

@@ -20,11 +20,11 @@
 
 namespace flash_hopper::sm90 {
 
-// FH_FA3_MULTICAST=0 in the environment keeps unmasked calls on the default tile (A / B
-// measurements); read once.
+// FLASH_HOPPER_FA3_MULTICAST=0 in the environment keeps unmasked calls on the default tile in a
+// build with the multicast kernels (A / B measurements); read once.
 inline bool multicast_enabled() {
   static const bool enabled = [] {
-    const char* v = std::getenv("FH_FA3_MULTICAST");
+    const char* v = std::getenv("FLASH_HOPPER_FA3_MULTICAST");
     return v == nullptr || std::strcmp(v, "0") != 0;
   }();
   return enabled;
