@@ -87,6 +87,14 @@ def test_fp8_layout_host(tmp_path):
     _compile_and_run(tmp_path, "test_fp8_layout")
 
 
+def test_fp8_sequential_tables_host(tmp_path):
+    # The tile table of FH_FP8_SEQUENTIAL=ON builds (FP8 d64 / d128 sequential, wider): the
+    # schedule simulation and the transposer's plan over its shapes.
+    define = ("-DFH_FP8_SEQUENTIAL=1",)
+    _compile_and_run(tmp_path, "test_fwd_schedule", "50", includes=define)
+    _compile_and_run(tmp_path, "test_fp8_layout", includes=define)
+
+
 def test_fp8_layout_cute_host(tmp_path):
     # The transposer's addresses against the kernel's own CuTe layouts (fwd/kernel_traits.h), every
     # FP8 head dim: needs CUTLASS and the CUDA headers, which the CPU-only CI machine may lack.

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "flash_hopper/varlen.h"
+#include "sm90/fwd/tile_config.h"
 #include "src/validate.h"
 
 namespace flash_hopper {
@@ -58,6 +59,12 @@ FhStatus validate_fp8(const FhFwdParams* p, bool fp8, bool mixed, bool check_dat
   FH_CHECK(p->fp8_accumulation == FH_FP8_ACCUM_TWO_LEVEL || p->head_dim <= 128,
            "fp8_accumulation: the single-level ablation exists for head_dim <= 128 (the d192 / "
            "d256 kernels accumulate in two levels only), got head_dim %lld",
+           (long long)p->head_dim);
+  // So do the sequential kernels of FH_FP8_SEQUENTIAL builds (the same table says which).
+  FH_CHECK(p->fp8_accumulation == FH_FP8_ACCUM_TWO_LEVEL ||
+               sm90::fwd_config_fp8(int(p->head_dim)).intra_wg_overlap,
+           "fp8_accumulation: this build's FP8 kernel for head_dim %lld accumulates in two "
+           "levels only (FH_FP8_SEQUENTIAL=ON: no intra-warpgroup overlap)",
            (long long)p->head_dim);
   const NamedStride strides[] = {FH_NAMED_STRIDES(p, q, batch), FH_NAMED_STRIDES(p, k, batch),
                                  FH_NAMED_STRIDES(p, v, batch)};

@@ -123,9 +123,9 @@ struct FwdTraits {
       AtomLayout{}));
   static_assert(!kFp8 || kConfig.rescale_o_before_pv == false,
                 "FP8 rescales O after its PV GEMM (two-level accumulation adds that GEMM first)");
-  static_assert(!kFp8 || (kBlockN % 64 == 0 && kHeadDim % 32 == 0),
-                "the transposer's units (32 keys x 16 columns) and swizzle atoms (rows of at "
-                "least 64 keys in V^T, 32 bytes in V) must tile V and V^T");
+  static_assert(!kFp8 || (kBlockN % 32 == 0 && kHeadDim % 32 == 0),
+                "the transposer's units (32 keys x 16 columns) and swizzle atoms (V^T rows of "
+                "32, 64 or 128 bytes; V rows of at least 32 bytes) must tile V and V^T");
 
   // The selectors fall back to narrower atoms when a shape is missing (e.g. N = 176 without
   // CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED): insist on one atom spanning the tile.

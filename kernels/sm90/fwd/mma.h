@@ -270,6 +270,13 @@ struct Consumer {
       forget(f.o_acc);  // live from here to complete_pv only
       mma_pv.accumulate_ = GMMA::ScaleOut::Zero;
       wgmma<false, -1>(mma_pv, f.p, v_part<0>(), f.o_acc);
+    } else if constexpr (kFp8 && !Traits::kOverlap) {
+      // The sequential step, two-level only (the host refuses the single-level ablation: a
+      // run-time choice of accumulator here serializes every WGMMA, ptxas C7515): the
+      // accumulator is dead from complete_pv's addition to here, out of the softmax's registers.
+      forget(f.o_acc);
+      mma_pv.accumulate_ = GMMA::ScaleOut::Zero;
+      wgmma<false, -1>(mma_pv, f.p, tOrV()(_, _, _, v_pipe.stage()), f.o_acc);
     } else if constexpr (kFp8) {
       // Two-level: every PV GEMM starts from zero (rescale_o adds it into O).
       mma_pv.accumulate_ = p.fp8_single_level ? GMMA::ScaleOut::One : GMMA::ScaleOut::Zero;
@@ -298,7 +305,10 @@ struct Consumer {
   // 0's accumulator joins O, then each further part runs into it, waited for and added.
   CUTE_DEVICE void complete_pv(TileState& f) {
     warpgroup_wait<0>();
-    if constexpr (kPvParts > 1) {
+    if constexpr (kFp8 && kPvParts == 1) {
+      warpgroup_fence_operand(f.o_acc);
+      add_pv_into_o(f);
+    } else if constexpr (kPvParts > 1) {
       warpgroup_fence_operand(f.o_acc);
       for_each(make_int_sequence<kPvParts>{}, [&](auto part) {
         constexpr int kPart = decltype(part)::value;
@@ -351,8 +361,8 @@ struct Consumer {
   // After the PV GEMM completed. FP8: its accumulator joins O first (two-level), or is O
   // itself (single level).
   CUTE_DEVICE void rescale_o(TileState& f) {
-    // (In parts, complete_pv has added each part into O.)
-    if constexpr (kFp8 && kPvParts == 1) {
+    // (Without the overlap, complete_pv has added the PV GEMM into O.)
+    if constexpr (kFp8 && Traits::kOverlap) {
       if (!p.fp8_single_level) {
         add_pv_into_o(f);
       } else {
@@ -453,9 +463,9 @@ struct Consumer {
     Tensor o_rc = f.o_rc();
     float lse[2];
     if constexpr (kFp8) {
-      // The last PV GEMM's accumulator has not joined O (single level: O is still 0); in parts
-      // complete_pv added it.
-      if constexpr (kPvParts == 1) {
+      // With the overlap, the last PV GEMM's accumulator has not joined O (single level: O is
+      // still 0); without it, complete_pv added it.
+      if constexpr (Traits::kOverlap) {
         add_pv_into_o(f);
       }
       TileScales const& sc = kPrevious ? f.finishing_scales : f.scales;

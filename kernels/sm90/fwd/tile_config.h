@@ -205,17 +205,38 @@ constexpr bool has_fp8_config(int head_dim) {
          head_dim == 256;
 }
 
+// Builds with CMake FH_FP8_SEQUENTIAL=ON run FP8 d64 / d128 in the sequential step (no
+// intra-warpgroup overlap; ping-pong hides one warpgroup's softmax under the other's GEMMs) on
+// wider tiles: S and the two-level accumulator are then never live together (mma.h folds the
+// accumulator into O as its GEMM completes), which leaves the registers for FA3-like widths
+// where the overlapped 128 x 128 step is issue-bound (bench/PERFLOG.md, "FP8 without
+// intra-warpgroup overlap, wider tiles"). Not built by default until measured. Its kernels are
+// two-level only (validate_fwd.cu refuses the single-level ablation for them).
+#if defined(FH_FP8_SEQUENTIAL) && FH_FP8_SEQUENTIAL
+inline constexpr bool kFp8SequentialBuilt = true;
+#else
+inline constexpr bool kFp8SequentialBuilt = false;
+#endif
+
+constexpr FwdConfig fp8_sequential_tile(int block_m, int block_n) {
+  return FwdConfig::tile(block_m, block_n)
+      .with_merge_tile_boundary(false)
+      .with_intra_wg_overlap(false);
+}
+
 constexpr FwdConfig fwd_config_fp8_tile(int head_dim) {
   if (head_dim <= 64) {
-    return FwdConfig::tile(/*block_m=*/192, /*block_n=*/64);
+    return kFp8SequentialBuilt ? fp8_sequential_tile(/*block_m=*/192, /*block_n=*/128)
+                               : FwdConfig::tile(/*block_m=*/192, /*block_n=*/64);
   }
-  if (head_dim <= 128) {  // d96 and d128
+  if (head_dim <= 96) {
     return FwdConfig::tile(/*block_m=*/128, /*block_n=*/128);
   }
-  const FwdConfig parts = FwdConfig::tile(/*block_m=*/128, /*block_n=*/128)
-                              .with_merge_tile_boundary(false)
-                              .with_intra_wg_overlap(false)
-                              .with_pv_parts(2);
+  if (head_dim <= 128) {
+    return kFp8SequentialBuilt ? fp8_sequential_tile(/*block_m=*/128, /*block_n=*/192)
+                               : FwdConfig::tile(/*block_m=*/128, /*block_n=*/128);
+  }
+  const FwdConfig parts = fp8_sequential_tile(/*block_m=*/128, /*block_n=*/128).with_pv_parts(2);
   return head_dim <= 192 ? parts : parts.with_q_stages(1);
 }
 
