@@ -164,7 +164,9 @@ static std::vector<std::pair<int, int>> fp8_tiles() {
 static int v_row_bytes(int head_dim) {
   return head_dim % 128 == 0 ? 128 : head_dim % 64 == 0 ? 64 : 32;
 }
-static int vt_row_bytes(int block_n) { return block_n % 128 == 0 ? 128 : 64; }
+static int vt_row_bytes(int block_n) {
+  return block_n % 128 == 0 ? 128 : block_n % 64 == 0 ? 64 : 32;
+}
 
 // A buffer's shared-window address in the kernel: a multiple of 1024 (kernel_traits.h aligns the
 // buffers); the checks run with 0 and with this one.
