@@ -48,12 +48,14 @@ constexpr BwdConfig bwd_config(int head_dim) {
   //   columns of the WG's partial). Shared memory: K, V 16 KB each, Q, dO 2 x 16 KB each, dS
   //   2 x 32 KB, dQ slots 2 x 32 KB = 224 KB.
   if (head_dim <= 64) {
-    return {128, 128, 2, 1, false, true};
+    return {/*block_m=*/128, /*block_n=*/128, /*q_stages=*/2, /*dq_wgs=*/1, /*family_b=*/false,
+            /*dq_slots=*/true};
   }
   // d96: dV + dK 2 x 48, dQ 48 (the WG's partial, n96; a column split would need n48, one of the
   //   extended shapes). Shared memory 128 KB + dQ slots 2 x 24 KB.
   if (head_dim <= 96) {
-    return {64, 128, 2, 1, false, true};
+    return {/*block_m=*/64, /*block_n=*/128, /*q_stages=*/2, /*dq_wgs=*/1, /*family_b=*/false,
+            /*dq_slots=*/true};
   }
   // d128: dV + dK 2 x 64 + S^T 32 + dP^T 32 = 192 live fp32 registers at the exponentials, then
   //   dV + dK + P + dS + dQ(64 x 64 per WG) = 128 + 16 + 16 + 32; the 240-register budget holds it
@@ -62,7 +64,8 @@ constexpr BwdConfig bwd_config(int head_dim) {
   //   registers only with dQ issued after dV completed, and measured slower than the lock step
   //   (bench/PERFLOG.md "Tried and reverted: d128 with per-WG partial dQ").
   if (head_dim <= 128) {
-    return {64, 128, 2, 2, false, true};
+    return {/*block_m=*/64, /*block_n=*/128, /*q_stages=*/2, /*dq_wgs=*/2, /*family_b=*/false,
+            /*dq_slots=*/true};
   }
   // d192 / d256 (family B): per WG dV + dK 2 x d / 4 registers (128 at d256), dQ d / 4 (64),
   //   S and dP 16 each (64 queries x 32 keys); dQ is only live after S and dP went to shared
@@ -71,7 +74,8 @@ constexpr BwdConfig bwd_config(int head_dim) {
   //   208 KB (d192: 160 KB). FA3 takes 64 x 80 at d256 (dQ by atomics, one Q / dO stage) and
   //   64 x 96 with 3 WGs at d192; FA4 64 x 64 at d256 as here. dQ slots: d192 48 KB more (208
   //   KB); d256 would need 64 KB more than the 227 KB it has, so its dQ stays on red.global.
-  return {64, 64, 2, 2, true, head_dim <= 192};
+  return {/*block_m=*/64, /*block_n=*/64, /*q_stages=*/2, /*dq_wgs=*/2, /*family_b=*/true,
+          /*dq_slots=*/head_dim <= 192};
 }
 
 }  // namespace flash_hopper::sm90
