@@ -2,9 +2,9 @@
 // head dims x stage counts) and launch.
 //
 // Stages (the table's tuned count per head dim): enough key blocks in flight to cover DRAM
-// latency at the SM's share of the bandwidth (~35 bytes / ns / SM on an H200: a 64-key block of
-// d128 K and V, 32 KiB, every ~1 us) while two CTAs share an SM, so that one's merge or ramp hides
-// under the other's loads:
+// latency at the SM's share of the bandwidth (bench/PERFLOG.md, "Decode stages and the SM's share
+// of the bandwidth") while two CTAs share an SM, so that one's merge or ramp hides under the
+// other's loads:
 //   d64:  4 x 16 KiB = 66 KiB per CTA (3 per SM)
 //   d128: 3 x 32 KiB = 100 KiB (2 per SM)
 //   d256: 3 x 64 KiB = 200 KiB (1 per SM; 2 stages would still leave 1)
