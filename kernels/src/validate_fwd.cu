@@ -63,8 +63,9 @@ FhStatus validate_fp8(const FhFwdParams* p, bool fp8, bool mixed, bool check_dat
   // So do the sequential kernels of FH_FP8_SEQUENTIAL builds (the same table says which).
   FH_CHECK(p->fp8_accumulation == FH_FP8_ACCUM_TWO_LEVEL ||
                sm90::fwd_config_fp8(int(p->head_dim)).intra_wg_overlap,
-           "fp8_accumulation: this build's FP8 kernel for head_dim %lld accumulates in two "
-           "levels only (FH_FP8_SEQUENTIAL=ON: no intra-warpgroup overlap)",
+           "fp8_accumulation: expected FH_FP8_ACCUM_TWO_LEVEL (0) for head_dim %lld in this "
+           "build (FH_FP8_SEQUENTIAL=ON: its kernel accumulates in two levels only), got "
+           "FH_FP8_ACCUM_SINGLE_LEVEL (1)",
            (long long)p->head_dim);
   const NamedStride strides[] = {FH_NAMED_STRIDES(p, q, batch), FH_NAMED_STRIDES(p, k, batch),
                                  FH_NAMED_STRIDES(p, v, batch)};
