@@ -151,6 +151,9 @@ def test_scheduler_metadata_is_fa3s_and_checked_against_the_call():
     assert meta.dtype == I32 and meta.shape == (9,) and meta[1].item() == 3
     assert meta.flash_hopper_schedule["splits"] == 3
     assert meta.flash_hopper_schedule["decode_splits"] == 3  # the decode kernel takes it as is
+    # beyond the kernel's cap: passed on, the library's plan clamps it (test_decode.py)
+    big = get_scheduler_metadata(2, 1, 32, 4, 2, 64, lengths, num_splits=1000)
+    assert big.flash_hopper_schedule["decode_splits"] == 1000
     # num_splits=0: the decode kernel's own heuristic at each call (0), not the varlen path's
     assert get_scheduler_metadata(2, 1, 32, 4, 2, 64, lengths).flash_hopper_schedule[
         "decode_splits"] == 0

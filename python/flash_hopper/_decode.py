@@ -26,7 +26,9 @@ from . import _abi, _device, _env, _lib, _plan_cache, _validate
 from ._abi import FhDecodeParams
 from ._tables import INPUT_DTYPES
 
-MAX_SPLITS = 128  # decode_plan.h kMaxSplits
+# num_splits travels in an int32 field; the library clamps it to the kernel's own cap
+# (decode_plan.h), so larger values only need to stay representable.
+INT32_MAX = 2**31 - 1
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
     lambda index: torch.cuda.current_stream(index).cuda_stream
@@ -311,9 +313,9 @@ def forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         return out, lse
     lib = _lib.get_library()
     flags = (kv_batch_idx is not None, leftpad_k is not None, sinks is not None)
-    # num_splits: FA3's meaning, any int >= 0; beyond the kernel's cap it is the cap (an int32
-    # field must never see a value that wraps)
-    splits = min(max(int(num_splits), 0), MAX_SPLITS)
+    # num_splits: FA3's meaning, any int >= 0; beyond the kernel's cap it is the cap (the library
+    # clamps; an int32 field must never see a value that wraps)
+    splits = min(max(int(num_splits), 0), INT32_MAX)
     plan = _plan(lib, q, k_cache, v_cache, out, lse_strides, batch, seqlen_q, page_table, varlen,
                  flags, float(softmax_scale), float(softcap), (int(window[0]), int(window[1])),
                  splits)

@@ -555,7 +555,7 @@ def get_scheduler_metadata(
     splits = _splits(num_splits, batch_size, max_seqlen_q * group, num_heads_kv, max_seqlen_k,
                      cache_seqlens.device) if cache_seqlens.is_cuda else max(num_splits, 1)
     values = (splits, batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim,
-              min(num_splits, _decode.MAX_SPLITS))
+              min(num_splits, _decode.INT32_MAX))
     meta = torch.tensor((_METADATA_TAG, *values), dtype=torch.int32, device=cache_seqlens.device)
     meta.flash_hopper_schedule = dict(zip(_METADATA_FIELDS, values))
     return meta
