@@ -7,20 +7,15 @@
 // ping-pong (barriers.h), when enabled, lets one WG's softmax run while the other WG's GEMMs
 // occupy the tensor cores.
 //
-// FP8 (e4m3) inputs (Traits::kFp8): P is packed to e4m3 in place (the V^T buffer's key order
-// matches, transpose.h); the descales of the tile's (batch, kv head) scale the scores and O; and
-// PV accumulates in two levels: each PV GEMM starts from zero in its own accumulator (o_acc) and
-// is added into O in fp32 once it completed, so O never passes through the FP8 tensor core's
-// narrower accumulation (vLLM measured long-context retrieval collapsing without this). The
-// addition replaces nothing the 16-bit path does: d/2 FADDs per thread and block, under the next
-// block's QK GEMM. FwdParams::fp8_single_level turns it off for the ablation (o_acc then
-// accumulates every block, as O does for 16-bit inputs). At d256 (Traits::kPvParts = 2) the
-// accumulator covers half the head dim: the PV GEMM runs in two parts, each waited for and added
-// into its half of O (complete_pv); it has no single-level ablation (the host refuses it).
-//
-// Mixed mode (Traits::kMixed: 16-bit q against FP8 K / V converted in shared memory, convert.h):
-// the 16-bit consumers, with the FP8 kernel's tile scales (k_descale into the scores, v_descale
-// into O; no q_descale).
+// What differs by input dtype is two policy types (consumer_policies.h): the score scales (the
+// call's for 16-bit inputs, the tile's descales for FP8 and mixed mode) and the PV accumulator
+// (O itself, or FP8's two levels: each PV GEMM from zero in its own accumulator, added into O in
+// fp32 once it completed, so O never passes through the FP8 tensor core's narrower accumulation
+// -- vLLM measured long-context retrieval collapsing without it; d/2 FADDs per thread and block).
+// FP8 (e4m3) inputs (Traits::kFp8) also pack P to e4m3 in place (the V^T buffer's key order
+// matches, transpose.h) and store O in 16 bits (FwdParams::o_fp16). Mixed mode (Traits::kMixed:
+// 16-bit q against FP8 K / V converted in shared memory, convert.h) runs the 16-bit consumers
+// with the FP8 kernel's tile scales (k_descale into the scores, v_descale into O).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -31,6 +26,7 @@
 #include "sm90/common/barriers.h"
 #include "sm90/common/utils.h"
 #include "sm90/fwd/barriers.h"
+#include "sm90/fwd/consumer_policies.h"
 #include "sm90/fwd/epilogue.h"
 #include "sm90/fwd/fp8_layout.h"
 #include "sm90/fwd/params.h"
@@ -57,8 +53,13 @@ struct Consumer {
   // FP8: an eager max and p offset by 2^8 (softmax.h: every block's largest p exact in e4m3)
   using Softmax = conditional_t<kFp8, OnlineSoftmax<2, /*kMaxStaleLog2=*/0, /*kOffsetLog2=*/8>,
                                 OnlineSoftmax</*kRows=*/2>>;
-  static constexpr bool kScaled = Traits::kScaled;  // FP8 or mixed: descales (TileScales)
   static constexpr int kPvParts = Traits::kPvParts;
+  // The policies (consumer_policies.h).
+  using Scales = conditional_t<kFp8, HeldTileScales,
+                               conditional_t<Traits::kScaled, ReloadedTileScales, CallScales>>;
+  using Pv = conditional_t<!kFp8, PvIntoO,
+                           conditional_t<Traits::kOverlap, PvTwoLevel,
+                                         PvTwoLevelSequential<kPvParts>>>;
   using QEnd = ConsumerEnd<typename Traits::QPipe, SmemBarriers<typename Traits::QPipe>>;
   using KVEnd = ConsumerEnd<typename Traits::KVPipe, SmemBarriers<typename Traits::KVPipe>>;
   // The PV GEMM's B operand comes from the producer (16-bit) or the transposer (FP8).
@@ -152,11 +153,12 @@ struct Consumer {
     Tensor sVt = make_tensor(make_smem_ptr(vt_data(smem)), typename Traits::SmemLayoutVt{});
     return mma_pv.get_thread_slice(wg_first_thread()).partition_fragment_B(sVt);
   }
+  CUTE_DEVICE auto v_stage() { return tOrV()(_, _, _, v_pipe.stage()); }
   // Head-dim part kPart of a PV GEMM in parts (MMA_N = kPvParts atoms of d / kPvParts columns):
   // the V^T stage's rows (MMA, 1, MMA_K) and O's columns (MMA, MMA_M, 1).
   template <int kPart>
   CUTE_DEVICE auto v_part() {
-    Tensor b = tOrV()(_, _, _, v_pipe.stage());
+    Tensor b = v_stage();
     return make_tensor(b(_, kPart, _).data(),
                        make_layout(layout<0>(b), Layout<_1>{}, layout<2>(b)));
   }
@@ -190,38 +192,6 @@ struct Consumer {
   }
   CUTE_DEVICE void turn_pass() const { pingpong().pass_turn(); }
 
-  // FP8 and mixed mode: the scales of one tile's (batch, kv head), from the descales (FwdParams).
-  struct TileScales {
-    float scale_log2;
-    float lse_scale;
-    float softcap_prescale;
-    float o_scale;  // v_descale
-  };
-  // The mixed mode keeps no scale in registers across a tile (d64's three warpgroups have no
-  // room: holding the scales spilled in the softcap path): the softcap's factor and the
-  // epilogue's reload them (tile_scales: cached loads of two descales).
-  using Scales = conditional_t<kFp8, TileScales, EmptyStorage>;
-  template <class State>  // TileState (declared below)
-  CUTE_DEVICE void set_scales(State& f, TileScales const& sc) const {
-    if constexpr (kFp8) {
-      f.scales = sc;
-    }
-  }
-  CUTE_DEVICE TileScales tile_scales(TileWork const& w) const {
-    const int h_kv = w.tile.head / p.heads_per_kv;
-    auto load = [&](const float* ptr, int64_t batch_stride, int64_t head_stride) {
-      return ptr == nullptr ? 1.f : ptr[w.tile.batch * batch_stride + h_kv * head_stride];
-    };
-    const float qk = load(p.q_descale, p.q_descale_batch_stride, p.q_descale_head_stride) *
-                     load(p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride);
-    const float v = load(p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride);
-    // Without softcap the descales scale the score like softmax_scale; with it they scale the
-    // tanh's argument (fwd_params.h).
-    const bool capped = p.softcap != 0.f;
-    return {capped ? p.scale_log2 : p.scale_log2 * qk, capped ? p.lse_scale : p.lse_scale * qk,
-            p.softcap_prescale * qk, v};
-  }
-
   // P as the PV GEMM's A operand: 16-bit, the S accumulator re-read (acc_as_rs_a); FP8, one
   // k32 slice's 16 bytes per thread in the order of the m64k32 A fragment ((4, 2, 2): 4 slots,
   // rows +8, slots +16), filled by convert_p.
@@ -231,22 +201,23 @@ struct Consumer {
           partition_fragment_C(TiledMmaQK{}, Shape<Int<kBlockM>, Int<kBlockN>>{}).layout()))>;
   using OFragment =
       decltype(partition_fragment_C(TiledMmaPV{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
-  // FP8's two-level accumulator: one PV GEMM part's output.
+  // A two-level PV accumulator: one PV GEMM part's output.
   using OAccFragment = decltype(partition_fragment_C(
       TiledMmaPV{}, Shape<Int<kBlockM>, Int<kHeadDim / kPvParts>>{}));
 
   // The register state of the tile(s) in flight: S (fp32), P (S converted, the PV GEMM's A
-  // operand), O (fp32), the row statistics, and at a tile boundary the finishing tile's. FP8
-  // adds the PV GEMM's own accumulator and the tiles' scales.
+  // operand), O (fp32), the row statistics, and at a tile boundary the finishing tile's; the
+  // policies' state: the PV GEMM's own accumulator, the held scales of the tile and the
+  // finishing tile.
   struct TileState {
     decltype(partition_fragment_C(TiledMmaQK{}, Shape<Int<kBlockM>, Int<kBlockN>>{})) s;
     decltype(make_tensor<Element>(PLayout{})) p;
     OFragment o;
-    conditional_t<kFp8, OAccFragment, EmptyStorage> o_acc;
+    typename Pv::template Acc<OAccFragment> o_acc;
     Softmax softmax;
     Softmax finishing;
-    Scales scales;
-    conditional_t<kFp8, TileScales, EmptyStorage> finishing_scales;
+    typename Scales::Held scales;
+    typename Scales::Held finishing_scales;
     static_assert(decltype(size<2>(p))::value == kBlockN / (kFp8 ? 32 : 16),
                   "P as the PV A operand");
 
@@ -263,37 +234,12 @@ struct Consumer {
     timeline.mark(Ev::kQkIssued);
   }
   CUTE_DEVICE void issue_pv(TileState& f) {
-    if constexpr (kPvParts > 1) {
-      // Part 0 into the accumulator; complete_pv runs the others once it is free again. Always
-      // two-level: a single-level path (O's parts as WGMMA accumulators too) spilled O at d256,
-      // so the host refuses the ablation there.
-      forget(f.o_acc);  // live from here to complete_pv only
-      mma_pv.accumulate_ = GMMA::ScaleOut::Zero;
-      wgmma<false, -1>(mma_pv, f.p, v_part<0>(), f.o_acc);
-    } else if constexpr (kFp8 && !Traits::kOverlap) {
-      // The sequential step, two-level only (the host refuses the single-level ablation: a
-      // run-time choice of accumulator here serializes every WGMMA, ptxas C7515): the
-      // accumulator is dead from complete_pv's addition to here, out of the softmax's registers.
-      forget(f.o_acc);
-      mma_pv.accumulate_ = GMMA::ScaleOut::Zero;
-      wgmma<false, -1>(mma_pv, f.p, tOrV()(_, _, _, v_pipe.stage()), f.o_acc);
-    } else if constexpr (kFp8) {
-      // Two-level: every PV GEMM starts from zero (rescale_o adds it into O).
-      mma_pv.accumulate_ = p.fp8_single_level ? GMMA::ScaleOut::One : GMMA::ScaleOut::Zero;
-      wgmma<false, -1>(mma_pv, f.p, tOrV()(_, _, _, v_pipe.stage()), f.o_acc);
-    } else {
-      wgmma<false, -1>(mma_pv, f.p, tOrV()(_, _, _, v_pipe.stage()), f.o);
-    }
+    Pv::issue(*this, f);
     timeline.mark(Ev::kPvIssued);
   }
   CUTE_DEVICE void issue_pv_and_wait(TileState& f) {
     static_assert(kPvParts == 1, "the overlapped schedule's drain; parts use complete_pv");
-    if constexpr (kFp8) {
-      mma_pv.accumulate_ = p.fp8_single_level ? GMMA::ScaleOut::One : GMMA::ScaleOut::Zero;
-      wgmma<false, 0>(mma_pv, f.p, tOrV()(_, _, _, v_pipe.stage()), f.o_acc);
-    } else {
-      wgmma<false, 0>(mma_pv, f.p, tOrV()(_, _, _, v_pipe.stage()), f.o);
-    }
+    Pv::issue_and_wait(*this, f);
     timeline.mark(Ev::kPvDone);
   }
   template <int kInFlight>
@@ -301,29 +247,11 @@ struct Consumer {
     warpgroup_wait<kInFlight>();
     timeline.mark(kInFlight == 0 ? Ev::kGemmsDone : Ev::kSReady);
   }
-  // The sequential schedule's end of a PV GEMM: until it completed. In parts (two-level), part
-  // 0's accumulator joins O, then each further part runs into it, waited for and added.
+  // The sequential schedule's end of a PV GEMM: until it completed (then, two-level, its
+  // accumulator joins O, part by part).
   CUTE_DEVICE void complete_pv(TileState& f) {
     warpgroup_wait<0>();
-    if constexpr (kFp8 && kPvParts == 1) {
-      warpgroup_fence_operand(f.o_acc);
-      add_pv_into_o(f);
-    } else if constexpr (kPvParts > 1) {
-      warpgroup_fence_operand(f.o_acc);
-      for_each(make_int_sequence<kPvParts>{}, [&](auto part) {
-        constexpr int kPart = decltype(part)::value;
-        if constexpr (kPart > 0) {
-          forget(f.o_acc);
-          mma_pv.accumulate_ = GMMA::ScaleOut::Zero;
-          wgmma<false, 0>(mma_pv, f.p, v_part<kPart>(), f.o_acc);
-        }
-        Tensor o = o_part<kPart>(f.o);
-        CUTE_UNROLL
-        for (int i = 0; i < size(f.o_acc); ++i) {
-          o(i) += f.o_acc(i);
-        }
-      });
-    }
+    Pv::complete(*this, f);
     timeline.mark(Ev::kPvDone);
   }
 
@@ -334,13 +262,7 @@ struct Consumer {
   template <bool kMasked, bool kCapped>
   CUTE_DEVICE void transform(TileState& f, TileWork const& w, KeyStep step) {
     if constexpr (kCapped) {
-      if constexpr (kFp8) {
-        apply_softcap(f.s, p.softcap, f.scales.softcap_prescale);
-      } else if constexpr (kScaled) {
-        apply_softcap(f.s, p.softcap, tile_scales(w).softcap_prescale);
-      } else {
-        apply_softcap(f.s, p.softcap, p.softcap_prescale);
-      }
+      apply_softcap(f.s, p.softcap, Scales::softcap_prescale(*this, f.scales, w));
     }
     if constexpr (kMasked) {
       Tensor tScS = mma_qk.get_thread_slice(thread_idx())
@@ -358,30 +280,8 @@ struct Consumer {
     f.softmax.template update<kFirst, kCheckInf>(s_rc);
     timeline.mark(Ev::kSoftmaxDone);
   }
-  // After the PV GEMM completed. FP8: its accumulator joins O first (two-level), or is O
-  // itself (single level).
-  CUTE_DEVICE void rescale_o(TileState& f) {
-    // (Without the overlap, complete_pv has added the PV GEMM into O.)
-    if constexpr (kFp8 && Traits::kOverlap) {
-      if (!p.fp8_single_level) {
-        add_pv_into_o(f);
-      } else {
-        Tensor acc_rc = make_tensor(f.o_acc.data(), acc_rowcol(f.o_acc.layout()));
-        f.softmax.rescale_o(acc_rc);
-        return;
-      }
-    }
-    Tensor o_rc = f.o_rc();
-    f.softmax.rescale_o(o_rc);
-  }
-  CUTE_DEVICE void add_pv_into_o(TileState& f) {
-    if constexpr (kFp8) {
-      CUTE_UNROLL
-      for (int i = 0; i < size(f.o); ++i) {
-        f.o(i) += f.o_acc(i);
-      }
-    }
-  }
+  // After the PV GEMM completed (two-level: its accumulator joins O first).
+  CUTE_DEVICE void rescale_o(TileState& f) { Pv::rescale(*this, f); }
   CUTE_DEVICE void convert_p(TileState& f) {
     if constexpr (kFp8) {
       convert_p_fp8(f.s, f.p);
@@ -419,94 +319,67 @@ struct Consumer {
 
   // --- tiles --------------------------------------------------------------------------------
   CUTE_DEVICE void start_tile(TileState& f, TileWork const& w) {
-    if constexpr (kScaled) {
-      const TileScales sc = tile_scales(w);
-      set_scales(f, sc);
-      f.softmax = Softmax(sc.scale_log2);
-      if constexpr (kFp8) {
-        clear(f.o_acc);
-      }
-    } else {
-      f.softmax = Softmax(p.scale_log2);
-    }
+    Scales::load(*this, f.scales, w);
+    f.softmax = Softmax(Scales::scale_log2(*this, f.scales, w));
+    Pv::clear(f);
     clear(f.o);
   }
-  // At a tile boundary, before w's first S is transformed: the FP8 kernel keeps its tile's
-  // scales in registers (the softcap factor among them), so the finishing tile's go aside and
-  // w's come in first (16-bit kernels: nothing; their statistics move in begin_next_tile, after
-  // the transform, where the d192 kernel has the registers).
+  // At a tile boundary, before w's first S is transformed: held scales (the softcap factor among
+  // them) are w's from here, the finishing tile's go aside (the other policies hold nothing; the
+  // statistics move in begin_next_tile, after the transform, where the d192 kernel has the
+  // registers).
   CUTE_DEVICE void begin_next_scales(TileState& f, TileWork const& w) {
-    if constexpr (kFp8) {
-      f.finishing_scales = f.scales;
-      set_scales(f, tile_scales(w));
-    }
+    f.finishing_scales = f.scales;
+    Scales::load(*this, f.scales, w);
   }
   CUTE_DEVICE void begin_next_tile(TileState& f, TileWork const& w) {
     f.finishing = f.softmax;
-    if constexpr (kFp8) {
-      f.softmax = Softmax(f.scales.scale_log2);  // w's, from begin_next_scales
-    } else if constexpr (kScaled) {
-      f.softmax = Softmax(tile_scales(w).scale_log2);
-    } else {
-      f.softmax = Softmax(p.scale_log2);
-    }
+    f.softmax = Softmax(Scales::scale_log2(*this, f.scales, w));
   }
   CUTE_DEVICE void clear_o(TileState& f) {
     clear(f.o);
+    Pv::clear(f);
+  }
+  // The output's element type: FP8 kernels store 16-bit O (FwdParams::o_fp16), the others their
+  // input's. fn(OutElement{}).
+  template <class Fn>
+  CUTE_DEVICE void with_output_element(Fn&& fn) const {
     if constexpr (kFp8) {
-      clear(f.o_acc);  // single level accumulates into it
+      if (p.o_fp16) {
+        fn(cutlass::half_t{});
+      } else {
+        fn(cutlass::bfloat16_t{});
+      }
+    } else {
+      fn(Element{});
     }
   }
   // O / l, LSE and the stores of tile w; kPrevious: w is the tile finishing at a boundary.
   template <bool kPrevious>
   CUTE_DEVICE void finish(TileState& f, TileWork const& w) {
+    Pv::before_epilogue(f);
+    const EpilogueScales sc =
+        Scales::epilogue(*this, kPrevious ? f.finishing_scales : f.scales, w);
     Tensor o_rc = f.o_rc();
     float lse[2];
-    if constexpr (kFp8) {
-      // With the overlap, the last PV GEMM's accumulator has not joined O (single level: O is
-      // still 0); without it, complete_pv added it.
-      if constexpr (Traits::kOverlap) {
-        add_pv_into_o(f);
-      }
-      TileScales const& sc = kPrevious ? f.finishing_scales : f.scales;
-      (kPrevious ? f.finishing : f.softmax).finalize(o_rc, sc.lse_scale, lse);
+    (kPrevious ? f.finishing : f.softmax).finalize(o_rc, sc.lse_scale, lse);
+    if constexpr (Scales::kScalesO) {
       CUTE_UNROLL
       for (int i = 0; i < size(f.o); ++i) {
         f.o(i) *= sc.o_scale;
       }
-      auto thr = mma_pv.get_thread_slice(thread_idx());
-      if (p.o_fp16) {
-        store_tile<cutlass::half_t, Traits>(p, thr, f.o, lse, spanned(w.tile), o_stage());
-      } else {
-        store_tile<cutlass::bfloat16_t, Traits>(p, thr, f.o, lse, spanned(w.tile), o_stage());
-      }
-    } else if constexpr (kScaled) {
-      const TileScales sc = tile_scales(w);  // w: the finishing tile (kPrevious) or this one
-      (kPrevious ? f.finishing : f.softmax).finalize(o_rc, sc.lse_scale, lse);
-      CUTE_UNROLL
-      for (int i = 0; i < size(f.o); ++i) {
-        f.o(i) *= sc.o_scale;
-      }
-      store_tile<Element, Traits>(p, mma_pv.get_thread_slice(thread_idx()), f.o, lse,
-                                  spanned(w.tile), o_stage());
-    } else {
-      (kPrevious ? f.finishing : f.softmax).finalize(o_rc, p.lse_scale, lse);
-      store_tile<Element, Traits>(p, mma_pv.get_thread_slice(thread_idx()), f.o, lse,
-                                  spanned(w.tile), o_stage());
     }
+    auto thr = mma_pv.get_thread_slice(thread_idx());
+    with_output_element([&](auto out) {
+      store_tile<decltype(out), Traits>(p, thr, f.o, lse, spanned(w.tile), o_stage());
+    });
     timeline.mark(Ev::kTileDone);
   }
   CUTE_DEVICE void store_empty(TileWork const& w) {
     auto thr = mma_pv.get_thread_slice(thread_idx());
-    if constexpr (kFp8) {
-      if (p.o_fp16) {
-        store_empty_tile<cutlass::half_t, Traits>(p, thr, spanned(w.tile));
-      } else {
-        store_empty_tile<cutlass::bfloat16_t, Traits>(p, thr, spanned(w.tile));
-      }
-    } else {
-      store_empty_tile<Element, Traits>(p, thr, spanned(w.tile));
-    }
+    with_output_element([&](auto out) {
+      store_empty_tile<decltype(out), Traits>(p, thr, spanned(w.tile));
+    });
   }
 };
 

@@ -1,0 +1,253 @@
+// The two places where the consumer's arithmetic differs by input dtype, as policy types
+// (mma.h's Consumer picks one of each; the step schedule, schedule.h, is the same for all):
+//
+//   score scales   where a tile's softmax scale, softcap factor and epilogue scales come from:
+//                  the call (16-bit inputs), the tile's descales held in registers for the tile
+//                  (FP8), or the tile's descales reloaded where used (mixed mode, whose d64
+//                  kernel has no registers to hold them);
+//   PV accumulator where the PV GEMM accumulates: into O itself (16-bit and mixed inputs), or in
+//                  two levels (FP8): each PV GEMM from zero into its own accumulator, added into
+//                  O in fp32 once it completed -- with the intra-warpgroup overlap in the next
+//                  rescale (or the epilogue), without it right after the GEMM, one head-dim part
+//                  at a time where the accumulator covers part of O (Traits::kPvParts).
+//
+// Policy functions take the consumer (C: its params, MMAs and pipeline ends) and the register
+// state of the tiles in flight (F: Consumer::TileState).
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+
+#include "sm90/common/utils.h"
+#include "sm90/fwd/kernel_traits.h"  // EmptyStorage
+#include "sm90/fwd/params.h"
+#include "sm90/fwd/schedule.h"  // TileWork
+
+namespace flash_hopper::sm90 {
+
+using namespace cute;
+
+// ---- score scales -------------------------------------------------------------------------
+
+// What the epilogue scales by: the LSE's scale (log2 domain to natural log) and O's (v_descale).
+struct EpilogueScales {
+  float lse_scale;
+  float o_scale;
+};
+
+// The scales of one tile's (batch, kv head) from the FP8 / mixed descales (FwdParams; a null
+// pointer is a descale of 1). Without softcap the descales scale the score like softmax_scale;
+// with it they scale the tanh's argument (fwd_params.h).
+struct TileScales {
+  float scale_log2;
+  float lse_scale;
+  float softcap_prescale;
+  float o_scale;  // v_descale
+
+  static CUTE_DEVICE TileScales of(FwdParams const& p, TileWork const& w) {
+    const int h_kv = w.tile.head / p.heads_per_kv;
+    auto load = [&](const float* ptr, int64_t batch_stride, int64_t head_stride) {
+      return ptr == nullptr ? 1.f : ptr[w.tile.batch * batch_stride + h_kv * head_stride];
+    };
+    const float qk = load(p.q_descale, p.q_descale_batch_stride, p.q_descale_head_stride) *
+                     load(p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride);
+    const float v = load(p.v_descale, p.v_descale_batch_stride, p.v_descale_head_stride);
+    const bool capped = p.softcap != 0.f;
+    return {capped ? p.scale_log2 : p.scale_log2 * qk, capped ? p.lse_scale : p.lse_scale * qk,
+            p.softcap_prescale * qk, v};
+  }
+};
+
+// 16-bit inputs: the call's softmax scale; O is not rescaled in the epilogue.
+struct CallScales {
+  using Held = EmptyStorage;  // nothing kept per tile
+  static constexpr bool kScalesO = false;
+  template <class C>
+  static CUTE_DEVICE void load(C const&, Held&, TileWork const&) {}
+  template <class C>
+  static CUTE_DEVICE float scale_log2(C const& c, Held const&, TileWork const&) {
+    return c.p.scale_log2;
+  }
+  template <class C>
+  static CUTE_DEVICE float softcap_prescale(C const& c, Held const&, TileWork const&) {
+    return c.p.softcap_prescale;
+  }
+  template <class C>
+  static CUTE_DEVICE EpilogueScales epilogue(C const& c, Held const&, TileWork const&) {
+    return {c.p.lse_scale, 1.f};
+  }
+};
+
+// FP8: the tile's scales in registers for the tile (Held), loaded when the tile starts; at a
+// tile boundary the finishing tile's stay aside (Consumer::begin_next_scales) for its epilogue.
+struct HeldTileScales {
+  using Held = TileScales;
+  static constexpr bool kScalesO = true;
+  template <class C>
+  static CUTE_DEVICE void load(C const& c, Held& held, TileWork const& w) {
+    held = TileScales::of(c.p, w);
+  }
+  template <class C>
+  static CUTE_DEVICE float scale_log2(C const&, Held const& held, TileWork const&) {
+    return held.scale_log2;
+  }
+  template <class C>
+  static CUTE_DEVICE float softcap_prescale(C const&, Held const& held, TileWork const&) {
+    return held.softcap_prescale;
+  }
+  template <class C>
+  static CUTE_DEVICE EpilogueScales epilogue(C const&, Held const& held, TileWork const&) {
+    return {held.lse_scale, held.o_scale};
+  }
+};
+
+// Mixed mode: nothing held across the tile; every use reloads the two descales it needs (cached
+// loads) for tile w.
+struct ReloadedTileScales {
+  using Held = EmptyStorage;
+  static constexpr bool kScalesO = true;
+  template <class C>
+  static CUTE_DEVICE void load(C const&, Held&, TileWork const&) {}
+  template <class C>
+  static CUTE_DEVICE float scale_log2(C const& c, Held const&, TileWork const& w) {
+    return TileScales::of(c.p, w).scale_log2;
+  }
+  template <class C>
+  static CUTE_DEVICE float softcap_prescale(C const& c, Held const&, TileWork const& w) {
+    return TileScales::of(c.p, w).softcap_prescale;
+  }
+  template <class C>
+  static CUTE_DEVICE EpilogueScales epilogue(C const& c, Held const&, TileWork const& w) {
+    const TileScales sc = TileScales::of(c.p, w);
+    return {sc.lse_scale, sc.o_scale};
+  }
+};
+
+// ---- PV accumulators ----------------------------------------------------------------------
+// issue(c, f) / issue_and_wait(c, f): the PV GEMM of P (f.p) and the V^T stage in flight;
+// complete(c, f): after it completed (the sequential schedule's); rescale(c, f): O *= the
+// softmax's correction; before_epilogue(f): the last PV result into O; clear(f): a tile's start.
+
+// Where O holds every completed PV GEMM's result: the rescale is O's, the epilogue adds nothing.
+struct OHoldsPv {
+  template <class C, class F>
+  static CUTE_DEVICE void rescale(C const&, F& f) {
+    Tensor o_rc = f.o_rc();
+    f.softmax.rescale_o(o_rc);
+  }
+  template <class F>
+  static CUTE_DEVICE void before_epilogue(F&) {}
+};
+
+// 16-bit and mixed inputs: the PV GEMM accumulates into O.
+struct PvIntoO : OHoldsPv {
+  template <class OAcc>
+  using Acc = EmptyStorage;
+  template <class C, class F>
+  static CUTE_DEVICE void issue(C& c, F& f) {
+    wgmma<false, -1>(c.mma_pv, f.p, c.v_stage(), f.o);
+  }
+  template <class C, class F>
+  static CUTE_DEVICE void issue_and_wait(C& c, F& f) {
+    wgmma<false, 0>(c.mma_pv, f.p, c.v_stage(), f.o);
+  }
+  template <class C, class F>
+  static CUTE_DEVICE void complete(C&, F&) {}
+  template <class F>
+  static CUTE_DEVICE void clear(F&) {}
+};
+
+// FP8 with the intra-warpgroup overlap: each PV GEMM from zero into f.o_acc, which joins O at the
+// next rescale (the GEMM completed by then) or before the epilogue. FwdParams::fp8_single_level
+// (the ablation) accumulates every block in f.o_acc instead, O staying zero until the epilogue.
+struct PvTwoLevel {
+  template <class OAcc>
+  using Acc = OAcc;
+  template <class C, class F>
+  static CUTE_DEVICE void issue(C& c, F& f) {
+    c.mma_pv.accumulate_ = c.p.fp8_single_level ? GMMA::ScaleOut::One : GMMA::ScaleOut::Zero;
+    wgmma<false, -1>(c.mma_pv, f.p, c.v_stage(), f.o_acc);
+  }
+  template <class C, class F>
+  static CUTE_DEVICE void issue_and_wait(C& c, F& f) {
+    c.mma_pv.accumulate_ = c.p.fp8_single_level ? GMMA::ScaleOut::One : GMMA::ScaleOut::Zero;
+    wgmma<false, 0>(c.mma_pv, f.p, c.v_stage(), f.o_acc);
+  }
+  template <class C, class F>
+  static CUTE_DEVICE void rescale(C const& c, F& f) {
+    if (!c.p.fp8_single_level) {
+      add_into_o(f);
+      Tensor o_rc = f.o_rc();
+      f.softmax.rescale_o(o_rc);
+    } else {
+      Tensor acc_rc = make_tensor(f.o_acc.data(), acc_rowcol(f.o_acc.layout()));
+      f.softmax.rescale_o(acc_rc);
+    }
+  }
+  template <class F>
+  static CUTE_DEVICE void before_epilogue(F& f) {
+    add_into_o(f);
+  }
+  template <class F>
+  static CUTE_DEVICE void clear(F& f) {
+    cute::clear(f.o_acc);  // single level accumulates into it
+  }
+  template <class F>
+  static CUTE_DEVICE void add_into_o(F& f) {
+    CUTE_UNROLL
+    for (int i = 0; i < size(f.o); ++i) {
+      f.o(i) += f.o_acc(i);
+    }
+  }
+};
+
+// FP8 without the overlap, two levels only (a run-time choice of accumulator here serializes
+// every WGMMA, ptxas C7515; the host refuses the single-level ablation): f.o_acc is live from the
+// PV GEMM's issue to complete(), which waits for it and adds it into O -- in kParts head-dim
+// parts, where the accumulator covers d / kParts columns (part 0 issued by issue(), each further
+// part run, waited for and added in turn).
+template <int kParts>
+struct PvTwoLevelSequential : OHoldsPv {
+  template <class OAcc>
+  using Acc = OAcc;
+  template <class C, class F>
+  static CUTE_DEVICE void issue(C& c, F& f) {
+    forget(f.o_acc);  // dead from the last addition to here, out of the softmax's registers
+    c.mma_pv.accumulate_ = GMMA::ScaleOut::Zero;
+    if constexpr (kParts == 1) {
+      wgmma<false, -1>(c.mma_pv, f.p, c.v_stage(), f.o_acc);
+    } else {
+      wgmma<false, -1>(c.mma_pv, f.p, c.template v_part<0>(), f.o_acc);
+    }
+  }
+  template <class C, class F>
+  static CUTE_DEVICE void complete(C& c, F& f) {
+    warpgroup_fence_operand(f.o_acc);
+    if constexpr (kParts == 1) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(f.o); ++i) {
+        f.o(i) += f.o_acc(i);
+      }
+      return;
+    }
+    for_each(make_int_sequence<kParts>{}, [&](auto part) {
+      constexpr int kPart = decltype(part)::value;
+      if constexpr (kPart > 0) {
+        forget(f.o_acc);
+        c.mma_pv.accumulate_ = GMMA::ScaleOut::Zero;
+        wgmma<false, 0>(c.mma_pv, f.p, c.template v_part<kPart>(), f.o_acc);
+      }
+      Tensor o = C::template o_part<kPart>(f.o);
+      CUTE_UNROLL
+      for (int i = 0; i < size(f.o_acc); ++i) {
+        o(i) += f.o_acc(i);
+      }
+    });
+  }
+  template <class F>
+  static CUTE_DEVICE void clear(F& f) {
+    cute::clear(f.o_acc);
+  }
+};
+
+}  // namespace flash_hopper::sm90
