@@ -54,8 +54,9 @@ from flash_hopper.bench.fp8_inputs import quantize_inputs
 
 # ABI versions whose FhFwdParams has this package's layout: a library of such a version can be
 # timed against the current one (ABI 2 changed only fh_fwd_select_backend's signature, ABI 3 added
-# the backward's FhBwdParams and functions beside an unchanged FhFwdParams).
-SAME_PARAMS_LAYOUT = {1, 2, 3, 9, _lib.ABI_VERSION}
+# the backward's FhBwdParams and functions beside an unchanged FhFwdParams; ABI 12 changed only
+# FhDecodeParams, so 11 keeps this layout).
+SAME_PARAMS_LAYOUT = {1, 2, 3, 9, 11, _lib.ABI_VERSION}
 
 
 class BaselineLibrary:

@@ -53,8 +53,29 @@ def test_plan_splits_one_wave_and_sizes_the_workspace(lib):
     assert lib.decode_plan(params(num_splits=0, heads_q=512, seqlen_q=4), num_sms=132)[0] == 1
 
 
+E4M3, E5M2 = int(FhDtype.E4M3), int(FhDtype.E5M2)
+
+
+def fp8_params(**kw) -> FhDecodeParams:
+    """params() with FA3's FP8 convention: e4m3 q, k and v (their strides as 1-byte rows)."""
+    return params(dtype=E4M3, **kw)
+
+
 @pytest.mark.parametrize(("kw", "fragment"), [
-    ({"dtype": int(FhDtype.E4M3)}, "dtype: expected FH_DTYPE_FP16 (0) or FH_DTYPE_BF16 (1)"),
+    ({"dtype": int(FhDtype.FP32)},
+     ("dtype: expected FH_DTYPE_FP16 (0), FH_DTYPE_BF16 (1) or FH_DTYPE_E4M3 (2) for decode, "
+      "got 3")),
+    # the cache's dtype for each q: its own, or an FP8 one under 16-bit q
+    ({"dtype": E4M3, "kv_dtype": E5M2},
+     "kv_dtype: expected 0 or FH_DTYPE_E4M3 (2) with dtype e4m3 for decode, got 4"),
+    ({"dtype": int(FhDtype.FP16), "kv_dtype": int(FhDtype.BF16)},
+     ("kv_dtype: expected 0 or FH_DTYPE_FP16 (0), FH_DTYPE_E4M3 (2) or FH_DTYPE_E5M2 (4) with "
+      "dtype fp16 for decode, got 1")),
+    # descales scale FP8 values only: q_descale with e4m3 q, k / v_descale with an FP8 cache
+    ({"kv_dtype": E4M3, "q_descale": 64}, "q_descale: expected null with bf16 q"),
+    ({"k_descale": 64}, "k_descale: expected null with bf16 k / v"),
+    ({"dtype": E4M3, "v_descale": 64, "v_descale_head_stride": -1},
+     "v_descale: expected strides >= 0 (0 broadcasts), got batch stride 0, head stride -1"),
     ({"head_dim": 96}, "head_dim: expected 64, 128 or 256 for decode, got 96"),
     ({"heads_kv": 5}, "heads_kv: expected a divisor of heads_q (32), got 5"),
     ({"seqlen_q": 0}, "seqlen_q: expected 1.."),
@@ -84,6 +105,13 @@ def test_plan_refuses_bad_shapes(lib, kw, fragment):
     ({"q": 16, "k": 16, "v": 16, "o": 8}, "o: expected a 16-byte aligned pointer"),
     ({"q": 16, "k": 16, "v": 16, "o": 16, "seqlens_k": 16, "k_row_stride": 1028},
      "k_row_stride: expected a multiple of 8 elements"),
+    # an FP8 row is 16 elements per 16 bytes: a 16-bit multiple of 8 does not do
+    ({"q": 16, "k": 16, "v": 16, "o": 16, "seqlens_k": 16, "kv_dtype": E4M3,
+      "v_row_stride": 1032}, "v_row_stride: expected a multiple of 16 elements for FP8"),
+    ({"q": 16, "k": 16, "v": 16, "o": 16, "seqlens_k": 16, "dtype": E4M3, "q_head_stride": 136},
+     "q_head_stride: expected a multiple of 16 elements for FP8"),
+    ({"q": 16, "k": 16, "v": 16, "o": 16, "seqlens_k": 16, "dtype": E4M3, "k_descale": 66},
+     "k_descale: expected a 4-byte aligned pointer (float) or null, got 0x42"),
     ({"q": 16, "k": 16, "v": 16, "o": 16, "seqlens_k": 16, "num_splits": 0},
      "num_splits: expected 1..128 (fh_decode_plan chooses), got 0"),
     ({"q": 16, "k": 16, "v": 16, "o": 16, "seqlens_k": 16, "num_splits": 4},
@@ -112,18 +140,23 @@ def test_the_table_is_what_the_library_runs(lib):
     its tuned stages on a 227 KiB GPU and none other does; the plan takes its dtypes only."""
     table = _tables.decode_table(lib.build_info())
     assert table["head_dims"] == sorted(table["head_dims"]) and table["max_rows"] > 0
-    assert set(table["dtypes"]) <= set(_tables.DTYPE_NAMES)
-    for head_dim, stages in zip(table["head_dims"], table["stages"]):
-        assert stages in table["stage_counts"]
+    assert set(table["dtypes"]) <= set(_tables.DTYPE_NAMES) | set(_tables.MIXED_DTYPES)
+    for head_dim, stages, fp8 in zip(table["head_dims"], table["stages"], table["fp8_stages"]):
+        assert stages in table["stage_counts"] and fp8 in table["stage_counts"]
         assert lib.decode_stages(head_dim, 227 * 1024) == stages
         assert lib.decode_stages(head_dim + 8, 227 * 1024) == 0
-    for name, dtype in _tables.DTYPE_NAMES.items():
-        p = params(dtype=int(_tables.INPUT_DTYPES[dtype]), num_splits=0)
+    rows = {name: (_tables.INPUT_DTYPES[d], 0) for name, d in _tables.DTYPE_NAMES.items()}
+    rows.update({name: (_tables.TORCH_DTYPES[q], _tables.KV_FP8_DTYPES[kv])
+                 for name, (q, kv) in _tables.MIXED_DTYPES.items()})
+    for name, (dtype, kv_dtype) in rows.items():
+        p = params(dtype=int(dtype), kv_dtype=int(kv_dtype), num_splits=0)
         if name in table["dtypes"]:
             lib.decode_plan(p, num_sms=132)
         else:
-            with pytest.raises(ValueError, match=f"dtype: expected .* for decode, got {p.dtype}"):
+            with pytest.raises(ValueError, match="dtype: expected .* for decode, got"):
                 lib.decode_plan(p, num_sms=132)
+    # every FP8 cache the library takes elsewhere (FH_MIXED_TABLE) and FA3's e4m3: the kernel's
+    assert {"e4m3", *_tables.MIXED_DTYPES} <= set(table["dtypes"])
     assert _tables.decode_summary(lib.build_info()) == (
         f"{' / '.join(table['dtypes'])}, head_dim {' / '.join(map(str, table['head_dims']))}, "
         f"seqlen_q * heads_q / heads_kv <= {table['max_rows']}")
@@ -140,9 +173,35 @@ def test_the_policy_serves_a_short_query(lib):
     assert lib.policy(paged, (8, 0))[1].endswith(" through the page table (page size 16)")
 
 
+def test_the_policy_serves_fp8_caches(lib):
+    """FA3's FP8 convention (e4m3 q, k, v) and 16-bit q against an e4m3 / e5m2 cache: the decode
+    kernel, saying so; on a 99 KiB device d128 fits (4 of the FP8 kernel's stages), d256 does not
+    (its 2 stages and widened tiles: 108032 bytes)."""
+    for kw in ({"dtype": E4M3}, {"kv_dtype": E4M3}, {"dtype": int(FhDtype.FP16), "kv_dtype": E5M2}):
+        backend, reason = lib.policy(params(**kw), (9, 0))
+        kv = "e5m2" if kw.get("kv_dtype") == E5M2 else "e4m3"
+        assert backend == FhBackend.DECODE
+        assert reason.endswith(f", in {kv} and widened to 16 bits in shared memory"), reason
+    assert lib.policy(params(kv_dtype=E4M3), (8, 6))[0] == FhBackend.DECODE
+    with pytest.raises(UnsupportedError, match="at head_dim 256 does not fit the 101376 bytes"):
+        lib.policy(params(kv_dtype=E4M3, head_dim=256), (8, 6))
+    assert lib.policy(params(kv_dtype=E4M3, head_dim=256), (8, 0))[0] == FhBackend.DECODE
+
+
+def test_flash_attn_funcs_fp8_calls_stay_off_the_decode_route(lib):
+    """flash_attn_func's FP8 calls carry their descales in FhFwdParams, which the decode route
+    does not forward: decode_route leaves them on the FA-3 path."""
+    from flash_hopper import supports
+
+    _, reason = supports(dtype="e4m3", head_dim=64, heads_q=32, heads_kv=8, seqlen_q=1,
+                          seqlen_k=4096, capability=(9, 0))
+    assert not reason.startswith("decode:"), reason
+
+
 @pytest.mark.parametrize(("kw", "capability", "fragment"), [
-    ({"dtype": int(FhDtype.E4M3)}, (9, 0),
-     "dtype: the decode kernel takes fp16 or bf16 q, k and v, got e4m3"),
+    ({"dtype": int(FhDtype.FP32)}, (9, 0),
+     ("dtype: the decode kernel takes fp16, bf16, e4m3, bf16+e4m3, fp16+e4m3, bf16+e5m2 or "
+      "fp16+e5m2 (q, k and v in one dtype, or 16-bit q + FP8 k / v), got another dtype")),
     ({"head_dim": 96}, (9, 0),
      "head_dim: the decode kernel takes head_dim 64, 128 or 256, got 96"),
     ({"seqlen_q": 33}, (9, 0),

@@ -368,3 +368,92 @@ def test_varlen_queries_longer_than_max_seqlen_q_are_refused():
     with raises(ValueError, "max_seqlen_q: expected at least every sequence's query count, got 4",
                 "sequence 1 of 5"):
         _check_values(seqlens, 0, 64, 2, None, None, cu, 8, None, 0, max_seqlen_q=4)
+
+
+# --- FP8 caches on the decode route: FA3's convention and the mixed mode --------------------------
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+
+
+@pytest.fixture
+def decode_route(monkeypatch):
+    """The decode kernel taken (its policy answers "serves") and launched as a recorder of its
+    keyword arguments, tensors on the CPU passing the device checks: every other check real."""
+    from flash_hopper import _decode, _validate
+
+    seen = []
+
+    def forward(q, *args, **kwargs):
+        seen.append(kwargs)
+        return torch.zeros(q.shape, dtype=_decode.out_dtype(q)), None
+
+    monkeypatch.setattr(_decode, "serves", lambda *args: True)
+    monkeypatch.setattr(_decode, "forward", forward)
+    monkeypatch.setattr(_validate, "_check_device", lambda *args: None)
+    return seen
+
+
+def fp8_make(q_dtype, cache_dtype=E4M3, new=1):
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(2, 1, 8, 64, generator=g).to(q_dtype)
+    kc, vc = (torch.randn(2, 32, 2, 64, generator=g).to(cache_dtype) for _ in range(2))
+    kn, vn = (torch.randn(2, new, 2, 64, generator=g).to(cache_dtype) for _ in range(2))
+    return q, kc, vc, kn, vn
+
+
+@pytest.mark.parametrize(("q_dtype", "cache_dtype", "descales", "out_dtype"), [
+    (E4M3, E4M3, ("q", "k", "v"), torch.bfloat16),  # FA3's: all three, o in bf16
+    (torch.bfloat16, E4M3, ("k", "v"), torch.bfloat16),  # the mixed mode: o in q's dtype
+    (torch.float16, E5M2, ("v",), torch.float16),
+])
+def test_fp8_caches_reach_the_decode_kernel_with_their_descales(decode_route, q_dtype, cache_dtype,
+                                                                descales, out_dtype):
+    q, kc, vc, kn, vn = fp8_make(q_dtype, cache_dtype)
+    given = {f"{n}_descale": torch.rand(2, 2) + 0.5 for n in descales}
+    out = flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=5, **given)
+    (kw,), want = decode_route, tuple(given.get(f"{n}_descale") for n in "qkv")
+    assert out.dtype == out_dtype and all(a is b for a, b in zip(kw["descales"], want))
+    # the new keys appended bit for bit before the launch
+    assert torch.equal(kc[:, 5].view(torch.uint8), kn[:, 0].view(torch.uint8))
+    assert torch.equal(vc[:, 5].view(torch.uint8), vn[:, 0].view(torch.uint8))
+
+
+@pytest.mark.parametrize(("q_dtype", "change", "exc", "fragment"), [
+    # the mixed mode's descales as flash_attn_func's: k_descale / v_descale only
+    (torch.bfloat16, {"q_descale": torch.ones(2, 2)}, ValueError,
+     "q_descale: expected None in the mixed mode (q is torch.bfloat16, not FP8"),
+    (torch.bfloat16, {"k_descale": torch.ones(2, 8)}, ValueError,
+     ("k_descale: expected shape (batch, heads_kv) = (2, 2), a 0-d tensor or shape (1,), got "
+      "(2, 8)")),
+    (E4M3, {"v_descale": torch.ones(2, 2, dtype=torch.float64)}, ValueError,
+     "v_descale: expected dtype torch.float32, got torch.float64"),
+    (E4M3, {"out": torch.zeros(2, 1, 8, 64, dtype=torch.float16)}, TypeError,
+     "out: expected dtype torch.bfloat16 (the FP8 forward's output dtype), got torch.float16"),
+    # k and v of one cache in one FP8 dtype; an FP8 q takes an FP8 cache of its own dtype
+    (torch.bfloat16, {"v_cache": torch.zeros(2, 32, 2, 64, dtype=E5M2)}, ValueError,
+     ("v_cache: expected k_cache's dtype torch.float8_e4m3fn (an FP8 cache under torch.bfloat16 "
+      "q holds k and v in one FP8 dtype), got torch.float8_e5m2")),
+    (E4M3, {"k_cache": torch.zeros(2, 32, 2, 64, dtype=torch.bfloat16)}, ValueError,
+     "k_cache: expected q's dtype torch.float8_e4m3fn, got torch.bfloat16"),
+    (torch.bfloat16, {"attention_chunk": 16}, UnsupportedError,
+     "attention_chunk: expected 0 with FP8 inputs or sinks"),
+])
+def test_fp8_refusals_name_the_argument_and_write_nothing(decode_route, q_dtype, change, exc,
+                                                          fragment):
+    q, kc, vc, kn, vn = fp8_make(q_dtype)
+    a = {"q": q, "k_cache": kc, "v_cache": vc, "k": kn, "v": vn, "cache_seqlens": 5, **change}
+    before = [t.view(torch.uint8).clone() if t.element_size() == 1 else t.clone()
+              for t in (a["k_cache"], a["v_cache"])]
+    with raises(exc, fragment):
+        flash_attn_with_kvcache(**a)
+    after = [t.view(torch.uint8) if t.element_size() == 1 else t
+             for t in (a["k_cache"], a["v_cache"])]
+    assert all(torch.equal(x, y) for x, y in zip(after, before)) and not decode_route
+
+
+def test_rotary_with_an_fp8_cache_is_refused():
+    q, kc, vc, kn, vn = fp8_make(torch.bfloat16)
+    cos = sin = torch.zeros(64, 8, dtype=torch.bfloat16)
+    with raises(UnsupportedError, "rotary_cos: rotary embedding of FP8 q / k is not implemented"):
+        flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=5, rotary_cos=cos,
+                                rotary_sin=sin)

@@ -52,11 +52,12 @@ C_TYPES = {"int32_t": ctypes.c_int32, "int64_t": ctypes.c_int64, "float": ctypes
 # (Version 2 changed fh_fwd_select_backend's signature, version 3 added the backward: neither
 # changed the struct, which bench/ab_libs.py relies on to time older libraries.)
 SIZEOF_BY_ABI = {1: 376, 2: 376, 3: 376, 4: 408, 5: 416, 6: 456, 7: 480, 8: 480, 9: 480,
-                 10: 480, 11: 440}
+                 10: 480, 11: 440, 12: 440}
 # sizeof(FhBwdParams) per ABI version (it appeared in 3).
-SIZEOF_BWD_BY_ABI = {3: 504, 4: 504, 5: 504, 6: 504, 7: 504, 8: 504, 9: 504, 10: 504, 11: 504}
+SIZEOF_BWD_BY_ABI = {3: 504, 4: 504, 5: 504, 6: 504, 7: 504, 8: 504, 9: 504, 10: 504, 11: 504,
+                     12: 504}
 # sizeof(FhDecodeParams) per ABI version (it appeared in 8).
-SIZEOF_DECODE_BY_ABI = {8: 336, 9: 328, 10: 336, 11: 336}
+SIZEOF_DECODE_BY_ABI = {8: 336, 9: 328, 10: 336, 11: 336, 12: 408}
 
 
 def _source(path: Path) -> str:
@@ -117,7 +118,7 @@ def _cmake_list(name: str) -> list[str]:
 
 STRUCTS = [(FhFwdParams, "FhFwdParams", SIZEOF_BY_ABI, 59),
            (FhBwdParams, "FhBwdParams", SIZEOF_BWD_BY_ABI, 66),
-           (FhDecodeParams, "FhDecodeParams", SIZEOF_DECODE_BY_ABI, 45)]
+           (FhDecodeParams, "FhDecodeParams", SIZEOF_DECODE_BY_ABI, 54)]
 
 
 @pytest.mark.parametrize(("mirror", "c_name", "sizes", "count"), STRUCTS, ids=["fwd", "bwd", "decode"])

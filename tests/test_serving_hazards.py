@@ -17,8 +17,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from flash_hopper import _decode, _device, _lib, _varlen, kvcache
-from flash_hopper._lib import FhBackend, FhDecodeParams
+from flash_hopper import UnsupportedError, _decode, _device, _lib, _varlen, kvcache
+from flash_hopper._lib import FhBackend, FhDecodeParams, FhDtype
 from flash_hopper.kvcache import flash_attn_with_kvcache
 
 from tests._helpers import raises
@@ -404,7 +404,7 @@ def test_sink_of_minus_inf_on_a_row_without_keys_is_zero_not_nan():
 
 def test_decode_abi_struct_has_total_q_next_to_seqlen_q():
     assert FhDecodeParams.total_q.offset == FhDecodeParams.seqlen_q.offset + 8
-    assert ctypes.sizeof(FhDecodeParams) == 336
+    assert ctypes.sizeof(FhDecodeParams) == 408
 
 
 @pytest.mark.parametrize(("capability", "head_dim", "decode"), [
@@ -417,3 +417,107 @@ def test_supports_names_the_decode_kernel_only_where_it_fits(lib, capability, he
                           seqlen_k=4096, kvcache=True, capability=capability)
     assert reason.startswith("decode:") == decode, reason
     assert ok or not decode
+
+
+# --- FP8 caches: what reaches the kernel, and refusals before the append -------------------------
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+
+
+def _bytes(*caches):
+    """The caches' bytes (FP8 tensors compared bit for bit, NaN included)."""
+    return [c.view(torch.uint8).clone() for c in caches]
+
+
+def test_fp8_calls_fill_the_dtypes_the_policy_serves(lib):
+    """_decode's FhDecodeParams of FA3's FP8 convention (e4m3 q, k, v: dtype e4m3, kv_dtype 0)
+    and of 16-bit q against an e4m3 / e5m2 cache (kv_dtype the cache's): the library's policy
+    serves each; a 16-bit cache under FP8 q is no call the struct can say."""
+    q16 = torch.zeros(1, 1, 8, 128, dtype=BF16)
+    cases = ((q16.to(E4M3), E4M3, FhDtype.E4M3, 0), (q16, E4M3, FhDtype.BF16, FhDtype.E4M3),
+             (q16.half(), E5M2, FhDtype.FP16, FhDtype.E5M2))
+    for q, cache_dtype, dtype, kv_dtype in cases:
+        kc = torch.zeros(1, 256, 2, 128, dtype=cache_dtype)
+        assert _decode.expressible(q, kc, kc)
+        p = _decode._fill(q, kc, kc, (1024, 1024, 128, 1), 1, 1, None, False)
+        assert (p.dtype, p.kv_dtype) == (dtype, kv_dtype)
+        p.softmax_scale, p.window_left, p.window_right = 0.125, -1, -1
+        assert lib.policy(p, (9, 0))[0] == FhBackend.DECODE
+    kc = torch.zeros(1, 256, 2, 128, dtype=E4M3)
+    assert not _decode.expressible(q16.to(E4M3), q16, q16)
+    assert not _decode.expressible(q16, kc, kc.view(E5M2))  # k and v in one FP8 dtype
+
+
+def test_fp8_forward_passes_its_descales_and_writes_bf16(recorded):
+    """FA3's convention: o in bf16, each descale's pointer and (batch, head) strides in the
+    struct (0 broadcasts: an expand()ed or a (1,) descale); the mixed mode: o in q's dtype."""
+    q = torch.zeros(2, 1, 8, 64, dtype=E4M3)
+    kc = torch.zeros(2, 128, 2, 64, dtype=E4M3)
+    qd, kd, vd = torch.rand(2, 2), torch.rand(1, 1).expand(2, 2), torch.rand(1)
+    out, _ = _decode.forward(q, kc, kc, torch.full((2,), 128, dtype=I32), softmax_scale=0.125,
+                             descales=(qd, kd, vd))
+    (p, _), = recorded.calls
+    assert out.dtype == BF16 and (p.dtype, p.kv_dtype) == (FhDtype.E4M3, 0)
+    assert (p.q_descale, p.k_descale, p.v_descale) == tuple(t.data_ptr() for t in (qd, kd, vd))
+    assert (p.q_descale_batch_stride, p.q_descale_head_stride) == (2, 1)
+    assert (p.k_descale_batch_stride, p.k_descale_head_stride) == (0, 0)
+    assert (p.v_descale_batch_stride, p.v_descale_head_stride) == (0, 0)
+    q16, kc5 = torch.zeros(2, 1, 8, 64, dtype=torch.float16), kc.view(E5M2)
+    out, _ = _decode.forward(q16, kc5, kc5, torch.full((2,), 128, dtype=I32), softmax_scale=0.125,
+                             descales=(None, qd, None))
+    p = recorded.calls[-1][0]
+    assert out.dtype == torch.float16 and (p.dtype, p.kv_dtype) == (FhDtype.FP16, FhDtype.E5M2)
+    assert p.q_descale is None and p.k_descale == qd.data_ptr() and p.v_descale is None
+
+
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("q_dtype", [E4M3, BF16])
+def test_16_bit_new_keys_into_an_fp8_cache_are_refused_before_the_append(paged, q_dtype):
+    """FA3 appends new keys of q's dtype, the cache's, only: 16-bit k into an e4m3 cache is
+    refused naming k, the expected and the given dtype, under FA3's FP8 convention and the mixed
+    mode, dense and paged, and no cache changes."""
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 1, 8, 64, generator=g).to(q_dtype)
+    shape = (8, 16, 2, 64) if paged else (2, 64, 2, 64)
+    kc, vc = (torch.randn(*shape, generator=g).to(E4M3) for _ in range(2))
+    kn, vn = (torch.randn(2, 1, 2, 64, generator=g).to(BF16) for _ in range(2))
+    kw = {"page_table": torch.arange(8, dtype=I32).view(2, 4)} if paged else {}
+    before = _bytes(kc, vc)
+    with raises(ValueError, "k: expected the cache's dtype torch.float8_e4m3fn, got "
+                            "torch.bfloat16 (an FP8 cache takes new keys already quantized"):
+        flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=5, **kw)
+    assert all(torch.equal(a, b) for a, b in zip(_bytes(kc, vc), before))
+
+
+@pytest.mark.parametrize("backend", ["auto", "fa3"])
+def test_16_bit_q_against_an_fp8_cache_off_the_decode_kernel_is_refused(backend):
+    """The mixed mode's only route is the decode kernel (the varlen kernels take no FP8 cache
+    under 16-bit q): where it does not serve the call (here: no GPU; an explicit backend), the
+    call is refused naming k_cache before the new keys are written."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 1, 8, 64, generator=g).to(BF16)
+    kc, vc = (torch.randn(2, 64, 2, 64, generator=g).to(E4M3) for _ in range(2))
+    kn, vn = (torch.randn(2, 1, 2, 64, generator=g).to(E4M3) for _ in range(2))
+    before = _bytes(kc, vc)
+    with raises(UnsupportedError, "k_cache: torch.bfloat16 q against an FP8 cache "
+                                  "(torch.float8_e4m3fn, the mixed mode) runs on the decode "
+                                  "kernel only", f"backend '{backend}'"):
+        flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=5,
+                                k_descale=torch.ones(2, 2), backend=backend)
+    assert all(torch.equal(a, b) for a, b in zip(_bytes(kc, vc), before))
+
+
+def test_supports_names_the_decode_kernel_for_fp8_caches(lib):
+    """supports() answers FP8 KV-cache calls with the library's policy: the decode kernel for
+    FA3's convention and the mixed mode; where it does not fit, the mixed mode has no other
+    route and says why."""
+    from flash_hopper import supports
+
+    for dtype in ("e4m3", "bf16+e4m3", "fp16+e5m2"):
+        ok, reason = supports(dtype=dtype, head_dim=128, heads_q=32, heads_kv=8, kvcache=True,
+                              capability=(9, 0))
+        assert ok and reason.startswith("decode:") and "widened to 16 bits" in reason, reason
+    ok, reason = supports(dtype="bf16+e4m3", head_dim=256, heads_q=32, heads_kv=8, kvcache=True,
+                          capability=(8, 6))
+    assert not ok and "run on the decode kernel only" in reason, reason
+    assert "does not fit the 101376 bytes" in reason, reason

@@ -22,16 +22,31 @@
 // The query heads of a KV head are the tile's rows (packed GQA, decode_plan.h); a tile holds 16
 // rows, the m16 of one MMA, whatever the number of valid ones (4 for GQA 32 / 8): the kernel has
 // the tensor throughput to waste, not the bytes.
+//
+// FP8 caches (DecodeTypes<Fp8Cache<Q, Kv>>: e4m3 / e5m2 K and V, q in e4m3 or 16-bit). The ring
+// holds the FP8 bytes as they are in HBM (half a 16-bit stage), and each warp widens its own 16
+// keys of a block into a 16-bit tile of its own (widen_rows: K before S = Q K^T, then V into the
+// same tile before P V), from which the 16-bit path's ldmatrix and mma.sync run unchanged. Why in
+// shared memory and not in registers: P V's B fragments pair two keys of one column, which
+// ldmatrix.trans builds from 16-bit rows only; and because a warp widens only the keys it
+// computes, the widening needs __syncwarp, never a CTA barrier. The descales fold into the score's
+// scale (or the softcap's argument) and O's normalization; the combine kernel needs none.
+//
+//   timeline per block j (FP8):  wait; sync | issue | widen K (LDS.64 -> cvt -> STS.128);
+//                                syncwarp | S = Q K^T, mask, softmax | syncwarp; widen V;
+//                                syncwarp | O += P V
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cute/arch/copy_sm75.hpp>
 #include <cute/arch/copy_sm80.hpp>
 #include <cute/arch/mma_sm80.hpp>
 #include <cstdint>
+#include <type_traits>
 
 #include "flash_hopper/decode_plan.h"
 #include "flash_hopper/score_math.h"  // kLog2e, kLn2, fast_tanh
@@ -82,7 +97,14 @@ struct DecodeParams {
   int window_left;
   int window_right;
   int splits;
+
+  // FP8 calls (api.h, FhDecodeParams): fp32 (batch, heads_kv) descales of q, k and v, null =
+  // 1, with their (batch, head) strides. Last, so that the 16-bit kernels read every other field
+  // where they always did.
+  const float* descales[3];
+  int64_t descale_strides[3][2];
 };
+enum DescaleOf : int { kDescaleQ = 0, kDescaleK = 1, kDescaleV = 2 };
 
 // FH_TIMELINE builds (fh_debug_set_timeline): when each CTA reaches these phases, recorded by the
 // shared per-CTA recorder (flash_hopper/timeline.h, CtaMarks: the global timer at each event,
@@ -119,23 +141,104 @@ struct MmaOps<__half> {
   }
 };
 
-template <int kHeadDim, int kStages>
+// The element types of a call. A 16-bit call's kernel is instantiated on its element type: q,
+// K, V, the MMAs and o all in it. An FP8 cache's on Fp8Cache<QStore, KvStore>: K / V stored in
+// KvStore (__nv_fp8_e4m3 / __nv_fp8_e5m2); q in QStore, FP8 too (FA3's convention: the MMAs in
+// fp16, which holds every e4m3 value exactly and keeps P's 10 mantissa bits, o in bf16) or 16-bit
+// (the mixed mode: the MMAs and o in q's type, which holds every e4m3 / e5m2 value exactly).
+template <class QStore, class KvStore>
+struct Fp8Cache {};
+
+template <class Input>
+struct DecodeTypes {
+  using Q = Input;
+  using Kv = Input;
+  using Mma = Input;
+  using Out = Input;
+  static constexpr bool kFp8Q = false;
+  static constexpr bool kFp8Kv = false;
+};
+
+template <class QStore, class KvStore>
+struct DecodeTypes<Fp8Cache<QStore, KvStore>> {
+  static constexpr bool kFp8Q = sizeof(QStore) == 1;
+  static constexpr bool kFp8Kv = true;
+  static_assert(sizeof(KvStore) == 1, "an FP8 cache");
+  using Q = QStore;
+  using Kv = KvStore;
+  using Mma = std::conditional_t<kFp8Q, __half, QStore>;
+  using Out = std::conditional_t<kFp8Q, __nv_bfloat16, QStore>;
+};
+
+template <class Fp8>
+struct Fp8Kind;
+template <>
+struct Fp8Kind<__nv_fp8_e4m3> {
+  static constexpr __nv_fp8_interpretation_t kValue = __NV_E4M3;
+};
+template <>
+struct Fp8Kind<__nv_fp8_e5m2> {
+  static constexpr __nv_fp8_interpretation_t kValue = __NV_E5M2;
+};
+
+// Two FP8 values (the low byte first) as two Mma values, exactly: cvt.rn.f16x2.e4m3x2 /
+// .e5m2x2 on sm_89 and up (cuda_fp8.h emulates it below); to bf16 through fp32, both exact.
+template <class Mma, class Fp8>
+__device__ __forceinline__ uint32_t widen2(uint32_t pair) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+      static_cast<__nv_fp8x2_storage_t>(pair & 0xffffu), Fp8Kind<Fp8>::kValue);
+  if constexpr (std::is_same_v<Mma, __half>) {
+    return uint32_t(h.x) | (uint32_t(h.y) << 16);
+  } else {
+    const float2 f = __half22float2(__half2(h));
+    return MmaOps<Mma>::pack(f.x, f.y);
+  }
+}
+
+// Eight FP8 values (8 bytes) as one 16-byte chunk of Mma values.
+template <class Mma, class Fp8>
+__device__ __forceinline__ uint4 widen8(uint2 x) {
+  return make_uint4(widen2<Mma, Fp8>(x.x), widen2<Mma, Fp8>(x.x >> 16), widen2<Mma, Fp8>(x.y),
+                    widen2<Mma, Fp8>(x.y >> 16));
+}
+
+// A descale of sequence b's KV head (api.h): ptr[b * batch_stride + h_kv * head_stride], 1 for
+// null.
+__device__ __forceinline__ float descale(DecodeParams const& p, DescaleOf which, int b,
+                                         int head_kv) {
+  const float* ptr = p.descales[which];
+  const int64_t* strides = p.descale_strides[which];
+  return ptr == nullptr ? 1.f : ptr[b * strides[0] + head_kv * strides[1]];
+}
+
+template <int kHeadDim, int kStages, bool kFp8Kv = false>
 struct DecodeConfig {
   static_assert(kHeadDim % 64 == 0, "the swizzle XORs 3 bits of a row's 16-byte chunk index");
-  static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
-  static constexpr int kStageChunks = kBlockN * kChunks;
+  static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row of 16-bit elements
+  // 16-byte chunks per cached row in the ring: an FP8 row is half a 16-bit one.
+  static constexpr int kKvChunks = kFp8Kv ? kHeadDim / 16 : kChunks;
+  static constexpr int kStageChunks = kBlockN * kKvChunks;
   // The merge of the warps: each thread owns kCols columns of one row.
   static constexpr int kCols = kHeadDim * kRowsPerCta / kThreads;
   static constexpr int kThreadsPerRow = kHeadDim / kCols;
   static_assert(kThreadsPerRow * kRowsPerCta == kThreads, "one row segment per thread");
 
+  struct Ring {
+    uint4 k[kStages][kStageChunks];
+    uint4 v[kStages][kStageChunks];
+  };
+  // FP8: the ring as loaded (rows of kKvChunks chunks, unswizzled: widen_rows reads a warp's
+  // rows as one contiguous run), and each warp's 16 keys widened to 16 bits (K, then V).
+  struct Fp8Ring {
+    uint4 k[kStages][kStageChunks];
+    uint4 v[kStages][kStageChunks];
+    uint4 widened[kWarps][kKeysPerWarp * kChunks];
+  };
+
   struct SharedStorage {
     uint4 q[kRowsPerCta * kChunks];
     union {
-      struct {
-        uint4 k[kStages][kStageChunks];
-        uint4 v[kStages][kStageChunks];
-      } ring;
+      std::conditional_t<kFp8Kv, Fp8Ring, Ring> ring;
       float o[kWarps][kRowsPerCta][kHeadDim];  // after the loop: the warps' outputs
     };
     int ids[2 * kStages][kBlockN];  // paged: the page ids of block b in ids[b % (2 kStages)]
@@ -148,6 +251,36 @@ struct DecodeConfig {
   // one ldmatrix phase reads fall in 8 different bank groups.
   static __device__ __forceinline__ int chunk(int row, int c) {
     return row * kChunks + (c ^ (row & 7));
+  }
+  // Where the loads put a cached row's 16-byte chunk c in a ring stage: chunk()'s swizzle for
+  // 16-bit rows (ldmatrix reads them), row-major for FP8 ones (widen_rows reads them).
+  static __device__ __forceinline__ int ring_chunk(int row, int c) {
+    if constexpr (kFp8Kv) {
+      return row * kKvChunks + c;
+    } else {
+      return chunk(row, c);
+    }
+  }
+
+  // A warp's 16 cached FP8 rows (kKeysPerWarp rows of kKvChunks chunks at `rows`) widened to
+  // Mma into `tile` (chunk()'s layout, rows 0..15): a lane takes 8 bytes a step, one LDS.64 of a
+  // contiguous 256-byte run per warp and one conflict-free STS.128 (8 lanes write one row's 8
+  // chunks, swizzled into 8 bank groups). At most kBatch steps' loads in flight per lane: d256's
+  // 16 (32 registers) on top of its 128 O registers spilled.
+  static constexpr int kWidenSteps = kKeysPerWarp * kChunks / 32;
+  static constexpr int kWidenBatch = kWidenSteps < 8 ? kWidenSteps : 8;
+  template <class Mma, class Fp8>
+  static __device__ __forceinline__ void widen_rows(const uint4* rows, uint4* tile, int lane) {
+    static_assert(kWidenSteps % kWidenBatch == 0 && kChunks % 8 == 0, "whole steps");
+    const uint2* src = reinterpret_cast<const uint2*>(rows);
+#pragma unroll 1
+    for (int i0 = 0; i0 < kWidenSteps; i0 += kWidenBatch) {
+#pragma unroll
+      for (int i = i0; i < i0 + kWidenBatch; ++i) {
+        const int idx = lane + 32 * i;  // the 8-byte piece c of row r: idx = r * kChunks + c
+        tile[chunk(idx / kChunks, idx % kChunks)] = widen8<Mma, Fp8>(src[idx]);
+      }
+    }
   }
 };
 
@@ -241,15 +374,20 @@ struct Partials {
   }
 };
 
-template <class Element, int kHeadDim, int kStages>
+template <class Input, int kHeadDim, int kStages>
 __global__ void __launch_bounds__(kThreads)
     decode_kernel(const __grid_constant__ DecodeParams p) {
-  using Cfg = DecodeConfig<kHeadDim, kStages>;
+  using Types = DecodeTypes<Input>;
+  using Kv = typename Types::Kv;
+  using Cfg = DecodeConfig<kHeadDim, kStages, Types::kFp8Kv>;
   using Storage = typename Cfg::SharedStorage;
-  using Ops = MmaOps<Element>;
+  using Ops = MmaOps<typename Types::Mma>;
+  using OutOps = MmaOps<typename Types::Out>;
   using Atom = typename Ops::Atom;
   using Copy = cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>;
   constexpr int kChunks = Cfg::kChunks;
+  constexpr int kKvChunks = Cfg::kKvChunks;
+  constexpr int kChunkElems = 16 / int(sizeof(Kv));  // cached elements per 16-byte chunk
   constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of O
 
   extern __shared__ __align__(128) char smem_raw[];
@@ -273,7 +411,7 @@ __global__ void __launch_bounds__(kThreads)
 #endif
 
   // --- the sequence and this CTA's rows and keys ------------------------------------------
-  const TileRows<Element> rows(p, b, head_kv, row_block);
+  const TileRows<typename Types::Out> rows(p, b, head_kv, row_block);
   const int seqlen_q = rows.seqlen_q;
   const int count = rows.count;
   if (count <= 0) {
@@ -297,12 +435,39 @@ __global__ void __launch_bounds__(kThreads)
   if (p.page_table != nullptr) {
     pages.table = p.page_table + int64_t(b) * p.page_table_stride;
   }
-  const Element* k_head = static_cast<const Element*>(p.k) + head_kv * p.k_head_stride;
-  const Element* v_head = static_cast<const Element*>(p.v) + head_kv * p.v_head_stride;
+  const Kv* k_head = static_cast<const Kv*>(p.k) + head_kv * p.k_head_stride;
+  const Kv* v_head = static_cast<const Kv*>(p.v) + head_kv * p.v_head_stride;
+  // The score's scales: an FP8 call's q_descale * k_descale folds into the exponent's scale, or
+  // into the softcap's argument when softcap is on (the scale precedes tanh, fwd_params.h). A
+  // 16-bit call reads p's where it uses them (locals of them compiled to another schedule).
+  [[maybe_unused]] float fp8_scale_log2 = 0.f;
+  [[maybe_unused]] float fp8_softcap_scale = 0.f;
+  if constexpr (Types::kFp8Kv) {
+    const float qk =
+        descale(p, kDescaleQ, b, head_kv) * descale(p, kDescaleK, b, head_kv);
+    const bool capped = p.softcap > 0.f;
+    fp8_scale_log2 = capped ? p.scale_log2 : p.scale_log2 * qk;
+    fp8_softcap_scale = capped ? p.softcap_scale * qk : p.softcap_scale;
+  }
+  auto scale_log2 = [&] {
+    if constexpr (Types::kFp8Kv) {
+      return fp8_scale_log2;
+    } else {
+      return p.scale_log2;
+    }
+  };
+  auto softcap_scale = [&] {
+    if constexpr (Types::kFp8Kv) {
+      return fp8_softcap_scale;
+    } else {
+      return p.softcap_scale;
+    }
+  };
 
   // --- loads ---------------------------------------------------------------------------------
-  {  // Q: rows past `count` zero-filled
-    const Element* q = static_cast<const Element*>(p.q);
+  // An FP8 q is widened into s.q after the K / V prologue is issued (below).
+  if constexpr (!Types::kFp8Q) {  // Q: rows past `count` zero-filled
+    const typename Types::Q* q = static_cast<const typename Types::Q*>(p.q);
     for (int idx = tid; idx < kRowsPerCta * kChunks; idx += kThreads) {
       const int i = idx / kChunks;
       const int c = idx % kChunks;
@@ -311,7 +476,7 @@ __global__ void __launch_bounds__(kThreads)
       const int h = ok ? rows.head_of(i) : 0;
       const int64_t row = p.cu_seqlens_q != nullptr ? (rows.q_row0 + t) * p.q_row_stride
                                                     : b * p.q_batch_stride + t * p.q_row_stride;
-      const Element* src = ok ? q + row + h * p.q_head_stride + c * 8 : q;
+      const typename Types::Q* src = ok ? q + row + h * p.q_head_stride + c * 8 : q;
       Copy::copy(*reinterpret_cast<const cute::uint128_t*>(src),
                  *reinterpret_cast<cute::uint128_t*>(&s.q[Cfg::chunk(i, c)]), ok);
     }
@@ -325,9 +490,9 @@ __global__ void __launch_bounds__(kThreads)
   // (bench/PERFLOG.md "the split merge as a kernel of its own"): 4 doubles the L2
   // requests per byte (slower at the large points), kChunks (a row per 16 lanes) spends the paged
   // call's issue slots on page walks (slower paged).
-  constexpr int kRowThreads = kChunks < 8 ? kChunks : 8;
-  static_assert(kChunks % kRowThreads == 0 && kThreads % kRowThreads == 0, "even load split");
-  constexpr int kChunksPerThread = kChunks / kRowThreads;
+  constexpr int kRowThreads = kKvChunks < 8 ? kKvChunks : 8;
+  static_assert(kKvChunks % kRowThreads == 0 && kThreads % kRowThreads == 0, "even load split");
+  constexpr int kChunksPerThread = kKvChunks / kRowThreads;
   constexpr int kRowsPerPass = kThreads / kRowThreads;
   constexpr int kPasses = kBlockN / kRowsPerPass;
   static_assert(kPasses * kRowsPerPass == kBlockN, "whole passes per block");
@@ -365,14 +530,14 @@ __global__ void __launch_bounds__(kThreads)
   auto issue = [&](int stage, int pass, int key, int64_t page, int64_t slot) {
     const int row = tid / kRowThreads + pass * kRowsPerPass;
     const bool ok = key < mine.hi;
-    const Element* ks = ok ? k_head + page * p.k_page_stride + slot * p.k_row_stride + c0 * 8
-                           : k_head;
-    const Element* vs = ok ? v_head + page * p.v_page_stride + slot * p.v_row_stride + c0 * 8
-                           : v_head;
+    const Kv* ks = ok ? k_head + page * p.k_page_stride + slot * p.k_row_stride + c0 * kChunkElems
+                      : k_head;
+    const Kv* vs = ok ? v_head + page * p.v_page_stride + slot * p.v_row_stride + c0 * kChunkElems
+                      : v_head;
 #pragma unroll
     for (int i = 0; i < kChunksPerThread; ++i) {
-      const int at = Cfg::chunk(row, c0 + i * kRowThreads);
-      const int step = ok ? i * kRowThreads * 8 : 0;
+      const int at = Cfg::ring_chunk(row, c0 + i * kRowThreads);
+      const int step = ok ? i * kRowThreads * kChunkElems : 0;
       Copy::copy(*reinterpret_cast<const cute::uint128_t*>(ks + step),
                  *reinterpret_cast<cute::uint128_t*>(&s.ring.k[stage][at]), ok);
       Copy::copy(*reinterpret_cast<const cute::uint128_t*>(vs + step),
@@ -413,6 +578,21 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     cute::cp_async_fence();  // one group per stage, empty or not: the waits count groups
+  }
+  if constexpr (Types::kFp8Q) {  // Q widened in registers, under the prologue's loads
+    const typename Types::Q* q = static_cast<const typename Types::Q*>(p.q);
+    for (int idx = tid; idx < kRowsPerCta * kChunks; idx += kThreads) {
+      const int i = idx / kChunks;
+      const int c = idx % kChunks;  // 8 FP8 values -> one 16-byte chunk of s.q
+      uint2 x = make_uint2(0u, 0u);
+      if (i < count) {
+        const int t = rows.token_of(i);
+        const int64_t row = p.cu_seqlens_q != nullptr ? (rows.q_row0 + t) * p.q_row_stride
+                                                      : b * p.q_batch_stride + t * p.q_row_stride;
+        x = *reinterpret_cast<const uint2*>(q + row + rows.head_of(i) * p.q_head_stride + c * 8);
+      }
+      s.q[Cfg::chunk(i, c)] = widen8<typename Types::Mma, typename Types::Q>(x);
+    }
   }
 
   // --- this warp's online softmax over its keys of every block -----------------------------
@@ -455,6 +635,11 @@ __global__ void __launch_bounds__(kThreads)
     if (key0 >= mine.hi) {
       continue;  // this warp's keys are past the split
     }
+    if constexpr (Types::kFp8Kv) {  // this warp's 16 keys of K, widened
+      Cfg::template widen_rows<typename Types::Mma, Kv>(
+          &s.ring.k[stage][warp * kKeysPerWarp * kKvChunks], s.ring.widened[warp], lane);
+      __syncwarp();
+    }
     // S = Q K^T: 16 rows x this warp's 16 keys (two n8 tiles)
     float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
@@ -466,10 +651,14 @@ __global__ void __launch_bounds__(kThreads)
               &s.q[Cfg::chunk(lane % 16, 2 * kk + lane / 16)]),
           a[0], a[1], a[2], a[3]);
       const int krow = warp * kKeysPerWarp + (lane / 16) * 8 + lane % 8;
-      cute::SM75_U32x4_LDSM_N::copy(
-          *reinterpret_cast<const cute::uint128_t*>(
-              &s.ring.k[stage][Cfg::chunk(krow, 2 * kk + (lane / 8) % 2)]),
-          bk[0], bk[1], bk[2], bk[3]);
+      const uint4* kt;  // the B tile: the ring's 16-bit rows, or the warp's widened ones
+      if constexpr (Types::kFp8Kv) {
+        kt = &s.ring.widened[warp][Cfg::chunk(krow % kKeysPerWarp, 2 * kk + (lane / 8) % 2)];
+      } else {
+        kt = &s.ring.k[stage][Cfg::chunk(krow, 2 * kk + (lane / 8) % 2)];
+      }
+      cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(kt), bk[0], bk[1],
+                                    bk[2], bk[3]);
       Atom::fma(sc[0][0], sc[0][1], sc[0][2], sc[0][3], a[0], a[1], a[2], a[3], bk[0], bk[1],
                 sc[0][0], sc[0][1], sc[0][2], sc[0][3]);
       Atom::fma(sc[1][0], sc[1][1], sc[1][2], sc[1][3], a[0], a[1], a[2], a[3], bk[2], bk[3],
@@ -484,9 +673,9 @@ __global__ void __launch_bounds__(kThreads)
         const KeyRange& r = row_range[e >> 1];
         float x = sc[n][e];
         if (p.softcap > 0.f) {
-          x = p.softcap * fast_tanh(x * p.softcap_scale);
+          x = p.softcap * fast_tanh(x * softcap_scale());
         }
-        sc[n][e] = (key >= r.lo && key < r.hi) ? x * p.scale_log2 : -INFINITY;
+        sc[n][e] = (key >= r.lo && key < r.hi) ? x * scale_log2() : -INFINITY;
       }
     }
     // online softmax per row (a row's 16 scores live in the 4 lanes of a quad)
@@ -518,13 +707,23 @@ __global__ void __launch_bounds__(kThreads)
     const uint32_t pa[4] = {Ops::pack(sc[0][0], sc[0][1]), Ops::pack(sc[0][2], sc[0][3]),
                             Ops::pack(sc[1][0], sc[1][1]), Ops::pack(sc[1][2], sc[1][3])};
     const int vrow = warp * kKeysPerWarp + lane % 8 + ((lane / 8) % 2) * 8;
+    if constexpr (Types::kFp8Kv) {  // every lane's K fragments read: the tile takes V
+      __syncwarp();
+      Cfg::template widen_rows<typename Types::Mma, Kv>(
+          &s.ring.v[stage][warp * kKeysPerWarp * kKvChunks], s.ring.widened[warp], lane);
+      __syncwarp();
+    }
 #pragma unroll
     for (int t = 0; t < kDTiles; t += 2) {
       uint32_t bv[4];
-      cute::SM75_U16x8_LDSM_T::copy(
-          *reinterpret_cast<const cute::uint128_t*>(
-              &s.ring.v[stage][Cfg::chunk(vrow, t + lane / 16)]),
-          bv[0], bv[1], bv[2], bv[3]);
+      const uint4* vt;
+      if constexpr (Types::kFp8Kv) {
+        vt = &s.ring.widened[warp][Cfg::chunk(vrow % kKeysPerWarp, t + lane / 16)];
+      } else {
+        vt = &s.ring.v[stage][Cfg::chunk(vrow, t + lane / 16)];
+      }
+      cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(vt), bv[0], bv[1],
+                                    bv[2], bv[3]);
       Atom::fma(o[t][0], o[t][1], o[t][2], o[t][3], pa[0], pa[1], pa[2], pa[3], bv[0], bv[1],
                 o[t][0], o[t][1], o[t][2], o[t][3]);
       Atom::fma(o[t + 1][0], o[t + 1][1], o[t + 1][2], o[t + 1][3], pa[0], pa[1], pa[2], pa[3],
@@ -586,7 +785,10 @@ __global__ void __launch_bounds__(kThreads)
         }
       }
     }
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    float inv = sum > 0.f ? 1.f / sum : 0.f;
+    if constexpr (Types::kFp8Kv) {  // O of the FP8 V's values: v_descale, splits' partials too
+      inv *= descale(p, kDescaleV, b, head_kv);
+    }
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
       acc[c] *= inv;
@@ -598,14 +800,14 @@ __global__ void __launch_bounds__(kThreads)
   if (p.splits == 1) {
     if (valid) {
       const float f = rows.sink(row, &lse2);
-      Element* dst = rows.out_row(row) + col0;
+      typename Types::Out* dst = rows.out_row(row) + col0;
 #pragma unroll
       for (int c = 0; c < kCols; c += 8) {
         uint4 packed;
-        packed.x = Ops::pack(acc[c] * f, acc[c + 1] * f);
-        packed.y = Ops::pack(acc[c + 2] * f, acc[c + 3] * f);
-        packed.z = Ops::pack(acc[c + 4] * f, acc[c + 5] * f);
-        packed.w = Ops::pack(acc[c + 6] * f, acc[c + 7] * f);
+        packed.x = OutOps::pack(acc[c] * f, acc[c + 1] * f);
+        packed.y = OutOps::pack(acc[c + 2] * f, acc[c + 3] * f);
+        packed.z = OutOps::pack(acc[c + 4] * f, acc[c + 5] * f);
+        packed.w = OutOps::pack(acc[c + 6] * f, acc[c + 7] * f);
         *reinterpret_cast<uint4*>(dst + c) = packed;
       }
       if (p.lse != nullptr && col0 == 0) {

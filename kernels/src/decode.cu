@@ -14,12 +14,21 @@
 // the device (fh_decode_stages answers 0 and the library's policy sends the call elsewhere, before
 // the caller touches any cache). Every stage count of the table that fits 227 KiB is compiled, so
 // that FLASH_HOPPER_DECODE_STAGES can measure the others without a rebuild.
+//
+// FP8 caches (the table's third column): a stage holds half the bytes, so the same bytes in flight
+// per SM take about twice the stages, and each CTA adds the warps' widened 16-bit tiles (one
+// 16-bit stage's worth); 5 stages keep the 16-bit kernels' bytes in flight at their CTAs per SM:
+//   d64:  5 x 8 KiB + 8 KiB tiles = 53 KiB per CTA (4 per SM: 4 x 4 x 8 KiB in flight)
+//   d128: 5 x 16 KiB + 16 KiB = 103 KiB (2 per SM: 2 x 4 x 16 KiB, the 16-bit d128's 128 KiB)
+//   d256: 5 x 32 KiB + 32 KiB = 203 KiB (1 per SM: 4 x 32 KiB, the 16-bit d256's 128 KiB)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "decode/decode_kernel.h"
 #include "fh_decode_table.inc"
@@ -39,47 +48,60 @@ using decode::DecodeParams;
 constexpr int kMinStages = FH_DECODE_MIN_STAGES;
 constexpr int kMaxSmemPerBlock = 227 * 1024;
 
-// The kernel's element type of a table dtype.
+// The storage type of an FhDtype of the decode table.
 template <int32_t kDtype>
-struct DecodeElement;
-template <>
-struct DecodeElement<FH_DTYPE_FP16> {
-  using Type = __half;
-};
-template <>
-struct DecodeElement<FH_DTYPE_BF16> {
-  using Type = __nv_bfloat16;
+struct Storage {
+  static_assert(kDtype == FH_DTYPE_FP16 || kDtype == FH_DTYPE_BF16 || kDtype == FH_DTYPE_E4M3 ||
+                    kDtype == FH_DTYPE_E5M2,
+                "a dtype of the decode table");
+  using Type = std::conditional_t<
+      kDtype == FH_DTYPE_FP16, __half,
+      std::conditional_t<kDtype == FH_DTYPE_BF16, __nv_bfloat16,
+                         std::conditional_t<kDtype == FH_DTYPE_E4M3, __nv_fp8_e4m3,
+                                            __nv_fp8_e5m2>>>;
 };
 
-// The table's head dims with their tuned stages.
+// The kernel's Input of a table row (decode_kernel.h, DecodeTypes): a 16-bit row's element type,
+// or an FP8 cache's Fp8Cache<q's storage, K / V's storage>.
+template <int32_t kQ, int32_t kKv, bool kSame = kQ == kKv && sizeof(typename Storage<kQ>::Type) == 2>
+struct DecodeInput {
+  using Type = decode::Fp8Cache<typename Storage<kQ>::Type, typename Storage<kKv>::Type>;
+};
+template <int32_t kQ, int32_t kKv>
+struct DecodeInput<kQ, kKv, true> {
+  using Type = typename Storage<kQ>::Type;
+};
+
+// The table's head dims with their tuned stages (16-bit and FP8 caches).
 struct TunedStages {
   int64_t head_dim;
   int stages;
+  int fp8_stages;
 };
-#define FH_DECODE_TUNED(hd, stages) {hd, stages},
+#define FH_DECODE_TUNED(hd, stages, fp8_stages) {hd, stages, fp8_stages},
 constexpr TunedStages kTunedStages[] = {FH_DECODE_TABLE(FH_DECODE_TUNED)};
 #undef FH_DECODE_TUNED
 
-int default_stages(int64_t head_dim) {
+int default_stages(int64_t head_dim, bool fp8_kv) {
   for (const TunedStages& t : kTunedStages) {
     if (t.head_dim == head_dim) {
-      return t.stages;
+      return fp8_kv ? t.fp8_stages : t.stages;
     }
   }
   return 0;
 }
 
-template <int kHeadDim, int kStages>
+template <int kHeadDim, int kStages, bool kFp8Kv>
 constexpr int smem_bytes() {
-  return DecodeConfig<kHeadDim, kStages>::kSmemBytes;
+  return DecodeConfig<kHeadDim, kStages, kFp8Kv>::kSmemBytes;
 }
 
 // The shared memory of a stage count of the table at kHeadDim; 0 for a count it does not list.
-template <int kHeadDim>
+template <int kHeadDim, bool kFp8Kv>
 int smem_for(int stages) {
-#define FH_DECODE_SMEM(s)              \
-  if (stages == s) {                   \
-    return smem_bytes<kHeadDim, s>(); \
+#define FH_DECODE_SMEM(s)                      \
+  if (stages == s) {                           \
+    return smem_bytes<kHeadDim, s, kFp8Kv>(); \
   }
   FH_DECODE_STAGE_COUNTS(FH_DECODE_SMEM)
 #undef FH_DECODE_SMEM
@@ -87,10 +109,10 @@ int smem_for(int stages) {
 }
 
 // The same for a head dim of the table; 0 for one it does not list.
-int smem_of(int64_t head_dim, int stages) {
-#define FH_DECODE_SMEM_OF(hd, tuned) \
-  if (head_dim == hd) {              \
-    return smem_for<hd>(stages);     \
+int smem_of(int64_t head_dim, int stages, bool fp8_kv) {
+#define FH_DECODE_SMEM_OF(hd, tuned, fp8_tuned)                                     \
+  if (head_dim == hd) {                                                             \
+    return fp8_kv ? smem_for<hd, true>(stages) : smem_for<hd, false>(stages); \
   }
   FH_DECODE_TABLE(FH_DECODE_SMEM_OF)
 #undef FH_DECODE_SMEM_OF
@@ -99,8 +121,12 @@ int smem_of(int64_t head_dim, int stages) {
 
 }  // namespace
 
-int decode_stages(int64_t head_dim, int max_smem_per_block) {
-  const int tuned = default_stages(head_dim);
+bool decode_fp8_kv(int32_t kv_dtype) {
+  return kv_dtype == FH_DTYPE_E4M3 || kv_dtype == FH_DTYPE_E5M2;
+}
+
+int decode_stages(int64_t head_dim, int max_smem_per_block, bool fp8_kv) {
+  const int tuned = default_stages(head_dim, fp8_kv);
   if (tuned == 0) {
     return 0;  // not a decode head dim
   }
@@ -108,12 +134,12 @@ int decode_stages(int64_t head_dim, int max_smem_per_block) {
   int want = tuned;
   if (const char* env = std::getenv("FLASH_HOPPER_DECODE_STAGES")) {
     const int v = std::atoi(env);
-    if (smem_of(head_dim, v) > 0) {
+    if (smem_of(head_dim, v, fp8_kv) > 0) {
       want = v;
     }
   }
   for (int stages = want; stages >= kMinStages; --stages) {
-    const int smem = smem_of(head_dim, stages);
+    const int smem = smem_of(head_dim, stages, fp8_kv);
     if (smem > 0 && smem <= limit) {
       return stages;
     }
@@ -181,6 +207,15 @@ DecodeParams derive(FhDecodeParams const* p) {
   d.window_left = decode::clamp_window(p->window_left, d.capacity);
   d.window_right = decode::clamp_window(p->window_right, d.seqlen_q);
   d.splits = p->num_splits;
+  const float* descales[3] = {p->q_descale, p->k_descale, p->v_descale};
+  const int64_t strides[3][2] = {{p->q_descale_batch_stride, p->q_descale_head_stride},
+                                 {p->k_descale_batch_stride, p->k_descale_head_stride},
+                                 {p->v_descale_batch_stride, p->v_descale_head_stride}};
+  for (int i = 0; i < 3; ++i) {
+    d.descales[i] = descales[i];
+    d.descale_strides[i][0] = strides[i][0];
+    d.descale_strides[i][1] = strides[i][1];
+  }
   if (p->num_splits > 1) {
     const int64_t blocks = p->batch * p->heads_kv * d.row_blocks;
     const decode::DecodeWorkspace w =
@@ -192,18 +227,19 @@ DecodeParams derive(FhDecodeParams const* p) {
   return d;
 }
 
-template <class Element, int kHeadDim, int kStages>
+template <class Input, int kHeadDim, int kStages>
 LaunchResult launch(DecodeParams const& d, int max_smem_per_block, bool programmatic,
                     cudaStream_t stream) {
-  constexpr int kSmem = smem_bytes<kHeadDim, kStages>();
+  using Types = decode::DecodeTypes<Input>;
+  constexpr int kSmem = smem_bytes<kHeadDim, kStages, Types::kFp8Kv>();
   if constexpr (kSmem > kMaxSmemPerBlock) {
     return LaunchResult::no_tile_fits(kSmem);
   } else {
     if (kSmem > max_smem_per_block) {
       return LaunchResult::no_tile_fits(kSmem);
     }
-    auto kernel = decode::decode_kernel<Element, kHeadDim, kStages>;
-    cudaError_t err = opt_in_dynamic_smem<decode::decode_kernel<Element, kHeadDim, kStages>>(kSmem);
+    auto kernel = decode::decode_kernel<Input, kHeadDim, kStages>;
+    cudaError_t err = opt_in_dynamic_smem<decode::decode_kernel<Input, kHeadDim, kStages>>(kSmem);
     if (err != cudaSuccess) {
       return LaunchResult::cuda(err);
     }
@@ -212,32 +248,34 @@ LaunchResult launch(DecodeParams const& d, int max_smem_per_block, bool programm
     err = launch_programmatic(kernel, grid, block, kSmem, stream, programmatic, d);
     if (err == cudaSuccess && d.splits > 1) {
       const dim3 blocks(static_cast<unsigned>(int64_t{d.batch} * d.heads_kv * d.row_blocks));
-      err = launch_programmatic(decode::combine_kernel<Element, kHeadDim>, blocks, block, 0,
-                                stream, programmatic, d);
+      // the partials are O's values (v_descale applied): the combine kernel of the output type
+      err = launch_programmatic(decode::combine_kernel<typename Types::Out, kHeadDim>, blocks,
+                                block, 0, stream, programmatic, d);
     }
     return LaunchResult::cuda(err);
   }
 }
 
-template <class Element, int kHeadDim>
+template <class Input, int kHeadDim>
 LaunchResult launch_stages(DecodeParams const& d, int max_smem_per_block, bool programmatic,
                            cudaStream_t stream) {
-  const int stages = decode_stages(kHeadDim, max_smem_per_block);
-#define FH_DECODE_LAUNCH(s)                                                    \
-  if (stages == s) {                                                           \
-    return launch<Element, kHeadDim, s>(d, max_smem_per_block, programmatic, stream); \
+  constexpr bool kFp8Kv = decode::DecodeTypes<Input>::kFp8Kv;
+  const int stages = decode_stages(kHeadDim, max_smem_per_block, kFp8Kv);
+#define FH_DECODE_LAUNCH(s)                                                         \
+  if (stages == s) {                                                                \
+    return launch<Input, kHeadDim, s>(d, max_smem_per_block, programmatic, stream); \
   }
   FH_DECODE_STAGE_COUNTS(FH_DECODE_LAUNCH)
 #undef FH_DECODE_LAUNCH
-  return LaunchResult::no_tile_fits(smem_bytes<kHeadDim, kMinStages>());
+  return LaunchResult::no_tile_fits(smem_bytes<kHeadDim, kMinStages, kFp8Kv>());
 }
 
-template <class Element>
+template <class Input>
 LaunchResult launch_dtype(DecodeParams const& d, int64_t head_dim, int max_smem_per_block,
                           bool programmatic, cudaStream_t stream) {
-#define FH_DECODE_LAUNCH_HEAD_DIM(hd, tuned)                                          \
-  if (head_dim == hd) {                                                               \
-    return launch_stages<Element, hd>(d, max_smem_per_block, programmatic, stream); \
+#define FH_DECODE_LAUNCH_HEAD_DIM(hd, tuned, fp8_tuned)                             \
+  if (head_dim == hd) {                                                             \
+    return launch_stages<Input, hd>(d, max_smem_per_block, programmatic, stream); \
   }
   FH_DECODE_TABLE(FH_DECODE_LAUNCH_HEAD_DIM)
 #undef FH_DECODE_LAUNCH_HEAD_DIM
@@ -246,8 +284,9 @@ LaunchResult launch_dtype(DecodeParams const& d, int64_t head_dim, int max_smem_
 
 }  // namespace
 
-int decode_ctas_per_sm(int64_t head_dim) {
-  const int smem = smem_of(head_dim, decode_stages(head_dim, kMaxSmemPerBlock));
+int decode_ctas_per_sm(int64_t head_dim, bool fp8_kv) {
+  const int smem =
+      smem_of(head_dim, decode_stages(head_dim, kMaxSmemPerBlock, fp8_kv), fp8_kv);
   if (smem <= 0) {
     return 1;
   }
@@ -263,11 +302,11 @@ LaunchResult launch_decode(FhDecodeParams const* p, int max_smem_per_block, int 
   d.timeline = timeline;
   d.timeline_ctas =
       timeline_bytes / int64_t(sizeof(unsigned long long) * decode::DecodeMarks::kSlots);
-#define FH_DECODE_LAUNCH_DTYPE(value, name)                                            \
-  if (p->dtype == value) {                                                             \
-    return launch_dtype<typename DecodeElement<value>::Type>(d, p->head_dim,           \
-                                                             max_smem_per_block,       \
-                                                             programmatic, stream);    \
+  const int32_t kv_dtype = decode_kv_dtype(p);
+#define FH_DECODE_LAUNCH_DTYPE(q_value, kv_value, name)                                      \
+  if (p->dtype == q_value && kv_dtype == kv_value) {                                         \
+    return launch_dtype<typename DecodeInput<q_value, kv_value>::Type>(                      \
+        d, p->head_dim, max_smem_per_block, programmatic, stream);                           \
   }
   FH_DECODE_DTYPES(FH_DECODE_LAUNCH_DTYPE)
 #undef FH_DECODE_LAUNCH_DTYPE

@@ -424,6 +424,7 @@ FhStatus select_for(Request& r, const Params* p, const Entry* fa3, const Entry* 
 // A call as the decode kernel's rules weigh it, from either parameter struct.
 struct DecodeRequest {
   int32_t dtype = FH_DTYPE_FP16;
+  int32_t kv_dtype = FH_DTYPE_FP16;  // K / V's: dtype's, or an FP8 cache's
   const char* other = nullptr;  // what the decode route does not take in this call, or null
   int64_t head_dim = 0;
   int64_t group = 1;            // query heads per KV head
@@ -444,9 +445,11 @@ bool decode_serves(const DecodeRequest& r, int cc_major, int cc_minor, std::stri
     *no = format("the decode kernel needs a GPU of compute capability >= 8.0, this GPU is "
                  "cc %d.%d",
                  cc_major, cc_minor);
-  } else if (!decode_has_dtype(r.dtype)) {
-    const char* name = dtype_name(r.dtype);
-    *no = format("dtype: the decode kernel takes %s q, k and v, got %s",
+  } else if (!decode_has_dtype(r.dtype, r.kv_dtype)) {
+    const char* name =
+        r.kv_dtype == r.dtype ? dtype_name(r.dtype) : mixed_name(r.dtype, r.kv_dtype);
+    *no = format("dtype: the decode kernel takes %s (q, k and v in one dtype, or 16-bit q + "
+                 "FP8 k / v), got %s",
                  decode_dtype_names().c_str(), name != nullptr ? name : "another dtype");
   } else if (!decode_has_head_dim(r.head_dim)) {
     *no = format("head_dim: the decode kernel takes head_dim %s, got %lld",
@@ -462,7 +465,7 @@ bool decode_serves(const DecodeRequest& r, int cc_major, int cc_minor, std::stri
                  FH_DECODE_MAX_ROWS, (long long)r.tokens, (long long)r.group);
   } else if (r.keys <= 0) {
     *no = "seqlen_k: the decode kernel needs keys to attend, got 0";
-  } else if (decode_stages(r.head_dim, smem) == 0) {
+  } else if (decode_stages(r.head_dim, smem, decode_fp8_kv(r.kv_dtype)) == 0) {
     *no = format("the decode kernel at head_dim %lld does not fit the %d bytes of shared memory "
                  "per block of cc %d.%d",
                  (long long)r.head_dim, smem, cc_major, cc_minor);
@@ -476,6 +479,10 @@ bool decode_serves(const DecodeRequest& r, int cc_major, int cc_minor, std::stri
       if (r.page_size > 0) {
         *why += format(" through the page table (page size %lld)", (long long)r.page_size);
       }
+      if (decode_fp8_kv(r.kv_dtype)) {
+        *why += format(", in %s and widened to 16 bits in shared memory",
+                       kv_dtype_name(r.kv_dtype));
+      }
     }
     return true;
   }
@@ -488,6 +495,7 @@ bool decode_serves(const DecodeRequest& r, int cc_major, int cc_minor, std::stri
 DecodeRequest decode_request(const FhFwdParams* p) {
   DecodeRequest r;
   r.dtype = p->dtype;
+  r.kv_dtype = p->dtype;
   r.head_dim = p->head_dim;
   r.group = p->heads_q / p->heads_kv;
   r.keys = p->seqlen_k;
@@ -495,6 +503,8 @@ DecodeRequest decode_request(const FhFwdParams* p) {
   r.tokens = varlen ? p->max_seqlen_q : p->seqlen_q;
   if (is_mixed(p)) {
     r.other = "FP8 k / v (the mixed mode)";
+  } else if (p->dtype == FH_DTYPE_E4M3) {
+    r.other = "FP8 inputs (flash_attn_with_kvcache's decode route takes FP8 caches)";
   } else if (p->kv_batch_idx != nullptr || p->leftpad_k != nullptr) {
     r.other = "kv_batch_idx / leftpad_k (flash_attn_with_kvcache asks with FhDecodeParams)";
   } else if (p->seqused_q != nullptr) {
@@ -547,6 +557,7 @@ FhStatus select_backend(const FhDecodeParams* p, int cc_major, int cc_minor, Dec
                         std::string* why) {
   DecodeRequest r;
   r.dtype = p->dtype;
+  r.kv_dtype = decode_kv_dtype(p);
   r.head_dim = p->head_dim;
   r.group = p->heads_q / p->heads_kv;
   r.tokens = p->seqlen_q;

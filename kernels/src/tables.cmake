@@ -66,18 +66,22 @@ set(FH_FA3_VARIANT_TABLE
 
 # The decode kernel (kernels/decode/decode_kernel.h, docs/decode.md), in every build whatever the
 # FH_* variables select (its kernels are small). Head dims: head dim | the key-ring stages it runs
-# at where they fit the device (kernels/src/decode.cu says why each), ascending. A head dim must
-# be a multiple of 64 (the kernel's shared-memory swizzle).
+# at with a 16-bit cache where they fit the device | the same with an FP8 cache (kernels/src/
+# decode.cu says why each), ascending. A head dim must be a multiple of 64 (the kernel's
+# shared-memory swizzle).
 set(FH_DECODE_TABLE
-  "64|4"
-  "128|3"
-  "256|3")
+  "64|4|5"
+  "128|3|5"
+  "256|3|5")
 # The stage counts compiled per head dim: a device with less shared memory per block runs the
 # largest one that fits, and FLASH_HOPPER_DECODE_STAGES measures the others without a rebuild.
 # Ascending; the first is the fewest a device must hold for the kernel to serve it.
 set(FH_DECODE_STAGE_COUNTS 2 3 4 5)
-# Its inputs (FH_DTYPE_TABLE names; q, K and V alike), and the packed rows (query tokens x query
-# heads per KV head) of the calls the library's policy sends to it (kernels/src/policy.cu): each
-# 16 rows re-read the keys from L2, so longer queries stay on the FA kernels.
-set(FH_DECODE_DTYPES fp16 bf16)
+# Its inputs: FH_DTYPE_TABLE names (q, K and V alike; e4m3 is FA3's FP8 convention, q, K and V in
+# e4m3 with descales and a bf16 output) and FH_MIXED_TABLE names (16-bit q against an FP8 cache,
+# o in q's dtype); the FP8 caches are widened to 16 bits in shared memory, the MMAs stay 16-bit.
+# And the packed rows (query tokens x query heads per KV head) of the calls the library's policy
+# sends to it (kernels/src/policy.cu): each 16 rows re-read the keys from L2, so longer queries
+# stay on the FA kernels.
+set(FH_DECODE_DTYPES fp16 bf16 e4m3 bf16+e4m3 fp16+e4m3 bf16+e5m2 fp16+e5m2)
 set(FH_DECODE_MAX_ROWS 128)

@@ -2,6 +2,10 @@
 // exactly what this build compiled, and the lookups into them and into tables.cmake's tables.
 #include "src/tables.h"
 
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
 #include "src/errors.h"
 
 // Declarations of every launcher this build holds, then the dispatch tables. Each inclusion of
@@ -157,6 +161,19 @@ const char* dtype_name(int32_t dtype) {
   return nullptr;
 }
 
+const char* kv_dtype_name(int32_t kv_dtype) {
+  if (const char* name = dtype_name(kv_dtype)) {
+    return name;
+  }
+#define FH_MIXED_KV_NAME(q_value, kv_value, name) \
+  if (kv_dtype == kv_value) {                     \
+    return std::strchr(name, '+') + 1;            \
+  }
+  FH_MIXED_TABLE(FH_MIXED_KV_NAME)
+#undef FH_MIXED_KV_NAME
+  return nullptr;
+}
+
 const std::string& dtype_choices() {
   static const std::string choices = [] {
     std::string s;
@@ -173,36 +190,58 @@ namespace {
 
 // The decode table (fh_decode_table.inc) as arrays.
 struct DecodeDtype {
-  int32_t value;
-  const char* enumerator;  // "FH_DTYPE_FP16"
-  const char* name;        // "fp16"
+  int32_t value;     // q's FhDtype
+  int32_t kv_value;  // K / V's
+  const char* enumerator;     // "FH_DTYPE_BF16"
+  const char* kv_enumerator;  // "FH_DTYPE_E4M3"
+  const char* name;           // "bf16+e4m3"
 };
-#define FH_DECODE_DTYPE_ROW(value, name) {value, #value, name},
+#define FH_DECODE_DTYPE_ROW(q_value, kv_value, name) {q_value, kv_value, #q_value, #kv_value, name},
 constexpr DecodeDtype kDecodeDtypes[] = {FH_DECODE_DTYPES(FH_DECODE_DTYPE_ROW)};
 #undef FH_DECODE_DTYPE_ROW
-#define FH_DECODE_HEAD_DIM_ROW(hd, stages) hd,
+#define FH_DECODE_HEAD_DIM_ROW(hd, stages, fp8_stages) hd,
 constexpr int64_t kDecodeHeadDims[] = {FH_DECODE_TABLE(FH_DECODE_HEAD_DIM_ROW)};
 #undef FH_DECODE_HEAD_DIM_ROW
 
-// "a, b or c" of an array's items as `text` spells each.
-template <class T, size_t N, class Text>
-std::string either(const T (&items)[N], Text text) {
+// "a, b or c" of strings, and of an array's items as `text` spells each.
+std::string either(const std::vector<std::string>& items) {
   std::string s;
-  for (size_t i = 0; i < N; ++i) {
-    s += (i == 0 ? "" : (i + 1 == N ? " or " : ", ")) + text(items[i]);
+  for (size_t i = 0; i < items.size(); ++i) {
+    s += (i == 0 ? "" : (i + 1 == items.size() ? " or " : ", ")) + items[i];
   }
   return s;
+}
+template <class T, size_t N, class Text>
+std::string either(const T (&items)[N], Text text) {
+  std::vector<std::string> spelled;
+  for (const T& item : items) {
+    spelled.push_back(text(item));
+  }
+  return either(spelled);
 }
 
 }  // namespace
 
-bool decode_has_dtype(int32_t dtype) {
+bool decode_has_q_dtype(int32_t dtype) {
   for (const DecodeDtype& d : kDecodeDtypes) {
     if (d.value == dtype) {
       return true;
     }
   }
   return false;
+}
+
+bool decode_has_dtype(int32_t dtype, int32_t kv_dtype) {
+  return decode_dtype_name(dtype, kv_dtype) != nullptr;
+}
+
+const char* decode_dtype_name(int32_t dtype, int32_t kv_dtype) {
+  for (const DecodeDtype& d : kDecodeDtypes) {
+    if (d.value == dtype && d.kv_value == kv_dtype) {
+      return d.name;
+    }
+  }
+  return nullptr;
 }
 
 bool decode_has_head_dim(int64_t head_dim) {
@@ -215,10 +254,28 @@ bool decode_has_head_dim(int64_t head_dim) {
 }
 
 const std::string& decode_dtype_choices() {
-  static const std::string choices = either(kDecodeDtypes, [](const DecodeDtype& d) {
-    return format("%s (%d)", d.enumerator, int(d.value));
-  });
+  static const std::string choices = [] {
+    std::vector<std::string> seen;  // q's dtypes, once each, in the table's order
+    for (const DecodeDtype& d : kDecodeDtypes) {
+      const std::string item = format("%s (%d)", d.enumerator, int(d.value));
+      if (std::find(seen.begin(), seen.end(), item) == seen.end()) {
+        seen.push_back(item);
+      }
+    }
+    return either(seen);
+  }();
   return choices;
+}
+
+std::string decode_kv_dtype_choices(int32_t dtype) {
+  std::vector<std::string> items;
+  for (const DecodeDtype& d : kDecodeDtypes) {
+    if (d.value == dtype) {
+      items.push_back(d.kv_value == dtype ? format("0 or %s (%d)", d.kv_enumerator, int(d.kv_value))
+                                          : format("%s (%d)", d.kv_enumerator, int(d.kv_value)));
+    }
+  }
+  return either(items);
 }
 
 const std::string& decode_dtype_names() {

@@ -69,17 +69,25 @@ const char* mixed_name(int32_t dtype, int32_t kv_dtype);
 
 // The dtype's FH_DTYPES name, or null for an FhDtype without kernels.
 const char* dtype_name(int32_t dtype);
+// The same for K / V's dtype, the mixed mode's FP8 caches included ("e5m2": FH_MIXED_TABLE's
+// names after their '+').
+const char* kv_dtype_name(int32_t kv_dtype);
 
 // "FH_DTYPE_FP16 (0, fp16) or FH_DTYPE_BF16 (1, bf16)", for messages.
 const std::string& dtype_choices();
 
 // The decode kernel's table (tables.cmake: FH_DECODE_TABLE, FH_DECODE_DTYPES), built in every
-// build: whether it has kernels for a dtype and for a head dim (exactly: it has no buckets), and
-// both lists as messages name them ("FH_DTYPE_FP16 (0) or FH_DTYPE_BF16 (1)" to C callers,
-// "fp16 or bf16" by FH_DTYPES names, "64, 128 or 256").
-bool decode_has_dtype(int32_t dtype);
+// build: whether it has kernels for q's dtype, for q's with K / V's (a row of FH_DECODE_DTYPES)
+// and for a head dim (exactly: it has no buckets), and the lists as messages name them
+// ("FH_DTYPE_FP16 (0), FH_DTYPE_BF16 (1) or FH_DTYPE_E4M3 (2)" for q to C callers, K / V's for a
+// q dtype the same way, "fp16, bf16, ... or fp16+e5m2" by FH_DTYPES names, "64, 128 or 256").
+// A row's name: the FH_DTYPES name of q, k and v in one dtype, the mixed name otherwise.
+bool decode_has_q_dtype(int32_t dtype);
+bool decode_has_dtype(int32_t dtype, int32_t kv_dtype);
 bool decode_has_head_dim(int64_t head_dim);
+const char* decode_dtype_name(int32_t dtype, int32_t kv_dtype);
 const std::string& decode_dtype_choices();
+std::string decode_kv_dtype_choices(int32_t dtype);
 const std::string& decode_dtype_names();
 const std::string& decode_head_dim_choices();
 

@@ -119,6 +119,19 @@ FhStatus validate_qkvo_strides(const Params* p) {
   return validate_strides(strides);
 }
 
+// A descale of FhFwdParams or FhDecodeParams (the same fields, api.h): strides >= 0 (0
+// broadcasts) and, with check_data, a float-aligned pointer or null.
+inline FhStatus validate_descale(const char* name, const float* ptr, int64_t batch_stride,
+                                 int64_t head_stride, bool check_data) {
+  FH_CHECK(batch_stride >= 0 && head_stride >= 0,
+           "%s: expected strides >= 0 (0 broadcasts), got batch stride %lld, head stride %lld",
+           name, (long long)batch_stride, (long long)head_stride);
+  FH_CHECK(!check_data || aligned(ptr, alignof(float)),
+           "%s: expected a %d-byte aligned pointer (float) or null, got %p", name,
+           int(alignof(float)), static_cast<const void*>(ptr));
+  return FH_SUCCESS;
+}
+
 // A 2-byte-element tensor the kernels read or write with 16-byte vectors.
 inline FhStatus validate_tensor(const void* ptr, const char* name) {
   FH_CHECK(ptr != nullptr, "%s: expected a device pointer, got null", name);

@@ -14,13 +14,45 @@ int64_t decode_row_blocks(const FhDecodeParams* p) {
   return decode::row_blocks(p->seqlen_q, p->heads_q / p->heads_kv);
 }
 
+// The FP8 fields (api.h): q_descale with e4m3 q only, k_descale / v_descale with an FP8 cache
+// only (a 16-bit call has nothing for them to scale), strides >= 0; with check_data, float-aligned
+// pointers.
+FhStatus validate_decode_descales(const FhDecodeParams* p, bool check_data) {
+  const int32_t kv_dtype = decode_kv_dtype(p);
+  const bool fp8_kv = decode_fp8_kv(kv_dtype);
+  const struct {
+    const char* name;
+    const float* ptr;
+    int64_t batch_stride;
+    int64_t head_stride;
+    bool used;
+  } descales[] = {
+      {"q_descale", p->q_descale, p->q_descale_batch_stride, p->q_descale_head_stride,
+       p->dtype == FH_DTYPE_E4M3},
+      {"k_descale", p->k_descale, p->k_descale_batch_stride, p->k_descale_head_stride, fp8_kv},
+      {"v_descale", p->v_descale, p->v_descale_batch_stride, p->v_descale_head_stride, fp8_kv},
+  };
+  for (const auto& d : descales) {
+    const char* dtype = kv_dtype_name(d.name[0] == 'q' ? p->dtype : kv_dtype);
+    FH_CHECK(d.used || d.ptr == nullptr,
+             "%s: expected null with %s %s (descales scale FP8 values), got %p", d.name,
+             dtype != nullptr ? dtype : "16-bit", d.name[0] == 'q' ? "q" : "k / v",
+             static_cast<const void*>(d.ptr));
+    FH_TRY(validate_descale(d.name, d.ptr, d.batch_stride, d.head_stride, check_data));
+  }
+  return FH_SUCCESS;
+}
+
 }  // namespace
 
 FhStatus validate_decode_shapes(const FhDecodeParams* p) {
   FH_CHECK(p != nullptr, "params: expected a pointer to FhDecodeParams, got null");
   FH_TRY(validate_abi(p));
-  FH_CHECK(decode_has_dtype(p->dtype), "dtype: expected %s for decode, got %d",
+  FH_CHECK(decode_has_q_dtype(p->dtype), "dtype: expected %s for decode, got %d",
            decode_dtype_choices().c_str(), p->dtype);
+  FH_CHECK(decode_has_dtype(p->dtype, decode_kv_dtype(p)),
+           "kv_dtype: expected %s with dtype %s for decode, got %d",
+           decode_kv_dtype_choices(p->dtype).c_str(), dtype_name(p->dtype), p->kv_dtype);
   FH_CHECK(decode_has_head_dim(p->head_dim), "head_dim: expected %s for decode, got %lld",
            decode_head_dim_choices().c_str(), (long long)p->head_dim);
   return validate_decode_layout(p);
@@ -63,6 +95,7 @@ FhStatus validate_decode_layout(const FhDecodeParams* p) {
              "batch instead), got %p", (const void*)p->kv_batch_idx);
   }
   FH_TRY(validate_score(p));
+  FH_TRY(validate_decode_descales(p, /*check_data=*/false));
   FH_CHECK(p->num_splits >= 0, "num_splits: expected >= 0, got %d", p->num_splits);
   return FH_SUCCESS;
 }
@@ -77,7 +110,9 @@ int decode_splits(const FhDecodeParams* p, int num_sms) {
   // to merge. A paged cache fills every CTA slot: a paged CTA alone on its SM is issue-bound (its
   // page arithmetic) and runs measurably slower (both measured in bench/PERFLOG.md "where a
   // short decode call's time goes, and the graph around it").
-  const int ctas_per_sm = p->page_table != nullptr ? decode_ctas_per_sm(p->head_dim) : 1;
+  const int ctas_per_sm = p->page_table != nullptr
+                              ? decode_ctas_per_sm(p->head_dim, decode_fp8_kv(decode_kv_dtype(p)))
+                              : 1;
   return decode::default_splits(tiles, keys, num_sms, ctas_per_sm, /*min_keys=*/256);
 }
 
@@ -89,11 +124,20 @@ int64_t decode_workspace_bytes(const FhDecodeParams* p, int splits) {
 
 namespace {
 
-// cp.async moves 16-byte vectors: every row and head start of q, k, v and o 16-byte aligned.
+// cp.async moves 16-byte vectors: every row and head start of q, k, v and o 16-byte aligned,
+// which for FP8 q, k and v is 16 elements.
 FhStatus validate_decode_strides(const FhDecodeParams* p) {
   const NamedStride strides[] = {FH_NAMED_STRIDES(p, q, batch), FH_NAMED_STRIDES(p, k, page),
                                  FH_NAMED_STRIDES(p, v, page), FH_NAMED_STRIDES(p, o, batch)};
-  return validate_strides(strides);
+  FH_TRY(validate_strides(strides));
+  const int first = p->dtype == FH_DTYPE_E4M3 ? 0 : 3;            // q's three, if FP8
+  const int last = decode_fp8_kv(decode_kv_dtype(p)) ? 9 : 3;     // k's and v's, if FP8
+  for (int i = first; i < last; ++i) {
+    FH_CHECK(strides[i].stride % 16 == 0,
+             "%s: expected a multiple of 16 elements for FP8 (16-byte aligned rows), got %lld",
+             strides[i].name, (long long)strides[i].stride);
+  }
+  return FH_SUCCESS;
 }
 
 }  // namespace
@@ -119,6 +163,7 @@ FhStatus validate_decode(const FhDecodeParams* p) {
   FH_TRY(validate_tensor(p->o, "o"));
   FH_CHECK(p->seqlens_k != nullptr, "seqlens_k: expected an int32 device array, got null");
   FH_TRY(validate_decode_strides(p));
+  FH_TRY(validate_decode_descales(p, /*check_data=*/true));
   if (p->num_splits > 1) {
     const int64_t need = decode_workspace_bytes(p, p->num_splits);
     FH_CHECK(p->workspace != nullptr && aligned(p->workspace, 256),

@@ -75,14 +75,7 @@ FhStatus validate_fp8(const FhFwdParams* p, bool fp8, bool mixed, bool check_dat
              strides[i].name, what, (long long)strides[i].stride);
   }
   for (const auto& d : descales) {
-    FH_CHECK(d.batch_stride >= 0 && d.head_stride >= 0,
-             "%s: expected strides >= 0 (0 broadcasts), got batch stride %lld, head stride %lld",
-             d.name, (long long)d.batch_stride, (long long)d.head_stride);
-    if (check_data) {
-      FH_CHECK(aligned(d.ptr, alignof(float)),
-               "%s: expected a %d-byte aligned pointer (float) or null, got %p", d.name,
-               int(alignof(float)), static_cast<const void*>(d.ptr));
-    }
+    FH_TRY(validate_descale(d.name, d.ptr, d.batch_stride, d.head_stride, check_data));
   }
   return FH_SUCCESS;
 }

@@ -12,7 +12,7 @@ import ctypes
 import enum
 
 # Must equal FH_ABI_VERSION in api.h; the library reports its own through fh_abi_version().
-ABI_VERSION = 11
+ABI_VERSION = 12
 
 
 class FhStatus(enum.IntEnum):
@@ -230,7 +230,12 @@ class FhDecodeParams(ctypes.Structure):
         ("lse_head_stride", _I64),
         # score transform and mask
         *_SCORE_FIELDS,
+        # FP8 caches (since ABI 12)
+        ("q_descale", _PTR),
+        ("k_descale", _PTR),
+        ("v_descale", _PTR),
+        *[(f"{t}_descale_{s}_stride", _I64) for t in "qkv" for s in ("batch", "head")],
         # schedule
         ("num_splits", _I32),
-        ("reserved", _I32),
+        ("kv_dtype", _I32),
     ]

@@ -24,7 +24,7 @@ import torch
 
 from . import _abi, _device, _env, _lib, _plan_cache, _validate
 from ._abi import FhDecodeParams
-from ._tables import INPUT_DTYPES
+from ._tables import FP8_DTYPES, INPUT_DTYPES, KV_FP8_DTYPES, TORCH_DTYPES
 
 # num_splits travels in an int32 field; the library clamps it to the kernel's own cap
 # (decode_plan.h), so larger values only need to stay representable.
@@ -161,6 +161,20 @@ def varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    return_lse=need_lse)
 
 
+def expressible(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether FhDecodeParams can say the call's dtypes: q, k and v in one dtype, or fp16 / bf16
+    q against an FP8 cache (k and v in one FP8 dtype); the table's rows are the policy's."""
+    if k_cache.dtype != v_cache.dtype:
+        return False
+    return q.dtype == k_cache.dtype or (q.dtype in TORCH_DTYPES
+                                        and k_cache.dtype in KV_FP8_DTYPES)
+
+
+def out_dtype(q: torch.Tensor) -> torch.dtype:
+    """o's dtype: q's, bf16 for FP8 q (FA3's)."""
+    return torch.bfloat16 if q.dtype in FP8_DTYPES else q.dtype
+
+
 def aligned(*tensors: torch.Tensor) -> bool:
     """Whether every tensor's data starts 16-byte aligned (cp.async moves 16-byte vectors; the
     strides are the policy's to check)."""
@@ -180,6 +194,8 @@ def _fill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out_str
     p = FhDecodeParams()
     p.abi_version = _abi.ABI_VERSION
     p.dtype = int(INPUT_DTYPES.get(q.dtype, _abi.FhDtype.FP32))
+    if k_cache.dtype != q.dtype:  # an FP8 cache under 16-bit q (0: q's dtype)
+        p.kv_dtype = int(KV_FP8_DTYPES.get(k_cache.dtype, _abi.FhDtype.FP32))
     p.batch, p.seqlen_q, p.heads_q, p.heads_kv, p.head_dim = (
         batch, seqlen_q, q.shape[-2], k_cache.shape[2], q.shape[-1])
     p.total_q = q.shape[0] if varlen else 0
@@ -209,18 +225,18 @@ def serves(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     """Whether flash_attn_with_kvcache's call runs on the decode kernel: the library's policy
     (fh_decode_select_backend: dtype, head dim, packed rows, the GPU's shared memory, strides),
     asked once per call signature, for a call it can express (FLASH_HOPPER_DECODE not 0, CUDA
-    tensors, q, k and v in one dtype) with 16-byte aligned data. q (batch, seqlen_q, heads_q, d)
+    tensors, dtypes as ``expressible``) with 16-byte aligned data. q (batch, seqlen_q, heads_q, d)
     or, varlen, (total_q, heads_q, d) with ``batch`` sequences, ``seqlen_q`` the longest; the
     cache dense or paged (``page_table``). Decided before any cache is written."""
-    if not enabled() or not q.is_cuda or not (q.dtype == k_cache.dtype == v_cache.dtype):
+    if not enabled() or not q.is_cuda or not expressible(q, k_cache, v_cache):
         return False
     if not aligned(q, k_cache, v_cache, *((out,) if out is not None else ())):
         return False
     out_strides = _validate.effective_strides(out if out is not None else q)
     table = None if page_table is None else tuple(page_table.shape)
-    key = (q.device, q.dtype, tuple(q.shape), q.stride(), tuple(k_cache.shape), k_cache.stride(),
-           tuple(v_cache.shape), v_cache.stride(), out_strides, batch, seqlen_q, varlen, table,
-           _env.debug_smem_limit())
+    key = (q.device, q.dtype, k_cache.dtype, tuple(q.shape), q.stride(), tuple(k_cache.shape),
+           k_cache.stride(), tuple(v_cache.shape), v_cache.stride(), out_strides, batch, seqlen_q,
+           varlen, table, _env.debug_smem_limit())
     served = _served.get(key)
     if served is None:
         try:
@@ -248,11 +264,11 @@ def _plan(lib: _lib.Library, q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
           out: torch.Tensor, lse_strides: tuple[int, int], batch: int, seqlen_q: int,
           page_table: torch.Tensor | None, varlen: bool, flags: tuple,
           softmax_scale: float, softcap: float, window: tuple[int, int],
-          num_splits: int) -> _Plan:
-    key = (q.device, q.dtype, tuple(q.shape), q.stride(), tuple(k_cache.shape), k_cache.stride(),
-           v_cache.stride(), out.stride(), lse_strides, batch, seqlen_q,
+          num_splits: int, descale_strides: tuple) -> _Plan:
+    key = (q.device, q.dtype, k_cache.dtype, tuple(q.shape), q.stride(), tuple(k_cache.shape),
+           k_cache.stride(), v_cache.stride(), out.stride(), lse_strides, batch, seqlen_q,
            None if page_table is None else (tuple(page_table.shape), page_table.stride()),
-           varlen, flags, softmax_scale, softcap, window, num_splits)
+           varlen, flags, softmax_scale, softcap, window, num_splits, descale_strides)
     cached = _plans.get(key)
     if cached is not None:
         return cached
@@ -263,6 +279,10 @@ def _plan(lib: _lib.Library, q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     p.lse_batch_stride, p.lse_head_stride = lse_strides
     p.softmax_scale, p.softcap = softmax_scale, softcap
     p.window_left, p.window_right = window
+    for name, strides in zip(("q", "k", "v"), descale_strides):
+        if strides is not None:
+            setattr(p, f"{name}_descale_batch_stride", strides[0])
+            setattr(p, f"{name}_descale_head_stride", strides[1])
     p.num_splits = num_splits
     index = _index(q.device)
     splits, nbytes = lib.decode_plan(p, _device.device_info(index).sm_count)
@@ -280,6 +300,7 @@ def forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             cu_seqlens_q: torch.Tensor | None = None, max_seqlen_q: int | None = None,
             sinks: torch.Tensor | None = None, num_splits: int = 0,
             out: torch.Tensor | None = None, return_lse: bool = False,
+            descales: tuple = (None, None, None),
             ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Attention of q against a cache through the decode kernel; arguments validated by the
     caller. q (batch, seqlen_q, heads_q, d), or (total_q, heads_q, d) with cu_seqlens_q and
@@ -287,7 +308,9 @@ def forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     (batch, max_pages) int32, paged (num_pages, page_size, heads_kv, d); seqlens_k int32
     (batch,): keys [leftpad_k, seqlens_k) of each sequence's cache entry (kv_batch_idx: which;
     dense only). sinks fp32 (heads_q,). Returns (out like q, lse fp32 (batch, heads_q, seqlen_q)
-    or (heads_q, total_q) when return_lse, else None)."""
+    or (heads_q, total_q) when return_lse, else None). FP8 caches (``expressible``): descales =
+    (q_descale, k_descale, v_descale), fp32 (batch, heads_kv) or broadcasting, None = 1 (q_descale
+    with FP8 q only); out in bf16 for FP8 q, else q's dtype."""
     varlen = cu_seqlens_q is not None
     if varlen:
         batch = cu_seqlens_q.shape[0] - 1
@@ -296,7 +319,7 @@ def forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         batch, seqlen_q = q.shape[0], q.shape[1]
     heads_q = q.shape[-2]
     if out is None:
-        out = torch.empty_like(q)
+        out = torch.empty(q.shape, dtype=out_dtype(q), device=q.device)
     lse = None
     if return_lse:
         if varlen:
@@ -316,9 +339,12 @@ def forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     # num_splits: FA3's meaning, any int >= 0; beyond the kernel's cap it is the cap (the library
     # clamps; an int32 field must never see a value that wraps)
     splits = min(max(int(num_splits), 0), INT32_MAX)
+    # the descales' (batch, head) strides, 0 broadcasting (validated by the caller)
+    descale_strides = tuple(_validate._check_descale(name, d, batch, k_cache.shape[2])
+                            for name, d in zip(("q_descale", "k_descale", "v_descale"), descales))
     plan = _plan(lib, q, k_cache, v_cache, out, lse_strides, batch, seqlen_q, page_table, varlen,
                  flags, float(softmax_scale), float(softcap), (int(window[0]), int(window[1])),
-                 splits)
+                 splits, descale_strides)
     index = _index(q.device)
     stream = _raw_stream(index)
     p = FhDecodeParams.from_buffer_copy(plan.template)
@@ -330,6 +356,7 @@ def forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     p.page_table = _ptr(page_table)
     p.cu_seqlens_q = _ptr(cu_seqlens_q)
     p.sinks = _ptr(sinks)
+    p.q_descale, p.k_descale, p.v_descale = (_ptr(d) for d in descales)
     if plan.splits > 1:  # scratch from torch's caching allocator: no memset, no host sync
         ws = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=q.device)
         p.workspace, p.workspace_bytes = ws.data_ptr(), plan.workspace_bytes
@@ -343,3 +370,4 @@ def forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 def _ptr(t: Any) -> int | None:
     return t.data_ptr() if t is not None else None
+

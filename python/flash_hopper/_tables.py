@@ -127,7 +127,8 @@ def has_backward(info: dict[str, Any]) -> bool:
 
 
 def decode_table(info: dict[str, Any]) -> dict[str, Any]:
-    """build_info's "decode": the decode kernel's dtypes, head_dims with their tuned stages, the
+    """build_info's "decode": the decode kernel's dtypes (FH_DTYPES names, mixed ones for 16-bit
+    q against an FP8 cache), head_dims with their tuned stages (fp8_stages: with an FP8 cache), the
     stage_counts compiled and max_rows (the packed rows of the calls the policy sends to it); {}
     for a library before ABI 11. Which calls it serves is the library's policy's answer
     (dispatch.choose, fh_decode_select_backend): this is for reports and messages."""

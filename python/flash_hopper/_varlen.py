@@ -96,14 +96,17 @@ def check_args(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max
                max_seqlen_k: Any, seqused_q: Any, seqused_k: Any, softmax_scale: Any,
                causal: Any, window_size: Any, softcap: Any, backend: Any, q_descale: Any = None,
                k_descale: Any = None, v_descale: Any = None,
-               batch_k: int = 0) -> VarlenConfig:
+               batch_k: int = 0, mixed_ok: bool = False) -> VarlenConfig:
     """Metadata checks of a varlen call (no data read). FP8 (e4m3) q / k / v take descales of
-    shape (batch, heads_kv) (or broadcasting 0-d / (1,)); 16-bit calls ignore them, as FA3."""
+    shape (batch, heads_kv) (or broadcasting 0-d / (1,)); 16-bit calls ignore them, as FA3.
+    mixed_ok: the caller's kernel takes 16-bit q against FP8 k / v (the decode kernel), checked as
+    flash_attn_func's mixed mode (k_descale / v_descale, no q_descale, o in q's dtype)."""
     _check_packed("q", q, "total_q")
     _check_packed("k", k, "total_k")
     _check_packed("v", v, "total_k")
     fp8 = q.dtype in FP8_DTYPES
-    if not fp8 and (k.dtype in KV_FP8_DTYPES or v.dtype in KV_FP8_DTYPES):
+    mixed = not fp8 and (k.dtype in KV_FP8_DTYPES or v.dtype in KV_FP8_DTYPES)
+    if mixed and not mixed_ok:
         raise UnsupportedError(f"k / v: varlen with FP8 k / v ({k.dtype} / {v.dtype}) against "
                                f"{q.dtype} q (the mixed mode) is not implemented yet; pass "
                                f"FP8 q, k, v or 16-bit ones")
@@ -124,7 +127,7 @@ def check_args(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any, max
     _check_max_seqlen("max_seqlen_q", max_seqlen_q)
     _check_max_seqlen("max_seqlen_k", max_seqlen_k)
     fp8_options = None
-    if fp8:
+    if fp8 or mixed:
         cfg, fp8_options = _validate.check_fp8_args(
             q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), softmax_scale, causal, window_size,
             softcap, backend, q_descale, k_descale, v_descale, None, "two-level",
@@ -241,11 +244,11 @@ def _check_out(out: Any, q: torch.Tensor, cfg: _validate.FwdConfig,
 
 def _checked_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                   seqused_q, seqused_k, softmax_scale, causal, window_size, softcap, backend,
-                  out, descales, batch_k) -> VarlenConfig:
+                  out, descales, batch_k, mixed_ok=False) -> VarlenConfig:
     """check_args, then out against it: what plan() and check_call() both need."""
     vc = check_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
                     seqused_k, softmax_scale, causal, window_size, softcap, backend, *descales,
-                    batch_k=batch_k)
+                    batch_k=batch_k, mixed_ok=mixed_ok)
     if out is not None:
         _check_out(out, q, vc.cfg, vc.fp8.out_dtype if vc.fp8 is not None else q.dtype)
     return vc
@@ -258,14 +261,15 @@ def check_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
                seqused_k, softmax_scale, causal, window_size, softcap, backend, out=None,
                descales=(None, None, None), batch_k: int = 0) -> _validate.FwdConfig:
     """plan()'s checks without a kernel plan (for callers that launch another kernel, the
-    decode kernel): the call's FwdConfig, cached per call signature as plans are."""
+    decode kernel, which takes 16-bit q against FP8 k / v too): the call's FwdConfig, cached per
+    call signature as plans are."""
     key = _key(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
                max_seqlen_k, out, softmax_scale, causal, window_size, softcap, backend, descales)
     cfg = _checked.get(key)
     if cfg is None:
         cfg = _checked_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                             seqused_q, seqused_k, softmax_scale, causal, window_size, softcap,
-                            backend, out, descales, batch_k).cfg
+                            backend, out, descales, batch_k, mixed_ok=True).cfg
         if key is not None:
             _checked.remember(key, cfg)
     return cfg

@@ -145,7 +145,9 @@ def supports(
                               "paged KV outside flash_attn_with_kvcache"),
                              ("sinks", sinks and not kvcache,
                               "attention sinks outside flash_attn_with_kvcache"),
-                             ("rotary", rotary and dtype == "e4m3", "rotary with FP8 inputs")):
+                             ("rotary", rotary and (dtype == "e4m3"
+                                                    or dtype in _tables.MIXED_DTYPES),
+                              "rotary with FP8 inputs")):
         if flag:
             return False, f"{name}: {what} is not implemented yet"
     if dtype not in _tables.DTYPE_NAMES and dtype not in _tables.MIXED_DTYPES:
@@ -154,9 +156,9 @@ def supports(
     if backend not in _tables.BACKENDS:
         return False, (f"backend: expected one of {', '.join(_tables.BACKEND_NAMES)}, got "
                        f"{backend!r}")
-    if (varlen or kvcache) and dtype in _tables.MIXED_DTYPES:
-        return False, ("dtype: varlen / KV-cache calls with 16-bit q against FP8 K / V (the "
-                       "mixed mode) are not implemented yet")
+    if varlen and dtype in _tables.MIXED_DTYPES:
+        return False, ("dtype: varlen calls with 16-bit q against FP8 K / V (the mixed mode) are "
+                       "not implemented yet")
     heads_kv = heads_q if heads_kv is None else heads_kv
     if capability is None:
         try:
@@ -171,11 +173,16 @@ def supports(
     left, right = (int(window_size[0]), int(window_size[1]))
     if causal:
         right = 0
+    served, why_not = None, "backend is not 'auto' or FLASH_HOPPER_DECODE is 0"
     if kvcache and backend == "auto" and _decode.enabled():
-        served = _kvcache_decode(dtype, head_dim, heads_q, heads_kv, seqlen_q, seqlen_k, left,
-                                 right, softcap, page_size, capability)
+        served, why_not = _kvcache_decode(dtype, head_dim, heads_q, heads_kv, seqlen_q, seqlen_k,
+                                          left, right, softcap, page_size, capability)
         if served is not None:
             return True, f"decode: {served}"
+    if kvcache and dtype in _tables.MIXED_DTYPES:
+        return False, (f"dtype: KV-cache calls with 16-bit q against an FP8 cache ({dtype}, the "
+                       f"mixed mode) run on the decode kernel only, which does not serve this "
+                       f"one: {why_not}")
     if rotary and page_size is not None:
         return False, ("rotary: rotary with a paged cache off the decode kernel is not "
                        "implemented yet")
@@ -219,13 +226,19 @@ def supports(
 
 def _kvcache_decode(dtype: str, head_dim: int, heads_q: int, heads_kv: int, seqlen_q: int,
                     seqlen_k: int, left: int, right: int, softcap: float, page_size: int | None,
-                    capability: tuple[int, int]) -> str | None:
-    """The reason flash_attn_with_kvcache's call of this shape runs on the decode kernel
-    (fh_decode_select_backend, then fh_decode_plan's checks), or None when it does not (the call
-    then runs on the varlen kernels, whose answer supports gives)."""
+                    capability: tuple[int, int]) -> tuple[str | None, str | None]:
+    """(reason, None) when flash_attn_with_kvcache's call of this shape runs on the decode kernel
+    (fh_decode_select_backend, then fh_decode_plan's checks), else (None, why not): the call then
+    runs on the varlen kernels, whose answer supports gives (the mixed mode has no other route).
+    dtype: a DTYPE_NAMES or MIXED_DTYPES name."""
     d = FhDecodeParams()
     d.abi_version = _abi.ABI_VERSION
-    d.dtype = int(_tables.INPUT_DTYPES.get(_tables.DTYPE_NAMES.get(dtype), _abi.FhDtype.FP32))
+    if dtype in _tables.MIXED_DTYPES:
+        q_dtype, kv_dtype = _tables.MIXED_DTYPES[dtype]
+        d.dtype, d.kv_dtype = _tables.TORCH_DTYPES[q_dtype], _tables.KV_FP8_DTYPES[kv_dtype]
+    else:
+        d.dtype = int(_tables.INPUT_DTYPES.get(_tables.DTYPE_NAMES.get(dtype),
+                                               _abi.FhDtype.FP32))
     d.batch, d.seqlen_q, d.heads_q, d.heads_kv, d.head_dim = (1, seqlen_q, heads_q, heads_kv,
                                                               head_dim)
     d.page_size = page_size if page_size is not None else max(seqlen_k, 1)
@@ -240,6 +253,6 @@ def _kvcache_decode(dtype: str, head_dim: int, heads_q: int, heads_kv: int, seql
     try:
         _, reason = lib.policy(d, capability)
         lib.decode_plan(d, num_sms=1)
-    except (ValueError, NotImplementedError):
-        return None
-    return reason
+    except (ValueError, NotImplementedError) as exc:
+        return None, str(exc)
+    return reason, None

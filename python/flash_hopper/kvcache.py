@@ -6,9 +6,13 @@ head dims, at most its max_rows packed rows of seqlen_q x heads_q / heads_kv, a 
 memory holds it): the query heads of a KV head packed as one tile's rows, the keys split across
 CTAs (the splits merged by a combine kernel launched behind it), K / V read in place from a dense
 cache or through the page table of a paged one (any page size, any strides), masks, softcap and
-sinks in the kernel.
+sinks in the kernel. FP8 caches too, read as FP8 and widened to 16 bits in the kernel: q, k_cache
+and v_cache in e4m3 with q / k / v_descale (FA3's convention, out in bf16), or fp16 / bf16 q against
+an e4m3 / e5m2 cache with k / v_descale (the library's mixed mode, out in q's dtype; the decode
+kernel is its only route: refused, naming k_cache, where it does not serve the call). New k / v
+must be in the cache's dtype (FA3's rule: appended as they are, never quantized here).
 
-Everything else (FP8, long queries, other head dims) goes through the varlen kernels
+Everything else (long queries, other head dims) goes through the varlen kernels
 (_varlen.forward): q (batch, seqlen_q, ...) is the packed (batch * seqlen_q, ...) view with
 sequences of seqlen_q rows (or, with cu_seqlens_q, already packed); the cache is the packed (rows,
 heads_kv, head_dim) view of its rows, sequence b reading cache entry cache_batch_idx[b] (the
@@ -43,8 +47,9 @@ kernel, else exactly from the kernels' LSE (apply_sinks: out * exp(lse - logadde
 attention_chunk (FA3's chunked-local attention, fp16 / bf16 without sinks, eagerly outside graph
 capture): the attended keys gathered and split into chunks on the host (_chunked).
 
-Not yet (each refused naming the argument): qv, rotary with FP8 inputs or with a paged cache off
-the decode kernel, attention_chunk with FP8 inputs, sinks or under graph capture.
+Not yet (each refused naming the argument): qv, rotary with FP8 inputs or an FP8 cache or with a
+paged cache off the decode kernel, attention_chunk with FP8 inputs or an FP8 cache, sinks or under
+graph capture; 16-bit q against an FP8 cache off the decode kernel.
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ import torch
 from . import _autograd, _chunk, _decode, _device, _lib, _tables, _validate, _varlen
 from ._combine import flash_attn_combine, lse_weights
 from ._errors import UnsupportedError
-from ._tables import FP8_DTYPES
+from ._tables import FP8_DTYPES, KV_FP8_DTYPES, TORCH_DTYPES
 
 _INT32_MAX = 2**31 - 1
 # The varlen kernels' sequences per call (gridDim.y / z): the packed path's pseudo-sequences
@@ -205,7 +210,7 @@ def _check_rotary(cos: Any, sin: Any, seqlens: Any, q: torch.Tensor, k: Any, hea
     if k is None:
         raise ValueError("rotary_cos: expected new k / v with it (FA3 rotates the keys it "
                          "appends), got k None")
-    if q.dtype in FP8_DTYPES:
+    if q.dtype in FP8_DTYPES or k.dtype in KV_FP8_DTYPES:
         raise UnsupportedError("rotary_cos: rotary embedding of FP8 q / k is not implemented yet")
     for name, t in (("rotary_cos", cos), ("rotary_sin", sin)):
         _check_tensor(name, t, 2, "(seqlen_ro, rotary_dim / 2)")
@@ -713,7 +718,9 @@ def flash_attn_with_kvcache(
 
     q: (batch, seqlen_q, heads_q, head_dim); k_cache / v_cache: (batch_cache, seqlen_cache,
     heads_kv, head_dim), q's dtype (fp16, bf16, or torch.float8_e4m3fn with q / k / v_descale
-    fp32 (batch, heads_kv) as in flash_attn_func), last dim contiguous. cache_seqlens: int or
+    fp32 (batch, heads_kv) as in flash_attn_func), or for fp16 / bf16 q an FP8 cache
+    (torch.float8_e4m3fn / torch.float8_e5m2, k and v alike, with k_descale / v_descale; the
+    decode kernel only), last dim contiguous. cache_seqlens: int or
     int32 (batch,), the filled positions of each sequence's cache entry (None: all seqlen_cache).
     k / v (optional, both or neither): (batch, seqlen_new, heads_kv, head_dim), written in place
     at positions [cache_seqlens, cache_seqlens + seqlen_new) before attending (cache_seqlens
@@ -897,11 +904,14 @@ def _checked_call(q, k_cache, v_cache, k, v, *, qv, rotary_cos, rotary_sin, cach
     if tuple(v_cache.shape) != tuple(k_cache.shape):
         raise ValueError(f"v_cache: expected k_cache's shape {tuple(k_cache.shape)}, got "
                          f"{tuple(v_cache.shape)}")
+    # 16-bit q against an FP8 cache (the mixed mode): the decode kernel's only (checked below)
+    mixed = q.dtype in TORCH_DTYPES and k_cache.dtype in KV_FP8_DTYPES
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.dtype != q.dtype:
-            raise ValueError(f"{name}: expected q's dtype {q.dtype}, got {t.dtype} (16-bit q "
-                             f"against an FP8 cache is not implemented yet in "
-                             f"flash_attn_with_kvcache)")
+        if mixed and t.dtype != k_cache.dtype:
+            raise ValueError(f"{name}: expected k_cache's dtype {k_cache.dtype} (an FP8 cache "
+                             f"under {q.dtype} q holds k and v in one FP8 dtype), got {t.dtype}")
+        if not mixed and t.dtype != q.dtype:
+            raise ValueError(f"{name}: expected q's dtype {q.dtype}, got {t.dtype}")
         if t.device != q.device:
             raise ValueError(f"{name}: expected q's device {q.device}, got {t.device}")
         if t.stride(-1) != 1:
@@ -938,9 +948,15 @@ def _checked_call(q, k_cache, v_cache, k, v, *, qv, rotary_cos, rotary_sin, cach
                 raise ValueError(f"{name}: expected shape {want} with batch {batch}, heads_kv "
                                  f"{heads_kv}, head_dim {k_cache.shape[3]}, got "
                                  f"{tuple(t.shape)}")
-            if t.dtype != k_cache.dtype or t.device != q.device:
-                raise ValueError(f"{name}: expected the cache's dtype {k_cache.dtype} on "
-                                 f"{q.device}, got {t.dtype} on {t.device}")
+            if t.dtype != k_cache.dtype:
+                # FA3's rule (k_new of q's dtype, the cache's): new keys are appended as they
+                # are, never quantized here
+                hint = (" (an FP8 cache takes new keys already quantized to its dtype, with the "
+                        "cache's descales)" if k_cache.dtype in KV_FP8_DTYPES else "")
+                raise ValueError(f"{name}: expected the cache's dtype {k_cache.dtype}, got "
+                                 f"{t.dtype}{hint}")
+            if t.device != q.device:
+                raise ValueError(f"{name}: expected q's device {q.device}, got {t.device}")
         if v.shape[0] != k.shape[0] or (not packed and v.shape[1] != k.shape[1]):
             raise ValueError(f"v: expected k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
         if packed:
@@ -970,7 +986,7 @@ def _checked_call(q, k_cache, v_cache, k, v, *, qv, rotary_cos, rotary_sin, cach
     cache_leftpad = _check_index("cache_leftpad", cache_leftpad, batch, q)
     rotary = _check_rotary(rotary_cos, rotary_sin, rotary_seqlens, q, k, head_dim, batch)
     sinks = _check_sinks(sinks, heads_q, q)
-    if attention_chunk and (q.dtype in FP8_DTYPES or sinks is not None):
+    if attention_chunk and (q.dtype in FP8_DTYPES or mixed or sinks is not None):
         raise UnsupportedError(f"attention_chunk: expected 0 with FP8 inputs or sinks (chunked "
                                f"KV-cache attention runs on fp16 / bf16 without sinks), got "
                                f"{attention_chunk}")
@@ -1029,7 +1045,8 @@ def _checked_call(q, k_cache, v_cache, k, v, *, qv, rotary_cos, rotary_sin, cach
         used_k = cache_seqlens + (cu_seqlens_k_new[1:] - cu_seqlens_k_new[:-1])
     else:
         used_k = cache_seqlens + new if new else cache_seqlens
-    descales = (q_descale, k_descale, v_descale) if q.dtype in FP8_DTYPES else (None, None, None)
+    fp8 = q.dtype in FP8_DTYPES or mixed  # descales as flash_attn_func's FP8 / mixed mode
+    descales = (q_descale, k_descale, v_descale) if fp8 else (None, None, None)
     args = (q_rows, k_rows, v_rows, cu_q, cu_k, seqlen_q, seqlen_cache, None, used_k,
             softmax_scale, causal, window_size, softcap, backend)
     # Every check (devices, dtypes, head dim, scale, window, descales, out) before the cache is
@@ -1041,6 +1058,12 @@ def _checked_call(q, k_cache, v_cache, k, v, *, qv, rotary_cos, rotary_sin, cach
     decode = pages is not None or (backend == "auto" and not attention_chunk
                                    and _decode.serves(q, k_cache, v_cache, out, batch, seqlen_q,
                                                       varlen_q))
+    if mixed and not decode:
+        raise UnsupportedError(
+            f"k_cache: {q.dtype} q against an FP8 cache ({k_cache.dtype}, the mixed mode) runs on "
+            f"the decode kernel only, which does not serve this call (backend {backend!r}, "
+            f"{seqlen_q} query tokens x {group} query heads per KV head, head_dim {head_dim}, "
+            f"device {q.device}; flash_hopper.supports(..., kvcache=True) says why)")
     if decode:  # the checks alone: no FA kernel needs to exist for this dtype / head dim
         cfg = _varlen.check_call(*args, out_rows, descales, batch_k)
     else:
@@ -1106,7 +1129,7 @@ def _run_decode(c: _KvCall, splits: int) -> tuple[torch.Tensor, torch.Tensor | N
         leftpad_k=c.cache_leftpad, cu_seqlens_q=c.cu_seqlens_q if c.varlen_q else None,
         max_seqlen_q=c.seqlen_q, sinks=c.sinks,
         num_splits=c.meta_decode_splits if c.meta_decode_splits is not None else c.num_splits,
-        out=c.out, return_lse=c.return_softmax_lse)
+        out=c.out, return_lse=c.return_softmax_lse, descales=c.descales)
 
 
 def _run_packed(c: _KvCall, splits: int) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -127,7 +127,7 @@ static void expect_rejected(const char* what, FhStatus status, std::vector<std::
 }
 
 static void test_abi_version() {
-  CHECK(fh_abi_version() == 11, "fh_abi_version() = %d, expected 11", int(fh_abi_version()));
+  CHECK(fh_abi_version() == 12, "fh_abi_version() = %d, expected 12", int(fh_abi_version()));
   CHECK(fh_abi_version() == FH_ABI_VERSION, "library and header disagree on FH_ABI_VERSION");
 }
 
@@ -188,7 +188,7 @@ static void test_validation() {
   const FhStatus INVALID = FH_ERROR_INVALID_ARGUMENT, UNSUPPORTED = FH_ERROR_UNSUPPORTED;
   CHECK(fh_bwd(nullptr, nullptr) == INVALID && contains(fh_last_error(), "params: expected"),
         "null params: %s", fh_last_error());
-  expect_rejected("abi_version", INVALID, S{"abi_version: expected 11", "got 2"},
+  expect_rejected("abi_version", INVALID, S{"abi_version: expected 12", "got 2"},
                   [](FhBwdParams& p) { p.abi_version = 2; });
   expect_rejected("dtype e4m3", INVALID, S{"dtype: expected", "FH_DTYPE_BF16", "the backward has no FP8", "got 2"},
                   [](FhBwdParams& p) { p.dtype = FH_DTYPE_E4M3; });

@@ -42,8 +42,9 @@ extern "C" {
 // 8: the decode kernel (FhDecodeParams, fh_decode, fh_decode_plan). 9: FhDecodeParams without
 // the merge counters (a combine kernel merges the splits). 11: the decode kernel in the policy
 // (FH_BACKEND_DECODE, FhFwdParams::decode_route, fh_decode_select_backend); FhFwdParams without
-// the reserved paged / split-KV fields (the decode kernel serves both: FhDecodeParams).
-#define FH_ABI_VERSION 11
+// the reserved paged / split-KV fields (the decode kernel serves both: FhDecodeParams). 12: FP8
+// caches in the decode kernel (FhDecodeParams::kv_dtype and its descales).
+#define FH_ABI_VERSION 12
 
 // The library's own status; the message (fh_last_error) tells the cases of one status apart.
 typedef enum FhStatus {
@@ -372,7 +373,9 @@ FH_EXPORT int32_t fh_has_bwd_kernel(int32_t backend, int32_t dtype, int64_t head
 // their LSEs in a combine kernel the call launches right behind the decode kernel, K / V loaded
 // row by row through the page table (cp.async: any page size, any strides, vLLM's interleaved
 // K / V views included). The dtypes and head dims of the decode table (kernels/src/tables.cmake;
-// fh_build_info's "decode"). sm_80 and up, where the kernel's shared memory fits
+// fh_build_info's "decode"): 16-bit q / k / v, e4m3 q / k / v (FA3's FP8 convention, bf16 o), or
+// 16-bit q against an e4m3 / e5m2 cache (kv_dtype); an FP8 cache is read as FP8 and widened to 16
+// bits in shared memory, the MMAs stay 16-bit. sm_80 and up, where the kernel's shared memory fits
 // (fh_decode_stages).
 //
 // Keys: sequence b attends keys [leftpad_k[b], seqlens_k[b]) of its cache, both clamped to the
@@ -386,7 +389,9 @@ FH_EXPORT int32_t fh_has_bwd_kernel(int32_t backend, int32_t dtype, int64_t head
 // pool. Nothing outside q, k, v, o, lse and the workspace is read or written.
 typedef struct FhDecodeParams {
   int32_t abi_version;  // must be FH_ABI_VERSION
-  int32_t dtype;        // FhDtype of q, k, v and o: one of the decode table's
+  // FhDtype of q, and of k / v unless kv_dtype says otherwise: a row of the decode table
+  // (fh_build_info's decode "dtypes"). o is in q's dtype, bf16 for FH_DTYPE_E4M3 q (FA3's).
+  int32_t dtype;
 
   // --- data -------------------------------------------------------------------------------
   const void* q;
@@ -434,9 +439,22 @@ typedef struct FhDecodeParams {
   int64_t window_left;
   int64_t window_right;
 
+  // --- FP8 caches -------------------------------------------------------------------------
+  // Descales as FhFwdParams': fp32 (batch, heads_kv) at ptr[b * batch_stride + h_kv *
+  // head_stride] (b the sequence), strides >= 0 (0 broadcasts), null = 1.0. The scores are
+  // q_descale * k_descale * q.k (the softcap's argument with softcap), o is scaled by v_descale.
+  // q_descale with e4m3 q only; k_descale / v_descale with an FP8 cache only. FP8 tensors' strides
+  // and head_dim are multiples of 16 elements (16-byte rows).
+  const float *q_descale, *k_descale, *v_descale;
+  int64_t q_descale_batch_stride, q_descale_head_stride, k_descale_batch_stride,
+      k_descale_head_stride, v_descale_batch_stride, v_descale_head_stride;
+
   // --- schedule ---------------------------------------------------------------------------
   int32_t num_splits;  // >= 1: key splits per row block (fh_decode_plan chooses for 0)
-  int32_t reserved;
+  // FhDtype of k / v: 0 (a zero-initialized struct) or == dtype: k / v in dtype. Else an FP8
+  // cache (FH_DTYPE_E4M3 or FH_DTYPE_E5M2) under fp16 / bf16 q (the mixed mode's rows of the
+  // decode table): read in FP8, widened to q's dtype in shared memory.
+  int32_t kv_dtype;
 } FhDecodeParams;
 
 // The split count and workspace bytes of a decode call: params->num_splits when > 0 (capped at
@@ -461,7 +479,8 @@ FH_EXPORT FhStatus fh_decode_select_backend(const FhDecodeParams* params, int32_
                                             int32_t cc_minor, int32_t* backend_out, char* reason,
                                             size_t reason_len);
 
-// The key-ring stages the decode kernel runs at head_dim on a device that allows
+// The key-ring stages the decode kernel runs at head_dim with a 16-bit cache (an FP8 cache's
+// kernels have stages of their own: fh_build_info's decode "fp8_stages") on a device that allows
 // max_smem_per_block bytes of shared memory per block (its opt-in limit; 0: the current device's,
 // lowered by FLASH_HOPPER_DEBUG_SMEM_LIMIT as for every launch): the tuned count where it fits,
 // else the largest that fits; 0 where none fits or head_dim is not one of the decode table's (the
