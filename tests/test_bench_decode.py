@@ -17,7 +17,7 @@ def args(*argv):
     return cli.build_parser().parse_args(["decode", *argv])
 
 
-def test_defaults_are_issue_14s_table():
+def test_default_points():
     points = decode.points_from_args(args())
     assert [p.label() for p in points] == ["1x8k", "1x128k", "8x32k", "32x32k", "128x16k", "64x1k"]
     p = points[3]
@@ -223,3 +223,287 @@ def test_decode_ab_variants():
                           ("dense:x3", "expected :sN (splits) or :stM (stages)")):
         with pytest.raises(ValueError, match=re.escape(fragment)):
             ab.parse_variant(bad)
+
+
+# --- FP8 caches, speculative rows, FA3's kvcache ---------------------------------------------------
+
+
+def test_fp8_dtypes_and_q_len_parse():
+    """--dtype takes the bench's dtypes (e4m3, the mixed ones); --q-len is --seqlen-q."""
+    for dtype in ("e4m3", "bf16+e4m3", "fp16+e4m3", "bf16+e5m2", "fp16+e5m2"):
+        (point,) = decode.points_from_args(args("--points", "2x1k", "--dtype", dtype))
+        assert point.dtype == dtype
+    (point,) = decode.points_from_args(args("--points", "2x1k", "--q-len", "4"))
+    assert point.seqlen_q == 4
+    assert args("--seqlen-q", "3").seqlen_q == 3
+    with pytest.raises(SystemExit):
+        args("--dtype", "e5m2")  # FP8 q takes e4m3 only (FA3's convention)
+    p = decode.DecodePoint(1, 64, dtype="fp16+e5m2")
+    assert (p.q_dtype, p.kv_dtype, p.is_fp8, p.is_mixed) == ("fp16", "e5m2", False, True)
+    p = decode.DecodePoint(1, 64, dtype="e4m3")
+    assert (p.q_dtype, p.kv_dtype, p.is_fp8, p.is_mixed) == ("e4m3", "e4m3", True, False)
+
+
+@pytest.mark.parametrize("argv", [["--seqlen-q", "0"], ["--q-len", "-1"]])
+def test_q_len_must_be_positive(capsys, argv):
+    assert cli.main(["decode", *argv]) == cli.EXIT_FAILURE
+    assert "--seqlen-q: expected an int >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dtype", ["e4m3", "bf16+e4m3", "fp16+e5m2"])
+def test_fp8_bytes_are_half_of_bf16s(dtype):
+    """The bandwidth counts the FP8 cache at 1 byte per element, and the rows say so."""
+    shape = {"batch": 32, "context": 32768, "heads_q": 32, "heads_kv": 8, "head_dim": 128}
+    fp8, bf16 = decode.DecodePoint(**shape, dtype=dtype), decode.DecodePoint(**shape)
+    assert fp8.kv_bytes() * 2 == bf16.kv_bytes() == 4_294_967_296
+    row = decode.DecodeRow(fp8, "flash-hopper").as_dict()["point"]
+    assert row["kv_bytes"] == 2_147_483_648 and row["kv_dtype"] == fp8.kv_dtype
+    assert row["bytes_counted"].startswith(f"K and V cache ({fp8.kv_dtype}, 1 byte per element)")
+    assert "descales" in row["bytes_counted"]
+    assert "2 bytes per element" in decode.DecodeRow(bf16, "x").as_dict()["point"]["bytes_counted"]
+
+
+def _attention(q, k, v, causal_from=None):
+    """Exact fp32 attention, query by query: query i sees keys [0, causal_from + i] (all keys
+    when causal_from is None). GQA by repeating the kv heads."""
+    q, k, v = (t.float() for t in (q, k, v))
+    g = q.shape[2] // k.shape[2]
+    k, v = k.repeat_interleave(g, 2), v.repeat_interleave(g, 2)
+    rows = []
+    for i in range(q.shape[1]):
+        stop = k.shape[1] if causal_from is None else causal_from + i + 1
+        s = torch.einsum("bhd,bkhd->bhk", q[:, i], k[:, :stop]) * q.shape[-1] ** -0.5
+        rows.append(torch.einsum("bhk,bkhd->bhd", s.softmax(-1), v[:, :stop]))
+    return torch.stack(rows, 1)
+
+
+def test_make_inputs_quantizes_the_cache_per_kv_head():
+    """e4m3: q, k, v Fp8Inputs with (batch, heads_kv) descales (q's per kv head, FA3's) of the
+    bf16 point's values; mixed: q as drawn in its dtype, k / v in the cache's FP8 dtype."""
+    from flash_hopper.bench.fp8_inputs import Fp8Input
+
+    shape = {"batch": 2, "context": 48, "heads_q": 4, "heads_kv": 2, "head_dim": 16,
+             "seqlen_q": 3}
+    q16, k16, v16, lengths = decode.make_inputs(decode.DecodePoint(**shape), device="cpu")
+    q8, k8, v8, _ = decode.make_inputs(decode.DecodePoint(**shape, dtype="e4m3"), device="cpu")
+    for t8, t16 in ((q8, q16), (k8, k16), (v8, v16)):
+        assert isinstance(t8, Fp8Input) and t8.data.dtype == torch.float8_e4m3fn
+        assert t8.descale.shape == (2, 2) and t8.descale.dtype == torch.float32
+        assert torch.allclose(t8.dequantize(), t16.float(), rtol=0.07, atol=0.02)
+    assert lengths.tolist() == [48, 48] and lengths.dtype == torch.int32
+    q, k5, v5, _ = decode.make_inputs(decode.DecodePoint(**shape, dtype="fp16+e5m2"),
+                                      device="cpu")
+    q_fp16, k_fp16, _, _ = decode.make_inputs(decode.DecodePoint(**shape, dtype="fp16"),
+                                              device="cpu")
+    assert torch.equal(q, q_fp16) and not isinstance(q, Fp8Input)
+    assert k5.data.dtype == v5.data.dtype == torch.float8_e5m2 and k5.descale.shape == (2, 2)
+    assert torch.allclose(k5.dequantize(), k_fp16.float(), rtol=0.15, atol=0.02)
+
+
+@pytest.mark.parametrize("dtype", ["e4m3", "bf16+e4m3", "fp16+e5m2"])
+def test_fp8_reference_check(dtype):
+    """The check on FP8 rows: fp32 attention on the dequantized values (FA3's convention: the
+    FP8 rule, relative RMS error; the mixed mode: the 16-bit rule on q and the dequantized K / V).
+    The exact result passes, one with a wrong descale or a lost key block fails."""
+    from flash_hopper.bench import check
+
+    point = decode.DecodePoint(3, 64, 4, 2, 16, seqlen_q=2, dtype=dtype)
+    q, kc, vc, _ = decode.make_inputs(point, device="cpu")
+    n = decode.CHECK_SEQUENCES
+    real = [t.dequantize() if hasattr(t, "dequantize") else t for t in (q, kc, vc)]
+    exact = _attention(*real, causal_from=64 - 2)
+    out_dtype = torch.float16 if point.q_dtype == "fp16" else torch.bfloat16  # e4m3: bf16
+    result = decode.reference_check(point, exact.to(out_dtype), q, kc, vc)
+    metric = check.METRIC_REL_RMSE if point.is_fp8 else check.METRIC_MAX_ABS
+    assert result.passed and result.metric == metric, result
+    assert result.shape == f"b{n} sq2 sk64"
+    if point.is_fp8:
+        assert result.tol == check.FP8_REL_RMSE and result.err < 0.01
+    # The descale of k ignored: scores off by a factor per (sequence, kv head).
+    undone = [real[0], kc.data.float(), real[2]]
+    assert not decode.reference_check(point, _attention(*undone, causal_from=62), q, kc, vc).passed
+    # The second half of the cache lost.
+    lost = _attention(real[0], real[1][:, :32], real[2][:, :32])
+    assert not decode.reference_check(point, lost, q, kc, vc).passed
+
+
+def test_speculative_rows_check_bottom_right_causal():
+    """seqlen_q = 4 against a cache of 40: query i sees keys up to 40 - 4 + i (FA's bottom-right
+    alignment). The reference agrees with attention computed query by query; top-left alignment
+    (query i sees keys 0..i) and no mask both fail."""
+    point = decode.DecodePoint(2, 40, 4, 1, 16, seqlen_q=4, dtype="fp16")
+    q, kc, vc, _ = decode.make_inputs(point, device="cpu")
+    bottom_right = _attention(q, kc, vc, causal_from=40 - 4)
+    result = decode.reference_check(point, bottom_right.half(), q, kc, vc)
+    assert result.passed and result.err < 1e-2, result
+    for wrong in (_attention(q, kc, vc, causal_from=0), _attention(q, kc, vc)):
+        assert not decode.reference_check(point, wrong.half(), q, kc, vc).passed
+
+
+def test_paged_copy_of_an_fp8_cache():
+    """The paged backends' pool of an FP8 cache: the same bytes, read back through the table."""
+    kc, vc = (torch.randn(2, 21, 2, 16).to(torch.float8_e4m3fn) for _ in range(2))
+    pool_k, pool_v, table = decode.paged_copy(kc, vc, 8)
+    assert pool_k.dtype == torch.float8_e4m3fn and pool_k.shape == (6, 8, 2, 16)
+    back = pool_v[table.long()].reshape(2, 24, 2, 16)[:, :21]
+    assert torch.equal(back.view(torch.uint8), vc.view(torch.uint8))
+
+
+def _fp8_point(dtype="e4m3", seqlen_q=1, page_size=None):
+    return decode.DecodePoint(2, 32, 4, 2, 16, seqlen_q, dtype, page_size)
+
+
+@pytest.mark.parametrize(("name", "point", "reason"), [
+    ("sdpa-cudnn", _fp8_point(), "sdpa-cudnn: SDPA takes no FP8 cache"),
+    ("sdpa-cudnn", _fp8_point("bf16+e5m2"), "not run on a dequantized copy"),
+    ("sdpa-cudnn", _fp8_point("bf16", seqlen_q=4), "seqlen_q > 1 need bottom-right"),
+    ("flash-attn-cute", _fp8_point(), "flash-attn-cute: 16-bit caches only"),
+    ("flash-attn-cute-paged", _fp8_point("fp16+e4m3", page_size=16),
+     "flash-attn-cute-paged: 16-bit caches only"),
+])
+def test_peers_without_the_rows_inputs_are_skipped(name, point, reason):
+    """A peer that takes no FP8 cache (or no bottom-right mask) raises DecodeSkip naming why,
+    before it imports anything: the row is recorded as skipped."""
+    q, kc, vc, lengths = decode.make_inputs(point, device="cpu")
+    with pytest.raises(decode.DecodeSkip, match=reason):
+        decode.backend_call(name, point, q, kc, vc, lengths)
+
+
+def _fa3_stub(monkeypatch, flags):
+    """A stand-in fa3-fwd wheel: fa3_fwd_interface with flash_attn_func and
+    flash_attn_with_kvcache (recording its arguments), fa3_fwd_config with ``flags``; FA3's other
+    module names made unimportable, so the registry's search ends at the wheel."""
+    import sys
+    import types
+
+    seen = {}
+
+    def with_kvcache(q, k_cache, v_cache, **kw):
+        seen["k"], seen["kw"] = k_cache, kw
+        return q.float() + 1
+
+    interface = types.ModuleType("fa3_fwd_interface")
+    interface.flash_attn_func = lambda *a, **kw: None
+    interface.flash_attn_with_kvcache = with_kvcache
+    config = types.ModuleType("fa3_fwd_config")
+    config.CONFIG = {"build_flags": flags}
+    for name in ("flash_attn_interface", "flash_attn_3.flash_attn_interface", "flash_attn_3"):
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, "fa3_fwd_interface", interface)
+    monkeypatch.setitem(sys.modules, "fa3_fwd_config", config)
+    return seen
+
+
+def test_fa3_kvcache_gets_the_cache_and_descales(monkeypatch):
+    """flash-attn3: FA3's flash_attn_with_kvcache on the dense cache, cache_seqlens, causal, and
+    for e4m3 the FP8 data with q / k / v descales (FA3's convention is flash-hopper's)."""
+    seen = _fa3_stub(monkeypatch, {decode.FA3_NO_PAGED: True})
+    assert decode.backends_from_args(args("--backends", "fa3-fwd", "fa3_fwd_interface",
+                                          "flash-attn3")) == ["flash-attn3"]
+    for dtype in ("bf16", "e4m3"):
+        point = _fp8_point(dtype, seqlen_q=4)
+        q, kc, vc, lengths = decode.make_inputs(point, device="cpu")
+        out = decode.backend_call(decode.FA3, point, q, kc, vc, lengths)()
+        q_data = q.data if dtype == "e4m3" else q
+        assert torch.equal(out, q_data.float() + 1)
+        assert seen["kw"].pop("cache_seqlens") is lengths and seen["kw"].pop("causal") is True
+        if dtype == "e4m3":
+            assert seen["k"] is kc.data and len(seen["kw"]) == 3
+            assert all(seen["kw"][f"{prefix}_descale"] is t.descale
+                       for prefix, t in zip("qkv", (q, kc, vc)))
+        else:
+            assert seen["k"] is kc and seen["kw"] == {}
+
+
+@pytest.mark.parametrize(("name", "dtype", "reason"), [
+    ("flash-attn3-paged", "bf16",
+     "flash-attn3-paged: fa3_fwd_interface is built with FLASHATTENTION_DISABLE_PAGEDKV"),
+    ("flash-attn3", "fp16", "fa3_fwd_interface is built with FLASHATTENTION_DISABLE_FP16"),
+    ("flash-attn3", "bf16+e4m3", "takes q and the cache in one dtype"),
+])
+def test_fa3_rows_its_build_leaves_out_are_skipped(monkeypatch, name, dtype, reason):
+    """The fa3-fwd wheel's build config (fa3_fwd_config) names what it left out: paged KV and
+    fp16; FA3 has no mixed mode at all."""
+    _fa3_stub(monkeypatch, {decode.FA3_NO_PAGED: True, "FLASHATTENTION_DISABLE_FP16": True,
+                            "FLASHATTENTION_DISABLE_FP8": False})
+    point = _fp8_point(dtype, page_size=16)
+    q, kc, vc, lengths = decode.make_inputs(point, device="cpu")
+    with pytest.raises(decode.DecodeSkip) as info:
+        decode.backend_call(name, point, q, kc, vc, lengths)
+    assert reason in str(info.value)
+
+
+def test_fa3_without_its_module_is_skipped_with_the_reason(monkeypatch):
+    import sys
+
+    for name in ("flash_attn_interface", "flash_attn_3.flash_attn_interface", "flash_attn_3",
+                 "fa3_fwd_interface"):
+        monkeypatch.setitem(sys.modules, name, None)
+    point = _fp8_point("bf16")
+    q, kc, vc, lengths = decode.make_inputs(point, device="cpu")
+    with pytest.raises(decode.DecodeSkip, match=r"flash-attn3: not importable \(.*fa3_fwd_in"):
+        decode.backend_call("flash-attn3", point, q, kc, vc, lengths)
+
+
+def test_fp8_rows_record_skips_checks_and_bytes(tmp_path, monkeypatch):
+    """measure() of an e4m3 point with CPU stand-ins for the timing and flash-hopper's calls:
+    flash-hopper passes the FP8 rule, sdpa-cudnn and flash-attn3 (not importable here) are
+    skipped with their reasons and do not fail the run; the files say which bytes were counted."""
+    import sys
+
+    real_call = decode.backend_call
+
+    def call(name, point, q, kc, vc, lengths):
+        if not name.startswith("flash-hopper"):
+            return real_call(name, point, q, kc, vc, lengths)
+        real = [t.dequantize() for t in (q, kc, vc)]
+        return lambda: _attention(*real, causal_from=point.context - point.seqlen_q).bfloat16()
+
+    monkeypatch.setitem(sys.modules, "fa3_fwd_interface", None)
+    for name in ("flash_attn_interface", "flash_attn_3.flash_attn_interface", "flash_attn_3"):
+        monkeypatch.setitem(sys.modules, name, None)
+    make = decode.make_inputs
+    monkeypatch.setattr(decode, "make_inputs", lambda point: make(point, device="cpu"))
+    monkeypatch.setattr(decode, "backend_call", call)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    point = decode.DecodePoint(2, 64, 4, 2, 16, seqlen_q=2, dtype="e4m3")
+    rows = decode.measure(point, ["flash-hopper", "sdpa-cudnn", "flash-attn3"],
+                          timer=lambda fn: (10.0, 2.0), host_timer=lambda fn: 30.0)
+    fh, sdpa, fa3 = rows
+    assert fh.passed and fh.check_metric == "rel-rmse" and fh.check_err < 0.01
+    assert fh.tbps == pytest.approx(2 * 2 * 64 * 2 * 16 * 1 / 10e-6 / 1e12)
+    assert sdpa.skipped.startswith("sdpa-cudnn: SDPA takes no FP8 cache") and sdpa.error is None
+    assert fa3.skipped.startswith("flash-attn3: not importable") and fa3.tbps is None
+    assert sdpa.passed is None and decode.exit_status(rows) == 0
+    text = decode.table(rows)
+    assert "PASS (rel-rmse" in text and "skipped: sdpa-cudnn: SDPA takes no FP8 cache" in text
+    decode.write_json(tmp_path / "d.json", rows, {})
+    data = json.loads((tmp_path / "d.json").read_text())["rows"]
+    assert {r["point"]["bytes_counted"] for r in data} == {
+        "K and V cache (e4m3, 1 byte per element); not q, the output or the descales"}
+    assert [r["skipped"] is None for r in data] == [True, False, False]
+    decode.write_csv(tmp_path / "d.csv", rows)
+    with open(tmp_path / "d.csv") as f:
+        table = list(csv.DictReader(f))
+    assert table[0]["kv_dtype"] == "e4m3" and table[0]["kv_bytes"] == str(point.kv_bytes())
+    assert table[0]["check_metric"] == "rel-rmse" and table[1]["skipped"].startswith("sdpa")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["e4m3", "bf16+e4m3", "fp16+e5m2"])
+def test_fp8_decode_runs_on_the_gpu(lib, tmp_path, dtype):
+    """FP8 caches on the GPU, speculative rows with pages: flash-hopper's rows pass their check
+    and count 1 byte per cache element; peers record a result or a reason."""
+    rc = cli.main(["decode", "--points", "4x2k", "--heads", "8/2", "--q-len", "4", "--dtype",
+                   dtype, "--page-size", "16", "--backends", "flash-hopper",
+                   "flash-hopper-paged", "flash-hopper-dense", "sdpa-cudnn", "flash-attn3",
+                   "--json", str(tmp_path / "d.json")])
+    rows = json.loads((tmp_path / "d.json").read_text())["rows"]
+    for r in rows:
+        assert r["point"]["kv_bytes"] == 2 * 4 * 2048 * 2 * 128
+        if r["backend"].startswith("flash-hopper"):
+            assert r["error"] is None and r["passed"] and r["tbps"] > 0, r
+        else:
+            assert r["skipped"] or r["error"] or r["passed"] is not None, r
+    assert next(r for r in rows if r["backend"] == "sdpa-cudnn")["skipped"]
+    assert rc == 0

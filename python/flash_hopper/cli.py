@@ -192,26 +192,43 @@ def build_parser() -> argparse.ArgumentParser:
     decode = sub.add_parser(
         "decode", help="decode against a KV cache: K/V bandwidth vs SDPA cuDNN",
         description="Times one decode step (seqlen_q new tokens per sequence against a full "
-                    "cache of CONTEXT keys, causal, GQA) as CUDA-graph replays; bandwidth = "
-                    "bytes of K and V read / time. Each backend's output is checked against a "
-                    "float32 reference on the first sequences. Exit status 1 when a check fails "
-                    "or a flash-hopper row errors.")
+                    "cache of CONTEXT keys, causal bottom-right, GQA) as CUDA-graph replays; "
+                    "bandwidth = bytes of the K and V cache read / time. Each backend's output "
+                    "is checked against a float32 reference on the first sequences. Exit status "
+                    "1 when a check fails or a flash-hopper row errors; a backend that does not "
+                    "take the row's inputs is recorded as skipped, with the reason.",
+        epilog="FP8 caches: --dtype e4m3 is FA3's convention (q, K and V e4m3 with q / k / v "
+               "descales, output bf16); bf16+e4m3, fp16+e4m3, bf16+e5m2, fp16+e5m2 the mixed "
+               "mode (16-bit q, FP8 K / V with k / v descales, output in q's dtype). The cache "
+               "is quantized per (batch, KV head) as the bench's FP8 inputs are; the check is "
+               "against fp32 attention on the dequantized values (e4m3: relative RMS error <= "
+               "5%; mixed: the 16-bit rule); bytes counted = the FP8 cache, 1 byte per element "
+               "(rows record it: kv_dtype, bytes_counted). Peers without an FP8 path are "
+               "skipped with the reason, never run on a dequantized 16-bit copy: sdpa-cudnn and "
+               "the flash-attn-cute ones for every FP8 dtype, flash-attn3 for the mixed mode.")
     decode.add_argument("--points", nargs="+", metavar="BxC",
                         help="batch x context points, k suffix = x1024 (default: "
                              "1x8k 1x128k 8x32k 32x32k 128x16k 64x1k)")
     decode.add_argument("--heads", default="32/8", metavar="Q/KV",
                         help="query / KV heads (default: 32/8)")
     decode.add_argument("-d", "--head-dim", type=int, default=128)
-    decode.add_argument("--seqlen-q", type=int, default=1,
-                        help="new query tokens per sequence (default: 1)")
-    decode.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    decode.add_argument("--seqlen-q", "--q-len", type=int, default=1, dest="seqlen_q",
+                        metavar="N",
+                        help="new query tokens per sequence (default: 1; 2..8: speculative "
+                             "decoding, query i of N sees keys up to CONTEXT - N + i; "
+                             "sdpa-cudnn is skipped above 1)")
+    decode.add_argument("--dtype", choices=sweep.DTYPES, default="bf16",
+                        help="q and cache dtype: bf16, fp16, e4m3 (FP8), or Q+KV for 16-bit q "
+                             "against an FP8 cache (default: bf16)")
     decode.add_argument("--page-size", type=int, default=None, metavar="P",
                         help="also time the cache as shuffled P-token pages with a page table "
                              "(backend flash-hopper-paged)")
     decode.add_argument("--backends", nargs="+", metavar="NAME",
                         help="some of flash-hopper, flash-hopper-dense, sdpa-cudnn, "
                              "flash-hopper-paged (default: the first three, and the paged one "
-                             "with --page-size)")
+                             "with --page-size); peers: flash-attn3 (FA3's "
+                             "flash_attn_with_kvcache, e.g. the fa3-fwd wheel), flash-attn3-paged, "
+                             "flash-attn-cute, flash-attn-cute-paged (FA4)")
     decode.add_argument("--json", metavar="FILE", help="write every row")
     decode.add_argument("--csv", metavar="FILE", help="write every row")
     decode.add_argument("--plot", metavar="PNG", help="grouped bars of TB/s")

@@ -157,11 +157,12 @@ def _within(err: float | None, tol: float | None) -> bool:
     return err is not None and tol is not None and not math.isnan(err) and err <= tol
 
 
-def compare(out, ref_fp32, ref_lowp, shape: str = "") -> CheckResult:
-    """Apply the output rule to already computed tensors (any device)."""
+def compare(out, ref_fp32, ref_lowp, shape: str = "", atol: float = ATOL) -> CheckResult:
+    """Apply the output rule to already computed tensors (any device); ``atol`` its absolute
+    term (the decode sweep passes its own, decode.CHECK_ATOL)."""
     err = max_abs_diff(out, ref_fp32)
     ref_err = max_abs_diff(ref_lowp, ref_fp32)
-    tol = tolerance(ref_err)
+    tol = tolerance(ref_err, atol=atol)
     return CheckResult(err=err, ref_err=ref_err, tol=tol, passed=_within(err, tol), shape=shape)
 
 

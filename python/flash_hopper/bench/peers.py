@@ -330,6 +330,11 @@ class FlashAttnPackage(Backend):
         self._varlen_func: Callable | None = None
         self._module_name = ""
 
+    @property
+    def module_name(self) -> str:
+        """The module software_reason imported ("" before it has, or when none imports)."""
+        return self._module_name
+
     def software_reason(self) -> str | None:
         failures = []
         for module_name in self.modules:
