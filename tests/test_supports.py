@@ -5,7 +5,8 @@ capability (CPU)."""
 from __future__ import annotations
 
 import pytest
-from flash_hopper import supports
+import torch
+from flash_hopper import dispatch, supports
 from flash_hopper._lib import FhBackend, FhDtype
 
 
@@ -93,3 +94,62 @@ def test_the_route_env_closes_the_decode_kernel(lib, monkeypatch):
         monkeypatch.setenv("FLASH_HOPPER_DECODE", env)
         assert supports(**short)[1].startswith("decode:") == plain, env
         assert supports(**short, kvcache=True)[1].startswith("decode:") == kv, env
+
+
+# Each dtype name with the other forms users pass for it: torch dtypes, torch's spellings, and
+# for the mixed mode (16-bit q, FP8 K / V) pairs and "q+kv" strings of any of those.
+DTYPE_FORMS = {
+    "bf16": (torch.bfloat16, "bfloat16", "torch.bfloat16", " BF16 ",
+             (torch.bfloat16, torch.bfloat16)),
+    "fp16": (torch.float16, "float16", "torch.float16"),
+    "e4m3": (torch.float8_e4m3fn, "float8_e4m3fn", "torch.float8_e4m3fn"),
+    "bf16+e4m3": ((torch.bfloat16, torch.float8_e4m3fn), ["bf16", "e4m3"],
+                  "bfloat16+float8_e4m3fn"),
+    "fp16+e4m3": ((torch.float16, torch.float8_e4m3fn),),
+    "bf16+e5m2": ((torch.bfloat16, torch.float8_e5m2), "torch.bfloat16+torch.float8_e5m2"),
+    "fp16+e5m2": (("fp16", torch.float8_e5m2), "float16+e5m2"),
+}
+# Configurations whose answers depend on the dtype: a long forward (the FA kernels' tables), a
+# decode step (the decode kernel's, the mixed mode's only route), a varlen call (the mixed mode
+# refused), on a GPU of each path.
+DTYPE_PROBES = (
+    {"capability": (9, 0), "head_dim": 128, "seqlen_q": 512},
+    {"capability": (9, 0), "head_dim": 128, "heads_kv": 8, "kvcache": True},
+    {"capability": (9, 0), "head_dim": 64, "varlen": True, "seqlen_q": 512},
+    {"capability": (8, 0), "head_dim": 64, "seqlen_q": 512},
+)
+
+
+@pytest.mark.parametrize("name", list(DTYPE_FORMS))
+def test_every_dtype_form_gets_its_names_answer(lib, name):
+    names_answers = [supports(dtype=name, **probe) for probe in DTYPE_PROBES]
+    assert not any(reason.startswith("dtype: expected") for _, reason in names_answers)
+    for form in DTYPE_FORMS[name]:
+        answers = [supports(dtype=form, **probe) for probe in DTYPE_PROBES]
+        assert answers == names_answers, (form, answers)
+        assert hypothetical(form) == hypothetical(name), form
+
+
+def hypothetical(dtype):
+    """dispatch.hypothetical's answer for cc 9.0, hdim 128, or the message it raises."""
+    try:
+        return dispatch.hypothetical((9, 0), dtype, 128)
+    except (ValueError, NotImplementedError) as exc:
+        return str(exc)
+
+
+@pytest.mark.parametrize("value", [
+    "fp8", "float32", torch.float32, None, 3,
+    torch.float8_e5m2,  # e5m2 is a K / V dtype of the mixed mode only
+    (torch.float8_e4m3fn, torch.bfloat16),  # FP8 q against 16-bit K / V: no such mode
+    (torch.bfloat16,), (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e4m3fn),
+    "bf16+e4m3+e4m3", "bf16+",
+], ids=repr)
+def test_a_bad_dtype_names_the_argument_the_forms_and_the_value(lib, value):
+    ok, reason = supports(capability=(9, 0), dtype=value)
+    assert not ok, reason
+    assert reason.startswith("dtype: expected one of fp16, bf16, e4m3, bf16+e4m3"), reason
+    assert "torch.bfloat16" in reason and "(torch.bfloat16, torch.float8_e4m3fn)" in reason
+    assert reason.endswith(f"got {value!r}"), reason
+    with pytest.raises(ValueError, match="^dtype: expected one of"):
+        dispatch.hypothetical((9, 0), value, 128)

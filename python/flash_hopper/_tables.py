@@ -63,6 +63,67 @@ def dtype_name(dtype: FhDtype | torch.dtype) -> str:
 
 DTYPE_NAMES = {dtype_name(d): d for d in INPUT_DTYPES}  # "bf16" -> torch.bfloat16
 
+# --- dtype arguments: the forms users pass, to one name ------------------------------------------
+
+# One element's spellings -> its name: "bf16", torch.bfloat16, "bfloat16", "torch.bfloat16". Every
+# spelling is derived from the torch dtypes above; e5m2 is a K / V element of the mixed mode only.
+_ELEMENT_SPELLINGS: dict[Any, str] = {
+    spelling: FhDtype(code).name.lower()
+    for torch_dtype, code in {**INPUT_DTYPES, **KV_FP8_DTYPES}.items()
+    for spelling in (FhDtype(code).name.lower(), torch_dtype, str(torch_dtype),
+                     str(torch_dtype).removeprefix("torch."))
+}
+
+
+def _element(value: Any) -> str | None:
+    """The name of one element dtype in any of its spellings, or None."""
+    if isinstance(value, str):
+        value = value.strip().lower()
+    try:
+        return _ELEMENT_SPELLINGS.get(value)
+    except TypeError:  # unhashable: no dtype
+        return None
+
+
+def canonical_dtype(value: Any, arg: str = "dtype") -> str:
+    """The FH_DTYPES name ("fp16", "bf16", "e4m3" or a mixed "bf16+e4m3") of a user's dtype
+    argument, which may be such a name, a torch dtype (torch.bfloat16, torch.float8_e4m3fn), torch's
+    spelling of one ("bfloat16", "torch.bfloat16"), or for the mixed mode (16-bit q against FP8 K /
+    V) a (q dtype, K / V dtype) pair of those, such as (torch.bfloat16, torch.float8_e4m3fn), or a
+    "q+kv" string of them ("bfloat16+float8_e5m2"). A pair of equal dtypes is that dtype.
+    ValueError, naming ``arg``, the accepted forms and the value, for anything else."""
+    if isinstance(value, str) and "+" in value:
+        parts = value.split("+")
+    elif isinstance(value, (tuple, list)):
+        parts = list(value)
+    else:
+        parts = [value]
+    names = [_element(p) for p in parts]
+    name = None
+    if len(names) == 2 and None not in names:
+        name = names[0] if names[0] == names[1] else "+".join(names)
+    elif len(names) == 1 and parts[0] is value:
+        name = names[0]
+    if name in DTYPE_NAMES or name in MIXED_DTYPES:
+        return name
+    raise ValueError(
+        f"{arg}: expected one of {', '.join((*DTYPE_NAMES, *MIXED_DTYPES))}, a torch dtype "
+        f"({', '.join(str(d) for d in INPUT_DTYPES)}; also spelled \"bfloat16\" or "
+        f"\"torch.bfloat16\") or, for the mixed mode, a (q dtype, K / V dtype) pair such as "
+        f"(torch.bfloat16, torch.float8_e4m3fn) or \"bf16+e5m2\", got {value!r}")
+
+
+def kv_fp8_dtype(value: Any, arg: str = "dtype") -> torch.dtype:
+    """The torch dtype of an FP8 K / V element of the mixed mode in any spelling ("e5m2",
+    torch.float8_e5m2, "float8_e5m2", "torch.float8_e5m2"); ValueError naming ``arg`` otherwise."""
+    name = _element(value)
+    for torch_dtype in KV_FP8_DTYPES:
+        if name == _element(torch_dtype):
+            return torch_dtype
+    forms = [*(_element(d) for d in KV_FP8_DTYPES), *(str(d) for d in KV_FP8_DTYPES)]
+    raise ValueError(f"{arg}: expected an FP8 K / V dtype, one of {', '.join(forms)}, got "
+                     f"{value!r}")
+
 # --- kernel paths and archs ----------------------------------------------------------------------
 
 # Per path: the FH_ARCHS value that builds it and build_info's arch name.

@@ -68,7 +68,7 @@ def _add_sweep_args(parser: argparse.ArgumentParser) -> None:
                    help="sliding windows LEFT,RIGHT (-1 = unbounded); each is a sweep point")
     g.add_argument("--softcap", nargs="+", type=float, default=None, metavar="C",
                    help="tanh soft-capping values (default: 0 = off)")
-    g.add_argument("--dtype", nargs="+", choices=sweep.DTYPES, default=None,
+    g.add_argument("--dtype", nargs="+", type=_dtype, choices=sweep.DTYPES, default=None,
                    help="input dtypes (default: bf16). e4m3 = FP8 inference, forward only: "
                         "inputs drawn as for bf16, quantized per head with "
                         "flash_hopper.fp8.quantize, passed with their descales; bf16 output; "
@@ -160,6 +160,17 @@ def _capability(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(message) from None
 
 
+def _dtype(text: str) -> str:
+    """--dtype's name ("bf16", "bf16+e4m3") from any spelling flash_hopper.supports takes:
+    "bfloat16", "torch.bfloat16", "float8_e4m3fn", "bfloat16+float8_e5m2"."""
+    from flash_hopper._tables import canonical_dtype
+
+    try:
+        return canonical_dtype(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).partition(": ")[2]) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="flash-hopper: FlashAttention-3-class attention kernels.")
@@ -236,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="GPU, driver, built kernels, and the path a call takes",
                           description="Works without a GPU (exit 0).")
     info.add_argument("-d", "--head-dim", type=int, default=128)
-    info.add_argument("--dtype", choices=sweep.HALF_DTYPES, default="bf16")
+    info.add_argument("--dtype", type=_dtype, choices=sweep.HALF_DTYPES, default="bf16")
     info.add_argument("--backend", choices=("auto", "fa2", "fa3"), default="auto")
     info.add_argument("--causal", action="store_true")
     info.add_argument("--capability", metavar="MAJOR.MINOR", type=_capability,
@@ -248,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("-s", "--seqlen", type=sweep.parse_count, default=1024)
     demo.add_argument("--heads", type=int, default=16)
     demo.add_argument("-d", "--head-dim", type=int, default=128)
-    demo.add_argument("--dtype", choices=sweep.HALF_DTYPES, default="bf16")
+    demo.add_argument("--dtype", type=_dtype, choices=sweep.HALF_DTYPES, default="bf16")
     demo.add_argument("--causal", action="store_true")
     demo.add_argument("--backend", choices=("auto", "fa2", "fa3"), default="auto")
 

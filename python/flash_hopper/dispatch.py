@@ -28,9 +28,14 @@ fa2. Errors name the GPU, the build variables to change or the stride at fault.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from . import _abi, _lib, _tables
 from ._abi import FhBwdParams, FhDecodeParams, FhFwdParams
 from ._tables import head_dim_bucket  # re-exported: bench/backends.py imports it from here
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["choose", "choose_bwd", "head_dim_bucket", "hypothetical", "supports"]
 
@@ -59,8 +64,8 @@ def choose_bwd(params: FhBwdParams,
 
 
 def _set_dtypes(p: FhFwdParams, dtype: str) -> None:
-    """A request's dtype fields from a dtype name ("bf16", "e4m3", or a mixed "bf16+e4m3": 16-bit
-    q, FP8 k / v); FP8 inputs write bf16 output."""
+    """A request's dtype fields from a dtype name (_tables.canonical_dtype's: "bf16", "e4m3", or a
+    mixed "bf16+e4m3": 16-bit q, FP8 k / v); FP8 inputs write bf16 output."""
     if dtype in _tables.MIXED_DTYPES:
         q_dtype, kv_dtype = _tables.MIXED_DTYPES[dtype]
         p.dtype = p.out_dtype = _tables.TORCH_DTYPES[q_dtype]
@@ -72,11 +77,12 @@ def _set_dtypes(p: FhFwdParams, dtype: str) -> None:
 
 
 def hypothetical(
-    capability: tuple[int, int], dtype: str, head_dim: int, backend: str = "auto",
+    capability: tuple[int, int], dtype: str | torch.dtype | tuple, head_dim: int, backend: str = "auto",
     causal: bool = False,
 ) -> tuple[str, str]:
     """(name, reason) flash_attn_func would get for a small contiguous (batch 1, 128 x 128 tokens,
-    1 head) problem of ``dtype`` ("bf16") and ``head_dim`` on a GPU of ``capability`` (its
+    1 head) problem of ``dtype`` (a name such as "bf16", a torch dtype or a (q, K / V) pair of
+    them: _tables.canonical_dtype) and ``head_dim`` on a GPU of ``capability`` (its
     128 rows are short queries: "decode" where FLASH_HOPPER_DECODE allows the route and the
     decode kernel serves them); raises like choose()."""
     from . import _decode  # torch-dependent: imported when asked
@@ -85,9 +91,7 @@ def hypothetical(
         raise ValueError(
             f"backend: expected one of {', '.join(_tables.BACKEND_NAMES)}, got {backend!r}"
         )
-    if dtype not in _tables.DTYPE_NAMES and dtype not in _tables.MIXED_DTYPES:
-        names = (*_tables.DTYPE_NAMES, *_tables.MIXED_DTYPES)
-        raise ValueError(f"dtype: expected one of {', '.join(names)}, got {dtype!r}")
+    dtype = _tables.canonical_dtype(dtype)
     seqlen = 128
     p = FhFwdParams()
     p.abi_version = _abi.ABI_VERSION
@@ -108,7 +112,7 @@ def hypothetical(
 
 def supports(
     *,
-    dtype: str = "bf16",
+    dtype: str | torch.dtype | tuple = "bf16",
     head_dim: int = 128,
     heads_q: int = 32,
     heads_kv: int | None = None,
@@ -132,7 +136,9 @@ def supports(
     that runs and why ("fa3: cc 9.0 and fa3 kernel built for bf16 hdim 128", "decode: the decode
     kernel (cc 9.0): ...", plus how a KV-cache call is packed or split off the decode kernel).
 
-    dtype: "fp16", "bf16", "e4m3" or a mixed name ("bf16+e4m3": 16-bit q, FP8 K / V). varlen:
+    dtype: "fp16", "bf16", "e4m3" or a mixed name ("bf16+e4m3": 16-bit q, FP8 K / V), or the
+    torch dtypes (torch.bfloat16, torch.float8_e4m3fn; "bfloat16" and "torch.bfloat16" too) and,
+    for the mixed mode, a (q, K / V) pair of them: (torch.bfloat16, torch.float8_e5m2). varlen:
     flash_attn_varlen_func; kvcache: flash_attn_with_kvcache (a dense cache: varlen kernels);
     rotary / sinks / page_size: flash_attn_with_kvcache's rotary embedding (16-bit, dense
     caches), sink logits and paged caches. With backend "auto" short queries run on the decode
@@ -141,6 +147,10 @@ def supports(
     calls, paged caches gathered first)."""
     from . import _decode  # torch-dependent: imported when asked
 
+    try:
+        dtype = _tables.canonical_dtype(dtype)
+    except ValueError as exc:
+        return False, str(exc)
     for name, flag, what in (("page_size", page_size is not None and not kvcache,
                               "paged KV outside flash_attn_with_kvcache"),
                              ("sinks", sinks and not kvcache,
@@ -150,9 +160,6 @@ def supports(
                               "rotary with FP8 inputs")):
         if flag:
             return False, f"{name}: {what} is not implemented yet"
-    if dtype not in _tables.DTYPE_NAMES and dtype not in _tables.MIXED_DTYPES:
-        names = (*_tables.DTYPE_NAMES, *_tables.MIXED_DTYPES)
-        return False, f"dtype: expected one of {', '.join(names)}, got {dtype!r}"
     if backend not in _tables.BACKENDS:
         return False, (f"backend: expected one of {', '.join(_tables.BACKEND_NAMES)}, got "
                        f"{backend!r}")

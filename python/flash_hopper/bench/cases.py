@@ -26,7 +26,9 @@ import random
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
+from flash_hopper._tables import canonical_dtype
 from flash_hopper.mask import AttentionMask
 
 from .flops import attention_flops
@@ -58,13 +60,15 @@ VARLEN_NO_BACKWARD = "varlen backward rows are not measured yet"
 DEFAULT_VARLEN = (128, 8192)
 
 
-def dtype_parts(dtype: str) -> tuple[str, str]:
+def dtype_parts(dtype: Any) -> tuple[str, str]:
     """(q's dtype, K / V's dtype) of a sweep dtype: ('bf16', 'e4m3') for 'bf16+e4m3', the dtype
-    twice otherwise."""
+    twice otherwise. It may be spelled in any form flash_hopper.supports takes (torch.bfloat16,
+    (torch.bfloat16, torch.float8_e4m3fn), "bfloat16": _tables.canonical_dtype)."""
+    dtype = canonical_dtype(dtype)
     return MIXED_PARTS.get(dtype, (dtype, dtype))
 
 
-def gemm_dtype(dtype: str) -> str:
+def gemm_dtype(dtype: Any) -> str:
     """The dtype of a sweep dtype's tensor-core GEMMs, which picks its peak and GEMM ceiling: q's
     (the mixed mode converts K / V to q's dtype before its 16-bit GEMMs)."""
     return dtype_parts(dtype)[0]
@@ -81,11 +85,12 @@ class Case:
     causal: bool = False
     window: tuple[int, int] = (-1, -1)
     softcap: float = 0.0
-    dtype: str = "bf16"
+    dtype: str = "bf16"  # a DTYPES name; other spellings (torch.bfloat16) are converted to it
     # A varlen batch's per-sequence lengths (self-attention: q and k alike), or None (dense).
     seqlens: tuple[int, ...] | None = None
 
     def __post_init__(self):
+        object.__setattr__(self, "dtype", canonical_dtype(self.dtype))  # frozen: set once here
         if self.seqlens is None:
             return
         longest = max(self.seqlens, default=0)

@@ -56,22 +56,14 @@ def quantize_inputs(q, k, v) -> tuple[Fp8Input, Fp8Input, Fp8Input]:
     return q8, k8, v8
 
 
-# The FP8 dtype names of the sweep (cases.py) -> torch's attribute names.
-TORCH_FP8_DTYPES = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
-
-
-def quantize_kv_cache(k, v, dtype: str = "e4m3") -> tuple[Fp8Input, Fp8Input]:
+def quantize_kv_cache(k, v, dtype: Any = "e4m3") -> tuple[Fp8Input, Fp8Input]:
     """k, v (batch, seqlen_k, heads_kv, head_dim), fp32 / fp16 / bf16 -> their Fp8Inputs in the FP8
-    ``dtype`` ("e4m3" or "e5m2"), each quantized per (batch, kv head) by flash_hopper.fp8.quantize
-    (amax-calibrated to the dtype's largest value: 448 for e4m3, 57344 for e5m2): a mixed case's
-    K / V cache."""
-    import torch
+    ``dtype`` ("e4m3" or "e5m2", or torch's float8_e4m3fn / float8_e5m2), each quantized per
+    (batch, kv head) by flash_hopper.fp8.quantize (amax-calibrated to the dtype's largest value:
+    448 for e4m3, 57344 for e5m2): a mixed case's K / V cache."""
+    from flash_hopper import _tables, fp8
 
-    from flash_hopper import fp8
-
-    if dtype not in TORCH_FP8_DTYPES:
-        raise ValueError(f"dtype: expected one of {', '.join(TORCH_FP8_DTYPES)}, got {dtype!r}")
-    torch_dtype = getattr(torch, TORCH_FP8_DTYPES[dtype])
+    torch_dtype = _tables.kv_fp8_dtype(dtype)
     k8 = Fp8Input(*fp8.quantize(k, "head", torch_dtype))
     v8 = Fp8Input(*fp8.quantize(v, "head", torch_dtype))
     return k8, v8

@@ -10,6 +10,7 @@ flash_attn_func runs, "decode" for the decode kernel (its 128 query rows are sho
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from . import env
 from .errors import first_line
@@ -18,19 +19,21 @@ from .errors import first_line
 EXAMPLE_CAPABILITIES = ((9, 0), (8, 0))
 
 
-def path_on_gpu(head_dim: int, dtype: str, backend: str, causal: bool) -> tuple[str, str]:
-    """(path, reason) from which_backend on tiny tensors of the current GPU."""
+def path_on_gpu(head_dim: int, dtype: Any, backend: str, causal: bool) -> tuple[str, str]:
+    """(path, reason) from which_backend on tiny tensors of the current GPU; dtype: 16-bit, as a
+    name ("bf16") or a torch dtype."""
     import torch
 
     import flash_hopper
+    from flash_hopper import _tables
 
-    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    torch_dtype = _tables.DTYPE_NAMES[_tables.canonical_dtype(dtype)]
     q = torch.empty(1, 128, 1, head_dim, device="cuda", dtype=torch_dtype)
     name, reason = flash_hopper.which_backend(q, q, q, backend=backend, causal=causal)
     return str(name), str(reason)
 
 
-def path_hypothetical(capability, head_dim: int, dtype: str, backend: str,
+def path_hypothetical(capability, head_dim: int, dtype: Any, backend: str,
                       causal: bool) -> tuple[str, str]:
     """(path, reason) the library's policy gives on a GPU of ``capability``, without a GPU."""
     from flash_hopper import dispatch
@@ -38,8 +41,11 @@ def path_hypothetical(capability, head_dim: int, dtype: str, backend: str,
     return dispatch.hypothetical(tuple(capability), dtype, head_dim, backend, causal)
 
 
-def gather(head_dim: int, dtype: str, backend: str, causal: bool,
+def gather(head_dim: int, dtype: Any, backend: str, causal: bool,
            capability: tuple[int, int] | None = None) -> dict[str, object]:
+    from flash_hopper._tables import canonical_dtype
+
+    dtype = canonical_dtype(dtype)  # the report's name: "bf16" for torch.bfloat16 too
     report: dict[str, object] = {"query": {"head_dim": head_dim, "dtype": dtype,
                                            "backend": backend, "causal": causal}}
     torch, torch_reason = env.torch_status()

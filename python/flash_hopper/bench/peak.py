@@ -13,6 +13,7 @@ GEMMs are 16-bit (cases.gemm_dtype).
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from .cases import FP8_DTYPES, gemm_dtype
 from .errors import first_line
@@ -40,9 +41,9 @@ class GemmUnavailable(RuntimeError):
     """The GEMM for a dtype's ceiling cannot run here (e.g. no torch._scaled_mm)."""
 
 
-def lookup_peak(device_name: str, dtype: str = "bf16") -> tuple[float | None, str]:
-    """(TFLOP/s, which table entry) for a device name and a sweep dtype (its GEMMs' dtype's peak);
-    (None, reason) when it is unknown."""
+def lookup_peak(device_name: str, dtype: Any = "bf16") -> tuple[float | None, str]:
+    """(TFLOP/s, which table entry) for a device name and a sweep dtype (its GEMMs' dtype's peak;
+    a name or a torch dtype, as gemm_dtype takes it); (None, reason) when it is unknown."""
     fp8 = gemm_dtype(dtype) in FP8_DTYPES
     kind = "FP8" if fp8 else "bf16/fp16"
     for pattern, half, fp8_peak, label in PEAK_TFLOPS:
@@ -58,7 +59,7 @@ def gemm_flops(size: int) -> float:
     return 2.0 * size ** 3
 
 
-def measure_gemm_ceiling(timer, dtype: str = "bf16", size: int = GEMM_SIZE,
+def measure_gemm_ceiling(timer, dtype: Any = "bf16", size: int = GEMM_SIZE,
                          device: str = "cuda") -> dict:
     """Median TFLOP/s of one size^3 cuBLAS matmul in `dtype`'s GEMM dtype, timed with the sweep's
     own timer: torch.mm for bf16 / fp16 (and the mixed dtypes, by q's dtype), torch._scaled_mm
