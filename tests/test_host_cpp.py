@@ -24,6 +24,8 @@ kernels use:
   coverage and shared-memory banks;
 - test_varlen_span.cpp: a varlen sequence's spans (varlen.h): FA3's offsets rules, the KV-cache
   entry index and left padding, the clamps that keep unvalidated offsets inside the tensors;
+- test_sm80_bwd_fragments.cpp: the FA-2 backward's spelled-out fragment layouts
+  (sm80/bwd_fragment_layouts.h) are the very types CuTe derives from the swizzled views;
 - test_decode_plan.cpp: the decode kernel's plan (decode_plan.h): each row's keys against a
   brute-force mask, splits covering a range once in balanced whole blocks, page lookups, the
   split heuristic's one-wave bound, the workspace layout.
@@ -103,6 +105,18 @@ def test_fp8_layout_cute_host(tmp_path):
         pytest.skip("CUTLASS (cutlass_library) or the CUDA headers not found")
     out = _compile_and_run(tmp_path, "test_fp8_layout", includes=includes)
     assert "against the kernel's CuTe layouts" in out
+
+
+def test_sm80_bwd_fragments_cute_host(tmp_path):
+    # The FA-2 backward's spelled-out register-fragment and accumulator layouts
+    # (sm80/bwd_fragment_layouts.h, BwdTraits::AccLayout*) against CuTe's derivation from the
+    # swizzled views, every head dim, bf16 / fp16, tuned / fallback: static_asserts, so a drifted
+    # entry fails the compile. Needs CUTLASS and the CUDA headers; ~20 s.
+    includes = _cute_includes()
+    if not includes:
+        pytest.skip("CUTLASS (cutlass_library) or the CUDA headers not found")
+    out = _compile_and_run(tmp_path, "test_sm80_bwd_fragments", includes=includes)
+    assert "equal CuTe's derivation" in out
 
 
 def test_varlen_span_host(tmp_path):

@@ -156,24 +156,28 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   };
 
   // ---- MMA partitions ----
+  // The register fragments: the layouts of Traits::FragmentLayouts (bwd_fragment_layouts.h),
+  // the very types partition_fragment_A/B(sX) would return (a host test checks every entry)
+  // without the swizzled views' layout algebra, which was a quarter of the compiler's memory.
+  using Frags = typename Traits::FragmentLayouts;
   typename Traits::TiledMmaSdP tiled_mma_sdp;
   auto thr_mma_sdp = tiled_mma_sdp.get_thread_slice(tidx);
-  Tensor tSrQ = thr_mma_sdp.partition_fragment_A(sQ);    // (MMA,MMA_M,MMA_K)
-  Tensor tSrK = thr_mma_sdp.partition_fragment_B(sK);    // (MMA,MMA_N,MMA_K)
-  Tensor tdPrdO = thr_mma_sdp.partition_fragment_A(sdO);
-  Tensor tdPrV = thr_mma_sdp.partition_fragment_B(sV);
+  Tensor tSrQ = mma_fragment<typename Frags::SdpA, true>(thr_mma_sdp, sQ);    // (MMA,MMA_M,MMA_K)
+  Tensor tSrK = mma_fragment<typename Frags::SdpB, false>(thr_mma_sdp, sK);   // (MMA,MMA_N,MMA_K)
+  Tensor tdPrdO = mma_fragment<typename Frags::SdpA, true>(thr_mma_sdp, sdO);
+  Tensor tdPrV = mma_fragment<typename Frags::SdpB, false>(thr_mma_sdp, sV);
 
   typename Traits::TiledMmadKV tiled_mma_dkv;
   auto thr_mma_dkv = tiled_mma_dkv.get_thread_slice(tidx);
-  Tensor tdVrPt = thr_mma_dkv.partition_fragment_A(sPt);   // (MMA,MMA_N,MMA_M)
-  Tensor tdVrdOt = thr_mma_dkv.partition_fragment_B(sdOt); // (MMA,MMA_D,MMA_M)
-  Tensor tdKrdSt = thr_mma_dkv.partition_fragment_A(sdSt);
-  Tensor tdKrQt = thr_mma_dkv.partition_fragment_B(sQt);
+  Tensor tdVrPt = mma_fragment<typename Frags::DkvA, true>(thr_mma_dkv, sPt);     // (MMA,MMA_N,MMA_M)
+  Tensor tdVrdOt = mma_fragment<typename Frags::DkvB, false>(thr_mma_dkv, sdOt);  // (MMA,MMA_D,MMA_M)
+  Tensor tdKrdSt = mma_fragment<typename Frags::DkvA, true>(thr_mma_dkv, sdSt);
+  Tensor tdKrQt = mma_fragment<typename Frags::DkvB, false>(thr_mma_dkv, sQt);
 
   typename Traits::TiledMmadQ tiled_mma_dq;
   auto thr_mma_dq = tiled_mma_dq.get_thread_slice(tidx);
-  Tensor tdQrdS = thr_mma_dq.partition_fragment_A(sdS);   // (MMA,MMA_M,MMA_N)
-  Tensor tdQrKt = thr_mma_dq.partition_fragment_B(sKt);   // (MMA,MMA_D,MMA_N)
+  Tensor tdQrdS = mma_fragment<typename Frags::DqA, true>(thr_mma_dq, sdS);    // (MMA,MMA_M,MMA_N)
+  Tensor tdQrKt = mma_fragment<typename Frags::DqB, false>(thr_mma_dq, sKt);   // (MMA,MMA_D,MMA_N)
 
   // ldmatrix copies, one per operand view.
   using LdsmN = typename Traits::SmemCopyAtom;
@@ -209,8 +213,8 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   Tensor tPsP = thr_copy_pds.partition_D(sP);
   Tensor tdSsdS = thr_copy_pds.partition_D(sdS);
 
-  Tensor acc_dk = partition_fragment_C(tiled_mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
-  Tensor acc_dv = partition_fragment_C(tiled_mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+  Tensor acc_dk = make_tensor<float>(typename Traits::AccLayoutdKV{});
+  Tensor acc_dv = make_tensor<float>(typename Traits::AccLayoutdKV{});
   clear(acc_dk);
   clear(acc_dv);
 
@@ -232,8 +236,8 @@ __global__ void __launch_bounds__(Traits::kNThreads)
     float const* lse = smem.lse.data() + q_stage * kBlockM;
     float const* dpsum = smem.dpsum.data() + do_stage * kBlockM;
 
-    Tensor acc_s = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
-    Tensor acc_dp = partition_fragment_C(tiled_mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    Tensor acc_s = make_tensor<float>(typename Traits::AccLayoutSdP{});
+    Tensor acc_dp = make_tensor<float>(typename Traits::AccLayoutSdP{});
     clear(acc_s);
     clear(acc_dp);
     gemm_ss(tiled_mma_sdp, acc_s, tSrQ, tSrK, shifted(tSsQ, q_off), tSsK, copy_sdp_a, copy_sdp_b,
@@ -296,7 +300,7 @@ __global__ void __launch_bounds__(Traits::kNThreads)
       }
     }
 
-    Tensor acc_dq = partition_fragment_C(tiled_mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+    Tensor acc_dq = make_tensor<float>(typename Traits::AccLayoutdQ{});
     clear(acc_dq);
     gemm_ss(tiled_mma_dq, acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, copy_dq_a, copy_dq_b,
             thr_copy_dq_a, thr_copy_dq_b);

@@ -13,6 +13,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
+#include "sm80/bwd_fragment_layouts.h"
 #include "sm80/bwd_tile_config.h"
 
 namespace flash_hopper::sm80 {
@@ -49,6 +50,18 @@ struct BwdTraits {
   static_assert(kBlockM % (16 * kAtomMSdP) == 0 && kBlockN % (16 * kNWarps / kAtomMSdP) == 0);
   static_assert(kBlockN % (16 * kAtomNdKV) == 0 && kHeadDim % (16 * kNWarps / kAtomNdKV) == 0);
   static_assert(kBlockM % (16 * kAtomMdQ) == 0 && kHeadDim % (16 * kNWarps / kAtomMdQ) == 0);
+  // The accumulators' layouts: what partition_fragment_C(WarpTiledMma<kAtomM>, (kRows, kCols))
+  // returns (m16n8 atoms: (2,2) values x MMA_M x MMA_N, column-major), spelled out for the
+  // compiler's memory like the operands' below; tests/cpp/test_sm80_bwd_fragments.cpp checks it.
+  template <int kAtomM, int kRows, int kCols>
+  using AccLayout = Layout<Shape<Shape<_2, _2>, Int<kRows / (16 * kAtomM)>,
+                                 Int<kCols / (8 * (kNWarps / kAtomM))>>>;
+  using AccLayoutSdP = AccLayout<kAtomMSdP, kBlockM, kBlockN>;   // S, dP
+  using AccLayoutdKV = AccLayout<kAtomNdKV, kBlockN, kHeadDim>;  // dK, dV
+  using AccLayoutdQ = AccLayout<kAtomMdQ, kBlockM, kHeadDim>;    // dQ
+  // The MMA operands' register-fragment layouts, spelled out (void: derive them).
+  using FragmentLayouts = BwdFragmentLayouts<kHeadDim, kBlockM, kBlockN, kNWarps, kAtomMSdP,
+                                             kAtomNdKV, kAtomMdQ>;
 
   // ---- Shared memory (the forward's swizzled atoms: 8 rows of 64 or 32 elements) ----
   static constexpr int kBlockKSmem = kHeadDim % 64 == 0 ? 64 : 32;
@@ -116,5 +129,18 @@ struct BwdTraitsFor {
                          kConfig.q_stages, kConfig.do_stages>;
   static_assert(type::kSmemBytes == bwd_smem_bytes(kConfig, kHeadDim, int(sizeof(Element))));
 };
+
+// An MMA operand's register fragment for the shared-memory view `s`: a tensor of the spelled-out
+// layout `FragLayout` (bwd_fragment_layouts.h), or partition_fragment_A/B(s) where it is void.
+template <class FragLayout, bool kOperandA, class ThrMma, class SmemTensor>
+CUTE_HOST_DEVICE auto mma_fragment(ThrMma const& thr_mma, SmemTensor const& s) {
+  if constexpr (!std::is_void_v<FragLayout>) {
+    return make_tensor<typename SmemTensor::value_type>(FragLayout{});
+  } else if constexpr (kOperandA) {
+    return thr_mma.partition_fragment_A(s);
+  } else {
+    return thr_mma.partition_fragment_B(s);
+  }
+}
 
 }  // namespace flash_hopper::sm80
