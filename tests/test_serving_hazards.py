@@ -309,6 +309,16 @@ def test_packed_path_splits_stay_within_the_varlen_grid():
     assert kvcache._splits(5, 70000, 4, 8, 4096, cpu) == 1  # a batch the varlen check refuses
 
 
+def test_heuristic_splits_of_no_rows_is_one(monkeypatch):
+    """An unchecked max_seqlen_q of 0 (checks off, as under graph capture) gives no rows: one
+    split, not a division by zero tiles."""
+    monkeypatch.setattr(kvcache._device, "device_info",
+                        lambda index: type("Info", (), {"sm_count": 132})())
+    cuda0 = torch.device("cuda", 0)
+    assert kvcache._heuristic_splits(1, 0, 1, 4096, cuda0) == 1
+    assert kvcache._heuristic_splits(1, 4, 1, 65536, cuda0) > 1  # the heuristic itself runs
+
+
 def test_append_slots_are_clamped_into_the_cache():
     """Unchecked values (graph capture, FLASH_HOPPER_CHECK_OFFSETS=0): an entry index past the
     cache or negative, a length past the capacity, a page id outside the pool all land inside."""

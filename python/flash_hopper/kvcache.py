@@ -501,7 +501,8 @@ def _heuristic_splits(batch: int, rows: int, heads_kv: int, seqlen_cache: int,
                                   else torch.cuda.current_device()).sm_count
     except Exception:  # noqa: BLE001 - no device query: no split
         return 1
-    if tiles >= 0.8 * sms:
+    # no rows (an unchecked max_seqlen_q of 0, as under graph capture): nothing to split
+    if tiles == 0 or tiles >= 0.8 * sms:
         return 1
     return max(1, min(-(-sms // tiles), seqlen_cache // _MIN_KEYS_PER_SPLIT, _MAX_SPLITS))
 
