@@ -155,7 +155,8 @@ def compare(a_path: str, b_path: str) -> int:
             continue
         keys = [k for k in ra if k in rb and k not in ("case", "backend", "bwd_error")]
         bad = [k for k in keys if ra[k] != rb[k]]
-        route = "" if ra["backend"] == rb["backend"] else f" route {ra['backend']} -> {rb['backend']}"
+        ba, bb = ra.get("backend"), rb.get("backend")
+        route = "" if ba == bb else f" route {ba} -> {bb}"
         if bad:
             differ += 1
             print(f"DIFFERS {bad}{route}: {name}")
