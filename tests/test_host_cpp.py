@@ -97,13 +97,18 @@ def test_fp8_sequential_tables_host(tmp_path):
     _compile_and_run(tmp_path, "test_fp8_layout", includes=define)
 
 
-def test_fp8_layout_cute_host(tmp_path):
-    # The transposer's addresses against the kernel's own CuTe layouts (fwd/kernel_traits.h), every
-    # FP8 head dim: needs CUTLASS and the CUDA headers, which the CPU-only CI machine may lack.
+def _required_cute_includes() -> tuple:
+    """_cute_includes(), or a skip when this machine lacks CUTLASS or the CUDA headers."""
     includes = _cute_includes()
     if not includes:
         pytest.skip("CUTLASS (cutlass_library) or the CUDA headers not found")
-    out = _compile_and_run(tmp_path, "test_fp8_layout", includes=includes)
+    return includes
+
+
+def test_fp8_layout_cute_host(tmp_path):
+    # The transposer's addresses against the kernel's own CuTe layouts (fwd/kernel_traits.h), every
+    # FP8 head dim: needs CUTLASS and the CUDA headers, which the CPU-only CI machine may lack.
+    out = _compile_and_run(tmp_path, "test_fp8_layout", includes=_required_cute_includes())
     assert "against the kernel's CuTe layouts" in out
 
 
@@ -112,10 +117,7 @@ def test_sm80_bwd_fragments_cute_host(tmp_path):
     # (sm80/bwd_fragment_layouts.h, BwdTraits::AccLayout*) against CuTe's derivation from the
     # swizzled views, every head dim, bf16 / fp16, tuned / fallback: static_asserts, so a drifted
     # entry fails the compile. Needs CUTLASS and the CUDA headers; ~20 s.
-    includes = _cute_includes()
-    if not includes:
-        pytest.skip("CUTLASS (cutlass_library) or the CUDA headers not found")
-    out = _compile_and_run(tmp_path, "test_sm80_bwd_fragments", includes=includes)
+    out = _compile_and_run(tmp_path, "test_sm80_bwd_fragments", includes=_required_cute_includes())
     assert "equal CuTe's derivation" in out
 
 

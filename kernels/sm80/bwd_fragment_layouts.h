@@ -4,7 +4,7 @@
 // Why: `thr_mma.partition_fragment_A/B(sX)` on a swizzled shared-memory view derives the
 // fragment through CuTe's swizzle slicing (slice_and_offset of a ComposedLayout: the strides
 // that hit the swizzle's bits become dynamic, which splits and reorders the modes) and costs
-// cicc's front end ~0.3 GB of template instantiation per view. Those operations only decide the
+// cicc's front end much of its template instantiation per view. Those operations only decide the
 // fragment's TYPE: the fragment is an owning register array with a static layout. Naming that
 // layout here gives the kernel the identical type without the algebra (the compiler's memory:
 // bench/PERFLOG.md "The FA-2 backward's compiler memory"). No cheaper CuTe derivation gives the
