@@ -1310,6 +1310,10 @@ def kvcache_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
             q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad,
             page_table, upcast=upcast, **mask)
     cu = cu_seqlens_q.tolist()
+    if page_table is None and cache_batch_idx is None:
+        # sequence by sequence below, each a batch of one: name its cache entry (b), or the
+        # reference would read entry 0 for all of them
+        cache_batch_idx = torch.arange(len(cu) - 1, dtype=torch.int32, device=q.device)
     dtype = torch.promote_types(q.dtype, torch.float32) if upcast else q.dtype
     out = torch.zeros(*q.shape[:2], v_cache.shape[-1], dtype=dtype, device=q.device)
     lse = torch.full((q.shape[1], q.shape[0]), -math.inf, dtype=dtype, device=q.device)

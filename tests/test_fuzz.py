@@ -472,6 +472,29 @@ def test_the_hazard_checks_catch_a_broken_call(fault, accept, finding):
     assert any(finding in p for p in problems), problems
 
 
+@pytest.mark.parametrize("batch_idx", [None, [2, 0, 1]])
+def test_the_packed_kvcache_reference_reads_each_sequences_cache(batch_idx):
+    # packed queries of equal lengths are the batched call's: the same outputs and caches,
+    # each sequence reading (and appending to) its own cache entry, cache_batch_idx or not
+    torch.manual_seed(0)
+    batch, sq, heads, d, new = 3, 4, 2, 16, 2
+    q = torch.randn(batch, sq, heads, d, dtype=torch.float64)
+    k_cache, v_cache = (torch.randn(batch, 12, heads, d, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(batch, new, heads, d, dtype=torch.float64) for _ in range(2))
+    seqlens = torch.tensor([4, 9, 1], dtype=torch.int32)
+    idx = None if batch_idx is None else torch.tensor(batch_idx, dtype=torch.int32)
+    cu = torch.arange(0, batch * sq + 1, sq, dtype=torch.int32)
+    mask = {"causal": True}
+    want = fuzz_api.reference.attention_kvcache_ref(q, k_cache, v_cache, k, v, seqlens, idx,
+                                                    None, None, **mask)
+    got = fuzz_api.kvcache_reference(q.flatten(0, 1), k_cache, v_cache, k, v, seqlens, idx,
+                                     None, None, cu, mask)
+    torch.testing.assert_close(got[0], want[0].flatten(0, 1), rtol=0, atol=1e-12)
+    torch.testing.assert_close(got[1], want[1].transpose(0, 1).flatten(1), rtol=0, atol=1e-12)
+    for after, expected in zip(got[2:], want[2:]):
+        assert torch.equal(after, expected)
+
+
 def test_lse_rows_outside_every_sequence_may_hold_anything():
     # flash_attn_varlen_func leaves them unwritten (a fresh lse: uninitialized memory)
     def gap(d):
