@@ -711,7 +711,8 @@ def _seqused(rng: random.Random, draw: HazardDraw, past: bool) -> str | None:
     if draw.entry != "varlen" or draw.layouts.get("seqused_k") == "expanded":
         return None
     cu = draw.values["cu_seqlens_k"]
-    spans = [max(b - a, 0) for a, b in zip(cu, cu[1:])]
+    # a span past int32 (an offset already broken to -2^31) is not an int32 length: clamped
+    spans = [_int32(max(b - a, 0)) for a, b in zip(cu, cu[1:])]
     used = draw.values.setdefault("seqused_k", list(spans))
     b = rng.randrange(len(used))
     if past:

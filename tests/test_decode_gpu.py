@@ -111,7 +111,8 @@ def test_split_heuristic_sees_the_paged_capacity(lib):
     flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens)
     flash_attn_with_kvcache(q, kc.view(-1, 16, hk, d), vc.view(-1, 16, hk, d),
                             cache_seqlens=seqlens, page_table=table)
-    splits = {key[11] is not None: _decode._plans.get(key).splits
+    # the plan key's page-table entry follows (..., batch, seqlen_q): None for a dense cache
+    splits = {key[12] is not None: _decode._plans.get(key).splits
               for key in _decode._plans.signatures()}
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert splits == {False: min(sms // 8, 32), True: min(2 * sms // 8, 32)}
@@ -491,6 +492,31 @@ def test_a_short_max_seqlen_q_hint_still_writes_every_row():
                                 cache_seqlens=torch.tensor([40], dtype=I32, device="cuda"),
                                 causal=True)
     check_kvcache(out[None], None, ref_out, None, low)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_an_unchecked_short_hint_leaves_no_row_uninitialized(monkeypatch, num_splits):
+    """Unchecked (as under graph capture), the decode grid trusts max_seqlen_q: a sequence
+    longer than it has rows no row block computes. They come back as a row without keys (out 0,
+    LSE -inf), never what the buffers held (NaN here); the covered rows are computed."""
+    monkeypatch.setenv("FLASH_HOPPER_CHECK_OFFSETS", "0")
+    g = torch.Generator(device="cuda").manual_seed(9)
+    lens = [5, 1, 3]  # hint 2: rows 2..4 of sequence 0 and row 2 of sequence 2 past it
+    q = torch.randn(sum(lens), 8, 128, device="cuda", generator=g).bfloat16()
+    kc, vc = (torch.randn(3, 64, 2, 128, device="cuda", generator=g).bfloat16()
+              for _ in range(2))
+    cu = torch.tensor([0, 5, 6, 9], dtype=I32, device="cuda")
+    seqlens = torch.tensor([40, 17, 64], dtype=I32, device="cuda")
+    out = torch.full_like(q, float("nan"))
+    _, lse = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, cu_seqlens_q=cu,
+                                     max_seqlen_q=2, num_splits=num_splits, out=out,
+                                     return_softmax_lse=True)
+    past = torch.tensor([2, 3, 4, 8], device="cuda")
+    covered = torch.tensor([0, 1, 5, 6, 7], device="cuda")
+    assert (out[past] == 0).all()
+    assert (lse[:, past] == float("-inf")).all()
+    assert not out[covered].isnan().any() and not lse[:, covered].isnan().any()
+    assert (out[covered].abs().amax(dim=(1, 2)) > 0).all()
 
 
 @pytest.mark.parametrize(("window", "causal"), [((2**32, -1), True), ((-1, 2**31 - 1), False),

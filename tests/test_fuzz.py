@@ -28,6 +28,10 @@ def test_invalid_call_names_the_argument(desc, arg, call):
         assert fuzz_api.check_invalid(desc, arg, call) is None
 
 
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason="on a GPU machine FakeTensors of a cuda device pass the device query "
+                           "and reach the value reads; test_invalid_calls_on_the_gpu runs this "
+                           "fuzz on real tensors there")
 def test_type_fuzz_on_fake_tensors():
     assert fuzz_api.type_fuzz("fake") == []
 
@@ -345,6 +349,18 @@ def test_hazard_draws_are_well_formed():
         if {"window_huge", "window_huge_causal"} & set(draw.hazards):
             assert set(window) & set(fuzz_api.HUGE_WINDOWS)
         assert not draw.judged or not (draw.violations or draw.unspecified)
+
+
+def test_seqused_after_a_broken_offset_stays_int32():
+    # cu_seqlens_k[0] broken to -2^31 first: the spans after it exceed int32, and seqused_k
+    # drawn from them must still be int32 values (the tensor holding them is int32)
+    for seed in range(50):
+        draw = fuzz_api.HazardDraw("varlen", torch.bfloat16, 64, 2, 1, checks=True,
+                                   decode=False, junk=7)
+        draw.values["cu_seqlens_k"] = [fuzz_api.INT32_MIN, 847, 1230]
+        fuzz_api._seqused(random.Random(seed), draw, past=seed % 2 == 0)
+        assert all(fuzz_api.INT32_MIN <= x <= fuzz_api.INT32_MAX
+                   for x in draw.values["seqused_k"])
 
 
 def test_hazard_draws_are_reproducible():

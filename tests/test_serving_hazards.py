@@ -402,6 +402,25 @@ def test_constants_are_per_stream(monkeypatch):
     assert b is not a and b.tolist() == [1.0, 1.0, 1.0]
 
 
+def test_a_capture_on_its_own_stream_takes_the_eager_constant(monkeypatch):
+    """torch.cuda.graph captures on a stream of its own: the constant the eager call made on
+    another stream is taken (no kernel in the graph for it) and pinned (never freed)."""
+    stream, capturing = [7], [False]
+    monkeypatch.setattr(_decode, "_stream_of", lambda device: stream[0])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    cache, pinned = {}, {}
+    dev = torch.device("cuda", 0)
+    a = _decode.eager_constant(cache, pinned, (dev, 3), lambda: torch.zeros(3))
+    stream[0], capturing[0] = 9, True
+    assert _decode.eager_constant(cache, pinned, (dev, 3), lambda: torch.ones(3)) is a
+    assert list(pinned.values()) == [a]
+    cache.clear()
+    assert _decode.eager_constant(cache, pinned, (dev, 3), lambda: torch.ones(3)) is a
+    other = _decode.eager_constant(cache, pinned, (dev, 4), lambda: torch.ones(4))
+    assert other.tolist() == [1.0] * 4 and len(pinned) == 1  # made while capturing: not kept
+
+
 def test_sink_of_minus_inf_on_a_row_without_keys_is_zero_not_nan():
     out = torch.zeros(1, 2, 2, 8)
     lse = torch.tensor([[[float("-inf"), 0.5], [float("-inf"), float("-inf")]]])  # (b, h, s)

@@ -308,18 +308,39 @@ struct TileRows {
   int first_row;
   int seqlen_q;   // the sequence's query tokens
   int64_t q_row0;  // varlen: the sequence's first token in q / o / lse
+  int tokens;      // varlen: the sequence's tokens in q (> seqlen_q: a short max_seqlen_q)
   int count;       // valid rows (<= 0: none, a varlen sequence shorter than the longest)
 
   __device__ TileRows(DecodeParams const& params, int b_, int head_kv_, int row_block)
       : p(params), b(b_), head_kv(head_kv_), first_row(row_block * kRowsPerCta),
-        seqlen_q(params.seqlen_q), q_row0(0) {
+        seqlen_q(params.seqlen_q), q_row0(0), tokens(params.seqlen_q) {
     if (p.cu_seqlens_q != nullptr) {  // clamped to q's rows: any offsets stay inside q / o / lse
       const int start = clamp_int(p.cu_seqlens_q[b], 0, p.total_q);
       const int stop = clamp_int(p.cu_seqlens_q[b + 1], start, p.total_q);
-      seqlen_q = imin(stop - start, p.seqlen_q);
+      tokens = stop - start;
+      seqlen_q = imin(tokens, p.seqlen_q);
       q_row0 = start;
     }
     count = imin(kRowsPerCta, seqlen_q * p.group - first_row);
+  }
+  // The grid covers max_seqlen_q tokens of each sequence (a hint: checked calls correct it on
+  // the host). A sequence longer than an unchecked hint has tokens no row block computes: they
+  // get what a row without keys gets (out 0, LSE -inf), never uninitialized memory. Called by
+  // one CTA per (sequence, KV head), all its threads; inside the sequence's rows of o / lse.
+  template <int kHeadDim>
+  __device__ void clear_past_hint(int tid, int threads) const {
+    const int first = seqlen_q * p.group;
+    const int64_t elems = int64_t(tokens * p.group - first) * kHeadDim;
+    for (int64_t e = tid; e < elems; e += threads) {
+      const int row = first + int(e / kHeadDim);
+      const int t = row / p.group;
+      const int h = head_kv * p.group + row % p.group;
+      static_cast<Element*>(p.o)[(q_row0 + t) * p.o_row_stride + h * p.o_head_stride +
+                                 e % kHeadDim] = Element(0.f);
+      if (p.lse != nullptr && e % kHeadDim == 0) {
+        p.lse[h * p.lse_head_stride + q_row0 + t] = -INFINITY;
+      }
+    }
   }
   __device__ int token_of(int i) const { return (first_row + i) / p.group; }
   __device__ int head_of(int i) const { return head_kv * p.group + (first_row + i) % p.group; }
@@ -414,6 +435,9 @@ __global__ void __launch_bounds__(kThreads)
   const TileRows<typename Types::Out> rows(p, b, head_kv, row_block);
   const int seqlen_q = rows.seqlen_q;
   const int count = rows.count;
+  if (rows.tokens > seqlen_q && split == 0 && row_block == 0) {
+    rows.template clear_past_hint<kHeadDim>(tid, kThreads);
+  }
   if (count <= 0) {
     return;  // a varlen sequence shorter than the longest: every split of the block returns
   }

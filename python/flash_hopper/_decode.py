@@ -81,6 +81,11 @@ def eager_constant(cache: dict, pinned: dict, key: tuple,
     t = pinned.get(key) if capturing else None
     if t is None:
         t = cache.get(key)
+    if t is None and capturing:
+        # torch.cuda.graph captures on a stream of its own: the eager call before it made the
+        # constant on another. Pinned, it is never freed, so the graph may read it from any
+        # stream (capture begins after a device synchronize: its values are there)
+        t = next((c for k, c in cache.items() if k[1:] == key[1:]), None)
     if t is None:
         t = make()
         if not capturing:
