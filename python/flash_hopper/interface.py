@@ -207,7 +207,9 @@ def flash_attn_varlen_func(
     [cu_seqlens[b], cu_seqlens[b + 1]) (non-decreasing, the last <= the tensor's tokens; gaps
     between sequences are allowed and never read). seqused_q / seqused_k: int32 (batch,), the
     used prefix of each span (padded layouts); None = the whole span. max_seqlen_q / max_seqlen_k
-    are hints (ints; the kernels never rely on them).
+    are hints (ints): a checked call takes the longest sequence; unchecked (below), short
+    queries on the decode kernel cover max_seqlen_q tokens of each sequence and its rows past
+    that get out 0 and lse -inf.
     causal / window_size / softcap / softmax_scale as in flash_attn_func, applied per sequence
     and bottom-right aligned on its own lengths; GQA as there. A sequence without keys gets out 0
     and lse -inf; one without queries computes nothing. Rows of out / lse outside every used span

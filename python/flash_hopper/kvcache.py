@@ -733,7 +733,9 @@ def flash_attn_with_kvcache(
     sequence without keys gets out 0 and lse -inf.
 
     Varlen queries: q (total_q, heads_q, head_dim) with cu_seqlens_q int32 (batch + 1,) and
-    max_seqlen_q (a hint); then new k / v may be packed too, (total_new, heads_kv, head_dim) with
+    max_seqlen_q (a hint: a checked call takes the longest sequence; unchecked, the decode
+    kernel's grid covers max_seqlen_q tokens of each sequence and the rows past it get out 0 and
+    lse -inf, the FA path computes every row); then new k / v may be packed too, (total_new, heads_kv, head_dim) with
     cu_seqlens_k_new int32 (batch + 1,), sequence b's new keys at rows [cu_seqlens_k_new[b],
     cu_seqlens_k_new[b + 1]).
 
