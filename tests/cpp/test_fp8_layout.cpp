@@ -27,6 +27,9 @@
 #include "sm90/fwd/tile_config.h"
 
 #if __has_include(<cute/tensor.hpp>) && __has_include(<cuda_runtime_api.h>)
+// as the kernels' translation units define it (CMakeLists.txt FH_SM90_EXT_MMA_HEAD_DIMS): the
+// WGMMA atoms of N = 176 / 224
+#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #include "sm90/fwd/kernel_traits.h"
 #define FH_TEST_CUTE 1
 #else
@@ -231,16 +234,17 @@ static int cute_mismatches(bool broken) {
         "d %d: the kernel's tile is not the table's", kHeadDim);
   int wrong = 0;
   for (int stage = 0; stage < Traits::kStages; ++stage) {
+    const int v_stage = stage % Traits::kVStages;  // V may have fewer stages than V^T
     for (int u = 0; u < p.units(); ++u) {
       const TransposerPlan::Unit unit = p.unit(u);
       for (int lane = 0; lane < 32; ++lane) {
         const StsmRow row = stsm_row(lane);
         const uint32_t ld = layout_v.layout_a()(layout_v.layout_b()(
-            uint32_t(unit.n0 + lane), uint32_t(unit.d0), uint32_t(stage)));
+            uint32_t(unit.n0 + lane), uint32_t(unit.d0), uint32_t(v_stage)));
         const uint32_t st = layout_vt.layout_a()(layout_vt.layout_b()(
             uint32_t(unit.d0 + row.col), uint32_t(unit.n0 + row.slot), uint32_t(stage)));
         for (uint32_t buffer : {0u, kBufferAddress}) {
-          wrong += ld_addr(p, u, lane, stage, broken, buffer) != ld;
+          wrong += ld_addr(p, u, lane, v_stage, broken, buffer) != ld;
           wrong += st_addr(p, u, lane, stage, broken, buffer) != st;
         }
       }

@@ -154,6 +154,8 @@ struct Built {
   static constexpr int kClusterM = kConfig.cluster_m;
   static constexpr int kStaging = kConfig.staging_stages;  // the mixed mode's ring, else 0
   static constexpr bool kFp8 = kTable == Table::kFp8;
+  // FP8: V as loaded may have fewer stages than K and V^T (kernel_traits.h kVStages)
+  static constexpr int kVStages = kFp8 && kConfig.v_stages > 0 ? kConfig.v_stages : kStages;
   static constexpr bool kOverlap = kOverlapVariant && kConfig.intra_wg_overlap;
   static constexpr bool kVLag = kOverlap && !kFp8;
   static constexpr bool kRescaleOBeforePv = kConfig.rescale_o_before_pv;
@@ -204,7 +206,8 @@ struct MockProducer {
   int rank;  // in the cluster
   ProducerEnd<QSpec, Recorder> q_pipe{{&ev, kQ}};
   ProducerEnd<KVSpec, Recorder> k_pipe{{&ev, kK, Cfg::kClusterM, rank}};
-  ProducerEnd<KVSpec, Recorder> v_pipe{{&ev, kV, Cfg::kClusterM, rank}};
+  ProducerEnd<PipelineSpec<Cfg::kVStages, 1, 1, Cfg::kClusterM>, Recorder> v_pipe{
+      {&ev, kV, Cfg::kClusterM, rank}};
   // The mixed mode: K and V blocks go into the staging ring in load order (fwd/convert.h).
   ProducerEnd<PipelineSpec<kStagingStages, 1>, Recorder> staging_pipe{{&ev, kStaging}};
   // Sabotage for the negative controls: skip the load with this index, or load the next key
@@ -308,7 +311,7 @@ struct MockConverter {
 // ------------------------------------------------------------------------------------------------
 template <class Cfg>
 struct MockTransposer {
-  using VSpec = PipelineSpec<Cfg::kStages, kTransposerWarps>;
+  using VSpec = PipelineSpec<Cfg::kVStages, kTransposerWarps>;
   using VtSpec = PipelineSpec<Cfg::kStages, Cfg::kWgs, /*kFullArrivals=*/kTransposerWarps>;
   StaticTileScheduler const& sched;
   std::vector<Event> ev;
@@ -828,7 +831,7 @@ static void pipe_counts(PipeCounts* pipes, Sabotage const& sab) {
                       : C > 1           ? 1 + (sab.own_half_only ? 1 : C)
                                         : 1;
   pipes[kK] = {S, kv_full, W * release_peers};
-  pipes[kV] = {S, kv_full, Cfg::kFp8 ? kTransposerWarps : W * release_peers};
+  pipes[kV] = {Cfg::kVStages, kv_full, Cfg::kFp8 ? kTransposerWarps : W * release_peers};
   pipes[kStaging] = {Cfg::kStaging, 1, kConverterWarps};
   pipes[kVt] = {Cfg::kFp8 ? S : 0, sab.vt_full_one ? 1 : kTransposerWarps, W};
 }

@@ -6,10 +6,12 @@
 //                  (FP8), or the tile's descales reloaded where used (mixed mode, whose d64
 //                  kernel has no registers to hold them);
 //   PV accumulator where the PV GEMM accumulates: into O itself (16-bit and mixed inputs), or in
-//                  two levels (FP8): each PV GEMM from zero into its own accumulator, added into
-//                  O in fp32 once it completed -- with the intra-warpgroup overlap in the next
-//                  rescale (or the epilogue), without it right after the GEMM, one head-dim part
-//                  at a time where the accumulator covers part of O (Traits::kPvParts).
+//                  two levels (FP8): O folded into an fp32 copy in shared memory every few PV
+//                  GEMMs (PvFoldedToShared: the overlapped d64 / d128 kernels), or each PV GEMM
+//                  from zero into its own accumulator, added into O in fp32 once it completed --
+//                  with the intra-warpgroup overlap in the next rescale (or the epilogue),
+//                  without it right after the GEMM, one head-dim part at a time where the
+//                  accumulator covers part of O (Traits::kPvParts).
 //
 // Policy functions take the consumer (C: its params, MMAs and pipeline ends) and the register
 // state of the tiles in flight (F: Consumer::TileState).
@@ -126,7 +128,8 @@ struct ReloadedTileScales {
 // ---- PV accumulators ----------------------------------------------------------------------
 // issue(c, f) / issue_and_wait(c, f): the PV GEMM of P (f.p) and the V^T stage in flight;
 // complete(c, f): after it completed (the sequential schedule's); rescale(c, f): O *= the
-// softmax's correction; before_epilogue(f): the last PV result into O; clear(f): a tile's start.
+// softmax's correction; before_epilogue(c, f): the last PV result into O; clear(c, f): a
+// tile's start.
 
 // Where O holds every completed PV GEMM's result: the rescale is O's, the epilogue adds nothing.
 struct OHoldsPv {
@@ -135,8 +138,8 @@ struct OHoldsPv {
     Tensor o_rc = f.o_rc();
     f.softmax.rescale_o(o_rc);
   }
-  template <class F>
-  static CUTE_DEVICE void before_epilogue(F&) {}
+  template <class C, class F>
+  static CUTE_DEVICE void before_epilogue(C&, F&) {}
 };
 
 // 16-bit and mixed inputs: the PV GEMM accumulates into O.
@@ -153,8 +156,8 @@ struct PvIntoO : OHoldsPv {
   }
   template <class C, class F>
   static CUTE_DEVICE void complete(C&, F&) {}
-  template <class F>
-  static CUTE_DEVICE void clear(F&) {}
+  template <class C, class F>
+  static CUTE_DEVICE void clear(C&, F&) {}
 };
 
 // FP8 with the intra-warpgroup overlap: each PV GEMM from zero into f.o_acc, which joins O at the
@@ -184,12 +187,12 @@ struct PvTwoLevel {
       f.softmax.rescale_o(acc_rc);
     }
   }
-  template <class F>
-  static CUTE_DEVICE void before_epilogue(F& f) {
+  template <class C, class F>
+  static CUTE_DEVICE void before_epilogue(C&, F& f) {
     add_into_o(f);
   }
-  template <class F>
-  static CUTE_DEVICE void clear(F& f) {
+  template <class C, class F>
+  static CUTE_DEVICE void clear(C&, F& f) {
     cute::clear(f.o_acc);  // single level accumulates into it
   }
   template <class F>
@@ -198,6 +201,93 @@ struct PvTwoLevel {
     for (int i = 0; i < size(f.o); ++i) {
       f.o(i) += f.o_acc(i);
     }
+  }
+};
+
+// FP8 with the overlap, at a single-level kernel's registers: the PV GEMMs accumulate in O (the
+// tensor core's chain, rescaled like 16-bit O), and once kEvery of them are in it (after the
+// GEMM completed and P was converted: S is dead, the registers free) O is added into the tile's
+// fp32 copy in shared memory (Traits::OFoldStorage, each thread its own values) and the next PV
+// GEMM starts the chain from zero. The copy is kept in the scale of its last fold: Acc::scale
+// gathers the rescales since (one factor per row), applied at the next fold or before the
+// epilogue. The tensor core's narrower accumulation thus sums kEvery blocks at most; the
+// single-level ablation (FwdParams::fp8_single_level) never folds.
+template <int kEvery>
+struct PvFoldedToShared : OHoldsPv {
+  struct FoldState {
+    float scale[2];  // rows r, r + 8: the factor taking the shared copy to O's scale
+    int pending;     // PV GEMMs in O since the tile started or the last fold
+  };
+  template <class OAcc>
+  using Acc = FoldState;
+  template <class C, class F>
+  static CUTE_DEVICE void issue(C& c, F& f) {
+    c.mma_pv.accumulate_ = f.o_acc.pending == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+    wgmma<false, -1>(c.mma_pv, f.p, c.v_stage(), f.o);
+    ++f.o_acc.pending;
+  }
+  template <class C, class F>
+  static CUTE_DEVICE void issue_and_wait(C& c, F& f) {
+    c.mma_pv.accumulate_ = f.o_acc.pending == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+    wgmma<false, 0>(c.mma_pv, f.p, c.v_stage(), f.o);
+    ++f.o_acc.pending;
+  }
+  template <class C, class F>
+  static CUTE_DEVICE void rescale(C const& c, F& f) {
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      f.o_acc.scale[r] *= f.softmax.scale[r];  // 1 where the row kept its max
+    }
+    OHoldsPv::rescale(c, f);
+  }
+  // After convert_p: the fold, once kEvery PV GEMMs are in O.
+  template <class C, class F>
+  static CUTE_DEVICE void fold_if_due(C& c, F& f) {
+    if (f.o_acc.pending < kEvery || c.p.fp8_single_level) {
+      return;
+    }
+    float4* copy = shared_copy(c);
+    CUTE_UNROLL
+    for (int j = 0; j < size(f.o) / 4; ++j) {
+      const float4 h = copy[j * C::kConsumerThreads];
+      // values 4j, 4j + 1 are row r's, 4j + 2, 4j + 3 row r + 8's
+      copy[j * C::kConsumerThreads] = make_float4(
+          fmaf(h.x, f.o_acc.scale[0], f.o(4 * j)), fmaf(h.y, f.o_acc.scale[0], f.o(4 * j + 1)),
+          fmaf(h.z, f.o_acc.scale[1], f.o(4 * j + 2)),
+          fmaf(h.w, f.o_acc.scale[1], f.o(4 * j + 3)));
+    }
+    f.o_acc.pending = 0;
+    f.o_acc.scale[0] = f.o_acc.scale[1] = 1.f;
+  }
+  // O = the shared copy (in O's scale) + the chain, for the epilogue.
+  template <class C, class F>
+  static CUTE_DEVICE void before_epilogue(C& c, F& f) {
+    float4 const* copy = shared_copy(c);
+    CUTE_UNROLL
+    for (int j = 0; j < size(f.o) / 4; ++j) {
+      const float4 h = copy[j * C::kConsumerThreads];
+      f.o(4 * j) = fmaf(h.x, f.o_acc.scale[0], f.o(4 * j));
+      f.o(4 * j + 1) = fmaf(h.y, f.o_acc.scale[0], f.o(4 * j + 1));
+      f.o(4 * j + 2) = fmaf(h.z, f.o_acc.scale[1], f.o(4 * j + 2));
+      f.o(4 * j + 3) = fmaf(h.w, f.o_acc.scale[1], f.o(4 * j + 3));
+    }
+  }
+  // A tile's start: the copy zeroed (after the finishing tile's epilogue read it, same thread).
+  template <class C, class F>
+  static CUTE_DEVICE void clear(C& c, F& f) {
+    f.o_acc.scale[0] = f.o_acc.scale[1] = 1.f;
+    f.o_acc.pending = 0;
+    float4* copy = shared_copy(c);
+    CUTE_UNROLL
+    for (int j = 0; j < decltype(size(f.o))::value / 4; ++j) {
+      copy[j * C::kConsumerThreads] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
+
+ private:
+  template <class C>
+  static CUTE_DEVICE float4* shared_copy(C& c) {
+    return reinterpret_cast<float4*>(c.smem.o_fold.o.data()) + C::thread_idx();
   }
 };
 
@@ -244,8 +334,8 @@ struct PvTwoLevelSequential : OHoldsPv {
       }
     });
   }
-  template <class F>
-  static CUTE_DEVICE void clear(F& f) {
+  template <class C, class F>
+  static CUTE_DEVICE void clear(C&, F& f) {
     cute::clear(f.o_acc);
   }
 };

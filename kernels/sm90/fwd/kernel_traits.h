@@ -81,6 +81,9 @@ struct FwdTraits {
   static constexpr int kBlockN = kConfig.block_n;
   static constexpr int kStages = kConfig.stages;
   static constexpr int kQStages = kConfig.q_stages;
+  // FP8: V as loaded (the transposer's input) may have fewer stages than K and V^T.
+  static constexpr int kVStages = kFp8 && kConfig.v_stages > 0 ? kConfig.v_stages : kStages;
+  static_assert(kVStages == kStages || kFp8, "V's own depth is the FP8 transposer's input");
   static constexpr int kConsumerWgs = kConfig.consumer_wgs;
   // Intra-warpgroup overlap of softmax and PV: the variant's flag, where the config has room.
   static constexpr bool kOverlap = kOverlap_ && kConfig.intra_wg_overlap;
@@ -91,6 +94,10 @@ struct FwdTraits {
   static constexpr int kPvParts = kConfig.pv_parts;
   static_assert(kPvParts == 1 || (kFp8 && !kOverlap),
                 "a PV GEMM in parts is FP8's (two-level accumulator) and waits each part");
+  // FP8: the PV chain's fold into shared memory every kPvFoldEvery GEMMs (tile_config.h).
+  static constexpr int kPvFoldEvery = kConfig.pv_fold_every;
+  static_assert(kPvFoldEvery == 0 || (kFp8 && kOverlap && kPvParts == 1),
+                "the shared-memory fold is the overlapped FP8 kernel's PV accumulator");
   static constexpr bool kRescaleOBeforePv = kConfig.rescale_o_before_pv;
   static constexpr bool kPingpongDefault = kConfig.pingpong;
   static constexpr bool kMergeTileBoundary = kConfig.merge_tile_boundary;
@@ -143,7 +150,10 @@ struct FwdTraits {
   // V^T (D, N, PIPE), which is the MN-major B operand. FP8: V^T is a buffer of its own, K-major
   // (rows of N keys), written by the transposer with the keys of each 32-key slice in the order
   // of the P register fragment (transpose.h).
-  using SmemLayoutV = SmemLayoutK;
+  using SmemLayoutV = conditional_t<
+      (kVStages == kStages), SmemLayoutK,
+      decltype(tile_to_shape(SmemAtom{},
+                             Shape<Int<kBlockN>, Int<kHeadDim>, Int<kVStages>>{}))>;
   using SmemLayoutVt = conditional_t<
       kFp8,
       decltype(tile_to_shape(k_major_smem_atom<Element, kBlockN>(),
@@ -179,6 +189,7 @@ struct FwdTraits {
   static_assert(kQBytes == cosize_v<SmemLayoutQ> * sizeof(Element));
   static_assert(kQBytes * kQStages == cosize_v<SmemLayoutQStages> * sizeof(Element));
   static_assert(kMixed || kKVBytes * kStages == cosize_v<SmemLayoutK> * sizeof(Element));
+  static_assert(kMixed || kKVBytes * kVStages == cosize_v<SmemLayoutV> * sizeof(Element));
   static_assert(!kMixed || kKVBytes * kStagingStages == cosize_v<SmemLayoutStaging>);
 
   // Q buffers and K / V stages between the producer and the consumer warpgroups
@@ -191,7 +202,7 @@ struct FwdTraits {
   using QPipe = PipelineSpec<kQStages, kConsumerWgs>;
   using KVPipe = PipelineSpec<kStages, kConsumerWgs, /*kFullArrivals=*/kMixed ? kConverterWarps : 1,
                               /*kPeers=*/kClusterM>;
-  using VPipe = conditional_t<kFp8, PipelineSpec<kStages, kTransposerWarps>, KVPipe>;
+  using VPipe = conditional_t<kFp8, PipelineSpec<kVStages, kTransposerWarps>, KVPipe>;
   using VtPipe = PipelineSpec<kStages, kConsumerWgs, /*kFullArrivals=*/kTransposerWarps>;
   using StagingPipe = PipelineSpec<kMixed ? kStagingStages : 1, kConverterWarps>;
 
@@ -204,6 +215,11 @@ struct FwdTraits {
     array_aligned<KvElement, cosize_v<SmemLayoutStaging>, 1024> kv;
     cutlass::arch::ClusterTransactionBarrier full[StagingPipe::kStages];
     cutlass::arch::ClusterBarrier empty[StagingPipe::kStages];
+  };
+  // The fold's fp32 O (PvFoldedToShared): each consumer thread's d / 2 values as float4 chunks,
+  // chunk j of thread t at j * kConsumerThreads + t (a warp's 32 lanes: 512 contiguous bytes).
+  struct OFoldStorage {
+    array_aligned<float, kConsumerThreads * kHeadDim / 2, 128> o;
   };
   struct MainStorage {
     // 1024-byte alignment: the period of the 128-byte swizzle pattern.
@@ -220,6 +236,7 @@ struct FwdTraits {
     cutlass::arch::ClusterTransactionBarrier v_landed[KVPipe::kStages];
     conditional_t<kFp8, VtStorage, EmptyStorage> fp8;
     conditional_t<kMixed, StagingStorage, EmptyStorage> staging;
+    conditional_t<(kPvFoldEvery > 0), OFoldStorage, EmptyStorage> o_fold;
   };
   // O's way out (epilogue.h): through shared memory where the stages leave room for every
   // consumer warpgroup's 64 rows of kHeadDim / kOPasses columns (written kOPasses times per

@@ -9,9 +9,10 @@
 //
 // What differs by input dtype is two policy types (consumer_policies.h): the score scales (the
 // call's for 16-bit inputs, the tile's descales for FP8 and mixed mode) and the PV accumulator
-// (O itself, or FP8's two levels: each PV GEMM from zero in its own accumulator, added into O in
-// fp32 once it completed, so O never passes through the FP8 tensor core's narrower accumulation
-// -- vLLM measured long-context retrieval collapsing without it; d/2 FADDs per thread and block).
+// (O itself, or FP8's two levels, so O never sums more than a few blocks in the FP8 tensor core's
+// narrower accumulation -- vLLM measured long-context retrieval collapsing without it: O folded
+// into an fp32 copy in shared memory every few PV GEMMs (d64 / d128), or each PV GEMM from zero
+// in its own accumulator added into O in registers).
 // FP8 (e4m3) inputs (Traits::kFp8) also pack P to e4m3 in place (the V^T buffer's key order
 // matches, transpose.h) and store O in 16 bits (FwdParams::o_fp16). Mixed mode (Traits::kMixed:
 // 16-bit q against FP8 K / V converted in shared memory, convert.h) runs the 16-bit consumers
@@ -57,9 +58,13 @@ struct Consumer {
   // The policies (consumer_policies.h).
   using Scales = conditional_t<kFp8, HeldTileScales,
                                conditional_t<Traits::kScaled, ReloadedTileScales, CallScales>>;
-  using Pv = conditional_t<!kFp8, PvIntoO,
-                           conditional_t<Traits::kOverlap, PvTwoLevel,
-                                         PvTwoLevelSequential<kPvParts>>>;
+  static constexpr int kPvFoldEvery = Traits::kPvFoldEvery;
+  static constexpr int kConsumerThreads = Traits::kConsumerThreads;
+  using Pv = conditional_t<
+      !kFp8, PvIntoO,
+      conditional_t<!Traits::kOverlap, PvTwoLevelSequential<kPvParts>,
+                    conditional_t<(kPvFoldEvery > 0), PvFoldedToShared<kPvFoldEvery>,
+                                  PvTwoLevel>>>;
   using QEnd = ConsumerEnd<typename Traits::QPipe, SmemBarriers<typename Traits::QPipe>>;
   using KVEnd = ConsumerEnd<typename Traits::KVPipe, SmemBarriers<typename Traits::KVPipe>>;
   // The PV GEMM's B operand comes from the producer (16-bit) or the transposer (FP8).
@@ -289,6 +294,9 @@ struct Consumer {
       convert_into(f.s, f.p);
     }
     timeline.mark(Ev::kPReady);
+    if constexpr (kPvFoldEvery > 0) {
+      Pv::fold_if_due(*this, f);  // S is dead here: the fold's registers are free
+    }
   }
 
   // S (fp32, ((2, 2, N/8), 1, 1)) -> P (e4m3, ((4, 2, 2), 1, N/32)) without moving values
@@ -321,7 +329,7 @@ struct Consumer {
   CUTE_DEVICE void start_tile(TileState& f, TileWork const& w) {
     Scales::load(*this, f.scales, w);
     f.softmax = Softmax(Scales::scale_log2(*this, f.scales, w));
-    Pv::clear(f);
+    Pv::clear(*this, f);
     clear(f.o);
   }
   // At a tile boundary, before w's first S is transformed: held scales (the softcap factor among
@@ -338,7 +346,7 @@ struct Consumer {
   }
   CUTE_DEVICE void clear_o(TileState& f) {
     clear(f.o);
-    Pv::clear(f);
+    Pv::clear(*this, f);
   }
   // The output's element type: FP8 kernels store 16-bit O (FwdParams::o_fp16), the others their
   // input's. fn(OutElement{}).
@@ -357,7 +365,7 @@ struct Consumer {
   // O / l, LSE and the stores of tile w; kPrevious: w is the tile finishing at a boundary.
   template <bool kPrevious>
   CUTE_DEVICE void finish(TileState& f, TileWork const& w) {
-    Pv::before_epilogue(f);
+    Pv::before_epilogue(*this, f);
     const EpilogueScales sc =
         Scales::epilogue(*this, kPrevious ? f.finishing_scales : f.scales, w);
     Tensor o_rc = f.o_rc();

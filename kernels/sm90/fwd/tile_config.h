@@ -41,6 +41,17 @@ struct FwdConfig {
   // accumulator of d / pv_parts columns (FP8 d256: its two-level accumulator at full width
   // would be 128 registers next to O's 128).
   int pv_parts = 1;
+  // FP8 with the intra-warpgroup overlap: the PV GEMMs accumulate in O (the tensor core's chain,
+  // rescaled as 16-bit O is), and every `pv_fold_every` of them O is added into an fp32 copy in
+  // shared memory and the chain restarts from zero (mma.h, PvFoldedToShared): the tensor core's
+  // narrower accumulation then only ever sums that many blocks, at the registers of a
+  // single-level kernel. 0: each PV GEMM into an accumulator of its own, added into O in
+  // registers (PvTwoLevel), or the sequential kernels' fold.
+  int pv_fold_every = 0;
+  // FP8: stages of V as loaded, the transposer's input (0: `stages`). The transposer frees a V
+  // stage as soon as it wrote V^T, long before the PV GEMM frees V^T's, so one V stage can feed
+  // two V^T stages where shared memory is short.
+  int v_stages = 0;
   // Mixed mode (16-bit q against an FP8 K / V cache): stages of the ring the producer's TMA
   // loads FP8 K and V blocks into, in its load order, before the converter warps write them into
   // the 16-bit K / V stages (convert.h). 0 for every other kernel.
@@ -73,6 +84,10 @@ struct FwdConfig {
     return with(&FwdConfig::intra_wg_overlap, v);
   }
   constexpr FwdConfig with_pv_parts(int v) const { return with(&FwdConfig::pv_parts, v); }
+  constexpr FwdConfig with_v_stages(int v) const { return with(&FwdConfig::v_stages, v); }
+  constexpr FwdConfig with_pv_fold_every(int v) const {
+    return with(&FwdConfig::pv_fold_every, v);
+  }
   constexpr FwdConfig with_staging_stages(int v) const {
     return with(&FwdConfig::staging_stages, v);
   }
@@ -172,34 +187,36 @@ constexpr FwdConfig fwd_config(int head_dim, TileFamily family = TileFamily::kDe
 
 // FP8 (e4m3) forward (docs/fwd_sm90.md "FP8 (e4m3)"): both GEMMs are FP8 WGMMAs (k = 32), so a key
 // block costs half the tensor-core time of a 16-bit one while the softmax's exponentials cost the
-// same: the exp unit bounds FP8 earlier. A consumer holds O (fp32, d/2 registers), the PV GEMM's
-// own accumulator (two-level accumulation: each PV GEMM starts from zero and is added into O in
-// fp32, d/2 more), S (N/2) and P (e4m3, N/8). V is transposed in shared memory by warps 1-3 of
-// the producer warpgroup (transpose.h), into its own buffers (the PV GEMM needs V^T K-major in
-// FP8).
-// d64:  192 x 64, three WGs (the exponentials bound d64: more WGs in flight): O + O_acc + S + P
-//       = 32 + 32 + 32 + 8 = 104 of 160 (N = 128 spilled at 160). Faster than 128 x 128 with two
-//       WGs at long lengths, slower at short causal ones; re-measured with the cheap transposer and
-//       kept (bench/PERFLOG.md "FP8 d256, and a transposer").
-//       Q 2 x 12 K, K / V / V^T 2 x 4 K: 36 KB.
-// d128: N = 128, two WGs: 64 + 64 + 64 + 16 = 208 of 240. Q 2 x 16 K, K / V / V^T 2 x 16 K:
-//       128 KB.
-// (The first transposer's batched 32-bit loads needed 40 / 232 registers for the 2-WG FP8
-// producer; they went with it: the ldmatrix / stmatrix one needs few.)
-// d96:  as d128: 128 x 128, two WGs: 48 + 48 + 64 + 16 = 176 of 240. Rows of 96 bytes take the
-//       32-byte swizzle (conflict-free in the transposer: tests/cpp/test_fp8_layout.cpp).
-//       Q 2 x 12 K, K / V / V^T 2 x 12 K: 96 KB.
+// same: the exp unit bounds FP8 earlier, and the consumer's instructions per key (each consumer
+// warp is a serial stream: its time follows its instruction count, bench/PERFLOG.md "FP8 d128 as
+// FA3 runs it") make wide key blocks pay. V is transposed in shared memory by warps 1-3 of the
+// producer warpgroup (transpose.h), into its own buffers (the PV GEMM needs V^T K-major in FP8).
+// d64 / d128 (overlapped): the PV GEMMs accumulate in O and are folded into an fp32 copy in shared
+//       memory every 4 (pv_fold_every; PvFoldedToShared, mma.h), so the registers are a
+//       single-level kernel's, O (d/2) + S (N/2) + P (e4m3, N/8), and the copy is
+//       consumer_wgs x 128 x d/2 fp32 of shared memory.
+// d64:  192 x 128, three WGs (the exponentials bound d64: more WGs in flight): O + S + P = 32 +
+//       64 + 16 = 112 of 160. Q 2 x 24 K, K / V / V^T 2 x 8 K, copy 48 K: 120 KB. (FA3's 192 x 160
+//       needs the extended WGMMA shapes in the d64 translation unit.)
+// d128: 128 x 224 (FA3's tile), two WGs: 64 + 112 + 28 = 204 of 240. Q 1 x 16 K, K / V^T 2 x 28 K,
+//       V 1 x 28 K (v_stages: the transposer frees a V stage as soon as it wrote V^T), copy 64 K:
+//       220 KB. 128 x 192 with two V stages was 3 % faster at 1k-2k keys and 5-6 % slower from 8k.
+// d96:  128 x 128, two WGs, each PV GEMM into an accumulator of its own added into O in registers
+//       (PvTwoLevel): 48 + 48 + 64 + 16 = 176 of 240. Rows of 96 bytes take the 32-byte swizzle
+//       (conflict-free in the transposer: tests/cpp/test_fp8_layout.cpp). Q 2 x 12 K, K / V / V^T
+//       2 x 12 K: 96 KB.
 // d192: the overlap would hold O + O_acc + S + P = 96 + 96 + 64 + 16 (or 224 with the PV GEMM in
-//       two parts): d256's recipe instead, no intra-warpgroup overlap, the PV GEMM in two parts
-//       of 96 columns: 96 + 64 + 16 = 176 converting, 96 + 48 + 16 = 160 during PV. N = 128;
-//       Q 2 x 24 K, K / V / V^T 2 x 24 K: 192 KB.
+//       two parts), and a fold copy would be 96 K: d256's recipe instead, no intra-warpgroup
+//       overlap, the PV GEMM in two parts of 96 columns: 96 + 64 + 16 = 176 converting, 96 + 48 +
+//       16 = 160 during PV. N = 128; Q 2 x 24 K, K / V / V^T 2 x 24 K: 192 KB.
 // d256: O alone is 128 registers, so the two-level accumulator covers half the head dim and the
 //       PV GEMM runs in two parts (pv_parts = 2: part 0 into it, added into O, then part 1), and
 //       S is not kept across the PV GEMM (no intra-warpgroup overlap; ping-pong hides one WG's
 //       softmax under the other's GEMMs): O + S + P = 128 + 64 + 16 = 208 while converting, O +
 //       O_acc + P = 128 + 64 + 16 during PV, of 240 (232 spilled, as did N = 64 or four parts
-//       with the single-level ablation compiled in; it is not, at d256). N = 128: Q 1 x 32 K,
-//       K / V / V^T 2 x 32 K: 224 KB (no room for a second Q buffer).
+//       with the single-level ablation compiled in; it is not, at d256). A fold copy would be
+//       128 K of shared memory. N = 128: Q 1 x 32 K, K / V / V^T 2 x 32 K: 224 KB (no room for a
+//       second Q buffer).
 constexpr bool has_fp8_config(int head_dim) {
   return head_dim == 64 || head_dim == 96 || head_dim == 128 || head_dim == 192 ||
          head_dim == 256;
@@ -227,14 +244,18 @@ constexpr FwdConfig fp8_sequential_tile(int block_m, int block_n) {
 constexpr FwdConfig fwd_config_fp8_tile(int head_dim) {
   if (head_dim <= 64) {
     return kFp8SequentialBuilt ? fp8_sequential_tile(/*block_m=*/192, /*block_n=*/128)
-                               : FwdConfig::tile(/*block_m=*/192, /*block_n=*/64);
+                               : FwdConfig::tile(/*block_m=*/192, /*block_n=*/128)
+                                     .with_pv_fold_every(4);
   }
   if (head_dim <= 96) {
     return FwdConfig::tile(/*block_m=*/128, /*block_n=*/128);
   }
   if (head_dim <= 128) {
     return kFp8SequentialBuilt ? fp8_sequential_tile(/*block_m=*/128, /*block_n=*/192)
-                               : FwdConfig::tile(/*block_m=*/128, /*block_n=*/128);
+                               : FwdConfig::tile(/*block_m=*/128, /*block_n=*/224)
+                                     .with_q_stages(1)
+                                     .with_v_stages(1)
+                                     .with_pv_fold_every(4);
   }
   const FwdConfig parts = fp8_sequential_tile(/*block_m=*/128, /*block_n=*/128).with_pv_parts(2);
   return head_dim <= 192 ? parts : parts.with_q_stages(1);

@@ -52,16 +52,17 @@ constexpr bool transposer_plan_matches() {
   constexpr TransposerPlan plan{Traits::kBlockN, Traits::kHeadDim, kTransposerWarps};
   constexpr int kLanes[] = {0, 1, 2, 3, 4, 5, 6, 7, 31};
   for (int stage = 0; stage < Traits::kStages; ++stage) {
+    const int v_stage = stage % Traits::kVStages;  // V may have fewer stages than V^T
     for (int u = 0; u < plan.units(); ++u) {
       const TransposerPlan::Unit unit = plan.unit(u);
       const UnitAddr a = plan.addr(u);
       for (int lane : kLanes) {
         const StsmRow row = stsm_row(lane);
         const uint32_t ld = layout_v.layout_a()(layout_v.layout_b()(
-            uint32_t(unit.n0 + lane), uint32_t(unit.d0), uint32_t(stage)));
+            uint32_t(unit.n0 + lane), uint32_t(unit.d0), uint32_t(v_stage)));
         const uint32_t st = layout_vt.layout_a()(layout_vt.layout_b()(
             uint32_t(unit.d0 + row.col), uint32_t(unit.n0 + row.slot), uint32_t(stage)));
-        if (a.ld.at(stage * plan.v.stage_bytes(), plan.ld_lane(lane)) != ld ||
+        if (a.ld.at(v_stage * plan.v.stage_bytes(), plan.ld_lane(lane)) != ld ||
             a.st.at(stage * plan.vt.stage_bytes(), plan.st_lane(lane)) != st) {
           return false;
         }
@@ -96,12 +97,14 @@ struct Transposer {
       Traits::kVarlen && Traits::Registers::kProducer < 32 ? 1 : 2;
 
   SharedStorage& smem;
-  // V and V^T advance together (a V^T buffer per V buffer, the same depth): V^T's writer state is
-  // V's consumer state with the parity flipped (a writer starts on parity 1, pipeline.h), so one
-  // state serves both and holds one phase register, not two.
-  static_assert(VPipe::kStages == VtPipe::kStages);
+  // Where V and V^T have the same depth they advance together (a V^T buffer per V buffer): V^T's
+  // writer state is V's consumer state with the parity flipped (a writer starts on parity 1,
+  // pipeline.h), so one state serves both and holds one phase register, not two. With fewer V
+  // stages (Traits::kVStages) V^T keeps a state of its own.
+  static constexpr bool kSharedState = VPipe::kStages == VtPipe::kStages;
   ConsumerEnd<VPipe, SmemBarriers<VPipe>> v_pipe;
   SmemBarriers<VtPipe> vt_bar;
+  conditional_t<kSharedState, EmptyStorage, PipelineState<VtPipe::kStages>> vt_state;
   Timeline timeline;  // FH_TIMELINE builds only (timeline.h)
   // Per lane: its ldmatrix row in V's stage 0 (TransposerPlan::ld_lane; ldmatrix adds the
   // stage's address from a uniform register), its stmatrix row in V^T's current stage as a
@@ -122,6 +125,9 @@ struct Transposer {
     st_addr = cast_smem_ptr_to_uint(smem.fp8.vt.data()) + plan().st_lane(lane);
     sel_m_even = stsm_odd_column(lane, 0) ? kPermOdd : kPermEven;
     sel_m_odd = stsm_odd_column(lane, 1) ? kPermOdd : kPermEven;
+    if constexpr (!kSharedState) {
+      vt_state = {0, 1};  // a writer starts on parity 1 (pipeline.h)
+    }
   }
 
   static CUTE_DEVICE void ldsm_t_x4(uint32_t addr, uint32_t (&r)[4]) {
@@ -133,14 +139,23 @@ struct Transposer {
 
   // V(step) -> V^T, in the order the producer loads V and the consumers use V^T. Addresses are
   // 32-bit shared-window offsets (generic 64-bit pointers cost ~40 instructions per access).
+  CUTE_DEVICE auto vt_writer() const {
+    if constexpr (kSharedState) {
+      return WriterEnd<VtPipe, SmemBarriers<VtPipe>>{vt_bar,
+                                                     {v_pipe.state.index, v_pipe.state.phase ^ 1}};
+    } else {
+      return WriterEnd<VtPipe, SmemBarriers<VtPipe>>{vt_bar, vt_state};
+    }
+  }
+
   CUTE_DEVICE void v(TileWork const& w, KeyStep step) {
-    WriterEnd<VtPipe, SmemBarriers<VtPipe>> vt_pipe{vt_bar,
-                                                   {v_pipe.state.index, v_pipe.state.phase ^ 1}};
+    WriterEnd<VtPipe, SmemBarriers<VtPipe>> vt_pipe = vt_writer();
     v_pipe.wait();
     timeline.mark(Ev::kTrVReady);
     vt_pipe.acquire();
     timeline.mark(Ev::kTrVtFree);
     const int stage = v_pipe.stage();
+    const int vt_stage = vt_pipe.stage();
     const uint32_t v_stage = cast_smem_ptr_to_uint(smem.v.data()) + stage * plan().v.stage_bytes();
     // Opaque per V tile: the units' XORed addresses are derived inside the tile, not hoisted out
     // of the tile loops where they would hold a register each for the warp's lifetime.
@@ -160,7 +175,12 @@ struct Transposer {
     const bool leader = cute::elect_one_sync();
     v_pipe.release(leader);
     vt_pipe.commit(leader);
-    st_addr += (v_pipe.stage() - stage) * int(plan().vt.stage_bytes());
+    if constexpr (kSharedState) {
+      st_addr += (v_pipe.stage() - stage) * int(plan().vt.stage_bytes());
+    } else {
+      vt_state = vt_pipe.state;
+      st_addr += (vt_pipe.stage() - vt_stage) * int(plan().vt.stage_bytes());
+    }
     timeline.mark(Ev::kTrDone);
   }
 
