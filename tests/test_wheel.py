@@ -280,3 +280,36 @@ def test_the_package_finds_a_renamed_distribution():
     assert _lib.DISTRIBUTIONS == ("flash-hopper", "flash-hopper-cu13", "flash-hopper-cu12")
     name = _lib.installed_distribution()
     assert name is None or name in _lib.DISTRIBUTIONS
+
+
+# --- aarch64 (cross-built wheels for Grace-Hopper hosts) ------------------------------------------
+
+
+def test_aarch64_wheel_names_and_glibc_libraries():
+    # the aarch64 wheel's tag and the dynamic linker its library may need, next to x86_64's
+    assert check_wheel.platform_tag("aarch64") == "manylinux_2_28_aarch64"
+    assert check_wheel.platform_tag("x86_64") == "manylinux_2_28_x86_64"
+    assert "ld-linux-aarch64.so.1" in check_wheel.glibc_libs("aarch64")
+    assert "ld-linux-x86-64.so.2" not in check_wheel.glibc_libs("aarch64")
+    report = check_wheel.ElfReport(needed=["libc.so.6", "ld-linux-aarch64.so.1"],
+                                   versions={"libc.so.6": {"GLIBC_2.17"}}, exports=["fh_fwd"])
+    assert check_wheel.elf_problems(report, "2.28", check_wheel.glibc_libs("aarch64")) == []
+    problems = check_wheel.elf_problems(report, "2.28", check_wheel.glibc_libs("x86_64"))
+    assert any("ld-linux-aarch64.so.1" in p for p in problems)
+
+
+def test_glibc_stubs_name_each_architectures_dynamic_linker():
+    stubs = _load_tool_at("manylinux/glibc_stubs")
+    assert stubs.stubs_of("aarch64")["libld.so.2"][0] == "ld-linux-aarch64.so.1"
+    assert stubs.stubs_of("x86_64")["libld.so.2"][0] == "ld-linux-x86-64.so.2"
+    with pytest.raises(SystemExit, match="--arch 'riscv64'"):
+        stubs.main(["--arch", "riscv64", "--out", "unused"])
+
+
+def _load_tool_at(relative: str):
+    spec = importlib.util.spec_from_file_location(
+        "fh_tool_" + relative.replace("/", "_"), TOOLS / f"{relative}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -12,7 +12,10 @@
 # library already depends on nothing outside glibc, so there is nothing to vendor.
 #
 # Usage: tools/build_wheels.sh [--flavour cu12|cu13|all] [--cuda12 ROOT] [--cuda13 ROOT]
-#          [--out DIR] [--reduced] [--sdist]
+#          [--arch x86_64|aarch64] [--out DIR] [--reduced] [--sdist]
+#   --arch aarch64  cross-build the wheels for aarch64 hosts (Grace-Hopper) on this x86_64
+#              machine: Debian's g++-aarch64-linux-gnu as the host compiler, nvcc's aarch64 target
+#              folder from tools/aarch64/cuda_target.sh (NVIDIA's aarch64 runtime wheel)
 #   --reduced  one FA-2 and one FA-3 kernel (bf16, head dim 64), as CI builds: minutes, not 15+
 #   --sdist    also write the source distribution (flash_hopper-VERSION.tar.gz) to --out
 # The FH_* kernel-set variables (README) pass through, e.g. FH_HEAD_DIMS=128.
@@ -25,13 +28,15 @@ cuda13=""
 out="dist"
 reduced=0
 sdist=0
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
+arch="x86_64"
+usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --flavour) flavours="$2"; shift 2 ;;
     --cuda12) cuda12="$2"; shift 2 ;;
     --cuda13) cuda13="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
+    --arch) arch="$2"; shift 2 ;;
     --reduced) reduced=1; shift ;;
     --sdist) sdist=1; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -42,6 +47,15 @@ case "$flavours" in
   all) flavours="cu13 cu12" ;;
   cu12|cu13) ;;
   *) echo "build_wheels: --flavour must be cu12, cu13 or all, got '$flavours'" >&2; exit 2 ;;
+esac
+case "$arch" in
+  x86_64) ;;
+  aarch64)
+    command -v aarch64-linux-gnu-g++ > /dev/null || {
+      echo "build_wheels: --arch aarch64 needs aarch64-linux-gnu-g++ (Debian: g++-aarch64-linux-gnu)" >&2
+      exit 1
+    } ;;
+  *) echo "build_wheels: --arch must be x86_64 or aarch64, got '$arch'" >&2; exit 2 ;;
 esac
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
@@ -97,18 +111,28 @@ for flavour in $flavours; do
     echo "build_wheels: $flavour needs a CUDA $major toolkit; $nvcc is CUDA $release" >&2
     exit 1
   fi
-  echo "build_wheels: $flavour with $nvcc (CUDA $release)"
+  echo "build_wheels: $flavour ($arch) with $nvcc (CUDA $release)"
+  build_dir="build/wheel-$flavour"
+  cross=()
+  if [[ $arch == aarch64 ]]; then
+    build_dir="build/wheel-$flavour-aarch64"
+    # FH_CUDA_TARGET_DIR=... and FH_CUDA_TOOLKIT_TOP=... for tools/aarch64/toolchain.cmake
+    while IFS= read -r line; do export "${line?}"; done < <(
+      tools/aarch64/cuda_target.sh --nvcc "$nvcc" --out "build/cuda-sbsa-$flavour")
+    cross=(env FH_CROSS_AARCH64=1)
+  fi
   tmp="$(mktemp -d)"
   start=$(date +%s)
-  CUDACXX="$nvcc" python3 -m pip wheel . --no-deps -w "$tmp" \
-    -C build-dir="build/wheel-$flavour" -C cmake.define.CMAKE_CUDA_COMPILER="$nvcc"
+  "${cross[@]}" env CUDACXX="$nvcc" python3 -m pip wheel . --no-deps -w "$tmp" \
+    -C build-dir="$build_dir" -C cmake.define.CMAKE_CUDA_COMPILER="$nvcc"
   echo "build_wheels: $flavour built in $(( $(date +%s) - start )) s"
   wheel="$(python3 tools/wheel_flavour.py --name "flash-hopper-$flavour" --out "$out" \
            "$tmp"/flash_hopper-*.whl)"
   rm -rf "$tmp"
   expect_code=()
   [[ $reduced == 1 ]] || expect_code=(--gpu-code sm_80 sm_90 compute_80 sm_90a)
-  "$tools_venv/bin/python" tools/check_wheel.py "$wheel" --cuda-major "$major" "${expect_code[@]}"
+  "$tools_venv/bin/python" tools/check_wheel.py "$wheel" --cuda-major "$major" --arch "$arch" \
+    "${expect_code[@]}"
 done
 
 if [[ $sdist == 1 ]]; then

@@ -1,7 +1,7 @@
 """Check a flash-hopper wheel (or a bare libflash_hopper.so) before it is published.
 
 What a wheel promises and what this checks, each a line of the report and a failure if wrong:
-  - tag: manylinux_2_28_x86_64 in the file name, and `auditwheel show` finds the wheel consistent
+  - tag: manylinux_2_28_<arch> in the file name, and `auditwheel show` finds the wheel consistent
     with manylinux_2_28 or an older (more compatible) policy;
   - glibc: the library requires no symbol version newer than GLIBC_2.28 (readelf -V);
   - dependencies: it needs no shared library beyond glibc's (libc, libm, libdl, libpthread, librt
@@ -13,8 +13,10 @@ What a wheel promises and what this checks, each a line of the report and a fail
   - size: at most --max-mb.
 
 Usage: python tools/check_wheel.py WHEEL_OR_SO [--cuda-major 12] [--gpu-code sm_80 ...]
-           [--glibc 2.28] [--max-mb 150] [--no-auditwheel]
-Needs binutils' readelf; auditwheel (pip install auditwheel) unless --no-auditwheel.
+           [--glibc 2.28] [--max-mb 150] [--no-auditwheel] [--arch x86_64|aarch64]
+Needs binutils' readelf; auditwheel (pip install auditwheel) unless --no-auditwheel. An aarch64
+library (cross-built) is loaded under qemu-aarch64 through tools/aarch64/abi_probe.c, built with
+aarch64-linux-gnu-gcc (Debian: qemu-user, gcc-aarch64-linux-gnu).
 """
 
 from __future__ import annotations
@@ -35,9 +37,17 @@ from pathlib import Path
 LIB_NAME = "libflash_hopper.so"
 # glibc's own libraries: the ones manylinux lets a wheel take from the system (the dynamic
 # linker appears because thread-local storage calls its __tls_get_addr).
-GLIBC_LIBS = ("libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1",
-              "ld-linux-x86-64.so.2")
-PLATFORM_TAG = "manylinux_2_28_x86_64"
+GLIBC_LIBS = ("libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1")
+DYNAMIC_LINKER = {"x86_64": "ld-linux-x86-64.so.2", "aarch64": "ld-linux-aarch64.so.1"}
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def glibc_libs(arch: str) -> tuple[str, ...]:
+    return (*GLIBC_LIBS, DYNAMIC_LINKER[arch])
+
+
+def platform_tag(arch: str, glibc: str = "2.28") -> str:
+    return f"manylinux_{glibc.replace('.', '_')}_{arch}"
 
 
 @dataclass
@@ -85,7 +95,7 @@ def _version_tuple(text: str) -> tuple[int, ...]:
 
 
 def elf_problems(report: ElfReport, glibc: str = "2.28",
-                 allowed: tuple[str, ...] = GLIBC_LIBS) -> list[str]:
+                 allowed: tuple[str, ...] = glibc_libs("x86_64")) -> list[str]:
     """Why this ELF would not load on every glibc >= `glibc` system, or why it leaks symbols;
     [] when neither."""
     problems = []
@@ -131,6 +141,25 @@ def build_info(lib: Path) -> dict:
     return json.loads(dll.fh_build_info().decode())
 
 
+def probe_under_qemu(lib: Path, arch: str, work: Path) -> dict:
+    """The C ABI's answers of a library of another architecture (tools/aarch64/abi_probe.c, built
+    with <arch>-linux-gnu-gcc and run under qemu-<arch> on the cross toolchain's glibc): abi,
+    build_info, has_fwd_bf16_d64_fa3, decode_stages_d128."""
+    cc, qemu = shutil.which(f"{arch}-linux-gnu-gcc"), shutil.which(f"qemu-{arch}")
+    if cc is None or qemu is None:
+        raise SystemExit(f"check_wheel: --arch {arch} needs {arch}-linux-gnu-gcc and qemu-{arch} "
+                         "on PATH (Debian: gcc-aarch64-linux-gnu, qemu-user)")
+    exe = work / "abi_probe"
+    subprocess.run([cc, "-O1", "-o", str(exe), str(ROOT / "tools" / "aarch64" / "abi_probe.c"),
+                    "-ldl"], check=True)
+    proc = subprocess.run([qemu, "-L", f"/usr/{arch}-linux-gnu", str(exe), str(lib)],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"check_wheel: the library did not load under qemu-{arch} "
+                         f"({proc.returncode}): {proc.stderr.strip()[-2000:]}")
+    return json.loads(proc.stdout)
+
+
 def gpu_code(lib: Path) -> list[str] | None:
     """Targets of the cubins and PTX inside, e.g. ['sm_80', 'compute_80'] (None: no cuobjdump)."""
     exe = shutil.which("cuobjdump")
@@ -151,8 +180,9 @@ def check(path: Path, args: argparse.Namespace) -> list[str]:
             print(f"{path.name}: {size_mb:.1f} MB")
             if size_mb > args.max_mb:
                 problems.append(f"wheel is {size_mb:.1f} MB, over the {args.max_mb} MB budget")
-            if not path.name.endswith(f"-py3-none-{PLATFORM_TAG}.whl"):
-                problems.append(f"file name does not end in -py3-none-{PLATFORM_TAG}.whl")
+            tag_wanted = platform_tag(args.arch, args.glibc)
+            if not path.name.endswith(f"-py3-none-{tag_wanted}.whl"):
+                problems.append(f"file name does not end in -py3-none-{tag_wanted}.whl")
             with zipfile.ZipFile(path) as z:
                 members = [n for n in z.namelist() if n.endswith("/" + LIB_NAME)]
                 if members != [f"flash_hopper/{LIB_NAME}"]:
@@ -162,7 +192,7 @@ def check(path: Path, args: argparse.Namespace) -> list[str]:
             if args.auditwheel:
                 tag, text = auditwheel_tag(path)
                 print("auditwheel show:\n  " + "\n  ".join(text.strip().splitlines()))
-                m = re.fullmatch(r"manylinux_(\d+)_(\d+)_x86_64", tag or "")
+                m = re.fullmatch(rf"manylinux_(\d+)_(\d+)_{args.arch}", tag or "")
                 if m is None:
                     problems.append(f"auditwheel found no manylinux tag for the wheel ({tag})")
                 elif (int(m.group(1)), int(m.group(2))) > _version_tuple(args.glibc):
@@ -173,8 +203,17 @@ def check(path: Path, args: argparse.Namespace) -> list[str]:
         report = elf_report(lib)
         print(f"{LIB_NAME}: needs {report.needed}; newest glibc symbol version "
               f"{newest_glibc(report)}; exports {report.exports}")
-        problems += elf_problems(report, args.glibc)
-        info = build_info(lib)
+        problems += elf_problems(report, args.glibc, glibc_libs(args.arch))
+        if args.arch == os.uname().machine:
+            info = build_info(lib)
+        else:
+            probe = probe_under_qemu(lib, args.arch, Path(tmp))
+            info = probe["build_info"]
+            print(f"qemu-{args.arch}: loaded; abi {probe['abi']}, a bf16 d64 FA-3 forward "
+                  f"{'present' if probe['has_fwd_bf16_d64_fa3'] else 'absent'}, decode stages "
+                  f"(d128, 227 KB) {probe['decode_stages_d128']}")
+            if probe["abi"] <= 0:
+                problems.append(f"fh_abi_version() under qemu-{args.arch}: {probe['abi']}")
         print(f"build_info: cuda {info.get('cuda')}, link {info.get('link')}, gpu_code "
               f"{info.get('gpu_code')}, archs {info.get('archs')}, dtypes {info.get('dtypes')}, "
               f"head dims {info.get('head_dims')}")
@@ -210,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-mb", type=float, default=150.0, help="wheel size budget (150 MB)")
     ap.add_argument("--no-auditwheel", dest="auditwheel", action="store_false",
                     help="skip `auditwheel show`")
+    ap.add_argument("--arch", default=os.uname().machine, choices=sorted(DYNAMIC_LINKER),
+                    help="the library's architecture (default: this machine's)")
     args = ap.parse_args(argv)
     failed = 0
     for path in args.paths:

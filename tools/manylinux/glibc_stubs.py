@@ -9,9 +9,11 @@ such stubs for any glibc version from its symbol tables; this script asks it to 
 plus the libc_nonshared.a of that version, into one folder that `-L` can point at. Nothing of
 them ends up in the library: the stubs carry symbols and versions only.
 
-Usage: python glibc_stubs.py --glibc 2.28 --out DIR [--zig 'python -m ziglang']
+Usage: python glibc_stubs.py --glibc 2.28 --out DIR [--arch x86_64|aarch64]
+                              [--zig 'python -m ziglang']
 The folder then holds libc.so (a linker script), libc.so.6, libm.so(.6), libpthread.so(.0),
-libdl.so(.2), librt.so(.1), ld-linux-x86-64.so.2 and libc_nonshared.a.
+libdl.so(.2), librt.so(.1), the dynamic linker (ld-linux-x86-64.so.2 / ld-linux-aarch64.so.1)
+and libc_nonshared.a. --arch: the target's (a cross build passes aarch64); default this machine's.
 """
 
 from __future__ import annotations
@@ -26,15 +28,22 @@ import sys
 import tempfile
 from pathlib import Path
 
-# Stub file zig writes -> (name in --out, name of the -l link alias or None).
-STUBS = {
-    "libc.so.6": ("libc.so.6", None),  # libc.so is a linker script, written below
-    "libm.so.6": ("libm.so.6", "libm.so"),
-    "libpthread.so.0": ("libpthread.so.0", "libpthread.so"),
-    "libdl.so.2": ("libdl.so.2", "libdl.so"),
-    "librt.so.1": ("librt.so.1", "librt.so"),
-    "libld.so.2": ("ld-linux-x86-64.so.2", None),  # the dynamic linker: __tls_get_addr
-}
+# The dynamic linker's name per target architecture (zig writes its stub as libld.so.2).
+DYNAMIC_LINKER = {"x86_64": "ld-linux-x86-64.so.2", "aarch64": "ld-linux-aarch64.so.1"}
+
+
+def stubs_of(arch: str) -> dict[str, tuple[str, str | None]]:
+    """Stub file zig writes -> (name in --out, name of the -l link alias or None)."""
+    return {
+        "libc.so.6": ("libc.so.6", None),  # libc.so is a linker script, written below
+        "libm.so.6": ("libm.so.6", "libm.so"),
+        "libpthread.so.0": ("libpthread.so.0", "libpthread.so"),
+        "libdl.so.2": ("libdl.so.2", "libdl.so"),
+        "librt.so.1": ("librt.so.1", "librt.so"),
+        "libld.so.2": (DYNAMIC_LINKER[arch], None),  # the dynamic linker: __tls_get_addr
+    }
+
+
 NONSHARED = "libc_nonshared.a"
 
 
@@ -65,15 +74,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--glibc", default="2.28", help="glibc version to target (default 2.28)")
     ap.add_argument("--out", type=Path, required=True, help="folder to write the stubs into")
+    ap.add_argument("--arch", default=platform.machine(),
+                    help="target architecture, x86_64 or aarch64 (default: this machine's)")
     ap.add_argument("--zig", default=f"{shlex.quote(sys.executable)} -m ziglang",
                     help="command that runs zig (default: this Python's ziglang module)")
     args = ap.parse_args(argv)
 
-    machine = platform.machine()
-    if machine != "x86_64":
-        raise SystemExit(f"glibc_stubs: machine is {machine!r}; only x86_64 is supported "
-                         "(the stub names, e.g. ld-linux-x86-64.so.2, are x86_64's)")
-    target = f"x86_64-linux-gnu.{args.glibc}"
+    if args.arch not in DYNAMIC_LINKER:
+        raise SystemExit(f"glibc_stubs: --arch {args.arch!r}: expected one of "
+                         f"{', '.join(DYNAMIC_LINKER)}")
+    stubs = stubs_of(args.arch)
+    target = f"{args.arch}-linux-gnu.{args.glibc}"
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="fh-glibc-stubs-", dir=out) as tmp:
@@ -81,16 +92,16 @@ def main(argv: list[str] | None = None) -> int:
         found = {}
         for w in words:
             name = Path(w).name
-            if name in STUBS or name == NONSHARED:
+            if name in stubs or name == NONSHARED:
                 found[name] = Path(tmp, w)  # zig prints paths relative to its working folder
-        missing = sorted((set(STUBS) | {NONSHARED}) - set(found))
+        missing = sorted((set(stubs) | {NONSHARED}) - set(found))
         if missing:
             raise SystemExit(f"glibc_stubs: zig's link line for {target} lacks {missing}: "
                              f"{shlex.join(words)}")
         for name, src in found.items():
-            dest = NONSHARED if name == NONSHARED else STUBS[name][0]
+            dest = NONSHARED if name == NONSHARED else stubs[name][0]
             shutil.copyfile(src, out / dest)
-            alias = STUBS.get(name, (None, None))[1]
+            alias = stubs.get(name, (None, None))[1]
             if alias:
                 (out / alias).unlink(missing_ok=True)
                 (out / alias).symlink_to(dest)
@@ -99,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "libc.so").write_text(
         f"/* glibc {args.glibc} link stubs for {target}, written by {Path(__file__).name} */\n"
         f"GROUP ( {out}/libc.so.6 {out}/{NONSHARED} "
-        f"AS_NEEDED ( {out}/ld-linux-x86-64.so.2 ) )\n")
+        f"AS_NEEDED ( {out}/{DYNAMIC_LINKER[args.arch]} ) )\n")
     (out / "GLIBC_VERSION").write_text(args.glibc + "\n")
     print(f"glibc_stubs: glibc {args.glibc} stubs in {out}")
     return 0

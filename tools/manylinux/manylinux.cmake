@@ -1,4 +1,5 @@
-# The manylinux link: a library that loads on every x86_64 Linux with glibc >= FH_MANYLINUX_GLIBC.
+# The manylinux link: a library that loads on every x86_64 (or, cross-built, aarch64) Linux with
+# glibc >= FH_MANYLINUX_GLIBC.
 #
 # Compilation does not change (nvcc with the system's gcc); only the final link does:
 #   - it resolves libc, libm, libpthread, libdl and librt against glibc stubs of that version
@@ -12,15 +13,16 @@
 
 # fh_manylinux_link(<target> <glibc version>)
 function(fh_manylinux_link target glibc)
-  if(NOT CMAKE_SYSTEM_NAME STREQUAL "Linux" OR NOT CMAKE_SYSTEM_PROCESSOR STREQUAL "x86_64")
-    message(FATAL_ERROR "FH_MANYLINUX: the manylinux link supports x86_64 Linux only; this is "
-                        "${CMAKE_SYSTEM_NAME} ${CMAKE_SYSTEM_PROCESSOR}")
+  if(NOT CMAKE_SYSTEM_NAME STREQUAL "Linux" OR
+     NOT CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|aarch64)$")
+    message(FATAL_ERROR "FH_MANYLINUX: the manylinux link supports x86_64 and aarch64 Linux; "
+                        "this is ${CMAKE_SYSTEM_NAME} ${CMAKE_SYSTEM_PROCESSOR}")
   endif()
   find_package(Python3 COMPONENTS Interpreter REQUIRED)
   set(_stubs "${CMAKE_BINARY_DIR}/glibc-${glibc}")
   execute_process(
     COMMAND "${Python3_EXECUTABLE}" "${CMAKE_CURRENT_FUNCTION_LIST_DIR}/glibc_stubs.py"
-            --glibc "${glibc}" --out "${_stubs}"
+            --glibc "${glibc}" --out "${_stubs}" --arch "${CMAKE_SYSTEM_PROCESSOR}"
     RESULT_VARIABLE _rc)
   if(NOT _rc EQUAL 0)
     message(FATAL_ERROR
