@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
 # Assemble nvcc's aarch64 ("sbsa") target folder for a cross build: the toolkit's own headers
 # (architecture-independent) and the static CUDA runtime of NVIDIA's aarch64 runtime wheel of the
-# toolkit's release (pip download: nothing installed). Prints two lines for the caller:
+# toolkit's release (pip download: nothing installed; for CUDA 12 before 12.9, whose aarch64
+# wheels lack the static runtime, Debian's arm64 packages of that release). Prints two lines:
 # FH_CUDA_TARGET_DIR=<folder> and FH_CUDA_TOOLKIT_TOP=<toolkit root>.
 #
-# Usage: tools/aarch64/cuda_target.sh [--nvcc NVCC] [--out DIR]
+# Usage: tools/aarch64/cuda_target.sh [--nvcc NVCC] [--out DIR] [--debian-suite trixie]
+#          [--debian-dev-version 12.4.127~12.4.1-2]
 set -euo pipefail
 nvcc="$(command -v nvcc || true)"
 out="build/cuda-sbsa"
+# Debian's arm64 runtime for a CUDA 12 toolkit older than 12.9 (tools/cuda12_toolkit.sh's)
+debian_suite="trixie"
+debian_dev_version="12.4.127~12.4.1-2"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --nvcc) nvcc="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
+    --debian-suite) debian_suite="$2"; shift 2 ;;
+    --debian-dev-version) debian_dev_version="$2"; shift 2 ;;
     *) echo "cuda_target: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -35,23 +42,47 @@ case "$major" in
 esac
 mkdir -p "$out"
 out="$(cd "$out" && pwd -P)"
+
+debian_arm64_runtime() {  # work lib: libcudart_static.a, libcudadevrt.a, libculibos.a, libcudart.so.12
+  local work="$1" lib="$2" mirror
+  mirror="$(apt-get indextargets --format '$(REPO_URI)' 'Origin: Debian' 2>/dev/null |
+            grep -v security | head -n 1 || true)"
+  [[ -n "$mirror" ]] || { echo "cuda_target: no Debian archive in apt's sources" >&2; exit 1; }
+  mkdir -p "$work"/{lists/partial,cache/archives/partial,debs,x}
+  echo "deb [arch=arm64 signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] ${mirror%/} $debian_suite main contrib non-free" > "$work/sources.list"
+  local opts=(-o "Dir::Etc::SourceList=$work/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
+              -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache"
+              -o "APT::Sandbox::User=root" -o "APT::Architecture=arm64"
+              -o "APT::Architectures::=arm64")
+  apt-get "${opts[@]}" update -qq >&2
+  (cd "$work/debs" && apt-get "${opts[@]}" download -qq \
+    "nvidia-cuda-dev:arm64=$debian_dev_version" "libcudart12:arm64=$debian_dev_version") >&2
+  dpkg-deb --fsys-tarfile "$work"/debs/nvidia-cuda-dev_*.deb | tar -x -C "$work/x" --wildcards \
+    './usr/lib/aarch64-linux-gnu/libcudart_static.a' './usr/lib/aarch64-linux-gnu/libcudadevrt.a' \
+    './usr/lib/aarch64-linux-gnu/libculibos.a'
+  dpkg-deb -x "$work"/debs/libcudart12_*.deb "$work/x"
+  cp "$work"/x/usr/lib/aarch64-linux-gnu/lib{cudart_static,cudadevrt,culibos}.a "$lib/"
+  cp "$work"/x/usr/lib/aarch64-linux-gnu/libcudart.so.12.* "$lib/"
+  (cd "$lib" && ln -sf libcudart.so.12.* libcudart.so.12)
+}
 if [[ "$(cat "$out/RELEASE" 2>/dev/null)" != "$release" ]]; then
   rm -rf "$out/lib"
   tmp="$(mktemp -d)"
   python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux2014_aarch64 \
     --platform manylinux_2_28_aarch64 "$wheel_req" -d "$tmp" >&2
   python3 -m zipfile -e "$tmp"/*.whl "$tmp/x"
-  if [[ ! -f "$tmp/x/$libdir/libcudart_static.a" ]]; then
-    # NVIDIA's aarch64 runtime wheels carry the static runtime from 12.9 on only; a 12.4 toolkit's
-    # nvlink refuses 12.9's device runtime (tools/cuda12_toolkit.sh's release needs Debian's
-    # arm64 nvidia-cuda-dev instead: not done yet)
-    echo "cuda_target: $wheel_req for aarch64 has no libcudart_static.a" >&2
-    exit 1
-  fi
   mkdir -p "$out/lib"
-  cp "$tmp/x/$libdir"/*.a "$out/lib/"
-  # FindCUDAToolkit looks for the shared runtime as well (the library links the static one)
-  cp "$tmp/x/$libdir"/libcudart.so.* "$out/lib/"
+  if [[ -f "$tmp/x/$libdir/libcudart_static.a" ]]; then
+    cp "$tmp/x/$libdir"/*.a "$out/lib/"
+    # FindCUDAToolkit looks for the shared runtime as well (the library links the static one)
+    cp "$tmp/x/$libdir"/libcudart.so.* "$out/lib/"
+  else
+    # NVIDIA's aarch64 CUDA 12 runtime wheels carry the static runtime from 12.9 on only, and an
+    # older toolkit's nvlink refuses a newer device runtime: take the release's own from Debian's
+    # arm64 packages instead (tools/cuda12_toolkit.sh's release: nvidia-cuda-dev, libcudart12),
+    # with apt lists and cache of its own (nothing installed).
+    debian_arm64_runtime "$tmp/deb" "$out/lib"
+  fi
   ln -sfn "$(cd "$out/lib" && ls libcudart.so.* | head -n 1)" "$out/lib/libcudart.so"
   rm -rf "$tmp"
   echo "$release" > "$out/RELEASE"
