@@ -479,3 +479,73 @@ def test_peers_import_with_argv_shielded(tmp_path, monkeypatch):
     exiting = peers.FlashAttnPackage("exiting", "exiting", ["exiting_peer"], ["exiting"])
     assert "exiting_peer: exited on import (SystemExit 3)" in exiting.software_reason()
     assert sys.argv == argv
+
+
+# --- FlashInfer ---------------------------------------------------------------------------------
+
+
+class FakeRaggedWrapper:
+    """flashinfer.BatchPrefillWithRaggedKVCacheWrapper as far as the backend uses it: records
+    the plan, and run() returns q (packed), so the output's layout is checkable."""
+
+    instances: list = []
+
+    def __init__(self, workspace, kv_layout="NHD"):
+        self.workspace, self.kv_layout = workspace, kv_layout
+        self.plan_args = None
+        FakeRaggedWrapper.instances.append(self)
+
+    def plan(self, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim, **kwargs):
+        self.plan_args = (qo_indptr.tolist(), kv_indptr.tolist(), num_qo_heads, num_kv_heads,
+                          head_dim, kwargs)
+
+    def run(self, q, k, v):
+        assert q.dim() == 3 and k.dim() == 3 and v.dim() == 3  # packed (tokens, heads, d)
+        return q
+
+
+def fake_flashinfer():
+    module = types.ModuleType("flashinfer")
+    module.BatchPrefillWithRaggedKVCacheWrapper = FakeRaggedWrapper
+    return module
+
+
+def test_flashinfer_plans_a_dense_batch_as_equal_sequences(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flashinfer", fake_flashinfer())
+    backend = registry.resolve(["flashinfer-python"],
+                               registry.known_backends(include_variants=False))[0]
+    assert backend.name == "flashinfer" and backend.probe(H100) is None
+    q = torch.randn(2, 5, 4, 8)
+    k = v = torch.randn(2, 7, 2, 8)
+    c = case(seqlen_q=5, seqlen_k=7, heads=4, heads_kv=2, head_dim=8, causal=True, softcap=30.0)
+    out = backend.make_forward(q, k, v, c)()
+    assert out.shape == q.shape and torch.equal(out, q)
+    qo, kv, hq, hk, d, kwargs = FakeRaggedWrapper.instances[-1].plan_args
+    assert (qo, kv, hq, hk, d) == ([0, 5, 10], [0, 7, 14], 4, 2, 8)
+    assert kwargs["causal"] is True and kwargs["logits_soft_cap"] == 30.0
+    assert "window_left" not in kwargs
+
+
+def test_flashinfer_takes_varlen_offsets_and_left_windows_only(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flashinfer", fake_flashinfer())
+    backend = registry.known_backends(include_variants=False)["flashinfer"]
+    c = Case(batch=3, seqlen_q=9, seqlen_k=9, heads=2, heads_kv=2, head_dim=16,
+             seqlens=(9, 4, 2), window=(3, 0))
+    assert backend.varlen_reason() is None and backend.unsupported(c) is None
+    q = torch.randn(15, 2, 16)
+    assert torch.equal(backend.make_forward(q, q, q, c)(), q)
+    qo, kv, _, _, _, kwargs = FakeRaggedWrapper.instances[-1].plan_args
+    assert qo == kv == [0, 9, 13, 15]
+    assert kwargs["causal"] is True and kwargs["window_left"] == 3  # (3, 0): causal, left 3
+    assert "right bound" in backend.unsupported(case(window=(3, 5)))
+    assert backend.unsupported(case(), "bwd") == "FlashInfer has no backward"
+    assert backend.fp8_reason() == "no FP8 path"
+
+
+def test_flashinfer_missing_says_why(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flashinfer", None)
+    backend = registry.known_backends(include_variants=False)["flashinfer"]
+    assert backend.probe(H100).startswith("not importable (flashinfer:")
+    old = types.ModuleType("flashinfer")  # a release without the ragged wrapper
+    monkeypatch.setitem(sys.modules, "flashinfer", old)
+    assert "BatchPrefillWithRaggedKVCacheWrapper" in backend.probe(H100)

@@ -94,7 +94,9 @@ def _add_backend_args(parser: argparse.ArgumentParser) -> None:
                         "sdpa-efficient, sdpa-math (small sizes), flex, flash-attn "
                         "(flash_attn), flash-attn3 (flash_attn_interface / flash_attn_3; takes "
                         "e4m3 when its flash_attn_func has q/k/v_descale, never a mixed dtype), "
-                        "flash-attn-cute (flash_attn.cute), or all "
+                        "flash-attn-cute (flash_attn.cute), flashinfer (flashinfer-python: "
+                        "its ragged prefill, JIT-compiled on first use; no backward, no FP8), "
+                        "or all "
                         f"(default: {' '.join(DEFAULT_BACKENDS)}); unavailable ones are "
                         "skipped with the reason")
     g.add_argument("--list-backends", action="store_true",

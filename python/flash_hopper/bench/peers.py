@@ -28,6 +28,13 @@ layout (``unpack_jagged``, a view). torch's jagged SDPA takes no mask and no ena
 windows and GQA are skipped with a reason, and its math kernel refuses is_causal. An FA package
 runs it when it has flash_attn_varlen_func taking cu_seqlens_q / cu_seqlens_k (FA2, FA3, FA4).
 Flex is not wired up for varlen (it would need a document mask over the packed batch).
+
+FlashInfer (``flashinfer``: the flashinfer-python wheel; its kernels are compiled on first use,
+so the first call of a shape takes the JIT's time outside the timed ones): prefill through its
+ragged-KV batch wrapper, dense cases as a batch of equal sequences (q, k, v viewed packed, no
+copy) and varlen cases on their own offsets, planned before timing. Its causal mask is
+bottom-right aligned as FA's; its window bounds the left side only, so a window with a right
+bound other than 0 is skipped with a reason. No FP8 or mixed-mode path here.
 """
 
 from __future__ import annotations
@@ -466,6 +473,95 @@ class FlashAttnPackage(Backend):
         return self.name, f"{self._module_name}.flash_attn_func{descales}"
 
 
+class FlashInferBackend(Backend):
+    """FlashInfer's prefill (flashinfer.BatchPrefillWithRaggedKVCacheWrapper) as a peer."""
+
+    name = "flashinfer"
+    label = "FlashInfer"
+    origin = "external"
+    # its planner's workspace (FlashInfer's examples take 128 MB)
+    workspace_bytes = 128 * 2**20
+
+    def __init__(self):
+        self._module = None
+
+    def software_reason(self) -> str | None:
+        try:
+            with argv_shielded():
+                module = importlib.import_module("flashinfer")
+        except Exception as exc:  # noqa: BLE001 - ImportError, a torch-ABI mismatch...
+            return f"not importable (flashinfer: {first_line(exc)})"
+        except SystemExit as exc:
+            return f"not importable (flashinfer: exited on import, SystemExit {exc.code!r})"
+        if not hasattr(module, "BatchPrefillWithRaggedKVCacheWrapper"):
+            return "flashinfer has no BatchPrefillWithRaggedKVCacheWrapper (a pre-0.2 release?)"
+        self._module = module
+        return None
+
+    def version(self) -> str | None:
+        from importlib import metadata
+
+        for dist in ("flashinfer-python", "flashinfer"):
+            try:
+                return f"{dist} {metadata.version(dist)}"
+            except metadata.PackageNotFoundError:
+                continue
+        return None
+
+    def varlen_reason(self) -> str | None:
+        if self._module is None and self.software_reason():
+            return "not importable"
+        return None
+
+    def unsupported(self, case, direction: str | None = None) -> str | None:
+        if self._module is None and self.software_reason():
+            return "not importable"
+        if direction is not None and "bwd" in direction:  # "bwd", "fwd+bwd"
+            return "FlashInfer has no backward"
+        if case.has_window and case.window[1] != 0:
+            return (f"FlashInfer's window bounds the left side only (window_left); window "
+                    f"{tuple(case.window)} has a right bound")
+        return None
+
+    def _planned(self, q, k, case):
+        """(wrapper with its plan, packed q shape): offsets, heads and mask planned once."""
+        import torch
+
+        if case.is_varlen:
+            qo = kv = torch.tensor(case.cu_seqlens(), dtype=torch.int32, device=q.device)
+            heads_q, head_dim = q.shape[1], q.shape[2]
+            heads_kv = k.shape[1]
+        else:
+            batch, seqlen_q, heads_q, head_dim = q.shape
+            seqlen_k, heads_kv = k.shape[1], k.shape[2]
+            qo = torch.arange(0, (batch + 1) * seqlen_q, seqlen_q, dtype=torch.int32,
+                              device=q.device)
+            kv = torch.arange(0, (batch + 1) * seqlen_k, seqlen_k, dtype=torch.int32,
+                              device=q.device)
+        workspace = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=q.device)
+        wrapper = self._module.BatchPrefillWithRaggedKVCacheWrapper(workspace, kv_layout="NHD")
+        # a window with right bound 0 is causal with a left bound (unsupported() took the rest)
+        causal = case.causal or case.has_window
+        kwargs = {"causal": causal, "q_data_type": q.dtype, "kv_data_type": k.dtype}
+        if case.has_window:
+            kwargs["window_left"] = case.window[0]
+        if case.softcap:
+            kwargs["logits_soft_cap"] = case.softcap
+        wrapper.plan(qo, kv, heads_q, heads_kv, head_dim, **kwargs)
+        return wrapper
+
+    def make_forward(self, q, k, v, case):
+        wrapper = self._planned(q, k, case)
+        if case.is_varlen:
+            return lambda: wrapper.run(q, k, v)
+        shape = q.shape
+        packed = [t.reshape(t.shape[0] * t.shape[1], t.shape[2], t.shape[3]) for t in (q, k, v)]
+        return lambda: wrapper.run(*packed).view(shape)
+
+    def kernel(self, q, k, v, case) -> tuple[str, str]:
+        return self.name, "flashinfer.BatchPrefillWithRaggedKVCacheWrapper (NHD, JIT-compiled)"
+
+
 def external_backends() -> list[Backend]:
     return [
         FlashAttnPackage("flash-attn", "flash-attn (FA2)", ["flash_attn"], ["flash-attn",
@@ -480,4 +576,5 @@ def external_backends() -> list[Backend]:
                          only_major=9),
         FlashAttnPackage("flash-attn-cute", "flash-attn CuTe DSL", ["flash_attn.cute"],
                          ["flash-attn-cute", "flash-attn"], min_capability=(9, 0)),
+        FlashInferBackend(),
     ]

@@ -22,6 +22,7 @@ ALIASES = {
     "flash_attn.cute": "flash-attn-cute",
     "sdpa": "sdpa-flash",
     "cudnn": "sdpa-cudnn",
+    "flashinfer-python": "flashinfer",
 }
 
 
