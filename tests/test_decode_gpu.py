@@ -13,6 +13,8 @@ replayed with new lengths. FA3's tolerance rule as in test_kvcache_gpu.py.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from flash_hopper import _decode, flash_attn_with_kvcache
@@ -470,7 +472,11 @@ def test_unchecked_varlen_offsets_write_nothing_outside_out(monkeypatch):
     buf = torch.full((300, 2, 64), 5.0, dtype=torch.bfloat16, device="cuda")
     out = buf[100:200]
     cu = torch.tensor([0, 90, 10, 5000, -7], dtype=I32, device="cuda")
-    assert run_count(lambda: flash_attn_varlen_func(q, q, q, cu, cu, 100, 100, out=out)) == 1
+    launches = run_count(lambda: flash_attn_varlen_func(q, q, q, cu, cu, 100, 100, out=out))
+    # under compute-sanitizer (bench/gpu_check.sh sets the variable) CUPTI takes no second
+    # subscriber: the profiler sees nothing, and the memory checks below are what is tested there
+    if os.environ.get("FH_TEST_UNDER_SANITIZER") != "1":
+        assert launches == 1
     assert (buf[:100] == 5.0).all() and (buf[200:] == 5.0).all()
     # and the LSE: its rows are q's, nothing past them
     _, lse = flash_attn_varlen_func(q, q, q, cu, cu, 100, 100, return_attn_probs=True)
