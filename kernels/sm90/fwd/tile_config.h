@@ -200,7 +200,8 @@ constexpr FwdConfig fwd_config(int head_dim, TileFamily family = TileFamily::kDe
 //       needs the extended WGMMA shapes in the d64 translation unit.)
 // d128: 128 x 224 (FA3's tile), two WGs: 64 + 112 + 28 = 204 of 240. Q 1 x 16 K, K / V^T 2 x 28 K,
 //       V 1 x 28 K (v_stages: the transposer frees a V stage as soon as it wrote V^T), copy 64 K:
-//       220 KB. 128 x 192 with two V stages was 3 % faster at 1k-2k keys and 5-6 % slower from 8k.
+//       220 KB. Chosen over 128 x 192 with two V stages by the A/B in bench/PERFLOG.md ("FP8
+//       d128 as FA3 runs it"): slower at 1k-2k keys, faster from 8k.
 // d96:  128 x 128, two WGs, each PV GEMM into an accumulator of its own added into O in registers
 //       (PvTwoLevel): 48 + 48 + 64 + 16 = 176 of 240. Rows of 96 bytes take the 32-byte swizzle
 //       (conflict-free in the transposer: tests/cpp/test_fp8_layout.cpp). Q 2 x 12 K, K / V / V^T
