@@ -54,29 +54,12 @@ done
 [[ -n "$prefix" ]] || { echo "cuda12_toolkit: --prefix DIR is required" >&2; exit 2; }
 prefix="$(mkdir -p "$prefix" && cd "$prefix" && pwd)"
 work="${work:-$prefix/.work}"
-mkdir -p "$work"/{lists/partial,cache/archives/partial,debs,unpacked}
+mkdir -p "$work"/unpacked
 
-# The Debian archive this machine's apt already uses: the same registry, another suite/section.
-if [[ -z "$mirror" ]]; then
-  mirror="$(apt-get indextargets --format '$(REPO_URI)' 'Origin: Debian' 2>/dev/null |
-            grep -v security | head -n 1 || true)"
-  mirror="${mirror%/}"
-fi
-if [[ -z "$mirror" ]]; then
-  echo "cuda12_toolkit: no Debian archive in this machine's apt sources; pass --mirror URI" >&2
-  exit 1
-fi
-
-cat > "$work/sources.list" <<EOF
-deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror $suite main contrib non-free
-EOF
-apt_opts=(-o "Dir::Etc::SourceList=$work/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
-          -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache"
-          -o "APT::Sandbox::User=root")
-echo "cuda12_toolkit: apt lists of $suite from $mirror"
-apt-get "${apt_opts[@]}" update -qq
-(cd "$work/debs" && apt-get "${apt_opts[@]}" download -qq \
-  "nvidia-cuda-toolkit=$version" "nvidia-cuda-dev=$dev_version" "libcudart12=$dev_version")
+# The Debian archive this machine's apt already uses (or --mirror): the same registry, another
+# suite / section.
+"$(dirname "$0")/debian_download.sh" --work "$work" --suite "$suite" ${mirror:+--mirror "$mirror"} \
+  "nvidia-cuda-toolkit=$version" "nvidia-cuda-dev=$dev_version" "libcudart12=$dev_version"
 
 tk_deb="$(ls "$work"/debs/nvidia-cuda-toolkit_*.deb)"
 dev_deb="$(ls "$work"/debs/nvidia-cuda-dev_*.deb)"

@@ -44,19 +44,10 @@ mkdir -p "$out"
 out="$(cd "$out" && pwd -P)"
 
 debian_arm64_runtime() {  # work lib: libcudart_static.a, libcudadevrt.a, libculibos.a, libcudart.so.12
-  local work="$1" lib="$2" mirror
-  mirror="$(apt-get indextargets --format '$(REPO_URI)' 'Origin: Debian' 2>/dev/null |
-            grep -v security | head -n 1 || true)"
-  [[ -n "$mirror" ]] || { echo "cuda_target: no Debian archive in apt's sources" >&2; exit 1; }
-  mkdir -p "$work"/{lists/partial,cache/archives/partial,debs,x}
-  echo "deb [arch=arm64 signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] ${mirror%/} $debian_suite main contrib non-free" > "$work/sources.list"
-  local opts=(-o "Dir::Etc::SourceList=$work/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
-              -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache"
-              -o "APT::Sandbox::User=root" -o "APT::Architecture=arm64"
-              -o "APT::Architectures::=arm64")
-  apt-get "${opts[@]}" update -qq >&2
-  (cd "$work/debs" && apt-get "${opts[@]}" download -qq \
-    "nvidia-cuda-dev:arm64=$debian_dev_version" "libcudart12:arm64=$debian_dev_version") >&2
+  local work="$1" lib="$2"
+  "$(dirname "$0")/../debian_download.sh" --work "$work" --suite "$debian_suite" --arch arm64 \
+    "nvidia-cuda-dev=$debian_dev_version" "libcudart12=$debian_dev_version"
+  mkdir -p "$work/x"
   dpkg-deb --fsys-tarfile "$work"/debs/nvidia-cuda-dev_*.deb | tar -x -C "$work/x" --wildcards \
     './usr/lib/aarch64-linux-gnu/libcudart_static.a' './usr/lib/aarch64-linux-gnu/libcudadevrt.a' \
     './usr/lib/aarch64-linux-gnu/libculibos.a'

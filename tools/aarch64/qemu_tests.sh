@@ -27,21 +27,13 @@ mkdir -p "$work"
 work="$(cd "$work" && pwd -P)"
 
 if [[ ! -x "$work/root/usr/bin/python3.11" ]]; then
-  mirror="$(apt-get indextargets --format '$(REPO_URI)' 'Origin: Debian' 2>/dev/null |
-            grep -v security | head -n 1 || true)"
-  [[ -n "$mirror" ]] || { echo "qemu_tests: no Debian archive in apt's sources" >&2; exit 1; }
-  mkdir -p "$work"/{lists/partial,cache/archives/partial,debs,root}
-  echo "deb [arch=arm64 signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] ${mirror%/} bookworm main" \
-    > "$work/sources.list"
-  opts=(-o "Dir::Etc::SourceList=$work/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
-        -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache" -o "APT::Sandbox::User=root"
-        -o "APT::Architecture=arm64" -o "APT::Architectures::=arm64")
-  apt-get "${opts[@]}" update -qq
   # CPython and the libraries its standard modules load (ctypes: libffi; the rest as Debian has them)
-  (cd "$work/debs" && apt-get "${opts[@]}" download -qq python3.11-minimal libpython3.11-minimal \
-    libpython3.11-stdlib libexpat1 zlib1g libffi8 libssl3 libbz2-1.0 liblzma5 libsqlite3-0 \
-    libuuid1 libncursesw6 libtinfo6 libreadline8 libcrypt1 libnsl2 libtirpc3 libgssapi-krb5-2 \
-    libkrb5-3 libk5crypto3 libkrb5support0 libcom-err2 libkeyutils1 libdb5.3 libgdbm6)
+  tools/debian_download.sh --work "$work" --suite bookworm --arch arm64 python3.11-minimal \
+    libpython3.11-minimal libpython3.11-stdlib libexpat1 zlib1g libffi8 libssl3 libbz2-1.0 \
+    liblzma5 libsqlite3-0 libuuid1 libncursesw6 libtinfo6 libreadline8 libcrypt1 libnsl2 \
+    libtirpc3 libgssapi-krb5-2 libkrb5-3 libk5crypto3 libkrb5support0 libcom-err2 libkeyutils1 \
+    libdb5.3 libgdbm6
+  mkdir -p "$work/root"
   for deb in "$work"/debs/*.deb; do dpkg-deb -x "$deb" "$work/root"; done
 fi
 if [[ ! -d "$work/site/torch" ]]; then
