@@ -326,19 +326,17 @@ struct TileRows {
   // The grid covers max_seqlen_q tokens of each sequence (a hint: checked calls correct it on
   // the host). A sequence longer than an unchecked hint has tokens no row block computes: they
   // get what a row without keys gets (out 0, LSE -inf), never uninitialized memory. Called by
-  // one CTA per (sequence, KV head), all its threads; inside the sequence's rows of o / lse.
+  // one CTA per (sequence, KV head), all its threads, from row block 0 (first_row 0: row i is
+  // the sequence's packed row i); inside the sequence's rows of o / lse.
   template <int kHeadDim>
   __device__ void clear_past_hint(int tid, int threads) const {
     const int first = seqlen_q * p.group;
     const int64_t elems = int64_t(tokens * p.group - first) * kHeadDim;
     for (int64_t e = tid; e < elems; e += threads) {
-      const int row = first + int(e / kHeadDim);
-      const int t = row / p.group;
-      const int h = head_kv * p.group + row % p.group;
-      static_cast<Element*>(p.o)[(q_row0 + t) * p.o_row_stride + h * p.o_head_stride +
-                                 e % kHeadDim] = Element(0.f);
+      const int i = first + int(e / kHeadDim);
+      out_row(i)[e % kHeadDim] = Element(0.f);
       if (p.lse != nullptr && e % kHeadDim == 0) {
-        p.lse[h * p.lse_head_stride + q_row0 + t] = -INFINITY;
+        write_lse(i, -INFINITY);
       }
     }
   }

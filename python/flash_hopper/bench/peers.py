@@ -524,7 +524,7 @@ class FlashInferBackend(Backend):
         return None
 
     def _planned(self, q, k, case):
-        """(wrapper with its plan, packed q shape): offsets, heads and mask planned once."""
+        """The wrapper with its plan: offsets, heads and mask planned once, before timing."""
         import torch
 
         if case.is_varlen:
