@@ -42,6 +42,7 @@ from pathlib import Path
 
 import torch
 from flash_hopper import _bwd, _fwd, _lib, _validate, ops
+from flash_hopper._tables import FA3_VARIANT_NAMES
 from flash_hopper.bench.cases import Case
 from flash_hopper.bench.check import (
     CheckResult,
@@ -196,6 +197,15 @@ def fwd_setup(q, k, v, case: Case, backend: str, sms: int):
     return params, out, lse, references, keep
 
 
+def with_variant(params, variant):
+    """params, or a copy of them that runs the FA-3 variant `variant` (None: params itself)."""
+    if variant is None:
+        return params
+    copy = type(params).from_buffer_copy(params)
+    copy.variant = variant
+    return copy
+
+
 def flash_hopper_forward(q, k, v, causal: bool):
     from flash_hopper import flash_attn_func
 
@@ -205,8 +215,10 @@ def flash_hopper_forward(q, k, v, causal: bool):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lib", action="append", required=True, metavar="NAME=PATH",
-                    help="a library to compare (the first is the baseline); repeat")
+    ap.add_argument("--lib", action="append", required=True, metavar="NAME=PATH[@VARIANT]",
+                    help="a library to compare (the first is the baseline); repeat. @VARIANT "
+                         "(forward): run this entry as that FA-3 variant ('fa3-no-pingpong', "
+                         "...), so one library's variants are timed side by side")
     ap.add_argument("-d", "--head-dim", type=int, nargs="+", default=[128])
     ap.add_argument("-s", "--seqlen", type=int, nargs="+",
                     default=[512, 1024, 2048, 4096, 8192, 16384])
@@ -222,10 +234,16 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="write every row here")
     args = ap.parse_args()
 
-    libs = {}
+    libs, variants = {}, {}
     for spec in args.lib:
-        name, _, path = spec.partition("=")
+        name, _, rest = spec.partition("=")
+        path, _, variant = rest.partition("@")
         libs[name] = load(Path(path))
+        if variant:
+            if variant not in FA3_VARIANT_NAMES or args.direction != "fwd":
+                raise SystemExit(f"--lib {spec}: expected a forward FA-3 variant of "
+                                 f"{sorted(FA3_VARIANT_NAMES)}, got {variant!r}")
+            variants[name] = int(FA3_VARIANT_NAMES[variant])
     names = list(libs)
     causals = {"both": [False, True], "on": [True], "off": [False]}[args.causal]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -245,7 +263,7 @@ def main() -> int:
         if args.direction == "fwd":
             params, out, lse, references, _alive = fwd_setup(q, k, v, case,
                                                              args.backend, sms)
-            runs = {n: functools.partial(lib.fwd, params, stream)
+            runs = {n: functools.partial(lib.fwd, with_variant(params, variants.get(n)), stream)
                     for n, lib in libs.items()}
             checks, outs = check_libraries(runs, out, lse, references)
             diff = {n: (outs[n].float() - outs[names[0]].float()).abs().max().item()
