@@ -100,6 +100,7 @@ struct FwdTraits {
                 "the shared-memory fold is the overlapped FP8 kernel's PV accumulator");
   static constexpr bool kRescaleOBeforePv = kConfig.rescale_o_before_pv;
   static constexpr bool kPingpongDefault = kConfig.pingpong;
+  static constexpr bool kHoldWgIndex = kConfig.hold_wg_index;
   static constexpr bool kMergeTileBoundary = kConfig.merge_tile_boundary;
   // Clusters of kClusterM CTAs on adjacent query blocks of one head sharing K / V loads (the
   // kMulticast tile; tile_config.h): each CTA's TMA loads 1 / kClusterM of a K / V block into

@@ -82,6 +82,9 @@ struct Consumer {
   QEnd q_pipe;
   KVEnd k_pipe;
   VEnd v_pipe;
+  // This consumer's warpgroup (0 .. kConsumerWgs - 1), read once where the tile holds it
+  // (Traits::kHoldWgIndex, tile_config.h), else derived again where used.
+  int wg_held;
   Timeline timeline;  // FH_TIMELINE builds only (timeline.h)
 
   static CUTE_DEVICE SmemBarriers<VSpec> v_barriers(SharedStorage& smem) {
@@ -106,6 +109,7 @@ struct Consumer {
         q_pipe{{smem_.q_full, smem_.q_empty}},
         k_pipe{{smem_.k_full, smem_.k_empty}},
         v_pipe{v_barriers(smem_)},
+        wg_held(cutlass::canonical_warp_group_idx() - 1),
         timeline(params_.fwd.timeline) {}
 
   // The tile's sequence span (q_start, seqlen_q, seqlen_k), loaded where it is used rather than
@@ -135,16 +139,22 @@ struct Consumer {
     }
   }
   CUTE_DEVICE PingPong<Traits::kConsumerWgs> pingpong() const {
-    return {params.pingpong, cutlass::canonical_warp_group_idx() - 1};
+    return {params.pingpong, wg()};
+  }
+  CUTE_DEVICE int wg() const {
+    if constexpr (Traits::kHoldWgIndex) {
+      __builtin_assume(wg_held >= 0 && wg_held < Traits::kConsumerWgs);
+      return wg_held;
+    } else {
+      return cutlass::canonical_warp_group_idx() - 1;
+    }
   }
   // The one thread per warpgroup that arrives on empty barriers (PipelineSpec::kEmptyArrivals).
   static CUTE_DEVICE bool wg_leader() { return thread_idx() % 128 == 0; }
 
   // Shared-memory descriptors depend on the warpgroup only: slicing with its first thread, a
   // warp-uniform value, lets them live in uniform registers.
-  static CUTE_DEVICE int wg_first_thread() {
-    return (cutlass::canonical_warp_group_idx() - 1) * 128;
-  }
+  CUTE_DEVICE int wg_first_thread() const { return wg() * 128; }
   CUTE_DEVICE auto tSrQ() {  // (MMA, MMA_M, MMA_K) descriptors
     Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQStages{});
     return mma_qk.get_thread_slice(wg_first_thread()).partition_fragment_A(sQ)(_, _, _,

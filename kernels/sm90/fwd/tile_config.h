@@ -59,6 +59,12 @@ struct FwdConfig {
   // The epilogue's O staging in shared memory (kernel_traits.h, o_stage_passes): the fewest
   // passes it may take; 0 keeps O leaving straight from the registers (epilogue.h).
   int o_passes_min = 1;
+  // The consumer holds its warpgroup index in a register for the whole loop (mma.h, Consumer::wg())
+  // instead of deriving it again in every step (a shuffle, then the tiled MMA's division by the
+  // warpgroup count for Q's descriptor and the ping-pong barrier ids: ~20 instructions). Off
+  // where that register spills: the 16-bit d256 tile (O alone is 128 registers) measured 0-4 %
+  // slower holding it, d192 is as tight (bench/PERFLOG.md "The consumer's warpgroup index").
+  bool hold_wg_index = true;
   // CTAs per cluster along the query blocks (kMulticast tiles): the cluster's CTAs compute
   // adjacent query blocks of one head, so each loads 1 / cluster_m of every K / V block and the
   // TMA multicasts it into all of them (half the L2 -> SM traffic for K / V at 2).
@@ -93,6 +99,9 @@ struct FwdConfig {
   }
   constexpr FwdConfig with_o_passes_min(int v) const { return with(&FwdConfig::o_passes_min, v); }
   constexpr FwdConfig with_cluster_m(int v) const { return with(&FwdConfig::cluster_m, v); }
+  constexpr FwdConfig with_hold_wg_index(bool v) const {
+    return with(&FwdConfig::hold_wg_index, v);
+  }
 
  private:
   template <class T>
@@ -171,7 +180,8 @@ constexpr FwdConfig fwd_config(int head_dim, TileFamily family = TileFamily::kDe
     return FwdConfig::tile(/*block_m=*/128, /*block_n=*/112)
         .with_q_stages(1)
         .with_pingpong(false)
-        .with_rescale_o_before_pv(true);
+        .with_rescale_o_before_pv(true)
+        .with_hold_wg_index(false);
   }
   // d256: N = 80: 64 K + 2 x 2 x 40 K = 224 KB, 3 KB left for barriers; O + S + P = 128 + 40 + 20
   //   = 188. O is rescaled before the PV GEMM so its 128 FMULs per thread run under the QK GEMM.
@@ -182,6 +192,7 @@ constexpr FwdConfig fwd_config(int head_dim, TileFamily family = TileFamily::kDe
       .with_pingpong(false)
       .with_rescale_o_before_pv(true)
       .with_merge_tile_boundary(false)
+      .with_hold_wg_index(false)
       .with_cluster_m(multicast_cluster);
 }
 
@@ -294,6 +305,7 @@ constexpr FwdConfig fwd_config_mixed_tile(int head_dim) {
       .with_pingpong(false)
       .with_rescale_o_before_pv(true)
       .with_merge_tile_boundary(false)
+      .with_hold_wg_index(false)
       .with_staging_stages(2);
 }
 
