@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from flash_hopper import _lib, flash_attn_func
+from flash_hopper import _lib, flash_attn_func, flash_attn_varlen_func
 from flash_hopper.dispatch import head_dim_bucket
 from flash_hopper.reference import attention_ref
 
@@ -144,6 +144,23 @@ def test_fp8_matches_the_reference(fp8, head_dim, causal, sq, sk):
     out, lse = poisoned_call(q, k, v, causal=causal)
     assert out.dtype == torch.bfloat16 and out.shape == q.shape
     check(out, lse, q, k, v, causal)
+
+
+# FP8 d64 calls with at most 2048 keys run the short-keys tile (192 x 128 with ping-pong), longer
+# ones the default (192 x 160 without): both sides of the switch, both masks, dense and varlen (the
+# varlen kernel chooses by the max_seqlen_k hint).
+@pytest.mark.parametrize("sk", [2048, 2049])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp8_short_keys_tile_switch(fp8, sk, causal):
+    require_fp8_kernel(fp8, 64)
+    torch.manual_seed(sk)
+    q, k, v = make_fp8(1, 333, sk, 4, 2, 64)
+    out, lse = poisoned_call(q, k, v, causal=causal)
+    check(out, lse, q, k, v, causal)
+    cu_q = torch.tensor([0, 333], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, sk], dtype=torch.int32, device="cuda")
+    got = flash_attn_varlen_func(q[0], k[0], v[0], cu_q, cu_k, 333, sk, causal=causal)
+    assert torch.equal(got, out[0]), "varlen: not the dense call's tile"
 
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)

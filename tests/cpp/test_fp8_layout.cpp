@@ -157,6 +157,9 @@ static std::vector<std::pair<int, int>> fp8_tiles() {
   for (int d = 1; d <= 256; ++d) {
     if (has_fp8_config(d)) {
       tiles.push_back({fwd_config_fp8_tile(d).block_n, d});
+      if (has_fp8_short_keys_tile(d)) {
+        tiles.push_back({fwd_config_fp8_tile(d, TileFamily::kShortKeys).block_n, d});
+      }
     }
   }
   return tiles;
@@ -223,14 +226,14 @@ static int model_mismatches(int block_n, int head_dim, bool broken) {
 #if FH_TEST_CUTE
 // The same against the kernel's CuTe layouts (1-byte elements: offsets are bytes): layout_a (the
 // swizzle) of layout_b (the coordinates' linear offset).
-template <int kHeadDim>
+template <int kHeadDim, TileFamily kFamily = TileFamily::kDefault>
 static int cute_mismatches(bool broken) {
-  using Traits = FwdTraits<cutlass::float_e4m3_t, kHeadDim, /*kOverlap=*/true>;
+  using Traits = FwdTraits<cutlass::float_e4m3_t, kHeadDim, /*kOverlap=*/true, kFamily>;
   const typename Traits::SmemLayoutV layout_v{};    // (N, D, PIPE)
   const typename Traits::SmemLayoutVt layout_vt{};  // (D, N, PIPE)
   const TransposerPlan p{Traits::kBlockN, kHeadDim, kTransposerWarps};
   CHECK(Traits::kStages == kModelStages &&
-            Traits::kBlockN == fwd_config_fp8_tile(kHeadDim).block_n,
+            Traits::kBlockN == fwd_config_fp8_tile(kHeadDim, kFamily).block_n,
         "d %d: the kernel's tile is not the table's", kHeadDim);
   int wrong = 0;
   for (int stage = 0; stage < Traits::kStages; ++stage) {
@@ -253,12 +256,13 @@ static int cute_mismatches(bool broken) {
   return wrong;
 }
 
-template <int kHeadDim>
+template <int kHeadDim, TileFamily kFamily = TileFamily::kDefault>
 static void check_cute() {
-  const int wrong = cute_mismatches<kHeadDim>(false);
+  const int wrong = cute_mismatches<kHeadDim, kFamily>(false);
   CHECK(wrong == 0, "d %d: %d plan addresses differ from the kernel's CuTe layouts", kHeadDim,
         wrong);
-  CHECK(cute_mismatches<kHeadDim>(true) > 0,
+  const int broken_wrong = cute_mismatches<kHeadDim, kFamily>(true);
+  CHECK(broken_wrong > 0,
         "d %d: the unit's XOR added instead passes the CuTe comparison", kHeadDim);
 }
 #endif
@@ -384,8 +388,8 @@ int main() {
   for (int n : {64, 128, 256}) {
     check_p_packing(n);
   }
-  // Every FP8 tile (d64: N = 64, both buffers of 64-byte rows; d96: V rows of 96 bytes, SW32;
-  // d192: SW64; the rest SW128), conflict-free; and N = 128 at d64, a tile of no table.
+  // Every FP8 tile (d64: N = 160 and the short-keys N = 128, both buffers of 64-byte rows; d96:
+  // V rows of 96 bytes, SW32; d192: SW64; the rest SW128), conflict-free; and N = 128 at d64.
   for (auto const& tile : fp8_tiles()) {
     check_transposer(tile.first, tile.second, 1, 1);
   }
@@ -393,8 +397,13 @@ int main() {
 #if FH_TEST_CUTE
   static_assert(has_fp8_config(64) && has_fp8_config(96) && has_fp8_config(128) &&
                 has_fp8_config(192) && has_fp8_config(256) && !has_fp8_config(160));
-  CHECK(fp8_tiles().size() == 5, "FP8 head dims beyond the five CuTe checks below");
+  static_assert(has_fp8_short_keys_tile(64) == !kFp8SequentialBuilt &&
+                !has_fp8_short_keys_tile(96) && !has_fp8_short_keys_tile(128) &&
+                !has_fp8_short_keys_tile(192) && !has_fp8_short_keys_tile(256));
+  CHECK(fp8_tiles().size() == (kFp8SequentialBuilt ? 5u : 6u),
+        "FP8 tiles beyond the CuTe checks below");
   check_cute<64>();
+  check_cute<64, TileFamily::kShortKeys>();
   check_cute<96>();
   check_cute<128>();
   check_cute<192>();

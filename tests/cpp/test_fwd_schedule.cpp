@@ -130,12 +130,13 @@ struct Recorder {
 // Problem and kernel shape
 // ------------------------------------------------------------------------------------------------
 // The tables the kernels are instantiated from (fwd/tile_config.h), one enumerator per table.
-enum class Table { k16Bit, kShortMasked, kMulticast, kFp8, kMixed };
+enum class Table { k16Bit, kShortMasked, kMulticast, kFp8, kFp8ShortKeys, kMixed };
 constexpr FwdConfig config_of(int head_dim, Table t) {
   return t == Table::k16Bit         ? fwd_config(head_dim)
          : t == Table::kShortMasked ? fwd_config(head_dim, TileFamily::kShortMasked)
          : t == Table::kMulticast   ? fwd_config(head_dim, TileFamily::kMulticast)
          : t == Table::kFp8         ? fwd_config_fp8(head_dim)
+         : t == Table::kFp8ShortKeys ? fwd_config_fp8(head_dim, TileFamily::kShortKeys)
                                     : fwd_config_mixed(head_dim);
 }
 
@@ -153,7 +154,7 @@ struct Built {
   static constexpr int kWgs = kConfig.consumer_wgs;
   static constexpr int kClusterM = kConfig.cluster_m;
   static constexpr int kStaging = kConfig.staging_stages;  // the mixed mode's ring, else 0
-  static constexpr bool kFp8 = kTable == Table::kFp8;
+  static constexpr bool kFp8 = kTable == Table::kFp8 || kTable == Table::kFp8ShortKeys;
   // FP8: V as loaded may have fewer stages than K and V^T (kernel_traits.h kVStages)
   static constexpr int kVStages = kFp8 && kConfig.v_stages > 0 ? kConfig.v_stages : kStages;
   static constexpr bool kOverlap = kOverlapVariant && kConfig.intra_wg_overlap;
@@ -917,7 +918,8 @@ static bool run_case(Problem const& prob, std::mt19937& rng, Sabotage sab) {
 
 template <class Cfg>
 static std::string shape_name() {
-  static const char* kTableName[] = {"16-bit", "short-masked", "multicast", "FP8", "mixed"};
+  static const char* kTableName[] = {"16-bit", "short-masked", "multicast", "FP8",
+                                     "FP8 short-keys", "mixed"};
   char buf[160];
   std::snprintf(buf, sizeof(buf), "d%d %s: BM %d BN %d QS %d S %d W %d cluster %d ov %d merge %d",
                 Cfg::kHeadDim, kTableName[int(Cfg::kTable)], Cfg::kBlockM, Cfg::kBlockN,
@@ -1121,10 +1123,15 @@ int main(int argc, char** argv) {
   query_blocks_is_transpose(rng, problems);
   // Every forward kernel the tables instantiate: the 16-bit tiles per bucket, the short-masked
   // tiles where they differ, the multicast tiles (where the table has one; built on request,
-  // fwd/tile_config.h kMulticastBuilt), FP8 and the mixed mode; and the 16-bit no-overlap ablation.
+  // fwd/tile_config.h kMulticastBuilt), FP8 (and its short-keys tile at d64) and the mixed mode;
+  // and the 16-bit no-overlap ablation.
   static_assert(has_short_masked_tile(64) && has_short_masked_tile(128) &&
                 !has_short_masked_tile(96) && !has_short_masked_tile(192) &&
                 !has_short_masked_tile(256));
+  static_assert(has_fp8_short_keys_tile(64) == !kFp8SequentialBuilt &&
+                !has_fp8_short_keys_tile(96) &&
+                !has_fp8_short_keys_tile(128) && !has_fp8_short_keys_tile(192) &&
+                !has_fp8_short_keys_tile(256));
   static_assert(fwd_config(128, TileFamily::kMulticast).cluster_m == 2 &&
                 fwd_config(256, TileFamily::kMulticast).cluster_m == 2 &&
                 fwd_config(64, TileFamily::kMulticast).cluster_m == 1);
@@ -1141,6 +1148,7 @@ int main(int argc, char** argv) {
   static_assert(has_fp8_config(64) && has_fp8_config(96) && has_fp8_config(128) &&
                 has_fp8_config(192) && has_fp8_config(256));
   run_shape<Built<64, Table::kFp8>>(rng, problems / 2);
+  run_shape<Built<64, Table::kFp8ShortKeys>>(rng, problems / 2);
   run_shape<Built<96, Table::kFp8>>(rng, problems / 2);
   run_shape<Built<128, Table::kFp8>>(rng, problems / 2);
   run_shape<Built<192, Table::kFp8>>(rng, problems / 2);

@@ -51,8 +51,10 @@ struct FwdTraits {
   static constexpr bool kFp8 = sizeof(Element) == 1;
   static_assert(sizeof(Element) == 2 || cute::is_same_v<Element, cutlass::float_e4m3_t>,
                 "the FA-3 path forward handles fp16 / bf16 / e4m3 inputs");
-  static_assert(!kFp8 || (kOverlap_ && kFamily == TileFamily::kDefault),
-                "FP8 has one tile: the tuned kernel of its bucket's config");
+  static_assert(!kFp8 || (kOverlap_ && (kFamily == TileFamily::kDefault ||
+                                         kFamily == TileFamily::kShortKeys)),
+                "FP8: the tuned kernel of its bucket's config (and its short-keys tile)");
+  static_assert(kFamily != TileFamily::kShortKeys || kFp8, "kShortKeys is an FP8 tile");
   // Mixed mode: 16-bit q and math against e4m3 / e5m2 K and V, which the TMA loads
   // into a staging ring and warps 1-3 of the producer warpgroup convert into the 16-bit kernel's
   // K / V stages (convert.h). The consumers are the 16-bit ones; the descales of K and V scale
@@ -72,7 +74,7 @@ struct FwdTraits {
   using TileOrder = conditional_t<kVarlen, VarlenTileScheduler, StaticTileScheduler>;
 
   static constexpr FwdConfig kConfig =
-      kFp8 ? fwd_config_fp8(kHeadDim_)
+      kFp8 ? fwd_config_fp8(kHeadDim_, kFamily)
            : (kMixed ? fwd_config_mixed(kHeadDim_) : fwd_config(kHeadDim_, kFamily));
   static constexpr int kStagingStages = kConfig.staging_stages;
   static_assert(kMixed == (kStagingStages > 0), "the staging ring is the mixed mode's");

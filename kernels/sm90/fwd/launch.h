@@ -252,7 +252,21 @@ LaunchResult run_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t st
   } else {
     if constexpr (sizeof(Element) == 1) {
       static_assert(kOverlap && has_fp8_config(kHeadDim), "FP8: tuned kernel, fp8 buckets only");
-      if (p.varlen()) {  // FP8's one tile over the packed layout
+      if constexpr (has_fp8_short_keys_tile(kHeadDim)) {
+        // Short key sequences (varlen: by the caller's max_seqlen_k hint; the tile is right for
+        // any length) take the short-keys tile (tile_config.h).
+        const int64_t keys = p.varlen() ? p.varlen_max_seqlen_k : p.seqlen_k;
+        if (keys > 0 && keys <= kFp8ShortKeysMaxSeqlenK) {
+          if (p.varlen()) {
+            return launch_fwd<FwdTraits<Element, kHeadDim, kOverlap, TileFamily::kShortKeys,
+                                        Element, /*kVarlen=*/true>>(p, max_smem_per_block,
+                                                                    stream);
+          }
+          return launch_fwd<FwdTraits<Element, kHeadDim, kOverlap, TileFamily::kShortKeys>>(
+              p, max_smem_per_block, stream);
+        }
+      }
+      if (p.varlen()) {  // FP8's default tile over the packed layout
         return launch_fwd<FwdTraits<Element, kHeadDim, kOverlap, TileFamily::kDefault, Element,
                                     /*kVarlen=*/true>>(p, max_smem_per_block, stream);
       }

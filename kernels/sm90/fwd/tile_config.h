@@ -121,7 +121,10 @@ struct FwdConfig {
 // tile run it (launch.h): the default tile in clusters of two CTAs sharing K / V loads (FA3
 // does this for non-causal d >= 128). Masked calls cannot: the two query blocks would see
 // different key blocks.
-enum class TileFamily { kDefault, kShortMasked, kMulticast };
+// FP8 d64 calls with at most kFp8ShortKeysMaxSeqlenK keys (any mask; varlen by the max_seqlen_k
+// hint) run the kShortKeys tile: the default 192 x 160 computes up to 159 columns past a short
+// sequence's last key (9 % more at 1k) where 192 x 128 computes none.
+enum class TileFamily { kDefault, kShortMasked, kMulticast, kShortKeys };
 inline constexpr int kShortMaskedMaxSeqlenK = 2048;
 
 // The largest key length that runs a bucket's kShortMasked tile: d128's up to 2k keys, d64's up to
@@ -206,9 +209,13 @@ constexpr FwdConfig fwd_config(int head_dim, TileFamily family = TileFamily::kDe
 //       memory every 4 (pv_fold_every; PvFoldedToShared, mma.h), so the registers are a
 //       single-level kernel's, O (d/2) + S (N/2) + P (e4m3, N/8), and the copy is
 //       consumer_wgs x 128 x d/2 fp32 of shared memory.
-// d64:  192 x 128, three WGs (the exponentials bound d64: more WGs in flight): O + S + P = 32 +
-//       64 + 16 = 112 of 160. Q 2 x 24 K, K / V / V^T 2 x 8 K, copy 48 K: 120 KB. (FA3's 192 x 160
-//       needs the extended WGMMA shapes in the d64 translation unit.)
+// d64:  192 x 160 (FA3's tile), three WGs (the exponentials bound d64: more WGs in flight), no
+//       ping-pong (FA3's choice for FP8 below d128: at d64 the GEMMs are short next to the
+//       softmax, and the turn costs more than it hides; measured slower with it at 192 x 128 and
+//       faster without it at 192 x 160 from 8k, bench/PERFLOG.md "The consumer's warpgroup
+//       index"): O + S + P = 32 + 80 + 20 = 132 of 160. Q 2 x 24 K, K / V / V^T 2 x 10 K, copy
+//       48 K: 126 KB. Calls with at most 2k keys (kShortKeys) run 192 x 128 with ping-pong, which
+//       measured 3-10 % faster there.
 // d128: 128 x 224 (FA3's tile), two WGs: 64 + 112 + 28 = 204 of 240. Q 1 x 16 K, K / V^T 2 x 28 K,
 //       V 1 x 28 K (v_stages: the transposer frees a V stage as soon as it wrote V^T), copy 64 K:
 //       220 KB. Chosen over 128 x 192 with two V stages by the A/B in bench/PERFLOG.md ("FP8
@@ -253,11 +260,20 @@ constexpr FwdConfig fp8_sequential_tile(int block_m, int block_n) {
       .with_intra_wg_overlap(false);
 }
 
-constexpr FwdConfig fwd_config_fp8_tile(int head_dim) {
+inline constexpr int kFp8ShortKeysMaxSeqlenK = 2048;
+
+constexpr FwdConfig fwd_config_fp8_tile(int head_dim,
+                                        TileFamily family = TileFamily::kDefault) {
   if (head_dim <= 64) {
-    return kFp8SequentialBuilt ? fp8_sequential_tile(/*block_m=*/192, /*block_n=*/128)
-                               : FwdConfig::tile(/*block_m=*/192, /*block_n=*/128)
-                                     .with_pv_fold_every(4);
+    if (kFp8SequentialBuilt) {
+      return fp8_sequential_tile(/*block_m=*/192, /*block_n=*/128);
+    }
+    if (family == TileFamily::kShortKeys) {
+      return FwdConfig::tile(/*block_m=*/192, /*block_n=*/128).with_pv_fold_every(4);
+    }
+    return FwdConfig::tile(/*block_m=*/192, /*block_n=*/160)
+        .with_pv_fold_every(4)
+        .with_pingpong(false);
   }
   if (head_dim <= 96) {
     return FwdConfig::tile(/*block_m=*/128, /*block_n=*/128);
@@ -275,8 +291,15 @@ constexpr FwdConfig fwd_config_fp8_tile(int head_dim) {
 
 // FP8's O leaves from the registers (o_passes_min = 0): the staged epilogue is measured on the
 // 16-bit kernels only (bench/PERFLOG.md "O through shared memory").
-constexpr FwdConfig fwd_config_fp8(int head_dim) {
-  return fwd_config_fp8_tile(head_dim).with_o_passes_min(0);
+constexpr FwdConfig fwd_config_fp8(int head_dim, TileFamily family = TileFamily::kDefault) {
+  return fwd_config_fp8_tile(head_dim, family).with_o_passes_min(0);
+}
+
+// Whether an FP8 bucket has its own kShortKeys tile (d64).
+constexpr bool has_fp8_short_keys_tile(int head_dim) {
+  const FwdConfig a = fwd_config_fp8(head_dim);
+  const FwdConfig b = fwd_config_fp8(head_dim, TileFamily::kShortKeys);
+  return a.block_m != b.block_m || a.block_n != b.block_n || a.pingpong != b.pingpong;
 }
 
 // Mixed mode (fp16 / bf16 q, e4m3 / e5m2 K and V; docs/fwd_sm90.md "Mixed mode"): the 16-bit
