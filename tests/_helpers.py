@@ -131,12 +131,13 @@ def kvcache_references(q, kc, vc, kn=None, vn=None, **kw):
     return ref_out, ref_lse, k1, v1, low_out
 
 
-def skip_without_kernel(lib, head_dim: int, backward: bool = False) -> None:
+def skip_without_kernel(lib, head_dim: int, backward: bool = False, fa3_only: bool = False) -> None:
     """Skip when the library holds no bf16 kernel of head_dim on either path (a reduced build:
-    FH_HEAD_DIMS); with backward, also none of the backward."""
+    FH_HEAD_DIMS, FH_ARCHS); with backward, also none of the backward; with fa3_only, the FA-3
+    path's kernels are the ones required (a test of that path's launches)."""
     from flash_hopper._lib import FhBackend, FhDtype
 
-    paths = (FhBackend.FA2, FhBackend.FA3)
+    paths = (FhBackend.FA3,) if fa3_only else (FhBackend.FA2, FhBackend.FA3)
     if not any(lib.has_fwd_kernel(be, FhDtype.BF16, head_dim) for be in paths):
         pytest.skip(f"this build has no bf16 head_dim {head_dim} forward kernel")
     if backward and not any(lib.has_bwd_kernel(be, FhDtype.BF16, head_dim) for be in paths):

@@ -541,7 +541,7 @@ def test_sm_margin_leaves_sms_free_forward_and_backward(lib, tmp_path):
 
     from tests._helpers import kernel_ctas, skip_without_kernel
 
-    skip_without_kernel(lib, 128, backward=True)
+    skip_without_kernel(lib, 128, backward=True, fa3_only=True)
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the grid cap is the FA-3 path's (cc 9.0)")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
