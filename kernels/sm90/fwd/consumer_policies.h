@@ -249,9 +249,9 @@ struct PvFoldedToShared : OHoldsPv {
     float4* copy = shared_copy(c);
     CUTE_UNROLL
     for (int j = 0; j < size(f.o) / 4; ++j) {
-      const float4 h = copy[j * C::kConsumerThreads];
+      const float4 h = copy[j * 128];
       // values 4j, 4j + 1 are row r's, 4j + 2, 4j + 3 row r + 8's
-      copy[j * C::kConsumerThreads] = make_float4(
+      copy[j * 128] = make_float4(
           fmaf(h.x, f.o_acc.scale[0], f.o(4 * j)), fmaf(h.y, f.o_acc.scale[0], f.o(4 * j + 1)),
           fmaf(h.z, f.o_acc.scale[1], f.o(4 * j + 2)),
           fmaf(h.w, f.o_acc.scale[1], f.o(4 * j + 3)));
@@ -265,7 +265,7 @@ struct PvFoldedToShared : OHoldsPv {
     float4 const* copy = shared_copy(c);
     CUTE_UNROLL
     for (int j = 0; j < size(f.o) / 4; ++j) {
-      const float4 h = copy[j * C::kConsumerThreads];
+      const float4 h = copy[j * 128];
       f.o(4 * j) = fmaf(h.x, f.o_acc.scale[0], f.o(4 * j));
       f.o(4 * j + 1) = fmaf(h.y, f.o_acc.scale[0], f.o(4 * j + 1));
       f.o(4 * j + 2) = fmaf(h.z, f.o_acc.scale[1], f.o(4 * j + 2));
@@ -280,14 +280,17 @@ struct PvFoldedToShared : OHoldsPv {
     float4* copy = shared_copy(c);
     CUTE_UNROLL
     for (int j = 0; j < decltype(size(f.o))::value / 4; ++j) {
-      copy[j * C::kConsumerThreads] = make_float4(0.f, 0.f, 0.f, 0.f);
+      copy[j * 128] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
   }
 
  private:
+  // This thread's first float4 of the copy: each warpgroup's values are one slab of its own
+  // (float4 j of thread t at j * 128 + t), which the epilogue also stages O through once it
+  // read the copy (Consumer::o_stage, epilogue.h).
   template <class C>
   static CUTE_DEVICE float4* shared_copy(C& c) {
-    return reinterpret_cast<float4*>(c.smem.o_fold.o.data()) + C::thread_idx();
+    return reinterpret_cast<float4*>(c.o_fold_slab()) + C::thread_idx() % 128;
   }
 };
 

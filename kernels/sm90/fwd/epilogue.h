@@ -11,9 +11,12 @@
 //   the register way below took about twice as many cycles per tile boundary on the H200 (its
 //   runtime-lane selects compile to branches) while both warpgroups' epilogues leave the tensor
 //   cores idle (the cycle counts: bench/PERFLOG.md "O through shared memory").
-// - Registers (kOPasses = 0: d64, d96, d192, d256, FP8 and the mixed mode; tile_config.h says
-//   why for each): the 4 threads of a quad exchange their column pairs with shuffles so each
-//   stores 16 contiguous bytes per row (store_row_quad, common/fragment_store.h).
+//   FP8 d64 / d128 stage through their fold copy (PvFoldedToShared): a warpgroup's slab of it is
+//   free once the epilogue read it, and holds its 64 rows of 16-bit O in one pass.
+// - Registers (kOPasses = 0: d64, d96, d192, d256, FP8 d96 / d192 / d256 and the mixed mode;
+//   tile_config.h says why for each): the 4 threads of a quad exchange their column pairs with
+//   shuffles so each stores 16 contiguous bytes per row (store_row_quad,
+//   common/fragment_store.h).
 // Rows < seqlen_q and columns < head_dim only. Neither way touches the K / V stages, so no
 // barrier orders the epilogue against the producer's next loads; in the tuned kernel it runs
 // while the next tile's first QK GEMM is on the tensor cores (mma.h).
@@ -110,7 +113,7 @@ CUTE_DEVICE void store_tile_staged(FwdParams const& p, ThrMma const& thr_mma_pv,
   const int t = threadIdx.x % 128;  // in the warpgroup
   const int wg = cutlass::canonical_warp_group_idx() - 1;
   const int lane = t % 32;
-  uint8_t* slab = stage + wg * Slab::kBytes;
+  uint8_t* slab = stage + wg * Traits::kOStageSlabStride;
   const uint32_t slab_s = cute::cast_smem_ptr_to_uint(slab);
   const uint32_t barrier = static_cast<uint32_t>(FwdBarrier::kOStage0) + wg;
   store_lse<Traits>(p, thr_mma_pv, tile, lse);
@@ -155,6 +158,9 @@ CUTE_DEVICE void store_tile_staged(FwdParams const& p, ThrMma const& thr_mma_pv,
         *reinterpret_cast<uint4*>(o + int64_t(row) * p.o_row_stride + col) = v;
       }
     }
+  }
+  if constexpr (Traits::kOStageInFold) {
+    named_barrier_sync(barrier, 128);  // the slab is read before the next tile clears the copy
   }
 }
 

@@ -244,16 +244,27 @@ struct FwdTraits {
   // O's way out (epilogue.h): through shared memory where the stages leave room for every
   // consumer warpgroup's 64 rows of kHeadDim / kOPasses columns (written kOPasses times per
   // tile), else straight from the registers (kOPasses = 0).
+  // FP8 with the shared-memory fold stages O in one pass through the fold copy, whose slab of a
+  // warpgroup (128 threads x kHeadDim / 2 fp32) is free once the epilogue read it and holds
+  // twice the warpgroup's 64 x kHeadDim 16-bit O.
+  static constexpr bool kOStageInFold = kPvFoldEvery > 0;
+  static constexpr int kOFoldSlabBytes = 128 * kHeadDim / 2 * 4;
   static constexpr int kOPasses =
-      o_stage_passes(kSmemOptinBytes - int(sizeof(MainStorage)), kBlockM, kHeadDim,
-                     kConfig.o_passes_min);
+      kOStageInFold ? 1
+                    : o_stage_passes(kSmemOptinBytes - int(sizeof(MainStorage)), kBlockM,
+                                     kHeadDim, kConfig.o_passes_min);
   static constexpr int kOStageCols = kOPasses > 0 ? kHeadDim / kOPasses : 0;
   static constexpr int kOStageBytes = kBlockM * kOStageCols * 2;  // O is 16-bit (FP8: bf16 / fp16)
+  // A warpgroup's slab of the staging buffer starts here, from the buffer's start.
+  static constexpr int kOStageSlabStride = kOStageInFold ? kOFoldSlabBytes : 64 * kOStageCols * 2;
+  static_assert(!kOStageInFold || (64 * kHeadDim * 2 <= kOFoldSlabBytes &&
+                                   (kHeadDim == 32 || kHeadDim == 64 || kHeadDim == 128)),
+                "O staged through the fold copy: one pass of whole rows in a warpgroup's slab");
   struct OStageStorage {
     array_aligned<uint8_t, kOStageBytes, 128> o;
   };
   struct SharedStorage : MainStorage {
-    conditional_t<(kOPasses > 0), OStageStorage, EmptyStorage> o_stage;
+    conditional_t<(kOPasses > 0 && !kOStageInFold), OStageStorage, EmptyStorage> o_stage;
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= kSmemOptinBytes, "tile config exceeds sm_90 shared memory");

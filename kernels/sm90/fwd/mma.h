@@ -130,13 +130,21 @@ struct Consumer {
   }
 
   static CUTE_DEVICE int thread_idx() { return opaque_thread_idx() - 128; }
-  // The epilogue's O staging buffer (kernel_traits.h: kOPasses > 0), else null.
+  // The epilogue's O staging buffer (kernel_traits.h: kOPasses > 0; FP8 with the fold: the fold
+  // copy, each warpgroup's slab), else null.
   CUTE_DEVICE uint8_t* o_stage() const {
-    if constexpr (Traits::kOPasses > 0) {
+    if constexpr (Traits::kOStageInFold) {
+      return reinterpret_cast<uint8_t*>(smem.o_fold.o.data());
+    } else if constexpr (Traits::kOPasses > 0) {
       return smem.o_stage.o.data();
     } else {
       return nullptr;
     }
+  }
+  // This warpgroup's slab of the FP8 fold copy (PvFoldedToShared).
+  CUTE_DEVICE float* o_fold_slab() const {
+    return reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(smem.o_fold.o.data()) +
+                                    wg() * Traits::kOFoldSlabBytes);
   }
   CUTE_DEVICE PingPong<Traits::kConsumerWgs> pingpong() const {
     return {params.pingpong, wg()};
