@@ -16,6 +16,40 @@ import torch
 from flash_hopper import _validate, ops
 
 
+def fp8_cases(d: int, num_sms: int) -> int:
+    """The FP8 forward on the 16-bit cases' shapes (flash_attn_func with per-head descales; the
+    grid capped through sm_margin), out and LSE checked for unwritten (NaN) elements: the
+    caching allocator hands out blocks that were just filled with NaN."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    margin = max(0, sms - num_sms) if num_sms else 0
+    cases = 0
+    for sq, sk, causal, window, softcap in [
+        (17, 113, False, (-1, -1), 0.0),
+        (113, 17, True, (-1, -1), 0.0),
+        (65, 130, False, (20, 3), 5.0),
+        (1, 1, True, (-1, -1), 0.0),
+        (300, 300, True, (-1, -1), 0.0),
+        # past 2048 keys: FP8 d64's default tile (its short-keys tile below)
+        (40, 2100, True, (-1, -1), 0.0),
+    ]:
+        q, k, v = (torch.randn(2, s, h, d, device="cuda").to(torch.float8_e4m3fn)
+                   for s, h in ((sq, 4), (sk, 2), (sk, 2)))
+        descales = [torch.rand(2, 2, device="cuda") + 0.5 for _ in range(3)]
+        junk = [torch.full((2, sq, 4, d), float("nan"), device="cuda", dtype=torch.bfloat16),
+                torch.full((2, 4, sq), float("nan"), device="cuda")]
+        del junk
+        out, lse = flash_hopper.flash_attn_func(
+            q, k, v, causal=causal, window_size=window, softcap=softcap, q_descale=descales[0],
+            k_descale=descales[1], v_descale=descales[2], return_attn_probs=True,
+            sm_margin=margin)
+        torch.cuda.synchronize()
+        if torch.isnan(out).any() or torch.isnan(lse).any():
+            print(f"NaN left in out or lse: e4m3 d={d} sq={sq} sk={sk}")
+            raise SystemExit(1)
+        cases += 1
+    return cases
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--backend", default="fa2", help="fa2, fa3 or an fa3 variant")
@@ -35,9 +69,19 @@ def main() -> int:
         return 1
     torch.manual_seed(0)
     cases = 0
-    for dtype_name in args.dtypes or info["dtypes"]:
-        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
+    dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}
+    for dtype_name in args.dtypes or [d for d in info["dtypes"] if d in dtypes]:
+        dtype = dtypes[dtype_name]
         buckets = args.head_dims or info["head_dims"]
+        if dtype_name == "e4m3":  # the FA-3 path's forward only, its own buckets
+            if not args.backend.startswith("fa3") or args.direction != "fwd":
+                continue
+            buckets = [b for b in buckets if any(
+                k["direction"] == "fwd" and k["backend"] == "fa3" and k["dtype"] == "e4m3"
+                and k["head_dim"] == b for k in info["kernels"])]
+            for bucket in buckets:
+                cases += fp8_cases(bucket, args.num_sms)
+            continue
         if args.direction == "bwd":  # the buckets this path has a backward kernel for
             path = "fa3" if args.backend.startswith("fa3") else "fa2"
             buckets = [b for b in buckets if any(

@@ -289,8 +289,9 @@ constexpr FwdConfig fwd_config_fp8_tile(int head_dim,
   return head_dim <= 192 ? parts : parts.with_q_stages(1);
 }
 
-// FP8's O leaves from the registers (o_passes_min = 0): the staged epilogue is measured on the
-// 16-bit kernels only (bench/PERFLOG.md "O through shared memory").
+// FP8 has no room for a staging buffer of its own (o_passes_min = 0): d64 / d128 stage O through
+// their fold copy once it is read (kernel_traits.h kOStageInFold; 3-7 % at 1k-2k keys,
+// bench/PERFLOG.md "O staged in the fold copy"), d96 / d192 / d256 store it from the registers.
 constexpr FwdConfig fwd_config_fp8(int head_dim, TileFamily family = TileFamily::kDefault) {
   return fwd_config_fp8_tile(head_dim, family).with_o_passes_min(0);
 }
