@@ -238,12 +238,12 @@ def main() -> int:
     for spec in args.lib:
         name, _, rest = spec.partition("=")
         path, _, variant = rest.partition("@")
-        libs[name] = load(Path(path))
         if variant:
             if variant not in FA3_VARIANT_NAMES or args.direction != "fwd":
                 raise SystemExit(f"--lib {spec}: expected a forward FA-3 variant of "
                                  f"{sorted(FA3_VARIANT_NAMES)}, got {variant!r}")
             variants[name] = int(FA3_VARIANT_NAMES[variant])
+        libs[name] = load(Path(path))
     names = list(libs)
     causals = {"both": [False, True], "on": [True], "off": [False]}[args.causal]
     sms = torch.cuda.get_device_properties(0).multi_processor_count

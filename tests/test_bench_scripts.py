@@ -41,6 +41,13 @@ def test_ab_libs_requires_a_library():
     assert done.returncode == 2 and "--lib" in done.stderr
 
 
+def test_ab_libs_refuses_an_unknown_variant_naming_it():
+    # NAME=PATH@VARIANT: the variant is checked before the library is loaded
+    done = _run("ab_libs.py", "--lib", "a=/nonexistent.so@fa3-no-such-thing")
+    assert done.returncode != 0
+    assert "fa3-no-such-thing" in done.stderr and "fa3-no-pingpong" in done.stderr
+
+
 # ---- ab_libs: every library checked against the reference, on a poisoned buffer ------------------
 
 
