@@ -16,22 +16,27 @@ import torch
 from flash_hopper import _validate, ops
 
 
+# (seqlen_q, seqlen_k, causal, window, softcap) of every bucket and dtype.
+CASES = [
+    (17, 113, False, (-1, -1), 0.0),
+    (113, 17, True, (-1, -1), 0.0),
+    (65, 130, False, (20, 3), 5.0),
+    (1, 1, True, (-1, -1), 0.0),
+    (300, 300, True, (-1, -1), 0.0),
+    # masked with seqlen_k > 2048: the fa3 default tile where a bucket has a separate short one
+    # (16-bit d128's short-masked tile, FP8 d64's short-keys tile)
+    (40, 2100, True, (-1, -1), 0.0),
+]
+
+
 def fp8_cases(d: int, num_sms: int) -> int:
-    """The FP8 forward on the 16-bit cases' shapes (flash_attn_func with per-head descales; the
+    """The FP8 forward on CASES (flash_attn_func with per-head descales; the
     grid capped through sm_margin), out and LSE checked for unwritten (NaN) elements: the
     caching allocator hands out blocks that were just filled with NaN."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     margin = max(0, sms - num_sms) if num_sms else 0
     cases = 0
-    for sq, sk, causal, window, softcap in [
-        (17, 113, False, (-1, -1), 0.0),
-        (113, 17, True, (-1, -1), 0.0),
-        (65, 130, False, (20, 3), 5.0),
-        (1, 1, True, (-1, -1), 0.0),
-        (300, 300, True, (-1, -1), 0.0),
-        # past 2048 keys: FP8 d64's default tile (its short-keys tile below)
-        (40, 2100, True, (-1, -1), 0.0),
-    ]:
+    for sq, sk, causal, window, softcap in CASES:
         q, k, v = (torch.randn(2, s, h, d, device="cuda").to(torch.float8_e4m3fn)
                    for s, h in ((sq, 4), (sk, 2), (sk, 2)))
         descales = [torch.rand(2, 2, device="cuda") + 0.5 for _ in range(3)]
@@ -89,16 +94,7 @@ def main() -> int:
                 and k["head_dim"] == b for k in info["kernels"])]
         for bucket in buckets:
             for d in sorted({bucket, bucket - 8}):
-                for sq, sk, causal, window, softcap in [
-                    (17, 113, False, (-1, -1), 0.0),
-                    (113, 17, True, (-1, -1), 0.0),
-                    (65, 130, False, (20, 3), 5.0),
-                    (1, 1, True, (-1, -1), 0.0),
-                    (300, 300, True, (-1, -1), 0.0),
-                    # masked with seqlen_k > 2048: the fa3 default tile where a bucket has a
-                    # separate short-masked one (d128)
-                    (40, 2100, True, (-1, -1), 0.0),
-                ]:
+                for sq, sk, causal, window, softcap in CASES:
                     q = torch.randn(2, sq, 4, d, device="cuda", dtype=dtype)
                     k = torch.randn(2, sk, 2, d, device="cuda", dtype=dtype)
                     v = torch.randn(2, sk, 2, d, device="cuda", dtype=dtype)

@@ -219,10 +219,12 @@ struct FwdTraits {
     cutlass::arch::ClusterTransactionBarrier full[StagingPipe::kStages];
     cutlass::arch::ClusterBarrier empty[StagingPipe::kStages];
   };
-  // The fold's fp32 O (PvFoldedToShared): each consumer thread's d / 2 values as float4 chunks,
-  // chunk j of thread t at j * kConsumerThreads + t (a warp's 32 lanes: 512 contiguous bytes).
+  // The fold's fp32 O (PvFoldedToShared): one slab per consumer warpgroup, its threads' d / 2
+  // values as float4 chunks, chunk j of the warpgroup's thread t at j * 128 + t (a warp's 32
+  // lanes: 512 contiguous bytes). The epilogue stages O through a warpgroup's slab once read.
+  static constexpr int kOFoldSlabBytes = 128 * kHeadDim / 2 * 4;
   struct OFoldStorage {
-    array_aligned<float, kConsumerThreads * kHeadDim / 2, 128> o;
+    array_aligned<float, kConsumerWgs * kOFoldSlabBytes / 4, 128> o;
   };
   struct MainStorage {
     // 1024-byte alignment: the period of the 128-byte swizzle pattern.
@@ -248,7 +250,6 @@ struct FwdTraits {
   // warpgroup (128 threads x kHeadDim / 2 fp32) is free once the epilogue read it and holds
   // twice the warpgroup's 64 x kHeadDim 16-bit O.
   static constexpr bool kOStageInFold = kPvFoldEvery > 0;
-  static constexpr int kOFoldSlabBytes = 128 * kHeadDim / 2 * 4;
   static constexpr int kOPasses =
       kOStageInFold ? 1
                     : o_stage_passes(kSmemOptinBytes - int(sizeof(MainStorage)), kBlockM,

@@ -62,8 +62,8 @@ struct FwdConfig {
   // The consumer holds its warpgroup index in a register for the whole loop (mma.h, Consumer::wg())
   // instead of deriving it again in every step (a shuffle, then the tiled MMA's division by the
   // warpgroup count for Q's descriptor and the ping-pong barrier ids: ~20 instructions). Off
-  // where that register spills: the 16-bit d256 tile (O alone is 128 registers) measured 0-4 %
-  // slower holding it, d192 is as tight (bench/PERFLOG.md "The consumer's warpgroup index").
+  // where that register spills: the 16-bit d256 tile (O alone is 128 registers) measured slower
+  // holding it, d192 is as tight (bench/PERFLOG.md "The consumer's warpgroup index").
   bool hold_wg_index = true;
   // CTAs per cluster along the query blocks (kMulticast tiles): the cluster's CTAs compute
   // adjacent query blocks of one head, so each loads 1 / cluster_m of every K / V block and the
@@ -123,7 +123,7 @@ struct FwdConfig {
 // different key blocks.
 // FP8 d64 calls with at most kFp8ShortKeysMaxSeqlenK keys (any mask; varlen by the max_seqlen_k
 // hint) run the kShortKeys tile: the default 192 x 160 computes up to 159 columns past a short
-// sequence's last key (9 % more at 1k) where 192 x 128 computes none.
+// sequence's last key (1120 columns for 1024 keys) where 192 x 128 computes none.
 enum class TileFamily { kDefault, kShortMasked, kMulticast, kShortKeys };
 inline constexpr int kShortMaskedMaxSeqlenK = 2048;
 
@@ -215,7 +215,7 @@ constexpr FwdConfig fwd_config(int head_dim, TileFamily family = TileFamily::kDe
 //       faster without it at 192 x 160 from 8k, bench/PERFLOG.md "The consumer's warpgroup
 //       index"): O + S + P = 32 + 80 + 20 = 132 of 160. Q 2 x 24 K, K / V / V^T 2 x 10 K, copy
 //       48 K: 126 KB. Calls with at most 2k keys (kShortKeys) run 192 x 128 with ping-pong, which
-//       measured 3-10 % faster there.
+//       measured faster there.
 // d128: 128 x 224 (FA3's tile), two WGs: 64 + 112 + 28 = 204 of 240. Q 1 x 16 K, K / V^T 2 x 28 K,
 //       V 1 x 28 K (v_stages: the transposer frees a V stage as soon as it wrote V^T), copy 64 K:
 //       220 KB. Chosen over 128 x 192 with two V stages by the A/B in bench/PERFLOG.md ("FP8
@@ -290,8 +290,8 @@ constexpr FwdConfig fwd_config_fp8_tile(int head_dim,
 }
 
 // FP8 has no room for a staging buffer of its own (o_passes_min = 0): d64 / d128 stage O through
-// their fold copy once it is read (kernel_traits.h kOStageInFold; 3-7 % at 1k-2k keys,
-// bench/PERFLOG.md "O staged in the fold copy"), d96 / d192 / d256 store it from the registers.
+// their fold copy once it is read (kernel_traits.h kOStageInFold; measured in bench/PERFLOG.md
+// "O staged in the fold copy"), d96 / d192 / d256 store it from the registers.
 constexpr FwdConfig fwd_config_fp8(int head_dim, TileFamily family = TileFamily::kDefault) {
   return fwd_config_fp8_tile(head_dim, family).with_o_passes_min(0);
 }
