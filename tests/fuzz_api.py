@@ -1564,7 +1564,7 @@ def _mutations(device: str) -> list[tuple[str, str, Any]]:
         ("pack_gqa 'x'", "pack_gqa", setter("pack_gqa", "x")),
         ("attention_chunk 1.5", "attention_chunk", setter("attention_chunk", 1.5)),
         ("attention_chunk -2", "attention_chunk", setter("attention_chunk", -2)),
-        ("qv given", "qv", setter("qv", lambda kw: kw["q"])),
+        ("qv float32", "qv", setter("qv", lambda kw: kw["q"].float())),
         ("q None", "q", setter("q", None)),
         ("k a list", "k", setter("k", [[1.0]])),
     ]

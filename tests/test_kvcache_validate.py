@@ -45,13 +45,16 @@ def make(b=2, sq=1, h=4, hk=2, d=64, sc=32, new=0):
     return q, kc, vc, kn, vn
 
 
-@pytest.mark.parametrize(("name", "value", "fragment"), [
-    ("qv", torch.zeros(2, 1, 4, 64), "MLA's extra query input is not implemented yet"),
+@pytest.mark.parametrize(("name", "value", "exc", "fragment"), [
+    # qv is served (tests/test_qv.py), not with a v_cache of k_cache's head dim 64
+    ("qv", torch.zeros(2, 1, 4, 64, dtype=torch.bfloat16), ValueError,
+     "v_cache: expected head_dim_v a multiple of 8 in [256, 512] with qv"),
+    ("qv", torch.zeros(2, 1, 4, 64), ValueError, "qv: expected dtype torch.bfloat16"),
 ])
-def test_unimplemented_arguments_are_refused_before_anything_is_written(name, value, fragment):
+def test_refused_arguments_are_refused_before_anything_is_written(name, value, exc, fragment):
     q, kc, vc, kn, vn = make(new=3)
     before = kc.clone(), vc.clone()
-    with raises(UnsupportedError, f"{name}:", fragment):
+    with raises(exc, fragment):
         flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=5, **{name: value})
     assert torch.equal(kc, before[0]) and torch.equal(vc, before[1])
 
@@ -148,7 +151,7 @@ def test_scheduler_metadata_is_fa3s_and_checked_against_the_call():
         "attention_chunk", "has_softcap", "num_splits", "pack_gqa", "sm_margin"]
     lengths = torch.full((2,), 5, dtype=I32)
     meta = get_scheduler_metadata(2, 1, 32, 4, 2, 64, lengths, num_splits=3)
-    assert meta.dtype == I32 and meta.shape == (9,) and meta[1].item() == 3
+    assert meta.dtype == I32 and meta.shape == (10,) and meta[1].item() == 3
     assert meta.flash_hopper_schedule["splits"] == 3
     assert meta.flash_hopper_schedule["decode_splits"] == 3  # the decode kernel takes it as is
     # beyond the kernel's cap: passed on, the library's plan clamps it (test_decode.py)
@@ -168,7 +171,7 @@ def test_scheduler_metadata_is_fa3s_and_checked_against_the_call():
     assert torch.equal(kc, before)
     with raises(ValueError, "scheduler_metadata: expected the tensor flash_hopper's"):
         flash_attn_with_kvcache(q, kc, vc, scheduler_metadata=torch.zeros(9, dtype=I32))
-    assert get_scheduler_metadata(2, 1, 32, 4, 2, 64, lengths, page_size=16).shape == (9,)
+    assert get_scheduler_metadata(2, 1, 32, 4, 2, 64, lengths, page_size=16).shape == (10,)
     with raises(TypeError, "page_size: expected None or an int >= 1, got 0"):
         get_scheduler_metadata(2, 1, 32, 4, 2, 64, lengths, page_size=0)
     with raises(ValueError, "num_heads_kv: expected a divisor of num_heads_q (4), got 3"):

@@ -502,7 +502,6 @@ def test_flash_attn_func_has_fa3s_signature():
 
 
 @pytest.mark.parametrize(("kwargs", "exc", "fragments"), [
-    ({"qv": torch.zeros(1)}, NotImplementedError, ("qv: expected None", "not implemented")),
     ({"out_dtype": torch.float16}, ValueError, ("out_dtype: expected None or torch.bfloat16",)),
     ({"fp8_accumulation": "single-level"}, ValueError,
      ("fp8_accumulation: expected 'two-level'", "FP8 inputs")),
@@ -541,5 +540,5 @@ def test_fa3_positional_call():
     q, k, v = make_qkv()
     with raises(ValueError, "q: must be a CUDA tensor"):
         flash_attn_func(q, k, v, None, True, None, None, None, None, (4, 0))
-    with raises(NotImplementedError, "qv: expected None"):
+    with raises(TypeError, "qv: expected a torch.Tensor, got tuple"):
         flash_attn_func(q, k, v, None, True, (4, 0))

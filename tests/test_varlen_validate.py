@@ -111,7 +111,7 @@ def test_offsets_check_can_be_switched_off(monkeypatch):
     ({"s_aux": torch.zeros(3)}, ValueError, "s_aux: expected 4 entries (heads_q), got 3"),
     ({"dropout_p": 0.1}, UnsupportedError, "dropout_p: expected 0.0"),
     ({"alibi_slopes": torch.zeros(4)}, UnsupportedError, "alibi_slopes: expected None"),
-    ({"q_v": torch.zeros(1)}, UnsupportedError, "q_v: expected None"),
+    ({"q_v": torch.zeros(1)}, ValueError, "qv: expected a 3-D tensor"),  # served: checked
     ({"cp_world_size": 2}, UnsupportedError, "cp_world_size: expected 1"),
     ({"return_attn_probs": True}, UnsupportedError, "return_attn_probs: expected False"),
     ({"fa_version": 4}, ValueError, "fa_version: expected 2 or 3, got 4"),
@@ -157,7 +157,8 @@ def test_fa3_extras_are_checked():
         fq, fk, fv = (torch.empty(t.shape, dtype=t.dtype, device="cuda") for t in (q, k, v))
         fc = torch.empty(2, dtype=torch.int32, device="cuda")
         flash_attn_varlen_func(fq, fk, fv, fc, fc, 100, 120, attention_chunk=8)
-    with raises(UnsupportedError, "qv: expected None"):
+    # qv is served (tests/test_qv.py); with v of q's head dim it is refused naming v's
+    with raises(ValueError, "v: expected head_dim_v a multiple of 8 in [256, 512] with qv"):
         flash_attn_varlen_func(q, k, v, cu(0, 100), cu(0, 120), 100, 120, qv=q)
     with raises(TypeError, "return_attn_probs: expected a bool"):
         flash_attn_varlen_func(q, k, v, cu(0, 100), cu(0, 120), 100, 120, return_attn_probs=1)

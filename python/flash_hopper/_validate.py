@@ -326,15 +326,13 @@ def _config(q, k, v, softmax_scale, left, right, softcap, backend, devices=True,
     )
 
 
-def check_fa3_extras(qv: Any, attention_chunk: Any, num_splits: Any, pack_gqa: Any,
-                     sm_margin: Any, chunk_served: bool = False) -> None:
-    """FA3's flash_attn_func parameters beyond this package's features, when one is not at its
-    default: the unimplemented ones are refused naming the argument, the performance hints are
-    checked for type and range only (flash_attn_func calls this only off the defaults).
-    chunk_served: the caller serves attention_chunk > 0 (flash_attn_func, _chunk.py)."""
-    if qv is not None:
-        raise UnsupportedError(f"qv: expected None (MLA's extra query input is not implemented "
-                               f"yet), got {type(qv).__name__}")
+def check_fa3_extras(attention_chunk: Any, num_splits: Any, pack_gqa: Any, sm_margin: Any,
+                     chunk_served: bool = False) -> None:
+    """FA3's flash_attn_func parameters beyond the core ones, when one is not at its default:
+    attention_chunk is checked (and refused where the caller does not serve it), the performance
+    hints are checked for type and range only (flash_attn_func calls this only off the
+    defaults). chunk_served: the caller serves attention_chunk > 0 (flash_attn_func, _chunk.py).
+    qv has checks of its own (check_qv)."""
     if isinstance(attention_chunk, bool) or not isinstance(attention_chunk, numbers.Integral):
         raise TypeError(f"attention_chunk: expected an int >= 0 (0 = off), got "
                         f"{attention_chunk!r}")
@@ -352,6 +350,111 @@ def check_fa3_extras(qv: Any, attention_chunk: Any, num_splits: Any, pack_gqa: A
             raise ValueError(f"{name}: expected an int in [0, 2**63), got {value}")
     if pack_gqa is not None and not isinstance(pack_gqa, bool):
         raise TypeError(f"pack_gqa: expected None or a bool, got {pack_gqa!r}")
+
+
+# FA3's qv (MLA's extra query, flash_api.cpp's checks): the rope part q / k at most 64 wide, the
+# latent part qv / v 256 to 512 wide; head dims multiples of 8 (16-byte rows of 2-byte elements).
+QV_MAX_HEAD_DIM = 64
+QV_MIN_HEAD_DIM_V = 256
+QV_MAX_HEAD_DIM_V = 512
+
+
+class QvConfig(NamedTuple):
+    """A validated qv request: the heads and head dims, and the scalars resolved (the window
+    includes ``causal``; the scale defaults to 1 / sqrt(head_dim + head_dim_v), FA3's)."""
+
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    head_dim_v: int
+    dtype: torch.dtype
+    softmax_scale: float
+    window_left: int
+    window_right: int
+    softcap: float
+
+
+def check_qv_head_dims(head_dim: Any, head_dim_v: Any, d_name: str = "q",
+                       dv_name: str = "v") -> None:
+    """FA3's (head_dim, head_dim_v) with qv: head_dim a multiple of 8 in [8, 64], head_dim_v a
+    multiple of 8 in [256, 512]. The names say which argument carries each."""
+    if head_dim % HEAD_DIM_MULTIPLE or not HEAD_DIM_MULTIPLE <= head_dim <= QV_MAX_HEAD_DIM:
+        raise ValueError(f"{d_name}: expected head_dim a multiple of {HEAD_DIM_MULTIPLE} in "
+                         f"[{HEAD_DIM_MULTIPLE}, {QV_MAX_HEAD_DIM}] with qv (FA3's MLA shapes: "
+                         f"the rope part), got {head_dim}")
+    if (head_dim_v % HEAD_DIM_MULTIPLE
+            or not QV_MIN_HEAD_DIM_V <= head_dim_v <= QV_MAX_HEAD_DIM_V):
+        raise ValueError(f"{dv_name}: expected head_dim_v a multiple of {HEAD_DIM_MULTIPLE} in "
+                         f"[{QV_MIN_HEAD_DIM_V}, {QV_MAX_HEAD_DIM_V}] with qv (FA3's MLA shapes: "
+                         f"the latent part), got {head_dim_v}")
+
+
+def check_qv(q: Any, k: Any, v: Any, qv: Any, softmax_scale: Any, causal: Any, window_size: Any,
+             softcap: Any, backend: Any, k_name: str = "k", v_name: str = "v") -> QvConfig:
+    """The checks of a call with qv (MLA's extra query, FA3's semantics), common to the three
+    entry points; the caller has checked the ranks and the dims other than heads and head dims
+    (batch, sequence, cache layout). q (..., heads_q, d) fp16 / bf16 (FP8 q has no qv, as in
+    FA3); qv (..., heads_q, dv) with q's other dims, dtype and device; k (..., heads_kv, d) and v
+    (..., heads_kv, dv) of q's dtype on q's device, named k_name / v_name (k_cache / v_cache);
+    heads_q a multiple of heads_kv; d and dv as check_qv_head_dims; every last dim contiguous.
+    Any device: the composite path (_qv.py) runs wherever torch does. backend: "auto" (no FA
+    kernel takes qv)."""
+    if not isinstance(qv, torch.Tensor):
+        raise TypeError(f"qv: expected None or a torch.Tensor, got {type(qv).__name__}")
+    for name, t in (("q", q), (k_name, k), (v_name, v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if q.dtype not in SUPPORTED_DTYPES:
+        fp8 = " (FP8 q takes no qv, as in FA3)" if q.dtype in FP8_DTYPES else ""
+        error = UnsupportedError if fp8 else ValueError
+        raise error(f"qv: expected q of dtype torch.float16 or torch.bfloat16 with qv{fp8}, got "
+                    f"q of dtype {q.dtype}")
+    for name, t in (("qv", qv), (k_name, k), (v_name, v)):
+        if t.dtype != q.dtype:
+            raise ValueError(f"{name}: expected dtype {q.dtype} (q's dtype) with qv, got "
+                             f"{t.dtype}")
+    if qv.dim() != q.dim() or _shape(qv)[:-1] != _shape(q)[:-1]:
+        want = ", ".join(str(x) for x in _shape(q)[:-1])
+        raise ValueError(f"qv: expected shape ({want}, head_dim_v) (q's dims but the last), got "
+                         f"{_shape(qv)}")
+    if _shape(v)[:-1] != _shape(k)[:-1]:
+        raise ValueError(f"{v_name}: expected {k_name}'s dims but the last "
+                         f"{_shape(k)[:-1]}, got shape {_shape(v)}")
+    head_dim, head_dim_v = q.shape[-1], v.shape[-1]
+    if k.shape[-1] != head_dim:
+        raise ValueError(f"{k_name}: expected head_dim (last dim) == q's {head_dim}, got "
+                         f"{k.shape[-1]} (shape {_shape(k)})")
+    if qv.shape[-1] != head_dim_v:
+        raise ValueError(f"qv: expected head_dim_v (last dim) == {v_name}'s {head_dim_v}, got "
+                         f"{qv.shape[-1]} (shape {_shape(qv)})")
+    check_qv_head_dims(head_dim, head_dim_v, "q", v_name)
+    heads_q, heads_kv = q.shape[-2], k.shape[-2]
+    if heads_q < 1:
+        raise ValueError(f"q: expected heads_q >= 1, got {heads_q}")
+    if heads_kv < 1 or heads_q % heads_kv:
+        raise ValueError(f"{k_name}: heads_kv must divide q's heads_q {heads_q} (GQA/MQA), got "
+                         f"{heads_kv}")
+    for name, t in (("q", q), ("qv", qv), (k_name, k), (v_name, v)):
+        if t.shape[-1] > 1 and t.stride(-1) != 1:
+            raise ValueError(f"{name}: must be contiguous in the last dimension (stride 1), got "
+                             f"strides {tuple(t.stride())}; call {name}.contiguous()")
+    left, right = _check_window(window_size, causal)
+    if softmax_scale is None:
+        scale = (head_dim + head_dim_v) ** -0.5  # FA3's default with qv
+    else:
+        scale = _check_float("softmax_scale", softmax_scale)
+        if not scale > 0:
+            raise ValueError(f"softmax_scale: expected a float > 0, got {softmax_scale!r}")
+    cap = _check_float("softcap", softcap)
+    if cap < 0:
+        raise ValueError(f"softcap: expected a float >= 0 (0 disables it), got {softcap!r}")
+    if _check_backend(backend) != "auto":
+        raise UnsupportedError(f"backend: expected 'auto' with qv (qv runs a composite path of "
+                               f"torch GEMMs, not an FA kernel), got {backend!r}")
+    for name, t in (("qv", qv), (k_name, k), (v_name, v)):
+        if t.device != q.device:
+            raise ValueError(f"{name}: must be on q's device {q.device}, got device {t.device}")
+    return QvConfig(heads_q, heads_kv, head_dim, head_dim_v, q.dtype, scale, left, right, cap)
 
 
 def check_fwd_args(

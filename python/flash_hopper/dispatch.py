@@ -114,6 +114,7 @@ def supports(
     *,
     dtype: str | torch.dtype | tuple = "bf16",
     head_dim: int = 128,
+    head_dim_v: int | None = None,
     heads_q: int = 32,
     heads_kv: int | None = None,
     seqlen_q: int = 1,
@@ -128,6 +129,7 @@ def supports(
     sinks: bool = False,
     rotary: bool = False,
     capability: tuple[int, int] | None = None,
+    qv: bool = False,
 ) -> tuple[bool, str]:
     """(ok, reason): whether a forward configuration runs, and on which kernel, before a server
     captures graphs around it. The library's own validation and policy answer
@@ -144,7 +146,14 @@ def supports(
     caches), sink logits and paged caches. With backend "auto" short queries run on the decode
     kernel where the library's policy says it serves them (FLASH_HOPPER_DECODE allowing the
     route), paged caches read in place; others on the FA kernels (varlen kernels for KV-cache
-    calls, paged caches gathered first)."""
+    calls, paged caches gathered first).
+
+    head_dim_v: v's head dim (None: head_dim). Without qv, flash_attn_func /
+    flash_attn_varlen_func serve it by zero padding (_dv.py): the answer is the kernel of the
+    padded head dim. qv: a call with FA3's qv (MLA's extra query; head_dim <= 64, head_dim_v in
+    [256, 512]), answered by the API's own checks (_validate.check_qv) on tensors of these
+    shapes: it runs the composite path of torch GEMMs (_qv.py, no fused kernel), on any
+    device, so ``capability`` does not change the answer."""
     from . import _decode  # torch-dependent: imported when asked
 
     try:
@@ -163,6 +172,25 @@ def supports(
     if backend not in _tables.BACKENDS:
         return False, (f"backend: expected one of {', '.join(_tables.BACKEND_NAMES)}, got "
                        f"{backend!r}")
+    if qv:
+        return _supports_qv(dtype, head_dim, head_dim if head_dim_v is None else head_dim_v,
+                            heads_q, heads_q if heads_kv is None else heads_kv, seqlen_q,
+                            seqlen_k, causal, window_size, softcap, backend, varlen, kvcache,
+                            page_size)
+    dv_note = ""
+    if head_dim_v is not None and head_dim_v != head_dim:  # v's own head dim: zero padding
+        if kvcache or dtype not in ("fp16", "bf16"):
+            where = "flash_attn_with_kvcache" if kvcache else f"{dtype} inputs"
+            return False, (f"head_dim_v: a V head dim of its own ({head_dim_v} != head_dim "
+                           f"{head_dim}) with {where} is implemented with qv only")
+        if head_dim_v < 1 or head_dim_v % 8 or head_dim % 8 or head_dim > 256:
+            return False, (f"head_dim_v: expected head_dim and head_dim_v positive multiples "
+                           f"of 8, head_dim <= 256, got {head_dim} and {head_dim_v}")
+        width = max(head_dim, min(head_dim_v, 256))
+        blocks = -(-head_dim_v // width)
+        dv_note = (f"; v's head dim {head_dim_v}: q / k zero-padded to {width}, V in {blocks} "
+                   f"block{'s' if blocks > 1 else ''} of {width} (_dv.py)")
+        head_dim = width
     if varlen and dtype in _tables.MIXED_DTYPES:
         return False, ("dtype: varlen calls with 16-bit q against FP8 K / V (the mixed mode) are "
                        "not implemented yet")
@@ -221,7 +249,7 @@ def supports(
         name, reason, _ = choose(p, capability)
     except (ValueError, NotImplementedError) as exc:
         return False, str(exc)
-    note = ""
+    note = dv_note
     unmasked = left < 0 and (right < 0 or seqlen_q == 1)
     if kvcache and unmasked and (heads_q > heads_kv):
         note = (f"; decode rows unmasked: {heads_q // heads_kv} query heads per KV head packed "
@@ -263,3 +291,35 @@ def _kvcache_decode(dtype: str, head_dim: int, heads_q: int, heads_kv: int, seql
     except (ValueError, NotImplementedError) as exc:
         return None, str(exc)
     return reason, None
+
+
+def _supports_qv(dtype: str, head_dim: int, head_dim_v: int, heads_q: int, heads_kv: int,
+                 seqlen_q: int, seqlen_k: int, causal: bool, window_size: tuple[int, int],
+                 softcap: float, backend: str, varlen: bool, kvcache: bool,
+                 page_size: int | None) -> tuple[bool, str]:
+    """supports(qv=True): the API's qv checks (_validate.check_qv) on meta tensors of the
+    configuration's shapes, so the answer is the API's by construction."""
+    import torch
+
+    from . import _validate
+
+    q_dtype, kv_dtype = _tables.MIXED_DTYPES.get(dtype, (_tables.DTYPE_NAMES.get(dtype),) * 2)
+
+    def meta(rows: int, heads: int, dim: int, element: torch.dtype) -> torch.Tensor:
+        return torch.empty(1, max(rows, 0), max(heads, 0), max(dim, 0), dtype=element,
+                           device="meta")
+
+    names = ("k_cache", "v_cache") if kvcache else ("k", "v")
+    try:
+        _validate.check_qv(meta(seqlen_q, heads_q, head_dim, q_dtype),
+                           meta(seqlen_k, heads_kv, head_dim, kv_dtype),
+                           meta(seqlen_k, heads_kv, head_dim_v, kv_dtype),
+                           meta(seqlen_q, heads_q, head_dim_v, q_dtype), None, causal,
+                           tuple(window_size), softcap, backend, *names)
+    except (TypeError, ValueError, NotImplementedError) as exc:
+        return False, str(exc)
+    entry = ("flash_attn_with_kvcache" + (", paged in place" if page_size is not None else "")
+             if kvcache else "flash_attn_varlen_func" if varlen else "flash_attn_func")
+    return True, (f"composite: qv (MLA's extra query, d {head_dim} / dv {head_dim_v}) runs a "
+                  f"composite path of torch GEMMs on q's device, not a fused kernel ({entry}; "
+                  f"online softmax over key blocks in fp32)")

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
-from . import _autograd, _chunk, _dv, _fwd, _validate, _varlen, ops
+from . import _autograd, _chunk, _dv, _fwd, _qv, _validate, _varlen, ops
 from ._errors import UnsupportedError
 from ._tables import FP8_DTYPES, KV_FP8_DTYPES, TORCH_DTYPES
 
@@ -79,8 +79,17 @@ def flash_attn_func(
     of a kv head for GQA); rows that see no key and keys no query sees get exact zeros.
 
     The parameters are FA3's flash_attn_func's, in its order and with its defaults (FA3's tests
-    and inference servers call it positionally too). Not implemented yet, and refused naming the
-    argument: qv (MLA's extra query).
+    and inference servers call it positionally too).
+    qv (MLA's extra query, FA3's semantics): (batch, seqlen_q, heads_q, dv) with q's dtype
+    (fp16 / bf16; FP8 q takes no qv) and device, last dim contiguous; q / k of head dim d <= 64,
+    v and qv of dv in [256, 512] (multiples of 8); GQA / MQA as above. The scores become
+    softmax_scale * (q . k + qv . v), softcap on that sum, then the masks (causal, window,
+    attention_chunk); out is (batch, seqlen_q, heads_q, dv), lse as above. softmax_scale
+    defaults to 1 / sqrt(d + dv) with qv. qv runs a composite path of torch GEMMs (_qv.py:
+    online softmax over key blocks in fp32, memory bounded by the block sizes), not a fused
+    kernel yet, on q's device (any device torch runs on; backend must be "auto"). It is
+    differentiable: autograd gives exact gradients for q, k, v and qv (FA3 has no backward for
+    qv). num_splits, pack_gqa, sm_margin and deterministic do not change it.
     v may have a head dim of its own (FA3's dv != d, e.g. 192 / 128, 64 / 256 or 512; a
     multiple of 8): out is (batch, seqlen_q, heads_q, dv), served by zero padding q / k to
     max(d, min(dv, 256)) and cutting V into blocks of that width (_dv.py; exact, one call for
@@ -119,10 +128,14 @@ def flash_attn_func(
     ``k.to(q.dtype) * k_descale`` and ``v.to(q.dtype) * v_descale`` up to the 16-bit rounding of
     that product. No backward (inference).
     """
-    if (qv is not None or attention_chunk != 0 or num_splits != 1 or pack_gqa is not None
-            or sm_margin != 0):
-        _validate.check_fa3_extras(qv, attention_chunk, num_splits, pack_gqa, sm_margin,
+    if attention_chunk != 0 or num_splits != 1 or pack_gqa is not None or sm_margin != 0:
+        _validate.check_fa3_extras(attention_chunk, num_splits, pack_gqa, sm_margin,
                                    chunk_served=True)
+    if qv is not None:  # MLA's extra query: the composite path (_qv.py)
+        _check_flags(return_attn_probs, deterministic)
+        return _qv.func_forward(q, k, v, qv, softmax_scale, causal, window_size, softcap,
+                                attention_chunk, backend, return_attn_probs, out_dtype,
+                                fp8_accumulation)
     fp8 = _fp8_call(q, k)
     if not fp8 and _dv.differs(q, v):  # a V head dim of its own: zero padding (_dv.py)
         _check_flags(return_attn_probs, deterministic)
@@ -228,21 +241,31 @@ def flash_attn_varlen_func(
     q_descale / k_descale / v_descale fp32 (batch, heads_kv) as in flash_attn_func (batch = the
     sequences), out in bf16. attention_chunk as in flash_attn_func, per sequence (fp16 / bf16,
     eager: the offsets are read back to split the sequences into chunks). Not implemented yet,
-    refused naming the argument: 16-bit q against FP8 k / v (the mixed mode) in varlen, qv.
+    refused naming the argument: 16-bit q against FP8 k / v (the mixed mode) in varlen.
     sm_margin as in
     flash_attn_func (forward and the per-sequence backward). Performance hints accepted and not
     used: num_splits, pack_gqa. Descales passed with fp16 / bf16 inputs are ignored, as in FA3.
+    qv (MLA's extra query): (total_q, heads_q, dv), rows as q's; k (total_k, heads_kv, d), v
+    (total_k, heads_kv, dv); out (total_q, heads_q, dv). As in flash_attn_func (its shapes,
+    default scale 1 / sqrt(d + dv), masks per sequence, attention_chunk without a read-back,
+    gradients): a composite path of torch GEMMs, not a fused kernel yet. Its work is padded to
+    the longest sequence of the batch (the loops run to the longest spans, read with the
+    offsets' check; unchecked, to max_seqlen_q / max_seqlen_k).
     """
-    if (qv is not None or attention_chunk != 0 or num_splits != 1 or pack_gqa is not None
-            or sm_margin != 0):
-        _validate.check_fa3_extras(qv, attention_chunk, num_splits, pack_gqa, sm_margin,
+    if attention_chunk != 0 or num_splits != 1 or pack_gqa is not None or sm_margin != 0:
+        _validate.check_fa3_extras(attention_chunk, num_splits, pack_gqa, sm_margin,
                                    chunk_served=True)
     _check_flags(return_attn_probs, deterministic)
     grad = torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
+        isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v, qv))
     if out is not None and grad:
-        raise UnsupportedError("out: expected None when q, k or v requires grad (a result "
+        raise UnsupportedError("out: expected None when q, k, v or qv requires grad (a result "
                                "written into a given tensor has no autograd history)")
+    if qv is not None:  # MLA's extra query: the composite path (_qv.py)
+        return _qv.varlen_forward(q, k, v, qv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                  max_seqlen_k, seqused_q, seqused_k, softmax_scale, causal,
+                                  window_size, softcap, attention_chunk, backend, out,
+                                  return_attn_probs)
     fp8 = getattr(q, "dtype", None) in FP8_DTYPES
     if not fp8 and _dv.differs(q, v):  # a V head dim of its own: zero padding (_dv.py)
         def call(qq, kk, vv, **kw):
@@ -338,7 +361,7 @@ def flash_attn_qkvpacked_func(
     q, k, v = _split_qkv(qkv, num_heads_q)
     _check_flags(return_attn_probs, deterministic)
     if attention_chunk != 0 or sm_margin != 0:
-        _validate.check_fa3_extras(None, attention_chunk, 1, None, sm_margin, chunk_served=True)
+        _validate.check_fa3_extras(attention_chunk, 1, None, sm_margin, chunk_served=True)
     if (qkv.dtype in TORCH_DTYPES and qkv.requires_grad and torch.is_grad_enabled()
             and _plain_eager(q, k, v) and not attention_chunk):
         out, lse = _autograd.QkvPackedFunction.apply(

@@ -47,9 +47,16 @@ kernel, else exactly from the kernels' LSE (apply_sinks: out * exp(lse - logadde
 attention_chunk (FA3's chunked-local attention, fp16 / bf16 without sinks, eagerly outside graph
 capture): the attended keys gathered and split into chunks on the host (_chunked).
 
-Not yet (each refused naming the argument): qv, rotary with FP8 inputs or an FP8 cache or with a
-paged cache off the decode kernel, attention_chunk with FP8 inputs or an FP8 cache, sinks or under
-graph capture; 16-bit q against an FP8 cache off the decode kernel.
+qv (MLA's extra query, FA3's semantics: v_cache with a head dim of its own, 256 to 512, k_cache's
+at most 64): its own route, "qv" (_run_qv), through the same checks and append; the composite
+path of torch GEMMs (_qv.py, not a fused kernel yet) reads dense or paged caches in place, a key
+block at a time; masks (attention_chunk included, also under capture), sinks and rotary (q and
+the new keys, never qv) as elsewhere; no key split.
+
+Not yet (each refused naming the argument): rotary with FP8 inputs or an FP8 cache or with a
+paged cache off the decode kernel and without qv, attention_chunk with FP8 inputs or an FP8
+cache, sinks or under graph capture (without qv); 16-bit q against an FP8 cache off the decode
+kernel.
 """
 
 from __future__ import annotations
@@ -60,7 +67,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from . import _autograd, _chunk, _decode, _device, _lib, _tables, _validate, _varlen
+from . import _autograd, _chunk, _decode, _device, _lib, _qv, _tables, _validate, _varlen
 from ._combine import flash_attn_combine, lse_weights
 from ._errors import UnsupportedError
 from ._tables import FP8_DTYPES, KV_FP8_DTYPES, TORCH_DTYPES
@@ -321,10 +328,23 @@ def apply_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor,
     return (out.float() * f).to(out.dtype), total
 
 
+def _check_cache_shapes(k_cache: torch.Tensor, v_cache: torch.Tensor, own_v: bool) -> None:
+    """v_cache shaped as k_cache; with own_v (qv calls) but for its head dim."""
+    if own_v and tuple(v_cache.shape[:3]) != tuple(k_cache.shape[:3]):
+        raise ValueError(f"v_cache: expected k_cache's dims but the last "
+                         f"{tuple(k_cache.shape[:3])} (v_cache has a head dim of its own with "
+                         f"qv), got {tuple(v_cache.shape)}")
+    if not own_v and tuple(v_cache.shape) != tuple(k_cache.shape):
+        raise ValueError(f"v_cache: expected k_cache's shape {tuple(k_cache.shape)}, got "
+                         f"{tuple(v_cache.shape)}")
+
+
 def _check_page_table(page_table: Any, k_cache: Any, v_cache: Any, q: Any, k: Any,
-                      cache_batch_idx: Any, cu_seqlens_q: Any) -> tuple[torch.Tensor, int, int]:
+                      cache_batch_idx: Any, cu_seqlens_q: Any,
+                      own_v: bool = False) -> tuple[torch.Tensor, int, int]:
     """The page table's and the pool's checks; returns (the page table's rows of the batch in
-    order (cache_batch_idx applied), num_pages, page_size)."""
+    order (cache_batch_idx applied), num_pages, page_size). own_v: v_cache has a head dim of
+    its own (qv calls)."""
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"q: expected a torch.Tensor, got {type(q).__name__}")
     if k is not None and not isinstance(k, torch.Tensor):
@@ -337,9 +357,7 @@ def _check_page_table(page_table: Any, k_cache: Any, v_cache: Any, q: Any, k: An
                          f"{page_table.dtype} of shape {tuple(page_table.shape)}")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         _check_tensor(name, t, 4, "(num_pages, page_size, heads_kv, head_dim) with page_table")
-    if tuple(v_cache.shape) != tuple(k_cache.shape):
-        raise ValueError(f"v_cache: expected k_cache's shape {tuple(k_cache.shape)}, got "
-                         f"{tuple(v_cache.shape)}")
+    _check_cache_shapes(k_cache, v_cache, own_v)
     if page_table.device != k_cache.device:
         raise ValueError(f"page_table: expected the cache's device {k_cache.device}, got "
                          f"{page_table.device}")
@@ -508,13 +526,14 @@ def _heuristic_splits(batch: int, rows: int, heads_kv: int, seqlen_cache: int,
 
 
 # get_scheduler_metadata's tensor: int32 [tag, splits, batch, max_seqlen_q, max_seqlen_k,
-# heads_q, heads_kv, head_dim, decode_splits]; its host copy rides along as the tensor's
+# heads_q, heads_kv, head_dim, decode_splits, head_dim_v]; its host copy rides along as the
+# tensor's
 # attribute (reading the device values back would cost a synchronization per call). splits:
 # the varlen path's key splits; decode_splits: the decode kernel's num_splits (0: its own
 # shape-only heuristic, fh_decode_plan, the same at every replay).
-_METADATA_TAG = 0x46484D32  # "FHM2"
+_METADATA_TAG = 0x46484D33  # "FHM3"
 _METADATA_FIELDS = ("splits", "batch", "max_seqlen_q", "max_seqlen_k", "heads_q", "heads_kv",
-                    "head_dim", "decode_splits")
+                    "head_dim", "decode_splits", "head_dim_v")
 
 
 def get_scheduler_metadata(
@@ -533,7 +552,9 @@ def get_scheduler_metadata(
     it is taken at each call and agrees between replays). The values that change per step
     (cache_seqlens, leftpad) are read by each call, so one metadata serves every step of a decode
     loop with the same shapes. A call whose shapes differ from the metadata's raises, naming
-    both."""
+    both. headdim_v: None or headdim, or the V head dim of qv calls (MLA: headdim <= 64,
+    headdim_v a multiple of 8 in [256, 512], e.g. 64 / 512); their composite path does not
+    split, the metadata only checks their shapes."""
     for name, value in (("batch_size", batch_size), ("max_seqlen_q", max_seqlen_q),
                         ("max_seqlen_k", max_seqlen_k), ("num_heads_q", num_heads_q),
                         ("num_heads_kv", num_heads_kv), ("headdim", headdim)):
@@ -544,9 +565,17 @@ def get_scheduler_metadata(
     if num_heads_kv == 0 or num_heads_q % num_heads_kv:
         raise ValueError(f"num_heads_kv: expected a divisor of num_heads_q ({num_heads_q}), got "
                          f"{num_heads_kv}")
-    if headdim_v not in (None, headdim):
-        raise UnsupportedError(f"headdim_v: expected None or headdim ({headdim}) (a V head dim "
-                               f"of its own is not implemented yet), got {headdim_v}")
+    if headdim_v is None:
+        headdim_v = headdim
+    elif headdim_v != headdim:  # a V head dim of its own: qv calls' (MLA)
+        if isinstance(headdim_v, bool) or not isinstance(headdim_v, numbers.Integral):
+            raise TypeError(f"headdim_v: expected None or an int, got {headdim_v!r}")
+        try:
+            _validate.check_qv_head_dims(headdim, headdim_v, "headdim", "headdim_v")
+        except ValueError as exc:
+            raise UnsupportedError(f"headdim_v: expected None, headdim ({headdim}) or the V "
+                                   f"head dim of qv calls (a V head dim of its own is "
+                                   f"implemented with qv only): {exc}") from None
     if page_size is not None and (isinstance(page_size, bool)
                                   or not isinstance(page_size, numbers.Integral)
                                   or page_size < 1):
@@ -555,13 +584,13 @@ def get_scheduler_metadata(
         raise TypeError(f"cache_seqlens: expected a torch.Tensor of int32 (batch,), got "
                         f"{type(cache_seqlens).__name__}")
     # attention_chunk: accepted (its calls split on the host; the metadata does not apply)
-    _validate.check_fa3_extras(None, attention_chunk, num_splits, pack_gqa, sm_margin,
+    _validate.check_fa3_extras(attention_chunk, num_splits, pack_gqa, sm_margin,
                                chunk_served=True)
     group = num_heads_q // num_heads_kv
     splits = _splits(num_splits, batch_size, max_seqlen_q * group, num_heads_kv, max_seqlen_k,
                      cache_seqlens.device) if cache_seqlens.is_cuda else max(num_splits, 1)
     values = (splits, batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim,
-              min(num_splits, _decode.INT32_MAX))
+              min(num_splits, _decode.INT32_MAX), int(headdim_v))
     meta = torch.tensor((_METADATA_TAG, *values), dtype=torch.int32, device=cache_seqlens.device)
     meta.flash_hopper_schedule = dict(zip(_METADATA_FIELDS, values))
     return meta
@@ -760,8 +789,18 @@ def flash_attn_with_kvcache(
     attention_chunk: FA3's chunked-local attention over the attended keys (counted from
     cache_leftpad, as FA3's), fp16 / bf16 without sinks, eager outside graph capture: the
     attended keys are gathered and split into chunks (_chunked; paged caches through their dense
-    copy). Not implemented yet, refused naming the argument: qv, rotary with FP8 inputs or with
+    copy). Not implemented yet, refused naming the argument: rotary with FP8 inputs or with
     page_table off the decode kernel (see the module docstring).
+    qv (MLA's extra query, FA3's semantics): (batch, seqlen_q, heads_q, dv), or (total_q,
+    heads_q, dv) with cu_seqlens_q, q's dtype (fp16 / bf16) and device, last dim contiguous;
+    k_cache (..., heads_kv, d) with d <= 64, v_cache (..., heads_kv, dv) with dv in [256, 512]
+    (paged: (num_pages, page_size, heads_kv, d) and (..., dv)), new k (..., d) / v (..., dv).
+    The scores are softmax_scale * (q . k + qv . v) (softcap on that sum; rotary rotates q and
+    the new keys, never qv), out has v's head dim dv; softmax_scale defaults to
+    1 / sqrt(d + dv). It runs a composite path of torch GEMMs (_qv.py; not a fused kernel yet)
+    on q's device, reading the cache in place (pages through the table) one key block at a
+    time; num_splits and scheduler_metadata (get_scheduler_metadata(..., headdim=d,
+    headdim_v=dv)) do not change its result; backend must be "auto".
     Runs eagerly (no custom op under torch.compile yet); inputs that require grad run forward
     only (a backward raises, as FA3 has none).
     """
@@ -800,10 +839,13 @@ def _pages_in_place(page_table: Any, k_cache: Any, v_cache: Any, q: Any, k: Any,
     """The route of a paged call, decided first: (table, num_pages, page_size) when the decode
     kernel reads the pool in place, None for the paged fallback (_paged: a dense copy)."""
     table, num_pages, page_size = _check_page_table(page_table, k_cache, v_cache, q, k,
-                                                    cache_batch_idx, cu_seqlens_q)
+                                                    cache_batch_idx, cu_seqlens_q,
+                                                    own_v=qv is not None)
+    if qv is not None:  # the composite path reads the pages itself (_qv.Rows)
+        return table, num_pages, page_size
     varlen = isinstance(cu_seqlens_q, torch.Tensor)
     batch = cu_seqlens_q.shape[0] - 1 if varlen else q.shape[0]
-    if (backend != "auto" or qv is not None or attention_chunk
+    if (backend != "auto" or attention_chunk
             or not _decode.serves(q, k_cache, v_cache, out, batch,
                                   _longest_q(q, k_cache, cu_seqlens_q, max_seqlen_q), varlen,
                                   table)):
@@ -864,6 +906,7 @@ class _KvCall(NamedTuple):
     need_lse: bool
     return_softmax_lse: bool
     grad: bool
+    qv: torch.Tensor | None = None  # MLA's extra query: the composite route (_run_qv)
 
 
 def _checked_call(q, k_cache, v_cache, k, v, *, qv, rotary_cos, rotary_sin, cache_seqlens,
@@ -880,7 +923,7 @@ def _checked_call(q, k_cache, v_cache, k, v, *, qv, rotary_cos, rotary_sin, cach
                                      or not isinstance(max_seqlen_q, numbers.Integral)
                                      or not 0 <= max_seqlen_q <= _validate.INT64_MAX):
         raise TypeError(f"max_seqlen_q: expected None or an int >= 0, got {max_seqlen_q!r}")
-    _validate.check_fa3_extras(qv, attention_chunk, num_splits, pack_gqa, sm_margin,
+    _validate.check_fa3_extras(attention_chunk, num_splits, pack_gqa, sm_margin,
                                chunk_served=True)
     if not isinstance(rotary_interleaved, bool):
         raise TypeError(f"rotary_interleaved: expected a bool, got {rotary_interleaved!r}")
@@ -904,9 +947,7 @@ def _checked_call(q, k_cache, v_cache, k, v, *, qv, rotary_cos, rotary_sin, cach
         total_q = batch * seqlen_q
     _check_tensor("k_cache", k_cache, 4, "(batch_cache, seqlen_cache, heads_kv, head_dim)")
     _check_tensor("v_cache", v_cache, 4, "(batch_cache, seqlen_cache, heads_kv, head_dim)")
-    if tuple(v_cache.shape) != tuple(k_cache.shape):
-        raise ValueError(f"v_cache: expected k_cache's shape {tuple(k_cache.shape)}, got "
-                         f"{tuple(v_cache.shape)}")
+    _check_cache_shapes(k_cache, v_cache, qv is not None)
     # 16-bit q against an FP8 cache (the mixed mode): the decode kernel's only (checked below)
     mixed = q.dtype in TORCH_DTYPES and k_cache.dtype in KV_FP8_DTYPES
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
@@ -938,18 +979,18 @@ def _checked_call(q, k_cache, v_cache, k, v, *, qv, rotary_cos, rotary_sin, cach
     total_new = 0
     if k is not None:
         packed = cu_seqlens_k_new is not None
-        for name, t in (("k", k), ("v", v)):
+        for name, t, cache in (("k", k, k_cache), ("v", v, v_cache)):
             if packed:
                 _check_tensor(name, t, 3, "(total_new, heads_kv, head_dim) with cu_seqlens_k_new")
-                ok = t.shape[1:] == k_cache.shape[2:]
+                ok = t.shape[1:] == cache.shape[2:]
                 want = "(total_new, heads_kv, head_dim)"
             else:
                 _check_tensor(name, t, 4, "(batch, seqlen_new, heads_kv, head_dim)")
-                ok = t.shape[0] == batch and t.shape[2:] == k_cache.shape[2:]
+                ok = t.shape[0] == batch and t.shape[2:] == cache.shape[2:]
                 want = "(batch, seqlen_new, heads_kv, head_dim)"
-            if not ok:
+            if not ok:  # each cache's own head dim (they differ with qv)
                 raise ValueError(f"{name}: expected shape {want} with batch {batch}, heads_kv "
-                                 f"{heads_kv}, head_dim {k_cache.shape[3]}, got "
+                                 f"{heads_kv}, head_dim {cache.shape[3]}, got "
                                  f"{tuple(t.shape)}")
             if t.dtype != k_cache.dtype:
                 # FA3's rule (k_new of q's dtype, the cache's): new keys are appended as they
@@ -993,23 +1034,28 @@ def _checked_call(q, k_cache, v_cache, k, v, *, qv, rotary_cos, rotary_sin, cach
         raise UnsupportedError(f"attention_chunk: expected 0 with FP8 inputs or sinks (chunked "
                                f"KV-cache attention runs on fp16 / bf16 without sinks), got "
                                f"{attention_chunk}")
-    if attention_chunk and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+    if (attention_chunk and qv is None and torch.cuda.is_available()
+            and torch.cuda.is_current_stream_capturing()):
         raise UnsupportedError(f"attention_chunk: expected 0 while a CUDA graph is captured (the "
                                f"chunks are split on the host from cache_seqlens), got "
                                f"{attention_chunk}")
     meta_splits = meta_decode_splits = None
     if scheduler_metadata is not None:
         meta_splits, meta_decode_splits = _metadata_splits(
-            scheduler_metadata, batch=batch, heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim)
+            scheduler_metadata, batch=batch, heads_q=heads_q, heads_kv=heads_kv,
+            head_dim=head_dim, head_dim_v=v_cache.shape[3])
     grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (q, k_cache, v_cache, k, v))
+        isinstance(t, torch.Tensor) and t.requires_grad
+        for t in (q, k_cache, v_cache, k, v, qv))
     if out is not None and grad:
         raise UnsupportedError("out: expected None when an input requires grad")
     if torch.compiler.is_compiling():
         raise UnsupportedError("flash_attn_with_kvcache runs eagerly only (no flash_hopper "
                                "custom op takes it under torch.compile yet)")
 
-    if pages is None:
+    if qv is not None:  # the composite path reads the caches itself (_qv.Rows): no row views
+        k_rows, v_rows, step = k_cache, v_cache, 1
+    elif pages is None:
         k_rows, step = _rows_view("k_cache", k_cache)
         v_rows, v_step = _rows_view("v_cache", v_cache)
         if v_step != step:
@@ -1035,10 +1081,16 @@ def _checked_call(q, k_cache, v_cache, k, v, *, qv, rotary_cos, rotary_sin, cach
     if out is not None:
         dims = 3 if varlen_q else 4
         _check_tensor("out", out, dims, "of q's shape")
-        if tuple(out.shape) != tuple(q.shape):
+        if qv is not None:  # the output has v's head dim
+            want = tuple(q.shape[:-1]) + (v_cache.shape[3],)
+            if tuple(out.shape) != want or out.dtype != q.dtype or out.device != q.device:
+                raise ValueError(f"out: expected shape {want} (q's, with v_cache's head dim), "
+                                 f"dtype {q.dtype} on {q.device}, got {tuple(out.shape)}, "
+                                 f"{out.dtype} on {out.device}")
+        elif tuple(out.shape) != tuple(q.shape):
             raise ValueError(f"out: expected q's shape {tuple(q.shape)}, got {tuple(out.shape)}")
         try:
-            out_rows = out if varlen_q else out.view(total_q, heads_q, head_dim)
+            out_rows = out if varlen_q else out.view(total_q, heads_q, out.shape[-1])
         except RuntimeError:
             raise ValueError(f"out: expected a tensor whose (batch, seqlen_q) dims flatten to one "
                              f"(strides {out.stride()})") from None
@@ -1058,16 +1110,19 @@ def _checked_call(q, k_cache, v_cache, k, v, *, qv, rotary_cos, rotary_sin, cach
     # Whether the decode kernel serves the call (_route's first choice) is decided here, as it
     # picks the checks: a paged cache came here only if it serves it.
     group = heads_q // heads_kv if heads_q % heads_kv == 0 else 0
-    decode = pages is not None or (backend == "auto" and not attention_chunk
-                                   and _decode.serves(q, k_cache, v_cache, out, batch, seqlen_q,
-                                                      varlen_q))
-    if mixed and not decode:
+    decode = qv is None and (pages is not None or (
+        backend == "auto" and not attention_chunk
+        and _decode.serves(q, k_cache, v_cache, out, batch, seqlen_q, varlen_q)))
+    if qv is not None:  # MLA's extra query: the composite path (_qv.py), on any device
+        cfg = _validate.check_qv(q, k_cache, v_cache, qv, softmax_scale, causal, window_size,
+                                 softcap, backend, "k_cache", "v_cache")
+    elif mixed and not decode:
         raise UnsupportedError(
             f"k_cache: {q.dtype} q against an FP8 cache ({k_cache.dtype}, the mixed mode) runs on "
             f"the decode kernel only, which does not serve this call (backend {backend!r}, "
             f"{seqlen_q} query tokens x {group} query heads per KV head, head_dim {head_dim}, "
             f"device {q.device}; flash_hopper.supports(..., kvcache=True) says why)")
-    if decode:  # the checks alone: no FA kernel needs to exist for this dtype / head dim
+    elif decode:  # the checks alone: no FA kernel needs to exist for this dtype / head dim
         cfg = _varlen.check_call(*args, out_rows, descales, batch_k)
     else:
         cfg = _varlen.plan(*args, out_rows, descales, batch_k).dense.cfg
@@ -1084,7 +1139,7 @@ def _checked_call(q, k_cache, v_cache, k, v, *, qv, rotary_cos, rotary_sin, cach
         base, rotary_interleaved, sinks, pages, k_rows, v_rows, cu_q, cu_k, used_k, descales,
         args, batch_k, decode, cfg, attention_chunk, num_splits, pack_gqa, meta_splits,
         meta_decode_splits, backend, return_softmax_lse or sinks is not None, return_softmax_lse,
-        grad)
+        grad, qv=qv)
 
 
 def _route(c: _KvCall) -> tuple[str, int]:
@@ -1096,6 +1151,8 @@ def _route(c: _KvCall) -> tuple[str, int]:
     that path's varlen kernels. Unmasked rows (one query token, or neither causal nor a window):
     the query heads of a KV head can share its tiles, and the keys can be split
     (_packed_varlen)."""
+    if c.qv is not None:
+        return "qv", 1
     unmasked = c.cfg.window_left < 0 and (c.cfg.window_right < 0
                                           or (not c.varlen_q and c.seqlen_q == 1))
     if c.meta_splits is not None:
@@ -1169,8 +1226,37 @@ def _fa3_layout(c: _KvCall, result: torch.Tensor,
     return result, lse
 
 
+def _run_qv(c: _KvCall, splits: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """qv (MLA's extra query): the composite path (_qv.py) over the cache read in place (dense
+    entries through cache_batch_idx, or pages through the table), keys [cache_leftpad, used_k)
+    of each sequence; rotary has rotated q (c.q_att), never qv. No key split: num_splits and
+    scheduler_metadata change nothing."""
+    lo = c.cache_leftpad if c.cache_leftpad is not None else 0
+    hi = c.used_k.clamp(0, c.seqlen_cache)  # unchecked values: within the cache
+    length = c.seqlen_cache
+    if _varlen.offsets_checked() and c.batch > 0:  # the loops run to the longest sequence
+        length = int(hi.max())
+    table = c.pages[0] if c.pages is not None else None
+    keys = _qv.Rows((c.k_cache, c.v_cache), c.batch, length, lo=lo, hi=hi,
+                    entry=c.cache_batch_idx, table=table)
+    if c.varlen_q:
+        start, q_len = c.cu_seqlens_q[:-1], c.cu_seqlens_q[1:] - c.cu_seqlens_q[:-1]
+        queries = _qv.Rows((c.q_att, c.qv), c.batch, c.seqlen_q, hi=q_len, start=start)
+    else:
+        queries = _qv.Rows((c.q_att, c.qv), c.batch, c.seqlen_q)
+    result, lse = _qv.attention(queries, keys, softmax_scale=c.cfg.softmax_scale,
+                                window=(c.cfg.window_left, c.cfg.window_right),
+                                softcap=c.cfg.softcap, chunk=int(c.attention_chunk))
+    if c.varlen_q:
+        return _qv.packed_result(result, lse, start, q_len, c.q.shape[0], c.out, c.need_lse)
+    if c.out is not None:
+        c.out.copy_(result)
+        result = c.out
+    return result, lse.float() if c.need_lse else None
+
+
 _EXECUTORS = {"decode": _run_decode, "packed": _run_packed, "chunked": _run_chunked,
-              "varlen": _run_varlen}
+              "varlen": _run_varlen, "qv": _run_qv}
 
 
 def _execute(c: _KvCall, route: str, splits: int) -> tuple[torch.Tensor, torch.Tensor | None]:

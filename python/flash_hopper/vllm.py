@@ -8,10 +8,13 @@ block_size, heads_kv, head_dim), seqused_k the keys per sequence, no cu_seqlens_
 flash_hopper.flash_attn_with_kvcache's paged path with the same semantics; s_aux (attention sinks,
 fp32 (heads_q,)) joins each row's softmax denominator (kvcache.apply_sinks).
 
+q_v (MLA's extra query, vLLM's FA3-MLA backend: q the rope part, k / v views of the latent
+cache) is flash_hopper's qv: the composite path of torch GEMMs (_qv.py), paged or not.
+
 Performance hints are accepted and not used (fa_version 2 or 3, scheduler_metadata,
 num_splits). What this package does not implement yet is refused with an error naming the
-argument: dropout, ALiBi, MLA's q_v, 16-bit q against FP8 k / v (the mixed mode), context
-parallelism (cp_world_size > 1), FA2's attention probabilities (return_attn_probs).
+argument: dropout, ALiBi, 16-bit q against FP8 k / v (the mixed mode), context parallelism
+(cp_world_size > 1), FA2's attention probabilities (return_attn_probs).
 """
 
 from __future__ import annotations
@@ -71,8 +74,6 @@ def flash_attn_varlen_func(
         _refuse("cu_seqlens_k", None, "a tensor, or block_table with seqused_k (the paged call)")
     if block_table is not None and seqused_k is None:
         _refuse("seqused_k", None, "a tensor with block_table (the keys of each sequence)")
-    if q_v is not None:
-        _refuse("q_v", type(q_v).__name__, "None (MLA's extra query is not implemented yet)")
     if dropout_p != 0.0:
         _refuse("dropout_p", dropout_p, "0.0 (dropout is not implemented)")
     if alibi_slopes is not None:
@@ -91,7 +92,8 @@ def flash_attn_varlen_func(
         window_size = (-1, -1)
     if block_table is not None:  # the paged call: flash_attn_with_kvcache's paged path
         return kvcache.flash_attn_with_kvcache(
-            q, k, v, cache_seqlens=seqused_k, page_table=block_table, cu_seqlens_q=cu_seqlens_q,
+            q, k, v, qv=q_v, cache_seqlens=seqused_k, page_table=block_table,
+            cu_seqlens_q=cu_seqlens_q,
             max_seqlen_q=max_seqlen_q, q_descale=q_descale, k_descale=k_descale,
             v_descale=v_descale, softmax_scale=softmax_scale, causal=causal,
             window_size=tuple(window_size), softcap=softcap,
@@ -99,8 +101,8 @@ def flash_attn_varlen_func(
     sinks = kvcache.check_sinks(s_aux, q, name="s_aux")
     result = _varlen_func(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=seqused_k,
-        softmax_scale=softmax_scale, causal=causal, q_descale=q_descale, k_descale=k_descale,
-        v_descale=v_descale, window_size=tuple(window_size), softcap=softcap,
+        softmax_scale=softmax_scale, causal=causal, qv=q_v, q_descale=q_descale,
+        k_descale=k_descale, v_descale=v_descale, window_size=tuple(window_size), softcap=softcap,
         deterministic=deterministic, return_attn_probs=return_softmax_lse or sinks is not None,
         out=out)
     if sinks is None:
