@@ -27,6 +27,12 @@ library's: the shared output buffers are NaN-filled before each library's checke
 library that writes nothing fails instead of reporting the previous library's result. The exit
 status is 1 when any check fails. The largest output difference to the first library is reported
 too (0 between builds that should be bitwise identical).
+
+--peer NAME (forward, repeatable): a benchmark backend of the CLI (`flash-attn3` = FA3's own
+forward from fa3-fwd / flash_attn_3, `flash-attn-cute` = FA4, `sdpa-cudnn` ...) timed in the same
+rotation on the same inputs (e4m3: the same quantized tensors and descales), its output and LSE
+checked by the same rule. A peer that cannot run a config gets no entry in that row; the rotation
+carries on with the rest.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ from flash_hopper.bench.check import (
     References,
 )
 from flash_hopper.bench.fp8_inputs import quantize_inputs
+from flash_hopper.bench.registry import canonical_name, known_backends
 
 # ABI versions whose FhFwdParams has this package's layout: a library of such a version can be
 # timed against the current one (ABI 2 changed only fh_fwd_select_backend's signature, ABI 3 added
@@ -197,6 +204,30 @@ def fwd_setup(q, k, v, case: Case, backend: str, sms: int):
     return params, out, lse, references, keep
 
 
+def peer_runs(peers: dict, q, k, v, case: Case, keep, out: torch.Tensor, lse: torch.Tensor,
+              references) -> tuple[dict[str, Callable[[], None]], dict[str, CheckResult],
+                                   dict[str, torch.Tensor], dict[str, str]]:
+    """For each peer backend that runs the config: a timed call (its own output, as in the CLI),
+    its check against the config's references, a copy of its output; and why the others don't."""
+    if case.dtype == "e4m3":
+        q, k, v = keep  # the Fp8Input each (data, descale) the libraries run
+    runs, checks, outs, skipped = {}, {}, {}, {}
+    for name, backend in peers.items():
+        reason = backend.software_reason() or backend.unsupported(case, "fwd")
+        if reason is None and case.dtype == "e4m3":
+            reason = backend.fp8_reason()
+        if reason:
+            skipped[name] = reason
+            continue
+        result, peer_lse = backend.run_checked(q, k, v, case)
+        if peer_lse is not None and peer_lse.shape != lse.shape:
+            peer_lse = None
+        checks[name] = references.check(result, peer_lse)
+        outs[name] = result.clone()
+        runs[name] = backend.make_forward(q, k, v, case)
+    return runs, checks, outs, skipped
+
+
 def with_variant(params, variant):
     """params, or a copy of them that runs the FA-3 variant `variant` (None: params itself)."""
     if variant is None:
@@ -231,9 +262,22 @@ def main() -> int:
     ap.add_argument("--backend", default="fa3", help="the path every library runs (default fa3)")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--burst-ms", type=float, default=25.0)
+    ap.add_argument("--peer", action="append", default=[], metavar="NAME",
+                    help="a benchmark backend (flash-attn3, flash-attn-cute, sdpa-cudnn ...) "
+                         "timed in the same rotation (forward); repeat")
     ap.add_argument("--json", type=Path, help="write every row here")
     args = ap.parse_args()
 
+    known = known_backends(include_variants=False)
+    peers = {}
+    for raw in args.peer:
+        name = canonical_name(raw)
+        if name not in known or args.direction != "fwd":
+            raise SystemExit(f"--peer {raw}: expected a forward benchmark backend of "
+                             f"{sorted(known)}, got {raw!r}"
+                             + (" (the backward times libraries only)"
+                                if args.direction != "fwd" else ""))
+        peers[name] = known[name]
     libs, variants = {}, {}
     for spec in args.lib:
         name, _, rest = spec.partition("=")
@@ -266,8 +310,15 @@ def main() -> int:
             runs = {n: functools.partial(lib.fwd, with_variant(params, variants.get(n)), stream)
                     for n, lib in libs.items()}
             checks, outs = check_libraries(runs, out, lse, references)
+            p_runs, p_checks, p_outs, skipped = peer_runs(peers, q, k, v, case, _alive, out, lse,
+                                                          references)
+            runs.update(p_runs)
+            checks.update(p_checks)
+            outs.update(p_outs)
+            for n, why in skipped.items():
+                print(f"{n}: skipped d{d} s{s} causal={causal}: {why}", flush=True)
             diff = {n: (outs[n].float() - outs[names[0]].float()).abs().max().item()
-                    for n in names}
+                    for n in runs}
         else:
             # _alive: the tensors the params point into, kept until the next config
             runs, grads, references, _alive = bwd_setup(libs, q, k, v, causal,
@@ -281,31 +332,33 @@ def main() -> int:
                 run()
         once = time_burst(runs[names[0]], 1)
         iters = max(2, int(args.burst_ms / max(once, 1e-3)))
-        times = {n: [] for n in names}
+        order = list(runs)  # the libraries, then the peers that run this config
+        times = {n: [] for n in order}
         for r in range(args.rounds):
-            for n in names[r % len(names):] + names[:r % len(names)]:
+            for n in order[r % len(order):] + order[:r % len(order)]:
                 times[n].append(time_burst(runs[n], iters))
         flops = case.flops() * (2.5 if args.direction == "bwd" else 1.0)
-        med = {n: statistics.median(times[n]) for n in names}
+        med = {n: statistics.median(times[n]) for n in order}
         row = {"direction": args.direction, "backend": args.backend, "dtype": args.dtype,
                "softcap": softcap,
                "head_dim": d, "seqlen": s, "causal": causal, "batch": b, "heads": h,
                "iters": iters, "rounds": args.rounds,
-               "tflops": {n: flops / med[n] / 1e9 for n in names},
-               "spread": {n: (max(times[n]) - min(times[n])) / med[n] for n in names},
-               "check": {n: vars(checks[n]) for n in names},
+               "tflops": {n: flops / med[n] / 1e9 for n in order},
+               "spread": {n: (max(times[n]) - min(times[n])) / med[n] for n in order},
+               "check": {n: vars(checks[n]) for n in order},
                "max_abs_diff_vs_first": diff}
         rows.append(row)
         base = row["tflops"][names[0]]
         print(f"{args.dtype} d{d:<4}{'c' if causal else 'n'} s{s:<6}"
               + (f"cap{softcap:g} " if softcap else "") + " ".join(
             f"{n}={row['tflops'][n]:5.0f} ({row['tflops'][n] / base - 1:+5.1%})"
-            + ("" if checks[n].passed else " CHECK FAILED") for n in names), flush=True)
+            + ("" if checks[n].passed else " CHECK FAILED") for n in order), flush=True)
     if args.json:
         args.json.write_text(json.dumps({
             "gpu": torch.cuda.get_device_name(0),
             "libs": {n: {"path": str(libs[n].path), "build_info": libs[n].build_info()}
                      for n in names},
+            "peers": {n: {"label": p.label, "version": p.version()} for n, p in peers.items()},
             "rows": rows}, indent=1))
     failed = [(r["head_dim"], r["seqlen"], r["causal"], n) for r in rows
               for n, c in r["check"].items() if not c["passed"]]

@@ -48,6 +48,19 @@ def test_ab_libs_refuses_an_unknown_variant_naming_it():
     assert "fa3-no-such-thing" in done.stderr and "fa3-no-pingpong" in done.stderr
 
 
+def test_ab_libs_refuses_an_unknown_peer_naming_it():
+    # checked before any library is loaded
+    done = _run("ab_libs.py", "--lib", "a=/nonexistent.so", "--peer", "no-such-peer")
+    assert done.returncode != 0
+    assert "no-such-peer" in done.stderr and "flash-attn3" in done.stderr
+
+
+def test_ab_libs_refuses_a_peer_for_the_backward():
+    done = _run("ab_libs.py", "--lib", "a=/nonexistent.so", "--direction", "bwd",
+                "--peer", "flash-attn3")
+    assert done.returncode != 0 and "backward" in done.stderr
+
+
 # ---- ab_libs: every library checked against the reference, on a poisoned buffer ------------------
 
 
@@ -252,3 +265,48 @@ def test_serving_check_runs_every_step_and_fails_when_one_fails(tmp_path):
                                     script="serving_check.sh")
     assert done.returncode == 1
     assert "fuzz (hazard) rc=3" in done.stdout
+
+
+def test_ab_libs_peers_are_checked_and_skipped_by_reason():
+    from flash_hopper.bench.cases import Case
+    from flash_hopper.bench.check import References
+    from flash_hopper.reference import attention_ref
+
+    ab_libs = _load_script("ab_libs")
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 32, 2, 16, generator=gen).to(torch.bfloat16) for _ in range(3))
+    case = Case(batch=1, seqlen_q=32, seqlen_k=32, heads=2, heads_kv=2, head_dim=16, causal=False)
+    good_out, good_lse = attention_ref(q, k, v, upcast=False)[0], attention_ref(q, k, v)[1]
+
+    class Peer:
+        def __init__(self, out, lse, reason=None):
+            self.result, self.reason, self.calls = (out, lse), reason, 0
+
+        def software_reason(self):
+            return None
+
+        def unsupported(self, case, direction=None):
+            return self.reason
+
+        def fp8_reason(self):
+            return None
+
+        def run_checked(self, q, k, v, case):
+            return self.result
+
+        def make_forward(self, q, k, v, case):
+            def run():
+                self.calls += 1
+            return run
+
+    peers = {"right": Peer(good_out, good_lse), "lse-off": Peer(good_out, good_lse + 1e-2),
+             "out-off": Peer(good_out + 0.5, None), "cannot": Peer(None, None, "no such mask")}
+    out, lse = torch.empty_like(q), torch.empty(1, 2, 32)
+    runs, checks, outs, skipped = ab_libs.peer_runs(peers, q, k, v, case, (), out, lse,
+                                                    References(q, k, v, case))
+    assert skipped == {"cannot": "no such mask"}
+    assert {n: c.passed for n, c in checks.items()} == {
+        "right": True, "lse-off": False, "out-off": False}
+    assert set(runs) == set(outs) == {"right", "lse-off", "out-off"}
+    runs["right"]()
+    assert peers["right"].calls == 1
