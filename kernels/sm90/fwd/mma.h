@@ -250,9 +250,10 @@ struct Consumer {
 
   // --- GEMMs --------------------------------------------------------------------------------
   CUTE_DEVICE void issue_qk(TileState& f) {
-    if constexpr (!Traits::kOverlap) {
-      forget(f.s);  // not live across the PV GEMM (the overlapped schedule keeps it anyway)
-    }
+    // S's previous values are dead here (P holds them since convert_p): without this the GEMM's
+    // accumulator operands keep them alive until its issue, and ptxas packs FP8 P in S's
+    // registers and moves it into the PV GEMM's operand with a PRMT per word.
+    forget(f.s);
     wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_qk, tSrQ(), tSrK()(_, _, _, k_pipe.stage()), f.s);
     timeline.mark(Ev::kQkIssued);
   }
