@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   using QPipe = typename Traits::QPipe;
   using KVPipe = typename Traits::KVPipe;
-  // Every empty barrier counts one arrival per consumer warpgroup (Consumer::leader), every
+  // Every empty barrier counts one arrival per consumer warpgroup (Consumer::wg_leader), every
   // full barrier the producer's one arrive_and_expect_tx.
   using VPipe = typename Traits::VPipe;
   static_assert(QPipe::kEmptyArrivals == Traits::kConsumerWgs &&

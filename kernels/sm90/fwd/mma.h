@@ -85,10 +85,6 @@ struct Consumer {
   // This consumer's warpgroup (0 .. kConsumerWgs - 1), read once where the tile holds it
   // (Traits::kHoldWgIndex, tile_config.h), else derived again where used.
   int wg_held;
-  // Whether this thread arrives on the pipelines' empty barriers for its warpgroup (its first
-  // thread; PipelineSpec::kEmptyArrivals counts one per warpgroup): read once, so a release is
-  // one predicated arrive rather than a read of the thread index each time.
-  bool leader;
   Timeline timeline;  // FH_TIMELINE builds only (timeline.h)
 
   static CUTE_DEVICE SmemBarriers<VSpec> v_barriers(SharedStorage& smem) {
@@ -114,7 +110,6 @@ struct Consumer {
         k_pipe{{smem_.k_full, smem_.k_empty}},
         v_pipe{v_barriers(smem_)},
         wg_held(cutlass::canonical_warp_group_idx() - 1),
-        leader(thread_idx() % 128 == 0),
         timeline(params_.fwd.timeline) {}
 
   // The tile's sequence span (q_start, seqlen_q, seqlen_k), loaded where it is used rather than
@@ -162,6 +157,10 @@ struct Consumer {
       return cutlass::canonical_warp_group_idx() - 1;
     }
   }
+  // The one thread per warpgroup that arrives on empty barriers (PipelineSpec::kEmptyArrivals),
+  // derived at each release: held as a predicate it saved 4 instructions per step but let ptxas
+  // move the PV GEMM's wait above every exponential of the row (bench/PERFLOG.md).
+  static CUTE_DEVICE bool wg_leader() { return thread_idx() % 128 == 0; }
 
   // Shared-memory descriptors depend on the warpgroup only: slicing with its first thread, a
   // warp-uniform value, lets them live in uniform registers.
@@ -196,19 +195,19 @@ struct Consumer {
   // --- pipelines (the tile / step arguments name what the schedule expects; the host test
   //     checks them, the kernel needs only the pipeline state) ----------------------------------
   CUTE_DEVICE void wait_q(TileWork const&) { q_pipe.wait(); }
-  CUTE_DEVICE void release_q(TileWork const&) { q_pipe.release(leader); }
+  CUTE_DEVICE void release_q(TileWork const&) { q_pipe.release(wg_leader()); }
   CUTE_DEVICE void wait_k(TileWork const&, KeyStep) {
     timeline.mark(Ev::kKWait);
     k_pipe.wait();
     timeline.mark(Ev::kKReady);
   }
-  CUTE_DEVICE void release_k(TileWork const&, KeyStep) { k_pipe.release(leader); }
+  CUTE_DEVICE void release_k(TileWork const&, KeyStep) { k_pipe.release(wg_leader()); }
   CUTE_DEVICE void wait_v(TileWork const&, KeyStep) {
     timeline.mark(Ev::kVWait);
     v_pipe.wait();
     timeline.mark(Ev::kVReady);
   }
-  CUTE_DEVICE void release_v(TileWork const&, KeyStep) { v_pipe.release(leader); }
+  CUTE_DEVICE void release_v(TileWork const&, KeyStep) { v_pipe.release(wg_leader()); }
 
   CUTE_DEVICE void turn_start() const { pingpong().start(); }
   CUTE_DEVICE void turn_wait() {
