@@ -157,7 +157,9 @@ struct Consumer {
       return cutlass::canonical_warp_group_idx() - 1;
     }
   }
-  // The one thread per warpgroup that arrives on empty barriers (PipelineSpec::kEmptyArrivals).
+  // The one thread per warpgroup that arrives on empty barriers (PipelineSpec::kEmptyArrivals),
+  // derived at each release: held as a predicate it saved 4 instructions per step but let ptxas
+  // move the PV GEMM's wait above every exponential of the row (bench/PERFLOG.md).
   static CUTE_DEVICE bool wg_leader() { return thread_idx() % 128 == 0; }
 
   // Shared-memory descriptors depend on the warpgroup only: slicing with its first thread, a
@@ -250,8 +252,13 @@ struct Consumer {
 
   // --- GEMMs --------------------------------------------------------------------------------
   CUTE_DEVICE void issue_qk(TileState& f) {
-    if constexpr (!Traits::kOverlap) {
-      forget(f.s);  // not live across the PV GEMM (the overlapped schedule keeps it anyway)
+    // S's previous values are dead here (P holds them since convert_p): without this the GEMM's
+    // accumulator operands keep them alive until its issue, and ptxas packs FP8 P in S's
+    // registers and moves it into the PV GEMM's operand with a PRMT per word. FP8 only: the
+    // 16-bit kernels (P converted elsewhere) measured slower with it, d64 by 3-8 %
+    // (bench/PERFLOG.md).
+    if constexpr (kFp8) {
+      forget(f.s);
     }
     wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_qk, tSrQ(), tSrK()(_, _, _, k_pipe.stage()), f.s);
     timeline.mark(Ev::kQkIssued);

@@ -66,6 +66,16 @@ struct TileWork {
     const int n = range.n_max - 1 - i;
     return {n, split.masked(n), n == range.n_min};
   }
+  // Steps [unmasked_begin(), unmasked_end()) visit the unmasked key blocks [n_left, n_right),
+  // one contiguous run (empty when n_left >= n_right).
+  FH_HOST_DEVICE int unmasked_begin() const { return range.n_max - split.n_right; }
+  FH_HOST_DEVICE int unmasked_end() const { return range.n_max - split.n_left; }
+  // Step i of the unmasked run, its mask flag a constant and `last` a compare with the tile's
+  // last step (last_step = num_steps() - 1, kept by the loop), so a loop over the run carries
+  // only the step counter.
+  FH_HOST_DEVICE KeyStep unmasked_step(int i, int last_step) const {
+    return {range.n_max - 1 - i, false, i == last_step};
+  }
 };
 
 // Varlen: whether V's key block n holds rows past the tile's sequence that TMA does not
@@ -286,32 +296,47 @@ FH_ROLE void overlapped_step(Ops& ops, State& f, TileWork const& w, KeyStep step
   ops.convert_p(f);
 }
 
-// Step i >= 1 of tile w (with the PV GEMM of its step i - 1) in the code of its kind: masked or
-// not (the step's), capped or not (the call's). Plain branches, no lambdas: the compiler need not
-// inline a lambda, and a GEMM in flight across a call is serialized.
+// Steps i >= 1 of tile w from step i on (each with the PV GEMM of the step before it), in the
+// code of their kind: a masked step alone (the call's softcap or not), or the whole unmasked run
+// that starts at i in one loop whose only per-step work besides the step is its counter (the
+// kind's branches and the softcap test leave the loop). Returns the next step. Plain branches,
+// no lambdas: the compiler need not inline a lambda, and a GEMM in flight across a call is
+// serialized.
 template <class Cfg, class Ops, class State>
-FH_ROLE void overlapped_step_of_kind(Ops& ops, State& f, bool capped, TileWork const& w, int i) {
+FH_ROLE int overlapped_steps_of_kind(Ops& ops, State& f, bool capped, TileWork const& w, int i) {
   const KeyStep step = w.step(i);
-  const KeyStep pv_step = w.step(i - 1);
   if (step.masked) {
     if (capped) {
-      overlapped_step<true, true, false, Cfg>(ops, f, w, step, w, pv_step);
+      overlapped_step<true, true, false, Cfg>(ops, f, w, step, w, w.step(i - 1));
     } else {
-      overlapped_step<true, false, false, Cfg>(ops, f, w, step, w, pv_step);
+      overlapped_step<true, false, false, Cfg>(ops, f, w, step, w, w.step(i - 1));
     }
-  } else if (capped) {
-    overlapped_step<false, true, false, Cfg>(ops, f, w, step, w, pv_step);
-  } else {
-    overlapped_step<false, false, false, Cfg>(ops, f, w, step, w, pv_step);
+    return i + 1;
   }
+  const int end = w.unmasked_end();
+  const int last = w.num_steps() - 1;
+  if (capped) {
+    FH_NO_UNROLL
+    for (; i < end; ++i) {
+      overlapped_step<false, true, false, Cfg>(ops, f, w, w.unmasked_step(i, last), w,
+                                               w.step(i - 1));
+    }
+  } else {
+    FH_NO_UNROLL
+    for (; i < end; ++i) {
+      overlapped_step<false, false, false, Cfg>(ops, f, w, w.unmasked_step(i, last), w,
+                                                w.step(i - 1));
+    }
+  }
+  return i;
 }
 
 template <class Cfg, class Ops, class State>
 FH_ROLE void overlapped_steps_after_first(Ops& ops, State& f, TileWork const& w) {
   const bool capped = ops.softcapped();
   FH_NO_UNROLL
-  for (int i = 1; i < w.num_steps(); ++i) {
-    overlapped_step_of_kind<Cfg>(ops, f, capped, w, i);
+  for (int i = 1; i < w.num_steps();) {
+    i = overlapped_steps_of_kind<Cfg>(ops, f, capped, w, i);
   }
 }
 
@@ -348,8 +373,7 @@ FH_ROLE void consume_merged(Schedule const& sched, Ops& ops) {
   FH_NO_UNROLL
   for (;;) {
     if (i < cur.num_steps()) {
-      overlapped_step_of_kind<Cfg>(ops, f, capped, cur, i);
-      ++i;
+      i = overlapped_steps_of_kind<Cfg>(ops, f, capped, cur, i);
       continue;
     }
     int next_round = round + 1;
@@ -429,18 +453,29 @@ FH_ROLE void consume_sequential(Schedule const& sched, Ops& ops) {
     sequential_pv(ops, f, w, w.step(0));
     const bool capped = ops.softcapped();
     FH_NO_UNROLL
-    for (int i = 1; i < w.num_steps(); ++i) {
+    for (int i = 1; i < w.num_steps();) {
       const KeyStep step = w.step(i);
-      if (step.masked) {
+      if (step.masked) {  // a masked step alone
         if (capped) {
           sequential_step<true, true>(ops, f, w, step);
         } else {
           sequential_step<true, false>(ops, f, w, step);
         }
-      } else if (capped) {
-        sequential_step<false, true>(ops, f, w, step);
+        ++i;
+        continue;
+      }
+      const int end = w.unmasked_end();  // the unmasked run from i, in one loop
+      const int last = w.num_steps() - 1;
+      if (capped) {
+        FH_NO_UNROLL
+        for (; i < end; ++i) {
+          sequential_step<false, true>(ops, f, w, w.unmasked_step(i, last));
+        }
       } else {
-        sequential_step<false, false>(ops, f, w, step);
+        FH_NO_UNROLL
+        for (; i < end; ++i) {
+          sequential_step<false, false>(ops, f, w, w.unmasked_step(i, last));
+        }
       }
     }
     ops.template finish<false>(f, w);

@@ -85,12 +85,12 @@ struct OnlineSoftmax {
       }
       row_max[r] = m;
       const float sub = m_scaled - kOffset;
-      float sum = 0.f;
+      float sum;  // from the first p: 0 + p is an instruction the compiler must keep (-0)
       CUTE_UNROLL
       for (int c = 0; c < size<1>(scores); ++c) {
         const float p = exp2f(scores(r, c) * scale_log2 - sub);
         scores(r, c) = p;
-        sum += p;
+        sum = c == 0 ? p : sum + p;
       }
       row_sum[r] += sum;
     }
