@@ -254,9 +254,9 @@ struct Consumer {
   CUTE_DEVICE void issue_qk(TileState& f) {
     // S's previous values are dead here (P holds them since convert_p): without this the GEMM's
     // accumulator operands keep them alive until its issue, and ptxas packs FP8 P in S's
-    // registers and moves it into the PV GEMM's operand with a PRMT per word. FP8 only: the
-    // 16-bit kernels (P converted elsewhere) measured slower with it, d64 by 3-8 %
-    // (bench/PERFLOG.md).
+    // registers and moves it into the PV GEMM's operand with a PRMT per word. FP8 only: in the
+    // 16-bit kernels it removes nothing (their P packs without PRMT), changes the d128 / d256
+    // loops' register assignment only, and measured no gain there (bench/PERFLOG.md).
     if constexpr (kFp8) {
       forget(f.s);
     }
