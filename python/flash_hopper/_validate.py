@@ -296,20 +296,28 @@ def check_qkv(q: Any, k: Any, v: Any, devices: bool = True, fp8: bool = False,
     return batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim
 
 
-def _config(q, k, v, softmax_scale, left, right, softcap, backend, devices=True,
-            fp8=False, mixed=False) -> FwdConfig:
-    batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim = check_qkv(q, k, v, devices, fp8,
-                                                                       mixed)
+def _check_scale_and_softcap(softmax_scale: Any, default_scale: Any,
+                             softcap: Any) -> tuple[Any, float]:
+    """(scale, softcap) checked: softmax_scale None takes ``default_scale`` (ours, not checked:
+    symbolic under torch.compile), else a float > 0 (the kernels take the row max of unscaled
+    scores, which commutes with a positive scale only); softcap a float >= 0 (0 disables it)."""
     if softmax_scale is None:
-        scale = head_dim**-0.5  # ours, no need to check it (and symbolic under torch.compile)
+        scale = default_scale
     else:
         scale = _check_float("softmax_scale", softmax_scale)
-        # The kernels take the row max of unscaled scores: that commutes with a positive scale only.
         if not scale > 0:
             raise ValueError(f"softmax_scale: expected a float > 0, got {softmax_scale!r}")
     cap = _check_float("softcap", softcap)
     if cap < 0:
         raise ValueError(f"softcap: expected a float >= 0 (0 disables it), got {softcap!r}")
+    return scale, cap
+
+
+def _config(q, k, v, softmax_scale, left, right, softcap, backend, devices=True,
+            fp8=False, mixed=False) -> FwdConfig:
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim = check_qkv(q, k, v, devices, fp8,
+                                                                       mixed)
+    scale, cap = _check_scale_and_softcap(softmax_scale, head_dim**-0.5, softcap)
     return FwdConfig(
         batch=batch,
         seqlen_q=seqlen_q,
@@ -439,21 +447,13 @@ def check_qv(q: Any, k: Any, v: Any, qv: Any, softmax_scale: Any, causal: Any, w
             raise ValueError(f"{name}: must be contiguous in the last dimension (stride 1), got "
                              f"strides {tuple(t.stride())}; call {name}.contiguous()")
     left, right = _check_window(window_size, causal)
-    if softmax_scale is None:
-        scale = (head_dim + head_dim_v) ** -0.5  # FA3's default with qv
-    else:
-        scale = _check_float("softmax_scale", softmax_scale)
-        if not scale > 0:
-            raise ValueError(f"softmax_scale: expected a float > 0, got {softmax_scale!r}")
-    cap = _check_float("softcap", softcap)
-    if cap < 0:
-        raise ValueError(f"softcap: expected a float >= 0 (0 disables it), got {softcap!r}")
+    # FA3's default scale with qv: over both dot products' dims
+    scale, cap = _check_scale_and_softcap(softmax_scale, (head_dim + head_dim_v) ** -0.5, softcap)
     if _check_backend(backend) != "auto":
         raise UnsupportedError(f"backend: expected 'auto' with qv (qv runs a composite path of "
                                f"torch GEMMs, not an FA kernel), got {backend!r}")
     for name, t in (("qv", qv), (k_name, k), (v_name, v)):
-        if t.device != q.device:
-            raise ValueError(f"{name}: must be on q's device {q.device}, got device {t.device}")
+        _check_device(name, t, q)
     return QvConfig(heads_q, heads_kv, head_dim, head_dim_v, q.dtype, scale, left, right, cap)
 
 
