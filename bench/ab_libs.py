@@ -47,7 +47,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from flash_hopper import _bwd, _fwd, _lib, _validate, ops
+from flash_hopper import _abi, _bwd, _fwd, _lib, _validate, ops
 from flash_hopper._tables import FA3_VARIANT_NAMES
 from flash_hopper.bench.cases import Case
 from flash_hopper.bench.check import (
@@ -228,12 +228,19 @@ def peer_runs(peers: dict, q, k, v, case: Case, keep, out: torch.Tensor, lse: to
     return runs, checks, outs, skipped
 
 
+FP8_SINGLE_LEVEL = "fp8-single-level"  # @fp8-single-level: the FP8 accumulation ablation
+
+
 def with_variant(params, variant):
-    """params, or a copy of them that runs the FA-3 variant `variant` (None: params itself)."""
+    """params, or a copy of them that runs the FA-3 variant `variant` (or the FP8 single-level
+    ablation; None: params itself)."""
     if variant is None:
         return params
     copy = type(params).from_buffer_copy(params)
-    copy.variant = variant
+    if variant == FP8_SINGLE_LEVEL:
+        copy.fp8_accumulation = _abi.FhFp8Accumulation.SINGLE_LEVEL
+    else:
+        copy.variant = variant
     return copy
 
 
@@ -249,7 +256,9 @@ def main() -> int:
     ap.add_argument("--lib", action="append", required=True, metavar="NAME=PATH[@VARIANT]",
                     help="a library to compare (the first is the baseline); repeat. @VARIANT "
                          "(forward): run this entry as that FA-3 variant ('fa3-no-pingpong', "
-                         "...), so one library's variants are timed side by side")
+                         "...) or with the FP8 single-level accumulation ('fp8-single-level', "
+                         "the ablation; the library's kernel decides what that runs), so one "
+                         "library's variants are timed side by side")
     ap.add_argument("-d", "--head-dim", type=int, nargs="+", default=[128])
     ap.add_argument("-s", "--seqlen", type=int, nargs="+",
                     default=[512, 1024, 2048, 4096, 8192, 16384])
@@ -283,10 +292,14 @@ def main() -> int:
         name, _, rest = spec.partition("=")
         path, _, variant = rest.partition("@")
         if variant:
-            if variant not in FA3_VARIANT_NAMES or args.direction != "fwd":
+            if variant == FP8_SINGLE_LEVEL and args.direction == "fwd":
+                variants[name] = FP8_SINGLE_LEVEL
+            elif variant not in FA3_VARIANT_NAMES or args.direction != "fwd":
                 raise SystemExit(f"--lib {spec}: expected a forward FA-3 variant of "
-                                 f"{sorted(FA3_VARIANT_NAMES)}, got {variant!r}")
-            variants[name] = int(FA3_VARIANT_NAMES[variant])
+                                 f"{sorted(FA3_VARIANT_NAMES)} or {FP8_SINGLE_LEVEL!r}, got "
+                                 f"{variant!r}")
+            else:
+                variants[name] = int(FA3_VARIANT_NAMES[variant])
         libs[name] = load(Path(path))
     names = list(libs)
     causals = {"both": [False, True], "on": [True], "off": [False]}[args.causal]

@@ -71,6 +71,26 @@ def _load_script(name: str):
     return module
 
 
+def test_ab_libs_variants_set_the_field_they_name():
+    from flash_hopper import _abi, _lib
+    from flash_hopper._tables import FA3_VARIANT_NAMES
+
+    ab_libs = _load_script("ab_libs")
+    params = _lib.FhFwdParams()
+    assert ab_libs.with_variant(params, None) is params
+    single = ab_libs.with_variant(params, ab_libs.FP8_SINGLE_LEVEL)
+    assert single.fp8_accumulation == _abi.FhFp8Accumulation.SINGLE_LEVEL
+    assert single.variant == params.variant and params.fp8_accumulation != single.fp8_accumulation
+    no_pp = ab_libs.with_variant(params, int(FA3_VARIANT_NAMES["fa3-no-pingpong"]))
+    assert no_pp.variant == FA3_VARIANT_NAMES["fa3-no-pingpong"]
+    assert no_pp.fp8_accumulation == params.fp8_accumulation
+
+
+def test_ab_libs_refuses_the_fp8_ablation_for_the_backward():
+    done = _run("ab_libs.py", "--lib", "a=/nonexistent.so@fp8-single-level", "--direction", "bwd")
+    assert done.returncode != 0 and "fp8-single-level" in done.stderr
+
+
 def test_ab_libs_checks_each_library_on_a_poisoned_buffer():
     from flash_hopper.bench.cases import Case
     from flash_hopper.bench.check import References

@@ -254,6 +254,22 @@ def test_two_level_accumulation_keeps_long_sums_exact(fp8, head_dim):
     assert not torch.isnan(single).any()  # the ablation runs; its error is measured, not bounded
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_row_max_jump_between_folds(fp8, head_dim):
+    # Every row's max jumps by ~70-100 nats at key 1500 and stays there over 4k keys: the fold of
+    # the PV chain after the jump meets a rescale far below 2^-64 since the earlier folds (whose
+    # values then vanish), and the folds after it must weight the later keys alike.
+    require_fp8_kernel(fp8, head_dim)
+    torch.manual_seed(head_dim)
+    sk, jump = 4096, 1500
+    q = torch.ones(1, 64, 2, head_dim, device="cuda").to(E4M3)
+    k = torch.randn(1, sk, 2, head_dim, device="cuda") * 0.3
+    k[:, jump:] += 6.0 * 16 / head_dim**0.5
+    k, v = k.to(E4M3), torch.randn(1, sk, 2, head_dim, device="cuda").to(E4M3)
+    out, lse = poisoned_call(q, k, v)
+    check(out, lse, q, k, v)
+
+
 def needle_readout(q8, k8, v8, u, **kwargs):
     """<out, u> / <u, u> per query row: the share of the needle's value in the output."""
     out = flash_attn_func(q8, k8, v8, **kwargs).double()
