@@ -287,19 +287,17 @@ def main() -> int:
                              + (" (the backward times libraries only)"
                                 if args.direction != "fwd" else ""))
         peers[name] = known[name]
+    choices = {**{n: int(v) for n, v in FA3_VARIANT_NAMES.items()},
+               FP8_SINGLE_LEVEL: FP8_SINGLE_LEVEL}
     libs, variants = {}, {}
     for spec in args.lib:
         name, _, rest = spec.partition("=")
         path, _, variant = rest.partition("@")
         if variant:
-            if variant == FP8_SINGLE_LEVEL and args.direction == "fwd":
-                variants[name] = FP8_SINGLE_LEVEL
-            elif variant not in FA3_VARIANT_NAMES or args.direction != "fwd":
-                raise SystemExit(f"--lib {spec}: expected a forward FA-3 variant of "
-                                 f"{sorted(FA3_VARIANT_NAMES)} or {FP8_SINGLE_LEVEL!r}, got "
-                                 f"{variant!r}")
-            else:
-                variants[name] = int(FA3_VARIANT_NAMES[variant])
+            if variant not in choices or args.direction != "fwd":
+                raise SystemExit(f"--lib {spec}: expected a forward variant of {sorted(choices)}, "
+                                 f"got {variant!r}")
+            variants[name] = choices[variant]
         libs[name] = load(Path(path))
     names = list(libs)
     causals = {"both": [False, True], "on": [True], "off": [False]}[args.causal]
