@@ -17,7 +17,8 @@ kernels use:
   loops of every built family (sm90/bwd/tile_config.h) simulated together over whole persistent
   grids (a happens-before check of the sdS / sP buffer hazard; the dQ protocol: slots and bulk
   reduce-adds, red.global, the deterministic semaphores with no deadlock, each part once, rank
-  order and bitwise-equal sums), and a negative control per property;
+  order and bitwise-equal sums; every step in the code of its call's softcap), and a negative
+  control per property;
 - test_fp8_layout.cpp: the FP8 forward's in-place P packing against PTX's fragment layouts and
   the V^T key order, the transposer's addresses (against a plain model of the layouts; also
   against the kernel's own CuTe layouts where CUTLASS and the CUDA headers are found), its

@@ -15,14 +15,15 @@
 //     reduce-add (read and complete as separate events), red.global (performed at some later
 //     point, or at a fence) and global-semaphore semantics, plus per-consumer checks (buffers
 //     of the right step, RS register hazards in family A, releases after the last reader, dK /
-//     dV sum each step once), for every built family. A vector clock per CTA orders its agents'
-//     events (happens-before through mbarriers and named barriers): every write of sdS / sP must
-//     follow every completed GEMM that read the previous contents, and every read must follow
-//     both WGs' writes. The dQ protocol: no deadlock, every dQ block receives each contributor's
-//     part of each WG exactly once, no dQ slot rewritten before its reduce-add read it, no bulk
-//     reduce-add in flight when its WG exits; deterministic mode: the semaphore passes only
-//     after the holder's adds were performed, each element's adds come in the order (n
-//     descending, WG ascending), and the sums are bitwise equal over two interleavings;
+//     dV sum each step once, every step in the code of its call's softcap), for every built
+//     family. A vector clock per CTA orders its agents' events (happens-before through
+//     mbarriers and named barriers): every write of sdS / sP must follow every completed GEMM
+//     that read the previous contents, and every read must follow both WGs' writes. The dQ
+//     protocol: no deadlock, every dQ block receives each contributor's part of each WG exactly
+//     once, no dQ slot rewritten before its reduce-add read it, no bulk reduce-add in flight
+//     when its WG exits; deterministic mode: the semaphore passes only after the holder's adds
+//     were performed, each element's adds come in the order (n descending, WG ascending), and
+//     the sums are bitwise equal over two interleavings;
 //  e. negative controls: broken variants of the schedule and of the protocol that must be
 //     caught.
 // Prints "OK" on success.
@@ -70,6 +71,7 @@ struct Problem {
   int batch, kv_heads, q_per_kv, seqlen_q, seqlen_k, grid_sms;
   AttentionMask mask;
   bool deterministic;
+  bool softcap = false;  // every step of the call must run the capped code, none of another call
   int q_heads() const { return kv_heads * q_per_kv; }
 };
 
@@ -103,15 +105,17 @@ static Problem random_problem(std::mt19937& rng) {
   }
   p.mask = AttentionMask{p.seqlen_q, p.seqlen_k, wl, wr, chunk};
   p.deterministic = rng() % 2 == 0;
+  p.softcap = rng() % 2 == 0;
   return p;
 }
 
 static std::string describe(Problem const& p, int bm, int bn) {
   char buf[256];
   std::snprintf(buf, sizeof(buf),
-                "%dx%d | b %d hkv %d gq %d sq %d sk %d wl %d wr %d chunk %d sms %d det %d", bm, bn,
-                p.batch, p.kv_heads, p.q_per_kv, p.seqlen_q, p.seqlen_k, p.mask.window_left,
-                p.mask.window_right, p.mask.chunk, p.grid_sms, int(p.deterministic));
+                "%dx%d | b %d hkv %d gq %d sq %d sk %d wl %d wr %d chunk %d sms %d det %d cap %d",
+                bm, bn, p.batch, p.kv_heads, p.q_per_kv, p.seqlen_q, p.seqlen_k,
+                p.mask.window_left, p.mask.window_right, p.mask.chunk, p.grid_sms,
+                int(p.deterministic), int(p.softcap));
   return buf;
 }
 
@@ -139,6 +143,7 @@ struct Sabotage {
   bool no_handoff = false;    // deterministic, dq_wgs = 1: no DqTurn sync between WG 0 and WG 1
   int skip_pass = -1;         // deterministic: thread 0 does not pass the turn on this step
   int pass_by = 1;            // deterministic: thread 0 adds this to the semaphore
+  bool softcap_misread = false;  // the consumers' softcapped() answers the opposite of the call
 };
 
 template <int BM, int BN>
@@ -626,8 +631,16 @@ struct MockConsumer {
       dp_reg = held[kQ].front();
     }
   }
+  bool softcapped() const { return p.softcap != sab.softcap_misread; }
+  // A step's code is capped exactly when its call is (kCapped: schedule.h's step kind).
+  void check_capped(bool capped, char const* op) {
+    CHECK(capped == p.softcap, "WG %d: %s of a step of a call with softcap %d runs the code of %d",
+          wg, op, int(p.softcap), int(capped));
+  }
+  template <bool kCapped>
   void softcap(TileState&) {
     CHECK(!flying('S'), "WG %d applies softcap to an S in flight", wg);
+    check_capped(kCapped, "softcap");
   }
   void publish_stats() {}
   void sync_stats() {}  // Stats c: threads of this WG only
@@ -658,9 +671,11 @@ struct MockConsumer {
     CHECK(p_reg == at(w, s), "WG %d stores a P of another step", wg);
     write_smem(kBufP, 0, p_reg);
   }
+  template <bool kCapped>
   void compute_ds(TileState&, BwdTileWork const& w, QueryStep s) {
     CHECK(!flying('P') && dp_reg == at(w, s) && p_reg == at(w, s), "WG %d computes dS of an "
           "incomplete dP or another step's P", wg);
+    check_capped(kCapped, "compute_ds");
     if constexpr (!kB) {  // RS: the dS registers are dK's A operand
       CHECK(!flying('K'), "WG %d overwrites dS while its dK GEMM reads it", wg);
     }
@@ -1535,6 +1550,20 @@ static void negative_controls(std::mt19937& rng) {
     CHECK(caught_within(20, [&] { return run_roles<D128>(p, rng, s); }),
           "role sabotage %d went unnoticed", int(&s - role));
   }
+  // Softcap: a capped call runs every step in the capped code; a misread softcapped() (either
+  // way) runs the other kind's code, in both families.
+  Sabotage misread;
+  misread.softcap_misread = true;
+  for (bool cap : {false, true}) {
+    p.softcap = cap;
+    CHECK(!caught([&] { return run_roles<D128>(p, rng, {}); }), "softcap %d role control fails",
+          int(cap));
+    CHECK(caught([&] { return run_roles<D128>(p, rng, misread); }),
+          "softcapped() misread (softcap %d, family A) went unnoticed", int(cap));
+    CHECK(caught([&] { return run_roles<D256>(p, rng, misread); }),
+          "softcapped() misread (softcap %d, family B) went unnoticed", int(cap));
+  }
+  p.softcap = false;
   family_b_controls(rng);
   // Per-WG partial dQ (d64, d96): the WG-local PdS sync orders only the WG's own part of sdS, so
   // a dQ GEMM reading the other WG's part too must be caught (a part not yet written, or not

@@ -271,9 +271,12 @@ struct BwdConsumer {
     return get<kFamilyB ? 0 : 1>(c);
   }
 
-  // Softcap before the mask, as in the forward.
+  // Whether the call caps its scores: the kCapped of every step's code (schedule.h).
+  CUTE_DEVICE bool softcapped() const { return p.softcap != 0.f; }
+  // Softcap (kCapped: the call's softcapped()) before the mask, as in the forward.
+  template <bool kCapped>
   CUTE_DEVICE void softcap(TileState& f) {
-    if (p.softcap != 0.f) {
+    if constexpr (kCapped) {
       apply_softcap(f.s, p.softcap, p.softcap_prescale);
     }
   }
@@ -309,11 +312,13 @@ struct BwdConsumer {
     convert_into(f.s, f.pt);
   }
 
-  // dS^T = P^T (dP^T - D) [* (1 - t^2) with softcap, t recovered from P as on the FA-2 path:
-  // score * log2(e) = log2(P) + lse_log2], -> 16 bit, -> shared memory (q-major, for dQ).
+  // dS^T = P^T (dP^T - D) [* (1 - t^2) if kCapped (the call's softcapped()), t recovered from P
+  // as on the FA-2 path: score * log2(e) = log2(P) + lse_log2], -> 16 bit, -> shared memory
+  // (q-major, for dQ).
   // P comes from the fp32 scores' registers, or with 128-query steps from its 16-bit copy (the dV
   // GEMM's operand): keeping the fp32 P across the dP wait as well is 64 registers more than
   // the budget has there (ptxas then serializes every wgmma, C7512).
+  template <bool kCapped>
   CUTE_DEVICE void compute_ds(TileState& f, BwdTileWork const&, QueryStep) {
     Tensor p_rc = [&] {
       if constexpr (kDsFrom16BitP) {
@@ -326,8 +331,7 @@ struct BwdConsumer {
     Tensor c_rc = coords_kq();
     float const* lse = stats_slot();
     float const* dpsum = lse + kBlockM;
-    const bool softcap_on = p.softcap != 0.f;
-    const float t_scale = softcap_on ? 0.6931471805599453f / p.softcap : 0.f;
+    const float t_scale = kCapped ? 0.6931471805599453f / p.softcap : 0.f;
     CUTE_UNROLL
     for (int c = 0; c < size<1>(p_rc); ++c) {
       const int q = query_of(c_rc(0, c));
@@ -336,7 +340,7 @@ struct BwdConsumer {
       for (int r = 0; r < size<0>(p_rc); ++r) {
         const float prob = static_cast<float>(p_rc(r, c));
         float ds = prob * (dp_rc(r, c) - col_dpsum);
-        if (softcap_on) {
+        if constexpr (kCapped) {
           const float t = (__log2f(prob) + lse[q]) * t_scale;
           ds = prob > 0.f ? ds * (1.f - t * t) : 0.f;
         }

@@ -28,9 +28,10 @@
 // tile still holds K/V (its KV buffer is released only after its last GEMM).
 //
 // Consumer WG, one step (family A: S^T = K Q^T, each WG owning 64 keys):
-//   wait Q(s); issue S; wait dO(s); issue dP; wait<1> (S done) -> exponentials (softcap, the
-//   rows' statistics behind the WG's Stats barrier, mask on masked steps, P = exp2(..)); issue
-//   dV += P^T dO (RS); wait<1> (dP done) -> dS; store dS to shared; sync PdS; issue dQ = dS K;
+//   wait Q(s); issue S; wait dO(s); issue dP; wait<1> (S done) -> exponentials (softcap on
+//   capped calls, the rows' statistics behind the WG's Stats barrier, mask on masked steps,
+//   P = exp2(..)); issue dV += P^T dO (RS); wait<1> (dP done) -> dS (times the softcap's
+//   derivative on capped calls); store dS to shared; sync PdS; issue dQ = dS K;
 //   issue dK += dS^T Q (RS); wait<1> (dV, dQ done) -> release dO(s); add dQ (add_dq);
 //   wait<0> (dK done) -> release Q(s) (the P / dS registers are free only now: they are the RS
 //   GEMMs' A operands).
@@ -46,6 +47,12 @@
 // while the other WG's dV still reads step s's (both buckets have two Q / dO stages, so the Q
 // pipeline does not order it: Q(s+1) may already be resident while step s's GEMMs run). The
 // P / dS registers are no GEMM operands here, so there is no RS register hazard.
+// Both families: a step's kind, whether it needs the element mask (the step's) and whether the
+// call caps its scores (softcap, the call's), is a compile-time property of its code (kMasked,
+// kCapped). The consumer reads the call's softcap once, the tile's step loop is compiled once per
+// value of it, and each step branches on its mask only: nothing in a step's element math tests
+// either at run time (a run-time softcap test there is one branch per element, and ptxas does
+// not schedule across them).
 // Tiles without queries (every row masks the key block out) touch no barrier in any role: the
 // consumers store dK = dV = 0 and the producer skips them.
 //
@@ -346,10 +353,11 @@ FH_ROLE void produce_bwd(Schedule const& sched, Ops& ops) {
 //               wait_dout(w, s) / release_dout(w, s)
 //   GEMMs       issue_s(f), issue_dp(f), issue_dv(f), issue_dq(f), issue_dk(f),
 //               wait_gemms<kInFlight>()
-//   math        softcap(f); publish_stats() (the WG's lse_log2 / D rows -> its stats slot);
+//   math        softcapped() (whether the call caps its scores), softcap<kCapped>(f) (nothing
+//               unless kCapped); publish_stats() (the WG's lse_log2 / D rows -> its stats slot);
 //               transform<kMasked>(f, w, s) (element mask, P = exp2, P -> 16 bit),
-//               compute_ds(f, w, s) (dS = P (dP - D) [softcap'], dS -> 16 bit, dS -> shared),
-//               family B: store_p(f, w, s) (P -> sP)
+//               compute_ds<kCapped>(f, w, s) (dS = P (dP - D), times softcap' if kCapped,
+//               dS -> 16 bit, dS -> shared), family B: store_p(f, w, s) (P -> sP)
 //   barriers    sync_stats() (Stats c), sync_pds(); family B: sync_pds_free()
 //   dQ          dq_block(w, s): the step's block of the accumulator (the adds' target);
 //               dQ slots: wait_dq_slot_read() (the leader: its last bulk reduce-add read the
@@ -379,12 +387,12 @@ FH_ROLE void start_step(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
   ops.template wait_gemms<1>();  // S done, dP in flight
 }
 
-// The exponentials: softcap, the rows' statistics into the WG's slot behind its Stats barrier,
-// then the mask and P. The same barrier frees the WG's dQ slot for this step's dQ: its leader
-// reaches it only after the previous step's bulk reduce-add read the slot.
-template <class Cfg, bool kMasked, class Ops, class State>
+// The exponentials: softcap (capped calls), the rows' statistics into the WG's slot behind its
+// Stats barrier, then the mask and P. The same barrier frees the WG's dQ slot for this step's dQ:
+// its leader reaches it only after the previous step's bulk reduce-add read the slot.
+template <class Cfg, bool kMasked, bool kCapped, class Ops, class State>
 FH_ROLE void exponentials(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
-  ops.softcap(f);
+  ops.template softcap<kCapped>(f);
   ops.publish_stats();
   if constexpr (Cfg::kDqSlots) {
     ops.wait_dq_slot_read();
@@ -443,37 +451,53 @@ FH_ROLE void finish_step(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) 
   ops.release_q(w, s);
 }
 
-template <class Cfg, bool kMasked, class Ops, class State>
+template <class Cfg, bool kMasked, bool kCapped, class Ops, class State>
 FH_ROLE void bwd_step(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
   start_step(ops, f, w, s);
-  exponentials<Cfg, kMasked>(ops, f, w, s);
+  exponentials<Cfg, kMasked, kCapped>(ops, f, w, s);
   ops.issue_dv(f);               // the dS arithmetic below runs under this GEMM
   ops.template wait_gemms<1>();  // dP done, dV in flight
-  ops.compute_ds(f, w, s);
+  ops.template compute_ds<kCapped>(f, w, s);
   ops.sync_pds();                // both WGs' dS are in shared memory
   finish_step<Cfg>(ops, f, w, s);
 }
 
 // Family B: P and dS go through the single-stage sP / sdS, read by both WGs' SS GEMMs.
-template <class Cfg, bool kMasked, class Ops, class State>
+template <class Cfg, bool kMasked, bool kCapped, class Ops, class State>
 FH_ROLE void bwd_step_b(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
   start_step(ops, f, w, s);
-  exponentials<Cfg, kMasked>(ops, f, w, s);
+  exponentials<Cfg, kMasked, kCapped>(ops, f, w, s);
   ops.sync_pds_free();           // both WGs' GEMMs of the previous step (sP / sdS readers) done
   ops.store_p(f, w, s);
   ops.template wait_gemms<0>();  // dP done
-  ops.compute_ds(f, w, s);
+  ops.template compute_ds<kCapped>(f, w, s);
   ops.sync_pds();                // both WGs' halves of P and dS are in shared memory
   ops.issue_dv(f);
   finish_step<Cfg>(ops, f, w, s);
 }
 
-template <class Cfg, bool kMasked, class Ops, class State>
+template <class Cfg, bool kMasked, bool kCapped, class Ops, class State>
 FH_ROLE void step(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
   if constexpr (Cfg::kFamilyB) {
-    bwd_step_b<Cfg, kMasked>(ops, f, w, s);
+    bwd_step_b<Cfg, kMasked, kCapped>(ops, f, w, s);
   } else {
-    bwd_step<Cfg, kMasked>(ops, f, w, s);
+    bwd_step<Cfg, kMasked, kCapped>(ops, f, w, s);
+  }
+}
+
+// A tile's steps in the code of the call's softcap (kCapped), each masked or not. Plain
+// branches, no lambdas: the compiler need not inline a lambda, and a GEMM in flight across a
+// call is serialized.
+template <class Cfg, bool kCapped, class Ops, class State>
+FH_ROLE void tile_steps(Ops& ops, State& f, BwdTileWork const& w) {
+  FH_NO_UNROLL
+  for (int i = 0; i < w.num_steps(); ++i) {
+    const QueryStep s = w.step(i);
+    if (s.masked) {
+      step<Cfg, true, kCapped>(ops, f, w, s);
+    } else {
+      step<Cfg, false, kCapped>(ops, f, w, s);
+    }
   }
 }
 
@@ -482,20 +506,17 @@ FH_ROLE void step(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
 template <class Cfg, class Schedule, class Ops>
 FH_ROLE void consume_bwd_wg(Schedule const& sched, Ops& ops) {
   auto on_empty = [&](BwdTileWork const& w) { ops.store_zero(w); };
+  const bool capped = ops.softcapped();
   BwdTileWork w;
   FH_NO_UNROLL
   for (int round = 0; sched.next_with_queries(round, w, on_empty); ++round) {
     typename Ops::TileState f;
     ops.clear_dkv(f);
     ops.wait_kv(w);
-    FH_NO_UNROLL
-    for (int i = 0; i < w.num_steps(); ++i) {
-      const QueryStep s = w.step(i);
-      if (s.masked) {
-        detail::step<Cfg, true>(ops, f, w, s);
-      } else {
-        detail::step<Cfg, false>(ops, f, w, s);
-      }
+    if (capped) {
+      detail::tile_steps<Cfg, true>(ops, f, w);
+    } else {
+      detail::tile_steps<Cfg, false>(ops, f, w);
     }
     ops.release_kv(w);  // after the last step's wait_gemms<0>: no GEMM reads K or V any more
     ops.store_dkv(f, w);
