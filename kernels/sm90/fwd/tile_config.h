@@ -45,7 +45,8 @@ struct FwdConfig {
   // rescaled as 16-bit O is), and every `pv_fold_every` of them O is added into an fp32 copy in
   // shared memory and the chain restarts from zero (mma.h, PvFoldedToShared): the tensor core's
   // narrower accumulation then only ever sums that many blocks, at the registers of a
-  // single-level kernel. 0: each PV GEMM into an accumulator of its own, added into O in
+  // single-level kernel; its truncation bias grows with the chain, which therefore stays within
+  // kFp8MaxChainKeys (below). 0: each PV GEMM into an accumulator of its own, added into O in
   // registers (PvTwoLevel), or the sequential kernels' fold.
   int pv_fold_every = 0;
   // FP8: stages of V as loaded, the transposer's input (0: `stages`). The transposer frees a V
@@ -302,6 +303,23 @@ constexpr bool has_fp8_short_keys_tile(int head_dim) {
   const FwdConfig b = fwd_config_fp8(head_dim, TileFamily::kShortKeys);
   return a.block_m != b.block_m || a.block_n != b.block_n || a.pingpong != b.pingpong;
 }
+
+// The keys one PV chain sums in the FP8 tensor core between two folds into fp32. Its accumulator
+// truncates, a bias toward zero that grows faster than the chain (uniform attention over random
+// values; docs/fwd_sm90.md "Two-level accumulation", the GPU test
+// test_long_uniform_attention_keeps_the_values_mean): no FP8 tile may chain more keys than this.
+inline constexpr int kFp8MaxChainKeys = 1024;
+constexpr bool fp8_chain_within_bound(int head_dim, TileFamily family) {
+  const FwdConfig c = fwd_config_fp8(head_dim, family);
+  return c.pv_fold_every * c.block_n <= kFp8MaxChainKeys;
+}
+static_assert(fp8_chain_within_bound(64, TileFamily::kDefault) &&
+                  fp8_chain_within_bound(64, TileFamily::kShortKeys) &&
+                  fp8_chain_within_bound(96, TileFamily::kDefault) &&
+                  fp8_chain_within_bound(128, TileFamily::kDefault) &&
+                  fp8_chain_within_bound(192, TileFamily::kDefault) &&
+                  fp8_chain_within_bound(256, TileFamily::kDefault),
+              "an FP8 tile's PV chain exceeds kFp8MaxChainKeys");
 
 // Mixed mode (fp16 / bf16 q, e4m3 / e5m2 K and V; docs/fwd_sm90.md "Mixed mode"): the 16-bit
 // kernel's consumers on 16-bit K / V stages, plus a ring of FP8 staging stages the TMA loads into
