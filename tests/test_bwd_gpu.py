@@ -345,6 +345,24 @@ def test_bwd_into_nan_poisoned(lib, seed, num_sms, deterministic, causal, window
     assert_grads_match(got, q, k, v, dout, dlse, causal=causal, window_size=window_size)
 
 
+@pytest.mark.parametrize("num_sms", [0, 1, 3])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_tiles_without_queries(lib, seed, num_sms, head_dim, path):
+    # A window far left of the last keys (seqlen_k > seqlen_q) hides whole key blocks from every
+    # query: the FA-3 path's producer publishes those tiles without loading K / V, and their
+    # consumers store dK = dV = 0, in a walk the CTAs claim at run time (1 and 3 CTAs: each
+    # claims many tiles, empty ones among them).
+    b, sq, sk, hq, hkv = 2, 64, 700, 4, 2
+    require_bwd(lib, torch.bfloat16, head_dim, path)
+    visible = AttentionMask.from_args(sq, sk, False, (10, 0)).dense()
+    assert not visible[:, :512].any()  # key blocks 0-3 (d128: tiles of 128 keys) see no query
+    q, k, v = make_qkv(b, sq, sk, hq, hkv, head_dim, torch.bfloat16)
+    dout = torch.randn_like(q)
+    ran, got = bwd_into_poisoned(q, k, v, dout, None, False, num_sms, path, window_size=(10, 0))
+    assert ran == path
+    assert_grads_match(got, q, k, v, dout, None, window_size=(10, 0))
+
+
 # The FA-2 backward's tiles take 129-176 KB of shared memory (sm80 / sm90 class GPUs); d256's
 # two-Q-buffer tile (176 KB) has a one-buffer fallback (144 KB) for the A100's 164 KB, and below
 # what a bucket needs the call fails with a clear "shared memory" error before any launch.

@@ -129,6 +129,9 @@ __global__ void __launch_bounds__(kThreads) bwd_preprocess_kernel(const BwdParam
   if (threadIdx.x < kSemaphores) {
     p.semaphores[p.semaphore_offset(b, h) + row0 / kBwdSemaphoreRows + threadIdx.x] = 0;
   }
+  if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0) {
+    *p.tile_counter = 0;
+  }
 }
 
 // launch(Element{}) for the FhDtype's element type.

@@ -115,6 +115,7 @@ BwdParams derive_bwd(const FhBwdParams* p, const DeviceInfo& dev) {
     k.lse_log2 = reinterpret_cast<float*>(base + ws.lse_log2);
     k.dpsum = reinterpret_cast<float*>(base + ws.dpsum);
     k.semaphores = reinterpret_cast<int*>(base + ws.semaphores);
+    k.tile_counter = reinterpret_cast<int*>(base + ws.tile_counter);
   }
   k.seqlen_q_rounded = int(ws.seqlen_q_rounded);
   k.head_dim_rounded = int(ws.head_dim_rounded);

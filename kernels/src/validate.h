@@ -147,7 +147,7 @@ FhStatus validate(const FhFwdParams* p, bool check_data);
 
 // --- backward (validate_bwd.cu) --------------------------------------------------------------
 
-// The backward's workspace for a validated FhBwdParams: byte offsets of the four regions api.h
+// The backward's workspace for a validated FhBwdParams: byte offsets of the five regions api.h
 // documents (bwd_params.h names them) from the workspace's start, and its size. The one place
 // that knows the layout: fh_bwd_workspace_size reports `bytes`, derive_bwd carves the pointers.
 struct BwdWorkspace {
@@ -157,6 +157,7 @@ struct BwdWorkspace {
   int64_t lse_log2 = 0;          // fp32 (batch, heads_q, seqlen_q_rounded)
   int64_t dpsum = 0;             // fp32 (batch, heads_q, seqlen_q_rounded)
   int64_t semaphores = 0;        // int32 (batch, heads_q, seqlen_q_rounded / kBwdSemaphoreRows)
+  int64_t tile_counter = 0;      // int32, one
   int64_t bytes = 0;             // the end of the last region
 };
 

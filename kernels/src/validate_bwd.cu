@@ -31,10 +31,14 @@ bool bwd_workspace(const FhBwdParams* p, BwdWorkspace* ws) {
       rows * 4,                      // lse_log2
       rows * 4,                      // dpsum
       rows / kBwdSemaphoreRows * 4,  // semaphores
+      rows > 0 ? 4 : 0,              // tile_counter (an empty problem needs no workspace)
   };
-  int64_t* const starts[] = {&ws->dq_accum, &ws->lse_log2, &ws->dpsum, &ws->semaphores};
+  int64_t* const starts[] = {&ws->dq_accum, &ws->lse_log2, &ws->dpsum, &ws->semaphores,
+                             &ws->tile_counter};
+  static_assert(sizeof(region_bytes) / sizeof(region_bytes[0]) ==
+                sizeof(starts) / sizeof(starts[0]));
   int64_t offset = 0;
-  for (int i = 0; i < 4; ++i) {
+  for (size_t i = 0; i < sizeof(starts) / sizeof(starts[0]); ++i) {
     offset = round_up(offset, kWorkspaceAlign);
     *starts[i] = offset;
     if (__builtin_add_overflow(offset, region_bytes[i], &offset) ||

@@ -44,17 +44,18 @@ static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 // api.h: dq_accum fp32 (b, hq, sq_r, bucket), lse_log2 and dpsum fp32 (b, hq, sq_r), semaphores
 // int32 (b, hq, sq_r / 64); sq_r = round_up(sq, 128); each region starts 256-byte aligned.
 struct Layout {
-  int64_t starts[4];
+  int64_t starts[5];
   int64_t bytes;
 };
 
 static Layout documented_layout(int64_t b, int64_t sq, int64_t hq, int64_t d) {
   const int64_t sq_r = round_up(sq, 128);
-  const int64_t sizes[4] = {4 * b * hq * sq_r * bucket_of(d), 4 * b * hq * sq_r, 4 * b * hq * sq_r,
-                            4 * b * hq * (sq_r / 64)};
+  const int64_t rows = b * hq * sq_r;
+  const int64_t sizes[5] = {4 * rows * bucket_of(d), 4 * rows, 4 * rows, 4 * (rows / 64),
+                            rows > 0 ? 4 : 0};  // the last: the tile counter
   Layout l{};
   int64_t end = 0;
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 5; ++i) {
     l.starts[i] = round_up(end, 256);
     end = l.starts[i] + sizes[i];
   }
@@ -159,7 +160,7 @@ static void test_workspace_size() {
           "workspace size b=%" PRId64 " sq=%" PRId64 " hq=%" PRId64 " d=%" PRId64 ": %" PRId64
           ", documented layout %" PRId64,
           s.b, s.sq, s.hq, s.d, bytes, l.bytes);
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < 5; ++i) {
       CHECK(l.starts[i] % 256 == 0 && l.starts[i] <= l.bytes, "region %d start %" PRId64, i,
             l.starts[i]);
     }

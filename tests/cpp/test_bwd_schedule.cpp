@@ -119,9 +119,36 @@ static std::string describe(Problem const& p, int bm, int bn) {
   return buf;
 }
 
-static BwdTileScheduler make_tiles(Problem const& p, int bn) {
+// The kernel's scheduler (launch.h): its L2 sections sized by a bf16 d128 row (the section size is
+// a balance question, not a correctness one) and tiles claimed at run time where the kernel
+// claims them (a masked default-mode call with query rows).
+static BwdTileScheduler make_tiles(Problem const& p, int bm, int bn) {
+  const int64_t q_bytes = int64_t(p.seqlen_q) * p.q_per_kv * 128 * 8;
   return BwdTileScheduler::make(p.seqlen_k, bn, p.kv_heads, p.q_per_kv, p.batch, p.deterministic,
-                                p.grid_sms, bwd_longest_first(p.mask));
+                                p.grid_sms, bwd_longest_first(p.mask), q_bytes,
+                                (p.seqlen_q + bm - 1) / bm * p.q_per_kv);
+}
+
+// A dynamic walk's claims as a run might hand them out: claim value v (tile grid + v) goes to a
+// random CTA that has not yet failed to claim; each CTA's last claim is one of the last grid
+// values (its first index past the tiles), so every CTA gets exactly one of those.
+static std::vector<std::deque<int>> random_claims(BwdTileScheduler const& tiles,
+                                                  std::mt19937& rng) {
+  const int g = tiles.grid;
+  std::vector<std::deque<int>> claims(size_t(g > 0 ? g : 0));
+  std::vector<int> open(size_t(g > 0 ? g : 0));
+  for (int c = 0; c < g; ++c) {
+    open[size_t(c)] = c;
+  }
+  const int values = tiles.total_tiles > g ? tiles.total_tiles : g;  // up to the last failing one
+  for (int v = 0; v < values && !open.empty(); ++v) {
+    const size_t i = rng() % open.size();
+    claims[size_t(open[i])].push_back(v);
+    if (g + v >= tiles.total_tiles) {  // past the last tile: this CTA's walk ends
+      open.erase(open.begin() + long(i));
+    }
+  }
+  return claims;
 }
 
 // Negative controls, applied on top of the real schedule and protocol.
@@ -144,6 +171,9 @@ struct Sabotage {
   int skip_pass = -1;         // deterministic: thread 0 does not pass the turn on this step
   int pass_by = 1;            // deterministic: thread 0 adds this to the semaphore
   bool softcap_misread = false;  // the consumers' softcapped() answers the opposite of the call
+  bool no_empty_publish = false;  // the producer publishes no tile without queries
+  bool single_tile_slot = false;  // the tile slot has one buffer
+  bool skip_claim = false;        // the producer drops its first claimed tile
 };
 
 template <int BM, int BN>
@@ -151,8 +181,8 @@ struct TestSchedule {
   BwdCtaSchedule<BM, BN> base;
   Sabotage sab;
 
-  bool work(int round, BwdTileWork& w) const {
-    if (!base.work(round, w)) {
+  bool work(int t, BwdTileWork& w) const {
+    if (!base.work(t, w)) {
       return false;
     }
     if (sab.ascending) {
@@ -167,17 +197,11 @@ struct TestSchedule {
     }
     return true;
   }
-  template <class OnEmpty>
-  bool next_with_queries(int& round, BwdTileWork& w, OnEmpty&& on_empty) const {
-    for (;; ++round) {
-      if (!work(round, w)) {
-        return false;
-      }
-      if (w.has_queries()) {
-        return true;
-      }
-      on_empty(w);
-    }
+  int first_tile() const { return base.first_tile(); }
+  bool claims() const { return base.claims(); }
+  template <class Claim>
+  int next_tile(int round, Claim&& claim) const {
+    return base.next_tile(round, claim);
   }
 };
 
@@ -269,6 +293,30 @@ static void tile_orders(std::mt19937& rng) {
     }
   }
   check_tile_order(16384, 128, 16, 1, true, 132);  // s16k d128: k = 9
+  // Claimed at run time: masked default-mode calls with a tile counter and tiles long enough (or
+  // many key blocks); sections of as many (batch, kv head)s as fit the L2 budget by their rows.
+  for (int64_t q_bytes : {int64_t(0), int64_t(1) << 20, int64_t(16) << 20, int64_t(64) << 20}) {
+    for (int lf : {-1, 0, 1}) {
+      for (int det = 0; det < 2; ++det) {
+        for (int steps : {0, 1, kBwdClaimMinSteps - 1, kBwdClaimMinSteps, 1000}) {
+          for (int sk : {2048, 8192}) {  // 16 key blocks (4 num_n <= G), 64 (4 num_n > G)
+            const BwdTileScheduler s =
+                BwdTileScheduler::make(sk, 128, 8, 2, 4, det != 0, 132, lf, q_bytes, steps);
+            const bool dynamic = steps > 0 && det == 0 && lf != 0 &&
+                                 (steps >= kBwdClaimMinSteps || 4 * (sk / 128) > 132);
+            CHECK(s.dynamic == dynamic, "dynamic %d (lf %d det %d steps %d sk %d)",
+                  int(s.dynamic), lf, det, steps, sk);
+            if (dynamic) {
+              CHECK(s.longest_first == lf, "dynamic order lost its direction %d", lf);
+              CHECK(s.section == l2_section_heads(q_bytes, 1, 32),
+                    "dynamic section %d for %lld bytes", s.section,
+                    static_cast<long long>(q_bytes));
+            }
+          }
+        }
+      }
+    }
+  }
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -295,7 +343,7 @@ static void check_steps(Problem const& p, BwdTileScheduler const& tiles,
   std::vector<int> visits(size_t(p.batch) * hq * num_m * num_n, 0);
   for (Schedule const& cs : ctas) {
     BwdTileWork w;
-    for (int round = 0; cs.work(round, w); ++round) {
+    for (int round = 0; cs.work(tiles.index(round, cs.base.cta), w); ++round) {  // every tile once
       const int n = w.tile.n_block;
       std::vector<int> ms;  // the brute-force transpose of key_blocks
       for (int m = 0; m < num_m; ++m) {
@@ -355,6 +403,7 @@ enum Op {
   kSlotWrite, kReduce, kWaitRead, kWaitComplete,     // dQ slots and bulk reduce-adds
   kRedAdd, kFence,                                   // red.global adds of dQ and their fence
   kWaitRank, kReleaseRank,                           // semaphores
+  kTileWrite, kTileRead,                             // the tile slot
 };
 
 struct Payload {
@@ -380,7 +429,8 @@ struct Event {
 static const char* kOpName[] = {"wait_empty", "arrive_full", "wait_full", "arrive_empty",
                                 "bar_arrive", "bar_sync", "smem_write", "smem_read",
                                 "smem_read_end", "slot_write", "reduce", "wait_read",
-                                "wait_complete", "red_add", "fence", "wait_rank", "release_rank"};
+                                "wait_complete", "red_add", "fence", "wait_rank", "release_rank",
+                                "tile_write", "tile_read"};
 
 // A built backward family, from the tuned-config table the kernels are instantiated from
 // (bwd/kernel_traits.h reads the same fields).
@@ -408,7 +458,7 @@ static const char* kPipeName[] = {"KV", "Q", "dO"};
 // The named barriers of bwd/mma.h BwdBarrier that join agents: PdS, PdSFree and DqTurn (both
 // WGs), PdSLocal(c) = 3 + c (WG c's own PdS sync, dq_wgs = 1). Stats c and DqSlot c order threads
 // of one WG, which the simulation runs as one agent.
-enum Bar { kPdS = 0, kPdSFree = 1, kDqTurn = 2, kPdSLocal = 3, kNumBars = 5 };
+enum Bar { kPdS = 0, kPdSFree = 1, kDqTurn = 2, kTileSlot = 3, kPdSLocal = 4, kNumBars = 6 };
 constexpr int kWgThreads = 128;
 constexpr int kConsumerWgs = 2;
 
@@ -428,11 +478,21 @@ struct Recorder {
   void arrive_empty(int s) { push(kArriveEmpty, s, 0); }
 };
 
+// One tile the producer published through the KV stage, with the stage's payload.
+struct Published {
+  PublishedTile tile;
+  Payload payload;
+};
+constexpr int kEndTile = -7;  // the KV payload's tile of the end of a walk
+
 template <int QS>
 struct MockProducer {
   int num_n;
   Problem const& p;
   Sabotage sab;
+  BwdTileScheduler const* tiles = nullptr;
+  std::deque<int>* claims = nullptr;  // the CTA's claim values (dynamic order)
+  std::vector<Published> published;
   std::vector<Event> ev;
   ProducerEnd<PipelineSpec<1, kConsumerWgs>, Recorder> kv_pipe{{&ev, kKV}};
   ProducerEnd<PipelineSpec<QS, kConsumerWgs>, Recorder> q_pipe{{&ev, kQ}};
@@ -457,6 +517,40 @@ struct MockProducer {
     return tile_id(p, w.tile, num_n);
   }
   void kv(BwdTileWork const& w) { load(kv_pipe, {id(w), -1, -1}); }
+  void bar(Op op, Bar id) {
+    Event e{op};
+    e.a = id;
+    e.stage = 32;  // the producer warp
+    ev.push_back(e);
+  }
+  // The tile slot: the write into buffer i % 2, then the TileSlot sync.
+  void publish(PublishedTile const& tile) {
+    if (sab.no_empty_publish && !tile.end && !tile.work.has_queries()) {
+      return;
+    }
+    const Payload payload{tile.end ? kEndTile : tile_id(p, tile.work.tile, num_n), -1, -1};
+    Event e{kTileWrite};
+    e.a = sab.single_tile_slot ? 0 : int(published.size() % 2);
+    e.payload = payload;
+    ev.push_back(e);
+    published.push_back({tile, payload});
+    bar(kBarSync, kTileSlot);
+  }
+  int claim() {
+    CHECK(tiles->dynamic, "the producer claims a tile of a static walk");
+    CHECK(claims != nullptr && !claims->empty(), "the producer claims past its last claim");
+    if (claims == nullptr || claims->empty()) {
+      return tiles->total_tiles;
+    }
+    if (sab.skip_claim && !claimed_any && claims->size() > 1) {
+      claims->pop_front();
+    }
+    claimed_any = true;
+    const int v = claims->front();
+    claims->pop_front();
+    return v;
+  }
+  bool claimed_any = false;
   void q(BwdTileWork const& w, QueryStep s) { load(q_pipe, {id(w), s.g, s.m}); }
   void dout(BwdTileWork const& w, QueryStep s) { load(do_pipe, {id(w), s.g, s.m}); }
 };
@@ -543,6 +637,25 @@ struct MockConsumer {
   }
 
   // Pipelines
+  // The CTA's producer's published tiles (its walk ran first), read in the slot's order.
+  std::vector<Published> const* published_tiles = nullptr;
+  size_t next_published = 0;
+  bool take_tile(BwdTileWork& w) {
+    CHECK(published_tiles != nullptr && next_published < published_tiles->size(),
+          "WG %d waits for a tile its producer never published", wg);
+    if (published_tiles == nullptr || next_published >= published_tiles->size()) {
+      return false;
+    }
+    Published const& e = (*published_tiles)[next_published];
+    bar(kBarSync, kTileSlot);
+    Event r{kTileRead};
+    r.a = sab.single_tile_slot ? 0 : int(next_published % 2);
+    r.payload = e.payload;
+    ev.push_back(r);
+    ++next_published;
+    w = e.tile.work;
+    return !e.tile.end;
+  }
   void wait_kv(BwdTileWork const& w) {
     CHECK(w.has_queries(), "WG %d waits for K/V of tile %d, which has no queries", wg, id(w));
     wait(kv_pipe, kKV, {id(w), -1, -1});
@@ -950,6 +1063,7 @@ struct CtaState {
   std::vector<SmemBuffer> smem[kNumBufs];  // [stage]
   Payload slot[kConsumerWgs];               // what WG c's dQ slot holds
   std::deque<BulkGroup> bulk[kConsumerWgs];  // WG c's leader's bulk groups, oldest first
+  Payload tile_slot[2];                      // what the tile slot's buffers hold
   std::vector<RedAdd> red[kConsumerWgs];     // WG c's red.global adds not yet performed
 };
 
@@ -974,7 +1088,7 @@ static bool simulate_grid(std::vector<Agent>& agents, int ctas, int q_stages, in
       c.buffer[p].assign(stages[p], Payload{});
     }
     for (int i = kPdS; i < kPdSLocal; ++i) {
-      c.bars[i].count = kConsumerWgs * kWgThreads;
+      c.bars[i].count = kConsumerWgs * kWgThreads + (i == kTileSlot ? 32 : 0);
     }
     for (int i = kPdSLocal; i < kNumBars; ++i) {
       c.bars[i].count = kWgThreads;
@@ -1104,6 +1218,15 @@ static bool simulate_grid(std::vector<Agent>& agents, int ctas, int q_stages, in
             if (ran) {
               join(ag.clock, c.bars[e.a].done[ag.sync_target - 1]);
               ag.sync_target = -1;
+            }
+            break;
+          case kTileWrite:
+            c.tile_slot[e.a] = e.payload;
+            break;
+          case kTileRead:
+            if (c.tile_slot[e.a] != e.payload) {
+              fail("consumer reads a tile slot holding another tile", a, e);
+              return false;
             }
             break;
           case kSmemWrite: {
@@ -1301,19 +1424,30 @@ template <class Cfg>
 static bool run_roles(Problem const& p, std::mt19937& rng, Sabotage sab,
                       DqAccumulator* sums = nullptr) {
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, QS = Cfg::kStages;
-  const BwdTileScheduler tiles = make_tiles(p, BN);
+  const BwdTileScheduler tiles = make_tiles(p, BM, BN);
   const int num_n = tiles.num_n_blocks;
   std::vector<Agent> agents;
   std::vector<int> written(tiles.total_tiles, 0);
   const int before = failures;
+  std::vector<std::deque<int>> claims = random_claims(tiles, rng);
   for (int cta = 0; cta < tiles.grid; ++cta) {
     const TestSchedule<BM, BN> cs{{tiles, p.mask, cta}, sab};
     MockProducer<QS> producer(num_n, p, sab);
+    producer.tiles = &tiles;
+    producer.claims = &claims[size_t(cta)];
     produce_bwd(cs, producer);
+    CHECK(!tiles.dynamic || claims[size_t(cta)].empty(), "CTA %d left %zu claims", cta,
+          claims[size_t(cta)].size());
+    const std::vector<Published> published = producer.published;
+    CHECK(!published.empty() && published.back().tile.end == 1,
+          "CTA %d's producer did not publish the end of its walk", cta);
     agents.push_back({cta, /*local=*/0, std::move(producer.ev)});
     for (int wg = 0; wg < kConsumerWgs; ++wg) {
       MockConsumer<Cfg> consumer(p, num_n, wg, Cfg::kDqWgs, sab);
+      consumer.published_tiles = &published;
       consume_bwd_wg<Cfg>(cs, consumer);
+      CHECK(consumer.next_published == published.size(), "WG %d read %zu of %zu published tiles",
+            wg, consumer.next_published, published.size());
       for (int q = 0; q < kNumPipes; ++q) {
         CHECK(consumer.held[q].empty() || sab.skip_release >= 0, "WG %d ends holding %s", wg,
               kPipeName[q]);
@@ -1385,7 +1519,7 @@ static void run_family(std::mt19937& rng, int problems) {
   for (int i = 0; i < problems; ++i) {
     Problem p = random_problem(rng);
     context = family_name<Cfg>() + " | " + describe(p, BM, BN);
-    const BwdTileScheduler tiles = make_tiles(p, BN);
+    const BwdTileScheduler tiles = make_tiles(p, BM, BN);
     std::vector<TestSchedule<BM, BN>> ctas;
     for (int cta = 0; cta < tiles.grid; ++cta) {
       ctas.push_back({{tiles, p.mask, cta}, {}});
@@ -1527,7 +1661,7 @@ static void negative_controls(std::mt19937& rng) {
   drop.drop_block = true;
   p.mask = AttentionMask{300, 300, 100, 0};
   p.grid_sms = 7;
-  const BwdTileScheduler tiles = make_tiles(p, 64);
+  const BwdTileScheduler tiles = make_tiles(p, 64, 64);
   std::vector<TestSchedule<64, 64>> ctas;
   for (int cta = 0; cta < tiles.grid; ++cta) {
     ctas.push_back({{tiles, p.mask, cta}, drop});
@@ -1576,6 +1710,23 @@ static void negative_controls(std::mt19937& rng) {
   CHECK(caught_within(20, [&] { return run_roles<D96>(p, rng, reads_all); }),
         "a partial dQ reading the other WG's sdS behind a WG-local sync went unnoticed");
   dq_controls(rng);
+  // The tiles reach the consumers only through the tile slot: a tile without queries the producer
+  // does not publish is never zeroed, and a claimed tile the producer drops is never computed.
+  p = Problem{1, 2, 2, 100, 400, 3, AttentionMask{100, 400, 50, 0}, false};
+  CHECK(!caught([&] { return run_roles<D256>(p, rng, {}); }), "tile publishing control fails");
+  Sabotage no_empty;
+  no_empty.no_empty_publish = true;
+  CHECK(caught([&] { return run_roles<D256>(p, rng, no_empty); }),
+        "a tile without queries left unpublished went unnoticed");
+  Sabotage single_slot;
+  single_slot.single_tile_slot = true;
+  CHECK(caught_within(20, [&] { return run_roles<D256>(p, rng, single_slot); }),
+        "a tile slot of one buffer (rewritten before the consumers read it) went unnoticed");
+  Sabotage skip_claim;
+  skip_claim.skip_claim = true;
+  CHECK(make_tiles(p, 64, 128).dynamic, "the publishing control's call is not claimed");
+  CHECK(caught([&] { return run_roles<D128>(p, rng, skip_claim); }),
+        "a claimed tile dropped by the producer went unnoticed");
 }
 
 int main(int argc, char** argv) {

@@ -266,8 +266,9 @@ FH_EXPORT FhStatus fh_debug_set_timeline(void* device_buffer, int64_t bytes);
 //   dS = P * (dP - D) (* (1 - tanh^2) with softcap)   dQ = dS K * scale   dK = dS^T Q * scale
 // with the forward's mask, softcap and GQA grouping (dk/dv summed over the query heads of a kv
 // head). Three launches on `stream`, no host synchronization: a preprocess (D, the LSE in base 2,
-// clearing the fp32 dQ accumulator and the semaphores), the main kernel (dk, dv written; dq
-// accumulated in fp32), a postprocess (dq = scale * accumulator in the input dtype).
+// clearing the fp32 dQ accumulator, the semaphores and the tile counter), the main kernel (dk,
+// dv written; dq accumulated in fp32), a postprocess (dq = scale * accumulator in the input
+// dtype).
 //
 // The caller allocates the workspace: fh_bwd_workspace_size gives its size for a problem. Its
 // layout (each region 256-byte aligned, rows padded to seqlen_q_rounded = round_up(seqlen_q, 128),
@@ -277,6 +278,7 @@ FH_EXPORT FhStatus fh_debug_set_timeline(void* device_buffer, int64_t bytes);
 //   lse_log2   fp32 (batch, heads_q, seqlen_q_rounded)
 //   dpsum (D)  fp32 (batch, heads_q, seqlen_q_rounded)
 //   semaphores int32 (batch, heads_q, seqlen_q_rounded / 64)   (deterministic mode)
+//   tile_counter int32, one   (the FA-3 path's tiles claimed at run time)
 // Nothing in it needs initialising: the preprocess writes every byte the kernels read.
 //
 // deterministic = 1 makes dq bitwise reproducible (dk and dv always are): the contributions of

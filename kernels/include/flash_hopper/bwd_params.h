@@ -41,6 +41,7 @@ struct BwdParams {
                     // no key and for padded rows, so P = exp2(s - lse_log2) = 0 there
   float* dpsum;     // (batch, heads_q, seqlen_q_rounded): D = rowsum(dO * O) - dlse; 0 when padded
   int* semaphores;  // (batch, heads_q, seqlen_q_rounded / kBwdSemaphoreRows), zeroed by preprocess
+  int* tile_counter;  // one int32, zeroed by preprocess: the FA-3 path's tile claims
 
   int batch;
   int seqlen_q;

@@ -40,15 +40,24 @@
 //   Stats c 128, WG c: its threads stored the step's lse_log2 / D into its slot. The slot is
 //           rewritten one step later, after PdS, which every reader of it passed. With dQ slots
 //           its leader first waits until its previous bulk reduce-add read the dQ slot.
-//   DqSlot c 128, WG c (dQ slots, default mode): its threads stored the step's dQ part into
-//           its dQ slot (+ proxy fence); then its leader issues one bulk reduce-add of the slot.
+//   DqSlot c 128, WG c (dQ slots, default mode; id Stats c): its threads stored the step's dQ
+//           part into its dQ slot (+ proxy fence); then its leader issues one bulk reduce-add of
+//           the slot.
+//   TileSlot 288, the producer warp and both consumer WGs: the tile slot's buffer i % 2
+//           (smem.tile) holds the producer's tile i, or the end of its walk; the consumers reach
+//           it when done with tile i - 1, and read the buffer after it. Buffer i % 2 is written
+//           again (tile i + 2) only after the next sync, which the consumers reach after the
+//           read: syncs on both sides, so compute-sanitizer's racecheck sees the order. Not
+//           .aligned (common/barriers.h): the roles meet it at different instructions.
 // dQ goes from registers to the fp32 accumulator, added by the consumer WGs themselves (the
 // protocol, walked by the kernel and the host test: schedule.h add_dq): through the WG's
 // shared-memory slot and a bulk reduce-add by its leader (tile_config.h dq_slots; the leader
 // waits for its last one to complete before the CTA exits), or by red.global.add.v4.f32 (d256,
 // and deterministic mode everywhere, under the DqTurn handshake; epilogue.h).
-// Tiles without queries touch no barrier in any role (BwdCtaSchedule::next_with_queries); their
-// consumers store dK = dV = 0.
+// Tiles: the producer walks the CTA's tiles (static, or claimed from the workspace's tile counter:
+// schedule.h) and publishes each one in the tile slot before its K / V load; the consumers take
+// it from there. Tiles without queries load nothing and touch no pipeline: their consumers store
+// dK = dV = 0.
 #pragma once
 
 #include <cute/tensor.hpp>

@@ -27,6 +27,7 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/numeric_types.h>
 
+#include "sm90/bwd/schedule.h"  // PublishedTile
 #include "sm90/bwd/tile_config.h"
 #include "sm90/common/pipeline.h"
 #include "sm90/common/smem_atoms.h"
@@ -55,6 +56,22 @@ CUTE_HOST_DEVICE constexpr auto dkv_mma_atom() {
                                 GMMA::Major::MN>();
   }
 }
+
+// Named-barrier ids of the backward (user ids: CUTLASS adds ReservedNamedBarrierCount).
+enum class BwdBarrier : uint32_t {
+  kPdS = 0,     // both consumer WGs: their dS halves are in shared memory
+  kDqTurn = 1,  // both consumer WGs in deterministic mode: this CTA's turn on a dQ block
+  kStats0 = 2,  // kStats0 + c: WG c's threads stored the step's lse_log2 / D rows
+  kPdSFree = 4,  // family B, both consumer WGs: the previous step's GEMMs no longer read sP / sdS
+  kTileSlot = 5,  // the producer warp and both consumer WGs: the tile slot holds the next tile
+  // WG c's 128-thread syncs share one id, kStats0 + c (its threads meet them one at a time, in
+  // program order): Stats c, its PdS where its dQ reads its own dS only, DqSlot c.
+};
+static_assert(static_cast<uint32_t>(BwdBarrier::kTileSlot) + 1 <=
+                  16 - cutlass::arch::NamedBarrier::ReservedNamedBarrierCount,
+              "named barrier ids exceed the hardware's 16");
+// The tile slot's barriers: the producer warp and both consumer WGs.
+inline constexpr uint32_t kTileSlotThreads = 32 + 2 * 128;
 
 template <class Element_, int kHeadDim_>
 struct BwdTraits {
@@ -186,6 +203,8 @@ struct BwdTraits {
     cutlass::arch::ClusterBarrier q_empty[kStages];
     cutlass::arch::ClusterTransactionBarrier do_full[kStages];
     cutlass::arch::ClusterBarrier do_empty[kStages];
+    // The tile slot: the producer's tiles, or the end of its walk, in turn (kernel.h, TileSlot).
+    PublishedTile tile[2];
     cutlass::arch::ClusterTransactionBarrier kv_full[1];
     cutlass::arch::ClusterBarrier kv_empty[1];
   };

@@ -17,6 +17,15 @@
 
 namespace flash_hopper::sm90 {
 
+// The bytes of one (batch, kv head)'s query rows that its tiles stream (Q, dO) or add into (the
+// fp32 dQ accumulator), over all its query heads: the tile order's L2 sections (schedule.h).
+template <class Traits>
+int64_t bwd_q_bytes_per_kv_head(BwdParams const& p) {
+  constexpr int64_t kRowBytes =
+      Traits::kHeadDim * (2 * int64_t(sizeof(typename Traits::Element)) + int64_t(sizeof(float)));
+  return int64_t(p.seqlen_q) * p.heads_per_kv * kRowBytes;
+}
+
 template <class Traits>
 LaunchResult launch_bwd(BwdParams const& p, int max_smem_per_block, cudaStream_t stream) {
   using Element = typename Traits::Element;
@@ -101,7 +110,12 @@ LaunchResult launch_bwd(BwdParams const& p, int max_smem_per_block, cudaStream_t
     kp.tma_v = v_memo.get(kv_key(p.v, v_strides), [&] { return encode_kv(p.v, v_strides); });
     kp.tiles = BwdTileScheduler::make(p.seqlen_k, Traits::kBlockN, p.heads_kv, p.heads_per_kv,
                                       p.batch, p.deterministic != 0, p.num_sms,
-                                      bwd_longest_first(attention_mask(p)));
+                                      bwd_longest_first(attention_mask(p)),
+                                      bwd_q_bytes_per_kv_head<Traits>(p),
+                                      p.tile_counter != nullptr
+                                          ? (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM *
+                                                p.heads_per_kv
+                                          : 0);
     if (kp.tiles.total_tiles > 0) {
       const cudaError_t err = opt_in_dynamic_smem<bwd_kernel<Traits>>(kSmem);
       if (err != cudaSuccess) {

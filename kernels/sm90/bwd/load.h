@@ -1,8 +1,9 @@
 // Producer of the FA-3 path's backward: one elected thread of warp 0 issues every TMA load, in the
-// order schedule.h's produce_bwd() walks: per tile Q(step 0), dO(step 0), K + V, then Q and dO
-// of every further step. Each load first waits until its buffer is empty (common/pipeline.h). The
-// rows' lse_log2 / D are not loaded here: each consumer WG fetches them itself (mma.h,
-// load_stats).
+// order schedule.h's produce_bwd() walks: per tile Q(step 0), dO(step 0), the tile into the tile
+// slot (the consumers read it from shared memory), K + V, then Q and dO of every further step,
+// then the next tile's claim (dynamic order). Each load first waits until its buffer is empty
+// (common/pipeline.h). The rows' lse_log2 / D are not loaded here: each consumer WG fetches them
+// itself (mma.h, load_stats).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -49,6 +50,7 @@ struct BwdProducer {
   ProducerEnd<QPipe, SmemBarriers<QPipe>> q_pipe;
   ProducerEnd<QPipe, SmemBarriers<QPipe>> do_pipe;
   ProducerEnd<KVPipe, SmemBarriers<KVPipe>> kv_pipe;
+  int tiles_published = 0;  // the tile slot's buffer of the next tile: tiles_published % 2
 
   CUTE_DEVICE BwdProducer(BwdKernelParams<Traits> const& params_, SharedStorage& smem_)
       : params(params_),
@@ -91,6 +93,20 @@ struct BwdProducer {
       load_kv(params.tma_k, bar, smem.k.data(), w);
       load_kv(params.tma_v, bar, smem.v.data(), w);
     });
+  }
+  // The tile slot (kernel.h, TileSlot): the leader writes the tile into the next buffer, then the
+  // warp syncs with both consumer WGs (who are done with the last tile when they reach it).
+  CUTE_DEVICE void publish(PublishedTile const& tile) {
+    if (leader) {
+      smem.tile[tiles_published % 2] = tile;
+    }
+    ++tiles_published;
+    named_barrier_sync_unaligned(static_cast<uint32_t>(BwdBarrier::kTileSlot), kTileSlotThreads);
+  }
+  // The tile counter's atomic increment (dynamic order), by the leader, for the whole warp.
+  CUTE_DEVICE int claim() const {
+    const int claimed = leader ? atomicAdd(p.tile_counter, 1) : 0;
+    return __shfl_sync(0xffffffffu, claimed, __ffs(__ballot_sync(0xffffffffu, leader)) - 1);
   }
   template <class Tma>
   CUTE_DEVICE void load_kv(Tma const& tma, uint64_t& bar, typename Traits::Element* buf,

@@ -34,18 +34,6 @@ namespace flash_hopper::sm90 {
 
 using namespace cute;
 
-// Named-barrier ids of the backward (user ids: CUTLASS adds ReservedNamedBarrierCount).
-enum class BwdBarrier : uint32_t {
-  kPdS = 0,     // both consumer WGs: their dS halves are in shared memory
-  kDqTurn = 1,  // both consumer WGs in deterministic mode: this CTA's turn on a dQ block
-  kStats0 = 2,  // kStats0 + c: WG c's threads stored the step's lse_log2 / D rows
-  kPdSFree = 4,  // family B, both consumer WGs: the previous step's GEMMs no longer read sP / sdS
-  kDqSlot0 = 5,  // kDqSlot0 + c: WG c's threads stored the step's dQ part into its slot
-};
-static_assert(static_cast<uint32_t>(BwdBarrier::kDqSlot0) + 2 <=
-                  16 - cutlass::arch::NamedBarrier::ReservedNamedBarrierCount,
-              "named barrier ids exceed the hardware's 16");
-
 template <class Traits>
 struct BwdConsumer {
   using Element = typename Traits::Element;
@@ -80,6 +68,7 @@ struct BwdConsumer {
   QEnd do_pipe;
   KVEnd kv_pipe;
   int ds_stage = kFamilyB ? kdSBufferB : 0;  // the dS buffer of the step (family A alternates)
+  int tiles_taken = 0;  // the tile slot's buffer of the next tile: tiles_taken % 2
   // This thread's lse_log2 / D values of the step, in flight from L2 (load_stats).
   static constexpr int kStatsPerThread = 2 * kBlockM / 128;
   float stat[kStatsPerThread] = {};
@@ -133,6 +122,14 @@ struct BwdConsumer {
 
   // --- pipelines -----------------------------------------------------------------------------
   CUTE_DEVICE void wait_kv(BwdTileWork const&) { kv_pipe.wait(); }
+  // The tile slot (kernel.h, TileSlot): the producer's next tile; false at the end of the walk.
+  CUTE_DEVICE bool take_tile(BwdTileWork& w) {
+    named_barrier_sync_unaligned(static_cast<uint32_t>(BwdBarrier::kTileSlot), kTileSlotThreads);
+    PublishedTile const& tile = smem.tile[tiles_taken % 2];
+    ++tiles_taken;
+    w = tile.work;
+    return !tile.end;
+  }
   CUTE_DEVICE void release_kv(BwdTileWork const&) { kv_pipe.release(wg_leader()); }
   CUTE_DEVICE void wait_q(BwdTileWork const& w, QueryStep s) {
     load_stats(w, s);
@@ -419,7 +416,7 @@ struct BwdConsumer {
     cutlass::arch::fence_view_async_shared();
   }
   CUTE_DEVICE void sync_dq_slot(DqSlot const& slot) {
-    cutlass::arch::NamedBarrier::sync(128, static_cast<uint32_t>(BwdBarrier::kDqSlot0) + slot.wg);
+    cutlass::arch::NamedBarrier::sync(128, static_cast<uint32_t>(BwdBarrier::kStats0) + slot.wg);
   }
   CUTE_DEVICE void reduce_dq_slot(float* acc, DqSlot const& slot) {
     if (wg_leader()) {

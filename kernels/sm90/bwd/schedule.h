@@ -10,7 +10,8 @@
 // named barriers, bulk reduce-adds, red.global adds, the deterministic mode's semaphores) over the
 // whole persistent grid.
 //
-//   BwdTileScheduler  tile t -> (batch, kv head, key block n); persistent grid, snake order
+//   BwdTileScheduler  tile t -> (batch, kv head, key block n); persistent grid, snake order or
+//                     claimed at run time
 //   BwdCtaSchedule    one CTA's tiles + the mask policy -> BwdTileWork
 //   BwdTileWork       one tile: its query blocks query_blocks(n), their unmasked split, and the
 //                     steps i = 0 .. num_steps() - 1: (g = i / L, m = m_min + i % L), g outer
@@ -23,9 +24,11 @@
 // Pipelines and named barriers: the contract at the top of kernel.h (its one copy). The KV
 // pipeline's full parity counts tiles with queries only.
 //
-// Producer, per tile with queries: Q(step 0), dO(step 0), K+V, then Q(i), dO(i) for i >= 1. K/V
-// come after the first step's loads so that the next tile's first Q/dO load while the finishing
-// tile still holds K/V (its KV buffer is released only after its last GEMM).
+// Producer, per tile with queries: Q(step 0), dO(step 0), the tile into the tile slot, K+V, then
+// Q(i), dO(i) for i >= 1; then (dynamic order) it claims the next tile. K/V come after the first
+// step's loads so that the next tile's first Q/dO load while the finishing tile still holds K/V
+// (its KV buffer is released only after its last GEMM). The consumers take each tile from the
+// tile slot (produce_bwd).
 //
 // Consumer WG, one step (family A: S^T = K Q^T, each WG owning 64 keys):
 //   wait Q(s); issue S; wait dO(s); issue dP; wait<1> (S done) -> exponentials (softcap on
@@ -53,8 +56,8 @@
 // value of it, and each step branches on its mask only: nothing in a step's element math tests
 // either at run time (a run-time softcap test there is one branch per element, and ptxas does
 // not schedule across them).
-// Tiles without queries (every row masks the key block out) touch no barrier in any role: the
-// consumers store dK = dV = 0 and the producer skips them.
+// Tiles without queries (every row masks the key block out) load nothing and touch no pipeline:
+// the producer publishes them in the tile slot, the consumers store dK = dV = 0.
 //
 // dQ, per step and WG (add_dq; every WG adds a part of dQ: its columns, Cfg::kDqWgs = 2, or its
 // own keys' partial sum over the whole block, kDqWgs = 1):
@@ -97,25 +100,43 @@ struct BwdTileCoord {
   int batch;
 };
 
-// Static persistent scheduler over (batch, kv head, key block n) tiles.
-// Default order, unmasked: (batch, kv head) major, n ascending: the CTAs running together share one
-// kv group's Q, dO and dQ accumulator in L2 (every tile has the same work).
-// Default order, masked with many key blocks (longest_first = +1 or -1 and 4 num_n > G):
-// sections of `section` = ceil(G / 8) (batch, kv head)s, inside each n major, heads inner, n
-// ascending (+1: causal / a bounded right edge, key block 0 sees the most rows) or descending (-1:
-// a left edge only). Tiles come in decreasing work, so the static snake hands every CTA about the
-// same total: head-major order gives CTA c the key blocks (c + r G) mod num_n of its rounds r,
-// which cover only part of the range when num_n > G / 4 (at d128 s16k some CTAs got far more than
-// the mean, and n-major ran much faster causal). About 8 CTAs share each head of a section, which
-// keeps the Q / dO they stream in L2 (n major over all 128 heads lost to head-major at b8 s2k).
-// With few key blocks (4 num_n <= G) head-major already cycles every CTA through all of them, and
-// stays (the tile orders tried: bench/PERFLOG.md "the FA-3 path's
-// backward").
+// Tiles claimed at run time need a tile of this many steps at least (unless there are many key
+// blocks): with fewer, the claim's round trip and the one-tile commitment cost more than the
+// balance gains (d64 at 1k-2k, bench/PERFLOG.md "the backward's tiles claimed at run time").
+inline constexpr int kBwdClaimMinSteps = 32;
+
+// Persistent scheduler over (batch, kv head, key block n) tiles: a static walk, or claimed at run
+// time (`dynamic`).
+// Default order, unmasked: (batch, kv head) major, n ascending, static: the CTAs running together
+// share one kv group's Q, dO and dQ accumulator in L2 (every tile has the same work).
+// Default order, masked (longest_first = +1 or -1): sections of `section` (batch, kv head)s,
+// inside each n major, heads inner, n ascending (+1: causal / a bounded right edge, key block 0
+// sees the most rows) or descending (-1: a left edge only), so tiles come in decreasing work.
+// - Dynamic (the call has a tile counter, and its longest tile has kBwdClaimMinSteps steps or
+//   4 num_n > G): a CTA takes the next tile of the order when it is done with its last one, so
+//   the CTAs finish together whatever the tiles cost, and a section need only keep its rows in
+//   L2: as many (batch, kv head)s as keep their Q, dO and fp32 dQ accumulator
+//   (q_bytes_per_kv_head each: every tile of the kv head streams them or adds into them) within
+//   the L2 budget of common/tile_order.h. A static walk cannot have both: its ceil(G / 8)-head
+//   sections (below) hold several times the L2 in rows at long sequences and ran far slower
+//   than head-major where head-major balanced, and sections sized for L2 left it unbalanced
+//   (bench/PERFLOG.md "the backward's tiles claimed at run time").
+// - Static (otherwise), with many key blocks (4 num_n > G): sections of ceil(G / 8)
+//   (batch, kv head)s. The static snake then hands every CTA about the same total:
+//   head-major order gives CTA c the key blocks (c + r G) mod num_n of its rounds r, which cover
+//   only part of the range when num_n > G / 4. With few key blocks (4 num_n <= G) head-major
+//   already cycles every CTA through all of them, and stays (the tile orders tried:
+//   bench/PERFLOG.md "the FA-3 path's backward").
 // Deterministic order: n descending inside every (batch, kv head) (the dQ rank order), kv heads
 // interleaved in chunks of k key blocks, k = clamp(ceil(G / (b * h_kv)), 1, num_n): about G / k
 // kv heads run together, each with k consecutive key blocks, so a dQ block's contributors that
 // run at the same time form a staircase of at most k - 1 handoffs.
 struct BwdTileScheduler {
+  // Masked default-mode calls: CTA c's first tile is c, every further one grid + the value an
+  // atomic increment of the call's tile counter (zeroed by the preprocess) returns, claimed by
+  // the producer after its last load of the tile before (produce_bwd). FA3's and cuDNN's
+  // backwards claim their tiles so too.
+  bool dynamic;
   int num_n_blocks;
   int kv_heads;
   int q_per_kv;      // query heads per kv head (G_q)
@@ -127,8 +148,13 @@ struct BwdTileScheduler {
   int longest_first;  // 0 head-major; +1 / -1 sectioned n-major, n ascending / descending
   int section;        // (batch, kv head)s per longest-first section
 
+  // q_bytes_per_kv_head: the Q, dO and dQ-accumulator bytes of one (batch, kv head)'s query rows
+  // (all its query heads), the dynamic order's section size (<= 0: one section).
+  // longest_tile_steps: the steps of the costliest tile (query blocks x G_q) where the call has a
+  // zeroed tile counter, else 0 (no claims: the preprocess did not run, seqlen_q = 0).
   static BwdTileScheduler make(int seqlen_k, int block_n, int kv_heads, int q_per_kv, int batch,
-                               bool deterministic, int num_sms, int longest_first = 0) {
+                               bool deterministic, int num_sms, int longest_first = 0,
+                               int64_t q_bytes_per_kv_head = 0, int longest_tile_steps = 0) {
     BwdTileScheduler s;
     s.num_n_blocks = (seqlen_k + block_n - 1) / block_n;
     s.kv_heads = kv_heads;
@@ -137,9 +163,17 @@ struct BwdTileScheduler {
     s.total_tiles = s.num_n_blocks * s.num_hb;
     s.grid = s.total_tiles < num_sms ? s.total_tiles : num_sms;
     s.deterministic = deterministic;
-    s.longest_first = deterministic || 4 * s.num_n_blocks <= s.grid ? 0 : longest_first;
+    // Claims where tiles are long enough to hide a claim's round trip, or where a static walk
+    // could not balance them (many key blocks).
+    s.dynamic = !deterministic && longest_first != 0 && longest_tile_steps > 0 &&
+                (longest_tile_steps >= kBwdClaimMinSteps || 4 * s.num_n_blocks > s.grid);
+    s.longest_first =
+        deterministic || (!s.dynamic && 4 * s.num_n_blocks <= s.grid) ? 0 : longest_first;
     int sec = (s.grid + 7) / 8;
     sec = sec < s.num_hb ? sec : s.num_hb;
+    if (s.dynamic) {
+      sec = l2_section_heads(q_bytes_per_kv_head, 1, s.num_hb);
+    }
     s.section = sec < 1 ? 1 : sec;
     int k = s.num_hb > 0 ? (s.grid + s.num_hb - 1) / s.num_hb : 1;
     k = k < s.num_n_blocks ? k : s.num_n_blocks;
@@ -277,6 +311,12 @@ struct BwdTileWork {
   FH_HOST_DEVICE int dq_head(QueryStep s) const { return tile.kv_head * group + s.g; }
 };
 
+// What the producer publishes in the tile slot (produce_bwd): a tile, or the end of its walk.
+struct PublishedTile {
+  BwdTileWork work;
+  int end;  // 1: no tile; the walk is over
+};
+
 // The position of key block n among the contributors of dQ block m in deterministic mode:
 // contributors are the key blocks of key_blocks(m) (query_blocks is its exact transpose), added
 // in descending n.
@@ -301,9 +341,8 @@ struct BwdCtaSchedule {
     return w;
   }
 
-  // The tile of `round`, or false past the CTA's last round.
-  FH_HOST_DEVICE bool work(int round, BwdTileWork& w) const {
-    const int t = tiles.index(round, cta);
+  // Tile t, or false for an index past the last tile (the end of every CTA's walk).
+  FH_HOST_DEVICE bool work(int t, BwdTileWork& w) const {
     if (t >= tiles.total_tiles) {
       return false;
     }
@@ -311,44 +350,63 @@ struct BwdCtaSchedule {
     return true;
   }
 
-  // From `round` on, the next tile with queries (round is left on it); tiles without queries on
-  // the way go to on_empty(w). Every role finds its tiles with this one function.
-  template <class OnEmpty>
-  FH_HOST_DEVICE bool next_with_queries(int& round, BwdTileWork& w, OnEmpty&& on_empty) const {
-    FH_NO_UNROLL
-    for (;; ++round) {
-      if (!work(round, w)) {
-        return false;
-      }
-      if (w.has_queries()) {
-        return true;
-      }
-      on_empty(w);
-    }
+  // The producer's walk: its first tile, and the tile after round `round` (claim(): the value of
+  // the tile counter's atomic increment, asked for only when the order is dynamic).
+  FH_HOST_DEVICE int first_tile() const { return tiles.index(0, cta); }
+  FH_HOST_DEVICE bool claims() const { return tiles.dynamic; }
+  template <class Claim>
+  FH_HOST_DEVICE int next_tile(int round, Claim&& claim) const {
+    return tiles.dynamic ? tiles.grid + claim() : tiles.index(round + 1, cta);
   }
 };
 
 // ---------------------------------------------------------------------------------------------
-// Producer. Ops: q(w, step) (Q + LSE rows), dout(w, step) (dO + D rows), kv(w) (K and V).
+// Producer. Ops: publish(tile) (into the tile slot, then the TileSlot sync with both consumer
+// WGs), q(w, step) (Q rows), dout(w, step) (dO rows), kv(w) (K and V), claim() (dynamic order:
+// the tile counter's atomic increment, for the whole warp).
+// Every tile of the CTA's walk, and then the end of the walk, goes to the consumers through the
+// tile slot in shared memory (a PublishedTile, two buffers; kernel.h): the consumers learn their
+// tiles from it, whether the walk is static or claimed at run time, and do not recompute a
+// tile's query blocks between two tiles. The producer writes tile i into buffer i % 2 and syncs
+// with the consumers, who then read it: they reach that sync only when done with tile i - 1, so
+// the producer publishes a tile with queries between its first Q / dO loads and its K / V (whose
+// buffer frees at the same moment), and buffer i % 2 is rewritten only after every consumer
+// thread passed the next sync, after its read. The next tile is claimed after the tile's last
+// load: claimed earlier, a CTA commits to it a tile's time sooner and the tail balances worse
+// (bench/PERFLOG.md "the backward's tiles claimed at run time").
 // ---------------------------------------------------------------------------------------------
 template <class Schedule, class Ops>
 FH_ROLE void produce_bwd(Schedule const& sched, Ops& ops) {
-  BwdTileWork w;
+  int t = sched.first_tile();
   FH_NO_UNROLL
-  for (int round = 0; sched.next_with_queries(round, w, [](BwdTileWork const&) {}); ++round) {
-    ops.q(w, w.step(0));
-    ops.dout(w, w.step(0));
-    ops.kv(w);
-    FH_NO_UNROLL
-    for (int i = 1; i < w.num_steps(); ++i) {
-      ops.q(w, w.step(i));
-      ops.dout(w, w.step(i));
+  for (int round = 0;; ++round) {
+    PublishedTile tile{};
+    tile.end = sched.work(t, tile.work) ? 0 : 1;
+    BwdTileWork const& w = tile.work;
+    if (tile.end || !w.has_queries()) {  // no tile; or the consumers store dK = dV = 0
+      ops.publish(tile);
+      if (tile.end) {
+        return;
+      }
+    } else {
+      ops.q(w, w.step(0));
+      ops.dout(w, w.step(0));
+      ops.publish(tile);
+      ops.kv(w);
+      FH_NO_UNROLL
+      for (int i = 1; i < w.num_steps(); ++i) {
+        ops.q(w, w.step(i));
+        ops.dout(w, w.step(i));
+      }
     }
+    t = sched.next_tile(round, [&] { return ops.claim(); });
   }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Consumers (families A and B). Each consumer warpgroup walks the same steps. Ops:
+//   tiles       take_tile(w) (the TileSlot sync, then the tile slot's next buffer; false: the
+//               end of the walk)
 //   pipelines   wait_kv(w) / release_kv(w), wait_q(w, s) / release_q(w, s),
 //               wait_dout(w, s) / release_dout(w, s)
 //   GEMMs       issue_s(f), issue_dp(f), issue_dv(f), issue_dq(f), issue_dk(f),
@@ -505,11 +563,17 @@ FH_ROLE void tile_steps(Ops& ops, State& f, BwdTileWork const& w) {
 
 template <class Cfg, class Schedule, class Ops>
 FH_ROLE void consume_bwd_wg(Schedule const& sched, Ops& ops) {
-  auto on_empty = [&](BwdTileWork const& w) { ops.store_zero(w); };
   const bool capped = ops.softcapped();
-  BwdTileWork w;
   FH_NO_UNROLL
-  for (int round = 0; sched.next_with_queries(round, w, on_empty); ++round) {
+  for (;;) {
+    BwdTileWork w;
+    if (!ops.take_tile(w)) {
+      break;  // the end of the walk
+    }
+    if (!w.has_queries()) {
+      ops.store_zero(w);
+      continue;
+    }
     typename Ops::TileState f;
     ops.clear_dkv(f);
     ops.wait_kv(w);

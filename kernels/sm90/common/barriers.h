@@ -52,5 +52,15 @@ CUTE_DEVICE void named_barrier_sync(uint32_t id, uint32_t threads) {
                "r"(threads)
                : "memory");
 }
+// The same without .aligned: each thread arrives on its own, so a warp whose lanes may reach it
+// apart (after per-lane mbarrier waits, as the producer warp's) counts right, and the
+// participants may meet it at different instructions (.aligned requires one instruction for all,
+// which compute-sanitizer's synccheck enforces).
+CUTE_DEVICE void named_barrier_sync_unaligned(uint32_t id, uint32_t threads) {
+  asm volatile("barrier.sync %0, %1;" ::"r"(
+                   id + cutlass::arch::NamedBarrier::ReservedNamedBarrierCount),
+               "r"(threads)
+               : "memory");
+}
 
 }  // namespace flash_hopper::sm90
