@@ -219,9 +219,9 @@ static int dq_key(Problem const& p, int bm, BwdTileWork const& w, QueryStep s) {
 // a, b: the tile order
 // ------------------------------------------------------------------------------------------------
 static void check_tile_order(int seqlen_k, int bn, int kv_heads, int batch, bool det, int sms,
-                             int longest_first = 0) {
-  const BwdTileScheduler s =
-      BwdTileScheduler::make(seqlen_k, bn, kv_heads, 1, batch, det, sms, longest_first);
+                             int longest_first = 0, int steps = 0, int64_t q_bytes = 0) {
+  const BwdTileScheduler s = BwdTileScheduler::make(seqlen_k, bn, kv_heads, 1, batch, det, sms,
+                                                    longest_first, q_bytes, steps);
   const int num_n = (seqlen_k + bn - 1) / bn;
   CHECK(s.total_tiles == num_n * kv_heads * batch, "total_tiles %d", s.total_tiles);
   CHECK(s.grid == std::min(s.total_tiles, sms), "grid %d", s.grid);
@@ -265,11 +265,15 @@ static void check_tile_order(int seqlen_k, int bn, int kv_heads, int batch, bool
       }
     }
   }
-  const bool sectioned = longest_first != 0 && !det && 4 * num_n > s.grid;
-  CHECK(s.longest_first == (sectioned ? longest_first : 0), "longest_first %d, asked %d",
+  // Sectioned longest-first exactly where the tiles are claimed at run time.
+  const bool claimed =
+      longest_first != 0 && !det && steps > 0 && (steps >= kBwdClaimMinSteps || 4 * num_n > s.grid);
+  CHECK(s.dynamic == claimed, "dynamic %d (lf %d det %d steps %d num_n %d G %d)", int(s.dynamic),
+        longest_first, int(det), steps, num_n, s.grid);
+  CHECK(s.longest_first == (claimed ? longest_first : 0), "longest_first %d, asked %d",
         s.longest_first, longest_first);
-  if (sectioned) {
-    const int sec = std::min(std::max(1, (s.grid + 7) / 8), batch * kv_heads);
+  if (claimed) {
+    const int sec = l2_section_heads(q_bytes, 1, batch * kv_heads);
     CHECK(s.section == sec, "section %d, expected %d", s.section, sec);
   }
   if (det && num_n > 0) {
@@ -285,11 +289,14 @@ static void tile_orders(std::mt19937& rng) {
     const int sk = int(rng() % 5000), bn = rng() % 2 ? 64 : 128;
     const int hkv = 1 + int(rng() % 8), b = 1 + int(rng() % 4);
     for (int g : grids) {
+      // Sections of 1 .. all (batch, kv head)s: rows of 0.5-64 MiB per kv head.
+      const int64_t q_bytes = int64_t(1) << (19 + rng() % 8);
+      const int steps = int(rng() % 3) * kBwdClaimMinSteps / 2;  // 0, below and at the rule
       check_tile_order(sk, bn, hkv, b, false, g);
       check_tile_order(sk, bn, hkv, b, true, g);
-      check_tile_order(sk, bn, hkv, b, false, g, +1);
-      check_tile_order(sk, bn, hkv, b, false, g, -1);
-      check_tile_order(sk, bn, hkv, b, true, g, +1);  // deterministic mode ignores it
+      check_tile_order(sk, bn, hkv, b, false, g, +1, steps, q_bytes);
+      check_tile_order(sk, bn, hkv, b, false, g, -1, steps, q_bytes);
+      check_tile_order(sk, bn, hkv, b, true, g, +1, steps, q_bytes);  // deterministic: static
     }
   }
   check_tile_order(16384, 128, 16, 1, true, 132);  // s16k d128: k = 9

@@ -107,26 +107,22 @@ inline constexpr int kBwdClaimMinSteps = 32;
 
 // Persistent scheduler over (batch, kv head, key block n) tiles: a static walk, or claimed at run
 // time (`dynamic`).
-// Default order, unmasked: (batch, kv head) major, n ascending, static: the CTAs running together
-// share one kv group's Q, dO and dQ accumulator in L2 (every tile has the same work).
-// Default order, masked (longest_first = +1 or -1): sections of `section` (batch, kv head)s,
-// inside each n major, heads inner, n ascending (+1: causal / a bounded right edge, key block 0
-// sees the most rows) or descending (-1: a left edge only), so tiles come in decreasing work.
-// - Dynamic (the call has a tile counter, and its longest tile has kBwdClaimMinSteps steps or
-//   4 num_n > G): a CTA takes the next tile of the order when it is done with its last one, so
-//   the CTAs finish together whatever the tiles cost, and a section need only keep its rows in
-//   L2: as many (batch, kv head)s as keep their Q, dO and fp32 dQ accumulator
-//   (q_bytes_per_kv_head each: every tile of the kv head streams them or adds into them) within
-//   the L2 budget of common/tile_order.h. A static walk cannot have both: its ceil(G / 8)-head
-//   sections (below) hold several times the L2 in rows at long sequences and ran far slower
-//   than head-major where head-major balanced, and sections sized for L2 left it unbalanced
-//   (bench/PERFLOG.md "the backward's tiles claimed at run time").
-// - Static (otherwise), with many key blocks (4 num_n > G): sections of ceil(G / 8)
-//   (batch, kv head)s. The static snake then hands every CTA about the same total:
-//   head-major order gives CTA c the key blocks (c + r G) mod num_n of its rounds r, which cover
-//   only part of the range when num_n > G / 4. With few key blocks (4 num_n <= G) head-major
-//   already cycles every CTA through all of them, and stays (the tile orders tried:
-//   bench/PERFLOG.md "the FA-3 path's backward").
+// Default order, static: (batch, kv head) major, n ascending: the CTAs running together share one
+// kv group's Q, dO and dQ accumulator in L2. Unmasked tiles all cost the same; masked ones take
+// this walk only where they are all short and few per kv head (4 num_n <= G), and there the snake
+// cycles every CTA through all of them.
+// Default order, dynamic (masked calls with a tile counter whose longest tile has
+// kBwdClaimMinSteps steps, or with 4 num_n > G): a CTA takes the next tile of the order when it
+// is done with its last one, so the CTAs finish together whatever the tiles cost. The order:
+// sections of `section` (batch, kv head)s, inside each n major, heads inner, n ascending
+// (longest_first = +1: causal / a bounded right edge, key block 0 sees the most rows) or
+// descending (-1: a left edge only), so tiles come in decreasing work; a section is as many
+// (batch, kv head)s as keep their Q, dO and fp32 dQ accumulator (q_bytes_per_kv_head each: every
+// tile of the kv head streams them or adds into them) within the L2 budget of
+// common/tile_order.h. A static walk could not have both: sections of G / 8 heads (its former
+// order) held several times the L2 in rows at long sequences and ran far slower than head-major
+// where head-major balanced, and sections sized for L2 left it unbalanced (bench/PERFLOG.md "the
+// backward's tiles claimed at run time").
 // Deterministic order: n descending inside every (batch, kv head) (the dQ rank order), kv heads
 // interleaved in chunks of k key blocks, k = clamp(ceil(G / (b * h_kv)), 1, num_n): about G / k
 // kv heads run together, each with k consecutive key blocks, so a dQ block's contributors that
@@ -145,8 +141,8 @@ struct BwdTileScheduler {
   int grid;          // CTAs: min(tiles, SMs), one CTA per SM
   int chunk;         // k, deterministic order only
   bool deterministic;
-  int longest_first;  // 0 head-major; +1 / -1 sectioned n-major, n ascending / descending
-  int section;        // (batch, kv head)s per longest-first section
+  int longest_first;  // dynamic: +1 / -1 sectioned n-major, n ascending / descending; else 0
+  int section;        // dynamic: (batch, kv head)s per section
 
   // q_bytes_per_kv_head: the Q, dO and dQ-accumulator bytes of one (batch, kv head)'s query rows
   // (all its query heads), the dynamic order's section size (<= 0: one section).
@@ -167,14 +163,8 @@ struct BwdTileScheduler {
     // could not balance them (many key blocks).
     s.dynamic = !deterministic && longest_first != 0 && longest_tile_steps > 0 &&
                 (longest_tile_steps >= kBwdClaimMinSteps || 4 * s.num_n_blocks > s.grid);
-    s.longest_first =
-        deterministic || (!s.dynamic && 4 * s.num_n_blocks <= s.grid) ? 0 : longest_first;
-    int sec = (s.grid + 7) / 8;
-    sec = sec < s.num_hb ? sec : s.num_hb;
-    if (s.dynamic) {
-      sec = l2_section_heads(q_bytes_per_kv_head, 1, s.num_hb);
-    }
-    s.section = sec < 1 ? 1 : sec;
+    s.longest_first = s.dynamic ? longest_first : 0;
+    s.section = s.dynamic ? l2_section_heads(q_bytes_per_kv_head, 1, s.num_hb) : 1;
     int k = s.num_hb > 0 ? (s.grid + s.num_hb - 1) / s.num_hb : 1;
     k = k < s.num_n_blocks ? k : s.num_n_blocks;
     s.chunk = k < 1 ? 1 : k;
