@@ -593,3 +593,49 @@ def test_sm_margin_leaves_sms_free_forward_and_backward(lib, tmp_path):
             assert err <= 1e-2 * want.abs().max().item(), i
     with pytest.raises(ValueError, match=f"sm_margin: expected fewer than the device's {sms}"):
         flash_attn_func(q, k, v, sm_margin=sms)
+
+
+# --- attention sinks (gpt-oss): flash_attn_func(sinks=...) forward and backward -----------------
+
+def sink_attention_ref(q, k, v, sinks, causal, dtype):
+    """(out, lse) with each head's sink logit as one more softmax column without a value,
+    computed in ``dtype`` (float64: the reference; q's dtype: FA3's low-precision reference)."""
+    hq, hkv = q.shape[2], k.shape[2]
+    qd = q.to(dtype).transpose(1, 2)
+    kd = k.to(dtype).repeat_interleave(hq // hkv, dim=2).transpose(1, 2)
+    vd = v.to(dtype).repeat_interleave(hq // hkv, dim=2).transpose(1, 2)
+    s = qd @ kd.transpose(-1, -2)
+    s = (s if dtype == torch.float64 else s.float()) * q.shape[-1] ** -0.5
+    if causal:
+        sq, sk = q.shape[1], k.shape[1]
+        rows = torch.arange(sq, device=q.device)[:, None] + (sk - sq)
+        s = s.masked_fill(torch.arange(sk, device=q.device)[None, :] > rows, float("-inf"))
+    sink = sinks.to(s.dtype).view(1, -1, 1, 1).expand(*s.shape[:-1], 1)
+    lse = torch.logsumexp(torch.cat([s, sink], dim=-1), dim=-1)
+    p = torch.exp(s - lse[..., None]).to(dtype)
+    return (p @ vd).transpose(1, 2), lse
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("sq", "sk", "hq", "hkv"), [(113, 203, 4, 2), (300, 170, 4, 4)])
+def test_sinks_forward_and_gradients(lib, seed, causal, sq, sk, hq, hkv, path):
+    # sq > sk with causal: the first rows see no key (out 0, lse = the sink, their grads 0)
+    require_bwd(lib, torch.bfloat16, 128, path)
+    q, k, v = (t.requires_grad_() for t in make_qkv(2, sq, sk, hq, hkv, 128, torch.bfloat16))
+    sinks = (torch.randn(hq, device="cuda") * 2).requires_grad_()
+    out, lse = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True, sinks=sinks,
+                               backend=path)
+    ref, ref_lse = sink_attention_ref(q, k, v, sinks, causal, torch.float64)
+    low, low_lse = sink_attention_ref(q, k, v, sinks, causal, torch.bfloat16)
+    assert_fa3_rule(out, ref, low, what="out: ")
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-4, atol=1e-4)
+    dout = torch.randn_like(out)
+    dlse = torch.randn_like(lse)
+    grads = torch.autograd.grad((out.float() * dout).sum() + (lse * dlse).sum(), (q, k, v, sinks))
+    refs = torch.autograd.grad((ref * dout.double()).sum() + (ref_lse * dlse.double()).sum(),
+                               (q, k, v, sinks))
+    lows = torch.autograd.grad((low.float() * dout).sum() + (low_lse.float() * dlse).sum(),
+                               (q, k, v, sinks))
+    for name, g, r, lo in zip(("dq", "dk", "dv", "dsinks"), grads, refs, lows):
+        assert not g.isnan().any(), name
+        assert_fa3_rule(g, r, lo, what=f"{name}: ")

@@ -52,13 +52,19 @@ def test_a_built_kernel_is_named(lib):
     assert ok, reason
 
 
+def test_sinks_run_on_the_kernel_of_the_call_without_them(lib):
+    # flash_attn_func / flash_attn_varlen_func compose sinks from the call's LSE
+    for varlen in (False, True):
+        assert (supports(capability=(9, 0), head_dim=128, varlen=varlen, sinks=True)
+                == supports(capability=(9, 0), head_dim=128, varlen=varlen))
+
+
 def test_what_cannot_run_says_why(lib):
     fp8_d = first_bucket(lib, FhBackend.FA3, FhDtype.E4M3) or 128
     cases = [
         ({"page_size": 16}, "page_size: paged KV outside flash_attn_with_kvcache is not"),
         ({"page_size": 16, "kvcache": True, "rotary": True, "backend": "fa3"},
          "rotary: rotary with a paged cache off the decode kernel is not implemented"),
-        ({"sinks": True}, "sinks: attention sinks outside flash_attn_with_kvcache is not"),
         ({"rotary": True, "dtype": "e4m3"}, "rotary: rotary with FP8 inputs is not implemented"),
         ({"dtype": "fp8"}, "dtype: expected one of fp16, bf16, e4m3"),
         ({"backend": "fa4"}, "backend: expected one of auto, fa2, fa3"),

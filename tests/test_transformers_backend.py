@@ -27,8 +27,12 @@ def calls(monkeypatch):
     """The library's entry points replaced by fp32 references; yields the recorded calls."""
     recorded: list[tuple[str, dict]] = []
 
-    def dense(q, k, v, **options):
-        recorded.append(("dense", {"heads": (q.shape[2], k.shape[2]), **options}))
+    def dense(q, k, v, sinks=None, **options):
+        sink = {} if sinks is None else {"sinks": sinks}
+        recorded.append(("dense", {"heads": (q.shape[2], k.shape[2]), **sink, **options}))
+        if sinks is not None:  # the library's composition over the reference's (out, lse)
+            return interface._with_sinks(lambda: reference.attention_ref(q, k, v, **options),
+                                         sinks, q, 1, False).to(q.dtype)
         return reference.attention_ref(q, k, v, **options)[0].to(q.dtype)
 
     def varlen(q, k, v, cu_q, cu_k, max_q, max_k, **options):
@@ -161,12 +165,26 @@ class _Layer(torch.nn.Module):
     is_causal = True
 
 
-def test_dropout_and_sinks_are_refused():
+def test_dropout_is_refused():
     q = torch.zeros(1, 2, 3, 16)
     with pytest.raises(ValueError, match="^dropout: .* expected 0.0 .* got 0.1$"):
         fh_transformers.attention_forward(_Layer(), q, q, q, None, dropout=0.1)
-    with pytest.raises(NotImplementedError, match="^s_aux: attention sinks"):
-        fh_transformers.attention_forward(_Layer(), q, q, q, None, s_aux=torch.zeros(2))
+
+
+def test_sinks_as_gpt_oss_computes_them(calls):
+    # gpt-oss passes its sink parameter (model dtype, one per query head) as s_aux; its eager
+    # attention appends it to every row's logits as a column without a value
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 5, 16) for _ in range(3))  # (batch, heads, seq, d)
+    s_aux = torch.tensor([0.5, -1.25], dtype=torch.bfloat16)
+    got, _ = fh_transformers.attention_forward(_Layer(), q, k, v, None, scaling=0.25, s_aux=s_aux)
+    (kind, options), = calls
+    assert kind == "dense" and options["sinks"].dtype == torch.float32
+    logits = (q @ k.transpose(-1, -2)) * 0.25
+    logits = logits.masked_fill(torch.ones(5, 5, dtype=torch.bool).triu(1), float("-inf"))
+    sink = s_aux.float().view(1, 2, 1, 1).expand(1, 2, 5, 1)
+    probs = torch.softmax(torch.cat([logits, sink], dim=-1), dim=-1)[..., :-1]
+    torch.testing.assert_close(got, (probs @ v).transpose(1, 2), atol=ATOL, rtol=0)
 
 
 def test_a_4d_mask_reduces_to_the_keys_some_query_sees():

@@ -498,7 +498,8 @@ def test_flash_attn_func_has_fa3s_signature():
     assert [(p.name, p.kind, p.default) for p in extra] == [
         ("backend", inspect.Parameter.KEYWORD_ONLY, "auto"),
         ("out_dtype", inspect.Parameter.KEYWORD_ONLY, None),
-        ("fp8_accumulation", inspect.Parameter.KEYWORD_ONLY, "two-level")]
+        ("fp8_accumulation", inspect.Parameter.KEYWORD_ONLY, "two-level"),
+        ("sinks", inspect.Parameter.KEYWORD_ONLY, None)]
 
 
 @pytest.mark.parametrize(("kwargs", "exc", "fragments"), [

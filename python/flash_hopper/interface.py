@@ -27,6 +27,18 @@ from ._errors import UnsupportedError
 from ._tables import FP8_DTYPES, KV_FP8_DTYPES, TORCH_DTYPES
 
 
+def _with_sinks(call, sinks, q, heads_dim: int, return_attn_probs: bool):
+    """A call with per-head sink logits from ``call()``, the same call without them returning
+    (out, lse) with the heads on lse's dim ``heads_dim``: exact (kvcache.apply_sinks), and
+    differentiable through the call's LSE. sinks are checked before the call runs."""
+    from .kvcache import apply_sinks, check_sinks  # kvcache builds on this module's siblings
+
+    sinks = check_sinks(sinks, q)
+    result, lse = call()
+    result, lse = apply_sinks(result, lse, sinks, heads_dim)
+    return (result, lse) if return_attn_probs else result
+
+
 def flash_attn_func(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -49,6 +61,7 @@ def flash_attn_func(
     backend: str = "auto",
     out_dtype: torch.dtype | None = None,
     fp8_accumulation: str = "two-level",
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention, differentiable with respect to q, k and v.
 
@@ -66,6 +79,12 @@ def flash_attn_func(
     cost in backward speed; the forward is deterministic either way.
     return_attn_probs: also return lse, fp32 (batch, heads_q, seqlen_q), natural log (FA3 returns
     the LSE here, not the probabilities); a loss that uses it gets its gradient too.
+    sinks (keyword only): fp32 (heads_q,) on q's device, one logit per query head that joins
+    every row's softmax denominator without a value (gpt-oss's attention sinks, FA4's
+    learnable_sink): out = softmax([scores, sink]) V over the keys, lse = logaddexp(lse, sink); a
+    row that sees no key gets out 0 and lse = sink. Differentiable with respect to sinks too:
+    computed exactly from the call without sinks and its LSE (the backward takes the LSE's
+    gradient), so it runs wherever that call runs.
     backend (keyword only): "auto" (FA-3 path on cc 9.0 when built, else FA-2 path), "fa2",
     "fa3", or an FA-3 ablation variant ("fa3-no-pingpong", ...; build_info()["fa3_variants"]
     lists the built ones).
@@ -128,6 +147,13 @@ def flash_attn_func(
     ``k.to(q.dtype) * k_descale`` and ``v.to(q.dtype) * v_descale`` up to the 16-bit rounding of
     that product. No backward (inference).
     """
+    if sinks is not None:
+        return _with_sinks(
+            lambda: flash_attn_func(q, k, v, softmax_scale, causal, qv, q_descale, k_descale,
+                                    v_descale, window_size, attention_chunk, softcap, num_splits,
+                                    pack_gqa, deterministic, sm_margin, True, backend=backend,
+                                    out_dtype=out_dtype, fp8_accumulation=fp8_accumulation),
+            sinks, q, 1, return_attn_probs)
     if attention_chunk != 0 or num_splits != 1 or pack_gqa is not None or sm_margin != 0:
         _validate.check_fa3_extras(attention_chunk, num_splits, pack_gqa, sm_margin,
                                    chunk_served=True)
@@ -211,6 +237,7 @@ def flash_attn_varlen_func(
     *,
     backend: str = "auto",
     out: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention over a batch of sequences of different lengths packed along one token axis
     (FA3's flash_attn_varlen_func: its parameters, order and defaults), differentiable.
@@ -231,6 +258,8 @@ def flash_attn_varlen_func(
     out (keyword only): write the result into this (total_q, heads_q, head_dim) tensor of q's
     dtype (inference: no copy); not with inputs that require grad.
     backend (keyword only): as in flash_attn_func (the FA-3 ablation kernels are dense only).
+    sinks (keyword only): as in flash_attn_func, one logit per query head for every sequence;
+    not with out.
 
     The offsets' values are checked before launching (one small device-to-host copy per call:
     non-decreasing, within the tensors, seqused within its span), except while a CUDA graph is
@@ -252,6 +281,20 @@ def flash_attn_varlen_func(
     the longest sequence of the batch (the loops run to the longest spans, read with the
     offsets' check; unchecked, to max_seqlen_q / max_seqlen_k).
     """
+    if sinks is not None:
+        if out is not None:  # rows outside the spans must keep what out held: the LSE there is
+            # not written, so the sink's factor is unknown there
+            raise UnsupportedError("out: expected None with sinks (a given out keeps its rows "
+                                   "outside the sequences, which the sinks' rescaling cannot "
+                                   "tell apart), got a tensor")
+        return _with_sinks(
+            lambda: flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                           max_seqlen_k, seqused_q, seqused_k, softmax_scale,
+                                           causal, qv, q_descale, k_descale, v_descale,
+                                           window_size, attention_chunk, softcap, num_splits,
+                                           pack_gqa, deterministic, sm_margin, True,
+                                           backend=backend),
+            sinks, q, 0, return_attn_probs)
     if attention_chunk != 0 or num_splits != 1 or pack_gqa is not None or sm_margin != 0:
         _validate.check_fa3_extras(attention_chunk, num_splits, pack_gqa, sm_margin,
                                    chunk_served=True)

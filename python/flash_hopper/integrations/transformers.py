@@ -27,8 +27,9 @@ The mapping, per call (transformers' own flash-attention integration is the mode
   sequences (transformers' padding-free path).
 - otherwise flash_attn_func on the dense tensors.
 
-Refused, with the reason: dropout > 0 (the kernels have none: train with attention_dropout=0),
-attention sinks (gpt-oss's ``s_aux``: flash_attn_func and flash_attn_varlen_func take none).
+Attention sinks (gpt-oss's ``s_aux``, one logit per query head in the model's dtype) go to the
+functions' ``sinks`` in fp32. Refused, with the reason: dropout > 0 (the kernels have none: train
+with attention_dropout=0).
 """
 
 from __future__ import annotations
@@ -100,10 +101,6 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if dropout:
         raise ValueError(f"dropout: flash-hopper's kernels have no attention dropout; expected 0.0 "
                          f"(model.eval(), or attention_dropout=0 to train), got {dropout}")
-    if kwargs.get("s_aux") is not None:
-        raise NotImplementedError(
-            "s_aux: attention sinks (gpt-oss) are not implemented in flash_attn_func / "
-            "flash_attn_varlen_func, which this backend calls; use attn_implementation='eager'")
     causal = kwargs.get("is_causal")
     causal = bool(getattr(module, "is_causal", True) if causal is None else causal)
     if sliding_window is None:
@@ -113,6 +110,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         window = (sliding_window - 1, 0 if causal else sliding_window - 1)
     options = {"softmax_scale": scaling, "causal": causal, "window_size": window,
                "softcap": float(softcap or 0.0)}
+    if kwargs.get("s_aux") is not None:  # gpt-oss's sinks, a parameter in the model's dtype
+        options["sinks"] = kwargs["s_aux"].float()
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # (batch, seq, heads, d)
     if attention_mask is not None:
         return _padded(q, k, v, _keys_taking_part(attention_mask), options), None
