@@ -129,3 +129,9 @@ def test_varlen_refuses_out_with_sinks():
     with pytest.raises(UnsupportedError, match="out: expected None with sinks"):
         interface.flash_attn_varlen_func(q, q, q, cu, cu, 4, 4, sinks=torch.zeros(3),
                                          out=torch.empty_like(q))
+
+
+def test_flags_are_checked_with_sinks():
+    q = torch.randn(1, 4, 3, 8)
+    with pytest.raises(TypeError, match="return_attn_probs"):
+        interface.flash_attn_func(q, q, q, return_attn_probs="yes", sinks=torch.zeros(3))

@@ -148,6 +148,7 @@ def flash_attn_func(
     that product. No backward (inference).
     """
     if sinks is not None:
+        _check_flags(return_attn_probs, deterministic)
         return _with_sinks(
             lambda: flash_attn_func(q, k, v, softmax_scale, causal, qv, q_descale, k_descale,
                                     v_descale, window_size, attention_chunk, softcap, num_splits,
@@ -282,6 +283,7 @@ def flash_attn_varlen_func(
     offsets' check; unchecked, to max_seqlen_q / max_seqlen_k).
     """
     if sinks is not None:
+        _check_flags(return_attn_probs, deterministic)
         if out is not None:  # rows outside the spans must keep what out held: the LSE there is
             # not written, so the sink's factor is unknown there
             raise UnsupportedError("out: expected None with sinks (a given out keeps its rows "
