@@ -29,7 +29,7 @@ from flash_hopper import UnsupportedError, _validate, flash_attn_func, ops
 from flash_hopper._lib import FhBackend, FhDtype
 from flash_hopper.dispatch import head_dim_bucket
 from flash_hopper.mask import AttentionMask
-from flash_hopper.reference import attention_ref
+from flash_hopper.reference import attention_kvcache_ref, attention_ref
 
 # fp32 references stay fp32, not TF32 (conftest.py)
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_matmuls")]
@@ -598,22 +598,13 @@ def test_sm_margin_leaves_sms_free_forward_and_backward(lib, tmp_path):
 # --- attention sinks (gpt-oss): flash_attn_func(sinks=...) forward and backward -----------------
 
 def sink_attention_ref(q, k, v, sinks, causal, dtype):
-    """(out, lse) with each head's sink logit as one more softmax column without a value,
-    computed in ``dtype`` (float64: the reference; q's dtype: FA3's low-precision reference)."""
-    hq, hkv = q.shape[2], k.shape[2]
-    qd = q.to(dtype).transpose(1, 2)
-    kd = k.to(dtype).repeat_interleave(hq // hkv, dim=2).transpose(1, 2)
-    vd = v.to(dtype).repeat_interleave(hq // hkv, dim=2).transpose(1, 2)
-    s = qd @ kd.transpose(-1, -2)
-    s = (s if dtype == torch.float64 else s.float()) * q.shape[-1] ** -0.5
-    if causal:
-        sq, sk = q.shape[1], k.shape[1]
-        rows = torch.arange(sq, device=q.device)[:, None] + (sk - sq)
-        s = s.masked_fill(torch.arange(sk, device=q.device)[None, :] > rows, float("-inf"))
-    sink = sinks.to(s.dtype).view(1, -1, 1, 1).expand(*s.shape[:-1], 1)
-    lse = torch.logsumexp(torch.cat([s, sink], dim=-1), dim=-1)
-    p = torch.exp(s - lse[..., None]).to(dtype)
-    return (p @ vd).transpose(1, 2), lse
+    """(out, lse) with each head's sink logit in the softmax (reference.py's KV-cache reference on
+    the dense k / v), computed in ``dtype`` (float64: the reference; q's dtype: FA3's
+    low-precision reference)."""
+    out, lse, _, _ = attention_kvcache_ref(q.to(dtype), k.to(dtype), v.to(dtype),
+                                           cache_seqlens=k.shape[1], causal=causal, sinks=sinks,
+                                           upcast=False)
+    return out, lse
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -1,6 +1,6 @@
 """Attention sinks in flash_attn_func / flash_attn_varlen_func (gpt-oss's per-head sink logits):
 the composition from a call without sinks and its LSE (interface._with_sinks), checked on CPU
-against attention computed in float64 with the sink in the softmax directly, forward and
+against reference.py's attention with the sink in the softmax, in float64, forward and
 gradients (q, k, v and the sinks; the rescaling runs in fp32, as on the GPU, hence the
 tolerances), and the argument checks. The kernels' side (the LSE's gradient in the
 backward) runs in tests/test_sinks_gpu.py."""
@@ -8,37 +8,22 @@ backward) runs in tests/test_sinks_gpu.py."""
 import pytest
 import torch
 
-from flash_hopper import interface
+from flash_hopper import interface, reference
 from flash_hopper._errors import UnsupportedError
 
 
-def _scores(q, k, scale, causal):
-    """(b, h, sq, sk) float64 scores, -inf where a bottom-right causal mask hides the key."""
-    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
-    if causal:
-        sq, sk = q.shape[1], k.shape[1]
-        rows = torch.arange(sq)[:, None] + (sk - sq)
-        s = s.masked_fill(torch.arange(sk)[None, :] > rows, float("-inf"))
-    return s
-
-
 def _without_sinks(q, k, v, scale, causal):
-    """(out (b, sq, h, d), lse (b, h, sq)) as the kernels give them, in float64: a row that sees
-    no key gets out 0 and lse -inf."""
-    s = _scores(q, k, scale, causal)
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - lse.masked_fill(lse == float("-inf"), 0.0)[..., None])
-    return torch.einsum("bhqk,bkhd->bqhd", p, v), lse
+    """(out (b, sq, h, d), lse (b, h, sq)) as the kernels give them (reference.py), float64."""
+    return reference.attention_ref(q, k, v, scale, causal)
 
 
 def _with_sink_in_softmax(q, k, v, sinks, scale, causal):
-    """The definition: the sink logit is one more column of the softmax, without a value."""
-    s = _scores(q, k, scale, causal)
-    sink = sinks.double().view(1, -1, 1, 1).expand(*s.shape[:-1], 1)
-    both = torch.cat([s, sink], dim=-1)
-    lse = torch.logsumexp(both, dim=-1)
-    p = torch.exp(s - lse[..., None])
-    return torch.einsum("bhqk,bkhd->bqhd", p, v), lse
+    """The definition: the sink logit is one more column of the softmax, without a value
+    (reference.py's KV-cache reference on the dense k / v)."""
+    out, lse, _, _ = reference.attention_kvcache_ref(q, k, v, cache_seqlens=k.shape[1],
+                                                     softmax_scale=scale, causal=causal,
+                                                     sinks=sinks)
+    return out, lse
 
 
 def _inputs(seed, b=2, sq=7, sk=11, h=3, d=8):
