@@ -201,7 +201,11 @@ def fwd_setup(q, k, v, case: Case, backend: str, sms: int):
         references = References(q, k, v, case)
         keep = ()
     params.o, params.lse = out.data_ptr(), lse.data_ptr()
-    return params, out, lse, references, keep
+    # A dense call's optional workspace: the tile counter masked calls claim their tiles from
+    # (api.h); a library without claims ignores it. `@static-walk` runs without it.
+    workspace = torch.empty(16, dtype=torch.uint8, device=q.device)
+    params.workspace, params.workspace_bytes = workspace.data_ptr(), workspace.numel()
+    return params, out, lse, references, keep + (workspace,)
 
 
 def peer_runs(peers: dict, q, k, v, case: Case, keep, out: torch.Tensor, lse: torch.Tensor,
@@ -210,7 +214,7 @@ def peer_runs(peers: dict, q, k, v, case: Case, keep, out: torch.Tensor, lse: to
     """For each peer backend that runs the config: a timed call (its own output, as in the CLI),
     its check against the config's references, a copy of its output; and why the others don't."""
     if case.dtype == "e4m3":
-        q, k, v = keep  # the Fp8Input each (data, descale) the libraries run
+        q, k, v = keep[:3]  # the Fp8Input each (data, descale) the libraries run
     runs, checks, outs, skipped = {}, {}, {}, {}
     for name, backend in peers.items():
         reason = backend.software_reason() or backend.unsupported(case, "fwd")
@@ -229,6 +233,7 @@ def peer_runs(peers: dict, q, k, v, case: Case, keep, out: torch.Tensor, lse: to
 
 
 FP8_SINGLE_LEVEL = "fp8-single-level"  # @fp8-single-level: the FP8 accumulation ablation
+STATIC_WALK = "static-walk"  # @static-walk: no tile counter (the forward's static tile order)
 
 
 def with_variant(params, variant):
@@ -239,6 +244,8 @@ def with_variant(params, variant):
     copy = type(params).from_buffer_copy(params)
     if variant == FP8_SINGLE_LEVEL:
         copy.fp8_accumulation = _abi.FhFp8Accumulation.SINGLE_LEVEL
+    elif variant == STATIC_WALK:
+        copy.workspace, copy.workspace_bytes = None, 0
     else:
         copy.variant = variant
     return copy
@@ -256,9 +263,10 @@ def main() -> int:
     ap.add_argument("--lib", action="append", required=True, metavar="NAME=PATH[@VARIANT]",
                     help="a library to compare (the first is the baseline); repeat. @VARIANT "
                          "(forward): run this entry as that FA-3 variant ('fa3-no-pingpong', "
-                         "...) or with the FP8 single-level accumulation ('fp8-single-level', "
-                         "the ablation; the library's kernel decides what that runs), so one "
-                         "library's variants are timed side by side")
+                         "...), with the FP8 single-level accumulation ('fp8-single-level', "
+                         "the ablation; the library's kernel decides what that runs) or without "
+                         "the tile counter ('static-walk'), so one library's variants are timed "
+                         "side by side")
     ap.add_argument("-d", "--head-dim", type=int, nargs="+", default=[128])
     ap.add_argument("-s", "--seqlen", type=int, nargs="+",
                     default=[512, 1024, 2048, 4096, 8192, 16384])
@@ -288,7 +296,7 @@ def main() -> int:
                                 if args.direction != "fwd" else ""))
         peers[name] = known[name]
     choices = {**{n: int(v) for n, v in FA3_VARIANT_NAMES.items()},
-               FP8_SINGLE_LEVEL: FP8_SINGLE_LEVEL}
+               FP8_SINGLE_LEVEL: FP8_SINGLE_LEVEL, STATIC_WALK: STATIC_WALK}
     libs, variants = {}, {}
     for spec in args.lib:
         name, _, rest = spec.partition("=")

@@ -226,6 +226,10 @@ class RecordingLibrary:
         self.launches.append((FhFwdParams.from_buffer_copy(bytes(params)), stream))
         return 0
 
+    def fwd_workspace_size(self, params):
+        # api.h: a dense call's tile counter where a mask lets its FA-3 tiles be claimed
+        return 4 if params.window_left >= 0 or params.window_right >= 0 else 0
+
     def check(self, status, what):
         raise AssertionError(f"{what} failed with {status}")
 
@@ -293,6 +297,20 @@ def test_the_plan_pins_the_policys_choice(host):
     assert ops.fwd_into(q, k, v, out, None, 0.125, -1, -1, 0.0, "fa3-no-pingpong") == (
         "fa3-no-pingpong")
     assert host.launches[-1][0].variant == FhVariant.NO_PINGPONG
+
+
+@pytest.mark.parametrize(("choice", "causal", "bytes_"), [
+    (FhBackend.FA3, True, 4), (FhBackend.FA3, False, 0), (FhBackend.FA2, True, 0)])
+def test_masked_fa3_calls_get_their_tile_counter(host, choice, causal, bytes_):
+    # The FA-3 path claims a masked call's tiles from a counter in the workspace: every launch
+    # gets one of its own (fh_fwd zeroes it on the stream); other calls launch without one.
+    host.choice = choice
+    q, k, v = qkv()
+    flash_attn_func(q, k, v, causal=causal)
+    flash_attn_func(q, k, v, causal=causal)
+    for params, _ in host.launches[-2:]:
+        assert params.workspace_bytes == bytes_
+        assert (params.workspace is not None) == (bytes_ > 0)
 
 
 def test_each_signature_gets_its_own_plan(host):

@@ -192,7 +192,39 @@ def test_workspace_size(lib, total_q, batch):
     assert lib.fwd_workspace_size(p) == 32 + 48 * (total_q // 64 + batch)
     p.cu_seqlens_q = p.cu_seqlens_k = None
     p.q_batch_stride = 1000 * 8 * 128
-    assert lib.fwd_workspace_size(p) == 0  # dense
+    assert lib.fwd_workspace_size(p) == 0  # dense, no mask
+
+
+@pytest.mark.parametrize(("window", "size"), [((-1, -1), 0), ((-1, 0), 4), ((100, -1), 4),
+                                              ((3, 7), 4)])
+def test_dense_workspace_is_the_masked_calls_tile_counter(lib, window, size):
+    # Masked dense calls ask for the tile counter their FA-3 tiles are claimed from (api.h).
+    p = _dense_params(window_left=window[0], window_right=window[1])
+    assert lib.fwd_workspace_size(p) == size
+
+
+def _dense_params(**over) -> FhFwdParams:
+    p = _varlen_params(q=0x10000, k=0x20000, v=0x30000, o=0x40000)
+    p.cu_seqlens_q = p.cu_seqlens_k = None
+    p.batch, p.seqlen_q, p.seqlen_k = 1, 1000, 1200
+    p.q_batch_stride, p.k_batch_stride = 1000 * 8 * 128, 1200 * 2 * 128
+    p.v_batch_stride, p.o_batch_stride = 1200 * 2 * 128, 1000 * 8 * 128
+    for name, value in over.items():
+        setattr(p, name, value)
+    return p
+
+
+@pytest.mark.parametrize(("over", "fragment"), [
+    ({"workspace": 0x50002, "workspace_bytes": 4},
+     "workspace: expected a 4-byte aligned device pointer (a dense call's tile counter"),
+    ({"workspace": 0x50000, "workspace_bytes": 3},
+     "workspace_bytes: expected >= 4 (fh_fwd_workspace_size) with a workspace, got 3"),
+])
+def test_abi_rejects_a_bad_dense_workspace(lib, over, fragment):
+    p = _dense_params(window_right=0, **over)
+    got = lib._dll.fh_fwd(ctypes.byref(p), None)
+    assert got == FhStatus.ERROR_INVALID_ARGUMENT, lib.last_error()
+    assert fragment in lib.last_error()
 
 
 @pytest.mark.parametrize(("over", "status", "fragment"), [

@@ -93,7 +93,7 @@ FH_EXPORT FhStatus fh_fwd_workspace_size(const FhFwdParams* params, int64_t* byt
   FH_CHECK(bytes != nullptr, "bytes: expected a non-null int64_t pointer, got null");
   FH_TRY(validate(params, /*check_data=*/false));
   *bytes = params->cu_seqlens_q != nullptr ? varlen_workspace_bytes(params->seqlen_q, params->batch)
-                                           : 0;
+                                           : dense_fwd_workspace_bytes(params);
   return FH_SUCCESS;
 }
 

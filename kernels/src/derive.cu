@@ -95,6 +95,8 @@ FwdParams derive(const FhFwdParams* p, const DeviceInfo& dev) {
     // Hints past the packed tokens are no information (api's check allows any value >= 0).
     k.varlen_max_seqlen_q = int(p->max_seqlen_q <= p->seqlen_q ? p->max_seqlen_q : 0);
     k.varlen_max_seqlen_k = int(p->max_seqlen_k <= p->seqlen_k ? p->max_seqlen_k : 0);
+  } else if (p->workspace != nullptr) {
+    k.tile_counter = static_cast<int*>(p->workspace);
   }
   return k;
 }

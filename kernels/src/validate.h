@@ -35,6 +35,14 @@ inline bool is_varlen(const FhFwdParams* p) {
          p->seqused_k != nullptr;
 }
 
+// A dense forward call's workspace (api.h, fh_fwd_workspace_size): the tile counter that masked
+// calls on the FA-3 path claim their tiles from (sm90/fwd/tile_scheduler.h); calls without a mask
+// need none. The workspace stays optional: without it tiles are walked statically.
+constexpr int64_t kFwdTileCounterBytes = 4;
+inline int64_t dense_fwd_workspace_bytes(const FhFwdParams* p) {
+  return p->window_left >= 0 || p->window_right >= 0 ? kFwdTileCounterBytes : 0;
+}
+
 // The struct was filled for this library's layout of it.
 template <class Params>
 FhStatus validate_abi(const Params* p) {

@@ -91,6 +91,16 @@ FhStatus validate_varlen(const FhFwdParams* p, bool fp8, bool mixed, bool check_
              "/ %lld",
              static_cast<const void*>(p->kv_batch_idx), static_cast<const void*>(p->leftpad_k),
              (long long)p->batch_k);
+    if (check_data && p->workspace != nullptr) {  // optional: the tile counter (api.h)
+      FH_CHECK(aligned(p->workspace, alignof(int32_t)),
+               "workspace: expected a 4-byte aligned device pointer (a dense call's tile counter, "
+               "fh_fwd_workspace_size bytes) or null, got %p",
+               p->workspace);
+      FH_CHECK(p->workspace_bytes >= kFwdTileCounterBytes,
+               "workspace_bytes: expected >= %lld (fh_fwd_workspace_size) with a workspace, got "
+               "%lld",
+               (long long)kFwdTileCounterBytes, (long long)p->workspace_bytes);
+    }
     return FH_SUCCESS;
   }
   FH_CHECK(p->cu_seqlens_q != nullptr && p->cu_seqlens_k != nullptr,

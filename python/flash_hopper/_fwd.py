@@ -55,6 +55,9 @@ class Plan(NamedTuple):
     lse_shape: tuple[int, ...]
     lib: _lib.Library | None
     out_dtype: torch.dtype  # q's dtype; bf16 / fp16 for FP8 inputs
+    # bytes of workspace each launch hands the kernel: the FA-3 path's tile counter for masked
+    # calls (fh_fwd_workspace_size), so that their tiles are claimed at run time; else 0
+    workspace: int = 0
 
 
 # Raw accessors where torch has them (what inductor's generated code uses): a Stream object per
@@ -151,8 +154,10 @@ def make_plan(
     name, reason, backend = dispatch.choose(params, _device.device_info(index).capability)
     params.backend = backend  # pinned: fh_fwd runs what the plan names (fwd_into reports it)
     params.decode_route = 0
-    return Plan(cfg, name, reason, bytes(params), q.device, out_shape, lse_shape,
-                _lib.get_library(), out_dtype)
+    lib = _lib.get_library()
+    workspace = lib.fwd_workspace_size(params) if backend == _abi.FhBackend.FA3 else 0
+    return Plan(cfg, name, reason, bytes(params), q.device, out_shape, lse_shape, lib, out_dtype,
+                workspace)
 
 
 def clear_plans() -> None:
@@ -170,6 +175,10 @@ def _launch(plan: Plan, q_ptr: int, k_ptr: int, v_ptr: int, o_ptr: int, lse_ptr:
     p.q, p.k, p.v, p.o, p.lse = q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr
     if descales is not None:
         p.q_descale, p.k_descale, p.v_descale = descales
+    if plan.workspace:
+        # stream-ordered like the outputs: freed after the launch, reused only behind the kernel
+        workspace = torch.empty(plan.workspace, dtype=torch.uint8, device=plan.device)
+        p.workspace, p.workspace_bytes = workspace.data_ptr(), plan.workspace
     launch_params(plan, p)
 
 

@@ -71,8 +71,10 @@ static std::string context;
 // ------------------------------------------------------------------------------------------------
 // Events
 // ------------------------------------------------------------------------------------------------
-enum Pipe { kQ = 0, kK = 1, kV = 2, kStaging = 3, kVt = 4, kNumPipes = 5 };
-static const char* kPipeName[] = {"Q", "K", "V", "staging", "V^T"};
+enum Pipe { kQ = 0, kK = 1, kV = 2, kStaging = 3, kVt = 4, kTile = 5, kNumPipes = 6 };
+static const char* kPipeName[] = {"Q", "K", "V", "staging", "V^T", "tile slot"};
+// The tile slot's buffers (fwd/kernel_traits.h TilePipe).
+static constexpr int kTileSlots = 2;
 // The mixed mode's staging ring (fwd/tile_config.h, fwd_config_mixed): one depth for every bucket.
 static constexpr int kStagingStages = fwd_config_mixed(128).staging_stages;
 static_assert(fwd_config_mixed(64).staging_stages == kStagingStages &&
@@ -170,6 +172,7 @@ struct Problem {
   AttentionMask mask;
   bool pingpong;
   bool softcap;  // every transform of the call must apply it, none of another call may
+  bool claimed;  // the call has a tile counter: masked walks claim their tiles at run time
 };
 
 // Tiles are numbered by query block (not by scheduler tile: with multicast a scheduler tile is a
@@ -193,12 +196,39 @@ struct Sabotage {
   bool peers_forgotten = false;  // multicast: the consumers release their own CTA's stage only
   bool own_half_only = false;    // multicast: a full barrier completes on its own half
   bool softcap_misread = false;  // the consumers' softcapped() answers the opposite of the call
+  int drop_claim = -1;           // a claimed walk: the producer drops the claim with this index
+  bool one_slot = false;         // the producer counts one tile slot buffer, the readers two
+};
+
+// What the tile slot holds: a tile index of the scheduler's order (past the last: the end).
+static Payload slot_payload(int t) { return {t, -2}; }
+
+// The tile slot's reading end for every role but the producer (schedule.h take_tile_with_keys):
+// the producer's publications in order, each waited for, read and released.
+struct SlotReader {
+  using Spec = PipelineSpec<kTileSlots, 1>;
+  std::vector<int> const* published = nullptr;
+  size_t taken = 0;
+
+  int take(ConsumerEnd<Spec, Recorder>& end, std::vector<Event>& ev) {
+    CHECK(published != nullptr && taken < published->size(),
+          "a role takes a tile the producer did not publish");
+    if (published == nullptr || taken >= published->size()) {
+      return 1 << 28;  // the end
+    }
+    const int t = (*published)[taken++];
+    end.wait();
+    ev.back().payload = slot_payload(t);
+    end.release(/*leader=*/true);
+    ev.back().payload = slot_payload(t);
+    return t;
+  }
 };
 
 // ------------------------------------------------------------------------------------------------
 // Producer recorder
 // ------------------------------------------------------------------------------------------------
-template <class Cfg, int kQStages = Cfg::kQStages>
+template <class Cfg, int kQStages = Cfg::kQStages, int kSlots = kTileSlots>
 struct MockProducer {
   using QSpec = PipelineSpec<kQStages, 1>;  // the consumer count does not matter on this end
   using KVSpec = PipelineSpec<Cfg::kStages, 1, 1, Cfg::kClusterM>;
@@ -211,15 +241,45 @@ struct MockProducer {
       {&ev, kV, Cfg::kClusterM, rank}};
   // The mixed mode: K and V blocks go into the staging ring in load order (fwd/convert.h).
   ProducerEnd<PipelineSpec<kStagingStages, 1>, Recorder> staging_pipe{{&ev, kStaging}};
+  WriterEnd<PipelineSpec<kSlots, 1>, Recorder> slot{{&ev, kTile}};
+  std::vector<int> published;
+  // A claimed walk: the counter values this CTA's claims return, in order (draw_claims).
+  std::vector<int> const* claims = nullptr;
+  size_t claimed = 0;
   // Sabotage for the negative controls: skip the load with this index, or load the next key
-  // block instead of the scheduled one.
+  // block instead of the scheduled one; drop the claim with this index.
   int skip_load = -1;
   int wrong_block_load = -1;
+  int drop_claim = -1;
   int loads = 0;
 
   MockProducer(StaticTileScheduler const& s, int r) : sched(s), rank(r) {}
 
   TileWork tile(TileWork const& w) { return w; }
+  // fwd/load.h publish: acquire the slot's next buffer, write it, commit.
+  void publish(int t) {
+    slot.acquire();
+    published.push_back(t);
+    slot.commit(/*leader=*/true);
+    ev.back().payload = slot_payload(t);
+  }
+  // fwd/load.h: the claim's atomic issued (and its value recorded) here, read in claim_value.
+  bool claim_pending = false;
+  int claim_issue() {
+    CHECK(!claim_pending, "a claim issued while the last one was not read");
+    claim_pending = true;
+    if (int(claimed) == drop_claim) {
+      ++claimed;
+    }
+    CHECK(claims != nullptr, "a static walk claims a tile");
+    // Past its values the counter is past the last tile (the sabotage drops one).
+    return claims != nullptr && claimed < claims->size() ? (*claims)[claimed++] : 1 << 28;
+  }
+  int claim_value(int issued) {
+    CHECK(claim_pending, "a claim's value read without its atomic");
+    claim_pending = false;
+    return issued;
+  }
   template <class End>
   void load(End& end, Payload payload) {
     if (loads == skip_load) {
@@ -274,12 +334,14 @@ struct MockConverter {
   int swap_at = -1;
   int converts = 0;
   std::vector<std::pair<int, Payload>> pending;  // a held-back conversion (swap sabotage)
+  ConsumerEnd<SlotReader::Spec, Recorder> slot{{&ev, kTile}};
+  SlotReader reader;
 
   explicit MockConverter(StaticTileScheduler const& s) : sched(s) {}
 
+  int take_tile() { return reader.take(slot, ev); }
   TileWork tile(TileWork const& w) { return w; }
   void q(TileWork const&, TileWork const&) {}
-  void prefetch(TileWork const&) {}
   void k(TileWork const& view, KeyStep s) { convert(kK, {tile_id<Cfg>(sched, view.tile), s.n}); }
   void v(TileWork const& view, KeyStep s) { convert(kV, {tile_id<Cfg>(sched, view.tile), s.n}); }
   void convert(int pipe, Payload payload) {
@@ -320,8 +382,12 @@ struct MockTransposer {
   WriterEnd<VtSpec, Recorder> vt_out{{&ev, kVt}};
   int skip_acquire = -1;  // sabotage: the V block with this index skips the wait for V^T
   int blocks = 0;
+  ConsumerEnd<SlotReader::Spec, Recorder> slot{{&ev, kTile}};
+  SlotReader reader;
 
   explicit MockTransposer(StaticTileScheduler const& s) : sched(s) {}
+
+  int take_tile() { return reader.take(slot, ev); }
 
   // fwd/transpose.h: v_pipe.wait(); vt_pipe.acquire(); ldmatrix / stmatrix, proxy fence;
   // v_pipe.release(); vt_pipe.commit().
@@ -361,6 +427,8 @@ struct MockConsumer {
   int skip_release_k = -1;
   bool softcap_misread = false;
   int releases_k = 0;
+  ConsumerEnd<SlotReader::Spec, Recorder> slot{{&ev, kTile}};
+  SlotReader reader;
 
   // Buffers this WG waited for and has not released, oldest first.
   std::vector<Payload> held[kNumPipes];
@@ -378,6 +446,7 @@ struct MockConsumer {
       : sched(s), prob(p), wg(wg_), peers(peers_) {}
 
   int id(TileWork const& w) const { return tile_id<Cfg>(sched, w.tile); }
+  int take_tile() { return reader.take(slot, ev); }
   // K / V of a multicast pair are named by the pair's first query block (MockProducer::kv_id).
   int kv_of(int tile) const {
     return tile - tile % (sched.num_m_blocks * Cfg::kClusterM) % Cfg::kClusterM;
@@ -798,26 +867,14 @@ static bool simulate(std::vector<Agent> const& agents, int ctas, PipeCounts cons
 template <int BM, int BN>
 struct BadSplitSchedule {
   CtaSchedule<BM, BN> base;
-  bool work(int round, TileWork& w) const {
-    if (!base.work(round, w)) {
+  bool work(int t, TileWork& w) const {
+    if (!base.work(t, w)) {
       return false;
     }
     if (w.split.n_right < w.range.n_max) {
       ++w.split.n_right;
     }
     return true;
-  }
-  template <class OnKeyless>
-  bool next_with_keys(int& round, TileWork& w, OnKeyless&& on_keyless) const {
-    for (;; ++round) {
-      if (!work(round, w)) {
-        return false;
-      }
-      if (w.has_keys()) {
-        return true;
-      }
-      on_keyless(w);
-    }
   }
 };
 
@@ -835,6 +892,30 @@ static void pipe_counts(PipeCounts* pipes, Sabotage const& sab) {
   pipes[kV] = {Cfg::kVStages, kv_full, Cfg::kFp8 ? kTransposerWarps : W * release_peers};
   pipes[kStaging] = {Cfg::kStaging, 1, kConverterWarps};
   pipes[kVt] = {Cfg::kFp8 ? S : 0, sab.vt_full_one ? 1 : kTransposerWarps, W};
+  // The tile slot: the producer's one arrival; every consumer WG and relay warp reads each tile.
+  const int relays = Cfg::kFp8 ? kTransposerWarps : Cfg::kStaging > 0 ? kConverterWarps : 0;
+  pipes[kTile] = {kTileSlots, 1, W + relays};
+}
+
+// A claimed walk (StaticTileScheduler::dynamic): the counter values each CTA's claims return.
+// The counter hands out 0, 1, 2, ... to the CTAs in a random order of claims; a CTA whose value
+// puts it past the last tile (grid + value >= tiles) stops claiming. Every CTA claims once past
+// the end, so tiles - grid values name tiles and grid more end the walks.
+static std::vector<std::vector<int>> draw_claims(int tiles, int grid, std::mt19937& rng) {
+  std::vector<std::vector<int>> claims(grid);
+  std::vector<int> active(grid);
+  for (int c = 0; c < grid; ++c) {
+    active[c] = c;
+  }
+  for (int value = 0; !active.empty(); ++value) {
+    const size_t pick = rng() % active.size();
+    const int c = active[pick];
+    claims[c].push_back(value);
+    if (grid + value >= tiles) {
+      active.erase(active.begin() + pick);
+    }
+  }
+  return claims;
 }
 
 template <class Cfg>
@@ -844,7 +925,11 @@ static bool run_case(Problem const& prob, std::mt19937& rng, Sabotage sab) {
       prob.seqlen_q, prob.seqlen_k, BM, prob.heads, prob.heads_per_kv, prob.batch,
       int64_t(prob.seqlen_k) * 128 * 4, /*longest_first=*/prob.mask.window_left >= 0 ||
                                             prob.mask.window_right >= 0 || prob.mask.chunk > 0,
-      prob.grid_sms, C);
+      prob.grid_sms, C, prob.claimed);
+  CHECK(!sched.dynamic || prob.claimed, "a walk claims without a tile counter");
+  const std::vector<std::vector<int>> claims =
+      sched.dynamic ? draw_claims(sched.total_tiles, sched.grid, rng)
+                    : std::vector<std::vector<int>>();
   const int m_blocks = (prob.seqlen_q + BM - 1) / BM;
   std::vector<int> written(size_t(sched.num_hb) * sched.num_m_blocks * C, 0);
   const int failures_before = failures;
@@ -855,26 +940,40 @@ static bool run_case(Problem const& prob, std::mt19937& rng, Sabotage sab) {
     std::vector<Agent> agents;
     for (int rank = 0; rank < C; ++rank) {
       const CtaSchedule<BM, BN> cs{sched, prob.mask, cluster, C, rank};
-      if (sab.extra_q_stage) {
-        MockProducer<Cfg, Cfg::kQStages + 1> producer(sched, rank);
-        produce<Cfg::kVLag>(cs, producer);
-        agents.push_back({rank, false, std::move(producer.ev)});
-      } else {
-        MockProducer<Cfg> producer(sched, rank);
+      std::vector<int> published;
+      auto run_producer = [&](auto& producer) {
         producer.skip_load = sab.skip_load;
         producer.wrong_block_load = sab.wrong_block_load;
+        producer.drop_claim = sab.drop_claim;
+        producer.claims = sched.dynamic ? &claims[cluster] : nullptr;
         produce<Cfg::kVLag>(cs, producer);
+        CHECK(!sched.dynamic || sab.drop_claim >= 0 || producer.claimed == claims[cluster].size(),
+              "CTA %d made %zu claims, the counter gave it %zu", cluster, producer.claimed,
+              claims[cluster].size());
+        published = producer.published;
         agents.push_back({rank, false, std::move(producer.ev)});
+      };
+      if (sab.extra_q_stage) {
+        MockProducer<Cfg, Cfg::kQStages + 1> producer(sched, rank);
+        run_producer(producer);
+      } else if (sab.one_slot) {
+        MockProducer<Cfg, Cfg::kQStages, 1> producer(sched, rank);
+        run_producer(producer);
+      } else {
+        MockProducer<Cfg> producer(sched, rank);
+        run_producer(producer);
       }
       for (int r = 0; Cfg::kStaging > 0 && r < kConverterWarps; ++r) {
         MockConverter<Cfg> converter(sched);
         converter.swap_at = r == 1 ? sab.swap_relay : -1;
-        produce<Cfg::kVLag>(cs, converter);
+        converter.reader.published = &published;
+        follow_loads<Cfg::kVLag>(cs, converter);
         agents.push_back({rank, true, std::move(converter.ev)});
       }
       for (int r = 0; Cfg::kFp8 && r < kTransposerWarps; ++r) {
         MockTransposer<Cfg> transposer(sched);
         transposer.skip_acquire = r == 1 ? sab.skip_vt_acquire : -1;
+        transposer.reader.published = &published;
         transpose_v(cs, transposer);
         agents.push_back({rank, true, std::move(transposer.ev)});
       }
@@ -882,6 +981,7 @@ static bool run_case(Problem const& prob, std::mt19937& rng, Sabotage sab) {
         MockConsumer<Cfg> consumer(sched, prob, wg, sab.peers_forgotten ? 1 : C);
         consumer.skip_release_k = sab.skip_release_k;
         consumer.softcap_misread = sab.softcap_misread;
+        consumer.reader.published = &published;
         if (sab.bad_split) {
           consume<Cfg>(BadSplitSchedule<BM, BN>{cs}, consumer);
         } else {
@@ -963,14 +1063,17 @@ static void run_shape(std::mt19937& rng, int problems) {
     prob.mask = AttentionMask{prob.seqlen_q, prob.seqlen_k, wl, wr, chunk};
     prob.pingpong = rng() % 4 != 0;
     prob.softcap = rng() % 2 != 0;
+    prob.claimed = rng() % 2 != 0;
     if (prob.seqlen_q == 0 || prob.batch == 0) {
       continue;  // the launcher returns before the kernel
     }
     char buf[256];
     std::snprintf(buf, sizeof(buf),
-                  " | b %d h %d g %d sq %d sk %d wl %d wr %d chunk %d grid %d pp %d cap %d",
+                  " | b %d h %d g %d sq %d sk %d wl %d wr %d chunk %d grid %d pp %d cap %d "
+                  "claimed %d",
                   prob.batch, prob.heads, prob.heads_per_kv, prob.seqlen_q, prob.seqlen_k, wl, wr,
-                  chunk, prob.grid_sms, int(prob.pingpong), int(prob.softcap));
+                  chunk, prob.grid_sms, int(prob.pingpong), int(prob.softcap),
+                  int(prob.claimed));
     context = shape_name<Cfg>() + buf;
     run_case<Cfg>(prob, rng, Sabotage{});
   }
@@ -1007,6 +1110,7 @@ static void negative_controls(std::mt19937& rng) {
   prob.mask = AttentionMask{700, 900, -1, Cfg::kClusterM > 1 ? -1 : 0};
   prob.pingpong = true;
   prob.softcap = false;
+  prob.claimed = Cfg::kClusterM == 1;  // the causal problem's tiles are claimed
   context = "negative control, " + shape_name<Cfg>();
   CHECK(!caught<Cfg>(prob, rng, {}), "the unsabotaged control fails");
   Sabotage sabotages[6];
@@ -1021,6 +1125,16 @@ static void negative_controls(std::mt19937& rng) {
       continue;
     }
     CHECK(caught<Cfg>(prob, rng, s), "sabotage %d went unnoticed", int(&s - sabotages));
+  }
+  // The tile slot and the claims: a producer that writes the slot's one buffer while the readers
+  // expect two; a dropped claim (its tile computed by no CTA).
+  Sabotage one_slot;
+  one_slot.one_slot = true;
+  CHECK(caught<Cfg>(prob, rng, one_slot), "a one-buffer tile slot went unnoticed");
+  if (Cfg::kClusterM == 1) {
+    Sabotage drop;
+    drop.drop_claim = 1;
+    CHECK(caught<Cfg>(prob, rng, drop), "a dropped claim went unnoticed");
   }
   if constexpr (Cfg::kStaging > 0) {
     Sabotage swap;

@@ -8,9 +8,13 @@
 // any order reaches; a negative control shows the checks fail on a pair listed twice. K / V
 // multicast clusters (unmasked calls, two CTAs on adjacent query blocks): both CTAs of a cluster
 // walk the same heads and key blocks round by round, and every query block is computed exactly once
-// (a negative control ignores the rank). Prints "OK" and exits 0 on success.
+// (a negative control ignores the rank). Claimed walks (masked calls with a tile counter): the
+// CTAs' claims, played out in the order the CTAs finish their tiles, visit every tile once, every
+// L2 section is longest-first, and the balance is within a tile of ideal and no worse than the
+// static walk's. Prints "OK" and exits 0 on success.
 #include <algorithm>
 #include <cstdio>
+#include <queue>
 #include <random>
 #include <vector>
 
@@ -87,6 +91,76 @@ static void check(int seqlen_q, int block_m, int heads, int heads_per_kv, int ba
 }
 
 
+// A claimed walk: CTA c starts on tile c; the CTA that finishes first (ties: the lower index)
+// claims the next value of the counter (the kernel's producer claims after its last load; here at
+// the tile's end, the cost model's resolution). Cost of a causal tile: its key blocks + 2.
+static void check_claimed(int seqlen_q, int block_m, int heads, int heads_per_kv, int batch,
+                          long long kv_bytes, int num_sms) {
+  const StaticTileScheduler s = StaticTileScheduler::make(
+      seqlen_q, seqlen_q, block_m, heads, heads_per_kv, batch, kv_bytes, /*longest_first=*/true,
+      num_sms, 1, /*claimed=*/true);
+  const StaticTileScheduler fixed = StaticTileScheduler::make(
+      seqlen_q, seqlen_q, block_m, heads, heads_per_kv, batch, kv_bytes, true, num_sms);
+  CHECK(s.dynamic == (s.total_tiles > s.grid), "claims with %d tiles on %d CTAs: %d",
+        s.total_tiles, s.grid, int(s.dynamic));
+  const StaticTileScheduler unmasked = StaticTileScheduler::make(
+      seqlen_q, seqlen_q, block_m, heads, heads_per_kv, batch, kv_bytes, false, num_sms, 1, true);
+  CHECK(!unmasked.dynamic, "an unmasked walk claims its tiles");
+  if (!s.dynamic) {
+    return;
+  }
+  const int num_m = s.num_m_blocks;
+  auto cost = [](TileCoord const& c) { return (long long)c.m_block + 1 + 2; };
+  // Inside each section costs never increase along the order.
+  const int section_tiles = s.section_hb * num_m;
+  for (int t = 1; t < s.total_tiles; ++t) {
+    if (t % section_tiles != 0) {
+      CHECK(cost(s.coord(t)) <= cost(s.coord(t - 1)), "claimed order rises at tile %d", t);
+    }
+  }
+  std::vector<int> seen(s.total_tiles, 0);
+  using Busy = std::pair<long long, int>;  // (finish time, CTA)
+  std::priority_queue<Busy, std::vector<Busy>, std::greater<Busy>> busy;
+  long long total = 0, makespan = 0;
+  for (int c = 0; c < s.grid; ++c) {
+    const TileCoord first = s.coord(s.index(0, c));
+    ++seen[(first.batch * heads + first.head) * num_m + first.m_block];
+    busy.push({cost(first), c});
+    total += cost(first);
+  }
+  for (int counter = 0; !busy.empty();) {
+    const Busy b = busy.top();
+    busy.pop();
+    makespan = std::max(makespan, b.first);
+    const int t = s.grid + counter++;
+    if (t >= s.total_tiles) {
+      continue;  // this CTA's walk is over
+    }
+    const TileCoord c = s.coord(t);
+    ++seen[(c.batch * heads + c.head) * num_m + c.m_block];
+    busy.push({b.first + cost(c), b.second});
+    total += cost(c);
+  }
+  for (int i = 0; i < s.total_tiles; ++i) {
+    CHECK(seen[i] == 1, "claimed walk: tile %d visited %d times", i, seen[i]);
+  }
+  // The static walk's makespan under the same costs.
+  long long fixed_makespan = 0;
+  for (int c = 0; c < fixed.grid; ++c) {
+    long long load = 0;
+    for (int r = 0; fixed.index(r, c) < fixed.total_tiles; ++r) {
+      load += cost(fixed.coord(fixed.index(r, c)));
+    }
+    fixed_makespan = std::max(fixed_makespan, load);
+  }
+  const long long longest = num_m + 2;
+  CHECK(makespan <= total / s.grid + longest,
+        "claimed makespan %lld, ideal %lld + a tile %lld (G=%d, sq=%d, h=%d, b=%d)", makespan,
+        total / s.grid, longest, s.grid, seqlen_q, heads, batch);
+  CHECK(makespan * 100 <= fixed_makespan * 101,
+        "claimed makespan %lld above the static walk's %lld", makespan, fixed_makespan);
+}
+
 // K / V multicast (kernels/sm90/fwd/schedule.h CtaSchedule with cluster_m = 2): the scheduler's
 // tiles are pairs of query blocks; the CTA of rank r in cluster c computes block 2m + r of pair m.
 // Both CTAs must walk the same rounds with the same (batch, head) and key blocks (their loads fill
@@ -108,8 +182,9 @@ static void check_clusters(int seqlen_q, int seqlen_k, int block_m, int block_n,
     const Schedule r1{s, mask, c, kCluster, ignore_rank ? 0 : 1};
     for (int round = 0;; ++round) {
       flash_hopper::sm90::TileWork w0, w1;
-      const bool a = r0.work(round, w0);
-      const bool b = r1.work(round, w1);
+      // Each producer's walk: tile index(round, c) (static: multicast calls are unmasked).
+      const bool a = r0.work(s.index(round, c), w0);
+      const bool b = r1.work(s.index(round, c), w1);
       CHECK(a == b, "cluster %d round %d: one CTA has a tile, the other not", c, round);
       if (!a || !b) {
         break;
@@ -354,6 +429,12 @@ int main() {
       check(1, 128, 3, 3, 5, 17LL * 64 * 4, lf, g);
       check(8192, 128, 8, 4, 3, 100LL << 20, lf, g);           // a KV head over the L2 budget
     }
+    check_claimed(16384, 128, 16, 1, 1, 16384LL * 128 * 4, g);
+    check_claimed(1024, 128, 16, 1, 16, 1024LL * 256 * 4, g);  // d256 1k: 8 tiles per head
+    check_claimed(2048, 128, 16, 1, 8, 2048LL * 128 * 4, g);
+    check_claimed(2048, 192, 32, 1, 8, 2048LL * 64 * 4, g);
+    check_claimed(611, 128, 4, 2, 2, 397LL * 128 * 4, g);
+    check_claimed(8192, 128, 8, 4, 3, 100LL << 20, g);
   }
   for (int g : {1, 3, 66}) {
     check_clusters(512, 512, 128, 176, 16, 32, g);   // d128 s512: 4 blocks, pairs

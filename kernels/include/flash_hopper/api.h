@@ -174,7 +174,11 @@ typedef struct FhFwdParams {
   int64_t max_seqlen_q;  // hints (0 = unknown); the kernels never rely on them
   int64_t max_seqlen_k;
   // Varlen: device scratch of >= fh_fwd_workspace_size bytes, 16-byte aligned (the call's work
-  // list, written and read on the stream; nothing needs initialising). Null / 0 otherwise.
+  // list, written and read on the stream; nothing needs initialising).
+  // Dense calls: optional. fh_fwd_workspace_size bytes (4, 4-byte aligned; 0 for calls without a
+  // mask) hold a tile counter that fh_fwd zeroes on the stream before the kernel: masked calls
+  // on the FA-3 path then claim their tiles at run time, so the SMs finish together. Null / 0:
+  // tiles are walked in a static order (the same results, bit for bit).
   void* workspace;
   int64_t workspace_bytes;
   // --- KV cache (flash_attn_with_kvcache's cache_batch_idx / cache_leftpad; varlen only) ----

@@ -79,6 +79,11 @@ struct FwdParams {
 
   FH_HOST_DEVICE bool varlen() const { return cu_seqlens_q != nullptr; }
 
+  // Dense calls given a workspace (fh_fwd_workspace_size): its tile counter. The FA-3 launcher
+  // zeroes it on the call's stream and masked calls claim their tiles from it at run time
+  // (sm90/fwd/tile_scheduler.h); null: static tile walks.
+  int* tile_counter;
+
   int num_sms;
   // Debug: the FA-3 forward's event timeline (libraries built with FH_TIMELINE; null = off;
   // sm90/fwd/timeline.h), from fh_debug_set_timeline.

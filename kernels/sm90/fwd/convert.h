@@ -4,11 +4,12 @@
 // are the 16-bit kernel's and user memory is read once, in FP8 (half the bytes of a 16-bit
 // cache).
 //
-// Order: the converter walks the producer's load order (schedule.h's produce() with these
-// operations), so the ring's stages arrive in the order it takes them, and it fills the K and V
-// stages in the order the consumers use them. It blocks on what the producer would block on
-// without the ring (a free K / V stage), so the 16-bit kernel's pipeline contract holds as is;
-// the ring adds one wait (a staging stage full) that the producer satisfies in the same order.
+// Order: the converter walks the producer's load order (schedule.h's follow_loads() with these
+// operations, the tiles from the tile slot), so the ring's stages arrive in the order it takes
+// them, and it fills the K and V stages in the order the consumers use them. It blocks on what the
+// producer would block on without the ring (a free K / V stage), so the 16-bit kernel's pipeline
+// contract holds as is; the ring adds one wait (a staging stage full) that the producer satisfies
+// in the same order.
 //
 // Conversion: exact. Every e4m3 and e5m2 value is an fp16 value (cvt.rn.f16x2.e4m3x2 /
 // .e5m2x2, two values per instruction, NaN stays NaN, e5m2's infinities stay infinite), and
@@ -36,6 +37,7 @@
 #include "sm90/fwd/kernel_traits.h"  // kConverterWarps
 #include "sm90/fwd/params.h"
 #include "sm90/fwd/schedule.h"
+#include "sm90/fwd/tile_slot.h"
 #include "sm90/fwd/timeline.h"
 
 namespace flash_hopper::sm90 {
@@ -123,6 +125,7 @@ struct Converter {
   ConsumerEnd<StagingPipe, SmemBarriers<StagingPipe>> staging;
   WriterEnd<KVPipe, SmemBarriers<KVPipe>> k_out;
   WriterEnd<KVPipe, SmemBarriers<KVPipe>> v_out;
+  TileSlotReader<Traits> slot;  // the producer's tiles (tile_slot.h)
   Timeline timeline;  // FH_TIMELINE builds only (timeline.h)
 
   CUTE_DEVICE Converter(SharedStorage& smem_, int warp_, unsigned long long* timeline_buffer)
@@ -144,10 +147,11 @@ struct Converter {
         uint32_t(kBytes) * layout.layout_b()(uint32_t(row), uint32_t(col), uint32_t(stage)));
   }
 
-  // produce()'s operations: the converter follows the producer's K / V order and loads nothing.
+  // follow_loads()'s operations: the converter follows the producer's K / V order and loads
+  // nothing.
+  CUTE_DEVICE int take_tile() { return slot.take(smem); }
   CUTE_DEVICE int tile(TileWork const&) const { return 0; }
   CUTE_DEVICE void q(int, TileWork const&) const {}
-  CUTE_DEVICE void prefetch(TileWork const&) const {}
   CUTE_DEVICE void k(int, KeyStep) { convert(k_out, smem.k.data()); }
   CUTE_DEVICE void v(int, KeyStep) { convert(v_out, smem.v.data()); }
 
@@ -226,7 +230,7 @@ template <class Traits>
 CUTE_DEVICE void converter_loop(KernelParams<Traits> const& params,
                                 typename Traits::SharedStorage& smem, int warp) {
   Converter<Traits> converter(smem, warp, params.fwd.timeline);
-  produce<Traits::kVLag>(cta_schedule(params), converter);
+  follow_loads<Traits::kVLag>(cta_schedule(params), converter);
 }
 
 }  // namespace flash_hopper::sm90

@@ -34,11 +34,16 @@
 //   ring's stages in the load order; the converter warps fill the K / V stages, so K / V full
 //   barriers count one arrival per converter warp (after its stores and a proxy fence), no bytes.
 //   Producers start every empty barrier at phase 1 (reported complete: buffers start free).
+//   Tile slot (tile_slot.h): 2 buffers of the producer's walk, one tile index each; the producer
+//       publishes every tile (keyless ones and the end of the walk too) before its loads;
+//       full: the producer's one arrival; empty: one arrival per reading thread (the consumer
+//       warpgroups and the relay warps, Traits::TilePipe). The other roles learn their tiles
+//       only from it.
 // Named barriers (barriers.h):
 //   OStage c     128: WG c's O staging slab written / read (epilogue.h)
 //   PingPong c   256: WG c syncs before issuing its GEMMs, WG c - 1 arrives after issuing its
 //                own; WG 0 arrives once at start (order WG 0, 1, .., W-1, 0, ...).
-// Tiles without a visible key touch no barrier in either role (CtaSchedule::next_with_keys).
+// Tiles without a visible key touch no pipeline but the tile slot.
 // K / V multicast (Traits::kClusterM = 2, the kMulticast tile of unmasked calls): the two CTAs of
 // a cluster walk the same tile pairs (query blocks 2j and 2j + 1 of one head; a pair past the
 // last block still runs, its rows neither loaded nor stored) and so the same key blocks. Each
@@ -101,6 +106,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     SmemBarriers<QPipe>{smem.q_full, smem.q_empty}.init();
     SmemBarriers<KVPipe>{smem.k_full, smem.k_empty}.init();
     SmemBarriers<VPipe>{smem.v_full, smem.v_empty}.init();
+    SmemBarriers<typename Traits::TilePipe>{smem.tile_full, smem.tile_empty}.init();
     CUTE_UNROLL
     for (int s = 0; s < KVPipe::kStages; ++s) {
       smem.v_landed[s].init(1);  // the producer's arrive_and_expect_tx (varlen tails, vtail.h)

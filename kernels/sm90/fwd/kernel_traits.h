@@ -208,6 +208,13 @@ struct FwdTraits {
   using VPipe = conditional_t<kFp8, PipelineSpec<kVStages, kTransposerWarps>, KVPipe>;
   using VtPipe = PipelineSpec<kStages, kConsumerWgs, /*kFullArrivals=*/kTransposerWarps>;
   using StagingPipe = PipelineSpec<kMixed ? kStagingStages : 1, kConverterWarps>;
+  // The tile slot (tile_slot.h): the producer's one arrival per tile; an arrival from every
+  // thread that reads it (the consumer warpgroups and the relay warps: FP8's transposers, the
+  // mixed mode's converters, the varlen 16-bit kernels' tail-zeroing warp).
+  static constexpr int kRelayWarps = kFp8 ? kTransposerWarps : kMixed ? kConverterWarps
+                                                          : kVarlen   ? 1
+                                                                      : 0;
+  using TilePipe = PipelineSpec<2, 128 * kConsumerWgs + 32 * kRelayWarps>;
 
   struct VtStorage {
     array_aligned<Element, cosize_v<SmemLayoutVt>, 1024> vt;
@@ -239,6 +246,10 @@ struct FwdTraits {
     cutlass::arch::ClusterBarrier v_empty[KVPipe::kStages];
     // Varlen: a sequence's tail V block lands here; the zeroing warp arrives on v_full (vtail.h).
     cutlass::arch::ClusterTransactionBarrier v_landed[KVPipe::kStages];
+    // The tile slot (tile_slot.h).
+    int tile[TilePipe::kStages];
+    cutlass::arch::ClusterTransactionBarrier tile_full[TilePipe::kStages];
+    cutlass::arch::ClusterBarrier tile_empty[TilePipe::kStages];
     conditional_t<kFp8, VtStorage, EmptyStorage> fp8;
     conditional_t<kMixed, StagingStorage, EmptyStorage> staging;
     conditional_t<(kPvFoldEvery > 0), OFoldStorage, EmptyStorage> o_fold;

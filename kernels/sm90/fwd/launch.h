@@ -188,11 +188,20 @@ LaunchResult launch_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t
       const int capped = p.num_sms / kCluster > 0 ? p.num_sms / kCluster : 1;  // a grid cap too
       slots = fit < capped ? fit : capped;
     }
+    // Masked calls with a tile counter claim their tiles at run time (tile_scheduler.h); the
+    // counter starts at 0 on the stream, ahead of the kernel.
     kp.scheduler = StaticTileScheduler::make(p.seqlen_q, p.seqlen_k, Traits::kBlockM, p.heads_q,
                                              p.heads_per_kv, p.batch, kv_bytes,
-                                             /*longest_first=*/masked, slots, kCluster);
+                                             /*longest_first=*/masked, slots, kCluster,
+                                             /*claimed=*/p.tile_counter != nullptr);
     if (kp.scheduler.total_tiles == 0) {
       return LaunchResult::ok();
+    }
+    if (kp.scheduler.dynamic) {
+      const cudaError_t zeroed = cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream);
+      if (zeroed != cudaSuccess) {
+        return LaunchResult::cuda(zeroed);
+      }
     }
   } else {
     // Varlen: the prepare kernel lists the (sequence, query block) pairs on the device (the host

@@ -10,6 +10,7 @@
 #include "sm90/fwd/kernel_traits.h"  // EmptyStorage
 #include "sm90/fwd/params.h"
 #include "sm90/fwd/schedule.h"
+#include "sm90/fwd/tile_slot.h"
 
 namespace flash_hopper::sm90 {
 
@@ -33,6 +34,7 @@ struct Producer {
   using StagingPipe = typename Traits::StagingPipe;
   using StagingEnd = ProducerEnd<StagingPipe, SmemBarriers<StagingPipe>>;
   conditional_t<Traits::kMixed, StagingEnd, EmptyStorage> staging_pipe;
+  TileSlotWriter<Traits> slot;
 
   static CUTE_DEVICE auto staging_end(SharedStorage& smem) {
     if constexpr (Traits::kMixed) {
@@ -51,6 +53,15 @@ struct Producer {
         k_pipe{{smem_.k_full, smem_.k_empty}},
         v_pipe{{smem_.v_full, smem_.v_empty}},
         staging_pipe(staging_end(smem_)) {}
+
+  // The tile slot (tile_slot.h): the walk's next tile, or its end, for the other roles.
+  CUTE_DEVICE void publish(int tile) { slot.publish(smem, tile, leader); }
+  // A claimed walk: the leader's atomic increment of the call's tile counter, issued here, its
+  // value read by the warp only in claim_value (the load's latency runs until then).
+  CUTE_DEVICE int claim_issue() const { return leader ? atomicAdd(p.tile_counter, 1) : 0; }
+  CUTE_DEVICE int claim_value(int issued) const {
+    return __shfl_sync(0xffffffffu, issued, __ffs(__ballot_sync(0xffffffffu, leader)) - 1);
+  }
 
   CUTE_DEVICE auto sQ() const {  // (M, D, QPIPE)
     return make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQStages{});

@@ -33,6 +33,7 @@
 #include "sm90/fwd/params.h"
 #include "sm90/fwd/schedule.h"
 #include "sm90/fwd/softmax.h"
+#include "sm90/fwd/tile_slot.h"
 #include "sm90/fwd/timeline.h"
 
 namespace flash_hopper::sm90 {
@@ -85,6 +86,7 @@ struct Consumer {
   // This consumer's warpgroup (0 .. kConsumerWgs - 1), read once where the tile holds it
   // (Traits::kHoldWgIndex, tile_config.h), else derived again where used.
   int wg_held;
+  TileSlotReader<Traits> slot;  // the producer's tiles (tile_slot.h)
   Timeline timeline;  // FH_TIMELINE builds only (timeline.h)
 
   static CUTE_DEVICE SmemBarriers<VSpec> v_barriers(SharedStorage& smem) {
@@ -111,6 +113,8 @@ struct Consumer {
         v_pipe{v_barriers(smem_)},
         wg_held(cutlass::canonical_warp_group_idx() - 1),
         timeline(params_.fwd.timeline) {}
+
+  CUTE_DEVICE int take_tile() { return slot.take(smem); }
 
   // The tile's sequence span (q_start, seqlen_q, seqlen_k), loaded where it is used rather than
   // kept in the tile state across the steps (register pressure): dense calls take the call's

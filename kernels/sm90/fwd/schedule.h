@@ -10,9 +10,21 @@
 //   CtaSchedule      tile order (tile_scheduler.h) + mask policy (flash_hopper/mask.h) -> TileWork
 //   TileWork         one tile: its key-block range, unmasked split, steps 0 .. num_steps() - 1
 //   KeyStep          step i visits key block n = n_max - 1 - i (diagonal / tail blocks first)
-//   produce()        the producer's load order (the mixed mode's converter warps walk it too)
+//   produce()        the producer's walk: each tile published in the tile slot, then its loads;
+//                    the next tile from the static order or claimed at run time
+//   follow_loads()   the producer's load order, tile by tile from the slot (the mixed mode's
+//                    converter warps, the varlen tail-zeroing warp)
 //   transpose_v()    FP8's transposer warps' V order
 //   consume()        the consumer warpgroups' order of waits, GEMMs, softmax and releases
+//
+// The producer alone decides the CTA's walk (static, or claimed at run time) and publishes each
+// tile's index in the tile slot (two buffers in shared memory behind a full / empty mbarrier pair
+// each, tile_slot.h; kernel.h "Pipelines") before its loads, then an index past the last tile to
+// end the walk; the other roles take the indices from the slot in order (take_tile) and turn
+// each into its TileWork with the same CtaSchedule. Only the index travels: a TileWork read from
+// shared memory would be live in registers across the consumer's loop, where one derived from
+// the index and the (constant-bank) params is recomputed instead (the consumers' registers are
+// full).
 //
 // Load order per tile with keys (kVLag = 1 with intra-warpgroup overlap, else 0):
 //   K(step 0), Q, then for i = 1 .. steps - 1 + kVLag: K(step i) if i < steps, V(step i - kVLag).
@@ -20,7 +32,7 @@
 // warps (transpose.h) before the consumers use it one step after K, so it is loaded as early as
 // K to give the transposition a step of slack.
 // The consumers use V one step after K with overlap (PV(i - 1) is issued with S(i)). Tiles without
-// a visible key touch no barrier in either role: the consumers write them (O = 0, LSE = -inf).
+// a visible key touch no pipeline but the tile slot: the consumers write them (O = 0, LSE = -inf).
 //
 // A consumer warpgroup's overlapped step i ([turn] / [pass]: the ping-pong barriers, when on):
 //   wait K(i); [turn] issue S(i) = Q K(i)^T; [O *= scale]; wait V(i-1); issue O += P(i-1) V(i-1);
@@ -88,7 +100,8 @@ FH_HOST_DEVICE bool v_zero_tail(TileCoord const& t, int n, int block_n) {
 
 // One CTA's walk over the tile order, with the mask of each tile's sequence (the call's window on
 // the tile's own lengths: varlen sequences differ, dense tiles all carry the call's). Tiles:
-// StaticTileScheduler, or VarlenTileScheduler (tile_scheduler.h).
+// StaticTileScheduler, or VarlenTileScheduler (tile_scheduler.h). The producer walks it
+// (produce()); the other roles learn its tiles from the tile slot.
 template <int kBlockM, int kBlockN, class Tiles = StaticTileScheduler>
 struct CtaSchedule {
   static constexpr bool kVarlen = std::is_same_v<Tiles, VarlenTileScheduler>;
@@ -100,9 +113,29 @@ struct CtaSchedule {
   int cluster_m = 1;
   int rank = 0;
 
-  // The tile of `round`, or false past the CTA's last round.
-  FH_HOST_DEVICE bool work(int round, TileWork& w) const {
-    const int t = tiles.index(round, cta);
+  // Whether the walk's tiles after the first are claimed at run time (StaticTileScheduler's
+  // `dynamic`): CTA c's first tile is c, every further one grid + the value the call's tile
+  // counter's atomic increment returns.
+  FH_HOST_DEVICE bool claims() const {
+    if constexpr (kVarlen) {
+      return false;
+    } else {
+      return tiles.dynamic;
+    }
+  }
+  FH_HOST_DEVICE int first_tile() const { return tiles.index(0, cta); }
+  // The tile index after round `round` (claim(): the counter's increment, asked for only when
+  // the walk claims).
+  template <class Claim>
+  FH_HOST_DEVICE int next_tile(int round, Claim&& claim) const {
+    if (claims()) {
+      return tiles.grid + claim();
+    }
+    return tiles.index(round + 1, cta);
+  }
+
+  // Tile t of the order, or false past the last tile (the end of every CTA's walk).
+  FH_HOST_DEVICE bool work(int t, TileWork& w) const {
     if (t >= tiles.tile_count()) {
       return false;
     }
@@ -123,71 +156,133 @@ struct CtaSchedule {
     m.seqlen_k = c.seqlen_k;
     return m;
   }
-
-  // From `round` on, the next tile with keys (round is left on it); keyless tiles on the way go
-  // to on_keyless(w). Both roles find their tiles with this one function.
-  template <class OnKeyless>
-  FH_HOST_DEVICE bool next_with_keys(int& round, TileWork& w, OnKeyless&& on_keyless) const {
-    FH_NO_UNROLL
-    for (;; ++round) {
-      if (!work(round, w)) {
-        return false;
-      }
-      if (w.has_keys()) {
-        return true;
-      }
-      on_keyless(w);
-    }
-  }
 };
 
+// The roles that read the tile slot: the next tile with keys (false at the end of the walk);
+// keyless tiles on the way go to on_keyless(w). Ops: take_tile() (the producer's next index).
+template <class Schedule, class Ops, class OnKeyless>
+FH_ROLE bool take_tile_with_keys(Schedule const& sched, Ops& ops, TileWork& w,
+                                 OnKeyless&& on_keyless) {
+  FH_NO_UNROLL
+  for (;;) {
+    if (!sched.work(ops.take_tile(), w)) {
+      return false;
+    }
+    if (w.has_keys()) {
+      return true;
+    }
+    on_keyless(w);
+  }
+}
+
+// One tile's loads in the producer's order (kVLag: V(step i - 1) after K(step i), else V(step i)
+// right after K(step i)); after_q() runs right after Q's load, before_last_v() between the tile's
+// last K load and its last V load.
+template <bool kVLag, class Ops, class AfterQ, class BeforeLastV>
+FH_ROLE void tile_loads(Ops& ops, TileWork const& w, AfterQ&& after_q,
+                        BeforeLastV&& before_last_v) {
+  auto view = ops.tile(w);
+  const int steps = w.num_steps();
+  ops.k(view, w.step(0));
+  ops.q(view, w);
+  after_q();
+  if constexpr (kVLag) {
+    FH_NO_UNROLL
+    for (int i = 1; i < steps; ++i) {
+      ops.k(view, w.step(i));
+      ops.v(view, w.step(i - 1));
+    }
+  } else {
+    FH_NO_UNROLL
+    for (int i = 0; i < steps - 1; ++i) {
+      if (i > 0) {
+        ops.k(view, w.step(i));
+      }
+      ops.v(view, w.step(i));
+    }
+    if (steps > 1) {
+      ops.k(view, w.step(steps - 1));
+    }
+  }
+  before_last_v();
+  ops.v(view, w.step(steps - 1));
+}
+
 // ---------------------------------------------------------------------------------------------
-// Producer. Ops: auto tile(TileWork) -> per-tile view; q(view, TileWork); k(view, KeyStep);
-// v(view, KeyStep); prefetch(TileWork) (L2 warm-up of a later tile, no barrier).
-// kVLag: V(step i - 1) is loaded after K(step i) (the overlapped consumers' order), else V(step i)
-// right after K(step i).
+// Producer. Ops: publish(t) (waits until the slot's next buffer is free, writes tile index t,
+// arrives on its full barrier); auto tile(TileWork) -> per-tile view; q(view, TileWork);
+// k(view, KeyStep); v(view, KeyStep); prefetch(TileWork) (L2 warm-up of a later tile, no
+// barrier); claim_issue() (the leader's atomic increment of the tile counter) and
+// claim_value(issued) (its value, for the whole warp).
+// Every tile of the walk, keyless ones and then the end included, is published before its loads.
+// Static walks warm L2 with the next tile right after the current tile's Q. Claimed walks issue
+// the next tile's claim between the tile's last K load and its last V load, so the atomic's
+// round trip overlaps that load's wait for a free stage (FA3's producer claims at the same point),
+// take its value after the load and warm L2 with the claimed tile then. Claimed earlier, a CTA
+// commits to its next tile a tile's time sooner and the tail balances worse.
 // ---------------------------------------------------------------------------------------------
 template <bool kVLag, class Schedule, class Ops>
 FH_ROLE void produce(Schedule const& sched, Ops& ops) {
+  const bool claims = sched.claims();
+  int t = sched.first_tile();
   TileWork w;
+  bool more = sched.work(t, w);
   FH_NO_UNROLL
-  for (int round = 0; sched.next_with_keys(round, w, [](TileWork const&) {}); ++round) {
-    auto view = ops.tile(w);
-    const int steps = w.num_steps();
-    ops.k(view, w.step(0));
-    ops.q(view, w);
+  for (int round = 0;; ++round) {
+    ops.publish(t);
+    if (!more) {
+      return;
+    }
+    int issued = 0;  // the claim's raw value (the leader's)
+    if (w.has_keys()) {
+      tile_loads<kVLag>(
+          ops, w,
+          [&] {
+            TileWork next;
+            if (!claims && sched.work(sched.next_tile(round, [] { return 0; }), next) &&
+                next.has_keys()) {
+              ops.prefetch(next);
+            }
+          },
+          [&] {
+            if (claims) {
+              issued = ops.claim_issue();
+            }
+          });
+    } else if (claims) {
+      issued = ops.claim_issue();
+    }
+    t = sched.next_tile(round, [&] { return ops.claim_value(issued); });
     TileWork next;
-    if (sched.work(round + 1, next) && next.has_keys()) {
+    more = sched.work(t, next);
+    if (claims && more && next.has_keys() && w.has_keys()) {
       ops.prefetch(next);
     }
-    if constexpr (kVLag) {
-      FH_NO_UNROLL
-      for (int i = 1; i < steps; ++i) {
-        ops.k(view, w.step(i));
-        ops.v(view, w.step(i - 1));
-      }
-      ops.v(view, w.step(steps - 1));
-    } else {
-      ops.v(view, w.step(0));
-      FH_NO_UNROLL
-      for (int i = 1; i < steps; ++i) {
-        ops.k(view, w.step(i));
-        ops.v(view, w.step(i));
-      }
-    }
+    w = next;
+  }
+}
+
+// The producer's loads, tile by tile from the slot, for the roles that follow them (the mixed
+// mode's converter warps, the varlen tail-zeroing warp). Ops: take_tile(), tile, q, k, v.
+template <bool kVLag, class Schedule, class Ops>
+FH_ROLE void follow_loads(Schedule const& sched, Ops& ops) {
+  TileWork w;
+  FH_NO_UNROLL
+  while (take_tile_with_keys(sched, ops, w, [](TileWork const&) {})) {
+    tile_loads<kVLag>(ops, w, [] {}, [] {});
   }
 }
 
 // ---------------------------------------------------------------------------------------------
-// FP8's V transposer warps (transpose.h): the tiles with keys and their steps in the producer's V
-// order (produce() without the lag). Ops: v(TileWork, KeyStep): wait V, acquire V^T, transpose,
-// release V, commit V^T.
+// FP8's V transposer warps (transpose.h): the tiles with keys, from the slot, and their steps in
+// the producer's V order (produce() without the lag). Ops: take_tile(); v(TileWork, KeyStep):
+// wait V, acquire V^T, transpose, release V, commit V^T.
 // ---------------------------------------------------------------------------------------------
 template <class Schedule, class Ops>
 FH_ROLE void transpose_v(Schedule const& sched, Ops& ops) {
   TileWork w;
   FH_NO_UNROLL
-  for (int round = 0; sched.next_with_keys(round, w, [](TileWork const&) {}); ++round) {
+  while (take_tile_with_keys(sched, ops, w, [](TileWork const&) {})) {
     FH_NO_UNROLL
     for (int i = 0; i < w.num_steps(); ++i) {
       ops.v(w, w.step(i));
@@ -198,6 +293,7 @@ FH_ROLE void transpose_v(Schedule const& sched, Ops& ops) {
 // ---------------------------------------------------------------------------------------------
 // Consumers. Each consumer warpgroup walks the same steps (WG c holds query rows [64c, 64c + 64)).
 // Ops (mma.h; the host test's recorder):
+//   tile slot   take_tile() (the producer's next tile index; past the last tile: the end)
 //   pipelines   wait_q(w) / release_q(w), wait_k(w, step) / release_k, wait_v(w, step) / release_v
 //   ping-pong   turn_start(), turn_wait(), turn_pass()
 //   GEMMs       issue_qk(f), issue_pv(f), issue_pv_and_wait(f), wait_gemms<kInFlight>(),
@@ -360,9 +456,8 @@ template <class Cfg, class Schedule, class Ops>
 FH_ROLE void consume_merged(Schedule const& sched, Ops& ops) {
   auto on_keyless = [&](TileWork const& w) { ops.store_empty(w); };
   typename Ops::TileState f;
-  int round = 0;
   TileWork cur;
-  if (!sched.next_with_keys(round, cur, on_keyless)) {
+  if (!take_tile_with_keys(sched, ops, cur, on_keyless)) {
     return;
   }
   ops.start_tile(f, cur);
@@ -376,12 +471,10 @@ FH_ROLE void consume_merged(Schedule const& sched, Ops& ops) {
       i = overlapped_steps_of_kind<Cfg>(ops, f, capped, cur, i);
       continue;
     }
-    int next_round = round + 1;
     TileWork next;
-    if (!sched.next_with_keys(next_round, next, on_keyless)) {
+    if (!take_tile_with_keys(sched, ops, next, on_keyless)) {
       break;
     }
-    round = next_round;
     if (capped) {
       overlapped_step<true, true, true, Cfg>(ops, f, next, next.step(0), cur,
                                              cur.step(cur.num_steps() - 1));
@@ -402,7 +495,7 @@ FH_ROLE void consume_per_tile(Schedule const& sched, Ops& ops) {
   auto on_keyless = [&](TileWork const& w) { ops.store_empty(w); };
   TileWork w;
   FH_NO_UNROLL
-  for (int round = 0; sched.next_with_keys(round, w, on_keyless); ++round) {
+  while (take_tile_with_keys(sched, ops, w, on_keyless)) {
     typename Ops::TileState f;
     ops.start_tile(f, w);
     first_step(ops, f, w);
@@ -446,7 +539,7 @@ FH_ROLE void consume_sequential(Schedule const& sched, Ops& ops) {
   auto on_keyless = [&](TileWork const& w) { ops.store_empty(w); };
   TileWork w;
   FH_NO_UNROLL
-  for (int round = 0; sched.next_with_keys(round, w, on_keyless); ++round) {
+  while (take_tile_with_keys(sched, ops, w, on_keyless)) {
     typename Ops::TileState f;
     ops.start_tile(f, w);
     first_step(ops, f, w);

@@ -1,8 +1,9 @@
 // Static persistent tile scheduler of the FA-3 path.
 //
-// The grid has min(tiles, SMs) CTAs; every CTA walks its own deterministic sequence of tiles, so
-// the producer warp and the consumer warpgroups iterate it independently (no atomics, no
-// workspace, CUDA-graph safe, bitwise reproducible).
+// The grid has min(tiles, SMs) CTAs; every CTA walks its own sequence of tiles: a static one
+// (no atomics, no workspace, CUDA-graph safe), or for masked calls with a tile counter one
+// claimed at run time (below). Each tile's result is the same either way (a tile is computed by
+// one CTA, its key blocks in a fixed order), so outputs are bitwise reproducible in both.
 //
 // Order, from the tile index t:
 // Without a mask every tile costs the same: (batch, head) major, query block fastest, so the
@@ -21,6 +22,11 @@
 //    the round that crosses from one section's short tiles into the next one's long tiles pairs
 //    long with short and the snake no longer balances (simulated and measured: bench/PERFLOG.md
 //    "v1: tiles 128 x 176 (d128), ..."; tests/cpp/test_tile_scheduler.cpp asserts the balance).
+// Claimed at run time (`dynamic`: masked calls given a tile counter, fwd/launch.h): CTA c's
+// first tile is c, and a CTA done loading a tile claims the next one of the order from the
+// call's counter (schedule.h produce()), so CTAs finish together whatever the tiles cost, as in
+// FA3's dynamic persistent scheduler. The order is the sections' longest-first, every section
+// descending (a claimed walk needs no alternation: no CTA is bound to a round).
 // No CUDA or CuTe header is needed, so a plain C++ compiler can unit-test this file
 // (tests/cpp/test_tile_scheduler.cpp).
 #pragma once
@@ -58,6 +64,7 @@ struct StaticTileScheduler {
   bool longest_first;
   int seqlen_q;
   int seqlen_k;
+  bool dynamic;  // tiles after each CTA's first claimed at run time (longest-first only)
 
   // kv_bytes_per_head: K + V bytes of one KV head (seqlen_k * head_dim * 2 * element size).
   // cluster_m > 1 (K / V multicast, unmasked calls only): a tile is a group of cluster_m adjacent
@@ -65,7 +72,7 @@ struct StaticTileScheduler {
   // that fit the GPU at once, and grid is in clusters.
   static StaticTileScheduler make(int seqlen_q, int seqlen_k, int block_m, int heads, int heads_per_kv,
                                   int batch, int64_t kv_bytes_per_head, bool longest_first,
-                                  int num_sms, int cluster_m = 1) {
+                                  int num_sms, int cluster_m = 1, bool claimed = false) {
     StaticTileScheduler s;
     const int m_blocks = (seqlen_q + block_m - 1) / block_m;
     s.num_m_blocks = (m_blocks + cluster_m - 1) / cluster_m;
@@ -79,6 +86,7 @@ struct StaticTileScheduler {
     s.longest_first = longest_first;
     s.seqlen_q = seqlen_q;
     s.seqlen_k = seqlen_k;
+    s.dynamic = claimed && longest_first && cluster_m == 1 && s.total_tiles > s.grid;
     return s;
   }
 
@@ -111,7 +119,7 @@ struct StaticTileScheduler {
     const int hb_in_section = num_hb - hb_first < section_hb ? num_hb - hb_first : section_hb;
     const int rank = within / hb_in_section;
     const int hb = hb_first + (within - rank * hb_in_section);
-    const bool descending = longest_first && ((num_sections - 1 - section) & 1) == 0;
+    const bool descending = dynamic || ((num_sections - 1 - section) & 1) == 0;
     c.m_block = descending ? num_m_blocks - 1 - rank : rank;
     c.batch = hb / heads;
     c.head = hb - c.batch * heads;

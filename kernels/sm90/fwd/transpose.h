@@ -35,6 +35,7 @@
 #include "sm90/fwd/fp8_layout.h"
 #include "sm90/fwd/params.h"
 #include "sm90/fwd/schedule.h"
+#include "sm90/fwd/tile_slot.h"
 #include "sm90/fwd/timeline.h"
 
 namespace flash_hopper::sm90 {
@@ -105,6 +106,7 @@ struct Transposer {
   ConsumerEnd<VPipe, SmemBarriers<VPipe>> v_pipe;
   SmemBarriers<VtPipe> vt_bar;
   conditional_t<kSharedState, EmptyStorage, PipelineState<VtPipe::kStages>> vt_state;
+  TileSlotReader<Traits> slot;  // the producer's tiles (tile_slot.h)
   Timeline timeline;  // FH_TIMELINE builds only (timeline.h)
   // Per lane: its ldmatrix row in V's stage 0 (TransposerPlan::ld_lane; ldmatrix adds the
   // stage's address from a uniform register), its stmatrix row in V^T's current stage as a
@@ -136,6 +138,8 @@ struct Transposer {
                  : "r"(addr)
                  : "memory");
   }
+
+  CUTE_DEVICE int take_tile() { return slot.take(smem); }
 
   // V(step) -> V^T, in the order the producer loads V and the consumers use V^T. Addresses are
   // 32-bit shared-window offsets (generic 64-bit pointers cost ~40 instructions per access).

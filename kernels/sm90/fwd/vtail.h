@@ -6,12 +6,13 @@
 // GEMM would still add 0 * V there, and 0 * NaN or 0 * Inf is NaN: garbage in another sequence
 // or in unused cache rows must never reach O. The producer sends such a block's TMA to
 // v_landed[s] instead of v_full[s] (load.h; schedule.h's v_zero_tail picks the blocks, the same
-// rule here); this warp walks the producer's schedule (schedule.h produce(): the same loads in
-// the same order, so it knows every V load's stage), and for each tail block waits for it to
-// land, writes zeros over the rows past the sequence, fences them for the async proxy (WGMMA
-// reads shared memory through it) and makes the one arrival v_full[s] counts. Every other block
-// completes v_full[s] through the TMA as before: only tail blocks take the extra hop, and only in
-// varlen calls (dense calls have no tail past the tensor: TMA zero-fills it).
+// rule here); this warp walks the producer's loads (schedule.h follow_loads(), the tiles from
+// the tile slot: the same loads in the same order, so it knows every V load's stage), and for
+// each tail block waits for it to land, writes zeros over the rows past the sequence, fences them
+// for the async proxy (WGMMA reads shared memory through it) and makes the one arrival v_full[s]
+// counts. Every other block completes v_full[s] through the TMA as before: only tail blocks take
+// the extra hop, and only in varlen calls (dense calls have no tail past the tensor: TMA
+// zero-fills it).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -20,6 +21,7 @@
 #include "sm90/common/pipeline.h"
 #include "sm90/fwd/params.h"
 #include "sm90/fwd/schedule.h"
+#include "sm90/fwd/tile_slot.h"
 
 namespace flash_hopper::sm90 {
 
@@ -36,15 +38,18 @@ struct VTailZeroer {
   PipelineState<Traits::kStages> v_state{0, 0};  // the stage of the next V load
   uint32_t landed_phase = 0;  // bit s: the parity of v_landed[s]'s next completion
   TileCoord tile_{};
+  TileSlotReader<Traits> slot;  // the producer's tiles (tile_slot.h)
 
-  // produce()'s operations: only V loads matter here.
+  CUTE_DEVICE explicit VTailZeroer(SharedStorage& smem_) : smem(smem_) {}
+
+  // follow_loads()'s operations: only V loads matter here.
+  CUTE_DEVICE int take_tile() { return slot.take(smem); }
   CUTE_DEVICE int tile(TileWork const& w) {
     tile_ = w.tile;
     return 0;
   }
   CUTE_DEVICE void q(int, TileWork const&) {}
   CUTE_DEVICE void k(int, KeyStep) {}
-  CUTE_DEVICE void prefetch(TileWork const&) const {}
   CUTE_DEVICE void v(int, KeyStep step) {
     const int s = v_state.index;
     v_state.advance();
@@ -75,8 +80,8 @@ struct VTailZeroer {
 template <class Traits>
 CUTE_DEVICE void vtail_loop(KernelParams<Traits> const& params,
                             typename Traits::SharedStorage& smem) {
-  VTailZeroer<Traits> zeroer{smem};
-  produce<Traits::kVLag>(cta_schedule(params), zeroer);
+  VTailZeroer<Traits> zeroer(smem);
+  follow_loads<Traits::kVLag>(cta_schedule(params), zeroer);
 }
 
 }  // namespace flash_hopper::sm90
