@@ -91,6 +91,7 @@ FwdParams derive(const FhFwdParams* p, const DeviceInfo& dev) {
     k.varlen_header = static_cast<VarlenHeader*>(p->workspace);
     k.varlen_pairs = reinterpret_cast<VarlenPair*>(static_cast<char*>(p->workspace) +
                                                    sizeof(VarlenHeader));
+    k.tile_counter = &k.varlen_header->tile_counter;
     k.varlen_capacity = int(varlen_capacity(p->seqlen_q, p->batch));
     // Hints past the packed tokens are no information (api's check allows any value >= 0).
     k.varlen_max_seqlen_q = int(p->max_seqlen_q <= p->seqlen_q ? p->max_seqlen_q : 0);

@@ -205,6 +205,7 @@ __global__ void __launch_bounds__(kThreads, 1) varlen_prepare_kernel(PrepareArgs
     if (threadIdx.x == 0) {
       a.header->num_pairs = listed < a.capacity ? listed : a.capacity;
       a.header->overflow = listed > a.capacity ? 1 : 0;
+      a.header->tile_counter = 0;
     }
     return;
   }
@@ -283,6 +284,7 @@ __global__ void __launch_bounds__(kThreads, 1) varlen_prepare_kernel(PrepareArgs
   if (threadIdx.x == 0) {
     a.header->num_pairs = total < a.capacity ? total : a.capacity;
     a.header->overflow = total > a.capacity ? 1 : 0;
+    a.header->tile_counter = 0;
   }
 }
 

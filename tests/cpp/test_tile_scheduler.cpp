@@ -252,11 +252,12 @@ struct VarlenPlan {
 
   // kv_bytes_per_head: as the launcher computes it (total_k * head_dim * 2 * element size).
   VarlenTileScheduler scheduler(int heads, int heads_per_kv, int64_t kv_bytes_per_head,
-                                bool masked, bool l2_sections, int num_sms) const {
+                                bool masked, bool l2_sections, int num_sms,
+                                bool claimed = false) const {
     const int total = num_pairs * heads;
     return VarlenTileScheduler::make(pairs.data(), &header, heads, heads_per_kv,
                                      kv_bytes_per_head, masked, l2_sections,
-                                     total < num_sms ? (total > 0 ? total : 1) : num_sms);
+                                     total < num_sms ? (total > 0 ? total : 1) : num_sms, claimed);
   }
 };
 
@@ -266,14 +267,17 @@ static double worst_varlen_balance[2] = {1.0, 1.0};  // [l2_sections]
 
 static bool check_varlen(std::vector<VarlenLengths> const& lengths, int block_m, int block_n,
                          int heads, int heads_per_kv, int64_t kv_bytes_per_head, bool causal,
-                         bool l2_sections, int num_sms, int corrupt = -1) {
+                         bool l2_sections, int num_sms, int corrupt = -1,
+                         bool claimed = false) {
   const int failures_before = failures;
   VarlenPlan plan = VarlenPlan::build(lengths, block_m, block_n, -1, causal ? 0 : -1);
   if (corrupt >= 0 && corrupt < plan.num_pairs) {  // sabotage: one pair listed twice
     plan.pairs[corrupt] = plan.pairs[(corrupt + 1) % plan.num_pairs];
   }
-  const VarlenTileScheduler s =
-      plan.scheduler(heads, heads_per_kv, kv_bytes_per_head, causal, l2_sections, num_sms);
+  const VarlenTileScheduler s = plan.scheduler(heads, heads_per_kv, kv_bytes_per_head, causal,
+                                               l2_sections, num_sms, claimed);
+  CHECK(s.dynamic == (claimed && causal), "varlen claims %d (claimed %d, causal %d)",
+        int(s.dynamic), int(claimed), int(causal));
   const int batch = int(lengths.size());
   std::vector<int> first_m(batch, 0), blocks_of(batch, 0);
   long long want = 0;
@@ -317,7 +321,8 @@ static bool check_varlen(std::vector<VarlenLengths> const& lengths, int block_m,
     if (t % section_tiles == 0) {
       previous = -1;
     }
-    const bool descending = !causal || ((s.num_sections - 1 - section) % 2) == 0;
+    // A claimed walk's sections all run costliest first.
+    const bool descending = !causal || s.dynamic || ((s.num_sections - 1 - section) % 2) == 0;
     const long long k = cost(c);
     CHECK(previous < 0 || (descending ? k <= previous : k >= previous),
           "varlen tile %d costs %lld after %lld (section %d)", t, k, previous, section);
@@ -356,7 +361,33 @@ static bool check_varlen(std::vector<VarlenLengths> const& lengths, int block_m,
   for (long long i = 0; i < want * heads; ++i) {
     CHECK(seen[i] == 1, "varlen tile %lld visited %d times", i, seen[i]);
   }
-  if (s.grid > 1 && s.tile_count() >= 16 * s.grid) {
+  if (s.dynamic && s.grid > 1) {
+    // A claimed walk, played out in the order the CTAs finish: within a tile of the mean load.
+    using Busy = std::pair<long long, int>;
+    std::priority_queue<Busy, std::vector<Busy>, std::greater<Busy>> busy;
+    long long total = 0, makespan = 0, largest = 0;
+    for (int c = 0; c < s.grid && c < s.tile_count(); ++c) {
+      const long long k = cost(s.coord(c));
+      busy.push({k, c});
+      total += k;
+      largest = std::max(largest, k);
+    }
+    for (int counter = 0; !busy.empty();) {
+      const Busy b = busy.top();
+      busy.pop();
+      makespan = std::max(makespan, b.first);
+      const int t = s.grid + counter++;
+      if (t < s.tile_count()) {
+        const long long k = cost(s.coord(t));
+        busy.push({b.first + k, b.second});
+        total += k;
+        largest = std::max(largest, k);
+      }
+    }
+    CHECK(makespan <= total / s.grid + largest,
+          "varlen claimed makespan %lld, mean %lld + largest tile %lld", makespan,
+          total / s.grid, largest);
+  } else if (s.grid > 1 && s.tile_count() >= 16 * s.grid) {
     // Against what any order reaches: the mean load, or the largest tile when one dominates.
     long long total = 0, worst = 0;
     for (long long l : load) {
@@ -402,7 +433,7 @@ static void varlen_cases() {
     const int sms[] = {1, 7, 132};
     const bool causal = rng() % 2 == 0;
     check_varlen(lengths, shape[0], shape[1], heads, heads_per_kv, kv_bytes, causal,
-                 causal && rng() % 2 == 0, sms[rng() % 3]);
+                 causal && rng() % 2 == 0, sms[rng() % 3], -1, /*claimed=*/rng() % 2 == 0);
   }
   // Negative control: a prefix missing one query block of a sequence is caught.
   std::vector<VarlenLengths> lengths = {{700, 900}, {300, 300}, {1, 5}, {0, 100}, {2000, 2000}};

@@ -79,9 +79,10 @@ struct FwdParams {
 
   FH_HOST_DEVICE bool varlen() const { return cu_seqlens_q != nullptr; }
 
-  // Dense calls given a workspace (fh_fwd_workspace_size): its tile counter. The FA-3 launcher
-  // zeroes it on the call's stream and masked calls claim their tiles from it at run time
-  // (sm90/fwd/tile_scheduler.h); null: static tile walks.
+  // The tile counter masked calls claim their tiles from at run time (sm90/fwd/tile_scheduler.h):
+  // a dense call's workspace (fh_fwd_workspace_size; the FA-3 launcher zeroes it on the call's
+  // stream), a varlen call's VarlenHeader::tile_counter (the prepare kernel zeroes it); null:
+  // static tile walks.
   int* tile_counter;
 
   int num_sms;

@@ -55,8 +55,9 @@ static_assert(sizeof(VarlenPair) == 48, "one pair is three 16-byte loads");
 
 struct VarlenHeader {
   int num_pairs;
-  int overflow;  // 1 when pairs were dropped (offsets that are not monotone)
-  int reserved[6];
+  int overflow;      // 1 when pairs were dropped (offsets that are not monotone)
+  int tile_counter;  // 0 from the prepare kernel: masked calls claim their tiles from it
+  int reserved[5];
 };
 static_assert(sizeof(VarlenHeader) == 32, "pairs start 16-byte aligned");
 

@@ -220,9 +220,11 @@ LaunchResult launch_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t
     constexpr int64_t kSectionSequences = 4;
     const bool l2_sections = masked && p.varlen_max_seqlen_q > 0 &&
                              int64_t(p.seqlen_q) >= kSectionSequences * p.varlen_max_seqlen_q;
+    // Masked calls claim their tiles from the header's counter (the prepare kernel zeroed it;
+    // the kernel's roles wait for that kernel before they start).
     kp.scheduler = VarlenTileScheduler::make(p.varlen_pairs, p.varlen_header, p.heads_q,
                                              p.heads_per_kv, kv_bytes, masked, l2_sections,
-                                             grid);
+                                             grid, /*claimed=*/p.tile_counter != nullptr);
   }
 
   if constexpr (Traits::kVarlen) {

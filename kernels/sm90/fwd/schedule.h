@@ -116,13 +116,7 @@ struct CtaSchedule {
   // Whether the walk's tiles after the first are claimed at run time (StaticTileScheduler's
   // `dynamic`): CTA c's first tile is c, every further one grid + the value the call's tile
   // counter's atomic increment returns.
-  FH_HOST_DEVICE bool claims() const {
-    if constexpr (kVarlen) {
-      return false;
-    } else {
-      return tiles.dynamic;
-    }
-  }
+  FH_HOST_DEVICE bool claims() const { return tiles.dynamic; }
   FH_HOST_DEVICE int first_tile() const { return tiles.index(0, cta); }
   // The tile index after round `round` (claim(): the counter's increment, asked for only when
   // the walk claims).

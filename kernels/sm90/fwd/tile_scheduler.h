@@ -161,6 +161,9 @@ struct StaticTileScheduler {
 // together 0.78 (every sequence restarts at its costliest tile), query-block rank from each
 // sequence's end 0.72, query-block index from the highest 0.73 (seqlen_k - seqlen_q differs per
 // sequence).
+// Masked calls claim their tiles at run time as dense ones do (`dynamic`; the counter lives in
+// the list's header, which the prepare kernel zeroes), every section costliest first: the CTAs
+// then finish together whatever the list's balance.
 // ---------------------------------------------------------------------------------------------
 struct VarlenTileScheduler {
   VarlenPair const* pairs;    // the prepare kernel's list (flash_hopper/varlen.h)
@@ -170,18 +173,22 @@ struct VarlenTileScheduler {
   bool by_sequence;   // unmasked: each sequence's run of pairs head by head
   int section_heads;  // masked: heads per L2 section (whole GQA groups; all heads: one section)
   int num_sections;
+  // Masked calls with a tile counter: tiles after each CTA's first claimed at run time (the
+  // dense scheduler's `dynamic`), every section costliest first.
+  bool dynamic;
 
   // kv_bytes_per_head: K + V bytes of one KV head over the whole packed batch. l2_sections: a
   // masked call's tiles in L2 sections (else heads innermost over the whole list).
   static VarlenTileScheduler make(VarlenPair const* pairs, VarlenHeader const* header, int heads,
                                   int heads_per_kv, int64_t kv_bytes_per_head, bool masked,
-                                  bool l2_sections, int grid) {
+                                  bool l2_sections, int grid, bool claimed = false) {
     VarlenTileScheduler s;
     s.pairs = pairs;
     s.header = header;
     s.heads = heads;
     s.grid = grid;
     s.by_sequence = !masked;
+    s.dynamic = claimed && masked;
     s.section_heads = l2_section_heads(l2_sections ? kv_bytes_per_head : 0,
                                        heads_per_kv > 0 ? heads_per_kv : 1, heads);
     s.num_sections = (heads + s.section_heads - 1) / s.section_heads;
@@ -222,7 +229,7 @@ struct VarlenTileScheduler {
       const int in_section =
           heads - head_first < section_heads ? heads - head_first : section_heads;
       const int rank = within / in_section;
-      const bool costliest_first = ((num_sections - 1 - section) & 1) == 0;
+      const bool costliest_first = dynamic || ((num_sections - 1 - section) & 1) == 0;
       pair = costliest_first ? rank : num_pairs - 1 - rank;
       head = head_first + (within - rank * in_section);
     }
