@@ -27,6 +27,8 @@ sequence-length sweep and the fa3-vs-fa2 differential only, with few heads.
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 import torch
 from flash_hopper import UnsupportedError, _validate, flash_attn_func, ops, which_backend
@@ -575,3 +577,40 @@ def test_fa3_ablation_variants(lib, seed, variant, causal):
     if variant == "fa3-no-pingpong":  # scheduling only: the arithmetic is the tuned kernel's
         out0, lse0 = run_fa3(q, k, v, causal=causal)
         assert torch.equal(out, out0) and torch.equal(lse, lse0)
+
+
+# --- tiles claimed at run time -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_claimed_tiles_in_a_graph_replay_bitwise(lib, head_dim):
+    """Masked FA-3 calls claim their tiles from a counter in the call's workspace, which fh_fwd
+    zeroes on the stream: a CUDA graph replays that memset with the kernel, so every replay
+    computes every tile. On 3 CTAs each claims many tiles; the result equals the eager call and
+    the static walk (the workspace left out) bit for bit, replay after replay."""
+    if _backend_runs_here(lib, "fa3"):
+        pytest.skip(_backend_runs_here(lib, "fa3"))
+    require_kernel(lib, "fa3", torch.bfloat16, head_dim)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    q, k, v = make_qkv(2, 777, 1031, 4, 2, head_dim, torch.bfloat16)
+    kw = {"causal": True, "sm_margin": sms - 3, "backend": "fa3"}
+    eager = flash_attn_func(q, k, v, **kw)
+    cfg = _validate.check_fwd_args(q, k, v, None, True, (-1, -1), 0.0, "fa3")
+    b, sq, hq, _ = q.shape
+    static = torch.empty_like(q)
+    lse = torch.empty(b, hq, sq, dtype=torch.float32, device=q.device)
+    p = ops.make_params(q, k, v, static, lse, cfg, "fa3", num_sms=3)
+    assert p.workspace is None  # ops.make_params fills no workspace: the static walk
+    status = lib._dll.fh_fwd(ctypes.byref(p), torch.cuda.current_stream().cuda_stream)
+    assert status == 0, lib.last_error()
+    torch.cuda.synchronize()
+    assert torch.equal(eager, static)
+    graph = torch.cuda.CUDAGraph()
+    out = torch.empty_like(q)
+    with torch.cuda.graph(graph):
+        out.copy_(flash_attn_func(q, k, v, **kw))
+    for _ in range(3):
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)
