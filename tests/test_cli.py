@@ -390,3 +390,17 @@ def test_fp8_gemm_ceiling_missing_is_a_note(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert err.startswith("note: e4m3 GEMM ceiling not measured (torch ")
     assert "has no torch._scaled_mm" in err and "%gemm left empty for e4m3" in err
+
+
+def test_commands_run_with_a_bare_sys_argv(monkeypatch):
+    """Peers that parse sys.argv themselves (the CuTe DSL behind flash_attn.cute does when its
+    backward compiles, long after the import) must not see the CLI's arguments: `-d 128` read as
+    its `-diagnostic` ended a backward run. While a command runs sys.argv is the program name
+    alone; afterwards it is back."""
+    seen = []
+    monkeypatch.setattr(cli, "_run_command", lambda args, argv: seen.append(list(sys.argv)) or 0)
+    argv = ["flash-hopper", "bench", "-d", "128", "--direction", "bwd"]
+    monkeypatch.setattr(sys, "argv", list(argv))
+    assert cli.main() == 0
+    assert seen == [["flash-hopper"]]
+    assert sys.argv == argv

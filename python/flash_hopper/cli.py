@@ -609,6 +609,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    # The arguments are parsed: peers that read sys.argv themselves (the CuTe DSL behind
+    # flash_attn.cute does, on import and again when a kernel compiles) see only the program
+    # name, not ours (argparse's prefix matching read `-d 128` as its `-diagnostic`).
+    saved_argv, sys.argv = sys.argv, sys.argv[:1] or [PROG]
+    try:
+        return _run_command(args, argv)
+    finally:
+        sys.argv = saved_argv
+
+
+def _run_command(args: argparse.Namespace, argv: list[str]) -> int:
     try:
         if args.command == "bench":
             return run_bench(args, argv)
