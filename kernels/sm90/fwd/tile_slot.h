@@ -19,7 +19,6 @@
 #include <cute/config.hpp>
 
 #include "sm90/common/barriers.h"
-#include "sm90/fwd/schedule.h"
 
 namespace flash_hopper::sm90 {
 
