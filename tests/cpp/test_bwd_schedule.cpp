@@ -463,8 +463,8 @@ static const char* kBufName[] = {"sdS", "sP"};
 enum Pipe { kKV = 0, kQ = 1, kDO = 2, kNumPipes = 3 };
 static const char* kPipeName[] = {"KV", "Q", "dO"};
 // The named barriers of bwd/mma.h BwdBarrier that join agents: PdS, PdSFree and DqTurn (both
-// WGs), PdSLocal(c) = 3 + c (WG c's own PdS sync, dq_wgs = 1). Stats c and DqSlot c order threads
-// of one WG, which the simulation runs as one agent.
+// WGs), PdSLocal(c) = 3 + c (WG c's own PdS sync, dq_wgs = 1). DqSlot c orders threads of one WG,
+// which the simulation runs as one agent.
 enum Bar { kPdS = 0, kPdSFree = 1, kDqTurn = 2, kTileSlot = 3, kPdSLocal = 4, kNumBars = 6 };
 constexpr int kWgThreads = 128;
 constexpr int kConsumerWgs = 2;
@@ -762,12 +762,13 @@ struct MockConsumer {
     CHECK(!flying('S'), "WG %d applies softcap to an S in flight", wg);
     check_capped(kCapped, "softcap");
   }
-  void publish_stats() {}
-  void sync_stats() {}  // Stats c: threads of this WG only
   template <bool kMasked>
   void transform(TileState&, BwdTileWork const& w, QueryStep s) {
     CHECK(!flying('S') && s_reg == at(w, s), "WG %d transforms an S that is not ready or not "
           "of its step", wg);
+    // The rows' lse_log2 ride on the step's Q stage.
+    CHECK(!held[kQ].empty() && held[kQ].front() == at(w, s), "WG %d reads lse_log2 of a Q stage "
+          "it does not hold", wg);
     if constexpr (!kB) {  // RS: the P registers are dV's A operand
       CHECK(!flying('V'), "WG %d overwrites P while its dV GEMM reads it", wg);
     }
@@ -796,6 +797,10 @@ struct MockConsumer {
     CHECK(!flying('P') && dp_reg == at(w, s) && p_reg == at(w, s), "WG %d computes dS of an "
           "incomplete dP or another step's P", wg);
     check_capped(kCapped, "compute_ds");
+    // The rows' D ride on the step's dO stage (and lse_log2, read again with softcap, on Q's).
+    CHECK(!held[kDO].empty() && held[kDO].front() == at(w, s) && !held[kQ].empty() &&
+              held[kQ].front() == at(w, s),
+          "WG %d reads D / lse_log2 of stages it does not hold", wg);
     if constexpr (!kB) {  // RS: the dS registers are dK's A operand
       CHECK(!flying('K'), "WG %d overwrites dS while its dK GEMM reads it", wg);
     }

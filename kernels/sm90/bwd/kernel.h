@@ -17,10 +17,14 @@
 // Pipelines (common/pipeline.h; mbarriers in SharedStorage, counts in PipelineSpec):
 //   KV  1 stage: K and V of the tile on one full barrier (expect_tx 2 * kKVBytes); released by
 //       each consumer WG after its last step's GEMMs completed (wait_gemms<0>).
-//   Q   2 stages: Q rows (expect_tx kQBytes); released after the step's dK GEMM, Q's last reader.
-//   dO  2 stages: dO rows; released after the step's dV GEMM, dO's last reader.
-//   The rows' lse_log2 / D do not go through these: each consumer WG loads them from L2 at the
-//   step's start and stores them into its own slot (mma.h load_stats / publish_stats).
+//   Q   2 stages: Q rows and their lse_log2 (expect_tx kQBytes + kStatsBytes); released after the
+//       step's dK GEMM, Q's last reader (lse_log2's, the exponentials, come before it).
+//   dO  2 stages: dO rows and their D; released after the step's dV GEMM, dO's last reader (D's,
+//       the dS arithmetic, comes before it).
+//   The consumers read lse_log2 / D with plain shared-memory loads after the stage's wait: TMA
+//   writes, like Q's (compute-sanitizer's racecheck does not track the TMA's; a bulk copy or the
+//   producer warp's own stores there were reported as races, it cannot pair an mbarrier with
+//   them).
 //   full[s]: 1 arrival (the producer's arrive_and_expect_tx; the TMA completes the bytes).
 //   empty[s]: 2 arrivals, thread 0 of each consumer WG, after a barrier that orders the whole
 //   WG's reads of the stage before it (PdS). Producers start every empty barrier at phase 1
@@ -29,18 +33,16 @@
 //   PdS     256: both consumer WGs after writing their dS^T half to sdS[step % 2] (+ proxy fence);
 //           then the dQ GEMM reads both halves. Two dS buffers make it the only sync per step
 //           in family A. Where each WG's dQ reads only its own half (dq_wgs = 1: d64, d96) it is
-//           the WG's own 128-thread sync (id Stats c), and the WGs share no barrier within a
-//           step. Family B: after writing their halves of P and dS (one buffer each);
+//           the WG's own 128-thread sync (id Wg c), and the WGs share no barrier within a
+//           step. With dQ slots the WG's leader first waits until its previous bulk reduce-add
+//           read the WG's dQ slot (this sync frees the slot for the step's dQ). Family B: after writing their halves of P and dS (one buffer each);
 //           then dV, dK and dQ read both halves.
 //   PdSFree 256, family B only: before writing P, both WGs completed the previous step's GEMMs
 //           (wait_gemms<0>), the last readers of the single P and dS buffers.
 //   DqTurn  256, deterministic mode only: both WGs wait for the block's semaphore (thread 0
 //           spins), add and fence (dq_wgs = 1, d64 / d96: WG 0, sync, WG 1), sync again, thread
 //           0 increments.
-//   Stats c 128, WG c: its threads stored the step's lse_log2 / D into its slot. The slot is
-//           rewritten one step later, after PdS, which every reader of it passed. With dQ slots
-//           its leader first waits until its previous bulk reduce-add read the dQ slot.
-//   DqSlot c 128, WG c (dQ slots, default mode; id Stats c): its threads stored the step's dQ
+//   DqSlot c 128, WG c (dQ slots, default mode; id Wg c): its threads stored the step's dQ
 //           part into its dQ slot (+ proxy fence); then its leader issues one bulk reduce-add of
 //           the slot.
 //   TileSlot 288, the producer warp and both consumer WGs: the tile slot's buffer i % 2
@@ -98,6 +100,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     prefetch_tma_descriptor(params.tma_do.get_tma_descriptor());
     prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
     prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
+    prefetch_tma_descriptor(params.tma_lse.get_tma_descriptor());
+    prefetch_tma_descriptor(params.tma_dpsum.get_tma_descriptor());
     SmemBarriers<QPipe>{smem.q_full, smem.q_empty}.init();
     SmemBarriers<QPipe>{smem.do_full, smem.do_empty}.init();
     SmemBarriers<KVPipe>{smem.kv_full, smem.kv_empty}.init();

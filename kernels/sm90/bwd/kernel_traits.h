@@ -61,11 +61,11 @@ CUTE_HOST_DEVICE constexpr auto dkv_mma_atom() {
 enum class BwdBarrier : uint32_t {
   kPdS = 0,     // both consumer WGs: their dS halves are in shared memory
   kDqTurn = 1,  // both consumer WGs in deterministic mode: this CTA's turn on a dQ block
-  kStats0 = 2,  // kStats0 + c: WG c's threads stored the step's lse_log2 / D rows
+  kWg0 = 2,     // kWg0 + c: WG c's own 128-thread syncs
   kPdSFree = 4,  // family B, both consumer WGs: the previous step's GEMMs no longer read sP / sdS
   kTileSlot = 5,  // the producer warp and both consumer WGs: the tile slot holds the next tile
-  // WG c's 128-thread syncs share one id, kStats0 + c (its threads meet them one at a time, in
-  // program order): Stats c, its PdS where its dQ reads its own dS only, DqSlot c.
+  // WG c's 128-thread syncs share one id, kWg0 + c (its threads meet them one at a time, in
+  // program order): its PdS where its dQ reads its own dS only, DqSlot c.
 };
 static_assert(static_cast<uint32_t>(BwdBarrier::kTileSlot) + 1 <=
                   16 - cutlass::arch::NamedBarrier::ReservedNamedBarrierCount,
@@ -179,13 +179,24 @@ struct BwdTraits {
   using TmaKV = decltype(make_tma_copy(SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutK{},
                                        Shape<Int<kBlockN>, Int<kHeadDim>>{}, _1{}));
 
+  // The rows' lse_log2 / D as the TMA sees them: (seqlen_q_rounded, heads_q, batch) floats, rows
+  // contiguous (the workspace's layout, bwd_params.h); one box is a step's kBlockM rows.
+  using StatsGmem = decltype(make_tensor(make_gmem_ptr(static_cast<float const*>(nullptr)),
+                                         Shape<int32_t, int32_t, int32_t>{},
+                                         Stride<_1, int64_t, int64_t>{}));
+  using SmemLayoutStats = Layout<Shape<Int<kBlockM>>>;
+  using TmaStats = decltype(make_tma_copy(SM90_TMA_LOAD{}, StatsGmem{}, SmemLayoutStats{},
+                                          Shape<Int<kBlockM>>{}, _1{}));
+
   // Bytes each TMA load brings (expect_tx counts the full box, also where it zero-fills).
+  static constexpr uint32_t kStatsBytes = kBlockM * sizeof(float);
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
   static_assert(kQBytes * kStages == cosize_v<SmemLayoutQStages> * sizeof(Element));
   static_assert(kKVBytes == cosize_v<SmemLayoutK> * sizeof(Element));
 
-  using QPipe = PipelineSpec<kStages, kConsumerWgs>;  // Q + lse_log2 rows; dO + D rows alike
+  // Q with its rows' lse_log2 on one full barrier per stage; dO with its rows' D alike.
+  using QPipe = PipelineSpec<kStages, kConsumerWgs>;
   using KVPipe = PipelineSpec<1, kConsumerWgs>;       // K and V of the tile, one barrier
 
   struct SharedStorage {
@@ -195,8 +206,10 @@ struct BwdTraits {
     array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
     array_aligned<Element, cosize_v<SmemLayoutK>, 1024> v;
     array_aligned<Element, cosize_v<SmemLayoutdS>, 1024> ds;  // P / dS buffers
-    // Per consumer WG: the step's lse_log2 rows, then its D rows (mma.h load_stats).
-    array_aligned<float, 2 * kBlockM * kConsumerWgs, 16> stats;
+    // The rows' lse_log2 of each Q stage and D of each dO stage (the TMA writes them with the
+    // stage's rows; a box must start 128-byte aligned).
+    array_aligned<float, kStages * kBlockM, 128> lse;
+    array_aligned<float, kStages * kBlockM, 128> dpsum;
     // Per consumer WG: its dQ part of the step in the accumulator's order (epilogue.h).
     array_aligned<float, kDqSlots ? kDqWgFloats * kConsumerWgs : 4, 128> dq_slot;
     cutlass::arch::ClusterTransactionBarrier q_full[kStages];

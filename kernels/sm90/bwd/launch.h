@@ -87,6 +87,28 @@ LaunchResult launch_bwd(BwdParams const& p, int max_smem_per_block, cudaStream_t
       return typename TmaMemo<TmaKV>::Key{ptr, {p.seqlen_k, p.head_dim, p.heads_kv, p.batch},
                                            {s[0], s[1], s[2]}};
     };
+    // The rows' statistics (seqlen_q_rounded, heads_q, batch); with no queries a box over K's
+    // memory that nothing reads, as for Q.
+    using TmaStats = typename Traits::TmaStats;
+    const int stats_rows = no_q ? Traits::kBlockM : p.seqlen_q_rounded;
+    const int stats_heads = no_q ? 1 : p.heads_q;
+    const int stats_batch = no_q ? 1 : p.batch;
+    const int64_t stats_strides[2] = {stats_rows, int64_t(stats_rows) * stats_heads};
+    auto stats_key = [&](const void* ptr) {
+      return typename TmaMemo<TmaStats>::Key{
+          ptr, {stats_rows, stats_heads, stats_batch, 0}, {stats_strides[0], stats_strides[1], 0}};
+    };
+    auto encode_stats = [&](const void* ptr) {
+      Tensor g = make_tensor(make_gmem_ptr(static_cast<float const*>(ptr)),
+                             make_shape(stats_rows, stats_heads, stats_batch),
+                             make_stride(_1{}, stats_strides[0], stats_strides[1]));
+      return make_tma_copy(SM90_TMA_LOAD{}, g, typename Traits::SmemLayoutStats{},
+                           Shape<Int<Traits::kBlockM>>{}, _1{});
+    };
+    const void* lse_ptr = no_q ? p.k : p.lse_log2;
+    const void* dpsum_ptr = no_q ? p.k : p.dpsum;
+    thread_local TmaMemo<TmaStats> lse_memo;
+    thread_local TmaMemo<TmaStats> dpsum_memo;
     thread_local TmaMemo<TmaQ> q_memo;
     thread_local TmaMemo<TmaQ> do_memo;
     thread_local TmaMemo<TmaKV> k_memo;
@@ -108,6 +130,8 @@ LaunchResult launch_bwd(BwdParams const& p, int max_smem_per_block, cudaStream_t
                             [&] { return encode_q(do_ptr, do_strides); });
     kp.tma_k = k_memo.get(kv_key(p.k, k_strides), [&] { return encode_kv(p.k, k_strides); });
     kp.tma_v = v_memo.get(kv_key(p.v, v_strides), [&] { return encode_kv(p.v, v_strides); });
+    kp.tma_lse = lse_memo.get(stats_key(lse_ptr), [&] { return encode_stats(lse_ptr); });
+    kp.tma_dpsum = dpsum_memo.get(stats_key(dpsum_ptr), [&] { return encode_stats(dpsum_ptr); });
     kp.tiles = BwdTileScheduler::make(p.seqlen_k, Traits::kBlockN, p.heads_kv, p.heads_per_kv,
                                       p.batch, p.deterministic != 0, p.num_sms,
                                       bwd_longest_first(attention_mask(p)),

@@ -2,8 +2,8 @@
 // order schedule.h's produce_bwd() walks: per tile Q(step 0), dO(step 0), the tile into the tile
 // slot (the consumers read it from shared memory), K + V, then Q and dO of every further step,
 // then the next tile's claim (dynamic order). Each load first waits until its buffer is empty
-// (common/pipeline.h). The rows' lse_log2 / D are not loaded here: each consumer WG fetches them
-// itself (mma.h, load_stats).
+// (common/pipeline.h). A step's Q rows come with their lse_log2 and its dO rows with their D, each
+// pair on its stage's full barrier (a second TMA box of kBlockM floats from the workspace).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -25,6 +25,8 @@ struct BwdKernelParams {
   typename Traits::TmaQ tma_do;
   typename Traits::TmaKV tma_k;
   typename Traits::TmaKV tma_v;
+  typename Traits::TmaStats tma_lse;
+  typename Traits::TmaStats tma_dpsum;
   BwdTileScheduler tiles;
 };
 
@@ -75,16 +77,29 @@ struct BwdProducer {
                               group_modes<0, 2>(gX));
     copy(tma.with(bar, 0, TMA::CacheHintSm90::EVICT_LAST), get<0>(part), get<1>(part));
   }
+  // The same rows' lse_log2 or D (kBlockM floats) through `tma` into stage `stage` of `buf`.
+  CUTE_DEVICE void load_stats(typename Traits::TmaStats const& tma, uint64_t& bar, float* buf,
+                              int stage, int head, int batch, int m) const {
+    Tensor s = make_tensor(make_smem_ptr(buf + stage * kBlockM),
+                           typename Traits::SmemLayoutStats{});
+    Tensor mX = tma.get_tma_tensor(make_shape(p.seqlen_q_rounded, p.heads_q, p.batch));
+    Tensor gX = local_tile(mX(_, head, batch), Shape<Int<kBlockM>>{}, make_coord(m));
+    auto part = tma_partition(tma, _0{}, Layout<_1>{}, s, gX);
+    copy(tma.with(bar, 0, TMA::CacheHintSm90::EVICT_LAST), get<0>(part), get<1>(part));
+  }
   CUTE_DEVICE void q(BwdTileWork const& w, QueryStep s) {
-    q_pipe.load(leader, Traits::kQBytes, [&](int stage) {
-      load_rows(params.tma_q, q_pipe.bar.tma_barrier(stage), smem.q.data(), stage, w.dq_head(s),
-                w.tile.batch, s.m);
+    q_pipe.load(leader, Traits::kQBytes + Traits::kStatsBytes, [&](int stage) {
+      uint64_t& bar = q_pipe.bar.tma_barrier(stage);
+      load_rows(params.tma_q, bar, smem.q.data(), stage, w.dq_head(s), w.tile.batch, s.m);
+      load_stats(params.tma_lse, bar, smem.lse.data(), stage, w.dq_head(s), w.tile.batch, s.m);
     });
   }
   CUTE_DEVICE void dout(BwdTileWork const& w, QueryStep s) {
-    do_pipe.load(leader, Traits::kQBytes, [&](int stage) {
-      load_rows(params.tma_do, do_pipe.bar.tma_barrier(stage), smem.dout.data(), stage,
-                w.dq_head(s), w.tile.batch, s.m);
+    do_pipe.load(leader, Traits::kQBytes + Traits::kStatsBytes, [&](int stage) {
+      uint64_t& bar = do_pipe.bar.tma_barrier(stage);
+      load_rows(params.tma_do, bar, smem.dout.data(), stage, w.dq_head(s), w.tile.batch, s.m);
+      load_stats(params.tma_dpsum, bar, smem.dpsum.data(), stage, w.dq_head(s), w.tile.batch,
+                 s.m);
     });
   }
   CUTE_DEVICE void kv(BwdTileWork const& w) {

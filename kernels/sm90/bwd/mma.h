@@ -69,9 +69,6 @@ struct BwdConsumer {
   KVEnd kv_pipe;
   int ds_stage = kFamilyB ? kdSBufferB : 0;  // the dS buffer of the step (family A alternates)
   int tiles_taken = 0;  // the tile slot's buffer of the next tile: tiles_taken % 2
-  // This thread's lse_log2 / D values of the step, in flight from L2 (load_stats).
-  static constexpr int kStatsPerThread = 2 * kBlockM / 128;
-  float stat[kStatsPerThread] = {};
 
   CUTE_DEVICE BwdConsumer(BwdKernelParams<Traits> const& params_, SharedStorage& smem_)
       : params(params_),
@@ -131,10 +128,7 @@ struct BwdConsumer {
     return !tile.end;
   }
   CUTE_DEVICE void release_kv(BwdTileWork const&) { kv_pipe.release(wg_leader()); }
-  CUTE_DEVICE void wait_q(BwdTileWork const& w, QueryStep s) {
-    load_stats(w, s);
-    q_pipe.wait();
-  }
+  CUTE_DEVICE void wait_q(BwdTileWork const&, QueryStep) { q_pipe.wait(); }
   CUTE_DEVICE void release_q(BwdTileWork const&, QueryStep) {
     q_pipe.release(wg_leader());
     if constexpr (!kFamilyB) {
@@ -210,35 +204,11 @@ struct BwdConsumer {
   }
 
   // --- the rows' statistics ----------------------------------------------------------------------
-  // Each consumer WG fetches the step's 64 lse_log2 and 64 D values itself (thread t of the WG one
-  // value, from the preprocess's workspace in L2) at the start of the step, and publishes them in
-  // its own shared-memory slot right before the exponentials: the load's latency hides under the
-  // S / dP GEMMs, and the slot is synchronized by barriers only (WG barrier after the stores; the
-  // previous step's readers all passed PdS before any store). Through the producer's mbarriers,
-  // plain loads of rows an async copy or another warp wrote are ordering compute-sanitizer's
-  // racecheck cannot see (it reported every one; bench/PERFLOG.md "the
-  // FA-3 path's backward").
-  CUTE_DEVICE void load_stats(BwdTileWork const& w, QueryStep s) {
-    const int64_t row0 = p.row_offset(w.tile.batch, w.dq_head(s)) + int64_t(s.m) * kBlockM;
-    CUTE_UNROLL
-    for (int k = 0; k < kStatsPerThread; ++k) {
-      const int i = thread_idx() % 128 + 128 * k;  // slot index: lse_log2 rows, then D rows
-      stat[k] = __ldcg((i < kBlockM ? p.lse_log2 : p.dpsum) + row0 + i % kBlockM);
-    }
-  }
-  // This WG's slot: lse_log2 at [0, kBlockM), D at [kBlockM, 2 kBlockM).
-  CUTE_DEVICE float* stats_slot() {
-    return smem.stats.data() + (wg_first_thread() / 128) * 2 * kBlockM;
-  }
-  CUTE_DEVICE void publish_stats() {
-    CUTE_UNROLL
-    for (int k = 0; k < kStatsPerThread; ++k) {
-      stats_slot()[thread_idx() % 128 + 128 * k] = stat[k];
-    }
-  }
-  CUTE_DEVICE void sync_stats() {
-    cutlass::arch::NamedBarrier::sync(
-        128, static_cast<uint32_t>(BwdBarrier::kStats0) + wg_first_thread() / 128);
+  // The step's lse_log2 rows ride on its Q stage and its D rows on its dO stage (load.h): read
+  // between the stage's wait and its release.
+  CUTE_DEVICE float const* lse_rows() { return smem.lse.data() + q_pipe.stage() * kBlockM; }
+  CUTE_DEVICE float const* dpsum_rows() {
+    return smem.dpsum.data() + do_pipe.stage() * kBlockM;
   }
 
   // --- element math ------------------------------------------------------------------------------
@@ -284,7 +254,7 @@ struct BwdConsumer {
   CUTE_DEVICE void transform(TileState& f, BwdTileWork const& w, QueryStep s) {
     Tensor s_rc = keys_queries(f.s);
     Tensor c_rc = coords_kq();
-    float const* lse = stats_slot();
+    float const* lse = lse_rows();
     const AttentionMask mask = attention_mask(p);
     const int key0 = w.tile.n_block * kBlockN;
     CUTE_UNROLL
@@ -326,8 +296,8 @@ struct BwdConsumer {
     }();
     Tensor dp_rc = keys_queries(f.dp);
     Tensor c_rc = coords_kq();
-    float const* lse = stats_slot();
-    float const* dpsum = lse + kBlockM;
+    float const* lse = lse_rows();
+    float const* dpsum = dpsum_rows();
     const float t_scale = kCapped ? 0.6931471805599453f / p.softcap : 0.f;
     CUTE_UNROLL
     for (int c = 0; c < size<1>(p_rc); ++c) {
@@ -370,12 +340,12 @@ struct BwdConsumer {
   // reaches only after its dQ GEMM of this step (the last reader of b) completed.
   // With kDqWgs == 1 (each WG's dQ reads only its own dS half) the sync is the WG's own: the WGs
   // then share nothing within a step and drift apart as far as the Q / dO stages let them, so one
-  // WG's exponentials run under the other's GEMMs. The WG reuses its stats barrier id (the same
-  // 128 threads, one use at a time).
+  // WG's exponentials run under the other's GEMMs (barrier id kWg0 + c, which the WG's DqSlot
+  // sync shares: the same 128 threads, one use at a time).
   CUTE_DEVICE void sync_pds() {
     if constexpr (kDqWgs == 1 && !kFamilyB) {
       cutlass::arch::NamedBarrier::sync(
-          128, static_cast<uint32_t>(BwdBarrier::kStats0) + wg_first_thread() / 128);
+          128, static_cast<uint32_t>(BwdBarrier::kWg0) + wg_first_thread() / 128);
     } else {
       cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads,
                                         static_cast<uint32_t>(BwdBarrier::kPdS));
@@ -416,7 +386,7 @@ struct BwdConsumer {
     cutlass::arch::fence_view_async_shared();
   }
   CUTE_DEVICE void sync_dq_slot(DqSlot const& slot) {
-    cutlass::arch::NamedBarrier::sync(128, static_cast<uint32_t>(BwdBarrier::kStats0) + slot.wg);
+    cutlass::arch::NamedBarrier::sync(128, static_cast<uint32_t>(BwdBarrier::kWg0) + slot.wg);
   }
   CUTE_DEVICE void reduce_dq_slot(float* acc, DqSlot const& slot) {
     if (wg_leader()) {

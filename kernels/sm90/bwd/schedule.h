@@ -31,8 +31,8 @@
 // tile slot (produce_bwd).
 //
 // Consumer WG, one step (family A: S^T = K Q^T, each WG owning 64 keys):
-//   wait Q(s); issue S; wait dO(s); issue dP; wait<1> (S done) -> exponentials (softcap on
-//   capped calls, the rows' statistics behind the WG's Stats barrier, mask on masked steps,
+//   wait Q(s) (its rows and their lse_log2); issue S; wait dO(s) (its rows and their D); issue
+//   dP; wait<1> (S done) -> exponentials (softcap on capped calls, mask on masked steps,
 //   P = exp2(..)); issue dV += P^T dO (RS); wait<1> (dP done) -> dS (times the softcap's
 //   derivative on capped calls); store dS to shared; sync PdS; issue dQ = dS K;
 //   issue dK += dS^T Q (RS); wait<1> (dV, dQ done) -> release dO(s); add dQ (add_dq);
@@ -63,7 +63,7 @@
 // own keys' partial sum over the whole block, kDqWgs = 1):
 //   default mode, dQ slots (Cfg::kDqSlots): the WG stores its part into its shared-memory slot
 //     (+ proxy fence), syncs DqSlot c, and its leader issues one bulk reduce-add of the slot. The
-//     slot is written again one step later, after the WG's Stats barrier, which the leader
+//     slot is written again one step later, after the step's PdS sync, which the leader
 //     reaches only once that reduce-add read the slot (wait_dq_slot_read); before exit the leader
 //     waits until its reduce-adds completed (finish_dq: shared memory must outlive their reads).
 //   default mode, no slots (d256): every thread adds its fragment with red.global.add.v4.f32.
@@ -402,11 +402,10 @@ FH_ROLE void produce_bwd(Schedule const& sched, Ops& ops) {
 //   GEMMs       issue_s(f), issue_dp(f), issue_dv(f), issue_dq(f), issue_dk(f),
 //               wait_gemms<kInFlight>()
 //   math        softcapped() (whether the call caps its scores), softcap<kCapped>(f) (nothing
-//               unless kCapped); publish_stats() (the WG's lse_log2 / D rows -> its stats slot);
-//               transform<kMasked>(f, w, s) (element mask, P = exp2, P -> 16 bit),
+//               unless kCapped); transform<kMasked>(f, w, s) (element mask, P = exp2, P -> 16 bit),
 //               compute_ds<kCapped>(f, w, s) (dS = P (dP - D), times softcap' if kCapped,
 //               dS -> 16 bit, dS -> shared), family B: store_p(f, w, s) (P -> sP)
-//   barriers    sync_stats() (Stats c), sync_pds(); family B: sync_pds_free()
+//   barriers    sync_pds(); family B: sync_pds_free()
 //   dQ          dq_block(w, s): the step's block of the accumulator (the adds' target);
 //               dQ slots: wait_dq_slot_read() (the leader: its last bulk reduce-add read the
 //               slot), dq_slot() (the WG's slot), stage_dq(f, slot) (the WG's part -> its slot
@@ -435,18 +434,22 @@ FH_ROLE void start_step(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
   ops.template wait_gemms<1>();  // S done, dP in flight
 }
 
-// The exponentials: softcap (capped calls), the rows' statistics into the WG's slot behind its
-// Stats barrier, then the mask and P. The same barrier frees the WG's dQ slot for this step's dQ:
-// its leader reaches it only after the previous step's bulk reduce-add read the slot.
-template <class Cfg, bool kMasked, bool kCapped, class Ops, class State>
+// The exponentials: softcap (capped calls), then the mask and P (the rows' lse_log2 from the
+// step's Q stage).
+template <bool kMasked, bool kCapped, class Ops, class State>
 FH_ROLE void exponentials(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
   ops.template softcap<kCapped>(f);
-  ops.publish_stats();
+  ops.template transform<kMasked>(f, w, s);
+}
+
+// dS is in shared memory: the PdS sync. The same sync frees the WG's dQ slot for this step's dQ:
+// its leader reaches it only after the previous step's bulk reduce-add read the slot.
+template <class Cfg, class Ops>
+FH_ROLE void ds_written(Ops& ops) {
   if constexpr (Cfg::kDqSlots) {
     ops.wait_dq_slot_read();
   }
-  ops.sync_stats();
-  ops.template transform<kMasked>(f, w, s);
+  ops.sync_pds();
 }
 
 // One step's dQ part of this WG into the fp32 accumulator (the protocol in the header comment).
@@ -502,11 +505,11 @@ FH_ROLE void finish_step(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) 
 template <class Cfg, bool kMasked, bool kCapped, class Ops, class State>
 FH_ROLE void bwd_step(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
   start_step(ops, f, w, s);
-  exponentials<Cfg, kMasked, kCapped>(ops, f, w, s);
+  exponentials<kMasked, kCapped>(ops, f, w, s);
   ops.issue_dv(f);               // the dS arithmetic below runs under this GEMM
   ops.template wait_gemms<1>();  // dP done, dV in flight
   ops.template compute_ds<kCapped>(f, w, s);
-  ops.sync_pds();                // both WGs' dS are in shared memory
+  ds_written<Cfg>(ops);          // both WGs' dS are in shared memory
   finish_step<Cfg>(ops, f, w, s);
 }
 
@@ -514,12 +517,12 @@ FH_ROLE void bwd_step(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
 template <class Cfg, bool kMasked, bool kCapped, class Ops, class State>
 FH_ROLE void bwd_step_b(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
   start_step(ops, f, w, s);
-  exponentials<Cfg, kMasked, kCapped>(ops, f, w, s);
+  exponentials<kMasked, kCapped>(ops, f, w, s);
   ops.sync_pds_free();           // both WGs' GEMMs of the previous step (sP / sdS readers) done
   ops.store_p(f, w, s);
   ops.template wait_gemms<0>();  // dP done
   ops.template compute_ds<kCapped>(f, w, s);
-  ops.sync_pds();                // both WGs' halves of P and dS are in shared memory
+  ds_written<Cfg>(ops);          // both WGs' halves of P and dS are in shared memory
   ops.issue_dv(f);
   finish_step<Cfg>(ops, f, w, s);
 }
