@@ -206,9 +206,52 @@ struct BwdConsumer {
   // --- the rows' statistics ----------------------------------------------------------------------
   // The step's lse_log2 rows ride on its Q stage and its D rows on its dO stage (load.h): read
   // between the stage's wait and its release.
-  CUTE_DEVICE float const* lse_rows() { return smem.lse.data() + q_pipe.stage() * kBlockM; }
-  CUTE_DEVICE float const* dpsum_rows() {
-    return smem.dpsum.data() + do_pipe.stage() * kBlockM;
+  // Read where the element math uses them: a volatile load, which ptxas does not hoist above the
+  // step's GEMM waits (hoisted, a column's value per register across the waits, the d64 step
+  // spilled).
+  struct StatRows {
+    uint32_t base;  // shared-memory address of the step's rows
+    CUTE_DEVICE float at(int q) const {
+      float v;
+      asm volatile("ld.volatile.shared.f32 %0, [%1];" : "=f"(v) : "r"(base + 4u * q));
+      return v;
+    }
+    CUTE_DEVICE float2 pair(int q) const {  // rows q, q + 1 (q even)
+      float2 v;
+      asm volatile("ld.volatile.shared.v2.f32 {%0, %1}, [%2];"
+                   : "=f"(v.x), "=f"(v.y)
+                   : "r"(base + 4u * q));
+      return v;
+    }
+  };
+  // The statistic of column c (query q) of the keys_queries view. Family A's columns come in
+  // pairs of adjacent queries, (2k, 2k + 1) -> (q, q + 1) with q even (the accumulator's layout:
+  // a thread holds columns 2 (lane % 4) + {0, 1} of every 8): one 8-byte load at the pair's
+  // first column, except with 128-query steps, whose masked step spilled with the pairs' second
+  // values live (one load each there, as in family B, whose columns are the accumulator's rows).
+  // c is a compile-time constant of an unrolled loop, so the branches fold.
+  template <bool kPaired = !kFamilyB && kBlockM == 64>
+  struct ColumnStat {
+    StatRows rows;
+    float2 pair = {};
+    CUTE_DEVICE float operator()(int c, int q) {
+      if constexpr (!kPaired) {
+        return rows.at(q);
+      } else {
+        if (c % 2 == 0) {
+          pair = rows.pair(q);
+        }
+        return c % 2 == 0 ? pair.x : pair.y;
+      }
+    }
+  };
+  CUTE_DEVICE StatRows lse_rows() {
+    return {static_cast<uint32_t>(__cvta_generic_to_shared(smem.lse.data())) +
+            q_pipe.stage() * uint32_t(kBlockM * sizeof(float))};
+  }
+  CUTE_DEVICE StatRows dpsum_rows() {
+    return {static_cast<uint32_t>(__cvta_generic_to_shared(smem.dpsum.data())) +
+            do_pipe.stage() * uint32_t(kBlockM * sizeof(float))};
   }
 
   // --- element math ------------------------------------------------------------------------------
@@ -254,13 +297,13 @@ struct BwdConsumer {
   CUTE_DEVICE void transform(TileState& f, BwdTileWork const& w, QueryStep s) {
     Tensor s_rc = keys_queries(f.s);
     Tensor c_rc = coords_kq();
-    float const* lse = lse_rows();
+    ColumnStat<> lse{lse_rows()};
     const AttentionMask mask = attention_mask(p);
     const int key0 = w.tile.n_block * kBlockN;
     CUTE_UNROLL
     for (int c = 0; c < size<1>(s_rc); ++c) {
       const int q = query_of(c_rc(0, c));
-      const float col_lse = lse[q];
+      const float col_lse = lse(c, q);
       if constexpr (kMasked) {
         const ColumnRange keys = mask.columns(s.m * kBlockM + q);
         CUTE_UNROLL
@@ -296,19 +339,20 @@ struct BwdConsumer {
     }();
     Tensor dp_rc = keys_queries(f.dp);
     Tensor c_rc = coords_kq();
-    float const* lse = lse_rows();
-    float const* dpsum = dpsum_rows();
+    ColumnStat<> lse{lse_rows()};
+    ColumnStat<> dpsum{dpsum_rows()};
     const float t_scale = kCapped ? 0.6931471805599453f / p.softcap : 0.f;
     CUTE_UNROLL
     for (int c = 0; c < size<1>(p_rc); ++c) {
       const int q = query_of(c_rc(0, c));
-      const float col_dpsum = dpsum[q];
+      const float col_dpsum = dpsum(c, q);
+      const float col_lse = kCapped ? lse(c, q) : 0.f;
       CUTE_UNROLL
       for (int r = 0; r < size<0>(p_rc); ++r) {
         const float prob = static_cast<float>(p_rc(r, c));
         float ds = prob * (dp_rc(r, c) - col_dpsum);
         if constexpr (kCapped) {
-          const float t = (__log2f(prob) + lse[q]) * t_scale;
+          const float t = (__log2f(prob) + col_lse) * t_scale;
           ds = prob > 0.f ? ds * (1.f - t * t) : 0.f;
         }
         dp_rc(r, c) = ds;
