@@ -366,8 +366,15 @@ static void check_steps(Problem const& p, BwdTileScheduler const& tiles,
       const int L = int(ms.size());
       const int rotate = p.deterministic || L == 0 ? 0 : n % L;
       CHECK(w.rotate == rotate, "tile n %d: rotate %d, expected %d", n, w.rotate, rotate);
+      QueryStep walked{};  // the step loops' walk: step(0), then next()
       for (int i = 0; i < w.num_steps(); ++i) {
         const QueryStep s = w.step(i);
+        walked = i == 0 ? w.step(0) : w.next(walked, i);
+        CHECK(walked.m == s.m && walked.g == s.g && walked.masked == s.masked &&
+                  walked.last == s.last,
+              "tile n %d step %d: next() walks to (g %d, m %d, masked %d, last %d), step() is "
+              "(g %d, m %d, masked %d, last %d)", n, i, walked.g, walked.m, int(walked.masked),
+              int(walked.last), s.g, s.m, int(s.masked), int(s.last));
         if (L * p.q_per_kv == w.num_steps()) {
           CHECK(s.g == i / L && s.m == ms[(i % L + rotate) % L],
                 "tile n %d step %d is (g %d, m %d)", n, i, s.g, s.m);

@@ -298,6 +298,15 @@ struct BwdTileWork {
     const int m = range.m_min + j;
     return {m, g, split.masked(m), i == 0, i == num_steps() - 1};
   }
+  // step(i) from s = step(i - 1), 0 < i < num_steps(): the next query block, wrapping from the
+  // range's end to its start, and the next query head once the walk is back at its first block.
+  // The step loops advance this way: step(i)'s division by blocks() sat on every step's path
+  // (an integer division is ~40 instructions, one of them a MUFU.RCP beside the exponentials).
+  FH_HOST_DEVICE QueryStep next(QueryStep s, int i) const {
+    const int m = s.m + 1 == range.m_max ? range.m_min : s.m + 1;
+    const int g = m == range.m_min + rotate ? s.g + 1 : s.g;
+    return {m, g, split.masked(m), false, i == num_steps() - 1};
+  }
   FH_HOST_DEVICE int dq_head(QueryStep s) const { return tile.kv_head * group + s.g; }
 };
 
@@ -383,10 +392,12 @@ FH_ROLE void produce_bwd(Schedule const& sched, Ops& ops) {
       ops.dout(w, w.step(0));
       ops.publish(tile);
       ops.kv(w);
+      QueryStep s = w.step(0);
       FH_NO_UNROLL
       for (int i = 1; i < w.num_steps(); ++i) {
-        ops.q(w, w.step(i));
-        ops.dout(w, w.step(i));
+        s = w.next(s, i);
+        ops.q(w, s);
+        ops.dout(w, s);
       }
     }
     t = sched.next_tile(round, [&] { return ops.claim(); });
@@ -541,9 +552,12 @@ FH_ROLE void step(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
 // call is serialized.
 template <class Cfg, bool kCapped, class Ops, class State>
 FH_ROLE void tile_steps(Ops& ops, State& f, BwdTileWork const& w) {
+  QueryStep s = w.step(0);
   FH_NO_UNROLL
   for (int i = 0; i < w.num_steps(); ++i) {
-    const QueryStep s = w.step(i);
+    if (i > 0) {
+      s = w.next(s, i);
+    }
     if (s.masked) {
       step<Cfg, true, kCapped>(ops, f, w, s);
     } else {
