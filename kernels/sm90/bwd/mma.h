@@ -69,6 +69,9 @@ struct BwdConsumer {
   KVEnd kv_pipe;
   int ds_stage = kFamilyB ? kdSBufferB : 0;  // the dS buffer of the step (family A alternates)
   int tiles_taken = 0;  // the tile slot's buffer of the next tile: tiles_taken % 2
+  // This consumer warpgroup's index, derived once where the tile holds it (tile_config.h
+  // hold_wg_index), else derived again where used.
+  int wg_held;
 
   CUTE_DEVICE BwdConsumer(BwdKernelParams<Traits> const& params_, SharedStorage& smem_)
       : params(params_),
@@ -76,14 +79,21 @@ struct BwdConsumer {
         smem(smem_),
         q_pipe{{smem_.q_full, smem_.q_empty}},
         do_pipe{{smem_.do_full, smem_.do_empty}},
-        kv_pipe{{smem_.kv_full, smem_.kv_empty}} {}
+        kv_pipe{{smem_.kv_full, smem_.kv_empty}},
+        wg_held(cutlass::canonical_warp_group_idx() - 1) {}
 
   static CUTE_DEVICE int thread_idx() { return opaque_thread_idx() - 128; }
   static CUTE_DEVICE bool wg_leader() { return thread_idx() % 128 == 0; }
   // Shared-memory descriptors depend on the warpgroup only (uniform registers).
-  static CUTE_DEVICE int wg_first_thread() {
-    return (cutlass::canonical_warp_group_idx() - 1) * 128;
+  CUTE_DEVICE int wg() const {
+    if constexpr (Traits::kConfig.hold_wg_index) {
+      __builtin_assume(wg_held >= 0 && wg_held < Traits::kConsumerWgs);
+      return wg_held;
+    } else {
+      return cutlass::canonical_warp_group_idx() - 1;
+    }
   }
+  CUTE_DEVICE int wg_first_thread() const { return wg() * 128; }
 
   // --- shared-memory operands (each buffer through the layout a GEMM reads it with) ------------
   template <class Layout, class T>
@@ -191,10 +201,10 @@ struct BwdConsumer {
       wgmma<true, -1>(mma_dq, thr.partition_fragment_A(sdS()(_, _, ds_stage)),
                       thr.partition_fragment_B(sKt()), f.dq);
     } else {
-      const int wg = wg_first_thread() / 128;
+      const int c = wg();
       auto thr = mma_dq.get_thread_slice(0);
-      Tensor a = local_tile(sdS()(_, _, ds_stage), Shape<Int<kBlockM>, _64>{}, make_coord(0, wg));
-      Tensor b = local_tile(sKt(), Shape<Int<kHeadDim>, _64>{}, make_coord(0, wg));
+      Tensor a = local_tile(sdS()(_, _, ds_stage), Shape<Int<kBlockM>, _64>{}, make_coord(0, c));
+      Tensor b = local_tile(sKt(), Shape<Int<kHeadDim>, _64>{}, make_coord(0, c));
       wgmma<true, -1>(mma_dq, thr.partition_fragment_A(a), thr.partition_fragment_B(b), f.dq);
     }
   }
@@ -389,7 +399,7 @@ struct BwdConsumer {
   CUTE_DEVICE void sync_pds() {
     if constexpr (kDqWgs == 1 && !kFamilyB) {
       cutlass::arch::NamedBarrier::sync(
-          128, static_cast<uint32_t>(BwdBarrier::kWg0) + wg_first_thread() / 128);
+          128, static_cast<uint32_t>(BwdBarrier::kWg0) + wg());
     } else {
       cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads,
                                         static_cast<uint32_t>(BwdBarrier::kPdS));
@@ -415,8 +425,8 @@ struct BwdConsumer {
     float* floats;
   };
   CUTE_DEVICE DqSlot dq_slot() {
-    const int wg = wg_first_thread() / 128;
-    return {wg, smem.dq_slot.data() + wg * Traits::kDqWgFloats};
+    const int c = wg();
+    return {c, smem.dq_slot.data() + c * Traits::kDqWgFloats};
   }
   // The WG leader's previous bulk reduce-add has read its dQ slot.
   CUTE_DEVICE void wait_dq_slot_read() {
@@ -474,7 +484,7 @@ struct BwdConsumer {
       atomicAdd(t.semaphore, 1);
     }
   }
-  static CUTE_DEVICE bool is_wg(int c) { return wg_first_thread() == 128 * c; }
+  CUTE_DEVICE bool is_wg(int c) const { return wg() == c; }
 
   // --- tiles -----------------------------------------------------------------------------------
   CUTE_DEVICE void clear_dkv(TileState& f) {

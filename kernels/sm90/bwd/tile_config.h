@@ -36,6 +36,11 @@ struct BwdConfig {
   // instruction at d128 (ncu source counters, bench/PERFLOG.md "Where d128 waits"). Costs
   // kBlockM * kHeadDim * 4 bytes of shared memory (d256 has no room for it).
   bool dq_slots;
+  // The consumer holds its warpgroup index in a register for the whole kernel instead of deriving
+  // it (a shuffle of tid / 128, then the tiled MMAs' divisions) in front of every GEMM: faster at
+  // d64 and d256, slower at d128, where ptxas then keeps the tile counter on the stack
+  // (bench/PERFLOG.md "the backward's step overhead").
+  bool hold_wg_index;
 };
 
 // Whether the bucket has an FA-3 backward tile (CMake builds fa3 backward TUs for these only).
@@ -49,13 +54,13 @@ constexpr BwdConfig bwd_config(int head_dim) {
   //   2 x 32 KB, dQ slots 2 x 32 KB = 224 KB.
   if (head_dim <= 64) {
     return {/*block_m=*/128, /*block_n=*/128, /*q_stages=*/2, /*dq_wgs=*/1, /*family_b=*/false,
-            /*dq_slots=*/true};
+            /*dq_slots=*/true, /*hold_wg_index=*/true};
   }
   // d96: dV + dK 2 x 48, dQ 48 (the WG's partial, n96; a column split would need n48, one of the
   //   extended shapes). Shared memory 128 KB + dQ slots 2 x 24 KB.
   if (head_dim <= 96) {
     return {/*block_m=*/64, /*block_n=*/128, /*q_stages=*/2, /*dq_wgs=*/1, /*family_b=*/false,
-            /*dq_slots=*/true};
+            /*dq_slots=*/true, /*hold_wg_index=*/true};
   }
   // d128: dV + dK 2 x 64 + S^T 32 + dP^T 32 = 192 live fp32 registers at the exponentials, then
   //   dV + dK + P + dS + dQ(64 x 64 per WG) = 128 + 16 + 16 + 32; the 240-register budget holds it
@@ -65,7 +70,7 @@ constexpr BwdConfig bwd_config(int head_dim) {
   //   (bench/PERFLOG.md "Tried and reverted: d128 with per-WG partial dQ").
   if (head_dim <= 128) {
     return {/*block_m=*/64, /*block_n=*/128, /*q_stages=*/2, /*dq_wgs=*/2, /*family_b=*/false,
-            /*dq_slots=*/true};
+            /*dq_slots=*/true, /*hold_wg_index=*/false};
   }
   // d192 / d256 (family B): per WG dV + dK 2 x d / 4 registers (128 at d256), dQ d / 4 (64),
   //   S and dP 16 each (64 queries x 32 keys); dQ is only live after S and dP went to shared
@@ -75,7 +80,7 @@ constexpr BwdConfig bwd_config(int head_dim) {
   //   64 x 96 with 3 WGs at d192; FA4 64 x 64 at d256 as here. dQ slots: d192 48 KB more (208
   //   KB); d256 would need 64 KB more than the 227 KB it has, so its dQ stays on red.global.
   return {/*block_m=*/64, /*block_n=*/64, /*q_stages=*/2, /*dq_wgs=*/2, /*family_b=*/true,
-          /*dq_slots=*/head_dim <= 192};
+          /*dq_slots=*/head_dim <= 192, /*hold_wg_index=*/true};
 }
 
 }  // namespace flash_hopper::sm90
