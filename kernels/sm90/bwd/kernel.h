@@ -21,9 +21,9 @@
 //       step's dK GEMM, Q's last reader (lse_log2's, the exponentials, come before it).
 //   dO  2 stages: dO rows and their D; released after the step's dV GEMM, dO's last reader (D's,
 //       the dS arithmetic, comes before it).
-//   The consumers read lse_log2 / D with plain shared-memory loads after the stage's wait: TMA
-//   writes, like Q's (compute-sanitizer's racecheck does not track the TMA's; a bulk copy or the
-//   producer warp's own stores there were reported as races, it cannot pair an mbarrier with
+//   The consumers read lse_log2 / D with (volatile) shared-memory loads after the stage's wait:
+//   TMA writes, like Q's (compute-sanitizer's racecheck does not track the TMA's; a bulk copy or
+//   the producer warp's own stores there were reported as races, it cannot pair an mbarrier with
 //   them).
 //   full[s]: 1 arrival (the producer's arrive_and_expect_tx; the TMA completes the bytes).
 //   empty[s]: 2 arrivals, thread 0 of each consumer WG, after a barrier that orders the whole
@@ -35,7 +35,8 @@
 //           in family A. Where each WG's dQ reads only its own half (dq_wgs = 1: d64, d96) it is
 //           the WG's own 128-thread sync (id Wg c), and the WGs share no barrier within a
 //           step. With dQ slots the WG's leader first waits until its previous bulk reduce-add
-//           read the WG's dQ slot (this sync frees the slot for the step's dQ). Family B: after writing their halves of P and dS (one buffer each);
+//           read the WG's dQ slot (this sync frees the slot for the step's dQ). Family B:
+//           after writing their halves of P and dS (one buffer each);
 //           then dV, dK and dQ read both halves.
 //   PdSFree 256, family B only: before writing P, both WGs completed the previous step's GEMMs
 //           (wait_gemms<0>), the last readers of the single P and dS buffers.
