@@ -145,10 +145,11 @@ def check_libraries_bwd(runs: dict[str, Callable[[], None]],
     return results, outputs
 
 
-def bwd_setup(libs: dict, q, k, v, causal: bool, backend: str, sms: int):
+def bwd_setup(libs: dict, q, k, v, causal: bool, backend: str, sms: int,
+              deterministic: frozenset = frozenset()):
     """(runs, grads, references) of one backward config: each library's fh_bwd on the same
-    FhBwdParams (this package's plan, pointers filled), the shared gradient buffers, the fp32
-    references."""
+    FhBwdParams (this package's plan, pointers filled; deterministic=1 for the names in
+    `deterministic`), the shared gradient buffers, the fp32 references."""
     for name, lib in libs.items():
         if not isinstance(lib, _lib.Library):
             raise SystemExit(f"{name}: --direction bwd needs libraries of C ABI "
@@ -161,15 +162,20 @@ def bwd_setup(libs: dict, q, k, v, causal: bool, backend: str, sms: int):
                                    False)
     grads = tuple(torch.empty_like(t) for t in (q, k, v))
     plan = _bwd.make_plan(cfg, dout, q, k, v, out, lse, None, grads=grads, num_sms=sms)
-    params = _lib.FhBwdParams.from_buffer_copy(plan.template)
-    workspace = torch.empty(max(lib.bwd_workspace_size(params) for lib in libs.values()),
+    per_lib = {}
+    for n in libs:
+        per_lib[n] = _lib.FhBwdParams.from_buffer_copy(plan.template)
+        per_lib[n].deterministic = int(n in deterministic)
+    workspace = torch.empty(max(lib.bwd_workspace_size(per_lib[n]) for n, lib in libs.items()),
                             dtype=torch.uint8, device=q.device)
-    params.q, params.k, params.v, params.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
-    params.lse, params.dout, params.dlse = lse.data_ptr(), dout.data_ptr(), 0
-    params.dq, params.dk, params.dv = (g.data_ptr() for g in grads)
-    params.workspace, params.workspace_bytes = workspace.data_ptr(), workspace.numel()
+    for params in per_lib.values():
+        params.q, params.k, params.v = q.data_ptr(), k.data_ptr(), v.data_ptr()
+        params.o, params.lse, params.dout, params.dlse = (out.data_ptr(), lse.data_ptr(),
+                                                          dout.data_ptr(), 0)
+        params.dq, params.dk, params.dv = (g.data_ptr() for g in grads)
+        params.workspace, params.workspace_bytes = workspace.data_ptr(), workspace.numel()
     stream = torch.cuda.current_stream().cuda_stream
-    runs = {n: functools.partial(lib.bwd, params, stream) for n, lib in libs.items()}
+    runs = {n: functools.partial(lib.bwd, per_lib[n], stream) for n, lib in libs.items()}
     case = Case(batch=q.shape[0], seqlen_q=q.shape[1], seqlen_k=k.shape[1], heads=q.shape[2],
                 heads_kv=k.shape[2], head_dim=q.shape[3], causal=causal)
     references = GradReferences(q, k, v, dout, case, References(q, k, v, case))
@@ -234,6 +240,7 @@ def peer_runs(peers: dict, q, k, v, case: Case, keep, out: torch.Tensor, lse: to
 
 FP8_SINGLE_LEVEL = "fp8-single-level"  # @fp8-single-level: the FP8 accumulation ablation
 STATIC_WALK = "static-walk"  # @static-walk: no tile counter (the forward's static tile order)
+DETERMINISTIC = "deterministic"  # @deterministic (backward): the call's deterministic=True
 
 
 def with_variant(params, variant):
@@ -266,7 +273,7 @@ def main() -> int:
                          "...), with the FP8 single-level accumulation ('fp8-single-level', "
                          "the ablation; the library's kernel decides what that runs) or without "
                          "the tile counter ('static-walk'), so one library's variants are timed "
-                         "side by side")
+                         "side by side; backward: 'deterministic' (the call's deterministic=True)")
     ap.add_argument("-d", "--head-dim", type=int, nargs="+", default=[128])
     ap.add_argument("-s", "--seqlen", type=int, nargs="+",
                     default=[512, 1024, 2048, 4096, 8192, 16384])
@@ -301,8 +308,13 @@ def main() -> int:
     for spec in args.lib:
         name, _, rest = spec.partition("=")
         path, _, variant = rest.partition("@")
-        if variant:
-            if variant not in choices or args.direction != "fwd":
+        if variant and args.direction == "bwd":
+            if variant != DETERMINISTIC:
+                raise SystemExit(f"--lib {spec}: expected the backward variant "
+                                 f"{DETERMINISTIC!r}, got {variant!r}")
+            variants[name] = DETERMINISTIC
+        elif variant:
+            if variant not in choices:
                 raise SystemExit(f"--lib {spec}: expected a forward variant of {sorted(choices)}, "
                                  f"got {variant!r}")
             variants[name] = choices[variant]
@@ -340,8 +352,9 @@ def main() -> int:
                     for n in runs}
         else:
             # _alive: the tensors the params point into, kept until the next config
+            det = frozenset(n for n, v in variants.items() if v == DETERMINISTIC)
             runs, grads, references, _alive = bwd_setup(libs, q, k, v, causal,
-                                                        args.backend, sms)
+                                                        args.backend, sms, det)
             checks, outs = check_libraries_bwd(runs, grads, references)
             diff = {n: max((a.float() - b0.float()).abs().max().item()
                            for a, b0 in zip(outs[n], outs[names[0]])) for n in names}

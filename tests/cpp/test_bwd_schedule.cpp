@@ -167,9 +167,14 @@ struct Sabotage {
   bool no_slot_wait = false;  // the leader does not wait for its last reduce-add to read the slot
   bool no_finish = false;     // the leader exits without waiting for its reduce-adds to complete
   bool no_fence = false;      // deterministic: no fence after the adds
-  bool no_handoff = false;    // deterministic, dq_wgs = 1: no DqTurn sync between WG 0 and WG 1
   int skip_pass = -1;         // deterministic: thread 0 does not pass the turn on this step
   int pass_by = 1;            // deterministic: thread 0 adds this to the semaphore
+  // Deterministic mode with dQ slots (the leader adds its held part during the next step):
+  bool no_complete = false;   // the leader passes the turn without waiting for its add
+  bool same_target = false;   // dq_wgs = 1: WG 1's part waits for WG 0's target, not after it
+  bool no_slot_sync = false;  // DqSlot syncs do not order the WG after its leader's waits
+  bool default_kernel = false;  // a slot family's deterministic call on its default kernel
+  bool no_handoff = false;    // default kernel, dq_wgs = 1: no DqTurn sync between WG 0 and WG 1
   bool softcap_misread = false;  // the consumers' softcapped() answers the opposite of the call
   bool no_empty_publish = false;  // the producer publishes no tile without queries
   bool single_tile_slot = false;  // the tile slot has one buffer
@@ -416,7 +421,7 @@ enum Op {
   kSmemWrite, kSmemReadBegin, kSmemReadEnd,          // sdS (and family B's sP)
   kSlotWrite, kReduce, kWaitRead, kWaitComplete,     // dQ slots and bulk reduce-adds
   kRedAdd, kFence,                                   // red.global adds of dQ and their fence
-  kWaitRank, kReleaseRank,                           // semaphores
+  kWaitRank, kReleaseRank, kWaitCount,              // semaphores
   kTileWrite, kTileRead,                             // the tile slot
 };
 
@@ -444,12 +449,13 @@ static const char* kOpName[] = {"wait_empty", "arrive_full", "wait_full", "arriv
                                 "bar_arrive", "bar_sync", "smem_write", "smem_read",
                                 "smem_read_end", "slot_write", "reduce", "wait_read",
                                 "wait_complete", "red_add", "fence", "wait_rank", "release_rank",
-                                "tile_write", "tile_read"};
+                                "wait_count", "tile_write", "tile_read"};
 
 // A built backward family, from the tuned-config table the kernels are instantiated from
-// (bwd/kernel_traits.h reads the same fields).
-template <int kHeadDimBucket>
+// (bwd/kernel_traits.h reads the same fields); kDet: its deterministic kernel (slot families).
+template <int kHeadDimBucket, bool kDet = false>
 struct Family {
+  static constexpr bool kDeterministic = kDet;
   static constexpr int kHeadDim = kHeadDimBucket;
   static constexpr BwdConfig kConfig = bwd_config(kHeadDim);
   static constexpr int kBlockM = kConfig.block_m;
@@ -610,7 +616,6 @@ struct MockConsumer {
   std::vector<int> stored, zeroed;
   int releases_q = 0;
   int dq_steps = 0;     // steps whose dQ this WG added (the sabotages' step index)
-  int turn_syncs = 0;   // DqTurn syncs since the last wait for the turn
 
   MockConsumer(Problem const& pr, int n, int w, int d, Sabotage s)
       : p(pr), num_n(n), wg(w), dq_wgs(d), sab(s) {}
@@ -821,6 +826,7 @@ struct MockConsumer {
     if (!sab.no_pds) {
       bar(kBarSync, partial_dq() ? kPdSLocal + wg : kPdS);
     }
+    leader_only = false;
   }
   void sync_pds_free() {
     CHECK(kB, "WG %d: family A syncs before overwriting sP", wg);
@@ -874,22 +880,30 @@ struct MockConsumer {
   DqBlock dq_block(BwdTileWork const& w, QueryStep s) {
     CHECK(!flying('Q') && ds_reg == at(w, s), "WG %d adds a dQ that is not done", wg);
     ++dq_steps;
-    turn_syncs = 0;
     return {dq_key(p, BM, w, s), at(w, s), w.tile.n_block};
   }
   bool deterministic() const { return p.deterministic; }
+  // The WG runs as one agent; what only its leader waited for (the slot's last read) holds for
+  // the WG's other threads after a WG-wide barrier (PdS, DqSlot c).
+  bool leader_only = false;
   void wait_dq_slot_read() {
     if (!sab.no_slot_wait) {
       dq_event(kWaitRead);
     }
+    leader_only = true;
   }
   int dq_slot() const { return wg; }
   void stage_dq(TileState&, int slot) {
-    CHECK(!p.deterministic && slot == wg, "WG %d stages dQ in slot %d (deterministic %d)", wg,
-          slot, int(p.deterministic));
+    CHECK(slot == wg, "WG %d stages dQ in slot %d", wg, slot);
+    CHECK(!leader_only, "WG %d writes its dQ slot after only its leader waited for the slot's "
+          "last reduce-add (no WG barrier between)", wg);
     dq_event(kSlotWrite, -1, 0, ds_reg);
   }
-  void sync_dq_slot(int) {}
+  void sync_dq_slot(int) {
+    if (!sab.no_slot_sync) {
+      leader_only = false;
+    }
+  }
   bool skips_add() const { return wg == 0 && dq_steps - 1 == sab.skip_add; }
   void reduce_dq_slot(DqBlock const& b, int) {
     if (!skips_add()) {
@@ -917,26 +931,72 @@ struct MockConsumer {
             sab.rank_offset, w.tile.n_block};
   }
   void wait_dq_turn(DqTurnOf const& t) {
+    turn_syncs = 0;
     if (wg == 0) {  // thread 0 of the consumers
       dq_event(kWaitRank, t.key, t.rank);
     }
   }
+  int turn_syncs = 0;  // DqTurn syncs since the last wait for the turn
   void sync_dq_turn() {
     if (!(sab.no_handoff && turn_syncs == 1)) {  // the hand-off is the second of three
       bar(kBarSync, kDqTurn);
     }
     ++turn_syncs;
   }
+  bool is_wg(int c) const { return c == wg; }
   void pass_dq_turn(DqTurnOf const& t) {
     if (wg == 0 && dq_steps - 1 != sab.skip_pass) {
       Event e{kReleaseRank};
       e.key = t.key;
       e.val = t.n;
       e.stage = sab.pass_by;
+      e.parts = (1u << kConsumerWgs) - 1;  // both WGs' adds
       ev.push_back(e);
     }
   }
-  bool is_wg(int c) const { return c == wg; }
+  // The part held in the WG's slot (bwd/mma.h hold_dq): -1 none, else its semaphore target.
+  struct Held {
+    DqBlock block;
+    DqTurnOf turn;
+    int target = -1;
+    bool issued = false;
+    int step = 0;  // dq_steps when it was held (the sabotages' step index)
+  } held_dq;
+  void hold_dq(DqBlock const& b, DqTurnOf const& t) {
+    CHECK(p.deterministic && Cfg::kDeterministic, "WG %d holds a dQ part (deterministic %d)", wg,
+          int(p.deterministic));
+    CHECK(held_dq.target < 0, "WG %d holds a dQ part over one not yet added", wg);
+    const bool ordered = dq_wgs == 1 && !sab.same_target;
+    held_dq = {b, t, kConsumerWgs * t.rank + (ordered ? wg : 0), false, dq_steps};
+  }
+  void issue_held_dq() {
+    if (held_dq.target < 0 || held_dq.issued) {
+      return;
+    }
+    dq_event(kWaitCount, held_dq.turn.key, held_dq.target);
+    if (!(wg == 0 && held_dq.step - 1 == sab.skip_add)) {
+      dq_event(kReduce, held_dq.block.key, held_dq.block.n, held_dq.block.step);
+    }
+    held_dq.issued = true;
+  }
+  void pass_held_dq() {
+    if (held_dq.target < 0 || !held_dq.issued) {
+      return;
+    }
+    if (!sab.no_complete) {
+      dq_event(kWaitComplete);
+    }
+    leader_only = true;
+    if (held_dq.step - 1 != sab.skip_pass || wg != 0) {
+      Event e{kReleaseRank};
+      e.key = held_dq.turn.key;
+      e.val = held_dq.turn.n;
+      e.stage = sab.pass_by;
+      e.parts = 1u << wg;  // vouches for this WG's part only
+      ev.push_back(e);
+    }
+    held_dq.target = -1;
+  }
 
   // Tiles
   void clear_dkv(TileState&) {
@@ -1063,12 +1123,12 @@ struct DqAccumulator {
     adds[i].push_back({n, wg});
     sum[i] += contribution_value(key, n, wg);
   }
-  // The adds of key block n into dQ block `key` performed so far (both parts).
-  int performed(int key, int n) const {
+  // The adds of key block n into dQ block `key` by WG wg performed so far (both parts).
+  int performed(int key, int n, int wg) const {
     int count = 0;
     for (int part = 0; part < 2; ++part) {
       for (DqAdd const& a : adds[size_t(key) * 2 + part]) {
-        count += a.n == n;
+        count += a.n == n && a.wg == wg;
       }
     }
     return count;
@@ -1339,12 +1399,18 @@ static bool simulate_grid(std::vector<Agent>& agents, int ctas, int q_stages, in
           case kWaitRank:
             ran = sem[e.key] == e.val;
             break;
+          case kWaitCount:
+            ran = sem[e.key] >= e.val;
+            break;
           case kReleaseRank:
-            // The next contributor may add as soon as it sees the increment: every add of this
-            // one (both WGs' parts) must have been performed.
-            if (got.performed(e.key, e.val) != kConsumerWgs) {
-              fail("the dQ turn passes before the holder's adds were performed", a, e);
-              return false;
+            // The next contributor may add as soon as it sees the increment: every add this
+            // release vouches for (both WGs' parts, or the releasing WG's) must have been
+            // performed.
+            for (int w = 0; w < kConsumerWgs; ++w) {
+              if ((e.parts >> w & 1) && got.performed(e.key, e.val, w) != 1) {
+                fail("the dQ turn passes before the holder's adds were performed", a, e);
+                return false;
+              }
             }
             sem[e.key] += e.stage;
             break;
@@ -1378,7 +1444,8 @@ static bool simulate_grid(std::vector<Agent>& agents, int ctas, int q_stages, in
         int stuck = -1;
         for (size_t a = 0; a < agents.size(); ++a) {
           if (agents[a].pc < agents[a].prog.size() &&
-              (stuck < 0 || agents[a].prog[agents[a].pc].op == kWaitRank)) {
+              (stuck < 0 || agents[a].prog[agents[a].pc].op == kWaitRank ||
+               agents[a].prog[agents[a].pc].op == kWaitCount)) {
             stuck = int(a);
           }
         }
@@ -1442,6 +1509,13 @@ static void check_contributions(Problem const& p, int bm, int bn, DqAccumulator 
 template <class Cfg>
 static bool run_roles(Problem const& p, std::mt19937& rng, Sabotage sab,
                       DqAccumulator* sums = nullptr) {
+  // The launcher's choice (bwd/launch.h): deterministic calls of the slot families run their
+  // deterministic kernel, unless the control asks for the default kernel's run-time path.
+  if constexpr (Cfg::kDqSlots && !Cfg::kDeterministic) {
+    if (p.deterministic && !sab.default_kernel) {
+      return run_roles<Family<Cfg::kHeadDim, true>>(p, rng, sab, sums);
+    }
+  }
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, QS = Cfg::kStages;
   const BwdTileScheduler tiles = make_tiles(p, BM, BN);
   const int num_n = tiles.num_n_blocks;
@@ -1634,17 +1708,46 @@ static void dq_controls(std::mt19937& rng) {
   by_two.pass_by = 2;
   CHECK(caught([&] { return run_roles<D192>(p, rng, by_two); }),
         "a semaphore incremented by 2 went unnoticed");
-  // The turn passes only after the adds were performed: without the fence it may pass first.
+  // The turn passes only after the adds were performed: without the fence (red.global adds)
+  // or the wait for the bulk reduce-add's completion (slots) it may pass first.
   Sabotage no_fence;
   no_fence.no_fence = true;
-  CHECK(caught_within(20, [&] { return run_roles<D128>(p, rng, no_fence); }),
+  CHECK(caught_within(20, [&] { return run_roles<D256>(p, rng, no_fence); }),
         "passing the turn without fencing the adds went unnoticed");
-  // dq_wgs = 1: WG 1 adds its partial to the same positions after WG 0's (the hand-off sync);
-  // without it the two partials come in either order, so the sums' bits change between runs.
-  Sabotage no_handoff;
+  Sabotage no_complete;
+  no_complete.no_complete = true;
+  for (int family = 0; family < 2; ++family) {
+    CHECK(caught_within(20, [&] {
+            return family == 0 ? run_roles<D128>(p, rng, no_complete)
+                               : run_roles<D64>(p, rng, no_complete);
+          }),
+          "passing the turn before the held part's add completed went unnoticed (d%d)",
+          family == 0 ? 128 : 64);
+  }
+  // The leader alone waits for the held part's add: the WG rewrites the slot only after the
+  // DqSlot sync that follows.
+  Sabotage no_slot_sync;
+  no_slot_sync.no_slot_sync = true;
+  CHECK(caught([&] { return run_roles<D128>(p, rng, no_slot_sync); }),
+        "a WG rewriting its slot ordered after its leader's wait by no barrier went unnoticed");
+  // The default kernels' run-time path (d256's deterministic mode; in the slot families code
+  // their calls never run), dq_wgs = 1: WG 1 adds its partial to the same positions after WG
+  // 0's (the hand-off sync); without it the partials come in either order.
+  Sabotage on_default;
+  on_default.default_kernel = true;
+  CHECK(!caught([&] { return same_bits<D96>(p, rng, on_default); }),
+        "deterministic d96 on its default kernel control fails");
+  Sabotage no_handoff = on_default;
   no_handoff.no_handoff = true;
-  CHECK(caught_within(20, [&] { return run_roles<D96>(p, rng, no_handoff); }),
+  CHECK(caught_within(20, [&] { return same_bits<D96>(p, rng, no_handoff); }),
         "WG 1 adding without the hand-off from WG 0 went unnoticed by the order check");
+  // dq_wgs = 1: WG 1 adds its partial to the same positions after WG 0's (its target is one
+  // more); with WG 0's target the two partials come in either order, so the sums' bits change
+  // between runs.
+  Sabotage same_target;
+  same_target.same_target = true;
+  CHECK(caught_within(20, [&] { return same_bits<D96>(p, rng, same_target); }),
+        "WG 1 adding without waiting for WG 0's part went unnoticed by the order check");
   // Every contribution exactly once: a skipped add, in both modes and every dQ path.
   Sabotage skip;
   skip.skip_add = 2;

@@ -54,6 +54,11 @@ CUTE_DEVICE void bulk_reduce_add_f32(float* gmem, float const* smem, uint32_t by
       : "memory");
   asm volatile("cp.async.bulk.commit_group;" ::: "memory");
 }
+// Orders this thread's global-memory accesses of the generic proxy with those of the async proxy
+// (bulk copies and reduce-adds).
+CUTE_DEVICE void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
 // Every bulk group this thread committed has finished reading shared memory.
 CUTE_DEVICE void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
 // Every bulk group this thread committed has completed (its global writes performed).

@@ -40,12 +40,13 @@
 //           then dV, dK and dQ read both halves.
 //   PdSFree 256, family B only: before writing P, both WGs completed the previous step's GEMMs
 //           (wait_gemms<0>), the last readers of the single P and dS buffers.
-//   DqTurn  256, deterministic mode only: both WGs wait for the block's semaphore (thread 0
-//           spins), add and fence (dq_wgs = 1, d64 / d96: WG 0, sync, WG 1), sync again, thread
-//           0 increments.
-//   DqSlot c 128, WG c (dQ slots, default mode; id Wg c): its threads stored the step's dQ
-//           part into its dQ slot (+ proxy fence); then its leader issues one bulk reduce-add of
-//           the slot.
+//   DqTurn  256, the default kernels' deterministic flag (d256's deterministic mode): both WGs
+//           wait for the block's semaphore (thread 0 spins), add and fence (dq_wgs = 1: WG 0,
+//           sync, WG 1), sync again, thread 0 increments.
+//   DqSlot c 128, WG c (dQ slots; id Wg c): its threads stored the step's dQ part into its dQ
+//           slot (+ proxy fence); then its leader issues one bulk reduce-add of the slot (in
+//           deterministic mode during the next step, once the block's semaphore reached the
+//           part's turn).
 //   TileSlot 288, the producer warp and both consumer WGs: the tile slot's buffer i % 2
 //           (smem.tile) holds the producer's tile i, or the end of its walk; the consumers reach
 //           it when done with tile i - 1, and read the buffer after it. Buffer i % 2 is written
@@ -55,8 +56,10 @@
 // dQ goes from registers to the fp32 accumulator, added by the consumer WGs themselves (the
 // protocol, walked by the kernel and the host test: schedule.h add_dq): through the WG's
 // shared-memory slot and a bulk reduce-add by its leader (tile_config.h dq_slots; the leader
-// waits for its last one to complete before the CTA exits), or by red.global.add.v4.f32 (d256,
-// and deterministic mode everywhere, under the DqTurn handshake; epilogue.h).
+// waits for its last one to complete before the CTA exits; the deterministic kernel: the leader
+// adds the part held in the slot during the next step, in its turn on the block's semaphore), or
+// by red.global.add.v4.f32 (d256; the default kernels' deterministic flag: under the DqTurn
+// handshake; epilogue.h).
 // Tiles: the producer walks the CTA's tiles (static, or claimed from the workspace's tile counter:
 // schedule.h) and publishes each one in the tile slot before its K / V load; the consumers take
 // it from there. Tiles without queries load nothing and touch no pipeline: their consumers store

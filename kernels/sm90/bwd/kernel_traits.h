@@ -73,10 +73,18 @@ static_assert(static_cast<uint32_t>(BwdBarrier::kTileSlot) + 1 <=
 // The tile slot's barriers: the producer warp and both consumer WGs.
 inline constexpr uint32_t kTileSlotThreads = 32 + 2 * 128;
 
-template <class Element_, int kHeadDim_>
+// kDeterministic_: the deterministic mode's kernel of the families with dQ slots (d64-d192): each
+// WG's part held in its slot and added by its leader in the block's turn (schedule.h add_dq), a
+// kernel of its own, as in FA3 (compiled into the default kernel behind the run-time flag, its
+// code made the d128 step spill). The default kernels keep the call's run-time flag with the
+// red.global turn handshake: d256's deterministic mode (no slots), and, in the slot families'
+// default kernels, code their calls never run but without which ptxas spills the d64 / d128
+// default step (bench/PERFLOG.md).
+template <class Element_, int kHeadDim_, bool kDeterministic_ = false>
 struct BwdTraits {
   using Element = Element_;
   static_assert(sizeof(Element) == 2, "the FA-3 path backward handles fp16 / bf16 inputs");
+  static constexpr bool kDeterministic = kDeterministic_;
 
   static constexpr BwdConfig kConfig = bwd_config(kHeadDim_);
   static constexpr int kHeadDim = kHeadDim_;
@@ -87,6 +95,8 @@ struct BwdTraits {
   static constexpr int kConsumerWgs = 2;
   static constexpr bool kFamilyB = kConfig.family_b;  // also schedule.h's Cfg
   static constexpr bool kDqSlots = kConfig.dq_slots;
+  static_assert(!kDeterministic || kDqSlots,
+                "the deterministic kernel holds the dQ parts in the slots");
 
   using Registers = RegisterBudget<kConsumerWgs>;
   static constexpr int kThreads = Registers::kThreads;
@@ -199,6 +209,17 @@ struct BwdTraits {
   using QPipe = PipelineSpec<kStages, kConsumerWgs>;
   using KVPipe = PipelineSpec<1, kConsumerWgs>;       // K and V of the tile, one barrier
 
+  // A dQ part staged in a WG's slot and not yet added: its target in the accumulator, the
+  // block's semaphore and the count the semaphore must reach first; state kHeldNone / kHeldStaged
+  // (waits for its turn) / kHeldIssued (its bulk reduce-add in flight, the turn not yet passed).
+  struct HeldDq {
+    float* acc;
+    int* semaphore;
+    int target;
+    int state;
+  };
+  static constexpr int kHeldNone = 0, kHeldStaged = 1, kHeldIssued = 2;
+
   struct SharedStorage {
     // 1024-byte alignment: the period of the 128-byte swizzle pattern.
     array_aligned<Element, cosize_v<SmemLayoutQStages>, 1024> q;
@@ -220,6 +241,9 @@ struct BwdTraits {
     PublishedTile tile[2];
     cutlass::arch::ClusterTransactionBarrier kv_full[1];
     cutlass::arch::ClusterBarrier kv_empty[1];
+    // Deterministic mode with dQ slots, per consumer WG: the step whose dQ waits in the WG's slot
+    // for its turn (written and read by the WG's leader only; mma.h hold_dq).
+    HeldDq dq_held[kConsumerWgs];
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= kSmemOptinBytes, "tile config exceeds sm_90 shared memory");

@@ -165,6 +165,12 @@ LaunchResult run_bwd(BwdParams const& p, int max_smem_per_block, cudaStream_t st
   if (p.batch == 0) {
     return LaunchResult::ok();
   }
+  if constexpr (BwdTraits<Element, kHeadDim>::kDqSlots) {
+    if (p.deterministic) {
+      return launch_bwd<BwdTraits<Element, kHeadDim, /*kDeterministic=*/true>>(
+          p, max_smem_per_block, stream);
+    }
+  }
   return launch_bwd<BwdTraits<Element, kHeadDim>>(p, max_smem_per_block, stream);
 }
 

@@ -70,7 +70,8 @@ struct BwdConsumer {
   int ds_stage = kFamilyB ? kdSBufferB : 0;  // the dS buffer of the step (family A alternates)
   int tiles_taken = 0;  // the tile slot's buffer of the next tile: tiles_taken % 2
   // This consumer warpgroup's index, derived once where the tile holds it (tile_config.h
-  // hold_wg_index), else derived again where used.
+  // hold_wg_index, and the deterministic kernels: at d128 fewer of its values spill so), else
+  // derived again where used.
   int wg_held;
 
   CUTE_DEVICE BwdConsumer(BwdKernelParams<Traits> const& params_, SharedStorage& smem_)
@@ -80,13 +81,19 @@ struct BwdConsumer {
         q_pipe{{smem_.q_full, smem_.q_empty}},
         do_pipe{{smem_.do_full, smem_.do_empty}},
         kv_pipe{{smem_.kv_full, smem_.kv_empty}},
-        wg_held(cutlass::canonical_warp_group_idx() - 1) {}
+        wg_held(cutlass::canonical_warp_group_idx() - 1) {
+    if constexpr (Traits::kDeterministic && Traits::kDqSlots) {
+      if (wg_leader()) {
+        smem.dq_held[wg()].state = Traits::kHeldNone;
+      }
+    }
+  }
 
   static CUTE_DEVICE int thread_idx() { return opaque_thread_idx() - 128; }
   static CUTE_DEVICE bool wg_leader() { return thread_idx() % 128 == 0; }
   // Shared-memory descriptors depend on the warpgroup only (uniform registers).
   CUTE_DEVICE int wg() const {
-    if constexpr (Traits::kConfig.hold_wg_index) {
+    if constexpr (Traits::kConfig.hold_wg_index || Traits::kDeterministic) {
       __builtin_assume(wg_held >= 0 && wg_held < Traits::kConsumerWgs);
       return wg_held;
     } else {
@@ -418,7 +425,8 @@ struct BwdConsumer {
     return p.dq_accum + p.dq_accum_offset(w.tile.batch, head) +
            int64_t(s.m) * kBlockM * kHeadDim;
   }
-  CUTE_DEVICE bool deterministic() const { return p.deterministic; }
+  // The deterministic kernel (slot families), or the call's flag (bwd/kernel_traits.h).
+  CUTE_DEVICE bool deterministic() const { return Traits::kDeterministic || p.deterministic; }
   // This WG's dQ slot in shared memory.
   struct DqSlot {
     int wg;
@@ -458,6 +466,7 @@ struct BwdConsumer {
   }
   CUTE_DEVICE void fence_dq() { __threadfence(); }
   // Deterministic mode: the block's semaphore and the rank of this tile's key block on it.
+  CUTE_DEVICE bool is_wg(int c) const { return wg() == c; }
   struct DqTurn {
     int* semaphore;
     int rank;
@@ -484,7 +493,49 @@ struct BwdConsumer {
       atomicAdd(t.semaphore, 1);
     }
   }
-  CUTE_DEVICE bool is_wg(int c) const { return wg() == c; }
+  // The deterministic kernel: the step's part stays in the WG's slot, and its leader adds it
+  // during the next step (or at the tile's end): one bulk reduce-add once the block's semaphore
+  // reached the part's target, issued with the next step's dV GEMM in flight (issue_held_dq), and
+  // the turn passed once the add completed, before the WG's next part goes into the slot
+  // (pass_held_dq). The semaphore counts WG parts: kConsumerWgs per contributor. A part's target
+  // is kConsumerWgs * rank, plus the WG's index where both WGs add to the same positions (dq_wgs
+  // = 1: WG 0's part first).
+  CUTE_DEVICE void hold_dq(float* acc, DqTurn const& t) {
+    if (wg_leader()) {
+      const int c = wg();
+      typename Traits::HeldDq& h = smem.dq_held[c];
+      h.acc = acc + (kDqWgs == 2 ? c * Traits::kDqWgFloats : 0);
+      h.semaphore = t.semaphore;
+      h.target = Traits::kConsumerWgs * t.rank + (kDqWgs == 2 ? 0 : c);
+      h.state = Traits::kHeldStaged;
+    }
+  }
+  CUTE_DEVICE void issue_held_dq() {
+    if (wg_leader()) {
+      const int c = wg();
+      typename Traits::HeldDq& h = smem.dq_held[c];
+      if (h.state == Traits::kHeldStaged) {
+        while (load_acquire_gpu(h.semaphore) < h.target) {
+        }
+        fence_proxy_async_global();  // the earlier parts' adds before this one's
+        bulk_reduce_add_f32(h.acc, smem.dq_slot.data() + c * Traits::kDqWgFloats,
+                            Traits::kDqWgFloats * sizeof(float));
+        h.state = Traits::kHeldIssued;
+      }
+    }
+  }
+  CUTE_DEVICE void pass_held_dq() {
+    if (wg_leader()) {
+      typename Traits::HeldDq& h = smem.dq_held[wg()];
+      if (h.state == Traits::kHeldIssued) {
+        bulk_wait_all();  // the add performed (and the slot read)
+        fence_proxy_async_global();
+        __threadfence();
+        atomicAdd(h.semaphore, 1);
+        h.state = Traits::kHeldNone;
+      }
+    }
+  }
 
   // --- tiles -----------------------------------------------------------------------------------
   CUTE_DEVICE void clear_dkv(TileState& f) {

@@ -68,15 +68,29 @@
 //     waits until its reduce-adds completed (finish_dq: shared memory must outlive their reads).
 //   default mode, no slots (d256): every thread adds its fragment with red.global.add.v4.f32.
 //   deterministic mode: dQ block m of (batch, q head) receives its contributors, the key blocks
-//     of key_blocks(m), in descending n. Thread 0 of WG 0 spins until the block's semaphore
-//     equals dq_rank; sync DqTurn (both WGs); the WGs add with red.global and fence (kDqWgs = 2:
-//     both at once, disjoint columns; kDqWgs = 1: the same positions, so WG 0, sync DqTurn, then
-//     WG 1: the order of the two partials is fixed too); sync DqTurn (every add fenced); thread
-//     0 increments the semaphore. The tile order puts each kv head's key blocks in descending n,
-//     so every wait is on a smaller tile index, and with every CTA resident the smallest
-//     unfinished tile can always run: no deadlock, whatever the hardware's block launch order.
-//     Every element of dQ is then summed in one order, (n descending, WG ascending): bitwise
-//     reproducible.
+//     of key_blocks(m), in descending n (rank dq_rank), each WG's part once.
+//     The deterministic kernel (Cfg::kDeterministic, the families with dQ slots): the WG stores
+//     its part into its slot (after the DqSlot c sync below) and syncs DqSlot c as in default
+//     mode, and its leader holds the part (hold_dq: target, semaphore). During the WG's next
+//     step, once dV is issued, the leader spins until the block's semaphore reaches the part's
+//     target, then issues the slot's bulk reduce-add (issue_held_dq); before that step's part
+//     goes into the slot it waits until the add completed and increments the semaphore
+//     (pass_held_dq), and the WG syncs DqSlot c (the slot free for all its threads). A tile's
+//     last part is added and passed at the tile's end. The semaphore counts WG parts
+//     (kConsumerWgs per contributor); a part's target is kConsumerWgs * rank (kDqWgs = 2: the
+//     WGs' disjoint columns in any order), + c for WG c where both WGs add to the same positions
+//     (kDqWgs = 1: WG 0's part, then WG 1's). The spin so overlaps the next step's GEMMs and the
+//     other warps' work instead of holding both WGs.
+//     The default kernels, on the call's run-time flag (d256's deterministic mode; the slot
+//     families' deterministic calls run their deterministic kernel): thread 0 of WG 0 spins
+//     until the semaphore equals dq_rank; sync DqTurn (both WGs); the WGs add with red.global
+//     and fence (kDqWgs = 2: both at once, disjoint columns; kDqWgs = 1: WG 0, sync DqTurn, then
+//     WG 1); sync DqTurn (every add fenced); thread 0 increments the semaphore.
+//     The tile order puts each kv head's key blocks in descending n, so every wait is on a
+//     smaller tile index (or, kDqWgs = 1, on the same tile's WG 0, whose own part never waits
+//     for WG 1), and with every CTA resident the smallest unfinished tile can always run: no
+//     deadlock, whatever the hardware's block launch order. Every element of dQ is then summed in
+//     one order, (n descending, WG ascending): bitwise reproducible.
 #pragma once
 
 #include "flash_hopper/host_device.h"
@@ -425,13 +439,18 @@ FH_ROLE void produce_bwd(Schedule const& sched, Ops& ops) {
 //               completed);
 //               add_dq(f, b) (red.global.add.v4.f32 of the thread's fragment), fence_dq();
 //               deterministic mode: deterministic(), dq_turn(w, s) (the block's semaphore and
-//               this key block's dq_rank), wait_dq_turn(t) (thread 0: spin until the semaphore
-//               equals the rank), sync_dq_turn() (DqTurn), pass_dq_turn(t) (thread 0: + 1),
-//               is_wg(c) (this is consumer WG c)
+//               this key block's dq_rank); the deterministic kernel: hold_dq(b, t) (the
+//               leader: the staged part waits for its turn), issue_held_dq() (the leader: spin
+//               until the semaphore reaches the held part's target, one bulk reduce-add),
+//               pass_held_dq() (the leader: the add completed, semaphore + 1); the default
+//               kernels: wait_dq_turn(t) (thread 0: spin until the semaphore equals the rank),
+//               sync_dq_turn() (DqTurn), pass_dq_turn(t) (thread 0: + 1), is_wg(c) (this is
+//               consumer WG c)
 //   tiles       clear_dkv(f), store_dkv(f, w), store_zero(w) (tile without queries)
 // f is the register state of the tile (Ops::TileState). Cfg supplies kFamilyB (family B's step,
-// bwd_step_b, for d192 / d256), kDqWgs and kDqSlots (tile_config.h). Both WGs run the same
-// code and meet at the same barrier instructions.
+// bwd_step_b, for d192 / d256), kDqWgs and kDqSlots (tile_config.h) and kDeterministic (the
+// deterministic kernel, bwd/kernel_traits.h). Both WGs run the same code and meet at the same
+// barrier instructions.
 // ---------------------------------------------------------------------------------------------
 namespace detail {
 
@@ -454,13 +473,23 @@ FH_ROLE void exponentials(Ops& ops, State& f, BwdTileWork const& w, QueryStep s)
 }
 
 // dS is in shared memory: the PdS sync. The same sync frees the WG's dQ slot for this step's dQ:
-// its leader reaches it only after the previous step's bulk reduce-add read the slot.
+// its leader reaches it only after the previous step's bulk reduce-add read the slot (default
+// mode; deterministic mode frees it in add_dq).
 template <class Cfg, class Ops>
 FH_ROLE void ds_written(Ops& ops) {
-  if constexpr (Cfg::kDqSlots) {
+  if constexpr (Cfg::kDqSlots && !Cfg::kDeterministic) {
     ops.wait_dq_slot_read();
   }
   ops.sync_pds();
+}
+
+// Deterministic mode with dQ slots: the previous step's part, held in the WG's slot, is added
+// once its turn came, with this step's dV GEMM in flight (S's registers free by then).
+template <class Cfg, class Ops>
+FH_ROLE void add_held_dq(Ops& ops) {
+  if constexpr (Cfg::kDeterministic) {
+    ops.issue_held_dq();
+  }
 }
 
 // One step's dQ part of this WG into the fp32 accumulator (the protocol in the header comment).
@@ -479,24 +508,33 @@ FH_ROLE void add_dq(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
     return;
   }
   const auto turn = ops.dq_turn(w, s);
-  ops.wait_dq_turn(turn);
-  ops.sync_dq_turn();
-  if constexpr (Cfg::kDqWgs == 2) {  // disjoint columns: both WGs at once
-    ops.add_dq(f, block);
-    ops.fence_dq();
-  } else {  // the same positions: WG 0's partial, then WG 1's, always in this order
-    for (int wg = 0; wg < 2; ++wg) {
-      if (ops.is_wg(wg)) {
-        ops.add_dq(f, block);
-        ops.fence_dq();
-      }
-      if (wg == 0) {
-        ops.sync_dq_turn();
+  if constexpr (Cfg::kDeterministic) {  // added by the leader during the next step (add_held_dq)
+    const auto slot = ops.dq_slot();
+    ops.pass_held_dq();            // the previous part added (the turn passed on) ...
+    ops.sync_dq_slot(slot);        // ... before any thread of the WG rewrites the slot
+    ops.stage_dq(f, slot);
+    ops.sync_dq_slot(slot);
+    ops.hold_dq(block, turn);
+  } else {  // red.global adds from registers under the DqTurn handshake
+    ops.wait_dq_turn(turn);
+    ops.sync_dq_turn();
+    if constexpr (Cfg::kDqWgs == 2) {  // disjoint columns: both WGs at once
+      ops.add_dq(f, block);
+      ops.fence_dq();
+    } else {  // the same positions: WG 0's partial, then WG 1's, always in this order
+      for (int wg = 0; wg < 2; ++wg) {
+        if (ops.is_wg(wg)) {
+          ops.add_dq(f, block);
+          ops.fence_dq();
+        }
+        if (wg == 0) {
+          ops.sync_dq_turn();
+        }
       }
     }
+    ops.sync_dq_turn();  // every add of the CTA performed
+    ops.pass_dq_turn(turn);
   }
-  ops.sync_dq_turn();  // every add of the CTA performed
-  ops.pass_dq_turn(turn);
 }
 
 // Both families close a step alike, once dV is in flight and dS is in shared memory: dQ and dK
@@ -518,6 +556,7 @@ FH_ROLE void bwd_step(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
   start_step(ops, f, w, s);
   exponentials<kMasked, kCapped>(ops, f, w, s);
   ops.issue_dv(f);               // the dS arithmetic below runs under this GEMM
+  add_held_dq<Cfg>(ops);
   ops.template wait_gemms<1>();  // dP done, dV in flight
   ops.template compute_ds<kCapped>(f, w, s);
   ds_written<Cfg>(ops);          // both WGs' dS are in shared memory
@@ -535,6 +574,7 @@ FH_ROLE void bwd_step_b(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
   ops.template compute_ds<kCapped>(f, w, s);
   ds_written<Cfg>(ops);          // both WGs' halves of P and dS are in shared memory
   ops.issue_dv(f);
+  add_held_dq<Cfg>(ops);
   finish_step<Cfg>(ops, f, w, s);
 }
 
@@ -591,6 +631,10 @@ FH_ROLE void consume_bwd_wg(Schedule const& sched, Ops& ops) {
     }
     ops.release_kv(w);  // after the last step's wait_gemms<0>: no GEMM reads K or V any more
     ops.store_dkv(f, w);
+    if constexpr (Cfg::kDeterministic) {  // the tile's last dQ part, before the next tile's turns
+      ops.issue_held_dq();
+      ops.pass_held_dq();
+    }
   }
   if constexpr (Cfg::kDqSlots) {
     ops.finish_dq();  // the CTA's shared memory must outlive the last reduce-add's reads
