@@ -122,11 +122,15 @@ static std::string describe(Problem const& p, int bm, int bn) {
 // The kernel's scheduler (launch.h): its L2 sections sized by a bf16 d128 row (the section size is
 // a balance question, not a correctness one) and tiles claimed at run time where the kernel
 // claims them (a masked default-mode call with query rows).
-static BwdTileScheduler make_tiles(Problem const& p, int bm, int bn) {
+// det_kernel: the deterministic kernel's launch, which passes the query blocks of a full mask
+// (the shift order).
+static BwdTileScheduler make_tiles(Problem const& p, int bm, int bn, bool det_kernel = false) {
   const int64_t q_bytes = int64_t(p.seqlen_q) * p.q_per_kv * 128 * 8;
+  const bool full = bwd_full_mask(p.mask);
   return BwdTileScheduler::make(p.seqlen_k, bn, p.kv_heads, p.q_per_kv, p.batch, p.deterministic,
                                 p.grid_sms, bwd_longest_first(p.mask), q_bytes,
-                                (p.seqlen_q + bm - 1) / bm * p.q_per_kv);
+                                (p.seqlen_q + bm - 1) / bm * p.q_per_kv,
+                                det_kernel && full ? (p.seqlen_q + bm - 1) / bm : 0);
 }
 
 // A dynamic walk's claims as a run might hand them out: claim value v (tile grid + v) goes to a
@@ -181,9 +185,9 @@ struct Sabotage {
   bool skip_claim = false;        // the producer drops its first claimed tile
 };
 
-template <int BM, int BN>
+template <int BM, int BN, bool kShiftOrder = false>
 struct TestSchedule {
-  BwdCtaSchedule<BM, BN> base;
+  BwdCtaSchedule<BM, BN, kShiftOrder> base;
   Sabotage sab;
 
   bool work(int t, BwdTileWork& w) const {
@@ -287,7 +291,67 @@ static void check_tile_order(int seqlen_k, int bn, int kv_heads, int batch, bool
   }
 }
 
+// The deterministic kernel's shift order (full masks): per dQ block the ranks of its
+// contributors are 0 .. num_n - 1 once each, and with the CTAs in lockstep (round r's tiles
+// together, step i of every tile at the same time) each contributor reaches the block after the
+// one ranked before it: no tile waits for a turn, and every wait is on a tile of the same or an
+// earlier round (no deadlock with every CTA resident).
+static void check_shift_order(int num_n, int kv_heads, int batch, int sms, int query_blocks,
+                              int bn) {
+  const BwdTileScheduler s = BwdTileScheduler::make(num_n * bn, bn, kv_heads, 1, batch, true, sms,
+                                                    0, 0, 0, query_blocks);
+  const int together = std::min(num_n, s.grid);
+  const bool shift = query_blocks > 0 && query_blocks >= together;
+  CHECK(s.shift_blocks == (shift ? query_blocks : 0), "shift_blocks %d (M %d num_n %d G %d)",
+        s.shift_blocks, query_blocks, num_n, s.grid);
+  if (!shift) {
+    return;
+  }
+  const AttentionMask full{query_blocks * 64, num_n * bn, -1, -1};
+  for (int t = 0; t < s.total_tiles; ++t) {
+    const BwdTileCoord c = s.shift_coord(t);
+    CHECK((c.batch * kv_heads + c.kv_head) * num_n + c.n_block == t, "shift coord of t %d", t);
+  }
+  for (int hb = 0; hb < s.num_hb; ++hb) {
+    for (int m = 0; m < query_blocks; ++m) {
+      std::vector<std::pair<int, int>> order(num_n);  // (rank, n)
+      for (int n = 0; n < num_n; ++n) {
+        const BwdTileCoord c{n, hb % kv_heads, hb / kv_heads};
+        order[n] = {dq_rank<true>(s, full, m, c, 64, bn), n};
+      }
+      std::sort(order.begin(), order.end());
+      for (int r = 0; r < num_n; ++r) {
+        CHECK(order[r].first == r, "hb %d m %d: rank %d at %d (num_n %d G %d M %d)", hb, m,
+              order[r].first, r, num_n, s.grid, query_blocks);
+      }
+      auto reaches = [&](int n) {  // (round, step) of tile (hb, n) at block m
+        const int t = hb * num_n + n;
+        const int pos = s.shift_segment({n, hb % kv_heads, hb / kv_heads}).pos;
+        return std::make_pair(t / s.grid, ((m - pos) % query_blocks + query_blocks) %
+                                              query_blocks);
+      };
+      for (int r = 1; r < num_n; ++r) {
+        CHECK(reaches(order[r - 1].second) < reaches(order[r].second),
+              "hb %d m %d: rank %d (n %d) reaches the block no later than rank %d (n %d)", hb, m,
+              r - 1, order[r - 1].second, r, order[r].second);
+      }
+    }
+  }
+}
+
 static void tile_orders(std::mt19937& rng) {
+  context = "shift order";
+  const int shift_grids[] = {1, 3, 7, 132};
+  for (int i = 0; i < 200; ++i) {
+    const int num_n = 1 + int(rng() % 40), hkv = 1 + int(rng() % 4), b = 1 + int(rng() % 3);
+    for (int g : shift_grids) {
+      const int together = std::min(num_n, std::min(g, num_n * hkv * b));
+      const int m = std::max(1, together + int(rng() % 9) - 3);  // around the rule's bound
+      check_shift_order(num_n, hkv, b, g, m, rng() % 2 ? 64 : 128);
+    }
+  }
+  check_shift_order(128, 16, 1, 132, 128, 128);  // s16k d128
+  check_shift_order(16, 32, 8, 132, 16, 128);    // s2k d64
   context = "tile order";
   const int grids[] = {1, 3, 7, 132};
   for (int i = 0; i < 400; ++i) {
@@ -617,6 +681,7 @@ struct MockConsumer {
   int releases_q = 0;
   int dq_steps = 0;     // steps whose dQ this WG added (the sabotages' step index)
 
+  BwdTileScheduler const* tiles = nullptr;  // the walk's scheduler (the deterministic rank)
   MockConsumer(Problem const& pr, int n, int w, int d, Sabotage s)
       : p(pr), num_n(n), wg(w), dq_wgs(d), sab(s) {}
   int id(BwdTileWork const& w) const { return tile_id(p, w.tile, num_n); }
@@ -927,7 +992,7 @@ struct MockConsumer {
   }
   DqTurnOf dq_turn(BwdTileWork const& w, QueryStep s) {
     CHECK(p.deterministic, "WG %d takes a dQ turn in default mode", wg);
-    return {dq_key(p, BM, w, s), dq_rank(p.mask, s.m, w.tile.n_block, BM, Cfg::kBlockN) +
+    return {dq_key(p, BM, w, s), dq_rank<Cfg::kDeterministic>(*tiles, p.mask, s.m, w.tile, BM, Cfg::kBlockN) +
             sab.rank_offset, w.tile.n_block};
   }
   void wait_dq_turn(DqTurnOf const& t) {
@@ -954,48 +1019,56 @@ struct MockConsumer {
       ev.push_back(e);
     }
   }
-  // The part held in the WG's slot (bwd/mma.h hold_dq): -1 none, else its semaphore target.
+  // The part held in the WG's slot (bwd/mma.h hold_dq): -1 none, else its semaphore target;
+  // and the part whose add was issued and whose turn is not yet passed.
   struct Held {
     DqBlock block;
     DqTurnOf turn;
     int target = -1;
-    bool issued = false;
     int step = 0;  // dq_steps when it was held (the sabotages' step index)
-  } held_dq;
+  } held_dq, issued_dq;
   void hold_dq(DqBlock const& b, DqTurnOf const& t) {
     CHECK(p.deterministic && Cfg::kDeterministic, "WG %d holds a dQ part (deterministic %d)", wg,
           int(p.deterministic));
     CHECK(held_dq.target < 0, "WG %d holds a dQ part over one not yet added", wg);
     const bool ordered = dq_wgs == 1 && !sab.same_target;
-    held_dq = {b, t, kConsumerWgs * t.rank + (ordered ? wg : 0), false, dq_steps};
+    held_dq = {b, t, kConsumerWgs * t.rank + (ordered ? wg : 0), dq_steps};
   }
   void issue_held_dq() {
-    if (held_dq.target < 0 || held_dq.issued) {
+    pass_held_dq();
+    if (held_dq.target < 0) {
       return;
     }
     dq_event(kWaitCount, held_dq.turn.key, held_dq.target);
     if (!(wg == 0 && held_dq.step - 1 == sab.skip_add)) {
       dq_event(kReduce, held_dq.block.key, held_dq.block.n, held_dq.block.step);
     }
-    held_dq.issued = true;
+    issued_dq = held_dq;
+    held_dq.target = -1;
+  }
+  void wait_held_read() {
+    CHECK(held_dq.target < 0, "WG %d restages its slot over a part not yet issued", wg);
+    if (!sab.no_slot_wait) {
+      dq_event(kWaitRead);
+    }
+    leader_only = true;
   }
   void pass_held_dq() {
-    if (held_dq.target < 0 || !held_dq.issued) {
+    if (issued_dq.target < 0) {
       return;
     }
     if (!sab.no_complete) {
       dq_event(kWaitComplete);
     }
-    leader_only = true;
-    if (held_dq.step - 1 != sab.skip_pass || wg != 0) {
+    if (issued_dq.step - 1 != sab.skip_pass || wg != 0) {
       Event e{kReleaseRank};
-      e.key = held_dq.turn.key;
-      e.val = held_dq.turn.n;
+      e.key = issued_dq.turn.key;
+      e.val = issued_dq.turn.n;
       e.stage = sab.pass_by;
       e.parts = 1u << wg;  // vouches for this WG's part only
       ev.push_back(e);
     }
-    held_dq.target = -1;
+    issued_dq.target = -1;
   }
 
   // Tiles
@@ -1476,17 +1549,35 @@ static bool simulate_grid(std::vector<Agent>& agents, int ctas, int q_stages, in
 }
 
 // Every dQ block received exactly its contributors' parts, each key block of key_blocks(m) once
-// per WG; deterministic mode: each element's adds in the order (n descending, WG ascending).
-static void check_contributions(Problem const& p, int bm, int bn, DqAccumulator const& got,
-                                bool ordered) {
+// per WG; deterministic mode: each element's adds in the order (dq_rank ascending, WG
+// ascending).
+static void check_contributions(Problem const& p, int bm, int bn, BwdTileScheduler const& tiles,
+                                DqAccumulator const& got, bool ordered) {
   const int num_m = (p.seqlen_q + bm - 1) / bm;
   const int parts = got.dq_wgs == 2 ? 2 : 1;
   for (int key = 0; key < int(got.adds.size() / 2); ++key) {
     const int m = key % num_m;
+    const int bh = key / num_m;  // batch * q_heads + q head
+    BwdTileCoord c;
+    c.batch = bh / p.q_heads();
+    c.kv_head = bh % p.q_heads() / p.q_per_kv;
     const KeyBlockRange r = p.mask.key_blocks(m, bm, bn);
+    std::vector<int> contributors;  // n, in the deterministic order
+    for (int n = r.n_max - 1; n >= r.n_min; --n) {
+      contributors.push_back(n);
+    }
+    auto rank = [&](int n) {
+      c.n_block = n;
+      return dq_rank<true>(tiles, p.mask, m, c, bm, bn);
+    };
+    if (ordered) {
+      std::stable_sort(contributors.begin(), contributors.end(),
+                       [&](int a, int b) { return rank(a) < rank(b); });
+    }
     for (int part = 0; part < 2; ++part) {
       std::vector<DqAdd> expected;
-      for (int n = r.n_max - 1; n >= r.n_min && part < parts; --n) {
+      for (size_t i = 0; i < contributors.size() && part < parts; ++i) {
+        const int n = contributors[i];
         for (int wg = 0; wg < kConsumerWgs; ++wg) {
           if (parts == 1 || wg == part) {
             expected.push_back({n, wg});
@@ -1498,8 +1589,7 @@ static void check_contributions(Problem const& p, int bm, int bn, DqAccumulator 
         std::sort(g.begin(), g.end());
       }
       CHECK(g == expected, "dQ block %d (m %d) part %d got %zu adds, expected %zu%s", key, m,
-            part, g.size(), expected.size(), ordered ? " in (n descending, WG ascending) order"
-                                                     : "");
+            part, g.size(), expected.size(), ordered ? " in (rank, WG) order" : "");
     }
   }
 }
@@ -1517,14 +1607,14 @@ static bool run_roles(Problem const& p, std::mt19937& rng, Sabotage sab,
     }
   }
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, QS = Cfg::kStages;
-  const BwdTileScheduler tiles = make_tiles(p, BM, BN);
+  const BwdTileScheduler tiles = make_tiles(p, BM, BN, Cfg::kDeterministic);
   const int num_n = tiles.num_n_blocks;
   std::vector<Agent> agents;
   std::vector<int> written(tiles.total_tiles, 0);
   const int before = failures;
   std::vector<std::deque<int>> claims = random_claims(tiles, rng);
   for (int cta = 0; cta < tiles.grid; ++cta) {
-    const TestSchedule<BM, BN> cs{{tiles, p.mask, cta}, sab};
+    const TestSchedule<BM, BN, Cfg::kDeterministic> cs{{tiles, p.mask, cta}, sab};
     MockProducer<QS> producer(num_n, p, sab);
     producer.tiles = &tiles;
     producer.claims = &claims[size_t(cta)];
@@ -1537,6 +1627,7 @@ static bool run_roles(Problem const& p, std::mt19937& rng, Sabotage sab,
     agents.push_back({cta, /*local=*/0, std::move(producer.ev)});
     for (int wg = 0; wg < kConsumerWgs; ++wg) {
       MockConsumer<Cfg> consumer(p, num_n, wg, Cfg::kDqWgs, sab);
+      consumer.tiles = &tiles;
       consumer.published_tiles = &published;
       consume_bwd_wg<Cfg>(cs, consumer);
       CHECK(consumer.next_published == published.size(), "WG %d read %zu of %zu published tiles",
@@ -1566,7 +1657,7 @@ static bool run_roles(Problem const& p, std::mt19937& rng, Sabotage sab,
   if (!simulate_grid(agents, tiles.grid, QS, ds_stages, Cfg::kDqWgs, keys, got, rng)) {
     return false;
   }
-  check_contributions(p, BM, BN, got, /*ordered=*/p.deterministic);
+  check_contributions(p, BM, BN, tiles, got, /*ordered=*/p.deterministic);
   if (sums != nullptr) {
     *sums = std::move(got);
   }
@@ -1724,8 +1815,19 @@ static void dq_controls(std::mt19937& rng) {
           "passing the turn before the held part's add completed went unnoticed (d%d)",
           family == 0 ? 128 : 64);
   }
-  // The leader alone waits for the held part's add: the WG rewrites the slot only after the
-  // DqSlot sync that follows.
+  // The deterministic kernel restages a WG's slot only after the issued add read it.
+  Sabotage held_no_read;
+  held_no_read.no_slot_wait = true;
+  for (int family = 0; family < 2; ++family) {
+    CHECK(caught_within(20, [&] {
+            return family == 0 ? run_roles<D128>(p, rng, held_no_read)
+                               : run_roles<D64>(p, rng, held_no_read);
+          }),
+          "a held part's slot rewritten before its add read it went unnoticed (d%d)",
+          family == 0 ? 128 : 64);
+  }
+  // The leader alone waits for the held part's add to read the slot: the WG rewrites the slot
+  // only after the DqSlot sync that follows.
   Sabotage no_slot_sync;
   no_slot_sync.no_slot_sync = true;
   CHECK(caught([&] { return run_roles<D128>(p, rng, no_slot_sync); }),

@@ -209,16 +209,17 @@ struct BwdTraits {
   using QPipe = PipelineSpec<kStages, kConsumerWgs>;
   using KVPipe = PipelineSpec<1, kConsumerWgs>;       // K and V of the tile, one barrier
 
-  // A dQ part staged in a WG's slot and not yet added: its target in the accumulator, the
-  // block's semaphore and the count the semaphore must reach first; state kHeldNone / kHeldStaged
-  // (waits for its turn) / kHeldIssued (its bulk reduce-add in flight, the turn not yet passed).
+  // The deterministic kernel's dQ parts of a WG (written and read by its leader only): the part
+  // staged in the slot and not yet added (its target in the accumulator, the block's semaphore
+  // and the count the semaphore must reach first; staged 0 / 1), and the semaphore of the part
+  // whose bulk reduce-add was issued and whose turn is not yet passed (nullptr: none).
   struct HeldDq {
     float* acc;
     int* semaphore;
     int target;
-    int state;
+    int staged;
+    int* issued;
   };
-  static constexpr int kHeldNone = 0, kHeldStaged = 1, kHeldIssued = 2;
 
   struct SharedStorage {
     // 1024-byte alignment: the period of the 128-byte swizzle pattern.

@@ -139,6 +139,9 @@ LaunchResult launch_bwd(BwdParams const& p, int max_smem_per_block, cudaStream_t
                                       p.tile_counter != nullptr
                                           ? (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM *
                                                 p.heads_per_kv
+                                          : 0,
+                                      Traits::kDeterministic && bwd_full_mask(attention_mask(p))
+                                          ? (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM
                                           : 0);
     if (kp.tiles.total_tiles > 0) {
       const cudaError_t err = opt_in_dynamic_smem<bwd_kernel<Traits>>(kSmem);

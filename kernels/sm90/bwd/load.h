@@ -31,7 +31,8 @@ struct BwdKernelParams {
 };
 
 template <class Traits>
-CUTE_DEVICE BwdCtaSchedule<Traits::kBlockM, Traits::kBlockN> bwd_cta_schedule(
+CUTE_DEVICE BwdCtaSchedule<Traits::kBlockM, Traits::kBlockN, Traits::kDeterministic>
+bwd_cta_schedule(
     BwdKernelParams<Traits> const& params) {
   return {params.tiles, attention_mask(params.bwd), int(blockIdx.x)};
 }

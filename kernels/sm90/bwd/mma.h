@@ -84,7 +84,8 @@ struct BwdConsumer {
         wg_held(cutlass::canonical_warp_group_idx() - 1) {
     if constexpr (Traits::kDeterministic && Traits::kDqSlots) {
       if (wg_leader()) {
-        smem.dq_held[wg()].state = Traits::kHeldNone;
+        smem.dq_held[wg()].staged = 0;
+        smem.dq_held[wg()].issued = nullptr;
       }
     }
   }
@@ -475,7 +476,8 @@ struct BwdConsumer {
     const int head = w.dq_head(s);
     return {p.semaphores + p.semaphore_offset(w.tile.batch, head) +
                 s.m * (kBlockM / kBwdSemaphoreRows),
-            dq_rank(attention_mask(p), s.m, w.tile.n_block, kBlockM, kBlockN)};
+            dq_rank<Traits::kDeterministic>(params.tiles, attention_mask(p), s.m, w.tile,
+                                             kBlockM, kBlockN)};
   }
   CUTE_DEVICE void wait_dq_turn(DqTurn const& t) {
     if (thread_idx() == 0) {
@@ -494,12 +496,14 @@ struct BwdConsumer {
     }
   }
   // The deterministic kernel: the step's part stays in the WG's slot, and its leader adds it
-  // during the next step (or at the tile's end): one bulk reduce-add once the block's semaphore
-  // reached the part's target, issued with the next step's dV GEMM in flight (issue_held_dq), and
-  // the turn passed once the add completed, before the WG's next part goes into the slot
-  // (pass_held_dq). The semaphore counts WG parts: kConsumerWgs per contributor. A part's target
-  // is kConsumerWgs * rank, plus the WG's index where both WGs add to the same positions (dq_wgs
-  // = 1: WG 0's part first).
+  // during the next step, with that step's dV GEMM in flight (issue_held_dq): one bulk
+  // reduce-add once the block's semaphore reached the part's target. Before the next part goes
+  // into the slot the leader waits until the add read the slot (wait_held_read); the turn is
+  // passed at the start of the step after, once its S and dP GEMMs are issued, or at the tile's
+  // end (pass_held_dq): no step waits for an add just issued to complete, and the next
+  // contributor gets the turn half a step before it wants it. The semaphore counts WG parts:
+  // kConsumerWgs per contributor. A part's target is kConsumerWgs * rank, plus the WG's index
+  // where both WGs add to the same positions (dq_wgs = 1: WG 0's part first).
   CUTE_DEVICE void hold_dq(float* acc, DqTurn const& t) {
     if (wg_leader()) {
       const int c = wg();
@@ -507,33 +511,43 @@ struct BwdConsumer {
       h.acc = acc + (kDqWgs == 2 ? c * Traits::kDqWgFloats : 0);
       h.semaphore = t.semaphore;
       h.target = Traits::kConsumerWgs * t.rank + (kDqWgs == 2 ? 0 : c);
-      h.state = Traits::kHeldStaged;
+      h.staged = 1;
+    }
+  }
+  // The issued part's add completed: its turn passes on.
+  CUTE_DEVICE static void pass_issued(typename Traits::HeldDq& h) {
+    if (h.issued != nullptr) {
+      bulk_wait_all();
+      fence_proxy_async_global();
+      __threadfence();
+      atomicAdd(h.issued, 1);
+      h.issued = nullptr;
     }
   }
   CUTE_DEVICE void issue_held_dq() {
     if (wg_leader()) {
       const int c = wg();
       typename Traits::HeldDq& h = smem.dq_held[c];
-      if (h.state == Traits::kHeldStaged) {
+      pass_issued(h);
+      if (h.staged) {
         while (load_acquire_gpu(h.semaphore) < h.target) {
         }
         fence_proxy_async_global();  // the earlier parts' adds before this one's
         bulk_reduce_add_f32(h.acc, smem.dq_slot.data() + c * Traits::kDqWgFloats,
                             Traits::kDqWgFloats * sizeof(float));
-        h.state = Traits::kHeldIssued;
+        h.issued = h.semaphore;
+        h.staged = 0;
       }
+    }
+  }
+  CUTE_DEVICE void wait_held_read() {
+    if (wg_leader()) {
+      bulk_wait_read();
     }
   }
   CUTE_DEVICE void pass_held_dq() {
     if (wg_leader()) {
-      typename Traits::HeldDq& h = smem.dq_held[wg()];
-      if (h.state == Traits::kHeldIssued) {
-        bulk_wait_all();  // the add performed (and the slot read)
-        fence_proxy_async_global();
-        __threadfence();
-        atomicAdd(h.semaphore, 1);
-        h.state = Traits::kHeldNone;
-      }
+      pass_issued(smem.dq_held[wg()]);
     }
   }
 

@@ -72,11 +72,14 @@
 //     The deterministic kernel (Cfg::kDeterministic, the families with dQ slots): the WG stores
 //     its part into its slot (after the DqSlot c sync below) and syncs DqSlot c as in default
 //     mode, and its leader holds the part (hold_dq: target, semaphore). During the WG's next
-//     step, once dV is issued, the leader spins until the block's semaphore reaches the part's
-//     target, then issues the slot's bulk reduce-add (issue_held_dq); before that step's part
-//     goes into the slot it waits until the add completed and increments the semaphore
-//     (pass_held_dq), and the WG syncs DqSlot c (the slot free for all its threads). A tile's
-//     last part is added and passed at the tile's end. The semaphore counts WG parts
+//     step, once dV is issued, the leader spins until the block's semaphore reaches the held
+//     part's target and issues the slot's bulk reduce-add (issue_held_dq); it passes the turn
+//     at the start of the step after, once that step's S and dP GEMMs are issued (the add
+//     completed, then the semaphore + 1: pass_held_dq);
+//     before that step's part goes into the slot it waits until the add read the slot
+//     (wait_held_read), and the WG syncs DqSlot c (the slot free for all its threads): no step
+//     waits for an add to complete. A tile's last part is added and passed at the tile's end
+//     (issue_held_dq, pass_held_dq). The semaphore counts WG parts
 //     (kConsumerWgs per contributor); a part's target is kConsumerWgs * rank (kDqWgs = 2: the
 //     WGs' disjoint columns in any order), + c for WG c where both WGs add to the same positions
 //     (kDqWgs = 1: WG 0's part, then WG 1's). The spin so overlaps the next step's GEMMs and the
@@ -157,14 +160,18 @@ struct BwdTileScheduler {
   bool deterministic;
   int longest_first;  // dynamic: +1 / -1 sectioned n-major, n ascending / descending; else 0
   int section;        // dynamic: (batch, kv head)s per section
+  int shift_blocks;   // deterministic shift order: the query blocks every tile walks; else 0
 
   // q_bytes_per_kv_head: the Q, dO and dQ-accumulator bytes of one (batch, kv head)'s query rows
   // (all its query heads), the dynamic order's section size (<= 0: one section).
   // longest_tile_steps: the steps of the costliest tile (query blocks x G_q) where the call has a
   // zeroed tile counter, else 0 (no claims: the preprocess did not run, seqlen_q = 0).
+  // full_mask_query_blocks: the deterministic kernel's calls whose every tile walks all the
+  // query blocks (no causal, window or chunk mask): their number, else 0.
   static BwdTileScheduler make(int seqlen_k, int block_n, int kv_heads, int q_per_kv, int batch,
                                bool deterministic, int num_sms, int longest_first = 0,
-                               int64_t q_bytes_per_kv_head = 0, int longest_tile_steps = 0) {
+                               int64_t q_bytes_per_kv_head = 0, int longest_tile_steps = 0,
+                               int full_mask_query_blocks = 0) {
     BwdTileScheduler s;
     s.num_n_blocks = (seqlen_k + block_n - 1) / block_n;
     s.kv_heads = kv_heads;
@@ -182,11 +189,46 @@ struct BwdTileScheduler {
     int k = s.num_hb > 0 ? (s.grid + s.num_hb - 1) / s.num_hb : 1;
     k = k < s.num_n_blocks ? k : s.num_n_blocks;
     s.chunk = k < 1 ? 1 : k;
+    // A round's tiles of one (batch, kv head) are at most min(num_n, G); each starts its walk at
+    // its own position, so they need as many query blocks to start apart.
+    const int together = s.num_n_blocks < s.grid ? s.num_n_blocks : s.grid;
+    s.shift_blocks = deterministic && full_mask_query_blocks > 0 &&
+                             full_mask_query_blocks >= together
+                         ? full_mask_query_blocks
+                         : 0;
     return s;
+  }
+
+  // The shift order's segment of tile (hb, n): the (batch, kv head)'s tiles in the round of
+  // tile index t = hb * num_n + n (CTA c runs round r's tile r * G + c, snake-permuted), as
+  // [first, first + count) of the head's tiles, and the tile's position in it.
+  struct ShiftSegment {
+    int first;
+    int count;
+    int pos;
+  };
+  FH_HOST_DEVICE ShiftSegment shift_segment(BwdTileCoord c) const {
+    const int hb = c.batch * kv_heads + c.kv_head;
+    const int head0 = hb * num_n_blocks;
+    const int t = head0 + c.n_block;
+    const int round0 = t / grid * grid;
+    const int start = head0 > round0 ? head0 : round0;
+    const int end = head0 + num_n_blocks < round0 + grid ? head0 + num_n_blocks : round0 + grid;
+    return {start - head0, end - start, t - start};
   }
 
   // The tile index of round r for CTA c (the forward's snake).
   FH_HOST_DEVICE int index(int round, int cta) const { return snake_index(round, cta, grid); }
+
+  // Tile t of the shift order: (batch, kv head) major, n ascending.
+  FH_HOST_DEVICE BwdTileCoord shift_coord(int t) const {
+    const int hb = t / num_n_blocks;
+    BwdTileCoord c;
+    c.n_block = t - hb * num_n_blocks;
+    c.batch = hb / kv_heads;
+    c.kv_head = hb - c.batch * kv_heads;
+    return c;
+  }
 
   FH_HOST_DEVICE BwdTileCoord coord(int t) const {
     int hb;
@@ -238,6 +280,12 @@ FH_HOST_DEVICE int bwd_longest_first(AttentionMask const& mask) {
     return +1;
   }
   return mask.window_left >= 0 ? -1 : 0;
+}
+
+// Every row sees every column (no causal, window or chunk mask): every tile walks all the query
+// blocks (the deterministic kernel's shift order).
+FH_HOST_DEVICE bool bwd_full_mask(AttentionMask const& mask) {
+  return mask.window_left < 0 && mask.window_right < 0 && mask.chunk == 0;
 }
 
 // Query blocks [m_left, m_right) of a tile's range whose every element is visible: they carry no
@@ -330,15 +378,34 @@ struct PublishedTile {
   int end;  // 1: no tile; the walk is over
 };
 
-// The position of key block n among the contributors of dQ block m in deterministic mode:
-// contributors are the key blocks of key_blocks(m) (query_blocks is its exact transpose), added
-// in descending n.
-FH_HOST_DEVICE int dq_rank(AttentionMask const& mask, int m, int n, int block_m, int block_n) {
-  return mask.key_blocks(m, block_m, block_n).n_max - 1 - n;
+// The position of key block n among the contributors of dQ block m in deterministic mode.
+// Descending n: contributors are the key blocks of key_blocks(m) (query_blocks is its exact
+// transpose), added in descending n. The shift order (tiles.shift_blocks): a (batch, kv head)'s
+// tiles of earlier rounds first (their positions in their own rounds); in the tile's round, the
+// order in which the round's tiles reach block m when each starts its walk at its position in
+// the segment (rotate): segment position pos reaches block m at step (m - pos) mod blocks, so
+// for m >= count - 1 the order is pos descending, and below it m, m - 1, .., 0, count - 1, ..,
+// m + 1. Running together, no tile waits for another: each block's predecessor added one step
+// earlier.
+// kShiftOrder: compiled with the shift order (the deterministic kernel; the default kernels'
+// run-time deterministic path never gets it).
+template <bool kShiftOrder>
+FH_HOST_DEVICE int dq_rank(BwdTileScheduler const& tiles, AttentionMask const& mask, int m,
+                           BwdTileCoord c, int block_m, int block_n) {
+  if constexpr (kShiftOrder) {
+    if (tiles.shift_blocks > 0) {
+      const BwdTileScheduler::ShiftSegment g = tiles.shift_segment(c);
+      const int row = m < g.count - 1 ? m : g.count - 1;
+      const int behind = row - g.pos;
+      return g.first + (behind < 0 ? behind + g.count : behind);
+    }
+  }
+  return mask.key_blocks(m, block_m, block_n).n_max - 1 - c.n_block;
 }
 
-// One CTA's walk over the tile order, with the mask applied per tile.
-template <int kBlockM, int kBlockN>
+// One CTA's walk over the tile order, with the mask applied per tile. kShiftOrder: compiled with
+// the shift order (the deterministic kernel).
+template <int kBlockM, int kBlockN, bool kShiftOrder = false>
 struct BwdCtaSchedule {
   BwdTileScheduler const& tiles;
   AttentionMask mask;
@@ -351,6 +418,11 @@ struct BwdCtaSchedule {
     w.split = unmasked_query_blocks(mask, w.range, c.n_block, kBlockM, kBlockN);
     w.group = tiles.q_per_kv;
     w.rotate = tiles.deterministic || w.range.empty() ? 0 : c.n_block % w.blocks();
+    if constexpr (kShiftOrder) {
+      if (tiles.shift_blocks > 0) {
+        w.rotate = tiles.shift_segment(c).pos;  // < count <= shift_blocks = blocks()
+      }
+    }
     return w;
   }
 
@@ -359,7 +431,11 @@ struct BwdCtaSchedule {
     if (t >= tiles.total_tiles) {
       return false;
     }
-    w = make_work(tiles.coord(t));
+    if constexpr (kShiftOrder) {
+      w = make_work(tiles.shift_blocks > 0 ? tiles.shift_coord(t) : tiles.coord(t));
+    } else {
+      w = make_work(tiles.coord(t));
+    }
     return true;
   }
 
@@ -440,9 +516,11 @@ FH_ROLE void produce_bwd(Schedule const& sched, Ops& ops) {
 //               add_dq(f, b) (red.global.add.v4.f32 of the thread's fragment), fence_dq();
 //               deterministic mode: deterministic(), dq_turn(w, s) (the block's semaphore and
 //               this key block's dq_rank); the deterministic kernel: hold_dq(b, t) (the
-//               leader: the staged part waits for its turn), issue_held_dq() (the leader: spin
-//               until the semaphore reaches the held part's target, one bulk reduce-add),
-//               pass_held_dq() (the leader: the add completed, semaphore + 1); the default
+//               leader: the staged part waits for its turn), issue_held_dq() (the leader:
+//               pass_held_dq(), then spin until the semaphore reaches the held part's target,
+//               one bulk reduce-add), wait_held_read() (the leader: the issued add read the
+//               slot), pass_held_dq() (the leader: the issued add completed, semaphore + 1); the
+//               default
 //               kernels: wait_dq_turn(t) (thread 0: spin until the semaphore equals the rank),
 //               sync_dq_turn() (DqTurn), pass_dq_turn(t) (thread 0: + 1), is_wg(c) (this is
 //               consumer WG c)
@@ -485,6 +563,15 @@ FH_ROLE void ds_written(Ops& ops) {
 
 // Deterministic mode with dQ slots: the previous step's part, held in the WG's slot, is added
 // once its turn came, with this step's dV GEMM in flight (S's registers free by then).
+// Deterministic mode with dQ slots: the part added the step before passes its turn, with this
+// step's S and dP GEMMs in flight (its add had the half step since to complete).
+template <class Cfg, class Ops>
+FH_ROLE void pass_held_dq(Ops& ops) {
+  if constexpr (Cfg::kDeterministic) {
+    ops.pass_held_dq();
+  }
+}
+
 template <class Cfg, class Ops>
 FH_ROLE void add_held_dq(Ops& ops) {
   if constexpr (Cfg::kDeterministic) {
@@ -510,8 +597,8 @@ FH_ROLE void add_dq(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
   const auto turn = ops.dq_turn(w, s);
   if constexpr (Cfg::kDeterministic) {  // added by the leader during the next step (add_held_dq)
     const auto slot = ops.dq_slot();
-    ops.pass_held_dq();            // the previous part added (the turn passed on) ...
-    ops.sync_dq_slot(slot);        // ... before any thread of the WG rewrites the slot
+    ops.wait_held_read();          // the previous part's add read the slot ...
+    ops.sync_dq_slot(slot);        // ... before any thread of the WG rewrites it
     ops.stage_dq(f, slot);
     ops.sync_dq_slot(slot);
     ops.hold_dq(block, turn);
@@ -554,6 +641,7 @@ FH_ROLE void finish_step(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) 
 template <class Cfg, bool kMasked, bool kCapped, class Ops, class State>
 FH_ROLE void bwd_step(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
   start_step(ops, f, w, s);
+  pass_held_dq<Cfg>(ops);
   exponentials<kMasked, kCapped>(ops, f, w, s);
   ops.issue_dv(f);               // the dS arithmetic below runs under this GEMM
   add_held_dq<Cfg>(ops);
@@ -567,6 +655,7 @@ FH_ROLE void bwd_step(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
 template <class Cfg, bool kMasked, bool kCapped, class Ops, class State>
 FH_ROLE void bwd_step_b(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
   start_step(ops, f, w, s);
+  pass_held_dq<Cfg>(ops);
   exponentials<kMasked, kCapped>(ops, f, w, s);
   ops.sync_pds_free();           // both WGs' GEMMs of the previous step (sP / sdS readers) done
   ops.store_p(f, w, s);
