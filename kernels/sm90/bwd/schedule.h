@@ -582,6 +582,16 @@ FH_ROLE void add_held_dq(Ops& ops) {
 // One step's dQ part of this WG into the fp32 accumulator (the protocol in the header comment).
 template <class Cfg, class Ops, class State>
 FH_ROLE void add_dq(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
+  if constexpr (Cfg::kDeterministic) {  // added by the leader during the next step (add_held_dq)
+    const auto slot = ops.dq_slot();
+    ops.wait_held_read();          // the previous part's add read the slot ...
+    ops.sync_dq_slot(slot);        // ... before any thread of the WG rewrites it
+    ops.stage_dq(f, slot);
+    ops.sync_dq_slot(slot);
+    // The part's target and turn, derived after the staging (not held across it).
+    ops.hold_dq(ops.dq_block(w, s), ops.dq_turn(w, s));
+    return;
+  }
   const auto block = ops.dq_block(w, s);
   if (!ops.deterministic()) {
     if constexpr (Cfg::kDqSlots) {
@@ -595,14 +605,7 @@ FH_ROLE void add_dq(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
     return;
   }
   const auto turn = ops.dq_turn(w, s);
-  if constexpr (Cfg::kDeterministic) {  // added by the leader during the next step (add_held_dq)
-    const auto slot = ops.dq_slot();
-    ops.wait_held_read();          // the previous part's add read the slot ...
-    ops.sync_dq_slot(slot);        // ... before any thread of the WG rewrites it
-    ops.stage_dq(f, slot);
-    ops.sync_dq_slot(slot);
-    ops.hold_dq(block, turn);
-  } else {  // red.global adds from registers under the DqTurn handshake
+  {  // red.global adds from registers under the DqTurn handshake
     ops.wait_dq_turn(turn);
     ops.sync_dq_turn();
     if constexpr (Cfg::kDqWgs == 2) {  // disjoint columns: both WGs at once
