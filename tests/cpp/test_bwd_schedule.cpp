@@ -173,10 +173,9 @@ struct Sabotage {
   bool no_fence = false;      // deterministic: no fence after the adds
   int skip_pass = -1;         // deterministic: thread 0 does not pass the turn on this step
   int pass_by = 1;            // deterministic: thread 0 adds this to the semaphore
-  // Deterministic mode with dQ slots (the leader adds its held part during the next step):
-  bool no_complete = false;   // the leader passes the turn without waiting for its add
-  bool same_target = false;   // dq_wgs = 1: WG 1's part waits for WG 0's target, not after it
-  bool no_slot_sync = false;  // DqSlot syncs do not order the WG after its leader's waits
+  // The deterministic kernel's dQ writer warp:
+  bool no_complete = false;   // the writer passes the turn without waiting for its adds
+  bool no_read_wait = false;  // the writer frees the slots without waiting for its adds' reads
   bool default_kernel = false;  // a slot family's deterministic call on its default kernel
   bool no_handoff = false;    // default kernel, dq_wgs = 1: no DqTurn sync between WG 0 and WG 1
   bool softcap_misread = false;  // the consumers' softcapped() answers the opposite of the call
@@ -487,6 +486,7 @@ enum Op {
   kRedAdd, kFence,                                   // red.global adds of dQ and their fence
   kWaitRank, kReleaseRank, kWaitCount,              // semaphores
   kTileWrite, kTileRead,                             // the tile slot
+  kFreeWait, kFreeArrive, kCombine,                  // the dQ writer's barrier, its slot sum
 };
 
 struct Payload {
@@ -513,7 +513,8 @@ static const char* kOpName[] = {"wait_empty", "arrive_full", "wait_full", "arriv
                                 "bar_arrive", "bar_sync", "smem_write", "smem_read",
                                 "smem_read_end", "slot_write", "reduce", "wait_read",
                                 "wait_complete", "red_add", "fence", "wait_rank", "release_rank",
-                                "wait_count", "tile_write", "tile_read"};
+                                "wait_count", "tile_write", "tile_read", "free_wait",
+                                "free_arrive", "combine"};
 
 // A built backward family, from the tuned-config table the kernels are instantiated from
 // (bwd/kernel_traits.h reads the same fields); kDet: its deterministic kernel (slot families).
@@ -540,9 +541,11 @@ static const char* kBufName[] = {"sdS", "sP"};
 enum Pipe { kKV = 0, kQ = 1, kDO = 2, kNumPipes = 3 };
 static const char* kPipeName[] = {"KV", "Q", "dO"};
 // The named barriers of bwd/mma.h BwdBarrier that join agents: PdS, PdSFree and DqTurn (both
-// WGs), PdSLocal(c) = 3 + c (WG c's own PdS sync, dq_wgs = 1). DqSlot c orders threads of one WG,
-// which the simulation runs as one agent.
-enum Bar { kPdS = 0, kPdSFree = 1, kDqTurn = 2, kTileSlot = 3, kPdSLocal = 4, kNumBars = 6 };
+// WGs), PdSLocal(c) = 4 + c (WG c's own PdS sync, dq_wgs = 1), DqStaged(c) = 6 + c (WG c and the
+// dQ writer warp). DqSlot c orders threads of one WG, which the simulation runs as one agent.
+enum Bar {
+  kPdS = 0, kPdSFree = 1, kDqTurn = 2, kTileSlot = 3, kPdSLocal = 4, kDqStaged = 6, kNumBars = 8
+};
 constexpr int kWgThreads = 128;
 constexpr int kConsumerWgs = 2;
 
@@ -965,9 +968,7 @@ struct MockConsumer {
     dq_event(kSlotWrite, -1, 0, ds_reg);
   }
   void sync_dq_slot(int) {
-    if (!sab.no_slot_sync) {
-      leader_only = false;
-    }
+    leader_only = false;
   }
   bool skips_add() const { return wg == 0 && dq_steps - 1 == sab.skip_add; }
   void reduce_dq_slot(DqBlock const& b, int) {
@@ -1019,56 +1020,33 @@ struct MockConsumer {
       ev.push_back(e);
     }
   }
-  // The part held in the WG's slot (bwd/mma.h hold_dq): -1 none, else its semaphore target;
-  // and the part whose add was issued and whose turn is not yet passed.
-  struct Held {
+  // The deterministic kernel (bwd/mma.h publish_dq): the WG's parts for the dQ writer. WG 0
+  // records what it publishes (the writer's program is built from it).
+  struct Staged {
+    int end = 0;
     DqBlock block;
     DqTurnOf turn;
-    int target = -1;
-    int step = 0;  // dq_steps when it was held (the sabotages' step index)
-  } held_dq, issued_dq;
-  void hold_dq(DqBlock const& b, DqTurnOf const& t) {
-    CHECK(p.deterministic && Cfg::kDeterministic, "WG %d holds a dQ part (deterministic %d)", wg,
-          int(p.deterministic));
-    CHECK(held_dq.target < 0, "WG %d holds a dQ part over one not yet added", wg);
-    const bool ordered = dq_wgs == 1 && !sab.same_target;
-    held_dq = {b, t, kConsumerWgs * t.rank + (ordered ? wg : 0), dq_steps};
-  }
-  void issue_held_dq() {
-    pass_held_dq();
-    if (held_dq.target < 0) {
-      return;
-    }
-    dq_event(kWaitCount, held_dq.turn.key, held_dq.target);
-    if (!(wg == 0 && held_dq.step - 1 == sab.skip_add)) {
-      dq_event(kReduce, held_dq.block.key, held_dq.block.n, held_dq.block.step);
-    }
-    issued_dq = held_dq;
-    held_dq.target = -1;
-  }
-  void wait_held_read() {
-    CHECK(held_dq.target < 0, "WG %d restages its slot over a part not yet issued", wg);
+  };
+  std::vector<Staged> staged;
+  int dq_parts = 0;
+  void wait_dq_slot_free() {
     if (!sab.no_slot_wait) {
-      dq_event(kWaitRead);
-    }
-    leader_only = true;
-  }
-  void pass_held_dq() {
-    if (issued_dq.target < 0) {
-      return;
-    }
-    if (!sab.no_complete) {
-      dq_event(kWaitComplete);
-    }
-    if (issued_dq.step - 1 != sab.skip_pass || wg != 0) {
-      Event e{kReleaseRank};
-      e.key = issued_dq.turn.key;
-      e.val = issued_dq.turn.n;
-      e.stage = sab.pass_by;
-      e.parts = 1u << wg;  // vouches for this WG's part only
+      Event e{kFreeWait};
+      e.phase = uint32_t((dq_parts & 1) ^ 1);
       ev.push_back(e);
     }
-    issued_dq.target = -1;
+  }
+  void publish_dq(DqBlock const& b, DqTurnOf const& t) {
+    CHECK(p.deterministic && Cfg::kDeterministic, "WG %d publishes a dQ part (deterministic %d)",
+          wg, int(p.deterministic));
+    staged.push_back({0, b, t});
+    ++dq_parts;
+    bar(kBarArrive, kDqStaged + wg);
+  }
+  void publish_dq_end() {
+    staged.push_back({1, {}, {}});
+    ++dq_parts;
+    bar(kBarArrive, kDqStaged + wg);
   }
 
   // Tiles
@@ -1093,6 +1071,72 @@ struct MockConsumer {
   }
 };
 
+// The deterministic kernel's dQ writer warp (bwd/mma.h BwdDqWriter): its program from WG 0's
+// published records, through the same role function as the kernel (schedule.h write_dq_bwd).
+// Its bulk groups are the CTA's list kConsumerWgs (Event::a), each naming the slot it reads
+// (Event::stage) and the WG parts it adds (Event::parts).
+template <class Cfg>
+struct MockWriter {
+  using Staged = typename MockConsumer<Cfg>::Staged;
+  static constexpr int kList = kConsumerWgs;
+  std::vector<Staged> const* staged = nullptr;
+  size_t next = 0;
+  Sabotage sab;
+  std::vector<Event> ev;
+  Payload current;
+
+  void push(Op op, int key = -1, int val = 0) {
+    Event e{op};
+    e.a = kList;
+    e.key = key;
+    e.val = val;
+    e.payload = current;
+    ev.push_back(e);
+  }
+  Staged wait_staged() {
+    for (int c = 0; c < kConsumerWgs; ++c) {
+      Event e{kBarSync};
+      e.a = kDqStaged + c;
+      e.stage = 32;
+      ev.push_back(e);
+    }
+    CHECK(next < staged->size(), "the dQ writer reads past WG 0's %zu records", staged->size());
+    const Staged r = next < staged->size() ? (*staged)[next] : Staged{1, {}, {}};
+    ++next;
+    current = r.block.step;
+    return r;
+  }
+  bool walk_ended(Staged const& r) const { return r.end != 0; }
+  void combine_slots() { push(kCombine); }
+  void wait_turn(Staged const& r) { push(kWaitCount, r.turn.key, r.turn.rank); }
+  void reduce_slots(Staged const& r) {
+    if (int(next) - 1 == sab.skip_add) {
+      return;
+    }
+    for (int c = 0; c < Cfg::kDqWgs; ++c) {
+      push(kReduce, r.block.key, r.block.n);
+      ev.back().stage = c;
+      ev.back().parts = Cfg::kDqWgs == 2 ? 1u << c : (1u << kConsumerWgs) - 1;
+    }
+  }
+  void free_slots() {
+    if (!sab.no_read_wait) {
+      push(kWaitRead);
+    }
+    push(kFreeArrive);
+  }
+  void pass_turn(Staged const& r) {
+    if (!sab.no_complete) {
+      push(kWaitComplete);
+    }
+    if (int(next) - 1 != sab.skip_pass) {
+      push(kReleaseRank, r.turn.key, r.turn.n);
+      ev.back().stage = sab.pass_by;
+      ev.back().parts = (1u << kConsumerWgs) - 1;  // both WGs' parts
+    }
+  }
+};
+
 // ------------------------------------------------------------------------------------------------
 // The whole grid simulated
 // ------------------------------------------------------------------------------------------------
@@ -1101,7 +1145,7 @@ struct MockConsumer {
 // and a wait that passes joins the completed phase's clock. Event e of agent i (its entry then t)
 // happens before an event with clock c iff c[i] >= t. Cross-CTA edges (semaphores) are left out:
 // no shared-memory ordering may rest on them.
-constexpr int kAgentsPerCta = 1 + kConsumerWgs;
+constexpr int kAgentsPerCta = 2 + kConsumerWgs;  // producer, consumer WGs, dQ writer
 using Clock = std::array<int, kAgentsPerCta>;
 static void join(Clock& a, Clock const& b) {
   for (int i = 0; i < kAgentsPerCta; ++i) {
@@ -1153,11 +1197,14 @@ struct SmemBuffer {
   std::vector<ReadEnd> ends;
 };
 
-// A bulk reduce-add of WG c's slot (the leader's bulk group), or a red.global add in flight.
+// A bulk reduce-add of a slot (a WG leader's bulk group, or the dQ writer's), or a red.global
+// add in flight. parts: the WG parts it adds (both: the writer's sum of the two slots).
 struct BulkGroup {
   Payload payload;
   int key, n;
   bool read;
+  int slot;
+  unsigned parts;
 };
 struct RedAdd {
   int key, n;
@@ -1196,6 +1243,14 @@ struct DqAccumulator {
     adds[i].push_back({n, wg});
     sum[i] += contribution_value(key, n, wg);
   }
+  // dq_wgs = 1, the dQ writer: both WGs' partials of key block n summed first (WG 0's + WG
+  // 1's), then added.
+  void add_sum(int key, int n) {
+    const size_t i = size_t(key) * 2;
+    adds[i].push_back({n, 0});
+    adds[i].push_back({n, 1});
+    sum[i] += contribution_value(key, n, 0) + contribution_value(key, n, 1);
+  }
   // The adds of key block n into dQ block `key` by WG wg performed so far (both parts).
   int performed(int key, int n, int wg) const {
     int count = 0;
@@ -1214,7 +1269,9 @@ struct CtaState {
   NamedBarrier bars[kNumBars];
   std::vector<SmemBuffer> smem[kNumBufs];  // [stage]
   Payload slot[kConsumerWgs];               // what WG c's dQ slot holds
-  std::deque<BulkGroup> bulk[kConsumerWgs];  // WG c's leader's bulk groups, oldest first
+  std::deque<BulkGroup> bulk[kConsumerWgs + 1];  // WG c's leader's, then the writer's, oldest first
+  Mbarrier dq_free;                              // the dQ writer's slots-read barrier
+  bool slot_summed = false;  // slot 0 holds both WGs' parts summed (the writer's combine)
   Payload tile_slot[2];                      // what the tile slot's buffers hold
   std::vector<RedAdd> red[kConsumerWgs];     // WG c's red.global adds not yet performed
 };
@@ -1242,8 +1299,11 @@ static bool simulate_grid(std::vector<Agent>& agents, int ctas, int q_stages, in
     for (int i = kPdS; i < kPdSLocal; ++i) {
       c.bars[i].count = kConsumerWgs * kWgThreads + (i == kTileSlot ? 32 : 0);
     }
-    for (int i = kPdSLocal; i < kNumBars; ++i) {
+    for (int i = kPdSLocal; i < kDqStaged; ++i) {
       c.bars[i].count = kWgThreads;
+    }
+    for (int i = kDqStaged; i < kNumBars; ++i) {
+      c.bars[i].count = kWgThreads + 32;
     }
     c.smem[kBufDs].assign(ds_stages, SmemBuffer{});
     c.smem[kBufP].assign(1, SmemBuffer{});
@@ -1286,10 +1346,11 @@ static bool simulate_grid(std::vector<Agent>& agents, int ctas, int q_stages, in
   // completes (performs the adds of) its oldest group, or one red.global add of a WG is
   // performed (in any order: they go to different addresses).
   auto memory_step = [&](CtaState& c) {
-    const int first = int(rng() % kConsumerWgs);
-    for (int k = 0; k < kConsumerWgs; ++k) {
-      const int w = (first + k) % kConsumerWgs;
-      if (!c.red[w].empty() && (c.bulk[w].empty() || rng() % 2)) {
+    const int lists = kConsumerWgs + 1;  // the WGs' leaders, the dQ writer
+    const int first = int(rng() % lists);
+    for (int k = 0; k < lists; ++k) {
+      const int w = (first + k) % lists;
+      if (w < kConsumerWgs && !c.red[w].empty() && (c.bulk[w].empty() || rng() % 2)) {
         const size_t i = rng() % c.red[w].size();
         got.add(c.red[w][i].key, c.red[w][i].n, w);
         c.red[w].erase(c.red[w].begin() + long(i));
@@ -1297,10 +1358,16 @@ static bool simulate_grid(std::vector<Agent>& agents, int ctas, int q_stages, in
       }
       for (BulkGroup& g : c.bulk[w]) {
         if (!g.read) {
-          if (c.slot[w] != g.payload) {
-            CHECK(false, "WG %d's reduce-add reads its slot holding (tile %d g %d m %d), expected "
-                  "(tile %d g %d m %d)", w, c.slot[w].tile, c.slot[w].g, c.slot[w].m,
-                  g.payload.tile, g.payload.g, g.payload.m);
+          if (c.slot[g.slot] != g.payload) {
+            CHECK(false, "a reduce-add (list %d) reads slot %d holding (tile %d g %d m %d), "
+                  "expected (tile %d g %d m %d)", w, g.slot, c.slot[g.slot].tile,
+                  c.slot[g.slot].g, c.slot[g.slot].m, g.payload.tile, g.payload.g,
+                  g.payload.m);
+            ok = false;
+          }
+          if (g.parts == (1u << kConsumerWgs) - 1 && dq_wgs == 1 && !c.slot_summed) {
+            CHECK(false, "the dQ writer's add of both parts reads slot %d without WG 1's part "
+                  "summed in", g.slot);
             ok = false;
           }
           g.read = true;
@@ -1308,8 +1375,20 @@ static bool simulate_grid(std::vector<Agent>& agents, int ctas, int q_stages, in
         }
       }
       if (!c.bulk[w].empty()) {
-        got.add(c.bulk[w].front().key, c.bulk[w].front().n, w);
-        c.bulk[w].pop_front();
+        // A thread's groups complete in any order (the writer's; a leader's have one in flight
+        // in the deterministic sense, its slot's).
+        const size_t i = w == kConsumerWgs ? rng() % c.bulk[w].size() : 0;
+        BulkGroup const g = c.bulk[w][i];
+        if (g.parts == (1u << kConsumerWgs) - 1 && dq_wgs == 1) {
+          got.add_sum(g.key, g.n);
+        } else {
+          for (int p = 0; p < kConsumerWgs; ++p) {
+            if (g.parts >> p & 1) {
+              got.add(g.key, g.n, p);
+            }
+          }
+        }
+        c.bulk[w].erase(c.bulk[w].begin() + long(i));
         return true;
       }
     }
@@ -1445,16 +1524,41 @@ static bool simulate_grid(std::vector<Agent>& agents, int ctas, int q_stages, in
             break;
           }
           case kSlotWrite:
-            for (BulkGroup const& g : c.bulk[e.a]) {
-              if (!g.read) {
-                fail("dQ slot overwritten before its reduce-add read it", a, e);
-                return false;
+            for (int w = 0; w <= kConsumerWgs; ++w) {
+              for (BulkGroup const& g : c.bulk[w]) {
+                if (!g.read && g.slot == e.a) {
+                  fail("dQ slot overwritten before its reduce-add read it", a, e);
+                  return false;
+                }
               }
             }
             c.slot[e.a] = e.payload;
+            c.slot_summed = false;
             break;
           case kReduce:
-            c.bulk[e.a].push_back({e.payload, e.key, e.val, false});
+            if (e.a < kConsumerWgs) {  // a leader's add of its own slot
+              c.bulk[e.a].push_back({e.payload, e.key, e.val, false, e.a, 1u << e.a});
+            } else {
+              c.bulk[e.a].push_back({e.payload, e.key, e.val, false, e.stage, e.parts});
+            }
+            break;
+          case kCombine:
+            for (int w = 0; w < kConsumerWgs; ++w) {
+              if (c.slot[w] != e.payload) {
+                fail("the dQ writer sums a slot that holds another step", a, e);
+                return false;
+              }
+            }
+            c.slot_summed = true;
+            break;
+          case kFreeWait:
+            ran = c.dq_free.passes(e.phase);
+            if (ran) {
+              join(ag.clock, c.dq_free.done_clock);
+            }
+            break;
+          case kFreeArrive:
+            c.dq_free.arrive(ag.clock);
             break;
           case kWaitRead:
             ran = std::none_of(c.bulk[e.a].begin(), c.bulk[e.a].end(),
@@ -1614,6 +1718,7 @@ static bool run_roles(Problem const& p, std::mt19937& rng, Sabotage sab,
   const int before = failures;
   std::vector<std::deque<int>> claims = random_claims(tiles, rng);
   for (int cta = 0; cta < tiles.grid; ++cta) {
+    std::vector<typename MockConsumer<Cfg>::Staged> staged0;
     const TestSchedule<BM, BN, Cfg::kDeterministic> cs{{tiles, p.mask, cta}, sab};
     MockProducer<QS> producer(num_n, p, sab);
     producer.tiles = &tiles;
@@ -1646,6 +1751,28 @@ static bool run_roles(Problem const& p, std::mt19937& rng, Sabotage sab,
         }
       }
       agents.push_back({cta, /*local=*/1 + wg, std::move(consumer.ev)});
+      if constexpr (Cfg::kDeterministic) {
+        // Both WGs publish the same steps; the writer's program follows WG 0's records.
+        if (wg == 0) {
+          staged0 = consumer.staged;
+        } else {
+          bool same = consumer.staged.size() == staged0.size();
+          for (size_t i = 0; same && i < staged0.size(); ++i) {
+            same = consumer.staged[i].end == staged0[i].end &&
+                   consumer.staged[i].block.step == staged0[i].block.step;
+          }
+          CHECK(same, "CTA %d: the WGs publish different dQ steps", cta);
+        }
+      }
+    }
+    if constexpr (Cfg::kDeterministic) {
+      MockWriter<Cfg> writer;
+      writer.staged = &staged0;
+      writer.sab = sab;
+      write_dq_bwd<Cfg>(writer);
+      CHECK(writer.next == staged0.size(), "the dQ writer read %zu of %zu records", writer.next,
+            staged0.size());
+      agents.push_back({cta, /*local=*/1 + kConsumerWgs, std::move(writer.ev)});
     }
   }
   for (int t = 0; t < tiles.total_tiles; ++t) {
@@ -1812,26 +1939,23 @@ static void dq_controls(std::mt19937& rng) {
             return family == 0 ? run_roles<D128>(p, rng, no_complete)
                                : run_roles<D64>(p, rng, no_complete);
           }),
-          "passing the turn before the held part's add completed went unnoticed (d%d)",
+          "the dQ writer passing the turn before its adds completed went unnoticed (d%d)",
           family == 0 ? 128 : 64);
   }
-  // The deterministic kernel restages a WG's slot only after the issued add read it.
-  Sabotage held_no_read;
-  held_no_read.no_slot_wait = true;
-  for (int family = 0; family < 2; ++family) {
+  // The deterministic kernel: a WG restages its slot only after the writer's adds read it (the
+  // WGs wait for dq_free; the writer arrives on it only after its adds' reads).
+  Sabotage no_free_wait;
+  no_free_wait.no_slot_wait = true;
+  Sabotage no_read_wait;
+  no_read_wait.no_read_wait = true;
+  for (int family = 0; family < 4; ++family) {
+    Sabotage const& sab = family % 2 ? no_read_wait : no_free_wait;
     CHECK(caught_within(20, [&] {
-            return family == 0 ? run_roles<D128>(p, rng, held_no_read)
-                               : run_roles<D64>(p, rng, held_no_read);
+            return family < 2 ? run_roles<D128>(p, rng, sab) : run_roles<D64>(p, rng, sab);
           }),
-          "a held part's slot rewritten before its add read it went unnoticed (d%d)",
-          family == 0 ? 128 : 64);
+          "a slot rewritten before the dQ writer's add read it went unnoticed (d%d, %s)",
+          family < 2 ? 128 : 64, family % 2 ? "no read wait" : "no free wait");
   }
-  // The leader alone waits for the held part's add to read the slot: the WG rewrites the slot
-  // only after the DqSlot sync that follows.
-  Sabotage no_slot_sync;
-  no_slot_sync.no_slot_sync = true;
-  CHECK(caught([&] { return run_roles<D128>(p, rng, no_slot_sync); }),
-        "a WG rewriting its slot ordered after its leader's wait by no barrier went unnoticed");
   // The default kernels' run-time path (d256's deterministic mode; in the slot families code
   // their calls never run), dq_wgs = 1: WG 1 adds its partial to the same positions after WG
   // 0's (the hand-off sync); without it the partials come in either order.
@@ -1843,13 +1967,6 @@ static void dq_controls(std::mt19937& rng) {
   no_handoff.no_handoff = true;
   CHECK(caught_within(20, [&] { return same_bits<D96>(p, rng, no_handoff); }),
         "WG 1 adding without the hand-off from WG 0 went unnoticed by the order check");
-  // dq_wgs = 1: WG 1 adds its partial to the same positions after WG 0's (its target is one
-  // more); with WG 0's target the two partials come in either order, so the sums' bits change
-  // between runs.
-  Sabotage same_target;
-  same_target.same_target = true;
-  CHECK(caught_within(20, [&] { return same_bits<D96>(p, rng, same_target); }),
-        "WG 1 adding without waiting for WG 0's part went unnoticed by the order check");
   // Every contribution exactly once: a skipped add, in both modes and every dQ path.
   Sabotage skip;
   skip.skip_add = 2;

@@ -4,7 +4,8 @@
 // -----------------
 // Roles, T = 384 threads:
 //   WG 0: all warps drop to RegisterBudget<2>::kProducer registers; warp 0 is the producer (one
-//     elected lane issues every TMA load and bulk copy, load.h); warps 1-3 exit.
+//     elected lane issues every TMA load and bulk copy, load.h); in the deterministic kernel
+//     warp 1 is the dQ writer (mma.h BwdDqWriter, schedule.h write_dq_bwd); the others exit.
 //   WG 1, 2 = consumers c = 0, 1 (kConsumer registers). Family A: WG c owns keys [64c, 64c + 64)
 //     of the tile for S^T, dP^T, dV and dK, and head_dim columns [c * D / 2, ...) of dQ (d128),
 //     or the partial dQ of its own keys over all rows and columns (d64, d96). Family B: WG c
@@ -43,23 +44,26 @@
 //   DqTurn  256, the default kernels' deterministic flag (d256's deterministic mode): both WGs
 //           wait for the block's semaphore (thread 0 spins), add and fence (dq_wgs = 1: WG 0,
 //           sync, WG 1), sync again, thread 0 increments.
-//   DqSlot c 128, WG c (dQ slots; id Wg c): its threads stored the step's dQ part into its dQ
-//           slot (+ proxy fence); then its leader issues one bulk reduce-add of the slot (in
-//           deterministic mode during the next step, once the block's semaphore reached the
-//           part's turn).
+//   DqSlot c 128, WG c (dQ slots, default kernels; id Wg c): its threads stored the step's dQ
+//           part into its dQ slot (+ proxy fence); then its leader issues one bulk reduce-add of
+//           the slot.
+//   DqStaged c 160, the deterministic kernel: WG c (arrives, once its part is in its slot and
+//           proxy-fenced, and WG 0's leader wrote the step's record) and the dQ writer warp
+//           (syncs); dq_free (an mbarrier, 1 arrival: the writer's lane 0, once the step's
+//           reduce-adds read the slots) gives the slots back, and the WGs wait on it before
+//           the next part.
 //   TileSlot 288, the producer warp and both consumer WGs: the tile slot's buffer i % 2
 //           (smem.tile) holds the producer's tile i, or the end of its walk; the consumers reach
 //           it when done with tile i - 1, and read the buffer after it. Buffer i % 2 is written
 //           again (tile i + 2) only after the next sync, which the consumers reach after the
 //           read: syncs on both sides, so compute-sanitizer's racecheck sees the order. Not
 //           .aligned (common/barriers.h): the roles meet it at different instructions.
-// dQ goes from registers to the fp32 accumulator, added by the consumer WGs themselves (the
-// protocol, walked by the kernel and the host test: schedule.h add_dq): through the WG's
-// shared-memory slot and a bulk reduce-add by its leader (tile_config.h dq_slots; the leader
-// waits for its last one to complete before the CTA exits; the deterministic kernel: the leader
-// adds the part held in the slot during the next step, in its turn on the block's semaphore), or
-// by red.global.add.v4.f32 (d256; the default kernels' deterministic flag: under the DqTurn
-// handshake; epilogue.h).
+// dQ goes from registers to the fp32 accumulator (the protocol, walked by the kernel and the host
+// test: schedule.h add_dq, write_dq_bwd): through the WG's shared-memory slot and a bulk
+// reduce-add by its leader (tile_config.h dq_slots; the leader waits for its last one to complete
+// before the CTA exits), by the dQ writer warp in the block's turn on its semaphore (the
+// deterministic kernel), or by red.global.add.v4.f32 (d256; the default kernels' deterministic
+// flag: under the DqTurn handshake; epilogue.h).
 // Tiles: the producer walks the CTA's tiles (static, or claimed from the workspace's tile counter:
 // schedule.h) and publishes each one in the tile slot before its K / V load; the consumers take
 // it from there. Tiles without queries load nothing and touch no pipeline: their consumers store
@@ -109,6 +113,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     SmemBarriers<QPipe>{smem.q_full, smem.q_empty}.init();
     SmemBarriers<QPipe>{smem.do_full, smem.do_empty}.init();
     SmemBarriers<KVPipe>{smem.kv_full, smem.kv_empty}.init();
+    if constexpr (Traits::kDeterministic) {
+      smem.dq_free[0].init(1);  // the dQ writer's lane 0, once per step
+    }
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
@@ -118,6 +125,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     cutlass::arch::warpgroup_reg_dealloc<Registers::kProducer>();
     if (warp_idx == 0) {
       bwd_producer_loop<Traits>(params, smem);
+    } else if constexpr (Traits::kDeterministic) {
+      if (warp_idx == 1) {
+        bwd_dq_writer_loop<Traits>(smem);
+      }
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Registers::kConsumer>();

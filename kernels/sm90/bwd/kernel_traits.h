@@ -64,14 +64,17 @@ enum class BwdBarrier : uint32_t {
   kWg0 = 2,     // kWg0 + c: WG c's own 128-thread syncs
   kPdSFree = 4,  // family B, both consumer WGs: the previous step's GEMMs no longer read sP / sdS
   kTileSlot = 5,  // the producer warp and both consumer WGs: the tile slot holds the next tile
+  kDqStaged0 = 6,  // kDqStaged0 + c, the deterministic kernel: WG c and the dQ writer warp
   // WG c's 128-thread syncs share one id, kWg0 + c (its threads meet them one at a time, in
   // program order): its PdS where its dQ reads its own dS only, DqSlot c.
 };
-static_assert(static_cast<uint32_t>(BwdBarrier::kTileSlot) + 1 <=
+static_assert(static_cast<uint32_t>(BwdBarrier::kDqStaged0) + 2 <=
                   16 - cutlass::arch::NamedBarrier::ReservedNamedBarrierCount,
               "named barrier ids exceed the hardware's 16");
 // The tile slot's barriers: the producer warp and both consumer WGs.
 inline constexpr uint32_t kTileSlotThreads = 32 + 2 * 128;
+// DqStaged c: consumer WG c and the dQ writer warp.
+inline constexpr uint32_t kDqStagedThreads = 128 + 32;
 
 // kDeterministic_: the deterministic mode's kernel of the families with dQ slots (d64-d192): each
 // WG's part held in its slot and added by its leader in the block's turn (schedule.h add_dq), a
@@ -209,16 +212,14 @@ struct BwdTraits {
   using QPipe = PipelineSpec<kStages, kConsumerWgs>;
   using KVPipe = PipelineSpec<1, kConsumerWgs>;       // K and V of the tile, one barrier
 
-  // The deterministic kernel's dQ parts of a WG (written and read by its leader only): the part
-  // staged in the slot and not yet added (its target in the accumulator, the block's semaphore
-  // and the count the semaphore must reach first; staged 0 / 1), and the semaphore of the part
-  // whose bulk reduce-add was issued and whose turn is not yet passed (nullptr: none).
-  struct HeldDq {
+  // The deterministic kernel's step part, published by WG 0's leader for the dQ writer warp:
+  // the dQ block in the accumulator, its semaphore and this key block's rank on it, or the end of
+  // the walk (end = 1).
+  struct StagedDq {
     float* acc;
     int* semaphore;
-    int target;
-    int staged;
-    int* issued;
+    int rank;
+    int end;
   };
 
   struct SharedStorage {
@@ -242,9 +243,10 @@ struct BwdTraits {
     PublishedTile tile[2];
     cutlass::arch::ClusterTransactionBarrier kv_full[1];
     cutlass::arch::ClusterBarrier kv_empty[1];
-    // Deterministic mode with dQ slots, per consumer WG: the step whose dQ waits in the WG's slot
-    // for its turn (written and read by the WG's leader only; mma.h hold_dq).
-    HeldDq dq_held[kConsumerWgs];
+    // The deterministic kernel: the step's part for the dQ writer warp, and the writer's
+    // barrier, one phase per step: its reduce-adds read both WGs' slots (kernel.h).
+    StagedDq dq_staged;
+    cutlass::arch::ClusterBarrier dq_free[1];
   };
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= kSmemOptinBytes, "tile config exceeds sm_90 shared memory");

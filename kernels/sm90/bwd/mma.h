@@ -81,14 +81,7 @@ struct BwdConsumer {
         q_pipe{{smem_.q_full, smem_.q_empty}},
         do_pipe{{smem_.do_full, smem_.do_empty}},
         kv_pipe{{smem_.kv_full, smem_.kv_empty}},
-        wg_held(cutlass::canonical_warp_group_idx() - 1) {
-    if constexpr (Traits::kDeterministic && Traits::kDqSlots) {
-      if (wg_leader()) {
-        smem.dq_held[wg()].staged = 0;
-        smem.dq_held[wg()].issued = nullptr;
-      }
-    }
-  }
+        wg_held(cutlass::canonical_warp_group_idx() - 1) {}
 
   static CUTE_DEVICE int thread_idx() { return opaque_thread_idx() - 128; }
   static CUTE_DEVICE bool wg_leader() { return thread_idx() % 128 == 0; }
@@ -495,60 +488,33 @@ struct BwdConsumer {
       atomicAdd(t.semaphore, 1);
     }
   }
-  // The deterministic kernel: the step's part stays in the WG's slot, and its leader adds it
-  // during the next step, with that step's dV GEMM in flight (issue_held_dq): one bulk
-  // reduce-add once the block's semaphore reached the part's target. Before the next part goes
-  // into the slot the leader waits until the add read the slot (wait_held_read); the turn is
-  // passed at the start of the step after, once its S and dP GEMMs are issued, or at the tile's
-  // end (pass_held_dq): no step waits for an add just issued to complete, and the next
-  // contributor gets the turn half a step before it wants it. The semaphore counts WG parts:
-  // kConsumerWgs per contributor. A part's target is kConsumerWgs * rank, plus the WG's index
-  // where both WGs add to the same positions (dq_wgs = 1: WG 0's part first).
-  CUTE_DEVICE void hold_dq(float* acc, DqTurn const& t) {
-    if (wg_leader()) {
-      const int c = wg();
-      typename Traits::HeldDq& h = smem.dq_held[c];
-      h.acc = acc + (kDqWgs == 2 ? c * Traits::kDqWgFloats : 0);
-      h.semaphore = t.semaphore;
-      h.target = Traits::kConsumerWgs * t.rank + (kDqWgs == 2 ? 0 : c);
-      h.staged = 1;
-    }
+  // The deterministic kernel: the WG's part goes into its slot once the dQ writer warp's
+  // reduce-adds of the previous step read both slots (dq_free), and WG 0's leader publishes the
+  // step's record; the writer adds the parts in the block's turn (BwdDqWriter). The consumers
+  // never wait for a turn or an add.
+  int dq_parts = 0;  // parts (and the walk's end) this WG published
+  CUTE_DEVICE void wait_dq_slot_free() {
+    smem.dq_free[0].wait(uint32_t((dq_parts & 1) ^ 1));
   }
-  // The issued part's add completed: its turn passes on.
-  CUTE_DEVICE static void pass_issued(typename Traits::HeldDq& h) {
-    if (h.issued != nullptr) {
-      bulk_wait_all();
-      fence_proxy_async_global();
-      __threadfence();
-      atomicAdd(h.issued, 1);
-      h.issued = nullptr;
+  CUTE_DEVICE void publish_dq(float* acc, DqTurn const& t) {
+    if (wg_leader() && wg() == 0) {
+      smem.dq_staged.acc = acc;
+      smem.dq_staged.semaphore = t.semaphore;
+      smem.dq_staged.rank = t.rank;
+      smem.dq_staged.end = 0;
     }
+    arrive_dq_staged();
   }
-  CUTE_DEVICE void issue_held_dq() {
-    if (wg_leader()) {
-      const int c = wg();
-      typename Traits::HeldDq& h = smem.dq_held[c];
-      pass_issued(h);
-      if (h.staged) {
-        while (load_acquire_gpu(h.semaphore) < h.target) {
-        }
-        fence_proxy_async_global();  // the earlier parts' adds before this one's
-        bulk_reduce_add_f32(h.acc, smem.dq_slot.data() + c * Traits::kDqWgFloats,
-                            Traits::kDqWgFloats * sizeof(float));
-        h.issued = h.semaphore;
-        h.staged = 0;
-      }
+  CUTE_DEVICE void publish_dq_end() {
+    if (wg_leader() && wg() == 0) {
+      smem.dq_staged.end = 1;
     }
+    arrive_dq_staged();
   }
-  CUTE_DEVICE void wait_held_read() {
-    if (wg_leader()) {
-      bulk_wait_read();
-    }
-  }
-  CUTE_DEVICE void pass_held_dq() {
-    if (wg_leader()) {
-      pass_issued(smem.dq_held[wg()]);
-    }
+  CUTE_DEVICE void arrive_dq_staged() {
+    ++dq_parts;
+    cutlass::arch::NamedBarrier::arrive(kDqStagedThreads,
+                                        static_cast<uint32_t>(BwdBarrier::kDqStaged0) + wg());
   }
 
   // --- tiles -----------------------------------------------------------------------------------
@@ -563,6 +529,82 @@ struct BwdConsumer {
     store_zero_dkv_tile<Traits>(p, mma_dkv.get_thread_slice(thread_idx()), w.tile);
   }
 };
+
+// The deterministic kernel's dQ writer: warp 1 of the producer WG (schedule.h write_dq_bwd).
+// Lane 0 waits for the turns, issues the bulk reduce-adds and passes the turns; with dq_wgs = 1
+// the whole warp first adds WG 1's slot into WG 0's (both WGs' partials of the same positions:
+// one reduce-add of their sum, in one fixed order).
+template <class Traits>
+struct BwdDqWriter {
+  static constexpr int kDqWgs = Traits::kDqWgs;
+  using StagedDq = typename Traits::StagedDq;
+  typename Traits::SharedStorage& smem;
+
+  static CUTE_DEVICE bool lane0() { return cutlass::canonical_lane_idx() == 0; }
+  CUTE_DEVICE StagedDq wait_staged() {
+    CUTE_UNROLL
+    for (int c = 0; c < Traits::kConsumerWgs; ++c) {
+      named_barrier_sync(static_cast<uint32_t>(BwdBarrier::kDqStaged0) + c, kDqStagedThreads);
+    }
+    StagedDq part;
+    part.acc = smem.dq_staged.acc;
+    part.semaphore = smem.dq_staged.semaphore;
+    part.rank = smem.dq_staged.rank;
+    part.end = smem.dq_staged.end;
+    return part;
+  }
+  static CUTE_DEVICE bool walk_ended(StagedDq const& part) { return part.end != 0; }
+  CUTE_DEVICE void combine_slots() {
+    float4* into = reinterpret_cast<float4*>(smem.dq_slot.data());
+    float4 const* from = reinterpret_cast<float4 const*>(smem.dq_slot.data() + Traits::kDqWgFloats);
+    FH_NO_UNROLL
+    for (int i = cutlass::canonical_lane_idx(); i < Traits::kDqWgFloats / 4; i += 32) {
+      const float4 a = into[i];
+      const float4 b = from[i];
+      into[i] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+    }
+    cutlass::arch::fence_view_async_shared();
+    __syncwarp();
+  }
+  CUTE_DEVICE void wait_turn(StagedDq const& part) {
+    if (lane0()) {
+      while (load_acquire_gpu(part.semaphore) < part.rank) {
+      }
+      fence_proxy_async_global();  // the earlier contributors' adds before this one's
+    }
+  }
+  CUTE_DEVICE void reduce_slots(StagedDq const& part) {
+    if (lane0()) {
+      CUTE_UNROLL
+      for (int c = 0; c < kDqWgs; ++c) {
+        bulk_reduce_add_f32(part.acc + c * Traits::kDqWgFloats,
+                            smem.dq_slot.data() + c * Traits::kDqWgFloats,
+                            Traits::kDqWgFloats * sizeof(float));
+      }
+    }
+  }
+  CUTE_DEVICE void free_slots() {
+    if (lane0()) {
+      bulk_wait_read();
+      smem.dq_free[0].arrive();
+    }
+  }
+  CUTE_DEVICE void pass_turn(StagedDq const& part) {
+    if (lane0()) {
+      bulk_wait_all();  // the adds performed
+      fence_proxy_async_global();
+      __threadfence();
+      atomicAdd(part.semaphore, 1);
+    }
+    __syncwarp();
+  }
+};
+
+template <class Traits>
+CUTE_DEVICE void bwd_dq_writer_loop(typename Traits::SharedStorage& smem) {
+  BwdDqWriter<Traits> writer{smem};
+  write_dq_bwd<Traits>(writer);
+}
 
 template <class Traits>
 CUTE_DEVICE void bwd_consumer_loop(BwdKernelParams<Traits> const& params,

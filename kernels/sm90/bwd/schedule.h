@@ -68,32 +68,30 @@
 //     waits until its reduce-adds completed (finish_dq: shared memory must outlive their reads).
 //   default mode, no slots (d256): every thread adds its fragment with red.global.add.v4.f32.
 //   deterministic mode: dQ block m of (batch, q head) receives its contributors, the key blocks
-//     of key_blocks(m), in descending n (rank dq_rank), each WG's part once.
-//     The deterministic kernel (Cfg::kDeterministic, the families with dQ slots): the WG stores
-//     its part into its slot (after the DqSlot c sync below) and syncs DqSlot c as in default
-//     mode, and its leader holds the part (hold_dq: target, semaphore). During the WG's next
-//     step, once dV is issued, the leader spins until the block's semaphore reaches the held
-//     part's target and issues the slot's bulk reduce-add (issue_held_dq); it passes the turn
-//     at the start of the step after, once that step's S and dP GEMMs are issued (the add
-//     completed, then the semaphore + 1: pass_held_dq);
-//     before that step's part goes into the slot it waits until the add read the slot
-//     (wait_held_read), and the WG syncs DqSlot c (the slot free for all its threads): no step
-//     waits for an add to complete. A tile's last part is added and passed at the tile's end
-//     (issue_held_dq, pass_held_dq). The semaphore counts WG parts
-//     (kConsumerWgs per contributor); a part's target is kConsumerWgs * rank (kDqWgs = 2: the
-//     WGs' disjoint columns in any order), + c for WG c where both WGs add to the same positions
-//     (kDqWgs = 1: WG 0's part, then WG 1's). The spin so overlaps the next step's GEMMs and the
-//     other warps' work instead of holding both WGs.
+//     of key_blocks(m), one at a time in the order of dq_rank: n descending, or, the
+//     deterministic kernel on a full mask, the shift order (dq_rank).
+//     The deterministic kernel (Cfg::kDeterministic, the families with dQ slots): a WG stores
+//     its part into its slot once the dQ writer warp's adds of the previous step read the slots
+//     (wait_dq_slot_free: the writer's dq_free barrier), WG 0's leader writes the step's record
+//     (the block, its semaphore, the rank), and the WG arrives on DqStaged c (publish_dq); at the
+//     end of its walk it publishes the end (publish_dq_end). The writer (write_dq_bwd) syncs
+//     DqStaged 0 and 1, adds WG 1's slot into WG 0's where both WGs' partials cover the same
+//     positions (kDqWgs = 1: their sum in one fixed order), spins until the block's semaphore
+//     reaches the rank, issues the slots' bulk reduce-adds, arrives on dq_free once they read
+//     the slots, and once they completed increments the semaphore. The consumers never wait for
+//     a turn or an add, and the semaphore counts contributors.
 //     The default kernels, on the call's run-time flag (d256's deterministic mode; the slot
 //     families' deterministic calls run their deterministic kernel): thread 0 of WG 0 spins
 //     until the semaphore equals dq_rank; sync DqTurn (both WGs); the WGs add with red.global
 //     and fence (kDqWgs = 2: both at once, disjoint columns; kDqWgs = 1: WG 0, sync DqTurn, then
 //     WG 1); sync DqTurn (every add fenced); thread 0 increments the semaphore.
-//     The tile order puts each kv head's key blocks in descending n, so every wait is on a
-//     smaller tile index (or, kDqWgs = 1, on the same tile's WG 0, whose own part never waits
-//     for WG 1), and with every CTA resident the smallest unfinished tile can always run: no
-//     deadlock, whatever the hardware's block launch order. Every element of dQ is then summed in
-//     one order, (n descending, WG ascending): bitwise reproducible.
+//     Every wait is on a contributor of a smaller tile index (n descending: the tile order puts
+//     each kv head's key blocks in descending n; the shift order: an earlier round, or the
+//     same round, whose tiles run together) or, kDqWgs = 1 on the default kernels, on the same
+//     tile's WG 0, whose own part never waits for WG 1; with every CTA resident the smallest
+//     unfinished tile can always run: no deadlock, whatever the hardware's block launch order.
+//     Every element of dQ is then summed in one order (rank, then WG 0's partial before WG 1's):
+//     bitwise reproducible.
 #pragma once
 
 #include "flash_hopper/host_device.h"
@@ -515,12 +513,9 @@ FH_ROLE void produce_bwd(Schedule const& sched, Ops& ops) {
 //               completed);
 //               add_dq(f, b) (red.global.add.v4.f32 of the thread's fragment), fence_dq();
 //               deterministic mode: deterministic(), dq_turn(w, s) (the block's semaphore and
-//               this key block's dq_rank); the deterministic kernel: hold_dq(b, t) (the
-//               leader: the staged part waits for its turn), issue_held_dq() (the leader:
-//               pass_held_dq(), then spin until the semaphore reaches the held part's target,
-//               one bulk reduce-add), wait_held_read() (the leader: the issued add read the
-//               slot), pass_held_dq() (the leader: the issued add completed, semaphore + 1); the
-//               default
+//               this key block's dq_rank); the deterministic kernel: wait_dq_slot_free() (the
+//               writer's adds of the WG's previous part read the slots), publish_dq(b, t) (WG
+//               0's leader: the record; DqStaged c), publish_dq_end(); the default
 //               kernels: wait_dq_turn(t) (thread 0: spin until the semaphore equals the rank),
 //               sync_dq_turn() (DqTurn), pass_dq_turn(t) (thread 0: + 1), is_wg(c) (this is
 //               consumer WG c)
@@ -561,35 +556,16 @@ FH_ROLE void ds_written(Ops& ops) {
   ops.sync_pds();
 }
 
-// Deterministic mode with dQ slots: the previous step's part, held in the WG's slot, is added
-// once its turn came, with this step's dV GEMM in flight (S's registers free by then).
-// Deterministic mode with dQ slots: the part added the step before passes its turn, with this
-// step's S and dP GEMMs in flight (its add had the half step since to complete).
-template <class Cfg, class Ops>
-FH_ROLE void pass_held_dq(Ops& ops) {
-  if constexpr (Cfg::kDeterministic) {
-    ops.pass_held_dq();
-  }
-}
-
-template <class Cfg, class Ops>
-FH_ROLE void add_held_dq(Ops& ops) {
-  if constexpr (Cfg::kDeterministic) {
-    ops.issue_held_dq();
-  }
-}
-
 // One step's dQ part of this WG into the fp32 accumulator (the protocol in the header comment).
 template <class Cfg, class Ops, class State>
 FH_ROLE void add_dq(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
-  if constexpr (Cfg::kDeterministic) {  // added by the leader during the next step (add_held_dq)
+  if constexpr (Cfg::kDeterministic) {  // added by the dQ writer warp (write_dq_bwd)
     const auto slot = ops.dq_slot();
-    ops.wait_held_read();          // the previous part's add read the slot ...
-    ops.sync_dq_slot(slot);        // ... before any thread of the WG rewrites it
+    ops.wait_dq_slot_free();  // the writer's adds of the previous step read the slots
     ops.stage_dq(f, slot);
-    ops.sync_dq_slot(slot);
-    // The part's target and turn, derived after the staging (not held across it).
-    ops.hold_dq(ops.dq_block(w, s), ops.dq_turn(w, s));
+    // The record (WG 0's leader) and DqStaged c; the target and turn derived after the staging
+    // (not held across it).
+    ops.publish_dq(ops.dq_block(w, s), ops.dq_turn(w, s));
     return;
   }
   const auto block = ops.dq_block(w, s);
@@ -644,10 +620,8 @@ FH_ROLE void finish_step(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) 
 template <class Cfg, bool kMasked, bool kCapped, class Ops, class State>
 FH_ROLE void bwd_step(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
   start_step(ops, f, w, s);
-  pass_held_dq<Cfg>(ops);
   exponentials<kMasked, kCapped>(ops, f, w, s);
   ops.issue_dv(f);               // the dS arithmetic below runs under this GEMM
-  add_held_dq<Cfg>(ops);
   ops.template wait_gemms<1>();  // dP done, dV in flight
   ops.template compute_ds<kCapped>(f, w, s);
   ds_written<Cfg>(ops);          // both WGs' dS are in shared memory
@@ -658,7 +632,6 @@ FH_ROLE void bwd_step(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
 template <class Cfg, bool kMasked, bool kCapped, class Ops, class State>
 FH_ROLE void bwd_step_b(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
   start_step(ops, f, w, s);
-  pass_held_dq<Cfg>(ops);
   exponentials<kMasked, kCapped>(ops, f, w, s);
   ops.sync_pds_free();           // both WGs' GEMMs of the previous step (sP / sdS readers) done
   ops.store_p(f, w, s);
@@ -666,7 +639,6 @@ FH_ROLE void bwd_step_b(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
   ops.template compute_ds<kCapped>(f, w, s);
   ds_written<Cfg>(ops);          // both WGs' halves of P and dS are in shared memory
   ops.issue_dv(f);
-  add_held_dq<Cfg>(ops);
   finish_step<Cfg>(ops, f, w, s);
 }
 
@@ -723,13 +695,37 @@ FH_ROLE void consume_bwd_wg(Schedule const& sched, Ops& ops) {
     }
     ops.release_kv(w);  // after the last step's wait_gemms<0>: no GEMM reads K or V any more
     ops.store_dkv(f, w);
-    if constexpr (Cfg::kDeterministic) {  // the tile's last dQ part, before the next tile's turns
-      ops.issue_held_dq();
-      ops.pass_held_dq();
-    }
   }
-  if constexpr (Cfg::kDqSlots) {
+  if constexpr (Cfg::kDeterministic) {  // the end of the walk for the dQ writer
+    ops.wait_dq_slot_free();
+    ops.publish_dq_end();
+  } else if constexpr (Cfg::kDqSlots) {
     ops.finish_dq();  // the CTA's shared memory must outlive the last reduce-add's reads
+  }
+}
+
+// The deterministic kernel's dQ writer warp: per step, once both WGs staged their parts (and WG
+// 0 the record), the parts' sum (dq_wgs = 1: WG 1's slot added into WG 0's) or both halves
+// (dq_wgs = 2) go to the accumulator in the block's turn; the slots are free again once the
+// reduce-adds read them, and the turn passes once they completed. Ops: wait_staged() (DqStaged
+// 0 and 1: the record), walk_ended(r), combine_slots(), wait_turn(r) (spin until the block's
+// semaphore reaches the rank), reduce_slots(r) (the bulk reduce-adds), free_slots() (their
+// reads done: dq_free), pass_turn(r) (completed: semaphore + 1).
+template <class Cfg, class Ops>
+FH_ROLE void write_dq_bwd(Ops& ops) {
+  FH_NO_UNROLL
+  for (;;) {
+    const auto part = ops.wait_staged();
+    if (ops.walk_ended(part)) {
+      break;
+    }
+    if constexpr (Cfg::kDqWgs == 1) {
+      ops.combine_slots();
+    }
+    ops.wait_turn(part);
+    ops.reduce_slots(part);
+    ops.free_slots();
+    ops.pass_turn(part);
   }
 }
 
