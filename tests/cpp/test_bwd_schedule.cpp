@@ -516,6 +516,16 @@ static const char* kOpName[] = {"wait_empty", "arrive_full", "wait_full", "arriv
                                 "wait_count", "tile_write", "tile_read", "free_wait",
                                 "free_arrive", "combine"};
 
+// A dQ event of a WG (a = its index) or of the dQ writer (a = its bulk list, kConsumerWgs).
+static Event make_dq_event(Op op, int a, int key, int val, Payload step) {
+  Event e{op};
+  e.a = a;
+  e.key = key;
+  e.val = val;
+  e.payload = step;
+  return e;
+}
+
 // A built backward family, from the tuned-config table the kernels are instantiated from
 // (bwd/kernel_traits.h reads the same fields); kDet: its deterministic kernel (slot families).
 template <int kHeadDimBucket, bool kDet = false>
@@ -938,12 +948,7 @@ struct MockConsumer {
   // dQ (bwd/schedule.h add_dq): the events the simulation runs; WG-local barriers (DqSlot c)
   // are implied by the WG being one agent.
   void dq_event(Op op, int key = -1, int val = 0, Payload step = {}) {
-    Event e{op};
-    e.a = wg;
-    e.key = key;
-    e.val = val;
-    e.payload = step;
-    ev.push_back(e);
+    ev.push_back(make_dq_event(op, wg, key, val, step));
   }
   DqBlock dq_block(BwdTileWork const& w, QueryStep s) {
     CHECK(!flying('Q') && ds_reg == at(w, s), "WG %d adds a dQ that is not done", wg);
@@ -1086,12 +1091,7 @@ struct MockWriter {
   Payload current;
 
   void push(Op op, int key = -1, int val = 0) {
-    Event e{op};
-    e.a = kList;
-    e.key = key;
-    e.val = val;
-    e.payload = current;
-    ev.push_back(e);
+    ev.push_back(make_dq_event(op, kList, key, val, current));
   }
   Staged wait_staged() {
     for (int c = 0; c < kConsumerWgs; ++c) {

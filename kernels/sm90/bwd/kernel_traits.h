@@ -76,9 +76,9 @@ inline constexpr uint32_t kTileSlotThreads = 32 + 2 * 128;
 // DqStaged c: consumer WG c and the dQ writer warp.
 inline constexpr uint32_t kDqStagedThreads = 128 + 32;
 
-// kDeterministic_: the deterministic mode's kernel of the families with dQ slots (d64-d192): each
-// WG's part held in its slot and added by its leader in the block's turn (schedule.h add_dq), a
-// kernel of its own, as in FA3 (compiled into the default kernel behind the run-time flag, its
+// kDeterministic_: the deterministic mode's kernel of the families with dQ slots (d64-d192): the
+// WGs' parts staged in their slots and added by the dQ writer warp in the block's turn
+// (schedule.h add_dq, write_dq_bwd), a kernel of its own, as in FA3 (compiled into the default kernel behind the run-time flag, its
 // code made the d128 step spill). The default kernels keep the call's run-time flag with the
 // red.global turn handshake: d256's deterministic mode (no slots), and, in the slot families'
 // default kernels, code their calls never run but without which ptxas spills the d64 / d128
