@@ -495,3 +495,126 @@ def test_fp8_on_inputs_that_require_grad_runs_forward_only(lib):
     assert got.requires_grad and torch.equal(got.detach(), want)
     with pytest.raises(UnsupportedError, match="the FP8 forward has no backward"):
         got.float().sum().backward()
+
+
+def _dense_grads(q, k, v, cq, ck, used_q, used_k, dout, deterministic=False, **mask):
+    """(dq, dk, dv) per sequence through flash_attn_func (the dense backward on each sequence's
+    used rows), zeros elsewhere: what the one-call varlen backward must reproduce."""
+    grads = [torch.zeros_like(t) for t in (q, k, v)]
+    starts_q, starts_k = cq.tolist(), ck.tolist()
+    for b in range(len(starts_q) - 1):
+        nq = used_q[b].item() if used_q is not None else starts_q[b + 1] - starts_q[b]
+        nk = used_k[b].item() if used_k is not None else starts_k[b + 1] - starts_k[b]
+        if nq == 0 or nk == 0:
+            continue
+        rows = slice(starts_q[b], starts_q[b] + nq)
+        keys = slice(starts_k[b], starts_k[b] + nk)
+        qs, ks, vs = (t.detach().unsqueeze(0).requires_grad_()
+                      for t in (q[rows], k[keys], v[keys]))
+        out = flash_attn_func(qs, ks, vs, backend="fa3", deterministic=deterministic, **mask)
+        out.backward(dout[rows].unsqueeze(0))
+        grads[0][rows], grads[1][keys], grads[2][keys] = qs.grad[0], ks.grad[0], vs.grad[0]
+    return grads
+
+
+_ONE_CALL_CASES = [
+    # (lengths_q, lengths_k, hq, hkv, mask): short and long sequences, empty ones, GQA
+    ([100, 1, 0, 257], [120, 30, 5, 257], 4, 2, {"causal": True}),
+    ([300, 64, 129, 1000], [300, 64, 129, 1000], 2, 2, {}),
+    ([513, 17, 200], [40, 700, 200], 4, 1, {"window_size": (90, 30)}),
+    ([5] * 60, [7] * 60, 2, 1, {"causal": True}),
+]
+
+
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
+@pytest.mark.parametrize("case", range(len(_ONE_CALL_CASES)))
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_backward_one_call_equals_per_sequence(lib, head_dim, case, deterministic):
+    """The FA-3 path's varlen backward (one call over the packed batch, offsets read on the
+    device) against the dense backward run per sequence: the same tiles over the same rows, so
+    dk / dv bitwise equal and dq up to the fp32 accumulation's order; deterministic mode
+    repeats its dq bit for bit."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the one-call varlen backward runs on the FA-3 path (cc 9.0)")
+    require_kernel(lib, "fa3", BF16, head_dim, backward=True)
+    lengths_q, lengths_k, hq, hkv, mask = _ONE_CALL_CASES[case]
+    q, k, v, cq, ck, _, _ = packed(lengths_q, lengths_k, hq, hkv, head_dim, seed=case)
+    for t in (q, k, v):
+        t.nan_to_num_(0.0)
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+    out = flash_attn_varlen_func(qg, kg, vg, cq, ck, max(lengths_q), max(lengths_k),
+                                 backend="fa3", deterministic=deterministic, **mask)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    want = _dense_grads(q, k, v, cq, ck, None, None, dout, deterministic, **mask)
+    for name, got, ref in zip(("dq", "dk", "dv"), (qg.grad, kg.grad, vg.grad), want):
+        assert not got.isnan().any(), f"{name}: NaN"
+        if name != "dq":  # one CTA per key block, its steps in the same order
+            assert torch.equal(got, ref), f"{name}: differs from the per-sequence backward"
+        else:
+            err = (got.double() - ref.double()).abs().max().item()
+            assert err <= 2e-2 * ref.double().abs().max().item() + 1e-3, f"{name}: {err:.3g}"
+    if deterministic:
+        first = qg.grad.clone()
+        qg.grad = None
+        out = flash_attn_varlen_func(qg, kg, vg, cq, ck, max(lengths_q), max(lengths_k),
+                                     backend="fa3", deterministic=True, **mask)
+        out.backward(dout)
+        assert torch.equal(qg.grad, first), "deterministic dq differs between two runs"
+
+
+def test_backward_one_call_seqused_and_short_bounds(lib):
+    """seqused_q / seqused_k (the rest of each span is padding, left at 0 in the gradients)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the one-call varlen backward runs on the FA-3 path (cc 9.0)")
+    require_kernel(lib, "fa3", BF16, 128, backward=True)
+    lengths_q, lengths_k = [90, 0, 300, 33], [100, 12, 290, 1]
+    q, k, v, cq, ck, uq, uk = packed(lengths_q, lengths_k, 4, 2, 128, pad_used=7, seed=11)
+    for t in (q, k, v):
+        t.nan_to_num_(0.0)
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+    out = flash_attn_varlen_func(qg, kg, vg, cq, ck, 307, 297, seqused_q=uq, seqused_k=uk,
+                                 causal=True, backend="fa3")
+    dout = torch.randn_like(out).nan_to_num_(0.0)
+    out.backward(dout)
+    want = _dense_grads(q, k, v, cq, ck, uq, uk, dout, causal=True)
+    for name, got, ref in zip(("dq", "dk", "dv"), (qg.grad, kg.grad, vg.grad), want):
+        err = (got.double() - ref.double()).abs().max().item()
+        assert err <= 2e-2 * ref.double().abs().max().item() + 1e-3, f"{name}: {err:.3g}"
+
+
+def test_backward_cuda_graph_capture_and_replay(lib):
+    """A varlen training step (forward + backward) captured in a CUDA graph and replayed with new
+    lengths written into the captured offsets: no host read of the offsets anywhere."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the one-call varlen backward runs on the FA-3 path (cc 9.0)")
+    require_kernel(lib, "fa3", BF16, 64, backward=True)
+    q, k, v, cq, ck, _, _ = packed([70, 130, 5], [70, 200, 9], 2, 2, 64, seed=2)
+    for t in (q, k, v):
+        t.nan_to_num_(0.0)
+    dout = torch.randn_like(q)
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+
+    def step():
+        for t in (qg, kg, vg):
+            t.grad = None
+        out = flash_attn_varlen_func(qg, kg, vg, cq, ck, 140, 200, causal=True, backend="fa3")
+        out.backward(dout)
+        return qg.grad, kg.grad, vg.grad
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm-up outside the capture (plans, descriptors)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        grads = step()
+    cq.copy_(torch.tensor([0, 10, 150, 205], dtype=torch.int32))
+    ck.copy_(torch.tensor([0, 60, 100, 279], dtype=torch.int32))
+    graph.replay()
+    torch.cuda.synchronize()
+    want = _dense_grads(q, k, v, cq, ck, None, None, dout, causal=True)
+    for name, got, ref in zip(("dq", "dk", "dv"), grads, want):
+        err = (got.double() - ref.double()).abs().max().item()
+        assert err <= 2e-2 * ref.double().abs().max().item() + 1e-3, f"{name}: {err:.3g}"

@@ -73,14 +73,23 @@ __device__ float dot8(uint4 a, uint4 b) {
   return sum;
 }
 
-// Grid (seqlen_q_rounded / kRowsPerCta, heads_q, batch).
+// Grid (ceil(seqlen_q / kRowsPerCta), heads_q, batch). Varlen: seqlen_q bounds the sequences;
+// a CTA past its sequence's rows has nothing to do (the main kernel and the postprocess visit
+// only the rows' blocks of each sequence, all of them here).
 template <class Element>
 __global__ void __launch_bounds__(kThreads) bwd_preprocess_kernel(const BwdParams p) {
+  if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0) {
+    *p.tile_counter = 0;
+  }
   const int m_block = blockIdx.x;
   const int h = blockIdx.y;
-  const int b = blockIdx.z;
+  const BwdSpan span = bwd_spans(p)(blockIdx.z);
   const int row0 = m_block * kRowsPerCta;
-  const int64_t ws_row0 = p.row_offset(b, h) + row0;
+  if (p.varlen() && row0 >= span.seqlen_q) {
+    return;
+  }
+  const int b = span.batch;
+  const int64_t ws_row0 = p.row_offset(b, h) + span.ws_row0 + row0;
 
   // D and lse_log2: a row per kThreadsPerRow neighbouring threads.
   const int sub = threadIdx.x % kThreadsPerRow;
@@ -88,13 +97,14 @@ __global__ void __launch_bounds__(kThreads) bwd_preprocess_kernel(const BwdParam
   for (int r = threadIdx.x / kThreadsPerRow; r < kRowsPerCta; r += kRowsPerPass) {
     const int row = row0 + r;
     float d = 0.f;
-    if (row < p.seqlen_q) {
+    const int64_t token = int64_t(span.q_start) + row;  // q / o / lse row (varlen: packed)
+    if (row < span.seqlen_q) {
       const auto* o = reinterpret_cast<const uint4*>(
-          static_cast<const Element*>(p.o) + b * p.o_batch_stride + row * p.o_row_stride +
+          static_cast<const Element*>(p.o) + b * p.o_batch_stride + token * p.o_row_stride +
           h * p.o_head_stride);
       const auto* dout = reinterpret_cast<const uint4*>(
           static_cast<const Element*>(p.dout) + b * p.dout_batch_stride +
-          row * p.dout_row_stride + h * p.dout_head_stride);
+          token * p.dout_row_stride + h * p.dout_head_stride);
       for (int c = sub; c < chunks; c += kThreadsPerRow) {
         d += dot8<Element>(o[c], dout[c]);
       }
@@ -105,13 +115,13 @@ __global__ void __launch_bounds__(kThreads) bwd_preprocess_kernel(const BwdParam
     }
     if (sub == 0) {
       float lse_log2 = INFINITY;  // padded rows: P = exp2(s - inf) = 0, and D = 0
-      if (row < p.seqlen_q) {
-        const float lse = p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + row];
+      if (row < span.seqlen_q) {
+        const float lse = p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + token];
         // lse = -inf: the row sees no key (its forward output is 0); +inf keeps its P at 0
         // instead of exp2(-inf - -inf) = NaN.
         lse_log2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
         if (p.dlse != nullptr) {
-          d -= p.dlse[b * p.dlse_batch_stride + h * p.dlse_head_stride + row];
+          d -= p.dlse[b * p.dlse_batch_stride + h * p.dlse_head_stride + token];
         }
       }
       p.lse_log2[ws_row0 + r] = lse_log2;
@@ -127,10 +137,8 @@ __global__ void __launch_bounds__(kThreads) bwd_preprocess_kernel(const BwdParam
   }
   constexpr int kSemaphores = kRowsPerCta / kBwdSemaphoreRows;
   if (threadIdx.x < kSemaphores) {
-    p.semaphores[p.semaphore_offset(b, h) + row0 / kBwdSemaphoreRows + threadIdx.x] = 0;
-  }
-  if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0) {
-    *p.tile_counter = 0;
+    p.semaphores[p.semaphore_offset(b, h) + (span.ws_row0 + row0) / kBwdSemaphoreRows +
+                 threadIdx.x] = 0;
   }
 }
 
@@ -147,7 +155,7 @@ LaunchResult dispatch_dtype(int32_t dtype, Launch&& launch) {
 }  // namespace
 
 LaunchResult launch_bwd_preprocess(BwdParams const& p, int32_t dtype, cudaStream_t stream) {
-  const dim3 grid(p.seqlen_q_rounded / kRowsPerCta, p.heads_q, p.batch);
+  const dim3 grid((p.seqlen_q + kRowsPerCta - 1) / kRowsPerCta, p.heads_q, p.batch);
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) {
     return LaunchResult::ok();
   }

@@ -138,6 +138,20 @@ BwdParams derive_bwd(const FhBwdParams* p, const DeviceInfo& dev) {
   k.dlse_head_stride = p->dlse_head_stride;
   k.softmax_scale = p->softmax_scale;
   k.deterministic = p->deterministic;
+  if (p->cu_seqlens_q != nullptr) {  // bwd_params.h "Varlen": the lengths' bounds
+    k.cu_seqlens_q = p->cu_seqlens_q;
+    k.cu_seqlens_k = p->cu_seqlens_k;
+    k.seqused_q = p->seqused_q;
+    k.seqused_k = p->seqused_k;
+    k.total_q = k.seqlen_q;
+    k.total_k = k.seqlen_k;
+    if (p->max_seqlen_q > 0 && p->max_seqlen_q < k.total_q) {
+      k.seqlen_q = int(p->max_seqlen_q);
+    }
+    if (p->max_seqlen_k > 0 && p->max_seqlen_k < k.total_k) {
+      k.seqlen_k = int(p->max_seqlen_k);
+    }
+  }
   return k;
 }
 

@@ -125,6 +125,16 @@ constexpr Fa3OnlyInputs kMixedInputs = {
     /*covers=*/mixed_covers,
     /*buckets=*/mixed_buckets};
 
+constexpr Fa3OnlyInputs kVarlenBackward = {
+    /*run=*/" varlen backward (cu_seqlens_q) runs",
+    /*kernels=*/"varlen backward",
+    /*need=*/" varlen backward (cu_seqlens_q) needs",
+    /*because=*/"the FA-3 path's backward",
+    /*have=*/"the varlen backward has",
+    /*label=*/" varlen",
+    /*covers=*/fa3_bwd_covers,
+    /*buckets=*/fa3_bwd_buckets};
+
 // --- layouts the FA-3 path cannot load -------------------------------------------------------
 
 // The fa3 path loads q, k and v (the backward also dout) with TMA, whose descriptors need a
@@ -549,6 +559,7 @@ FhStatus select_backend(const FhBwdParams* p, int cc_major, int cc_minor, BwdCho
   r.dtype = dtype_name(p->dtype);
   r.what = request_what(r.dtype, p->head_dim);
   r.tuned_built = fa3 != nullptr;  // one kernel per bucket: the backward has no variants
+  r.fa3_only = p->cu_seqlens_q != nullptr ? &kVarlenBackward : nullptr;
   return select_for(r, p, fa3, find_bwd_kernel(FH_BACKEND_FA2, p->dtype, p->head_dim), cc_major,
                     cc_minor, out, why);
 }

@@ -17,11 +17,16 @@ int64_t round_up(int64_t x, int64_t multiple) { return (x + multiple - 1) / mult
 }  // namespace
 
 bool bwd_workspace(const FhBwdParams* p, BwdWorkspace* ws) {
-  ws->seqlen_q_rounded = round_up(p->seqlen_q, kBwdRowPad);
+  // Varlen: one batch entry whose rows hold every sequence's padded blocks (bwd_ws_row0).
+  const bool varlen = p->cu_seqlens_q != nullptr;
+  ws->seqlen_q_rounded =
+      round_up(varlen && p->seqlen_q > 0 ? p->seqlen_q + kBwdRowPad * p->batch : p->seqlen_q,
+               kBwdRowPad);
   ws->head_dim_rounded = head_dim_bucket(p->head_dim);
-  int64_t rows = 0;  // batch * heads_q * seqlen_q_rounded
+  int64_t rows = 0;  // batch entries * heads_q * seqlen_q_rounded
   int64_t accum_bytes = 0;
-  if (__builtin_mul_overflow(p->batch * p->heads_q, ws->seqlen_q_rounded, &rows) ||
+  if (__builtin_mul_overflow((varlen ? 1 : p->batch) * p->heads_q, ws->seqlen_q_rounded,
+                             &rows) ||
       __builtin_mul_overflow(rows, ws->head_dim_rounded * 4, &accum_bytes)) {
     return false;
   }
@@ -59,10 +64,6 @@ FhStatus validate_bwd_reserved(const FhBwdParams* p) {
     bool set;
     const char* feature;
   } reserved[] = {
-      {"cu_seqlens_q", p->cu_seqlens_q != nullptr, "varlen"},
-      {"cu_seqlens_k", p->cu_seqlens_k != nullptr, "varlen"},
-      {"seqused_q", p->seqused_q != nullptr, "varlen"},
-      {"seqused_k", p->seqused_k != nullptr, "varlen"},
       {"sinks", p->sinks != nullptr, "attention sinks"},
       {"dsinks", p->dsinks != nullptr, "attention sinks"},
   };
@@ -78,8 +79,6 @@ FhStatus validate_bwd_reserved(const FhBwdParams* p) {
     int64_t value;
     const char* feature;
   } reserved_values[] = {
-      {"max_seqlen_q", p->max_seqlen_q, "varlen"},
-      {"max_seqlen_k", p->max_seqlen_k, "varlen"},
       {"attention_chunk", p->attention_chunk, "chunked-local attention"},
   };
   for (const auto& r : reserved_values) {
@@ -87,6 +86,56 @@ FhStatus validate_bwd_reserved(const FhBwdParams* p) {
       return fail(FH_ERROR_UNSUPPORTED,
                   "%s: expected 0 (%s is not implemented yet in the backward), got %lld", r.name,
                   r.feature, (long long)r.value);
+    }
+  }
+  return FH_SUCCESS;
+}
+
+// The varlen fields (api.h, as the forward's): both offsets arrays or neither, seqused only with
+// them, packed tensors (every batch stride 0), bounds >= 0. The arrays' contents live on the
+// device: the kernels clamp them to the tensors (flash_hopper/varlen.h).
+FhStatus validate_bwd_varlen(const FhBwdParams* p, bool check_data) {
+  if (p->cu_seqlens_q == nullptr && p->cu_seqlens_k == nullptr) {
+    FH_CHECK(p->seqused_q == nullptr && p->seqused_k == nullptr,
+             "seqused_q / seqused_k: expected null in a dense call (they belong to varlen calls: "
+             "cu_seqlens_q / cu_seqlens_k), got %p / %p",
+             static_cast<const void*>(p->seqused_q), static_cast<const void*>(p->seqused_k));
+    FH_CHECK(p->max_seqlen_q == 0 && p->max_seqlen_k == 0,
+             "max_seqlen_q / max_seqlen_k: expected 0 in a dense call (seqlen_q / seqlen_k are "
+             "the lengths), got %lld / %lld",
+             (long long)p->max_seqlen_q, (long long)p->max_seqlen_k);
+    return FH_SUCCESS;
+  }
+  FH_CHECK(p->cu_seqlens_q != nullptr && p->cu_seqlens_k != nullptr,
+           "cu_seqlens_q / cu_seqlens_k: expected both (a varlen call), got %s",
+           p->cu_seqlens_q ? "cu_seqlens_k null" : "cu_seqlens_q null");
+  const NamedStride batch_strides[] = {
+      {"q_batch_stride", p->q_batch_stride},       {"k_batch_stride", p->k_batch_stride},
+      {"v_batch_stride", p->v_batch_stride},       {"o_batch_stride", p->o_batch_stride},
+      {"dout_batch_stride", p->dout_batch_stride}, {"dq_batch_stride", p->dq_batch_stride},
+      {"dk_batch_stride", p->dk_batch_stride},     {"dv_batch_stride", p->dv_batch_stride},
+      {"lse_batch_stride", p->lse_batch_stride},   {"dlse_batch_stride", p->dlse_batch_stride},
+  };
+  for (const NamedStride& st : batch_strides) {
+    FH_CHECK(st.stride == 0,
+             "%s: expected 0 in a varlen call (packed tensors have no batch axis), got %lld",
+             st.name, (long long)st.stride);
+  }
+  FH_CHECK(p->max_seqlen_q >= 0 && p->max_seqlen_k >= 0,
+           "max_seqlen_q / max_seqlen_k: expected >= 0 (the longest sequence's length, 0 = "
+           "unknown: the totals bound them), got %lld / %lld",
+           (long long)p->max_seqlen_q, (long long)p->max_seqlen_k);
+  FH_CHECK(p->seqlen_q + kBwdRowPad * (p->batch + 1) <= kMaxSeqlen,
+           "seqlen_q: expected total_q + %d * (batch + 1) <= %lld for the varlen backward (its "
+           "padded rows count in int32), got total_q %lld with batch %lld",
+           kBwdRowPad, (long long)kMaxSeqlen, (long long)p->seqlen_q, (long long)p->batch);
+  if (check_data) {
+    const int32_t* arrays[] = {p->cu_seqlens_q, p->cu_seqlens_k, p->seqused_q, p->seqused_k};
+    const char* names[] = {"cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k"};
+    for (int i = 0; i < 4; ++i) {
+      FH_CHECK(aligned(arrays[i], alignof(int32_t)),
+               "%s: expected a 4-byte aligned device pointer (int32), got %p", names[i],
+               static_cast<const void*>(arrays[i]));
     }
   }
   return FH_SUCCESS;
@@ -111,12 +160,22 @@ FhStatus validate(const FhBwdParams* p, bool check_data) {
            "fit int32), got %lld",
            (long long)kMaxBwdSeqlenQ, kBwdRowPad, (long long)p->seqlen_q);
   FH_TRY(validate_score(p));
+  FH_TRY(validate_bwd_varlen(p, check_data));  // before the workspace: varlen changes its layout
   FH_TRY(validate_qkvo_strides(p));
   const NamedStride strides[] = {FH_NAMED_STRIDES(p, dout, batch), FH_NAMED_STRIDES(p, dq, batch),
                                  FH_NAMED_STRIDES(p, dk, batch), FH_NAMED_STRIDES(p, dv, batch)};
   FH_TRY(validate_strides(strides));
   BwdWorkspace ws;
-  FH_CHECK(bwd_workspace(p, &ws),
+  const bool workspace_fits = bwd_workspace(p, &ws);
+  // The kernels count the workspace's rows in int32 (BwdSpans::dq_row0): a problem past that
+  // would need more than a terabyte of it.
+  FH_CHECK(!workspace_fits ||
+               (p->cu_seqlens_q != nullptr ? 1 : p->batch) * p->heads_q * ws.seqlen_q_rounded <=
+                   INT32_MAX,
+           "batch/heads_q/seqlen_q: the backward's workspace rows (batch %lld x heads_q %lld x "
+           "%lld padded rows) must fit int32",
+           (long long)p->batch, (long long)p->heads_q, (long long)ws.seqlen_q_rounded);
+  FH_CHECK(workspace_fits,
            "batch/heads_q/seqlen_q: the backward's workspace for batch %lld x heads_q %lld x "
            "seqlen_q %lld (head_dim bucket %lld) exceeds 2^63 bytes",
            (long long)p->batch, (long long)p->heads_q, (long long)p->seqlen_q,

@@ -114,7 +114,7 @@ class QkvPackedFunction(torch.autograd.Function):
 
 class FlashAttnVarlenFunction(torch.autograd.Function):
     """(out, lse) of a varlen call (flash_attn_varlen_func); gradients for q, k, v (the
-    backward per sequence, _varlen.backward)."""
+    varlen backward, _varlen.backward)."""
 
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -124,15 +124,16 @@ class FlashAttnVarlenFunction(torch.autograd.Function):
                 deterministic: bool, sm_margin: int = 0,
                 checked: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         # checked: offsets built by the caller (_chunk.py), not read back
+        bounds: list = []
         out, lse, vp = _varlen.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                        max_seqlen_k, seqused_q, seqused_k, softmax_scale, causal,
                                        window_size, softcap, backend, checked=checked,
-                                       sm_margin=sm_margin)
+                                       sm_margin=sm_margin, bounds=bounds)
         ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q,
                               seqused_k)
         cfg = vp.dense.cfg
         ctx.bwd_args = (cfg.softmax_scale, cfg.window_left, cfg.window_right, cfg.softcap,
-                        cfg.backend, deterministic, sm_margin)
+                        cfg.backend, deterministic, sm_margin, *(bounds or (0, 0)))
         ctx.set_materialize_grads(False)
         return out, lse
 

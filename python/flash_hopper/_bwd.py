@@ -170,6 +170,11 @@ def _launch(plan: Plan, dout: torch.Tensor, restride_dout: bool, q: torch.Tensor
     if restride_dout:
         p.dout_batch_stride, p.dout_row_stride, p.dout_head_stride = (
             _validate.effective_strides(dout)[:3])
+    launch_params(plan, p)
+
+
+def launch_params(plan: Plan, p: FhBwdParams) -> None:
+    """fh_bwd for a complete FhBwdParams on the plan's device and torch's current stream."""
     index = plan.device.index
     if _current_device() == index:
         status = plan.lib.fh_bwd(p, _raw_stream(index))

@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 import torch
 
 from . import _bwd, _decode, _device, _env, _fwd, _plan_cache, _validate, dispatch
-from ._abi import FhBackend, FhFwdParams, FhVariant
+from ._abi import FhBackend, FhBwdParams, FhFwdParams, FhVariant
 from ._errors import UnsupportedError
 from ._tables import FP8_DTYPES, KV_FP8_DTYPES
 
@@ -347,22 +347,29 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: tor
             out: torch.Tensor | None = None, need_lse: bool = True,
             descales: tuple = (None, None, None), kv_batch_idx: torch.Tensor | None = None,
             leftpad_k: torch.Tensor | None = None, batch_k: int = 0, checked: bool = False,
-            sm_margin: int = 0) -> tuple[torch.Tensor, torch.Tensor | None, VarlenPlan]:
+            sm_margin: int = 0, bounds: list | None = None,
+            ) -> tuple[torch.Tensor, torch.Tensor | None, VarlenPlan]:
     """(out, lse, plan): out (total_q, heads_q, head_dim) written in place when given, lse fp32
     (heads_q, total_q) or None. Rows outside every used span are not written. FP8 (e4m3) q / k /
     v: descales = (q_descale, k_descale, v_descale), out in bf16. KV-cache calls (kvcache.py):
     kv_batch_idx / leftpad_k int32 (batch,) and batch_k (api.h), and ``checked``: the caller
-    built or validated the offsets itself (no read-back here). sm_margin: FA3's."""
+    built or validated the offsets itself (no read-back here). sm_margin: FA3's. ``bounds``: a
+    list that receives (longest query span, longest key span) for the backward: read from the
+    offsets where this call checked them, else the caller's max_seqlen_q / max_seqlen_k."""
     vp = plan(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
               seqused_k, softmax_scale, causal, window_size, softcap, backend, out, descales,
               batch_k if kv_batch_idx is not None else 0, sm_margin)
     longest_q = max_seqlen_q  # what the decode route sizes its grid by
+    longest_k = max_seqlen_k
     if vp.template is not None and not checked and offsets_checked():
         h = check_offsets(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, q.shape[0],
                           k.shape[0])
         # max_seqlen_q is a hint (FA3): the grid takes the longest sequence read here, so a
         # short hint never leaves rows unwritten; unchecked calls take the hint as the bound
         longest_q = max([max_seqlen_q] + [b - a for a, b in zip(h.cu_q, h.cu_q[1:])])
+        longest_k = max([max_seqlen_k] + [b - a for a, b in zip(h.cu_k, h.cu_k[1:])])
+    if bounds is not None:
+        bounds[:] = [longest_q, longest_k]
     device = vp.dense.device
     if out is None:
         out = torch.empty(vp.out_shape, dtype=vp.dense.out_dtype, device=device)
@@ -398,20 +405,82 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: tor
     return out, lse, vp
 
 
+class BwdPlan(NamedTuple):
+    dense: _bwd.Plan  # the (1, total) views' plan: backend, reason, device, library
+    template: bytes | None  # FhBwdParams with the varlen fields, no data pointers (None: fa2)
+
+
+_bwd_plans = _plan_cache.PlanCache(256)
+
+
+def _bwd_meta(t: Any) -> tuple:
+    return (None,) if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
+def _bwd_plan(dout, q, k, v, out, lse, dlse, dq, dk, dv, batch, bounds, softmax_scale,
+              window_left, window_right, softcap, backend, deterministic, num_sms,
+              seqused) -> BwdPlan:
+    """The dense views' plan (validation and the library's choice), and for the FA-3 path the
+    varlen call's template: batch = sequences, batch strides 0, the lengths' bounds."""
+    key = ("bwd", *(m for t in (dout, q, k, v, out, lse, dlse, dq, dk, dv) for m in _bwd_meta(t)),
+           batch, bounds, type(softmax_scale), softmax_scale, window_left, window_right,
+           type(softcap), softcap, backend, deterministic, num_sms, seqused)
+    vp = _bwd_plans.get(key)
+    if vp is not None:
+        return vp
+    views = [t.unsqueeze(0) for t in (dout, q, k, v, out, lse)]
+    dlse4 = dlse.unsqueeze(0) if dlse is not None else None
+    cfg = _validate.check_bwd_args(*views, dlse4, softmax_scale, window_left, window_right,
+                                   softcap, backend, deterministic)
+    grads = tuple(t.unsqueeze(0) for t in (dq, dk, dv))
+    dense = _bwd.make_plan(cfg, views[0], *views[1:], dlse4, grads=grads, num_sms=num_sms)
+    template = None
+    if dense.backend == "fa3":
+        p = FhBwdParams.from_buffer_copy(dense.template)
+        p.batch = batch
+        for name in ("q", "k", "v", "o", "dout", "dq", "dk", "dv", "lse", "dlse"):
+            setattr(p, f"{name}_batch_stride", 0)
+        p.max_seqlen_q, p.max_seqlen_k = bounds
+        p.cu_seqlens_q = p.cu_seqlens_k = 16  # placeholders for the size query (not read)
+        p.seqused_q = 16 if seqused[0] else None
+        p.seqused_k = 16 if seqused[1] else None
+        p.workspace_bytes = dense.lib.bwd_workspace_size(p)
+        p.cu_seqlens_q = p.cu_seqlens_k = p.seqused_q = p.seqused_k = None
+        template = bytes(p)
+    vp = BwdPlan(dense, template)
+    _bwd_plans.remember(key, vp)
+    return vp
+
+
 def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              out: torch.Tensor, lse: torch.Tensor, dlse: torch.Tensor | None,
              cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
              seqused_q: torch.Tensor | None, seqused_k: torch.Tensor | None,
              softmax_scale: float, window_left: int, window_right: int, softcap: float,
-             backend: str, deterministic: bool, sm_margin: int = 0,
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of a varlen forward: per sequence through the dense backward kernels, into
-    views of zero-initialized gradients (rows outside every used span get 0). sm_margin: FA3's,
-    SMs the kernels leave free."""
+             backend: str, deterministic: bool, sm_margin: int = 0, max_seqlen_q: int = 0,
+             max_seqlen_k: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of a varlen forward, in zero-initialized gradients (rows outside every used
+    span get 0). The FA-3 path: one backward call over the packed sequences (the library reads
+    the offsets on the device: no host synchronization, CUDA-graph capturable), each sequence's
+    lengths clamped to max_seqlen_q / max_seqlen_k (0: the totals). The FA-2 path: per sequence
+    through the dense backward kernels (the offsets read on the host). sm_margin: FA3's, SMs the
+    kernels leave free."""
     num_sms = _device.grid_cap(q.device, sm_margin)
     dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     if dout.stride(-1) != 1 or any(s % 8 for s in dout.stride()[:-1]):
         dout = dout.contiguous()
+    batch = cu_seqlens_q.shape[0] - 1
+    if dlse is not None and dlse.stride(-1) != 1:
+        dlse = dlse.contiguous()
+    bounds = (max_seqlen_q if max_seqlen_q > 0 else q.shape[0],
+              max_seqlen_k if max_seqlen_k > 0 else k.shape[0])
+    vp = _bwd_plan(dout, q, k, v, out, lse, dlse, dq, dk, dv, batch, bounds, softmax_scale,
+                   window_left, window_right, softcap, backend, deterministic, num_sms,
+                   (seqused_q is not None, seqused_k is not None))
+    if vp.template is not None:
+        _launch_varlen_bwd(vp, dout, q, k, v, out, lse, dlse, dq, dk, dv, cu_seqlens_q,
+                           cu_seqlens_k, seqused_q, seqused_k)
+        return dq, dk, dv
     cq, ck, used_q, used_k = host_offsets(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     for b in range(len(cq) - 1):
         q0, k0 = cq[b], ck[b]
@@ -430,11 +499,34 @@ def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     return dq, dk, dv
 
 
+def _launch_varlen_bwd(vp: BwdPlan, dout, q, k, v, out, lse, dlse, dq, dk, dv, cu_seqlens_q,
+                       cu_seqlens_k, seqused_q, seqused_k) -> None:
+    """fh_bwd for the varlen template with these tensors' pointers (the dense views' checks of
+    alignment and of dout's layout first)."""
+    plan = vp.dense
+    dout4, restride = _bwd._loadable_dout(plan, dout.unsqueeze(0))
+    _validate.check_alignment(q=q, k=k, v=v, out=out, lse=lse, dlse=dlse, dq=dq, dk=dk, dv=dv)
+    p = FhBwdParams.from_buffer_copy(vp.template)
+    if restride:
+        _, p.dout_row_stride, p.dout_head_stride = _validate.effective_strides(dout4)[:3]
+    workspace = torch.empty(p.workspace_bytes, dtype=torch.uint8, device=plan.device)
+    p.q, p.k, p.v, p.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+    p.lse, p.dout = lse.data_ptr(), dout4.data_ptr()
+    p.dlse = dlse.data_ptr() if dlse is not None else None
+    p.dq, p.dk, p.dv = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
+    p.workspace = workspace.data_ptr()
+    p.cu_seqlens_q, p.cu_seqlens_k = cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()
+    p.seqused_q = seqused_q.data_ptr() if seqused_q is not None else None
+    p.seqused_k = seqused_k.data_ptr() if seqused_k is not None else None
+    _bwd.launch_params(plan, p)
+
+
 def clear_plans() -> None:
     _plans.clear()
 
 
 __all__ = [
+    "BwdPlan",
     "VarlenPlan",
     "backward",
     "check_args",

@@ -220,7 +220,8 @@ BWD_VARLEN_SCHEMA = (
     "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? dlse, "
     "Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_q, Tensor? seqused_k, "
     "float softmax_scale, int window_left, int window_right, float softcap, str backend, "
-    "bool deterministic, int sm_margin=0) -> (Tensor, Tensor, Tensor)"
+    "bool deterministic, int sm_margin=0, int max_seqlen_q=0, int max_seqlen_k=0) -> "
+    "(Tensor, Tensor, Tensor)"
 )
 
 
@@ -253,17 +254,18 @@ def _fwd_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, 
 @bwd_varlen.register_fake
 def _bwd_varlen_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_q,
                      seqused_k, softmax_scale, window_left, window_right, softcap, backend,
-                     deterministic, sm_margin=0):
+                     deterministic, sm_margin=0, max_seqlen_q=0, max_seqlen_k=0):
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape))
 
 
 def _fwd_varlen_setup_context(ctx, inputs, output):
-    (q, k, v, cu_q, cu_k, used_q, used_k, _, _, softmax_scale, window_left, window_right,
-     softcap, backend, deterministic, sm_margin) = inputs
+    (q, k, v, cu_q, cu_k, used_q, used_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+     window_left, window_right, softcap, backend, deterministic, sm_margin) = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, used_q, used_k)
+    # The backward's bounds of the sequences' lengths: the caller's max_seqlen (FA3's contract)
     ctx.bwd_args = (softmax_scale, window_left, window_right, softcap, backend, deterministic,
-                    sm_margin)
+                    sm_margin, max_seqlen_q, max_seqlen_k)
     ctx.set_materialize_grads(False)
 
 

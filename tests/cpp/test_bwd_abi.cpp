@@ -228,11 +228,17 @@ static void test_validation() {
   // Reserved fields: a valid request this build cannot serve yet, each named.
   static int32_t cu_seqlens[3] = {0, 1, 2};
   static float sinks[8];
-  expect_rejected("cu_seqlens_q", UNSUPPORTED, S{"cu_seqlens_q: expected null", "varlen"},
+  // Varlen (api.h): both offsets arrays, packed tensors, seqused and bounds only with them.
+  expect_rejected("cu_seqlens_q alone", INVALID,
+                  S{"cu_seqlens_q / cu_seqlens_k: expected both", "cu_seqlens_k null"},
                   [](FhBwdParams& p) { p.cu_seqlens_q = cu_seqlens; });
-  expect_rejected("seqused_k", UNSUPPORTED, S{"seqused_k: expected null"},
+  expect_rejected("varlen batch stride", INVALID,
+                  S{"q_batch_stride: expected 0 in a varlen call", "got 65536"},
+                  [](FhBwdParams& p) { p.cu_seqlens_q = p.cu_seqlens_k = cu_seqlens; });
+  expect_rejected("seqused_k", INVALID, S{"seqused_q / seqused_k: expected null in a dense call"},
                   [](FhBwdParams& p) { p.seqused_k = cu_seqlens; });
-  expect_rejected("max_seqlen_k", UNSUPPORTED, S{"max_seqlen_k: expected 0", "got 5"},
+  expect_rejected("max_seqlen_k", INVALID,
+                  S{"max_seqlen_q / max_seqlen_k: expected 0 in a dense call", "got 0 / 5"},
                   [](FhBwdParams& p) { p.max_seqlen_k = 5; });
   expect_rejected("attention_chunk", UNSUPPORTED, S{"attention_chunk: expected 0", "got 128"},
                   [](FhBwdParams& p) { p.attention_chunk = 128; });
@@ -478,6 +484,48 @@ static void test_select_backend(Built const& built) {
         "cc -1: %s", fh_last_error());
 }
 
+// A varlen request (api.h): its workspace holds one batch entry of round_up(total_q + 128 *
+// batch, 128) rows per query head; the FA-3 path serves it (cc 9.0), the FA-2 path does not.
+static void test_varlen() {
+  static int32_t cu[4] = {0, 100, 100, 300};
+  Problem pr;
+  pr.b = 3;
+  pr.sq = pr.sk = 300;  // the packed tokens
+  FhBwdParams p = valid_params(pr);
+  p.cu_seqlens_q = p.cu_seqlens_k = cu;
+  p.max_seqlen_q = p.max_seqlen_k = 200;
+  p.q_batch_stride = p.o_batch_stride = p.dout_batch_stride = p.dq_batch_stride = 0;
+  p.k_batch_stride = p.v_batch_stride = p.dk_batch_stride = p.dv_batch_stride = 0;
+  p.lse_batch_stride = p.dlse_batch_stride = 0;
+  const Layout want = documented_layout(1, 300 + 128 * 3, pr.hq, pr.d);
+  int64_t bytes = -1;
+  CHECK(fh_bwd_workspace_size(&p, &bytes) == FH_SUCCESS && bytes == want.bytes,
+        "varlen workspace: %lld bytes, expected %lld (%s)", (long long)bytes,
+        (long long)want.bytes, fh_last_error());
+  int32_t backend = -1;
+  char reason[256];
+  const FhStatus sm90 = fh_bwd_select_backend(&p, 9, 0, &backend, reason, sizeof(reason));
+  CHECK(sm90 == FH_ERROR_UNSUPPORTED || (sm90 == FH_SUCCESS && backend == FH_BACKEND_FA3),
+        "varlen on cc 9.0: status %d backend %d (%s)", int(sm90), int(backend), fh_last_error());
+  backend = -1;
+  CHECK(fh_bwd_select_backend(&p, 8, 0, &backend, reason, sizeof(reason)) ==
+                FH_ERROR_UNSUPPORTED &&
+            contains(fh_last_error(), "varlen backward (cu_seqlens_q) needs a GPU of compute "
+                                      "capability 9.0") &&
+            backend == -1,
+        "varlen on cc 8.0: %s", fh_last_error());
+  p.backend = FH_BACKEND_FA2;
+  CHECK(fh_bwd_select_backend(&p, 9, 0, &backend, reason, sizeof(reason)) ==
+                FH_ERROR_UNSUPPORTED &&
+            contains(fh_last_error(), "varlen backward (cu_seqlens_q) runs on the FA-3 path"),
+        "varlen with backend fa2: %s", fh_last_error());
+  p.backend = FH_BACKEND_AUTO;
+  p.max_seqlen_q = -1;
+  CHECK(fh_bwd_workspace_size(&p, &bytes) == FH_ERROR_INVALID_ARGUMENT &&
+            contains(fh_last_error(), "max_seqlen_q / max_seqlen_k: expected >= 0"),
+        "negative max_seqlen_q: %s", fh_last_error());
+}
+
 static void test_empty_batch() {
   Problem pr;
   pr.b = 0;
@@ -497,6 +545,7 @@ int main() {
   test_workspace_exact();
   const Built built = test_has_bwd_kernel();
   test_select_backend(built);
+  test_varlen();
   test_empty_batch();
   return host_check_exit();
 }

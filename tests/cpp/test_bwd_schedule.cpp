@@ -69,10 +69,36 @@ static std::string context;
 // ------------------------------------------------------------------------------------------------
 struct Problem {
   int batch, kv_heads, q_per_kv, seqlen_q, seqlen_k, grid_sms;
-  AttentionMask mask;
+  AttentionMask mask;  // varlen: with the bounds of the sequences' lengths
   bool deterministic;
   bool softcap = false;  // every step of the call must run the capped code, none of another call
+  // Varlen: batch + 1 offsets each (seqlen_q / seqlen_k are then the lengths' bounds, which
+  // some sequences exceed: the kernel clamps them); empty: dense.
+  std::vector<int32_t> cu_q, cu_k;
   int q_heads() const { return kv_heads * q_per_kv; }
+  bool varlen() const { return !cu_q.empty(); }
+  BwdSpans spans() const {
+    BwdSpans s;
+    if (varlen()) {
+      s.cu_q = cu_q.data();
+      s.cu_k = cu_k.data();
+      s.total_q = cu_q.back();
+      s.total_k = cu_k.back();
+    }
+    s.seqlen_q = seqlen_q;
+    s.seqlen_k = seqlen_k;
+    return s;
+  }
+  // The mask of sequence b: the call's on its own lengths.
+  AttentionMask seq_mask(int b) const {
+    AttentionMask m = mask;
+    if (varlen()) {
+      const BwdSpan s = spans()(b);
+      m.seqlen_q = s.seqlen_q;
+      m.seqlen_k = s.seqlen_k;
+    }
+    return m;
+  }
 };
 
 static Problem random_problem(std::mt19937& rng) {
@@ -106,17 +132,35 @@ static Problem random_problem(std::mt19937& rng) {
   p.mask = AttentionMask{p.seqlen_q, p.seqlen_k, wl, wr, chunk};
   p.deterministic = rng() % 2 == 0;
   p.softcap = rng() % 2 == 0;
+  if (rng() % 3 == 0) {  // varlen: 1..5 sequences up to the bounds, a few past them
+    p.batch = 1 + int(rng() % 5);
+    p.cu_q.assign(1, 0);
+    p.cu_k.assign(1, 0);
+    for (int b = 0; b < p.batch; ++b) {
+      auto length = [&](int bound) {
+        const int over = rng() % 8 == 0 ? int(rng() % 60) : 0;
+        return int(rng() % uint32_t(bound + 1)) + over;
+      };
+      p.cu_q.push_back(p.cu_q.back() + length(p.seqlen_q));
+      p.cu_k.push_back(p.cu_k.back() + length(p.seqlen_k));
+    }
+  }
   return p;
 }
 
 static std::string describe(Problem const& p, int bm, int bn) {
   char buf[256];
   std::snprintf(buf, sizeof(buf),
-                "%dx%d | b %d hkv %d gq %d sq %d sk %d wl %d wr %d chunk %d sms %d det %d cap %d",
+                "%dx%d | b %d hkv %d gq %d sq %d sk %d wl %d wr %d chunk %d sms %d det %d cap %d%s",
                 bm, bn, p.batch, p.kv_heads, p.q_per_kv, p.seqlen_q, p.seqlen_k,
                 p.mask.window_left, p.mask.window_right, p.mask.chunk, p.grid_sms,
-                int(p.deterministic), int(p.softcap));
-  return buf;
+                int(p.deterministic), int(p.softcap), p.varlen() ? " varlen" : "");
+  std::string d = buf;
+  for (size_t b = 0; b + 1 < p.cu_q.size(); ++b) {
+    d += " (" + std::to_string(p.cu_q[b + 1] - p.cu_q[b]) + "," +
+         std::to_string(p.cu_k[b + 1] - p.cu_k[b]) + ")";
+  }
+  return d;
 }
 
 // The kernel's scheduler (launch.h): its L2 sections sized by a bf16 d128 row (the section size is
@@ -130,7 +174,8 @@ static BwdTileScheduler make_tiles(Problem const& p, int bm, int bn, bool det_ke
   return BwdTileScheduler::make(p.seqlen_k, bn, p.kv_heads, p.q_per_kv, p.batch, p.deterministic,
                                 p.grid_sms, bwd_longest_first(p.mask), q_bytes,
                                 (p.seqlen_q + bm - 1) / bm * p.q_per_kv,
-                                det_kernel && full ? (p.seqlen_q + bm - 1) / bm : 0);
+                                det_kernel && full && !p.varlen() ? (p.seqlen_q + bm - 1) / bm
+                                                                  : 0);
 }
 
 // A dynamic walk's claims as a run might hand them out: claim value v (tile grid + v) goes to a
@@ -402,27 +447,49 @@ static void check_steps(Problem const& p, BwdTileScheduler const& tiles,
                         std::vector<Schedule> const& ctas) {
   const int num_m = (p.seqlen_q + BM - 1) / BM, num_n = tiles.num_n_blocks;
   const int hq = p.q_heads();
-  // Brute force: which (m, n) blocks hold a visible element, and which are fully visible.
-  std::vector<char> any(size_t(num_m) * num_n, 0), all(size_t(num_m) * num_n, 1);
-  for (int m = 0; m < num_m; ++m) {
-    for (int n = 0; n < num_n; ++n) {
-      for (int r = m * BM; r < std::min((m + 1) * BM, p.seqlen_q); ++r) {
-        for (int c = n * BN; c < (n + 1) * BN; ++c) {
-          const bool v = p.mask.visible(r, c);
-          any[m * num_n + n] |= v;
-          all[m * num_n + n] &= v;
+  // Brute force per sequence (dense: one mask for all): which (m, n) blocks hold a visible
+  // element, and which are fully visible.
+  std::vector<std::vector<char>> any_of(size_t(p.batch)), all_of(size_t(p.batch));
+  for (int b = 0; b < p.batch; ++b) {
+    const AttentionMask mask = p.seq_mask(b);
+    std::vector<char>& any = any_of[size_t(b)];
+    std::vector<char>& all = all_of[size_t(b)];
+    any.assign(size_t(num_m) * num_n, 0);
+    all.assign(size_t(num_m) * num_n, 1);
+    for (int m = 0; m < num_m; ++m) {
+      for (int n = 0; n < num_n; ++n) {
+        for (int r = m * BM; r < std::min((m + 1) * BM, mask.seqlen_q); ++r) {
+          for (int c = n * BN; c < (n + 1) * BN; ++c) {
+            const bool v = mask.visible(r, c);
+            any[m * num_n + n] |= v;
+            all[m * num_n + n] &= v;
+          }
         }
       }
     }
   }
+  const BwdSpans spans = p.spans();
   std::vector<int> visits(size_t(p.batch) * hq * num_m * num_n, 0);
   for (Schedule const& cs : ctas) {
     BwdTileWork w;
     for (int round = 0; cs.work(tiles.index(round, cs.base.cta), w); ++round) {  // every tile once
       const int n = w.tile.n_block;
-      std::vector<int> ms;  // the brute-force transpose of key_blocks
-      for (int m = 0; m < num_m; ++m) {
-        const KeyBlockRange r = p.mask.key_blocks(m, BM, BN);
+      const AttentionMask mask = p.seq_mask(w.tile.batch);
+      std::vector<char> const& all = all_of[size_t(w.tile.batch)];
+      // The tile's sequence: its span (varlen: from the offsets, clamped to the bounds).
+      const BwdSpan want = p.varlen() ? spans(w.tile.batch)
+                                      : BwdSpan{w.tile.batch, 0, 0, p.seqlen_q, p.seqlen_k, 0};
+      CHECK(w.span.batch == want.batch && w.span.q_start == want.q_start &&
+                w.span.k_start == want.k_start && w.span.seqlen_q == want.seqlen_q &&
+                w.span.seqlen_k == want.seqlen_k && w.span.ws_row0 == want.ws_row0,
+            "tile (b %d, n %d): span (%d, %d, %d, %d, %d, %d)", w.tile.batch, n, w.span.batch,
+            w.span.q_start, w.span.k_start, w.span.seqlen_q, w.span.seqlen_k, w.span.ws_row0);
+      CHECK(w.span.seqlen_q <= p.seqlen_q && w.span.seqlen_k <= p.seqlen_k,
+            "tile (b %d, n %d): span lengths %d / %d past the bounds", w.tile.batch, n,
+            w.span.seqlen_q, w.span.seqlen_k);
+      std::vector<int> ms;  // the brute-force transpose of key_blocks (the sequence's rows)
+      for (int m = 0; m < (mask.seqlen_q + BM - 1) / BM; ++m) {
+        const KeyBlockRange r = mask.key_blocks(m, BM, BN);
         if (n >= r.n_min && n < r.n_max) {
           ms.push_back(m);
         }
@@ -453,9 +520,9 @@ static void check_steps(Problem const& p, BwdTileScheduler const& tiles,
           CHECK(false, "tile n %d step %d out of range (g %d, m %d)", n, i, s.g, s.m);
           continue;
         }
-        CHECK(s.masked == p.mask.block_masked(s.m, n, BM, BN),
+        CHECK(s.masked == mask.block_masked(s.m, n, BM, BN),
               "tile n %d m %d: masked %d, block_masked %d", n, s.m, int(s.masked),
-              int(p.mask.block_masked(s.m, n, BM, BN)));
+              int(mask.block_masked(s.m, n, BM, BN)));
         CHECK(s.masked || all[s.m * num_n + n], "tile n %d m %d runs unmasked but needs the mask",
               n, s.m);
         const int hq_idx = w.dq_head(s);
@@ -468,6 +535,7 @@ static void check_steps(Problem const& p, BwdTileScheduler const& tiles,
     for (int m = 0; m < num_m; ++m) {
       for (int n = 0; n < num_n; ++n) {
         const int v = visits[(size_t(bh) * num_m + m) * num_n + n];
+        std::vector<char> const& any = any_of[size_t(bh / hq)];
         CHECK(v == (any[m * num_n + n] ? 1 : v) && v <= 1,
               "(batch*q head %d, m %d, n %d) visited %d times, holds visible elements: %d", bh, m,
               n, v, int(any[m * num_n + n]));
@@ -998,7 +1066,9 @@ struct MockConsumer {
   }
   DqTurnOf dq_turn(BwdTileWork const& w, QueryStep s) {
     CHECK(p.deterministic, "WG %d takes a dQ turn in default mode", wg);
-    return {dq_key(p, BM, w, s), dq_rank<Cfg::kDeterministic>(*tiles, p.mask, s.m, w.tile, BM, Cfg::kBlockN) +
+    return {dq_key(p, BM, w, s),
+            dq_rank<Cfg::kDeterministic>(*tiles, p.seq_mask(w.tile.batch), s.m, w.tile, BM,
+                                         Cfg::kBlockN) +
             sab.rank_offset, w.tile.n_block};
   }
   void wait_dq_turn(DqTurnOf const& t) {
@@ -1665,14 +1735,17 @@ static void check_contributions(Problem const& p, int bm, int bn, BwdTileSchedul
     BwdTileCoord c;
     c.batch = bh / p.q_heads();
     c.kv_head = bh % p.q_heads() / p.q_per_kv;
-    const KeyBlockRange r = p.mask.key_blocks(m, bm, bn);
+    const AttentionMask mask = p.seq_mask(c.batch);
+    // Blocks past a varlen sequence's rows have no contributors.
+    const KeyBlockRange r =
+        m * bm < mask.seqlen_q ? mask.key_blocks(m, bm, bn) : KeyBlockRange{0, 0};
     std::vector<int> contributors;  // n, in the deterministic order
     for (int n = r.n_max - 1; n >= r.n_min; --n) {
       contributors.push_back(n);
     }
     auto rank = [&](int n) {
       c.n_block = n;
-      return dq_rank<true>(tiles, p.mask, m, c, bm, bn);
+      return dq_rank<true>(tiles, mask, m, c, bm, bn);
     };
     if (ordered) {
       std::stable_sort(contributors.begin(), contributors.end(),
@@ -1719,7 +1792,7 @@ static bool run_roles(Problem const& p, std::mt19937& rng, Sabotage sab,
   std::vector<std::deque<int>> claims = random_claims(tiles, rng);
   for (int cta = 0; cta < tiles.grid; ++cta) {
     std::vector<typename MockConsumer<Cfg>::Staged> staged0;
-    const TestSchedule<BM, BN, Cfg::kDeterministic> cs{{tiles, p.mask, cta}, sab};
+    const TestSchedule<BM, BN, Cfg::kDeterministic> cs{{tiles, p.mask, cta, p.spans()}, sab};
     MockProducer<QS> producer(num_n, p, sab);
     producer.tiles = &tiles;
     producer.claims = &claims[size_t(cta)];
@@ -1833,7 +1906,7 @@ static void run_family(std::mt19937& rng, int problems) {
     const BwdTileScheduler tiles = make_tiles(p, BM, BN);
     std::vector<TestSchedule<BM, BN>> ctas;
     for (int cta = 0; cta < tiles.grid; ++cta) {
-      ctas.push_back({{tiles, p.mask, cta}, {}});
+      ctas.push_back({{tiles, p.mask, cta, p.spans()}, {}});
     }
     check_steps<BM, BN>(p, tiles, ctas);
     p.grid_sms = rng() % 2 ? 3 : 132;
@@ -1912,11 +1985,14 @@ static void dq_controls(std::mt19937& rng) {
   CHECK(caught([&] { return run_roles<D128>(p, rng, ascending); }),
         "n-ascending deterministic order at G = 1 did not deadlock");
   p.grid_sms = 7;
-  // Rank order: a rank off by one, a missing hand-off of the turn, a wrong increment.
+  // Rank order: a rank off by one, a missing hand-off of the turn, a wrong increment. The dQ
+  // writer waits until the semaphore reaches its rank, so an early rank or a double increment
+  // shows only where a contributor then overtakes its predecessor: within 20 interleavings.
   for (int offset : {1, -1}) {
     Sabotage s;
     s.rank_offset = offset;
-    CHECK(caught([&] { return run_roles<D128>(p, rng, s); }), "rank %+d went unnoticed", offset);
+    CHECK(caught_within(20, [&] { return run_roles<D128>(p, rng, s); }),
+          "rank %+d went unnoticed", offset);
   }
   Sabotage no_pass;
   no_pass.skip_pass = 1;
@@ -1924,7 +2000,7 @@ static void dq_controls(std::mt19937& rng) {
         "a turn never passed on went unnoticed");
   Sabotage by_two;
   by_two.pass_by = 2;
-  CHECK(caught([&] { return run_roles<D192>(p, rng, by_two); }),
+  CHECK(caught_within(20, [&] { return run_roles<D192>(p, rng, by_two); }),
         "a semaphore incremented by 2 went unnoticed");
   // The turn passes only after the adds were performed: without the fence (red.global adds)
   // or the wait for the bulk reduce-add's completion (slots) it may pass first.
@@ -2005,7 +2081,7 @@ static void negative_controls(std::mt19937& rng) {
   const BwdTileScheduler tiles = make_tiles(p, 64, 64);
   std::vector<TestSchedule<64, 64>> ctas;
   for (int cta = 0; cta < tiles.grid; ++cta) {
-    ctas.push_back({{tiles, p.mask, cta}, drop});
+    ctas.push_back({{tiles, p.mask, cta, p.spans()}, drop});
   }
   CHECK(caught([&] {
           check_steps<64, 64>(p, tiles, ctas);
@@ -2070,10 +2146,54 @@ static void negative_controls(std::mt19937& rng) {
         "a claimed tile dropped by the producer went unnoticed");
 }
 
+// Varlen workspace rows (bwd_ws_row0): every query block of every sequence lies inside the
+// workspace's round_up(total_q + kBwdRowPad * batch, kBwdRowPad) rows for any offsets clamped to
+// the tensor, and with monotone offsets no kBwdRowPad block holds rows of two sequences.
+static void check_ws_rows(std::mt19937& rng) {
+  context = "varlen workspace rows";
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int batch = 1 + int(rng() % 40);
+    const int total_q = int(rng() % 3000);
+    const bool monotone = rng() % 2 == 0;
+    std::vector<int32_t> cu(size_t(batch) + 1), cu_k(size_t(batch) + 1, 0);
+    for (int32_t& x : cu) {
+      x = int32_t(rng() % uint32_t(total_q + 200)) - 100;  // some outside [0, total_q]
+    }
+    if (monotone) {
+      for (int32_t& x : cu) {
+        x = std::min(std::max(x, 0), total_q);
+      }
+      std::sort(cu.begin(), cu.end());
+    }
+    BwdSpans spans;
+    spans.cu_q = cu.data();
+    spans.cu_k = cu_k.data();
+    spans.total_q = total_q;
+    spans.seqlen_q = total_q;
+    const int64_t rows = (int64_t(total_q) + kBwdRowPad * batch + kBwdRowPad - 1) / kBwdRowPad *
+                         kBwdRowPad;
+    int64_t last_end = 0;
+    for (int b = 0; b < batch; ++b) {
+      const BwdSpan sp = spans(b);
+      const int blocks = (sp.seqlen_q + kBwdRowPad - 1) / kBwdRowPad;
+      const int64_t end = int64_t(sp.ws_row0) + int64_t(blocks) * kBwdRowPad;
+      CHECK(sp.ws_row0 >= 0 && sp.ws_row0 % kBwdRowPad == 0 && end <= rows,
+            "batch %d total %d: sequence %d at rows [%d, %lld) of %lld", batch, total_q, b,
+            sp.ws_row0, (long long)end, (long long)rows);
+      if (monotone && blocks > 0) {
+        CHECK(sp.ws_row0 >= last_end, "sequence %d starts at row %d, the last one ended at %lld",
+              b, sp.ws_row0, (long long)last_end);
+        last_end = end;
+      }
+    }
+  }
+}
+
 int main(int argc, char** argv) {
   const int problems = argc > 1 ? std::atoi(argv[1]) : 60;
   std::mt19937 rng(2024);
   tile_orders(rng);
+  check_ws_rows(rng);
   run_family<D64>(rng, problems);
   run_family<D96>(rng, problems);
   run_family<D128>(rng, problems);

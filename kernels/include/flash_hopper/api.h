@@ -10,7 +10,7 @@
 // - Tensors use FA3's layout: q (batch, seqlen_q, heads_q, head_dim), k/v (batch, seqlen_k,
 //   heads_kv, head_dim), o like q; the head_dim axis must be contiguous (stride 1).
 // - lse is fp32 (batch, heads_q, seqlen_q) with its own batch/head strides, row stride 1.
-// - Fields reserved for later features (FhBwdParams' varlen, chunk and sinks) are part of the
+// - Fields reserved for later features (FhBwdParams' chunk and sinks) are part of the
 //   struct now so the ABI does not change when they land; until then a non-null / non-zero value in
 //   them is rejected with FH_ERROR_UNSUPPORTED, never silently ignored.
 // - Functions return FhStatus; on error fh_last_error() returns a message naming the argument,
@@ -334,13 +334,22 @@ typedef struct FhBwdParams {
   int64_t window_left;
   int64_t window_right;
 
-  // --- reserved: varlen, chunked-local attention, sinks (later issues) --------------------
+  // --- varlen: as FhFwdParams' (packed q / k / v / o / dout / dq / dk / dv, lse and dlse
+  // (heads_q, total_q), seqlen_q / seqlen_k the totals, every *_batch_stride 0); the FA-3 path
+  // only (cc 9.0). One call over every sequence: the offsets are read on the device (no host
+  // synchronization, CUDA-graph safe) and clamped to the tensors. max_seqlen_q / max_seqlen_k
+  // bound the sequences' lengths (0: the totals do, at the cost of idle tiles): a sequence
+  // longer than its bound has only its first max_seqlen tokens' gradients written. Rows of dq /
+  // dk / dv outside every used span are not written; rows of q / k / v / dout past a used span
+  // must hold finite values (they are read as the neighbours of the span's last block, with
+  // zero weight).
   const int32_t* cu_seqlens_q;
   const int32_t* cu_seqlens_k;
   const int32_t* seqused_q;
   const int32_t* seqused_k;
   int64_t max_seqlen_q;
   int64_t max_seqlen_k;
+  // --- reserved: chunked-local attention, sinks (rejected by name until they land) ---------
   int64_t attention_chunk;
   const float* sinks;
   float* dsinks;

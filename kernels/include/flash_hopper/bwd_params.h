@@ -15,10 +15,13 @@
 
 #include "flash_hopper/host_device.h"
 #include "flash_hopper/mask.h"
+#include "flash_hopper/varlen.h"
 
 namespace flash_hopper {
 
-constexpr int kBwdRowPad = 128;      // seqlen_q_rounded = round_up(seqlen_q, kBwdRowPad)
+// seqlen_q_rounded = round_up(seqlen_q, kBwdRowPad); varlen: round_up(total_q + kBwdRowPad * batch,
+// kBwdRowPad) (bwd_ws_row0)
+constexpr int kBwdRowPad = 128;
 constexpr int kBwdSemaphoreRows = 64;  // one semaphore per 64 query rows (block_m >= 64)
 
 struct BwdParams {
@@ -78,6 +81,25 @@ struct BwdParams {
   int deterministic;
   int num_sms;
 
+  // Varlen (cu_seqlens_q non-null; docs/bwd_sm90.md "Varlen"): batch counts the sequences,
+  // seqlen_q / seqlen_k are the bounds of their lengths (the caller's max_seqlen, else the
+  // totals; bwd_span clamps each sequence to them), total_q / total_k the packed tensors' rows,
+  // every batch stride 0. The per-query workspace regions are one batch entry of
+  // seqlen_q_rounded rows in which sequence b starts at bwd_ws_row0.
+  const int32_t* cu_seqlens_q;
+  const int32_t* cu_seqlens_k;
+  const int32_t* seqused_q;
+  const int32_t* seqused_k;
+  int total_q;
+  int total_k;
+
+  FH_HOST_DEVICE bool varlen() const { return cu_seqlens_q != nullptr; }
+  // The packed (varlen) or per-batch rows of q / dout and k / v, and the tensors' batch entries,
+  // as the TMA descriptors see them.
+  FH_HOST_DEVICE int q_rows() const { return varlen() ? total_q : seqlen_q; }
+  FH_HOST_DEVICE int k_rows() const { return varlen() ? total_k : seqlen_k; }
+  FH_HOST_DEVICE int batch_entries() const { return varlen() ? 1 : batch; }
+
   // Offsets of row 0 of (batch, head_q) in the per-query workspace regions.
   FH_HOST_DEVICE int64_t row_offset(int b, int h) const {
     return (int64_t(b) * heads_q + h) * seqlen_q_rounded;
@@ -92,6 +114,75 @@ struct BwdParams {
 
 FH_HOST_DEVICE AttentionMask attention_mask(BwdParams const& p) {
   return {p.seqlen_q, p.seqlen_k, p.window_left, p.window_right};
+}
+
+// Where sequence b of a varlen call starts in the per-query workspace rows: its first token
+// plus kBwdRowPad rows per sequence before it, rounded down to kBwdRowPad. Query blocks of
+// consecutive sequences then never share a kBwdRowPad block, and for any offsets clamped to
+// [0, total_q] every block of every sequence ends before total_q + kBwdRowPad * batch.
+FH_HOST_DEVICE int bwd_ws_row0(int q_start, int b) {
+  return (q_start + b * kBwdRowPad) / kBwdRowPad * kBwdRowPad;
+}
+
+// One tile's sequence: its batch entry of the tensors and the workspace, its first query and key
+// rows there, its lengths, and its first row in its batch entry of the per-query workspace
+// regions (varlen: bwd_ws_row0). Dense: (b, 0, 0, seqlen_q, seqlen_k, 0).
+struct BwdSpan {
+  int batch;
+  int q_start;
+  int k_start;
+  int seqlen_q;
+  int seqlen_k;
+  int ws_row0;
+};
+
+// The sequences of a call (plain data: the tile schedule reads them, schedule.h). Varlen:
+// sequence_span's rule (flash_hopper/varlen.h), lengths clamped to the bounds.
+struct BwdSpans {
+  const int32_t* cu_q = nullptr;  // null: dense
+  const int32_t* cu_k = nullptr;
+  const int32_t* used_q = nullptr;
+  const int32_t* used_k = nullptr;
+  int total_q = 0;
+  int total_k = 0;
+  int seqlen_q = 0;  // dense: the lengths; varlen: their bounds
+  int seqlen_k = 0;
+  int heads_q = 0;          // the workspace's rows: heads_q x seqlen_q_rounded per batch entry
+  int seqlen_q_rounded = 0;
+
+  FH_HOST_DEVICE BwdSpan operator()(int b) const {
+    if (cu_q == nullptr) {
+      return {b, 0, 0, seqlen_q, seqlen_k, 0};
+    }
+    const SequenceSpan s = sequence_span(cu_q, cu_k, used_q, used_k, b, total_q, total_k);
+    return {0,
+            s.q_start,
+            s.k_start,
+            s.seqlen_q < seqlen_q ? s.seqlen_q : seqlen_q,
+            s.seqlen_k < seqlen_k ? s.seqlen_k : seqlen_k,
+            bwd_ws_row0(s.q_start, b)};
+  }
+  // The workspace row (of all batch entries) of the span's row 0 in query head 0: row r of
+  // query head h is this + h * seqlen_q_rounded + r. Below 2^31: the workspace's rows are
+  // (validate_bwd.cu).
+  FH_HOST_DEVICE int dq_row0(BwdSpan const& s) const {
+    return (s.batch * heads_q) * seqlen_q_rounded + s.ws_row0;
+  }
+};
+
+FH_HOST_DEVICE BwdSpans bwd_spans(BwdParams const& p) {
+  BwdSpans s;
+  s.cu_q = p.cu_seqlens_q;
+  s.cu_k = p.cu_seqlens_k;
+  s.used_q = p.seqused_q;
+  s.used_k = p.seqused_k;
+  s.total_q = p.total_q;
+  s.total_k = p.total_k;
+  s.seqlen_q = p.seqlen_q;
+  s.seqlen_k = p.seqlen_k;
+  s.heads_q = p.heads_q;
+  s.seqlen_q_rounded = p.seqlen_q_rounded;
+  return s;
 }
 
 }  // namespace flash_hopper

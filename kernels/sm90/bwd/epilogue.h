@@ -86,9 +86,10 @@ CUTE_DEVICE void add_dq_fragment(float* block, TensorDq const& dq, int thread) {
   }
 }
 
-// Rows [row0, row0 + kBlockN) of one (batch, kv head) of dK or dV: value(r, c) is the 16-bit
-// element at (row, column) index (r, c) of the thread's dK/dV accumulator in its row-column view;
-// rows < seqlen_k and columns < head_dim are written (common/fragment_store.h store_row_quad).
+// Rows [row0, row0 + kBlockN) of one (sequence, kv head) of dK or dV (base: its row 0): value(r,
+// c) is the 16-bit element at (row, column) index (r, c) of the thread's dK/dV accumulator in its
+// row-column view; rows < seqlen_k (the sequence's) and columns < head_dim are written
+// (common/fragment_store.h store_row_quad).
 template <class Traits, class ThrMma, class ValueAt>
 CUTE_DEVICE void store_kv_rows(void* base, int64_t row_stride, int row0, int seqlen_k,
                                int head_dim, ThrMma const& thr_mma, ValueAt value) {
@@ -109,22 +110,24 @@ CUTE_DEVICE void store_kv_rows(void* base, int64_t row_stride, int row0, int seq
   }
 }
 
-// The first row of (batch, kv head) in dK or dV.
+// The first row of the tile's (sequence, kv head) in dK or dV.
 template <class Element>
-CUTE_DEVICE void* kv_head_base(void* ptr, int64_t batch_stride, int64_t head_stride,
-                               BwdTileCoord tile) {
-  return static_cast<Element*>(ptr) + tile.batch * batch_stride + tile.kv_head * head_stride;
+CUTE_DEVICE void* kv_head_base(void* ptr, int64_t batch_stride, int64_t row_stride,
+                               int64_t head_stride, BwdTileCoord tile, BwdSpan const& span) {
+  return static_cast<Element*>(ptr) + span.batch * batch_stride +
+         int64_t(span.k_start) * row_stride + tile.kv_head * head_stride;
 }
 
 // One accumulator (fp32) converted to the input dtype and stored as the tile's rows of `ptr`.
 template <class Traits, class ThrMma, class TensorAcc>
 CUTE_DEVICE void store_kv_acc(BwdParams const& p, ThrMma const& thr_mma, TensorAcc const& acc,
-                              void* base, int64_t row_stride, BwdTileCoord tile) {
+                              void* base, int64_t row_stride, BwdTileCoord tile,
+                              BwdSpan const& span) {
   Tensor r = make_tensor<typename Traits::Element>(acc.layout());
   convert_into(acc, r);
   Tensor r_rc = make_tensor(r.data(), acc_rowcol(r.layout()));
-  store_kv_rows<Traits>(base, row_stride, tile.n_block * Traits::kBlockN, p.seqlen_k, p.head_dim,
-                        thr_mma, [&](int rr, int cc) { return r_rc(rr, cc); });
+  store_kv_rows<Traits>(base, row_stride, tile.n_block * Traits::kBlockN, span.seqlen_k,
+                        p.head_dim, thr_mma, [&](int rr, int cc) { return r_rc(rr, cc); });
 }
 
 // dK = softmax_scale * dK_acc and dV, both in the input dtype. The scale goes last (FA3's
@@ -132,31 +135,39 @@ CUTE_DEVICE void store_kv_acc(BwdParams const& p, ThrMma const& thr_mma, TensorA
 // serves both cases, none per element (docs/bwd_sm90.md "Three launches" for dQ's).
 template <class Traits, class ThrMma, class TensorAcc>
 CUTE_DEVICE void store_dkv_tile(BwdParams const& p, ThrMma const& thr_mma, TensorAcc& dk,
-                                TensorAcc const& dv, BwdTileCoord tile) {
+                                TensorAcc const& dv, BwdTileCoord tile, BwdSpan const& span) {
   using Element = typename Traits::Element;
   CUTE_UNROLL
   for (int i = 0; i < size(dk); ++i) {
     dk(i) *= p.softmax_scale;
   }
-  store_kv_acc<Traits>(p, thr_mma, dk,
-                       kv_head_base<Element>(p.dk, p.dk_batch_stride, p.dk_head_stride, tile),
-                       p.dk_row_stride, tile);
-  store_kv_acc<Traits>(p, thr_mma, dv,
-                       kv_head_base<Element>(p.dv, p.dv_batch_stride, p.dv_head_stride, tile),
-                       p.dv_row_stride, tile);
+  store_kv_acc<Traits>(
+      p, thr_mma, dk,
+      kv_head_base<Element>(p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, tile,
+                            span),
+      p.dk_row_stride, tile, span);
+  store_kv_acc<Traits>(
+      p, thr_mma, dv,
+      kv_head_base<Element>(p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride, tile,
+                            span),
+      p.dv_row_stride, tile, span);
 }
 
 // A key block no query row sees: dK = dV = 0.
 template <class Traits, class ThrMma>
 CUTE_DEVICE void store_zero_dkv_tile(BwdParams const& p, ThrMma const& thr_mma,
-                                     BwdTileCoord tile) {
+                                     BwdTileCoord tile, BwdSpan const& span) {
   using Element = typename Traits::Element;
   const int row0 = tile.n_block * Traits::kBlockN;
   auto zero = [](int, int) { return Element(0.f); };
-  store_kv_rows<Traits>(kv_head_base<Element>(p.dk, p.dk_batch_stride, p.dk_head_stride, tile),
-                        p.dk_row_stride, row0, p.seqlen_k, p.head_dim, thr_mma, zero);
-  store_kv_rows<Traits>(kv_head_base<Element>(p.dv, p.dv_batch_stride, p.dv_head_stride, tile),
-                        p.dv_row_stride, row0, p.seqlen_k, p.head_dim, thr_mma, zero);
+  store_kv_rows<Traits>(
+      kv_head_base<Element>(p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, tile,
+                            span),
+      p.dk_row_stride, row0, span.seqlen_k, p.head_dim, thr_mma, zero);
+  store_kv_rows<Traits>(
+      kv_head_base<Element>(p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride, tile,
+                            span),
+      p.dv_row_stride, row0, span.seqlen_k, p.head_dim, thr_mma, zero);
 }
 
 }  // namespace flash_hopper::sm90

@@ -23,7 +23,7 @@ template <class Traits>
 int64_t bwd_q_bytes_per_kv_head(BwdParams const& p) {
   constexpr int64_t kRowBytes =
       Traits::kHeadDim * (2 * int64_t(sizeof(typename Traits::Element)) + int64_t(sizeof(float)));
-  return int64_t(p.seqlen_q) * p.heads_per_kv * kRowBytes;
+  return int64_t(p.seqlen_q) * p.heads_per_kv * kRowBytes;  // varlen: of the longest sequence
 }
 
 template <class Traits>
@@ -40,28 +40,31 @@ LaunchResult launch_bwd(BwdParams const& p, int max_smem_per_block, cudaStream_t
     return LaunchResult::internal("dq_accum columns differ from the fa3 backward's bucket");
   }
 
-  if (p.seqlen_k > 0) {
-    // seqlen_q == 0: no step loads Q or dO (every tile stores dK = dV = 0), but the descriptors
+  // Varlen: the descriptors span the packed rows (q_rows / k_rows) with one batch entry.
+  const int batch = p.batch_entries();
+  if (p.seqlen_k > 0 && p.k_rows() > 0) {
+    // No query rows: no step loads Q or dO (every tile stores dK = dV = 0), but the descriptors
     // must still encode: they describe K's memory then, which is never read through them.
-    const bool no_q = p.seqlen_q == 0;
+    const bool no_q = p.seqlen_q == 0 || p.q_rows() == 0;
     const void* q_ptr = no_q ? p.k : p.q;
     const void* do_ptr = no_q ? p.k : p.dout;
-    const int seqlen_q = no_q ? p.seqlen_k : p.seqlen_q;
+    const int q_rows = no_q ? p.k_rows() : p.q_rows();
+    const int k_rows = p.k_rows();
     const int heads_q = no_q ? p.heads_kv : p.heads_q;
     const int64_t q_strides[3] = {
-        tma_stride(no_q ? p.k_row_stride : p.q_row_stride, seqlen_q, kElem),
+        tma_stride(no_q ? p.k_row_stride : p.q_row_stride, q_rows, kElem),
         tma_stride(no_q ? p.k_head_stride : p.q_head_stride, heads_q, kElem),
-        tma_stride(no_q ? p.k_batch_stride : p.q_batch_stride, p.batch, kElem)};
+        tma_stride(no_q ? p.k_batch_stride : p.q_batch_stride, batch, kElem)};
     const int64_t do_strides[3] = {
-        tma_stride(no_q ? p.k_row_stride : p.dout_row_stride, seqlen_q, kElem),
+        tma_stride(no_q ? p.k_row_stride : p.dout_row_stride, q_rows, kElem),
         tma_stride(no_q ? p.k_head_stride : p.dout_head_stride, heads_q, kElem),
-        tma_stride(no_q ? p.k_batch_stride : p.dout_batch_stride, p.batch, kElem)};
-    const int64_t k_strides[3] = {tma_stride(p.k_row_stride, p.seqlen_k, kElem),
+        tma_stride(no_q ? p.k_batch_stride : p.dout_batch_stride, batch, kElem)};
+    const int64_t k_strides[3] = {tma_stride(p.k_row_stride, k_rows, kElem),
                                   tma_stride(p.k_head_stride, p.heads_kv, kElem),
-                                  tma_stride(p.k_batch_stride, p.batch, kElem)};
-    const int64_t v_strides[3] = {tma_stride(p.v_row_stride, p.seqlen_k, kElem),
+                                  tma_stride(p.k_batch_stride, batch, kElem)};
+    const int64_t v_strides[3] = {tma_stride(p.v_row_stride, k_rows, kElem),
                                   tma_stride(p.v_head_stride, p.heads_kv, kElem),
-                                  tma_stride(p.v_batch_stride, p.batch, kElem)};
+                                  tma_stride(p.v_batch_stride, batch, kElem)};
     const NamedStride tma_strides[] = {
         {"q_row_stride", q_strides[0]},        {"q_head_stride", q_strides[1]},
         {"q_batch_stride", q_strides[2]},      {"k_row_stride", k_strides[0]},
@@ -74,17 +77,17 @@ LaunchResult launch_bwd(BwdParams const& p, int max_smem_per_block, cudaStream_t
       return r;
     }
 
-    auto gmem = [&](const void* ptr, int seqlen, int heads, const int64_t* s) {
-      return tma_gmem_tensor<Element>(ptr, seqlen, p.head_dim, heads, p.batch, s);
+    auto gmem = [&](const void* ptr, int rows, int heads, const int64_t* s) {
+      return tma_gmem_tensor<Element>(ptr, rows, p.head_dim, heads, batch, s);
     };
     using TmaQ = typename Traits::TmaQ;
     using TmaKV = typename Traits::TmaKV;
     auto q_key = [&](const void* ptr, const int64_t* s) {
-      return typename TmaMemo<TmaQ>::Key{ptr, {seqlen_q, p.head_dim, heads_q, p.batch},
+      return typename TmaMemo<TmaQ>::Key{ptr, {q_rows, p.head_dim, heads_q, batch},
                                           {s[0], s[1], s[2]}};
     };
     auto kv_key = [&](const void* ptr, const int64_t* s) {
-      return typename TmaMemo<TmaKV>::Key{ptr, {p.seqlen_k, p.head_dim, p.heads_kv, p.batch},
+      return typename TmaMemo<TmaKV>::Key{ptr, {k_rows, p.head_dim, p.heads_kv, batch},
                                            {s[0], s[1], s[2]}};
     };
     // The rows' statistics (seqlen_q_rounded, heads_q, batch); with no queries a box over K's
@@ -92,7 +95,7 @@ LaunchResult launch_bwd(BwdParams const& p, int max_smem_per_block, cudaStream_t
     using TmaStats = typename Traits::TmaStats;
     const int stats_rows = no_q ? Traits::kBlockM : p.seqlen_q_rounded;
     const int stats_heads = no_q ? 1 : p.heads_q;
-    const int stats_batch = no_q ? 1 : p.batch;
+    const int stats_batch = no_q ? 1 : batch;
     const int64_t stats_strides[2] = {stats_rows, int64_t(stats_rows) * stats_heads};
     auto stats_key = [&](const void* ptr) {
       return typename TmaMemo<TmaStats>::Key{
@@ -114,12 +117,12 @@ LaunchResult launch_bwd(BwdParams const& p, int max_smem_per_block, cudaStream_t
     thread_local TmaMemo<TmaKV> k_memo;
     thread_local TmaMemo<TmaKV> v_memo;
     auto encode_q = [&](const void* ptr, const int64_t* s) {
-      return make_tma_copy(SM90_TMA_LOAD{}, gmem(ptr, seqlen_q, heads_q, s),
+      return make_tma_copy(SM90_TMA_LOAD{}, gmem(ptr, q_rows, heads_q, s),
                            typename Traits::SmemLayoutQ{},
                            Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{}, _1{});
     };
     auto encode_kv = [&](const void* ptr, const int64_t* s) {
-      return make_tma_copy(SM90_TMA_LOAD{}, gmem(ptr, p.seqlen_k, p.heads_kv, s),
+      return make_tma_copy(SM90_TMA_LOAD{}, gmem(ptr, k_rows, p.heads_kv, s),
                            typename Traits::SmemLayoutK{},
                            Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>{}, _1{});
     };
@@ -140,7 +143,8 @@ LaunchResult launch_bwd(BwdParams const& p, int max_smem_per_block, cudaStream_t
                                           ? (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM *
                                                 p.heads_per_kv
                                           : 0,
-                                      Traits::kDeterministic && bwd_full_mask(attention_mask(p))
+                                      Traits::kDeterministic && !p.varlen() &&
+                                              bwd_full_mask(attention_mask(p))
                                           ? (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM
                                           : 0);
     if (kp.tiles.total_tiles > 0) {

@@ -34,7 +34,7 @@ template <class Traits>
 CUTE_DEVICE BwdCtaSchedule<Traits::kBlockM, Traits::kBlockN, Traits::kDeterministic>
 bwd_cta_schedule(
     BwdKernelParams<Traits> const& params) {
-  return {params.tiles, attention_mask(params.bwd), int(blockIdx.x)};
+  return {params.tiles, attention_mask(params.bwd), int(blockIdx.x), bwd_spans(params.bwd)};
 }
 
 template <class Traits>
@@ -64,43 +64,47 @@ struct BwdProducer {
         do_pipe{{smem_.do_full, smem_.do_empty}},
         kv_pipe{{smem_.kv_full, smem_.kv_empty}} {}
 
-  CUTE_DEVICE int seqlen_k_tma() const { return p.seqlen_k > 0 ? p.seqlen_k : 1; }
+  CUTE_DEVICE int k_rows_tma() const { return p.k_rows() > 0 ? p.k_rows() : 1; }
 
-  // One query block (M, D) of Q or dO through `tma` into stage `stage` of `buf`.
+  // One query block (M, D) of Q or dO through `tma` into stage `stage` of `buf`: rows from the
+  // sequence's first (varlen: the packed rows past the sequence belong to the next one; their
+  // lse_log2 = +inf keeps their P at 0).
   template <class Tma>
   CUTE_DEVICE void load_rows(Tma const& tma, uint64_t& bar, typename Traits::Element* buf,
-                             int stage, int head, int batch, int m) const {
+                             int stage, int head, BwdSpan const& span, int m) const {
     Tensor s = make_tensor(make_smem_ptr(buf), typename Traits::SmemLayoutQStages{});
-    Tensor mX = tma.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim, p.heads_q, p.batch));
-    Tensor gX = local_tile(mX(_, _, head, batch), Shape<Int<kBlockM>, Int<kHeadDim>>{},
-                           make_coord(m, _0{}));
+    Tensor mX =
+        tma.get_tma_tensor(make_shape(p.q_rows(), p.head_dim, p.heads_q, p.batch_entries()));
+    Tensor gX = local_tile(domain_offset(make_coord(span.q_start, _0{}), mX(_, _, head, span.batch)),
+                           Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(m, _0{}));
     auto part = tma_partition(tma, _0{}, Layout<_1>{}, group_modes<0, 2>(s(_, _, stage)),
                               group_modes<0, 2>(gX));
     copy(tma.with(bar, 0, TMA::CacheHintSm90::EVICT_LAST), get<0>(part), get<1>(part));
   }
   // The same rows' lse_log2 or D (kBlockM floats) through `tma` into stage `stage` of `buf`.
+  // The sequence's workspace rows start at a multiple of kBwdRowPad (bwd_ws_row0), so of kBlockM.
   CUTE_DEVICE void load_stats(typename Traits::TmaStats const& tma, uint64_t& bar, float* buf,
-                              int stage, int head, int batch, int m) const {
+                              int stage, int head, BwdSpan const& span, int m) const {
     Tensor s = make_tensor(make_smem_ptr(buf + stage * kBlockM),
                            typename Traits::SmemLayoutStats{});
-    Tensor mX = tma.get_tma_tensor(make_shape(p.seqlen_q_rounded, p.heads_q, p.batch));
-    Tensor gX = local_tile(mX(_, head, batch), Shape<Int<kBlockM>>{}, make_coord(m));
+    Tensor mX = tma.get_tma_tensor(make_shape(p.seqlen_q_rounded, p.heads_q, p.batch_entries()));
+    Tensor gX = local_tile(mX(_, head, span.batch), Shape<Int<kBlockM>>{},
+                           make_coord(span.ws_row0 / kBlockM + m));
     auto part = tma_partition(tma, _0{}, Layout<_1>{}, s, gX);
     copy(tma.with(bar, 0, TMA::CacheHintSm90::EVICT_LAST), get<0>(part), get<1>(part));
   }
   CUTE_DEVICE void q(BwdTileWork const& w, QueryStep s) {
     q_pipe.load(leader, Traits::kQBytes + Traits::kStatsBytes, [&](int stage) {
       uint64_t& bar = q_pipe.bar.tma_barrier(stage);
-      load_rows(params.tma_q, bar, smem.q.data(), stage, w.dq_head(s), w.tile.batch, s.m);
-      load_stats(params.tma_lse, bar, smem.lse.data(), stage, w.dq_head(s), w.tile.batch, s.m);
+      load_rows(params.tma_q, bar, smem.q.data(), stage, w.dq_head(s), w.span, s.m);
+      load_stats(params.tma_lse, bar, smem.lse.data(), stage, w.dq_head(s), w.span, s.m);
     });
   }
   CUTE_DEVICE void dout(BwdTileWork const& w, QueryStep s) {
     do_pipe.load(leader, Traits::kQBytes + Traits::kStatsBytes, [&](int stage) {
       uint64_t& bar = do_pipe.bar.tma_barrier(stage);
-      load_rows(params.tma_do, bar, smem.dout.data(), stage, w.dq_head(s), w.tile.batch, s.m);
-      load_stats(params.tma_dpsum, bar, smem.dpsum.data(), stage, w.dq_head(s), w.tile.batch,
-                 s.m);
+      load_rows(params.tma_do, bar, smem.dout.data(), stage, w.dq_head(s), w.span, s.m);
+      load_stats(params.tma_dpsum, bar, smem.dpsum.data(), stage, w.dq_head(s), w.span, s.m);
     });
   }
   CUTE_DEVICE void kv(BwdTileWork const& w) {
@@ -128,9 +132,11 @@ struct BwdProducer {
   CUTE_DEVICE void load_kv(Tma const& tma, uint64_t& bar, typename Traits::Element* buf,
                            BwdTileWork const& w) const {
     Tensor s = make_tensor(make_smem_ptr(buf), typename Traits::SmemLayoutK{});
-    Tensor mX = tma.get_tma_tensor(make_shape(seqlen_k_tma(), p.head_dim, p.heads_kv, p.batch));
-    Tensor gX = local_tile(mX(_, _, w.tile.kv_head, w.tile.batch),
-                           Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(w.tile.n_block, _0{}));
+    Tensor mX =
+        tma.get_tma_tensor(make_shape(k_rows_tma(), p.head_dim, p.heads_kv, p.batch_entries()));
+    Tensor gX = local_tile(
+        domain_offset(make_coord(w.span.k_start, _0{}), mX(_, _, w.tile.kv_head, w.span.batch)),
+        Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(w.tile.n_block, _0{}));
     auto part = tma_partition(tma, _0{}, Layout<_1>{}, group_modes<0, 2>(s),
                               group_modes<0, 2>(gX));
     copy(tma.with(bar, 0, TMA::CacheHintSm90::EVICT_FIRST), get<0>(part), get<1>(part));

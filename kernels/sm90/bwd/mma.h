@@ -139,6 +139,25 @@ struct BwdConsumer {
     return !tile.end;
   }
   CUTE_DEVICE void release_kv(BwdTileWork const&) { kv_pipe.release(wg_leader()); }
+  // The current tile's sequence (where its rows are, its lengths), read from its tile-slot buffer
+  // where a step needs a field of it: volatile, so that nothing of it is held in registers
+  // across the steps. The buffer holds the tile until the next take_tile.
+  CUTE_DEVICE int span_field(int BwdSpan::*field) const {
+    BwdSpan const& span = smem.tile[(tiles_taken + 1) % 2].work.span;
+    return *static_cast<volatile int const*>(&(span.*field));
+  }
+  CUTE_DEVICE BwdSpan tile_span() const {
+    return {span_field(&BwdSpan::batch),    span_field(&BwdSpan::q_start),
+            span_field(&BwdSpan::k_start),  span_field(&BwdSpan::seqlen_q),
+            span_field(&BwdSpan::seqlen_k), span_field(&BwdSpan::ws_row0)};
+  }
+  // The call's mask on the tile's sequence (varlen: its own lengths).
+  CUTE_DEVICE AttentionMask tile_mask() const {
+    AttentionMask mask = attention_mask(p);
+    mask.seqlen_q = span_field(&BwdSpan::seqlen_q);
+    mask.seqlen_k = span_field(&BwdSpan::seqlen_k);
+    return mask;
+  }
   CUTE_DEVICE void wait_q(BwdTileWork const&, QueryStep) { q_pipe.wait(); }
   CUTE_DEVICE void release_q(BwdTileWork const&, QueryStep) {
     q_pipe.release(wg_leader());
@@ -309,8 +328,11 @@ struct BwdConsumer {
     Tensor s_rc = keys_queries(f.s);
     Tensor c_rc = coords_kq();
     ColumnStat<> lse{lse_rows()};
-    const AttentionMask mask = attention_mask(p);
     const int key0 = w.tile.n_block * kBlockN;
+    AttentionMask mask{};
+    if constexpr (kMasked) {
+      mask = tile_mask();
+    }
     CUTE_UNROLL
     for (int c = 0; c < size<1>(s_rc); ++c) {
       const int q = query_of(c_rc(0, c));
@@ -416,8 +438,8 @@ struct BwdConsumer {
   // --- dQ (the order of these: schedule.h add_dq) ------------------------------------------------
   CUTE_DEVICE float* dq_block(BwdTileWork const& w, QueryStep s) {
     const int head = w.dq_head(s);
-    return p.dq_accum + p.dq_accum_offset(w.tile.batch, head) +
-           int64_t(s.m) * kBlockM * kHeadDim;
+    return p.dq_accum +
+           (int64_t(w.dq_row0) + int64_t(head) * p.seqlen_q_rounded + s.m * kBlockM) * kHeadDim;
   }
   // The deterministic kernel (slot families), or the call's flag (bwd/kernel_traits.h).
   CUTE_DEVICE bool deterministic() const { return Traits::kDeterministic || p.deterministic; }
@@ -467,10 +489,11 @@ struct BwdConsumer {
   };
   CUTE_DEVICE DqTurn dq_turn(BwdTileWork const& w, QueryStep s) {
     const int head = w.dq_head(s);
-    return {p.semaphores + p.semaphore_offset(w.tile.batch, head) +
-                s.m * (kBlockM / kBwdSemaphoreRows),
-            dq_rank<Traits::kDeterministic>(params.tiles, attention_mask(p), s.m, w.tile,
-                                             kBlockM, kBlockN)};
+    return {p.semaphores +
+                (int64_t(w.dq_row0) + int64_t(head) * p.seqlen_q_rounded + s.m * kBlockM) /
+                    kBwdSemaphoreRows,
+            dq_rank<Traits::kDeterministic>(params.tiles, tile_mask(), s.m, w.tile, kBlockM,
+                                             kBlockN)};
   }
   CUTE_DEVICE void wait_dq_turn(DqTurn const& t) {
     if (thread_idx() == 0) {
@@ -523,10 +546,11 @@ struct BwdConsumer {
     clear(f.dk);
   }
   CUTE_DEVICE void store_dkv(TileState& f, BwdTileWork const& w) {
-    store_dkv_tile<Traits>(p, mma_dkv.get_thread_slice(thread_idx()), f.dk, f.dv, w.tile);
+    store_dkv_tile<Traits>(p, mma_dkv.get_thread_slice(thread_idx()), f.dk, f.dv, w.tile,
+                           tile_span());
   }
   CUTE_DEVICE void store_zero(BwdTileWork const& w) {
-    store_zero_dkv_tile<Traits>(p, mma_dkv.get_thread_slice(thread_idx()), w.tile);
+    store_zero_dkv_tile<Traits>(p, mma_dkv.get_thread_slice(thread_idx()), w.tile, tile_span());
   }
 };
 

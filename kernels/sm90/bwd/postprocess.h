@@ -31,15 +31,19 @@ __global__ void __launch_bounds__(128 * Traits::kDqWgs)
   constexpr int kHeadDim = Traits::kHeadDim;
   const int m_block = blockIdx.x;
   const int head = blockIdx.y;
-  const int batch = blockIdx.z;
+  const BwdSpan span = bwd_spans(p)(blockIdx.z);
+  const int row0 = m_block * kBlockM;
+  if (row0 >= span.seqlen_q) {  // varlen: past the sequence's rows
+    return;
+  }
   const int t = threadIdx.x;
 
   typename Traits::TiledMmadQ mma;
   auto thr = mma.get_thread_slice(t);
   Tensor acc = partition_fragment_C(mma, Shape<Int<kBlockM>, Int<kHeadDim>>{});
   static_assert(decltype(size(acc))::value % 4 == 0);
-  float const* block = p.dq_accum + p.dq_accum_offset(batch, head) +
-                       int64_t(m_block) * kBlockM * kHeadDim;
+  float const* block = p.dq_accum + p.dq_accum_offset(span.batch, head) +
+                       (int64_t(span.ws_row0) + row0) * kHeadDim;
   CUTE_UNROLL
   for (int v = 0; v < size(acc); v += 4) {
     const float4 x =
@@ -58,12 +62,12 @@ __global__ void __launch_bounds__(128 * Traits::kDqWgs)
   constexpr int kCols = decltype(size<1>(typename Traits::TiledMmadQ::Shape_MNK{}))::value;
   static_assert(decltype(size<1>(r_rc))::value * 4 == kCols, "one atom along the columns");
   const int col0 = get<1>(c_rc(0, 0)) - 2 * (t % 4);
-  Element* dq = static_cast<Element*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride;
-  const int row0 = m_block * kBlockM;
+  Element* dq = static_cast<Element*>(p.dq) + span.batch * p.dq_batch_stride +
+                int64_t(span.q_start) * p.dq_row_stride + head * p.dq_head_stride;
   CUTE_UNROLL
   for (int i = 0; i < size<0>(r_rc); ++i) {
     const int row = row0 + get<0>(c_rc(i, 0));
-    store_row_quad<Element, kCols>(dq + int64_t(row) * p.dq_row_stride + col0, row < p.seqlen_q,
+    store_row_quad<Element, kCols>(dq + int64_t(row) * p.dq_row_stride + col0, row < span.seqlen_q,
                                    p.head_dim - col0, [&](int c) { return r_rc(i, c); });
   }
 }

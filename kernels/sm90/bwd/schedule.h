@@ -94,6 +94,7 @@
 //     bitwise reproducible.
 #pragma once
 
+#include "flash_hopper/bwd_params.h"
 #include "flash_hopper/host_device.h"
 #include "flash_hopper/mask.h"
 #include "sm90/common/tile_order.h"
@@ -343,10 +344,19 @@ struct QueryStep {
 // walk.
 struct BwdTileWork {
   BwdTileCoord tile;
+  BwdSpan span;  // the tile's sequence: where its rows are, its lengths
+  int dq_row0;   // the workspace row of the sequence's row 0, query head 0 (BwdSpans::dq_row0)
   QueryBlockRange range;
   QueryBlockSplit split;
   int group;   // G_q
   int rotate;  // 0 <= rotate < blocks()
+
+  // The call's mask on the tile's sequence (varlen: each sequence's own lengths).
+  FH_HOST_DEVICE AttentionMask mask(AttentionMask m) const {
+    m.seqlen_q = span.seqlen_q;
+    m.seqlen_k = span.seqlen_k;
+    return m;
+  }
 
   FH_HOST_DEVICE bool has_queries() const { return !range.empty(); }
   FH_HOST_DEVICE int blocks() const { return range.empty() ? 0 : range.m_max - range.m_min; }
@@ -403,17 +413,27 @@ FH_HOST_DEVICE int dq_rank(BwdTileScheduler const& tiles, AttentionMask const& m
 
 // One CTA's walk over the tile order, with the mask applied per tile. kShiftOrder: compiled with
 // the shift order (the deterministic kernel).
+// Varlen (spans.cu_q non-null): the tiles of (sequence b, kv head, n) for n below the bound of
+// the key blocks; the tiles past a sequence's keys have no queries and no rows.
 template <int kBlockM, int kBlockN, bool kShiftOrder = false>
 struct BwdCtaSchedule {
   BwdTileScheduler const& tiles;
-  AttentionMask mask;
+  AttentionMask mask;  // the call's; dense: its lengths, varlen: their bounds
   int cta;
+  BwdSpans spans{};    // varlen: the sequences (dense: cu_q null, the mask's lengths)
+
+  FH_HOST_DEVICE BwdSpan span(int b) const {
+    return spans.cu_q != nullptr ? spans(b) : BwdSpan{b, 0, 0, mask.seqlen_q, mask.seqlen_k, 0};
+  }
 
   FH_HOST_DEVICE BwdTileWork make_work(BwdTileCoord c) const {
     BwdTileWork w;
     w.tile = c;
-    w.range = mask.query_blocks(c.n_block, kBlockM, kBlockN);
-    w.split = unmasked_query_blocks(mask, w.range, c.n_block, kBlockM, kBlockN);
+    w.span = span(c.batch);
+    w.dq_row0 = spans.dq_row0(w.span);
+    const AttentionMask m = w.mask(mask);
+    w.range = m.query_blocks(c.n_block, kBlockM, kBlockN);
+    w.split = unmasked_query_blocks(m, w.range, c.n_block, kBlockM, kBlockN);
     w.group = tiles.q_per_kv;
     w.rotate = tiles.deterministic || w.range.empty() ? 0 : c.n_block % w.blocks();
     if constexpr (kShiftOrder) {
