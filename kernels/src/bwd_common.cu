@@ -73,6 +73,56 @@ __device__ float dot8(uint4 a, uint4 b) {
   return sum;
 }
 
+// Rows [first, end) of one head of a gradient (16-bit, head_dim elements per row) set to 0 by the
+// CTA's threads, 16 bytes per store.
+template <class Element>
+__device__ void zero_rows(void* base, int64_t row_stride, int64_t head_stride, int head,
+                          int64_t first, int64_t end, int head_dim) {
+  const int chunks = head_dim / kElemsPerChunk;
+  for (int64_t i = threadIdx.x; i < (end - first) * chunks; i += kThreads) {
+    const int64_t row = first + i / chunks;
+    auto* dst = reinterpret_cast<uint4*>(static_cast<Element*>(base) + row * row_stride +
+                                         int64_t(head) * head_stride);
+    dst[i % chunks] = make_uint4(0, 0, 0, 0);
+  }
+}
+
+// Varlen: the rows of dq (query head h) and, for h < heads_kv, of dk / dv (kv head h) that no
+// kernel writes, set to 0 (FA3's gradients of padding): those of sequence b's span past its used
+// and bounded rows, and with b = 0 the rows before the first span and after the last. Offsets
+// clamped to the tensors as everywhere (flash_hopper/varlen.h).
+template <class Element>
+__device__ void zero_gaps(BwdParams const& p, int b, int h) {
+  const BwdSpan span = bwd_spans(p)(b);
+  auto clamp = [](int x, int lo, int hi) { return x < lo ? lo : x > hi ? hi : x; };
+  const int q_end = clamp(p.cu_seqlens_q[b + 1], span.q_start, p.total_q);
+  zero_rows<Element>(p.dq, p.dq_row_stride, p.dq_head_stride, h,
+                     int64_t(span.q_start) + span.seqlen_q, q_end, p.head_dim);
+  if (b == 0) {
+    zero_rows<Element>(p.dq, p.dq_row_stride, p.dq_head_stride, h, 0, span.q_start, p.head_dim);
+    zero_rows<Element>(p.dq, p.dq_row_stride, p.dq_head_stride, h,
+                       clamp(p.cu_seqlens_q[p.batch], 0, p.total_q), p.total_q, p.head_dim);
+  }
+  if (h < p.heads_kv) {
+    const int k_end = clamp(p.cu_seqlens_k[b + 1], span.k_start, p.total_k);
+    const int64_t k_first = int64_t(span.k_start) + span.seqlen_k;
+    const int k_tail = clamp(p.cu_seqlens_k[p.batch], 0, p.total_k);
+    void* const grads[2] = {p.dk, p.dv};
+    const int64_t row_strides[2] = {p.dk_row_stride, p.dv_row_stride};
+    const int64_t head_strides[2] = {p.dk_head_stride, p.dv_head_stride};
+    for (int g = 0; g < 2; ++g) {
+      zero_rows<Element>(grads[g], row_strides[g], head_strides[g], h, k_first, k_end,
+                         p.head_dim);
+      if (b == 0) {
+        zero_rows<Element>(grads[g], row_strides[g], head_strides[g], h, 0, span.k_start,
+                           p.head_dim);
+        zero_rows<Element>(grads[g], row_strides[g], head_strides[g], h, k_tail, p.total_k,
+                           p.head_dim);
+      }
+    }
+  }
+}
+
 // Grid (ceil(seqlen_q / kRowsPerCta), heads_q, batch). Varlen: seqlen_q bounds the sequences;
 // a CTA past its sequence's rows has nothing to do (the main kernel and the postprocess visit
 // only the rows' blocks of each sequence, all of them here).
@@ -85,8 +135,13 @@ __global__ void __launch_bounds__(kThreads) bwd_preprocess_kernel(const BwdParam
   const int h = blockIdx.y;
   const BwdSpan span = bwd_spans(p)(blockIdx.z);
   const int row0 = m_block * kRowsPerCta;
-  if (p.varlen() && row0 >= span.seqlen_q) {
-    return;
+  if (p.varlen()) {
+    if (m_block == 0) {
+      zero_gaps<Element>(p, blockIdx.z, h);
+    }
+    if (row0 >= span.seqlen_q) {
+      return;
+    }
   }
   const int b = span.batch;
   const int64_t ws_row0 = p.row_offset(b, h) + span.ws_row0 + row0;

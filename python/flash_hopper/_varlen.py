@@ -459,14 +459,17 @@ def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
              softmax_scale: float, window_left: int, window_right: int, softcap: float,
              backend: str, deterministic: bool, sm_margin: int = 0, max_seqlen_q: int = 0,
              max_seqlen_k: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of a varlen forward, in zero-initialized gradients (rows outside every used
-    span get 0). The FA-3 path: one backward call over the packed sequences (the library reads
+    """(dq, dk, dv) of a varlen forward; rows outside every used span get 0. The FA-3 path: one
+    backward call over the packed sequences (the library reads
     the offsets on the device: no host synchronization, CUDA-graph capturable), each sequence's
     lengths clamped to max_seqlen_q / max_seqlen_k (0: the totals). The FA-2 path: per sequence
     through the dense backward kernels (the offsets read on the host). sm_margin: FA3's, SMs the
     kernels leave free."""
     num_sms = _device.grid_cap(q.device, sm_margin)
-    dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    # The FA-3 path writes every row (the preprocess zeroes the rows outside the used spans);
+    # without query rows it launches no preprocess, and the FA-2 path writes the spans only.
+    fresh = torch.empty if q.shape[0] > 0 else torch.zeros
+    dq, dk, dv = (fresh(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     if dout.stride(-1) != 1 or any(s % 8 for s in dout.stride()[:-1]):
         dout = dout.contiguous()
     batch = cu_seqlens_q.shape[0] - 1
@@ -481,6 +484,8 @@ def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         _launch_varlen_bwd(vp, dout, q, k, v, out, lse, dlse, dq, dk, dv, cu_seqlens_q,
                            cu_seqlens_k, seqused_q, seqused_k)
         return dq, dk, dv
+    for t in (dq, dk, dv):
+        t.zero_()
     cq, ck, used_q, used_k = host_offsets(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     for b in range(len(cq) - 1):
         q0, k0 = cq[b], ck[b]

@@ -339,10 +339,10 @@ typedef struct FhBwdParams {
   // only (cc 9.0). One call over every sequence: the offsets are read on the device (no host
   // synchronization, CUDA-graph safe) and clamped to the tensors. max_seqlen_q / max_seqlen_k
   // bound the sequences' lengths (0: the totals do, at the cost of idle tiles): a sequence
-  // longer than its bound has only its first max_seqlen tokens' gradients written. Rows of dq /
-  // dk / dv outside every used span are not written; rows of q / k / v / dout past a used span
-  // must hold finite values (they are read as the neighbours of the span's last block, with
-  // zero weight).
+  // longer than its bound has only the gradients of its first max_seqlen tokens (its other rows
+  // get 0, as do the rows of dq / dk / dv outside every used span). Rows of q / k / v / dout
+  // past a used span must hold finite values (they are read as the neighbours of the span's
+  // last block, with zero weight).
   const int32_t* cu_seqlens_q;
   const int32_t* cu_seqlens_k;
   const int32_t* seqused_q;
