@@ -549,7 +549,10 @@ def test_backward_one_call_equals_per_sequence(lib, head_dim, case, deterministi
     want = _dense_grads(q, k, v, cq, ck, None, None, dout, deterministic, **mask)
     for name, got, ref in zip(("dq", "dk", "dv"), (qg.grad, kg.grad, vg.grad), want):
         assert not got.isnan().any(), f"{name}: NaN"
-        if name != "dq":  # one CTA per key block, its steps in the same order
+        # dk / dv: one CTA per key block, its steps in the same order (but for the dense
+        # deterministic kernel's shift order on full masks, which varlen calls do not take)
+        same_order = not (deterministic and not mask)
+        if name != "dq" and same_order:
             assert torch.equal(got, ref), f"{name}: differs from the per-sequence backward"
         else:
             err = (got.double() - ref.double()).abs().max().item()

@@ -183,12 +183,14 @@ bool fa3_layout_problem(const FhFwdParams* p, LayoutProblem* problem) {
 }
 
 bool fa3_layout_problem(const FhBwdParams* p, LayoutProblem* problem) {
+  // Varlen: packed tensors, one batch entry (their batch strides are 0).
+  const int64_t batch = p->cu_seqlens_q != nullptr ? 1 : p->batch;
   const LayoutProblem dout[] = {
-      {"dout", 0, "dout_batch_stride", p->dout_batch_stride, p->batch},
+      {"dout", 0, "dout_batch_stride", p->dout_batch_stride, batch},
       {"dout", 1, "dout_row_stride", p->dout_row_stride, p->seqlen_q},
       {"dout", 2, "dout_head_stride", p->dout_head_stride, p->heads_q},
   };
-  return qkv_layout_problem(p, problem, p->batch) || first_layout_problem(dout, problem);
+  return qkv_layout_problem(p, problem, batch) || first_layout_problem(dout, problem);
 }
 
 // Names the tensor dimension (as Python users see it) and the field (as C callers see it);
