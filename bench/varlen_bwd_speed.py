@@ -9,6 +9,9 @@ backward against the dense backward on the same tokens.
 2. Many short sequences: 10k sequences of 1 .. 64 tokens (seeded), h = 16, d = 128, causal and
    not: varlen against the dense backward of the batch padded to 64 tokens. The bar: at least as
    fast as the padded dense backward.
+3. A mixed batch: lengths drawn uniformly from 128 .. 8k until 16k tokens (seeded), h = 16,
+   d = 128, causal and not: the one call against the dense backward run per sequence (what the
+   varlen backward was before it, and what a user without one would write).
 Each side is one backward call (its gradients allocated inside, as in training: the varlen
 side's zero-filled), timed with CUDA events around 20 calls after 5 warm-ups, the two sides
 alternating rep by rep (median of 7 each). TFLOP/s: 2.5x the forward's FLOPs over the visible
@@ -94,6 +97,45 @@ def many_short(results, seed=0, count=10000, longest=64, h=16, d=128):
         print(json.dumps(row), flush=True)
 
 
+def mixed_batch(results, seed=0, h=16, d=128, tokens=16384):
+    rng = random.Random(seed)
+    lengths = []
+    while sum(lengths) < tokens:
+        lengths.append(rng.randint(128, 8192))
+    cu_list = [0]
+    for n in lengths:
+        cu_list.append(cu_list[-1] + n)
+    cu = torch.tensor(cu_list, dtype=torch.int32, device="cuda")
+    q, k, v = (torch.randn((cu_list[-1], h, d), dtype=BF16, device="cuda") for _ in range(3))
+    longest = max(lengths)
+    for causal in (False, True):
+        out, lse = flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=causal,
+                                          backend="fa3", return_attn_probs=True)
+        dout = torch.randn_like(out)
+        scale = d ** -0.5
+        wl, wr = window(causal)
+
+        def one_call():
+            return _varlen.backward(dout, q, k, v, out, lse, None, cu, cu, None, None, scale, wl,
+                                    wr, 0.0, "fa3", False, 0, longest, longest)
+
+        spans = [slice(a, b) for a, b in zip(cu_list, cu_list[1:])]
+
+        def per_sequence():
+            for r in spans:
+                _bwd.op(dout[r].unsqueeze(0), q[r].unsqueeze(0), k[r].unsqueeze(0),
+                        v[r].unsqueeze(0), out[r].unsqueeze(0), lse[:, r].unsqueeze(0), None,
+                        scale, wl, wr, 0.0, "fa3", False)
+
+        fl = 2.5 * flops(lengths, lengths, h, d, causal)
+        seq, var = timed_pair(per_sequence, one_call)
+        row = {"case": "mixed", "lengths": lengths, "h": h, "d": d, "causal": causal,
+               "per_sequence_ms": seq, "varlen_ms": var, "per_sequence_tflops": fl / seq / 1e9,
+               "varlen_tflops": fl / var / 1e9, "varlen_over_per_sequence": seq / var}
+        results.append(row)
+        print(json.dumps(row), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
@@ -103,6 +145,7 @@ def main():
     results = []
     equal_lengths(results, args.quick)
     many_short(results)
+    mixed_batch(results)
     record = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "results": results}
     if args.out:
         with open(args.out, "w") as f:
