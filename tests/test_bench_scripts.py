@@ -29,7 +29,7 @@ def _run(script: str, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("script", ["ab_libs.py", "sanitizer_case.py", "sass_check.py",
-                                    "host_path.py", "varlen_speed.py"])
+                                    "host_path.py", "varlen_speed.py", "varlen_bwd_speed.py"])
 def test_bench_script_help(script):
     done = _run(script, "--help")
     assert done.returncode == 0, done.stderr
