@@ -9,7 +9,7 @@ backward against the dense backward on the same tokens.
 2. Many short sequences: 10k sequences of 1 .. 64 tokens (seeded), h = 16, d = 128, causal and
    not: varlen against the dense backward of the batch padded to 64 tokens. The bar: at least as
    fast as the padded dense backward.
-3. A mixed batch: lengths drawn uniformly from 128 .. 8k until 16k tokens (seeded), h = 16,
+3. A mixed batch: varlen_speed.py's lengths (128 .. 8k until 16k tokens, seeded), h = 16,
    d = 128, causal and not: the one call against the dense backward run per sequence (what the
    varlen backward was before it, and what a user without one would write).
 Each side is one backward call (its gradients allocated inside, as in training: the varlen
@@ -28,7 +28,7 @@ import random
 
 import torch
 from flash_hopper import _bwd, _varlen, flash_attn_func, flash_attn_varlen_func
-from varlen_speed import flops, timed_pair  # bench/ is the script's directory: on sys.path
+from varlen_speed import flops, mixed_lengths, timed_pair  # bench/: the script's directory
 
 BF16 = torch.bfloat16
 
@@ -97,11 +97,8 @@ def many_short(results, seed=0, count=10000, longest=64, h=16, d=128):
         print(json.dumps(row), flush=True)
 
 
-def mixed_batch(results, seed=0, h=16, d=128, tokens=16384):
-    rng = random.Random(seed)
-    lengths = []
-    while sum(lengths) < tokens:
-        lengths.append(rng.randint(128, 8192))
+def mixed_batch(results, seed=0, h=16, d=128):
+    lengths = mixed_lengths(seed)
     cu_list = [0]
     for n in lengths:
         cu_list.append(cu_list[-1] + n)

@@ -96,13 +96,21 @@ def equal_lengths(backends, results, dtype=torch.bfloat16):
                     print(json.dumps(row), flush=True)
 
 
-def mixed_batch(backends, results, seed, dtype=torch.bfloat16):
+def mixed_lengths(seed, tokens=16384, shortest=128, longest=8192) -> list[int]:
+    """Lengths drawn uniformly from shortest .. longest (seeded), the last one cut so that they
+    sum to `tokens`."""
     rng = random.Random(seed)
     lengths, total = [], 0
-    while total < 16384:
-        n = min(rng.randint(128, 8192), 16384 - total)
+    while total < tokens:
+        n = min(rng.randint(shortest, longest), tokens - total)
         lengths.append(n)
         total += n
+    return lengths
+
+
+def mixed_batch(backends, results, seed, dtype=torch.bfloat16):
+    lengths = mixed_lengths(seed)
+    total = sum(lengths)
     d, h = 128, 16
     q, k, v = inputs((total, h, d), dtype)
     cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()), dtype=torch.int32,

@@ -517,6 +517,24 @@ def _dense_grads(q, k, v, cq, ck, used_q, used_k, dout, deterministic=False, **m
     return grads
 
 
+def _one_call_inputs(lib, head_dim, lengths_q, lengths_k, hq, hkv, seed, pad_used=0):
+    """packed()'s tensors for a test of the one-call varlen backward (FA-3 path, cc 9.0), the
+    padding's NaN replaced by 0 (the backward reads the rows next to a span: api.h)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the one-call varlen backward runs on the FA-3 path (cc 9.0)")
+    require_kernel(lib, "fa3", BF16, head_dim, backward=True)
+    inputs = packed(lengths_q, lengths_k, hq, hkv, head_dim, pad_used=pad_used, seed=seed)
+    for t in inputs[:3]:
+        t.nan_to_num_(0.0)
+    return inputs
+
+
+def _assert_grads_close(got_grads, want_grads):
+    for name, got, ref in zip(("dq", "dk", "dv"), got_grads, want_grads):
+        err = (got.double() - ref.double()).abs().max().item()
+        assert err <= 2e-2 * ref.double().abs().max().item() + 1e-3, f"{name}: {err:.3g}"
+
+
 _ONE_CALL_CASES = [
     # (lengths_q, lengths_k, hq, hkv, mask): short and long sequences, empty ones, GQA
     ([100, 1, 0, 257], [120, 30, 5, 257], 4, 2, {"causal": True}),
@@ -534,13 +552,8 @@ def test_backward_one_call_equals_per_sequence(lib, head_dim, case, deterministi
     device) against the dense backward run per sequence: the same tiles over the same rows, so
     dk / dv bitwise equal and dq up to the fp32 accumulation's order; deterministic mode
     repeats its dq bit for bit."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the one-call varlen backward runs on the FA-3 path (cc 9.0)")
-    require_kernel(lib, "fa3", BF16, head_dim, backward=True)
     lengths_q, lengths_k, hq, hkv, mask = _ONE_CALL_CASES[case]
-    q, k, v, cq, ck, _, _ = packed(lengths_q, lengths_k, hq, hkv, head_dim, seed=case)
-    for t in (q, k, v):
-        t.nan_to_num_(0.0)
+    q, k, v, cq, ck, _, _ = _one_call_inputs(lib, head_dim, lengths_q, lengths_k, hq, hkv, case)
     qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
     out = flash_attn_varlen_func(qg, kg, vg, cq, ck, max(lengths_q), max(lengths_k),
                                  backend="fa3", deterministic=deterministic, **mask)
@@ -568,33 +581,21 @@ def test_backward_one_call_equals_per_sequence(lib, head_dim, case, deterministi
 
 def test_backward_one_call_seqused_and_short_bounds(lib):
     """seqused_q / seqused_k (the rest of each span is padding, left at 0 in the gradients)."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the one-call varlen backward runs on the FA-3 path (cc 9.0)")
-    require_kernel(lib, "fa3", BF16, 128, backward=True)
-    lengths_q, lengths_k = [90, 0, 300, 33], [100, 12, 290, 1]
-    q, k, v, cq, ck, uq, uk = packed(lengths_q, lengths_k, 4, 2, 128, pad_used=7, seed=11)
-    for t in (q, k, v):
-        t.nan_to_num_(0.0)
+    q, k, v, cq, ck, uq, uk = _one_call_inputs(lib, 128, [90, 0, 300, 33], [100, 12, 290, 1], 4,
+                                               2, seed=11, pad_used=7)
     qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
     out = flash_attn_varlen_func(qg, kg, vg, cq, ck, 307, 297, seqused_q=uq, seqused_k=uk,
                                  causal=True, backend="fa3")
     dout = torch.randn_like(out).nan_to_num_(0.0)
     out.backward(dout)
-    want = _dense_grads(q, k, v, cq, ck, uq, uk, dout, causal=True)
-    for name, got, ref in zip(("dq", "dk", "dv"), (qg.grad, kg.grad, vg.grad), want):
-        err = (got.double() - ref.double()).abs().max().item()
-        assert err <= 2e-2 * ref.double().abs().max().item() + 1e-3, f"{name}: {err:.3g}"
+    _assert_grads_close((qg.grad, kg.grad, vg.grad),
+                        _dense_grads(q, k, v, cq, ck, uq, uk, dout, causal=True))
 
 
 def test_backward_cuda_graph_capture_and_replay(lib):
     """A varlen training step (forward + backward) captured in a CUDA graph and replayed with new
     lengths written into the captured offsets: no host read of the offsets anywhere."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the one-call varlen backward runs on the FA-3 path (cc 9.0)")
-    require_kernel(lib, "fa3", BF16, 64, backward=True)
-    q, k, v, cq, ck, _, _ = packed([70, 130, 5], [70, 200, 9], 2, 2, 64, seed=2)
-    for t in (q, k, v):
-        t.nan_to_num_(0.0)
+    q, k, v, cq, ck, _, _ = _one_call_inputs(lib, 64, [70, 130, 5], [70, 200, 9], 2, 2, seed=2)
     dout = torch.randn_like(q)
     qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
 
@@ -617,21 +618,14 @@ def test_backward_cuda_graph_capture_and_replay(lib):
     ck.copy_(torch.tensor([0, 60, 100, 279], dtype=torch.int32))
     graph.replay()
     torch.cuda.synchronize()
-    want = _dense_grads(q, k, v, cq, ck, None, None, dout, causal=True)
-    for name, got, ref in zip(("dq", "dk", "dv"), grads, want):
-        err = (got.double() - ref.double()).abs().max().item()
-        assert err <= 2e-2 * ref.double().abs().max().item() + 1e-3, f"{name}: {err:.3g}"
+    _assert_grads_close(grads, _dense_grads(q, k, v, cq, ck, None, None, dout, causal=True))
 
 
 def test_backward_torch_compile_training_step(lib):
     """torch.compile(fullgraph=True) of a varlen forward + backward (the custom ops and their
     registered autograd): the gradients equal eager's."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the one-call varlen backward runs on the FA-3 path (cc 9.0)")
-    require_kernel(lib, "fa3", BF16, 128, backward=True)
-    q, k, v, cq, ck, _, _ = packed([70, 130, 300], [90, 130, 64], 4, 2, 128, seed=4)
-    for t in (q, k, v):
-        t.nan_to_num_(0.0)
+    q, k, v, cq, ck, _, _ = _one_call_inputs(lib, 128, [70, 130, 300], [90, 130, 64], 4, 2,
+                                             seed=4)
     dout = torch.randn_like(q)
 
     def step(q, k, v):

@@ -94,19 +94,19 @@ __device__ void zero_rows(void* base, int64_t row_stride, int64_t head_stride, i
 template <class Element>
 __device__ void zero_gaps(BwdParams const& p, int b, int h) {
   const BwdSpan span = bwd_spans(p)(b);
-  auto clamp = [](int x, int lo, int hi) { return x < lo ? lo : x > hi ? hi : x; };
-  const int q_end = clamp(p.cu_seqlens_q[b + 1], span.q_start, p.total_q);
+  using detail::clamp_int;
+  const int q_end = clamp_int(p.cu_seqlens_q[b + 1], span.q_start, p.total_q);
   zero_rows<Element>(p.dq, p.dq_row_stride, p.dq_head_stride, h,
                      int64_t(span.q_start) + span.seqlen_q, q_end, p.head_dim);
   if (b == 0) {
     zero_rows<Element>(p.dq, p.dq_row_stride, p.dq_head_stride, h, 0, span.q_start, p.head_dim);
     zero_rows<Element>(p.dq, p.dq_row_stride, p.dq_head_stride, h,
-                       clamp(p.cu_seqlens_q[p.batch], 0, p.total_q), p.total_q, p.head_dim);
+                       clamp_int(p.cu_seqlens_q[p.batch], 0, p.total_q), p.total_q, p.head_dim);
   }
   if (h < p.heads_kv) {
-    const int k_end = clamp(p.cu_seqlens_k[b + 1], span.k_start, p.total_k);
+    const int k_end = clamp_int(p.cu_seqlens_k[b + 1], span.k_start, p.total_k);
     const int64_t k_first = int64_t(span.k_start) + span.seqlen_k;
-    const int k_tail = clamp(p.cu_seqlens_k[p.batch], 0, p.total_k);
+    const int k_tail = clamp_int(p.cu_seqlens_k[p.batch], 0, p.total_k);
     void* const grads[2] = {p.dk, p.dv};
     const int64_t row_strides[2] = {p.dk_row_stride, p.dv_row_stride};
     const int64_t head_strides[2] = {p.dk_head_stride, p.dv_head_stride};

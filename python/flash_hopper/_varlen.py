@@ -413,16 +413,13 @@ class BwdPlan(NamedTuple):
 _bwd_plans = _plan_cache.PlanCache(256)
 
 
-def _bwd_meta(t: Any) -> tuple:
-    return (None,) if t is None else (t.shape, t.stride(), t.dtype, t.device)
-
-
 def _bwd_plan(dout, q, k, v, out, lse, dlse, dq, dk, dv, batch, bounds, softmax_scale,
               window_left, window_right, softcap, backend, deterministic, num_sms,
               seqused) -> BwdPlan:
     """The dense views' plan (validation and the library's choice), and for the FA-3 path the
     varlen call's template: batch = sequences, batch strides 0, the lengths' bounds."""
-    key = ("bwd", *(m for t in (dout, q, k, v, out, lse, dlse, dq, dk, dv) for m in _bwd_meta(t)),
+    tensors = (dout, q, k, v, out, lse, dlse, dq, dk, dv)
+    key = ("bwd", *(m for t in tensors for m in _bwd._meta(t)),
            batch, bounds, type(softmax_scale), softmax_scale, window_left, window_right,
            type(softcap), softcap, backend, deterministic, num_sms, seqused)
     vp = _bwd_plans.get(key)
