@@ -5,7 +5,8 @@
 // Roles, T = 384 threads:
 //   WG 0: all warps drop to RegisterBudget<2>::kProducer registers; warp 0 is the producer (one
 //     elected lane issues every TMA load and bulk copy, load.h); in the deterministic kernel
-//     warp 1 is the dQ writer (mma.h BwdDqWriter, schedule.h write_dq_bwd); the others exit.
+//     warps 1 .. kDqWriterWarps are the dQ writer (mma.h BwdDqWriter, schedule.h write_dq_bwd;
+//     three warps where they sum two slots, else one); the others exit.
 //   WG 1, 2 = consumers c = 0, 1 (kConsumer registers). Family A: WG c owns keys [64c, 64c + 64)
 //     of the tile for S^T, dP^T, dV and dK, and head_dim columns [c * D / 2, ...) of dQ (d128),
 //     or the partial dQ of its own keys over all rows and columns (d64, d96). Family B: WG c
@@ -47,11 +48,14 @@
 //   DqSlot c 128, WG c (dQ slots, default kernels; id Wg c): its threads stored the step's dQ
 //           part into its dQ slot (+ proxy fence); then its leader issues one bulk reduce-add of
 //           the slot.
-//   DqStaged c 160, the deterministic kernel: WG c (arrives, once its part is in its slot and
-//           proxy-fenced, and WG 0's leader wrote the step's record) and the dQ writer warp
-//           (syncs); dq_free (an mbarrier, 1 arrival: the writer's lane 0, once the step's
-//           reduce-adds read the slots) gives the slots back, and the WGs wait on it before
-//           the next part.
+//   DqStaged c 128 + 32 x the writer warps, the deterministic kernel: WG c (arrives, once its
+//           part is in its slot and proxy-fenced, and WG 0's leader wrote the step's record) and
+//           the dQ writer warps (sync); dq_free (an mbarrier, 1 arrival: the writer's lane 0, once
+//           the step's reduce-adds read the slots) gives the slots back, and the WGs wait on it
+//           before the next part.
+//   DqWriters 96, the deterministic kernel with dq_wgs = 1 (id DqTurn's, which that kernel
+//           does not use): the three writer warps summed the two slots (+ proxy fence) before
+//           the writer's lane 0 issues the reduce-add.
 //   TileSlot 288, the producer warp and both consumer WGs: the tile slot's buffer i % 2
 //           (smem.tile) holds the producer's tile i, or the end of its walk; the consumers reach
 //           it when done with tile i - 1, and read the buffer after it. Buffer i % 2 is written
@@ -126,7 +130,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (warp_idx == 0) {
       bwd_producer_loop<Traits>(params, smem);
     } else if constexpr (Traits::kDeterministic) {
-      if (warp_idx == 1) {
+      if (warp_idx <= Traits::kDqWriterWarps) {
         bwd_dq_writer_loop<Traits>(smem);
       }
     }

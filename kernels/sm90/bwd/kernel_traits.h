@@ -64,7 +64,10 @@ enum class BwdBarrier : uint32_t {
   kWg0 = 2,     // kWg0 + c: WG c's own 128-thread syncs
   kPdSFree = 4,  // family B, both consumer WGs: the previous step's GEMMs no longer read sP / sdS
   kTileSlot = 5,  // the producer warp and both consumer WGs: the tile slot holds the next tile
-  kDqStaged0 = 6,  // kDqStaged0 + c, the deterministic kernel: WG c and the dQ writer warp
+  kDqStaged0 = 6,  // kDqStaged0 + c, the deterministic kernel: WG c and the dQ writer warps
+  // The deterministic kernel has no DqTurn (its writer adds dQ): its id serves the writer warps
+  // (dq_wgs = 1: their sum of the two slots is complete before the reduce-adds read it).
+  kDqWriters = 1,
   // WG c's 128-thread syncs share one id, kWg0 + c (its threads meet them one at a time, in
   // program order): its PdS where its dQ reads its own dS only, DqSlot c.
 };
@@ -73,8 +76,6 @@ static_assert(static_cast<uint32_t>(BwdBarrier::kDqStaged0) + 2 <=
               "named barrier ids exceed the hardware's 16");
 // The tile slot's barriers: the producer warp and both consumer WGs.
 inline constexpr uint32_t kTileSlotThreads = 32 + 2 * 128;
-// DqStaged c: consumer WG c and the dQ writer warp.
-inline constexpr uint32_t kDqStagedThreads = 128 + 32;
 
 // kDeterministic_: the deterministic mode's kernel of the families with dQ slots (d64-d192): the
 // WGs' parts staged in their slots and added by the dQ writer warp in the block's turn
@@ -98,6 +99,12 @@ struct BwdTraits {
   static constexpr int kConsumerWgs = 2;
   static constexpr bool kFamilyB = kConfig.family_b;  // also schedule.h's Cfg
   static constexpr bool kDqSlots = kConfig.dq_slots;
+  // The deterministic kernel's dQ writer warps (warps 1 .. kDqWriterWarps of the producer
+  // warpgroup): three where the writer sums the two warpgroups' slots (dq_wgs = 1), which one
+  // warp did too slowly for a d64 step (bench/PERFLOG.md); else one.
+  static constexpr int kDqWriterWarps = kDqWgs == 1 ? 3 : 1;
+  // DqStaged c: consumer WG c and the writer warps.
+  static constexpr uint32_t kDqStagedThreads = 128 + 32 * kDqWriterWarps;
   static_assert(!kDeterministic || kDqSlots,
                 "the deterministic kernel holds the dQ parts in the slots");
 

@@ -536,7 +536,7 @@ struct BwdConsumer {
   }
   CUTE_DEVICE void arrive_dq_staged() {
     ++dq_parts;
-    cutlass::arch::NamedBarrier::arrive(kDqStagedThreads,
+    cutlass::arch::NamedBarrier::arrive(Traits::kDqStagedThreads,
                                         static_cast<uint32_t>(BwdBarrier::kDqStaged0) + wg());
   }
 
@@ -564,11 +564,16 @@ struct BwdDqWriter {
   using StagedDq = typename Traits::StagedDq;
   typename Traits::SharedStorage& smem;
 
-  static CUTE_DEVICE bool lane0() { return cutlass::canonical_lane_idx() == 0; }
+  static constexpr int kThreads = 32 * Traits::kDqWriterWarps;
+  // Thread t of the writer warps (warp 1 lane 0 is t = 0).
+  static CUTE_DEVICE int thread() { return int(threadIdx.x) - 32; }
+  // Warp 1's lane 0 waits for the turn, issues the adds, frees the slots and passes the turn.
+  static CUTE_DEVICE bool lane0() { return thread() == 0; }
   CUTE_DEVICE StagedDq wait_staged() {
     CUTE_UNROLL
     for (int c = 0; c < Traits::kConsumerWgs; ++c) {
-      named_barrier_sync(static_cast<uint32_t>(BwdBarrier::kDqStaged0) + c, kDqStagedThreads);
+      named_barrier_sync(static_cast<uint32_t>(BwdBarrier::kDqStaged0) + c,
+                         Traits::kDqStagedThreads);
     }
     StagedDq part;
     part.acc = smem.dq_staged.acc;
@@ -582,13 +587,17 @@ struct BwdDqWriter {
     float4* into = reinterpret_cast<float4*>(smem.dq_slot.data());
     float4 const* from = reinterpret_cast<float4 const*>(smem.dq_slot.data() + Traits::kDqWgFloats);
     FH_NO_UNROLL
-    for (int i = cutlass::canonical_lane_idx(); i < Traits::kDqWgFloats / 4; i += 32) {
+    for (int i = thread(); i < Traits::kDqWgFloats / 4; i += kThreads) {
       const float4 a = into[i];
       const float4 b = from[i];
       into[i] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
     }
     cutlass::arch::fence_view_async_shared();
-    __syncwarp();
+    if constexpr (Traits::kDqWriterWarps > 1) {  // every sum before lane 0's reduce-add reads it
+      named_barrier_sync(static_cast<uint32_t>(BwdBarrier::kDqWriters), kThreads);
+    } else {
+      __syncwarp();
+    }
   }
   CUTE_DEVICE void wait_turn(StagedDq const& part) {
     if (lane0()) {
