@@ -67,7 +67,7 @@ enum class BwdBarrier : uint32_t {
   kDqStaged0 = 6,  // kDqStaged0 + c, the deterministic kernel: WG c and the dQ writer warps
   // The deterministic kernel has no DqTurn (its writer adds dQ): its id serves the writer warps
   // (dq_wgs = 1: their sum of the two slots is complete before the reduce-adds read it).
-  kDqWriters = 1,
+  kDqWriters = kDqTurn,
   // WG c's 128-thread syncs share one id, kWg0 + c (its threads meet them one at a time, in
   // program order): its PdS where its dQ reads its own dS only, DqSlot c.
 };

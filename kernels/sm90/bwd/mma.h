@@ -584,6 +584,7 @@ struct BwdDqWriter {
   }
   static CUTE_DEVICE bool walk_ended(StagedDq const& part) { return part.end != 0; }
   CUTE_DEVICE void combine_slots() {
+    static_assert(Traits::kDqWriterWarps > 1, "the slot sum is the three writer warps'");
     float4* into = reinterpret_cast<float4*>(smem.dq_slot.data());
     float4 const* from = reinterpret_cast<float4 const*>(smem.dq_slot.data() + Traits::kDqWgFloats);
     FH_NO_UNROLL
@@ -593,11 +594,8 @@ struct BwdDqWriter {
       into[i] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
     }
     cutlass::arch::fence_view_async_shared();
-    if constexpr (Traits::kDqWriterWarps > 1) {  // every sum before lane 0's reduce-add reads it
-      named_barrier_sync(static_cast<uint32_t>(BwdBarrier::kDqWriters), kThreads);
-    } else {
-      __syncwarp();
-    }
+    // every sum before lane 0's reduce-add reads it
+    named_barrier_sync(static_cast<uint32_t>(BwdBarrier::kDqWriters), kThreads);
   }
   CUTE_DEVICE void wait_turn(StagedDq const& part) {
     if (lane0()) {
