@@ -541,11 +541,11 @@ def test_fa3_tma_descriptor_reuse_is_keyed_by_layout(lib, seed):
         k.normal_()
 
 
-# Masked calls with seqlen_k <= 2048 (d64: 1024) run the short-masked tile (d128: N = 128 with two
-# Q buffers; d64: 128 x 128 with two warpgroups), longer ones the default (d128 N = 176, d64 192 x
-# 128): both sides of the switch, causal and a window, fp16 and bf16.
+# Masked calls run the short-masked tile: d64 up to 1024 keys (128 x 128 with two warpgroups;
+# longer ones the default 192 x 128), both sides of that switch; d128 at every length (N = 128 with
+# two Q buffers), a short and a long call. Causal and a window, fp16 and bf16.
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("head_dim", "sk"), [(64, 1024), (64, 1025), (128, 2048), (128, 2049)])
+@pytest.mark.parametrize(("head_dim", "sk"), [(64, 1024), (64, 1025), (128, 2048), (128, 5000)])
 @pytest.mark.parametrize(("causal", "window_size"), [(True, (-1, -1)), (False, (300, 40))])
 def test_fa3_short_masked_tile_switch(lib, seed, sk, causal, window_size, head_dim, dtype):
     _require_fa3(lib, dtype, head_dim)

@@ -115,9 +115,10 @@ struct FwdConfig {
 
 // Masked (causal / local) calls with at most short_masked_max_seqlen_k(d) keys run the
 // kShortMasked tile of their bucket where it differs (launch.h picks at run time; varlen calls
-// by the caller's max_seqlen_k hint): their query tiles hold 1-16 key blocks, half of them
-// crossing the diagonal, so a key block wider than the 128-row query tile (or a 192-row query
-// tile) computes and streams masked columns for nothing.
+// by the caller's max_seqlen_k hint): a short sequence's query tiles hold 1-16 key blocks, half
+// of them crossing the diagonal, so a key block wider than the 128-row query tile (or a 192-row
+// query tile) computes and streams masked columns for nothing. d128's masked tile runs at every
+// length (FA3's causal d128 tile).
 // Calls without any mask (no causal or local window; dense, 16-bit) on buckets with a kMulticast
 // tile run it (launch.h): the default tile in clusters of two CTAs sharing K / V loads (FA3
 // does this for non-causal d >= 128). Masked calls cannot: the two query blocks would see
@@ -126,13 +127,12 @@ struct FwdConfig {
 // hint) run the kShortKeys tile: the default 192 x 160 computes up to 159 columns past a short
 // sequence's last key (1120 columns for 1024 keys) where 192 x 128 computes none.
 enum class TileFamily { kDefault, kShortMasked, kMulticast, kShortKeys };
-inline constexpr int kShortMaskedMaxSeqlenK = 2048;
 
-// The largest key length that runs a bucket's kShortMasked tile: d128's up to 2k keys, d64's up to
-// 1k (its 128 x 128 tile beat the 192-row tile at 512 and 1k causal keys and lost at 2k;
-// bench/PERFLOG.md "O through shared memory").
+// The largest key length that runs a bucket's kShortMasked tile: d64's up to 1k (its 128 x 128
+// tile beat the 192-row tile at 512 and 1k causal keys and lost at 2k; bench/PERFLOG.md "O through
+// shared memory"); d128's at every length (bench/PERFLOG.md "FA3's causal tile for bf16 d128").
 constexpr int short_masked_max_seqlen_k(int head_dim) {
-  return head_dim <= 64 ? 1024 : kShortMaskedMaxSeqlenK;
+  return head_dim <= 64 ? 1024 : 0x7fffffff;
 }
 
 constexpr FwdConfig fwd_config(int head_dim, TileFamily family = TileFamily::kDefault) {
@@ -166,10 +166,11 @@ constexpr FwdConfig fwd_config(int head_dim, TileFamily family = TileFamily::kDe
   //   The 18 KB left stage O in two passes of 64 columns (the short tile: one pass of 128): the
   //   epilogue then no longer idles the tensor cores for long at each tile boundary, which matters
   //   most for short sequences (bench/PERFLOG.md "O through shared memory").
-  // Short masked: N = 128: at s512 / 1k causal, N = 176 covers 24 % / 15 % more columns (the
-  //   diagonal blocks' masked part); faster up to 2k keys, slower from 4k (interleaved A/B in
-  //   bench/PERFLOG.md "v5b: d128 tile N = 128 for masked calls", hence kShortMaskedMaxSeqlenK).
-  //   Smem 2 x 32 K (two Q buffers) + 4 x 32 K = 192 KB.
+  // Masked (causal / local): N = 128, FA3's tile for them: at s512 / 1k causal, N = 176 covers
+  //   24 % / 15 % more columns (the diagonal blocks' masked part), and from 4k on the 128-wide
+  //   step measured faster too since the lazy rescale and the step kinds (interleaved A/Bs in
+  //   bench/PERFLOG.md "v5b: d128 tile N = 128 for masked calls" and "FA3's causal tile for bf16
+  //   d128"). Smem 2 x 32 K (two Q buffers) + 4 x 32 K = 192 KB.
   if (head_dim <= 128) {
     if (family == TileFamily::kShortMasked) {
       return FwdConfig::tile(/*block_m=*/128, /*block_n=*/128);
