@@ -49,6 +49,10 @@ struct FwdConfig {
   // kFp8MaxChainKeys (below). 0: each PV GEMM into an accumulator of its own, added into O in
   // registers (PvTwoLevel), or the sequential kernels' fold.
   int pv_fold_every = 0;
+  // The fold copy's precision: false = fp32 in O's scale; true = fp16 divided by the row's
+  // running sum (a weighted mean of V's values, so |x| <= max |v|: inside fp16's range for e4m3
+  // and e5m2, rounded to nearest, half of the fp32 copy's shared memory).
+  bool fold_fp16 = false;
   // FP8: stages of V as loaded, the transposer's input (0: `stages`). The transposer frees a V
   // stage as soon as it wrote V^T, long before the PV GEMM frees V^T's, so one V stage can feed
   // two V^T stages where shared memory is short.
@@ -95,6 +99,7 @@ struct FwdConfig {
   constexpr FwdConfig with_pv_fold_every(int v) const {
     return with(&FwdConfig::pv_fold_every, v);
   }
+  constexpr FwdConfig with_fold_fp16(bool v) const { return with(&FwdConfig::fold_fp16, v); }
   constexpr FwdConfig with_staging_stages(int v) const {
     return with(&FwdConfig::staging_stages, v);
   }
@@ -283,11 +288,19 @@ constexpr FwdConfig fwd_config_fp8_tile(int head_dim,
     return kFp8SequentialBuilt ? fp8_sequential_tile(/*block_m=*/128, /*block_n=*/192)
                                : FwdConfig::tile(/*block_m=*/128, /*block_n=*/224)
                                      .with_q_stages(1)
-                                     .with_v_stages(1)
-                                     .with_pv_fold_every(4);
+                                     .with_pv_fold_every(4)
+                                     .with_fold_fp16(true);
   }
   const FwdConfig parts = fp8_sequential_tile(/*block_m=*/128, /*block_n=*/128).with_pv_parts(2);
-  return head_dim <= 192 ? parts : parts.with_q_stages(1);
+  if (head_dim <= 192) {
+    return parts;
+  }
+  return FwdConfig::tile(/*block_m=*/128, /*block_n=*/96)
+      .with_q_stages(1)
+      .with_v_stages(1)
+      .with_merge_tile_boundary(false)
+      .with_pv_fold_every(10)
+      .with_fold_fp16(true);
 }
 
 // FP8 has no room for a staging buffer of its own (o_passes_min = 0): d64 / d128 stage O through
