@@ -222,10 +222,9 @@ constexpr FwdConfig fwd_config(int head_dim, TileFamily family = TileFamily::kDe
 //       index"): O + S + P = 32 + 80 + 20 = 132 of 160. Q 2 x 24 K, K / V / V^T 2 x 10 K, copy
 //       48 K: 126 KB. Calls with at most 2k keys (kShortKeys) run 192 x 128 with ping-pong, which
 //       measured faster there.
-// d128: 128 x 224 (FA3's tile), two WGs: 64 + 112 + 28 = 204 of 240. Q 1 x 16 K, K / V^T 2 x 28 K,
-//       V 1 x 28 K (v_stages: the transposer frees a V stage as soon as it wrote V^T), copy 64 K:
-//       220 KB. Chosen over 128 x 192 with two V stages by the A/B in bench/PERFLOG.md ("FP8
-//       d128 as FA3 runs it"): slower at 1k-2k keys, faster from 8k.
+// d128: 128 x 224 (FA3's tile), two WGs: 64 + 112 + 28 = 204 of 240. The fold copy in fp16
+//       (fold_fp16: 32 K) leaves room for FA3's two V stages: Q 1 x 16 K, K / V / V^T 2 x 28 K,
+//       copy 32 K: 216 KB.
 // d96:  128 x 128, two WGs, each PV GEMM into an accumulator of its own added into O in registers
 //       (PvTwoLevel): 48 + 48 + 64 + 16 = 176 of 240. Rows of 96 bytes take the 32-byte swizzle
 //       (conflict-free in the transposer: tests/cpp/test_fp8_layout.cpp). Q 2 x 12 K, K / V / V^T
@@ -234,14 +233,9 @@ constexpr FwdConfig fwd_config(int head_dim, TileFamily family = TileFamily::kDe
 //       two parts), and a fold copy would be 96 K: d256's recipe instead, no intra-warpgroup
 //       overlap, the PV GEMM in two parts of 96 columns: 96 + 64 + 16 = 176 converting, 96 + 48 +
 //       16 = 160 during PV. N = 128; Q 2 x 24 K, K / V / V^T 2 x 24 K: 192 KB.
-// d256: O alone is 128 registers, so the two-level accumulator covers half the head dim and the
-//       PV GEMM runs in two parts (pv_parts = 2: part 0 into it, added into O, then part 1), and
-//       S is not kept across the PV GEMM (no intra-warpgroup overlap; ping-pong hides one WG's
-//       softmax under the other's GEMMs): O + S + P = 128 + 64 + 16 = 208 while converting, O +
-//       O_acc + P = 128 + 64 + 16 during PV, of 240 (232 spilled, as did N = 64 or four parts
-//       with the single-level ablation compiled in; it is not, at d256). A fold copy would be
-//       128 K of shared memory. N = 128: Q 1 x 32 K, K / V / V^T 2 x 32 K: 224 KB (no room for a
-//       second Q buffer).
+// d256: overlapped at 128 x 96: O + S + P = 128 + 48 + 12 of 240; an fp32 fold copy would be
+//       128 K, the fp16 one is 64 K. Folds every 10 PV GEMMs (960 keys). Q 1 x 32 K, K / V^T
+//       2 x 24 K, V 1 x 24 K, copy 64 K: 216 KB; O leaves from the registers.
 constexpr bool has_fp8_config(int head_dim) {
   return head_dim == 64 || head_dim == 96 || head_dim == 128 || head_dim == 192 ||
          head_dim == 256;
