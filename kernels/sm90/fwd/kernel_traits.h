@@ -232,7 +232,7 @@ struct FwdTraits {
   static constexpr bool kFoldFp16 = kConfig.fold_fp16;
   static constexpr int kOFoldSlabBytes = 128 * kHeadDim / 2 * (kFoldFp16 ? 2 : 4);
   struct OFoldStorage {
-    array_aligned<uint8_t, kConsumerWgs * kOFoldSlabBytes, 128> o;
+    array_aligned<float, kConsumerWgs * kOFoldSlabBytes / 4, 128> o;  // fp16 pairs as floats
   };
   struct MainStorage {
     // 1024-byte alignment: the period of the 128-byte swizzle pattern.

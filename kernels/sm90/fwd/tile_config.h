@@ -222,15 +222,17 @@ constexpr FwdConfig fwd_config(int head_dim, TileFamily family = TileFamily::kDe
 //       index"): O + S + P = 32 + 80 + 20 = 132 of 160. Q 2 x 24 K, K / V / V^T 2 x 10 K, copy
 //       48 K: 126 KB. Calls with at most 2k keys (kShortKeys) run 192 x 128 with ping-pong, which
 //       measured faster there.
-// d128: 128 x 224 (FA3's tile), two WGs: 64 + 112 + 28 = 204 of 240. The fold copy in fp16
-//       (fold_fp16: 32 K) leaves room for FA3's two V stages: Q 1 x 16 K, K / V / V^T 2 x 28 K,
-//       copy 32 K: 216 KB.
+// d128: 128 x 224 (FA3's tile), two WGs: 64 + 112 + 28 = 204 of 240. Q 1 x 16 K, K / V^T 2 x 28 K,
+//       V 1 x 28 K (v_stages: the transposer frees a V stage as soon as it wrote V^T), copy 64 K:
+//       220 KB. Chosen over 128 x 192 with two V stages by the A/B in bench/PERFLOG.md ("FP8
+//       d128 as FA3 runs it"): slower at 1k-2k keys, faster from 8k. The fp16 copy with FA3's two
+//       V stages in the freed 32 K measured slower (bench/PERFLOG.md, "the fold copy in fp16").
 // d96:  128 x 128, two WGs, each PV GEMM into an accumulator of its own added into O in registers
 //       (PvTwoLevel): 48 + 48 + 64 + 16 = 176 of 240. Rows of 96 bytes take the 32-byte swizzle
 //       (conflict-free in the transposer: tests/cpp/test_fp8_layout.cpp). Q 2 x 12 K, K / V / V^T
 //       2 x 12 K: 96 KB.
 // d192: the overlap would hold O + O_acc + S + P = 96 + 96 + 64 + 16 (or 224 with the PV GEMM in
-//       two parts), and a fold copy would be 96 K: d256's recipe instead, no intra-warpgroup
+//       two parts), and an fp32 fold copy would be 96 K: no intra-warpgroup
 //       overlap, the PV GEMM in two parts of 96 columns: 96 + 64 + 16 = 176 converting, 96 + 48 +
 //       16 = 160 during PV. N = 128; Q 2 x 24 K, K / V / V^T 2 x 24 K: 192 KB.
 // d256: overlapped at 128 x 96: O + S + P = 128 + 48 + 12 of 240; an fp32 fold copy would be
@@ -282,8 +284,8 @@ constexpr FwdConfig fwd_config_fp8_tile(int head_dim,
     return kFp8SequentialBuilt ? fp8_sequential_tile(/*block_m=*/128, /*block_n=*/192)
                                : FwdConfig::tile(/*block_m=*/128, /*block_n=*/224)
                                      .with_q_stages(1)
-                                     .with_pv_fold_every(4)
-                                     .with_fold_fp16(true);
+                                     .with_v_stages(1)
+                                     .with_pv_fold_every(4);
   }
   const FwdConfig parts = fp8_sequential_tile(/*block_m=*/128, /*block_n=*/128).with_pv_parts(2);
   if (head_dim <= 192) {
