@@ -54,8 +54,9 @@ FhStatus validate_fp8(const FhFwdParams* p, bool fp8, bool mixed, bool check_dat
   FH_CHECK(p->head_dim % 16 == 0,
            "head_dim: expected a multiple of 16 for %s (16-byte rows), got %lld", what,
            (long long)p->head_dim);
-  // The d192 / d256 kernels' PV accumulator is split over the head dim and always two-level
-  // (kernels/sm90/fwd/tile_config.h, fwd_config_fp8).
+  // The d192 kernel's PV accumulator is split over the head dim and always two-level; d256's
+  // folds every 10 blocks into an fp16 copy, a second level the ablation was never measured or
+  // tested without (kernels/sm90/fwd/tile_config.h, fwd_config_fp8).
   FH_CHECK(p->fp8_accumulation == FH_FP8_ACCUM_TWO_LEVEL || p->head_dim <= 128,
            "fp8_accumulation: the single-level ablation exists for head_dim <= 128 (the d192 / "
            "d256 kernels accumulate in two levels only), got head_dim %lld",

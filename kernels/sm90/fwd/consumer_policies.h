@@ -17,9 +17,12 @@
 // state of the tiles in flight (F: Consumer::TileState).
 #pragma once
 
+#include <cuda_fp16.h>
+
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
 
+#include "flash_hopper/register_ops.h"
 #include "sm90/common/utils.h"
 #include "sm90/fwd/kernel_traits.h"  // EmptyStorage
 #include "sm90/fwd/params.h"
@@ -207,12 +210,14 @@ struct PvTwoLevel {
 // FP8 with the overlap, at a single-level kernel's registers: the PV GEMMs accumulate in O (the
 // tensor core's chain, rescaled like 16-bit O), and once kEvery of them are in it (after the
 // GEMM completed and P was converted: S is dead, the registers free) O is added into the tile's
-// fp32 copy in shared memory (Traits::OFoldStorage, each thread its own values) and the next PV
-// GEMM starts the chain from zero. The copy is kept in the scale of its last fold: Acc::scale
-// gathers the rescales since (one factor per row), applied at the next fold or before the
-// epilogue. The tensor core's narrower accumulation thus sums kEvery blocks at most; the
-// single-level ablation (FwdParams::fp8_single_level) never folds.
-template <int kEvery>
+// copy in shared memory (Traits::OFoldStorage, each thread its own values) and the next PV
+// GEMM starts the chain from zero. Acc::scale takes the copy to O's scale: the rescales since the
+// last fold (one factor per row), applied at the next fold or before the epilogue; with kFp16 the
+// copy holds its rows divided by their running sums at that fold (weighted means of V's values,
+// |x| <= max |v|: fp16's range holds e4m3 and e5m2), and the scale starts from that sum. The
+// tensor core's narrower accumulation thus sums kEvery blocks at most; the single-level ablation
+// (FwdParams::fp8_single_level) never folds.
+template <int kEvery, bool kFp16 = false>
 struct PvFoldedToShared : OHoldsPv {
   struct FoldState {
     float scale[2];  // rows r, r + 8: the factor taking the shared copy to O's scale
@@ -246,26 +251,54 @@ struct PvFoldedToShared : OHoldsPv {
     if (f.o_acc.pending < kEvery || c.p.fp8_single_level) {
       return;
     }
-    float4* copy = shared_copy(c);
-    CUTE_UNROLL
-    for (int j = 0; j < size(f.o) / 4; ++j) {
-      const float4 h = copy[j * 128];
-      // values 4j, 4j + 1 are row r's, 4j + 2, 4j + 3 row r + 8's
-      copy[j * 128] = make_float4(
-          fmaf(h.x, f.o_acc.scale[0], f.o(4 * j)), fmaf(h.y, f.o_acc.scale[0], f.o(4 * j + 1)),
-          fmaf(h.z, f.o_acc.scale[1], f.o(4 * j + 2)),
-          fmaf(h.w, f.o_acc.scale[1], f.o(4 * j + 3)));
+    if constexpr (kFp16) {
+      // The rows' running sums (this block's p included: any positive divisor of at least the
+      // weights already in O bounds the stored mean), 1 for a row that has no weight yet.
+      float sum[2], inv[2];
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        sum[r] = quad_allreduce(f.softmax.row_sum[r], [](float a, float b) { return a + b; });
+        sum[r] = sum[r] > 0.f ? sum[r] : 1.f;
+        inv[r] = 1.f / sum[r];
+      }
+      uint2* copy = shared_copy_half(c);
+      CUTE_UNROLL
+      for (int j = 0; j < size(f.o) / 4; ++j) {
+        const uint2 h = copy[j * 128];
+        const float2 lo = __half22float2(*reinterpret_cast<__half2 const*>(&h.x));  // row r
+        const float2 hi = __half22float2(*reinterpret_cast<__half2 const*>(&h.y));  // row r + 8
+        const __half2 nlo = __floats2half2_rn(
+            fmaf(lo.x, f.o_acc.scale[0], f.o(4 * j)) * inv[0],
+            fmaf(lo.y, f.o_acc.scale[0], f.o(4 * j + 1)) * inv[0]);
+        const __half2 nhi = __floats2half2_rn(
+            fmaf(hi.x, f.o_acc.scale[1], f.o(4 * j + 2)) * inv[1],
+            fmaf(hi.y, f.o_acc.scale[1], f.o(4 * j + 3)) * inv[1]);
+        copy[j * 128] = make_uint2(*reinterpret_cast<uint32_t const*>(&nlo),
+                                   *reinterpret_cast<uint32_t const*>(&nhi));
+      }
+      f.o_acc.scale[0] = sum[0];
+      f.o_acc.scale[1] = sum[1];
+    } else {
+      float4* copy = shared_copy(c);
+      CUTE_UNROLL
+      for (int j = 0; j < size(f.o) / 4; ++j) {
+        const float4 h = copy[j * 128];
+        // values 4j, 4j + 1 are row r's, 4j + 2, 4j + 3 row r + 8's
+        copy[j * 128] = make_float4(
+            fmaf(h.x, f.o_acc.scale[0], f.o(4 * j)), fmaf(h.y, f.o_acc.scale[0], f.o(4 * j + 1)),
+            fmaf(h.z, f.o_acc.scale[1], f.o(4 * j + 2)),
+            fmaf(h.w, f.o_acc.scale[1], f.o(4 * j + 3)));
+      }
+      f.o_acc.scale[0] = f.o_acc.scale[1] = 1.f;
     }
     f.o_acc.pending = 0;
-    f.o_acc.scale[0] = f.o_acc.scale[1] = 1.f;
   }
   // O = the shared copy (in O's scale) + the chain, for the epilogue.
   template <class C, class F>
   static CUTE_DEVICE void before_epilogue(C& c, F& f) {
-    float4 const* copy = shared_copy(c);
     CUTE_UNROLL
     for (int j = 0; j < size(f.o) / 4; ++j) {
-      const float4 h = copy[j * 128];
+      const float4 h = load_copy(c, j);
       f.o(4 * j) = fmaf(h.x, f.o_acc.scale[0], f.o(4 * j));
       f.o(4 * j + 1) = fmaf(h.y, f.o_acc.scale[0], f.o(4 * j + 1));
       f.o(4 * j + 2) = fmaf(h.z, f.o_acc.scale[1], f.o(4 * j + 2));
@@ -277,20 +310,39 @@ struct PvFoldedToShared : OHoldsPv {
   static CUTE_DEVICE void clear(C& c, F& f) {
     f.o_acc.scale[0] = f.o_acc.scale[1] = 1.f;
     f.o_acc.pending = 0;
-    float4* copy = shared_copy(c);
     CUTE_UNROLL
     for (int j = 0; j < decltype(size(f.o))::value / 4; ++j) {
-      copy[j * 128] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if constexpr (kFp16) {
+        shared_copy_half(c)[j * 128] = make_uint2(0u, 0u);
+      } else {
+        shared_copy(c)[j * 128] = make_float4(0.f, 0.f, 0.f, 0.f);
+      }
     }
   }
 
  private:
-  // This thread's first float4 of the copy: each warpgroup's values are one slab of its own
-  // (float4 j of thread t at j * 128 + t), which the epilogue also stages O through once it
-  // read the copy (Consumer::o_stage, epilogue.h).
+  // This thread's first chunk of the copy: each warpgroup's values are one slab of its own
+  // (chunk j of thread t at j * 128 + t: float4 chunks, or 4 halves with kFp16), which the
+  // epilogue also stages O through once it read the copy (Consumer::o_stage, epilogue.h).
   template <class C>
   static CUTE_DEVICE float4* shared_copy(C& c) {
     return reinterpret_cast<float4*>(c.o_fold_slab()) + C::thread_idx() % 128;
+  }
+  template <class C>
+  static CUTE_DEVICE uint2* shared_copy_half(C& c) {
+    return reinterpret_cast<uint2*>(c.o_fold_slab()) + C::thread_idx() % 128;
+  }
+  // Chunk j of this thread's copy as fp32 (rows r, r, r + 8, r + 8).
+  template <class C>
+  static CUTE_DEVICE float4 load_copy(C& c, int j) {
+    if constexpr (kFp16) {
+      const uint2 h = shared_copy_half(c)[j * 128];
+      const float2 lo = __half22float2(*reinterpret_cast<__half2 const*>(&h.x));
+      const float2 hi = __half22float2(*reinterpret_cast<__half2 const*>(&h.y));
+      return make_float4(lo.x, lo.y, hi.x, hi.y);
+    } else {
+      return shared_copy(c)[j * 128];
+    }
   }
 };
 

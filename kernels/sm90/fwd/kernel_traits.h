@@ -229,9 +229,10 @@ struct FwdTraits {
   // The fold's fp32 O (PvFoldedToShared): one slab per consumer warpgroup, its threads' d / 2
   // values as float4 chunks, chunk j of the warpgroup's thread t at j * 128 + t (a warp's 32
   // lanes: 512 contiguous bytes). The epilogue stages O through a warpgroup's slab once read.
-  static constexpr int kOFoldSlabBytes = 128 * kHeadDim / 2 * 4;
+  static constexpr bool kFoldFp16 = kConfig.fold_fp16;
+  static constexpr int kOFoldSlabBytes = 128 * kHeadDim / 2 * (kFoldFp16 ? 2 : 4);
   struct OFoldStorage {
-    array_aligned<float, kConsumerWgs * kOFoldSlabBytes / 4, 128> o;
+    array_aligned<float, kConsumerWgs * kOFoldSlabBytes / 4, 128> o;  // fp16 pairs as floats
   };
   struct MainStorage {
     // 1024-byte alignment: the period of the 128-byte swizzle pattern.
@@ -260,7 +261,7 @@ struct FwdTraits {
   // FP8 with the shared-memory fold stages O in one pass through the fold copy, whose slab of a
   // warpgroup (128 threads x kHeadDim / 2 fp32) is free once the epilogue read it and holds
   // twice the warpgroup's 64 x kHeadDim 16-bit O.
-  static constexpr bool kOStageInFold = kPvFoldEvery > 0;
+  static constexpr bool kOStageInFold = kPvFoldEvery > 0 && kHeadDim <= 128;
   static constexpr int kOPasses =
       kOStageInFold ? 1
                     : o_stage_passes(kSmemOptinBytes - int(sizeof(MainStorage)), kBlockM,

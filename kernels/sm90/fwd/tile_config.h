@@ -49,6 +49,10 @@ struct FwdConfig {
   // kFp8MaxChainKeys (below). 0: each PV GEMM into an accumulator of its own, added into O in
   // registers (PvTwoLevel), or the sequential kernels' fold.
   int pv_fold_every = 0;
+  // The fold copy's precision: false = fp32 in O's scale; true = fp16 divided by the row's
+  // running sum (a weighted mean of V's values, so |x| <= max |v|: inside fp16's range for e4m3
+  // and e5m2, rounded to nearest, half of the fp32 copy's shared memory).
+  bool fold_fp16 = false;
   // FP8: stages of V as loaded, the transposer's input (0: `stages`). The transposer frees a V
   // stage as soon as it wrote V^T, long before the PV GEMM frees V^T's, so one V stage can feed
   // two V^T stages where shared memory is short.
@@ -95,6 +99,7 @@ struct FwdConfig {
   constexpr FwdConfig with_pv_fold_every(int v) const {
     return with(&FwdConfig::pv_fold_every, v);
   }
+  constexpr FwdConfig with_fold_fp16(bool v) const { return with(&FwdConfig::fold_fp16, v); }
   constexpr FwdConfig with_staging_stages(int v) const {
     return with(&FwdConfig::staging_stages, v);
   }
@@ -221,23 +226,19 @@ constexpr FwdConfig fwd_config(int head_dim, TileFamily family = TileFamily::kDe
 // d128: 128 x 224 (FA3's tile), two WGs: 64 + 112 + 28 = 204 of 240. Q 1 x 16 K, K / V^T 2 x 28 K,
 //       V 1 x 28 K (v_stages: the transposer frees a V stage as soon as it wrote V^T), copy 64 K:
 //       220 KB. Chosen over 128 x 192 with two V stages by the A/B in bench/PERFLOG.md ("FP8
-//       d128 as FA3 runs it"): slower at 1k-2k keys, faster from 8k.
+//       d128 as FA3 runs it"): slower at 1k-2k keys, faster from 8k. The fp16 copy with FA3's two
+//       V stages in the freed 32 K measured slower (bench/PERFLOG.md, "the fold copy in fp16").
 // d96:  128 x 128, two WGs, each PV GEMM into an accumulator of its own added into O in registers
 //       (PvTwoLevel): 48 + 48 + 64 + 16 = 176 of 240. Rows of 96 bytes take the 32-byte swizzle
 //       (conflict-free in the transposer: tests/cpp/test_fp8_layout.cpp). Q 2 x 12 K, K / V / V^T
 //       2 x 12 K: 96 KB.
 // d192: the overlap would hold O + O_acc + S + P = 96 + 96 + 64 + 16 (or 224 with the PV GEMM in
-//       two parts), and a fold copy would be 96 K: d256's recipe instead, no intra-warpgroup
+//       two parts), and an fp32 fold copy would be 96 K: no intra-warpgroup
 //       overlap, the PV GEMM in two parts of 96 columns: 96 + 64 + 16 = 176 converting, 96 + 48 +
 //       16 = 160 during PV. N = 128; Q 2 x 24 K, K / V / V^T 2 x 24 K: 192 KB.
-// d256: O alone is 128 registers, so the two-level accumulator covers half the head dim and the
-//       PV GEMM runs in two parts (pv_parts = 2: part 0 into it, added into O, then part 1), and
-//       S is not kept across the PV GEMM (no intra-warpgroup overlap; ping-pong hides one WG's
-//       softmax under the other's GEMMs): O + S + P = 128 + 64 + 16 = 208 while converting, O +
-//       O_acc + P = 128 + 64 + 16 during PV, of 240 (232 spilled, as did N = 64 or four parts
-//       with the single-level ablation compiled in; it is not, at d256). A fold copy would be
-//       128 K of shared memory. N = 128: Q 1 x 32 K, K / V / V^T 2 x 32 K: 224 KB (no room for a
-//       second Q buffer).
+// d256: overlapped at 128 x 96: O + S + P = 128 + 48 + 12 of 240; an fp32 fold copy would be
+//       128 K, the fp16 one is 64 K. Folds every 10 PV GEMMs (960 keys). Q 1 x 32 K, K / V^T
+//       2 x 24 K, V 1 x 24 K, copy 64 K: 216 KB; O leaves from the registers.
 constexpr bool has_fp8_config(int head_dim) {
   return head_dim == 64 || head_dim == 96 || head_dim == 128 || head_dim == 192 ||
          head_dim == 256;
@@ -288,7 +289,15 @@ constexpr FwdConfig fwd_config_fp8_tile(int head_dim,
                                      .with_pv_fold_every(4);
   }
   const FwdConfig parts = fp8_sequential_tile(/*block_m=*/128, /*block_n=*/128).with_pv_parts(2);
-  return head_dim <= 192 ? parts : parts.with_q_stages(1);
+  if (head_dim <= 192) {
+    return parts;
+  }
+  return FwdConfig::tile(/*block_m=*/128, /*block_n=*/96)
+      .with_q_stages(1)
+      .with_v_stages(1)
+      .with_merge_tile_boundary(false)
+      .with_pv_fold_every(10)
+      .with_fold_fp16(true);
 }
 
 // FP8 has no room for a staging buffer of its own (o_passes_min = 0): d64 / d128 stage O through
