@@ -24,17 +24,19 @@
 // the tensor throughput to waste, not the bytes.
 //
 // FP8 caches (DecodeTypes<Fp8Cache<Q, Kv>>: e4m3 / e5m2 K and V, q in e4m3 or 16-bit). The ring
-// holds the FP8 bytes as they are in HBM (half a 16-bit stage), and each warp widens its own 16
-// keys of a block into a 16-bit tile of its own (widen_rows: K before S = Q K^T, then V into the
-// same tile before P V), from which the 16-bit path's ldmatrix and mma.sync run unchanged. Why in
-// shared memory and not in registers: P V's B fragments pair two keys of one column, which
-// ldmatrix.trans builds from 16-bit rows only; and because a warp widens only the keys it
-// computes, the widening needs __syncwarp, never a CTA barrier. The descales fold into the score's
-// scale (or the softcap's argument) and O's normalization; the combine kernel needs none.
+// holds the FP8 bytes as they are in HBM (half a 16-bit stage), and the MMAs read them through
+// ldmatrix as they are: a phase of 8 rows x 16 bytes gives each lane 4 FP8 values, widened in
+// registers (cvt per pair) into 16-bit B fragments. For K the 4 values are 4 consecutive d of
+// one key, which fill two k-slot pairs of one fragment: S sums over d in that order, and Q's A
+// fragments (registers, read once per CTA where they fit) follow it. For V, ldmatrix.trans gives
+// two keys' byte pairs of one column pair, and one byte permute makes each half a (key, key)
+// pair of one column: the accumulators' columns come out interleaved (even / odd columns of a
+// 16-byte chunk in two n8 tiles), which only the merge's store into shared memory undoes. No
+// 16-bit copy of the cache exists anywhere. The descales fold into the score's scale (or the
+// softcap's argument) and O's normalization; the combine kernel needs none.
 //
-//   timeline per block j (FP8):  wait; sync | issue | widen K (LDS.64 -> cvt -> STS.128);
-//                                syncwarp | S = Q K^T, mask, softmax | syncwarp; widen V;
-//                                syncwarp | O += P V
+//   timeline per block j (FP8):  as above, with a cvt per FP8 pair between each ldmatrix and
+//                                its mma.sync (a byte permute more per V register)
 #pragma once
 
 #include <cuda_bf16.h>
@@ -227,18 +229,11 @@ struct DecodeConfig {
     uint4 k[kStages][kStageChunks];
     uint4 v[kStages][kStageChunks];
   };
-  // FP8: the ring as loaded (rows of kKvChunks chunks, unswizzled: widen_rows reads a warp's
-  // rows as one contiguous run), and each warp's 16 keys widened to 16 bits (K, then V).
-  struct Fp8Ring {
-    uint4 k[kStages][kStageChunks];
-    uint4 v[kStages][kStageChunks];
-    uint4 widened[kWarps][kKeysPerWarp * kChunks];
-  };
 
   struct SharedStorage {
     uint4 q[kRowsPerCta * kChunks];
     union {
-      std::conditional_t<kFp8Kv, Fp8Ring, Ring> ring;
+      Ring ring;
       float o[kWarps][kRowsPerCta][kHeadDim];  // after the loop: the warps' outputs
     };
     int ids[2 * kStages][kBlockN];  // paged: the page ids of block b in ids[b % (2 kStages)]
@@ -253,33 +248,15 @@ struct DecodeConfig {
     return row * kChunks + (c ^ (row & 7));
   }
   // Where the loads put a cached row's 16-byte chunk c in a ring stage: chunk()'s swizzle for
-  // 16-bit rows (ldmatrix reads them), row-major for FP8 ones (widen_rows reads them).
+  // 16-bit rows; FP8 rows (kKvChunks chunks) swizzled the same way where a row holds 8 chunks or
+  // more, and by the row pair where it holds 4 (d64: two 64-byte rows share a 128-byte line), so
+  // that an ldmatrix phase's 8 rows of one chunk column fall in 8 bank groups either way.
   static __device__ __forceinline__ int ring_chunk(int row, int c) {
-    if constexpr (kFp8Kv) {
-      return row * kKvChunks + c;
+    if constexpr (kFp8Kv && kKvChunks < 8) {
+      static_assert(kKvChunks == 4, "FP8 rows of 4 chunks (d64) or of 8 and more");
+      return row * kKvChunks + (c ^ ((row >> 1) & 3));
     } else {
-      return chunk(row, c);
-    }
-  }
-
-  // A warp's 16 cached FP8 rows (kKeysPerWarp rows of kKvChunks chunks at `rows`) widened to
-  // Mma into `tile` (chunk()'s layout, rows 0..15): a lane takes 8 bytes a step, one LDS.64 of a
-  // contiguous 256-byte run per warp and one conflict-free STS.128 (8 lanes write one row's 8
-  // chunks, swizzled into 8 bank groups). At most kBatch steps' loads in flight per lane: d256's
-  // 16 (32 registers) on top of its 128 O registers spilled.
-  static constexpr int kWidenSteps = kKeysPerWarp * kChunks / 32;
-  static constexpr int kWidenBatch = kWidenSteps < 8 ? kWidenSteps : 8;
-  template <class Mma, class Fp8>
-  static __device__ __forceinline__ void widen_rows(const uint4* rows, uint4* tile, int lane) {
-    static_assert(kWidenSteps % kWidenBatch == 0 && kChunks % 8 == 0, "whole steps");
-    const uint2* src = reinterpret_cast<const uint2*>(rows);
-#pragma unroll 1
-    for (int i0 = 0; i0 < kWidenSteps; i0 += kWidenBatch) {
-#pragma unroll
-      for (int i = i0; i < i0 + kWidenBatch; ++i) {
-        const int idx = lane + 32 * i;  // the 8-byte piece c of row r: idx = r * kChunks + c
-        tile[chunk(idx / kChunks, idx % kChunks)] = widen8<Mma, Fp8>(src[idx]);
-      }
+      return row * kKvChunks + (c ^ (row & 7));
     }
   }
 };
@@ -636,6 +613,43 @@ __global__ void __launch_bounds__(kThreads)
     o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
   }
 
+  // FP8 caches: Q's A fragments in the k slot order of the widened K fragments (S = Q K^T
+  // below): slots {2t, 2t + 1} and {2t + 8, 2t + 9} of 16-d chunk c are Q's 4 elements
+  // 16 c + 4t .. 16 c + 4t + 3, one 8-byte load per row. Held in registers for the whole loop
+  // where they fit beside O (d <= 128), read per block otherwise.
+  constexpr bool kHoldQ = Types::kFp8Kv && kHeadDim <= 128;
+  auto load_q_fragment = [&](int c, uint32_t(&a)[4]) {
+    const int g = lane / 4;
+    const int off = 8 * (lane % 2);  // bytes into the 16-bit chunk 2c + t / 2
+    const uint2 top = *reinterpret_cast<const uint2*>(
+        reinterpret_cast<const char*>(&s.q[Cfg::chunk(g, 2 * c + (lane % 4) / 2)]) + off);
+    const uint2 bottom = *reinterpret_cast<const uint2*>(
+        reinterpret_cast<const char*>(&s.q[Cfg::chunk(g + 8, 2 * c + (lane % 4) / 2)]) + off);
+    a[0] = top.x;
+    a[1] = bottom.x;
+    a[2] = top.y;
+    a[3] = bottom.y;
+  };
+  [[maybe_unused]] uint32_t q_held[kHoldQ ? kKvChunks : 1][4];
+  if constexpr (kHoldQ) {
+    cute::cp_async_wait<kStages - 2>();  // 16-bit q: its copies are in the first group
+    __syncthreads();
+#pragma unroll
+    for (int c = 0; c < kKvChunks; ++c) {
+      load_q_fragment(c, q_held[c]);
+    }
+  }
+  [[maybe_unused]] auto q_fragment = [&](int c, uint32_t(&a)[4]) {
+    if constexpr (kHoldQ) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        a[i] = q_held[c][i];
+      }
+    } else {
+      load_q_fragment(c, a);
+    }
+  };
+
   for (int j = 0; j < n_blocks; ++j) {
     cute::cp_async_wait<kStages - 2>();
     __syncthreads();  // block j landed for every thread; block j - 1's stage is free
@@ -657,34 +671,51 @@ __global__ void __launch_bounds__(kThreads)
     if (key0 >= mine.hi) {
       continue;  // this warp's keys are past the split
     }
-    if constexpr (Types::kFp8Kv) {  // this warp's 16 keys of K, widened
-      Cfg::template widen_rows<typename Types::Mma, Kv>(
-          &s.ring.k[stage][warp * kKeysPerWarp * kKvChunks], s.ring.widened[warp], lane);
-      __syncwarp();
-    }
-    // S = Q K^T: 16 rows x this warp's 16 keys (two n8 tiles)
+    // S = Q K^T: 16 rows x this warp's 16 keys (two n8 tiles). An ldmatrix phase gives lane
+    // (g, t) = (lane / 4, lane % 4) row g's 4 bytes 4t..4t+3 of a 16-byte chunk: 16-bit elements
+    // 2t, 2t + 1 of a 16-bit row (the B fragment as it is), FP8 elements 4t..4t+3 of an FP8 row,
+    // widened in registers into the B fragments of k slots {2t, 2t + 1} and {2t + 8, 2t + 9}. The
+    // FP8 path thus sums over d in the order kslot_d() gives, and Q's A fragments follow it.
     float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    const int krow = warp * kKeysPerWarp + (lane / 8) % 2 * 8 + lane % 8;
+    if constexpr (Types::kFp8Kv) {
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      uint32_t a[4];
-      uint32_t bk[4];
-      cute::SM75_U32x4_LDSM_N::copy(
-          *reinterpret_cast<const cute::uint128_t*>(
-              &s.q[Cfg::chunk(lane % 16, 2 * kk + lane / 16)]),
-          a[0], a[1], a[2], a[3]);
-      const int krow = warp * kKeysPerWarp + (lane / 16) * 8 + lane % 8;
-      const uint4* kt;  // the B tile: the ring's 16-bit rows, or the warp's widened ones
-      if constexpr (Types::kFp8Kv) {
-        kt = &s.ring.widened[warp][Cfg::chunk(krow % kKeysPerWarp, 2 * kk + (lane / 8) % 2)];
-      } else {
-        kt = &s.ring.k[stage][Cfg::chunk(krow, 2 * kk + (lane / 8) % 2)];
+      for (int c = 0; c < kKvChunks; c += 2) {  // two 16-key x 16-d chunks per ldmatrix
+        uint32_t r[4];
+        cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(
+                                          &s.ring.k[stage][Cfg::ring_chunk(krow, c + lane / 16)]),
+                                      r[0], r[1], r[2], r[3]);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // chunk c + h: r[2 h] keys 0-7, r[2 h + 1] keys 8-15
+          uint32_t a[4];
+          q_fragment(c + h, a);
+#pragma unroll
+          for (int n = 0; n < 2; ++n) {
+            const uint32_t x = r[2 * h + n];
+            Atom::fma(sc[n][0], sc[n][1], sc[n][2], sc[n][3], a[0], a[1], a[2], a[3],
+                      widen2<typename Types::Mma, Kv>(x), widen2<typename Types::Mma, Kv>(x >> 16),
+                      sc[n][0], sc[n][1], sc[n][2], sc[n][3]);
+          }
+        }
       }
-      cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(kt), bk[0], bk[1],
-                                    bk[2], bk[3]);
-      Atom::fma(sc[0][0], sc[0][1], sc[0][2], sc[0][3], a[0], a[1], a[2], a[3], bk[0], bk[1],
-                sc[0][0], sc[0][1], sc[0][2], sc[0][3]);
-      Atom::fma(sc[1][0], sc[1][1], sc[1][2], sc[1][3], a[0], a[1], a[2], a[3], bk[2], bk[3],
-                sc[1][0], sc[1][1], sc[1][2], sc[1][3]);
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        uint32_t a[4];
+        uint32_t bk[4];
+        cute::SM75_U32x4_LDSM_N::copy(
+            *reinterpret_cast<const cute::uint128_t*>(
+                &s.q[Cfg::chunk(lane % 16, 2 * kk + lane / 16)]),
+            a[0], a[1], a[2], a[3]);
+        const int row16 = warp * kKeysPerWarp + (lane / 16) * 8 + lane % 8;
+        const uint4* kt = &s.ring.k[stage][Cfg::chunk(row16, 2 * kk + (lane / 8) % 2)];
+        cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(kt), bk[0],
+                                      bk[1], bk[2], bk[3]);
+        Atom::fma(sc[0][0], sc[0][1], sc[0][2], sc[0][3], a[0], a[1], a[2], a[3], bk[0], bk[1],
+                  sc[0][0], sc[0][1], sc[0][2], sc[0][3]);
+        Atom::fma(sc[1][0], sc[1][1], sc[1][2], sc[1][3], a[0], a[1], a[2], a[3], bk[2], bk[3],
+                  sc[1][0], sc[1][1], sc[1][2], sc[1][3]);
+      }
     }
     // score transform and mask, in base 2
 #pragma unroll
@@ -701,6 +732,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     // online softmax per row (a row's 16 scores live in the 4 lanes of a quad)
+    [[maybe_unused]] float alphas[2];
 #pragma unroll
     for (int ri = 0; ri < 2; ++ri) {
       float mx = fmaxf(fmaxf(sc[0][2 * ri], sc[0][2 * ri + 1]),
@@ -719,37 +751,72 @@ __global__ void __launch_bounds__(kThreads)
         sum += sc[n][2 * ri] + sc[n][2 * ri + 1];
       }
       l[ri] = l[ri] * alpha + sum;
+      if constexpr (Types::kFp8Kv) {
+        alphas[ri] = alpha;
+      } else {
 #pragma unroll
-      for (int t = 0; t < kDTiles; ++t) {
-        o[t][2 * ri] *= alpha;
-        o[t][2 * ri + 1] *= alpha;
+        for (int t = 0; t < kDTiles; ++t) {
+          o[t][2 * ri] *= alpha;
+          o[t][2 * ri + 1] *= alpha;
+        }
+      }
+    }
+    // FP8: O is rescaled only in blocks where some row's alpha is not 1 (skipping a factor of
+    // exactly 1 changes no bit). A row without keys (past `count`) gets alpha = 0 in every block,
+    // so this skips only in tiles whose 16 rows are all valid.
+    if constexpr (Types::kFp8Kv) {
+      if (__any_sync(0xffffffffu, alphas[0] != 1.f || alphas[1] != 1.f)) {
+#pragma unroll
+        for (int t = 0; t < kDTiles; ++t) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            o[t][e] *= alphas[e >> 1];
+          }
+        }
       }
     }
     // O += P V: the S accumulators are the A fragment of one k16 step
     const uint32_t pa[4] = {Ops::pack(sc[0][0], sc[0][1]), Ops::pack(sc[0][2], sc[0][3]),
                             Ops::pack(sc[1][0], sc[1][1]), Ops::pack(sc[1][2], sc[1][3])};
-    const int vrow = warp * kKeysPerWarp + lane % 8 + ((lane / 8) % 2) * 8;
-    if constexpr (Types::kFp8Kv) {  // every lane's K fragments read: the tile takes V
-      __syncwarp();
-      Cfg::template widen_rows<typename Types::Mma, Kv>(
-          &s.ring.v[stage][warp * kKeysPerWarp * kKvChunks], s.ring.widened[warp], lane);
-      __syncwarp();
-    }
+    if constexpr (Types::kFp8Kv) {
+      // ldmatrix.trans of an FP8 chunk (8 keys x 16 bytes) gives lane (g, t) the byte pairs
+      // 2g, 2g + 1 of keys 2t and 2t + 1; one byte permute regroups them by column, and each
+      // half widens into the B fragment (keys 2t, 2t + 1) of column 2g or 2g + 1. So chunk c
+      // feeds two n8 tiles: o[2c] holds the chunk's even columns, o[2c + 1] its odd ones
+      // (the merge's store puts them back in order).
 #pragma unroll
-    for (int t = 0; t < kDTiles; t += 2) {
-      uint32_t bv[4];
-      const uint4* vt;
-      if constexpr (Types::kFp8Kv) {
-        vt = &s.ring.widened[warp][Cfg::chunk(vrow % kKeysPerWarp, t + lane / 16)];
-      } else {
-        vt = &s.ring.v[stage][Cfg::chunk(vrow, t + lane / 16)];
+      for (int c = 0; c < kKvChunks; c += 2) {
+        uint32_t r[4];
+        cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(
+                                          &s.ring.v[stage][Cfg::ring_chunk(krow, c + lane / 16)]),
+                                      r[0], r[1], r[2], r[3]);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t lo = __byte_perm(r[2 * h], 0u, 0x3120);      // keys 0-7
+          const uint32_t hi = __byte_perm(r[2 * h + 1], 0u, 0x3120);  // keys 8-15
+          const int t = 2 * (c + h);
+          Atom::fma(o[t][0], o[t][1], o[t][2], o[t][3], pa[0], pa[1], pa[2], pa[3],
+                    widen2<typename Types::Mma, Kv>(lo), widen2<typename Types::Mma, Kv>(hi),
+                    o[t][0], o[t][1], o[t][2], o[t][3]);
+          Atom::fma(o[t + 1][0], o[t + 1][1], o[t + 1][2], o[t + 1][3], pa[0], pa[1], pa[2],
+                    pa[3], widen2<typename Types::Mma, Kv>(lo >> 16),
+                    widen2<typename Types::Mma, Kv>(hi >> 16), o[t + 1][0], o[t + 1][1],
+                    o[t + 1][2], o[t + 1][3]);
+        }
       }
-      cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(vt), bv[0], bv[1],
-                                    bv[2], bv[3]);
-      Atom::fma(o[t][0], o[t][1], o[t][2], o[t][3], pa[0], pa[1], pa[2], pa[3], bv[0], bv[1],
-                o[t][0], o[t][1], o[t][2], o[t][3]);
-      Atom::fma(o[t + 1][0], o[t + 1][1], o[t + 1][2], o[t + 1][3], pa[0], pa[1], pa[2], pa[3],
-                bv[2], bv[3], o[t + 1][0], o[t + 1][1], o[t + 1][2], o[t + 1][3]);
+    } else {
+      const int vrow = warp * kKeysPerWarp + lane % 8 + ((lane / 8) % 2) * 8;
+#pragma unroll
+      for (int t = 0; t < kDTiles; t += 2) {
+        uint32_t bv[4];
+        const uint4* vt = &s.ring.v[stage][Cfg::chunk(vrow, t + lane / 16)];
+        cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(vt), bv[0],
+                                      bv[1], bv[2], bv[3]);
+        Atom::fma(o[t][0], o[t][1], o[t][2], o[t][3], pa[0], pa[1], pa[2], pa[3], bv[0], bv[1],
+                  o[t][0], o[t][1], o[t][2], o[t][3]);
+        Atom::fma(o[t + 1][0], o[t + 1][1], o[t + 1][2], o[t + 1][3], pa[0], pa[1], pa[2], pa[3],
+                  bv[2], bv[3], o[t + 1][0], o[t + 1][1], o[t + 1][2], o[t + 1][3]);
+      }
     }
   }
 
@@ -766,12 +833,24 @@ __global__ void __launch_bounds__(kThreads)
       s.l[warp][lane / 4 + 8 * ri] = l[ri];
     }
   }
+  if constexpr (Types::kFp8Kv) {  // o[2c] / o[2c + 1]: chunk c's even / odd columns
 #pragma unroll
-  for (int t = 0; t < kDTiles; ++t) {
+    for (int c = 0; c < kKvChunks; ++c) {
 #pragma unroll
-    for (int ri = 0; ri < 2; ++ri) {
-      *reinterpret_cast<float2*>(&s.o[warp][lane / 4 + 8 * ri][8 * t + (lane % 4) * 2]) =
-          make_float2(o[t][2 * ri], o[t][2 * ri + 1]);
+      for (int ri = 0; ri < 2; ++ri) {
+        *reinterpret_cast<float4*>(&s.o[warp][lane / 4 + 8 * ri][16 * c + (lane % 4) * 4]) =
+            make_float4(o[2 * c][2 * ri], o[2 * c + 1][2 * ri], o[2 * c][2 * ri + 1],
+                        o[2 * c + 1][2 * ri + 1]);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int t = 0; t < kDTiles; ++t) {
+#pragma unroll
+      for (int ri = 0; ri < 2; ++ri) {
+        *reinterpret_cast<float2*>(&s.o[warp][lane / 4 + 8 * ri][8 * t + (lane % 4) * 2]) =
+            make_float2(o[t][2 * ri], o[t][2 * ri + 1]);
+      }
     }
   }
   __syncthreads();

@@ -16,11 +16,11 @@
 // that FLASH_HOPPER_DECODE_STAGES can measure the others without a rebuild.
 //
 // FP8 caches (the table's third column): a stage holds half the bytes, so the same bytes in flight
-// per SM take about twice the stages, and each CTA adds the warps' widened 16-bit tiles (one
-// 16-bit stage's worth); 5 stages keep the 16-bit kernels' bytes in flight at their CTAs per SM:
-//   d64:  5 x 8 KiB + 8 KiB tiles = 53 KiB per CTA (4 per SM: 4 x 4 x 8 KiB in flight)
-//   d128: 5 x 16 KiB + 16 KiB = 103 KiB (2 per SM: 2 x 4 x 16 KiB, the 16-bit d128's 128 KiB)
-//   d256: 5 x 32 KiB + 32 KiB = 203 KiB (1 per SM: 4 x 32 KiB, the 16-bit d256's 128 KiB)
+// per SM take about twice the stages; 5 stages keep the 16-bit kernels' bytes in flight at their
+// CTAs per SM:
+//   d64:  5 x 8 KiB = 45 KiB per CTA with Q and the page ids (4 per SM: 4 x 4 x 8 KiB in flight)
+//   d128: 5 x 16 KiB = 87 KiB (2 per SM: 2 x 4 x 16 KiB, the 16-bit d128's 128 KiB)
+//   d256: 5 x 32 KiB = 171 KiB (1 per SM: 4 x 32 KiB, the 16-bit d256's 128 KiB)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>

@@ -79,7 +79,7 @@ set(FH_DECODE_TABLE
 set(FH_DECODE_STAGE_COUNTS 2 3 4 5)
 # Its inputs: FH_DTYPE_TABLE names (q, K and V alike; e4m3 is FA3's FP8 convention, q, K and V in
 # e4m3 with descales and a bf16 output) and FH_MIXED_TABLE names (16-bit q against an FP8 cache,
-# o in q's dtype); the FP8 caches are widened to 16 bits in shared memory, the MMAs stay 16-bit.
+# o in q's dtype); the FP8 caches are widened to 16 bits in registers, the MMAs stay 16-bit.
 # And the packed rows (query tokens x query heads per KV head) of the calls the library's policy
 # sends to it (kernels/src/policy.cu): each 16 rows re-read the keys from L2, so longer queries
 # stay on the FA kernels.
