@@ -548,5 +548,8 @@ def test_supports_names_the_decode_kernel_for_fp8_caches(lib):
         assert ok and reason.startswith("decode:") and "widened to 16 bits" in reason, reason
     ok, reason = supports(dtype="bf16+e4m3", head_dim=256, heads_q=32, heads_kv=8, kvcache=True,
                           capability=(8, 6))
+    assert ok and reason.startswith("decode:"), reason  # 2 FP8 stages fit 99 KiB
+    ok, reason = supports(dtype="bf16+e4m3", head_dim=96, heads_q=32, heads_kv=8, kvcache=True,
+                          capability=(9, 0))
     assert not ok and "run on the decode kernel only" in reason, reason
-    assert "does not fit the 101376 bytes" in reason, reason
+    assert "head_dim: the decode kernel takes head_dim" in reason and "got 96" in reason, reason

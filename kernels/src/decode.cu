@@ -10,9 +10,9 @@
 //   d256: 3 x 64 KiB = 200 KiB (1 per SM; 2 stages would still leave 1)
 // A device whose shared memory per block is smaller (sm_86 / sm_89 / sm_120: 99 KiB; sm_80:
 // 163 KiB) runs the largest stage count that fits it, down to the table's fewest (d128 2 stages:
-// 70 KiB, d256: 138 KiB); where not even those fit (d256 on 99 KiB), the kernel does not serve
-// the device (fh_decode_stages answers 0 and the library's policy sends the call elsewhere, before
-// the caller touches any cache). Every stage count of the table that fits 227 KiB is compiled, so
+// 70 KiB, d256: 138 KiB); where not even those fit (a 16-bit d256 cache on 99 KiB; an FP8 one
+// runs 2 stages there, 74 KiB), the kernel does not serve the device (fh_decode_stages answers 0
+// and the library's policy sends the call elsewhere, before the caller touches any cache). Every stage count of the table that fits 227 KiB is compiled, so
 // that FLASH_HOPPER_DECODE_STAGES can measure the others without a rebuild.
 //
 // FP8 caches (the table's third column): a stage holds half the bytes, so the same bytes in flight

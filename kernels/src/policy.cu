@@ -492,7 +492,7 @@ bool decode_serves(const DecodeRequest& r, int cc_major, int cc_minor, std::stri
         *why += format(" through the page table (page size %lld)", (long long)r.page_size);
       }
       if (decode_fp8_kv(r.kv_dtype)) {
-        *why += format(", in %s and widened to 16 bits in shared memory",
+        *why += format(", in %s and widened to 16 bits in registers",
                        kv_dtype_name(r.kv_dtype));
       }
     }
