@@ -675,7 +675,7 @@ __global__ void __launch_bounds__(kThreads)
     // (g, t) = (lane / 4, lane % 4) row g's 4 bytes 4t..4t+3 of a 16-byte chunk: 16-bit elements
     // 2t, 2t + 1 of a 16-bit row (the B fragment as it is), FP8 elements 4t..4t+3 of an FP8 row,
     // widened in registers into the B fragments of k slots {2t, 2t + 1} and {2t + 8, 2t + 9}. The
-    // FP8 path thus sums over d in the order kslot_d() gives, and Q's A fragments follow it.
+    // FP8 path thus sums over d in that order, and Q's A fragments (load_q_fragment) follow it.
     float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
     const int krow = warp * kKeysPerWarp + (lane / 8) % 2 * 8 + lane % 8;
     if constexpr (Types::kFp8Kv) {

@@ -12,8 +12,9 @@
 // 163 KiB) runs the largest stage count that fits it, down to the table's fewest (d128 2 stages:
 // 70 KiB, d256: 138 KiB); where not even those fit (a 16-bit d256 cache on 99 KiB; an FP8 one
 // runs 2 stages there, 74 KiB), the kernel does not serve the device (fh_decode_stages answers 0
-// and the library's policy sends the call elsewhere, before the caller touches any cache). Every stage count of the table that fits 227 KiB is compiled, so
-// that FLASH_HOPPER_DECODE_STAGES can measure the others without a rebuild.
+// and the library's policy sends the call elsewhere, before the caller touches any cache). Every
+// stage count of the table that fits 227 KiB is compiled, so that FLASH_HOPPER_DECODE_STAGES can
+// measure the others without a rebuild.
 //
 // FP8 caches (the table's third column): a stage holds half the bytes, so the same bytes in flight
 // per SM take about twice the stages; 5 stages keep the 16-bit kernels' bytes in flight at their

@@ -261,20 +261,16 @@ struct PvFoldedToShared : OHoldsPv {
         sum[r] = sum[r] > 0.f ? sum[r] : 1.f;
         inv[r] = 1.f / sum[r];
       }
-      uint2* copy = shared_copy_half(c);
       CUTE_UNROLL
       for (int j = 0; j < size(f.o) / 4; ++j) {
-        const uint2 h = copy[j * 128];
-        const float2 lo = __half22float2(*reinterpret_cast<__half2 const*>(&h.x));  // row r
-        const float2 hi = __half22float2(*reinterpret_cast<__half2 const*>(&h.y));  // row r + 8
-        const __half2 nlo = __floats2half2_rn(
-            fmaf(lo.x, f.o_acc.scale[0], f.o(4 * j)) * inv[0],
-            fmaf(lo.y, f.o_acc.scale[0], f.o(4 * j + 1)) * inv[0]);
-        const __half2 nhi = __floats2half2_rn(
-            fmaf(hi.x, f.o_acc.scale[1], f.o(4 * j + 2)) * inv[1],
-            fmaf(hi.y, f.o_acc.scale[1], f.o(4 * j + 3)) * inv[1]);
-        copy[j * 128] = make_uint2(*reinterpret_cast<uint32_t const*>(&nlo),
-                                   *reinterpret_cast<uint32_t const*>(&nhi));
+        const float4 h = load_copy(c, j);  // rows r, r, r + 8, r + 8
+        const __half2 lo = __floats2half2_rn(fmaf(h.x, f.o_acc.scale[0], f.o(4 * j)) * inv[0],
+                                             fmaf(h.y, f.o_acc.scale[0], f.o(4 * j + 1)) * inv[0]);
+        const __half2 hi = __floats2half2_rn(
+            fmaf(h.z, f.o_acc.scale[1], f.o(4 * j + 2)) * inv[1],
+            fmaf(h.w, f.o_acc.scale[1], f.o(4 * j + 3)) * inv[1]);
+        shared_copy_half(c)[j * 128] = make_uint2(*reinterpret_cast<uint32_t const*>(&lo),
+                                                  *reinterpret_cast<uint32_t const*>(&hi));
       }
       f.o_acc.scale[0] = sum[0];
       f.o_acc.scale[1] = sum[1];

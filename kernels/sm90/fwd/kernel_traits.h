@@ -226,9 +226,10 @@ struct FwdTraits {
     cutlass::arch::ClusterTransactionBarrier full[StagingPipe::kStages];
     cutlass::arch::ClusterBarrier empty[StagingPipe::kStages];
   };
-  // The fold's fp32 O (PvFoldedToShared): one slab per consumer warpgroup, its threads' d / 2
-  // values as float4 chunks, chunk j of the warpgroup's thread t at j * 128 + t (a warp's 32
-  // lanes: 512 contiguous bytes). The epilogue stages O through a warpgroup's slab once read.
+  // The fold's copy of O (PvFoldedToShared): one slab per consumer warpgroup, its threads' d / 2
+  // values as chunks of 4 (fp32, or fp16 with kFoldFp16), chunk j of the warpgroup's thread t at
+  // j * 128 + t (a warp's 32 lanes: one contiguous run). The epilogue stages O through an fp32
+  // slab once read.
   static constexpr bool kFoldFp16 = kConfig.fold_fp16;
   static constexpr int kOFoldSlabBytes = 128 * kHeadDim / 2 * (kFoldFp16 ? 2 : 4);
   struct OFoldStorage {
@@ -258,10 +259,10 @@ struct FwdTraits {
   // O's way out (epilogue.h): through shared memory where the stages leave room for every
   // consumer warpgroup's 64 rows of kHeadDim / kOPasses columns (written kOPasses times per
   // tile), else straight from the registers (kOPasses = 0).
-  // FP8 with the shared-memory fold stages O in one pass through the fold copy, whose slab of a
-  // warpgroup (128 threads x kHeadDim / 2 fp32) is free once the epilogue read it and holds
-  // twice the warpgroup's 64 x kHeadDim 16-bit O.
-  static constexpr bool kOStageInFold = kPvFoldEvery > 0 && kHeadDim <= 128;
+  // FP8 with an fp32 fold copy stages O in one pass through it: a warpgroup's slab (128 threads x
+  // kHeadDim / 2 fp32) is free once the epilogue read it and holds twice the warpgroup's 64 x
+  // kHeadDim 16-bit O. The fp16 copy (d256) stages nothing: O leaves from the registers there.
+  static constexpr bool kOStageInFold = kPvFoldEvery > 0 && !kFoldFp16;
   static constexpr int kOPasses =
       kOStageInFold ? 1
                     : o_stage_passes(kSmemOptinBytes - int(sizeof(MainStorage)), kBlockM,

@@ -64,8 +64,8 @@ struct Consumer {
   using Pv = conditional_t<
       !kFp8, PvIntoO,
       conditional_t<!Traits::kOverlap, PvTwoLevelSequential<kPvParts>,
-                    conditional_t<(kPvFoldEvery > 0), PvFoldedToShared<kPvFoldEvery, Traits::kFoldFp16>,
-                                  PvTwoLevel>>>;
+                    conditional_t<(kPvFoldEvery > 0),
+                                  PvFoldedToShared<kPvFoldEvery, Traits::kFoldFp16>, PvTwoLevel>>>;
   using QEnd = ConsumerEnd<typename Traits::QPipe, SmemBarriers<typename Traits::QPipe>>;
   using KVEnd = ConsumerEnd<typename Traits::KVPipe, SmemBarriers<typename Traits::KVPipe>>;
   // The PV GEMM's B operand comes from the producer (16-bit) or the transposer (FP8).

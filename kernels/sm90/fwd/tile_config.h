@@ -233,9 +233,9 @@ constexpr FwdConfig fwd_config(int head_dim, TileFamily family = TileFamily::kDe
 //       (conflict-free in the transposer: tests/cpp/test_fp8_layout.cpp). Q 2 x 12 K, K / V / V^T
 //       2 x 12 K: 96 KB.
 // d192: the overlap would hold O + O_acc + S + P = 96 + 96 + 64 + 16 (or 224 with the PV GEMM in
-//       two parts), and an fp32 fold copy would be 96 K: no intra-warpgroup
-//       overlap, the PV GEMM in two parts of 96 columns: 96 + 64 + 16 = 176 converting, 96 + 48 +
-//       16 = 160 during PV. N = 128; Q 2 x 24 K, K / V / V^T 2 x 24 K: 192 KB.
+//       two parts), and an fp32 fold copy would be 96 K: no intra-warpgroup overlap, the PV GEMM
+//       in two parts of 96 columns: 96 + 64 + 16 = 176 converting, 96 + 48 + 16 = 160 during PV.
+//       N = 128; Q 2 x 24 K, K / V / V^T 2 x 24 K: 192 KB.
 // d256: overlapped at 128 x 96: O + S + P = 128 + 48 + 12 of 240; an fp32 fold copy would be
 //       128 K, the fp16 one is 64 K. Folds every 10 PV GEMMs (960 keys). Q 1 x 32 K, K / V^T
 //       2 x 24 K, V 1 x 24 K, copy 64 K: 216 KB; O leaves from the registers.
