@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+from typing import ClassVar
 
 import pytest
 import torch
@@ -507,3 +508,166 @@ def test_fp8_decode_runs_on_the_gpu(lib, tmp_path, dtype):
             assert r["skipped"] or r["error"] or r["passed"] is not None, r
     assert next(r for r in rows if r["backend"] == "sdpa-cudnn")["skipped"]
     assert rc == 0
+
+
+# --- FlashInfer's batch decode --------------------------------------------------------------------
+
+
+def test_flashinfer_page_indices_of_ragged_lengths():
+    """The page table as FlashInfer's indptr / indices / last_page_len: lengths 1, 16, 17, 40
+    on pages of 16 use 1, 1, 2 and 3 pages (the first of each table row), the last holding 1,
+    16, 1 and 8 keys; an empty sequence uses none."""
+    table = torch.tensor([[7, 3, 11], [0, 5, 2], [9, 4, 1], [6, 8, 10]], dtype=torch.int32)
+    lengths = torch.tensor([1, 16, 17, 40], dtype=torch.int32)
+    indptr, indices, last = decode.flashinfer_page_indices(table, lengths, 16)
+    assert indptr.tolist() == [0, 1, 2, 4, 7]
+    assert indices.tolist() == [7, 0, 9, 4, 6, 8, 10]
+    assert last.tolist() == [1, 16, 1, 8]
+    assert {t.dtype for t in (indptr, indices, last)} == {torch.int32}
+    indptr, indices, last = decode.flashinfer_page_indices(table[:2], torch.tensor([0, 33]), 16)
+    assert (indptr.tolist(), indices.tolist(), last.tolist()) == ([0, 0, 3], [0, 5, 2], [0, 1])
+    with pytest.raises(ValueError, match="needs 4 pages of 16; the page table has 3"):
+        decode.flashinfer_page_indices(table, torch.tensor([1, 1, 1, 49]), 16)
+
+
+class FakeDecodeWrapper:
+    """flashinfer.BatchDecodeWithPagedKVCacheWrapper as far as the decode sweep uses it: records
+    its construction, plan and runs; run() gathers each sequence's keys through the planned
+    indices and returns, per query head, the sum of q and the mean of its kv head's V rows, so
+    the output depends on the pages the plan names."""
+
+    instances: ClassVar[list] = []
+
+    def __init__(self, workspace, kv_layout="NHD"):
+        self.workspace, self.kv_layout = workspace, kv_layout
+        self.plan_args, self.runs = None, []
+        FakeDecodeWrapper.instances.append(self)
+
+    def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim,
+             page_size, **kwargs):
+        self.plan_args = (indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim,
+                          page_size, kwargs)
+
+    def run(self, q, paged_kv_cache, **kwargs):
+        self.runs.append((q, paged_kv_cache, kwargs))
+        indptr, indices, last, hq, hk, _, page, _ = self.plan_args
+        _, v_pool = paged_kv_cache
+        out = []
+        for b in range(q.shape[0]):
+            pages = indices[indptr[b]:indptr[b + 1]].long()
+            n = (len(pages) - 1) * page + int(last[b])
+            v = v_pool[pages].reshape(-1, *v_pool.shape[2:])[:n].float().mean(0)  # (hk, d)
+            out.append(q[b].float() + v.repeat_interleave(hq // hk, 0))
+        return torch.stack(out).to(q.dtype)
+
+
+def fake_flashinfer():
+    import types
+
+    module = types.ModuleType("flashinfer")
+    module.BatchDecodeWithPagedKVCacheWrapper = FakeDecodeWrapper
+    return module
+
+
+def test_flashinfer_paged_plans_once_and_times_run_alone(monkeypatch):
+    """flashinfer-paged: the wrapper planned on the pool's page table before the call is
+    returned (NHD, heads, page size, q / kv dtypes); the call is run() alone, on q as
+    (batch, heads_q, d) and the (pool_k, pool_v) pair, and its output has q's shape."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "flashinfer", fake_flashinfer())
+    point = decode.DecodePoint(3, 40, 4, 2, 8, 1, "bf16", 16)
+    q, kc, vc, lengths = decode.make_inputs(point, device="cpu")
+    fn = decode.backend_call("flashinfer-paged", point, q, kc, vc, lengths)
+    wrapper = FakeDecodeWrapper.instances[-1]
+    assert wrapper.runs == [] and wrapper.kv_layout == "NHD"
+    assert wrapper.workspace.dtype == torch.uint8 and wrapper.workspace.numel() == 128 * 2**20
+    indptr, indices, last, hq, hk, d, page, kwargs = wrapper.plan_args
+    _, _, table = decode.paged_copy(kc, vc, 16)
+    assert indptr.tolist() == [0, 3, 6, 9] and last.tolist() == [8, 8, 8]
+    assert indices.tolist() == table.flatten().tolist()
+    assert (hq, hk, d, page) == (4, 2, 8, 16)
+    assert kwargs == {"pos_encoding_mode": "NONE", "q_data_type": torch.bfloat16,
+                      "kv_data_type": torch.bfloat16}
+    out = fn()
+    assert len(wrapper.runs) == 1 and wrapper.plan_args[1] is indices  # no plan in the call
+    q_rows, (pool_k, pool_v), run_kwargs = wrapper.runs[0]
+    assert q_rows.shape == (3, 4, 8) and q_rows.data_ptr() == q.data_ptr() and run_kwargs == {}
+    assert pool_k.shape == (9, 16, 2, 8) and not torch.equal(pool_k, pool_v)
+    expected = q.float() + vc.float().mean(1, keepdim=True).repeat_interleave(2, 2)
+    assert out.shape == q.shape
+    assert torch.allclose(out.float(), expected, atol=2e-2)  # every page read back, in order
+    fn()
+    assert len(wrapper.runs) == 2 and len(FakeDecodeWrapper.instances[-1].runs) == 2
+
+
+def test_flashinfer_paged_takes_one_scale_per_fp8_cache(monkeypatch):
+    """A mixed row whose cache has one descale throughout runs with k_scale / v_scale floats
+    on the FP8 pool; descales that differ per (sequence, kv head), as the bench's inputs have
+    them, skip the row naming why."""
+    import sys
+
+    from flash_hopper.bench.fp8_inputs import Fp8Input
+
+    monkeypatch.setitem(sys.modules, "flashinfer", fake_flashinfer())
+    point = decode.DecodePoint(2, 32, 4, 2, 16, 1, "bf16+e4m3", 16)
+    q, kc, vc, lengths = decode.make_inputs(point, device="cpu")
+    assert not torch.all(kc.descale == kc.descale[0, 0])
+    with pytest.raises(decode.DecodeSkip, match=r"flashinfer-paged: FlashInfer's run takes one "
+                       r"k_scale / v_scale per call \(floats\); this cache's k and v descales "
+                       r"differ per \(sequence, kv head\)"):
+        decode.backend_call("flashinfer-paged", point, q, kc, vc, lengths)
+    kc1 = Fp8Input(kc.data, torch.full_like(kc.descale, 0.5))
+    vc1 = Fp8Input(vc.data, torch.full_like(vc.descale, 0.25))
+    decode.backend_call("flashinfer-paged", point, q, kc1, vc1, lengths)()
+    wrapper = FakeDecodeWrapper.instances[-1]
+    _, (pool_k, _), run_kwargs = wrapper.runs[0]
+    assert run_kwargs == {"k_scale": 0.5, "v_scale": 0.25}
+    assert pool_k.dtype == torch.float8_e4m3fn
+    assert wrapper.plan_args[-1]["kv_data_type"] == torch.float8_e4m3fn
+    assert wrapper.plan_args[-1]["q_data_type"] == torch.bfloat16
+
+
+@pytest.mark.parametrize(("point", "reason"), [
+    (_fp8_point("e4m3", page_size=16),
+     "flashinfer-paged: FlashInfer's decode takes an FP8 cache with queries in fp16/bf16 only"),
+    (_fp8_point("bf16", seqlen_q=4, page_size=16),
+     "flashinfer-paged: timed with one query token per sequence"),
+])
+def test_flashinfer_paged_rows_it_does_not_take(monkeypatch, point, reason):
+    """e4m3 queries and speculative rows are skipped before FlashInfer is imported."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "flashinfer", None)
+    q, kc, vc, lengths = decode.make_inputs(point, device="cpu")
+    with pytest.raises(decode.DecodeSkip, match=reason):
+        decode.backend_call("flashinfer-paged", point, q, kc, vc, lengths)
+
+
+def test_flashinfer_paged_missing_says_why(monkeypatch):
+    import sys
+    import types
+
+    point = _fp8_point("bf16", page_size=16)
+    q, kc, vc, lengths = decode.make_inputs(point, device="cpu")
+    monkeypatch.setitem(sys.modules, "flashinfer", None)
+    with pytest.raises(decode.DecodeSkip, match=r"flashinfer-paged: not importable \(flashinfer:"):
+        decode.backend_call("flashinfer-paged", point, q, kc, vc, lengths)
+    old = types.ModuleType("flashinfer")  # a release without the 0.2 decode wrapper
+    monkeypatch.setitem(sys.modules, "flashinfer", old)
+    with pytest.raises(decode.DecodeSkip, match="flashinfer-paged: flashinfer has no "
+                       "BatchDecodeWithPagedKVCacheWrapper"):
+        decode.backend_call("flashinfer-paged", point, q, kc, vc, lengths)
+    no_pages = decode.DecodePoint(2, 64, 4, 2, 8, 1, "bf16", None)
+    with pytest.raises(decode.DecodeError, match="flashinfer-paged: needs --page-size"):
+        decode.backend_call("flashinfer-paged", no_pages, q, kc, vc, lengths)
+
+
+def test_flashinfer_spellings_name_the_paged_backend():
+    """The `bench` registry's spellings of FlashInfer (flashinfer, flashinfer-python) name its
+    decode backend here, once."""
+    chosen = decode.backends_from_args(args("--page-size", "16", "--backends", "flashinfer",
+                                            "flashinfer-python", "flashinfer-paged",
+                                            "flash-hopper-paged"))
+    assert chosen == ["flashinfer-paged", "flash-hopper-paged"]
+    assert "flashinfer-paged" in decode.PAGED_BACKENDS

@@ -1,7 +1,7 @@
 """flash_hopper.integrations.transformers on CPU (docs/integrations.md): registration, and the
 argument mapping checked end to end. The library's flash_attn_func / flash_attn_varlen_func are
 replaced by the fp32 references (reference.py), which record their arguments; tiny randomly
-initialized models then run with attn_implementation="flash_hopper" against transformers' own
+initialized models then run with attn_implementation=register() against transformers' own
 "sdpa" / "eager" on the same weights. Grid: a Llama-style model (GQA 4 / 2 heads) dense, left-
 padded, packed and generating with dynamic and static caches; a Gemma-2-style one (sliding
 window 4 on alternate layers, logit softcap, query_pre_attn_scalar scale) on 12 tokens, so the
@@ -50,7 +50,7 @@ def twins(config, baseline):
     """The same randomly initialized weights under flash_hopper and under ``baseline``."""
     torch.manual_seed(0)
     build = transformers.AutoModelForCausalLM.from_config  # sets the implementation on the config
-    ours = build(copy.deepcopy(config), attn_implementation="flash_hopper")
+    ours = build(copy.deepcopy(config), attn_implementation=fh_transformers.NAME)
     theirs = build(copy.deepcopy(config), attn_implementation=baseline)
     theirs.load_state_dict(ours.state_dict())
     return ours.eval(), theirs.eval()
@@ -69,11 +69,67 @@ def gemma2_config():
 
 
 def test_register_adds_the_attention_and_its_mask():
-    assert fh_transformers.register() == "flash_hopper"
-    assert transformers.AttentionInterface._global_mapping["flash_hopper"] is \
+    assert fh_transformers.register() == "fh_attention"
+    assert transformers.AttentionInterface._global_mapping["fh_attention"] is \
         fh_transformers.attention_forward
-    assert transformers.AttentionMaskInterface._global_mapping["flash_hopper"] is \
+    assert transformers.AttentionMaskInterface._global_mapping["fh_attention"] is \
         fh_transformers.key_mask
+
+
+def test_register_refuses_a_flash_name_where_transformers_reserves_it(monkeypatch):
+    # transformers 5 loads any attn_implementation containing "flash" as FlashAttention (a package
+    # or a hub kernel) at model construction; 4.x reserved only "flash_attention_N"
+    monkeypatch.setattr(transformers, "__version__", "5.17.0")
+    with pytest.raises(ValueError, match=r"^name: transformers 5.17.0 loads .* containing "
+                                         r"'flash' .* got 'flash_hopper'$"):
+        fh_transformers.register("flash_hopper")
+    assert fh_transformers.register() == "fh_attention"
+    monkeypatch.setattr(transformers, "__version__", "4.57.1")
+    assert fh_transformers.register("flash_hopper") == "flash_hopper"
+
+
+def test_register_keeps_the_former_name_on_4x(monkeypatch):
+    mapping = transformers.AttentionInterface._global_mapping
+    monkeypatch.setattr(transformers, "__version__", "4.57.1")
+    monkeypatch.delitem(mapping, "flash_hopper", raising=False)
+    assert fh_transformers.register() == "fh_attention"
+    assert mapping["flash_hopper"] is fh_transformers.attention_forward
+    monkeypatch.setattr(transformers, "__version__", "5.17.0")
+    monkeypatch.delitem(mapping, "flash_hopper")
+    fh_transformers.register()
+    assert "flash_hopper" not in mapping
+
+
+# The mask hook's query positions, as each transformers major passes them (by keyword): 4.x the
+# positions themselves (cache_position), 5.x the first one and the count (q_offset, a tensor for a
+# static cache, and q_length). Rows: a prefill of 4 with left padding, a decode step into a static
+# cache of 8 slots (its unfilled tail cut off), a sliding layer's slice from key 3 on.
+@pytest.mark.parametrize(("first", "count", "kv_length", "kv_offset", "expect"), [
+    (0, 4, 4, 0, [[False, True, True, True], [True, True, True, True]]),
+    (5, 1, 8, 0, [[False, True, True, True, True, True], [True] * 6]),
+    (6, 1, 4, 3, [[True, True, True, True], [True, True, True, False]]),
+])
+def test_key_mask_takes_either_majors_query_positions(first, count, kv_length, kv_offset, expect):
+    padding = torch.ones(2, 7, dtype=torch.long)
+    padding[0, 0] = 0
+    padding[1, 6] = 0  # a right-padded token, past the decode step's keys but in the slice's
+    old = fh_transformers.key_mask(batch_size=2, cache_position=torch.arange(first, first + count),
+                                   kv_length=kv_length, kv_offset=kv_offset,
+                                   attention_mask=padding)
+    new = fh_transformers.key_mask(batch_size=2, q_length=count, q_offset=torch.tensor(first),
+                                   kv_length=kv_length, kv_offset=kv_offset,
+                                   attention_mask=padding, device=torch.device("cpu"))
+    assert old.tolist() == new.tolist() == expect
+    full = torch.ones(2, kv_offset + kv_length, dtype=torch.long)
+    for positions in ({"cache_position": torch.arange(first, first + count)},
+                      {"q_length": count, "q_offset": first}):
+        unpadded = fh_transformers.key_mask(batch_size=2, kv_length=kv_length,
+                                            kv_offset=kv_offset, attention_mask=full,
+                                            **positions)
+        filled = min(kv_length, first + count - kv_offset)
+        assert (unpadded is None) == (filled == kv_length)
+    with pytest.raises(TypeError, match="expected the queries' positions as cache_position"):
+        fh_transformers.key_mask(batch_size=2, kv_length=4, attention_mask=padding)
 
 
 def test_without_transformers_register_names_the_package(monkeypatch):

@@ -51,12 +51,12 @@ def run(model, ids, mask):
 @pytest.mark.parametrize("family", ["llama", "gemma2"])
 def test_forward_and_backward_within_twice_the_baselines_error(lib, family):
     skip_without_kernel(lib, HEAD_DIM, backward=True)
-    fh_transformers.register()
+    name = fh_transformers.register()
     cfg = config(family)
     baseline = "sdpa" if family == "llama" else "eager"
     exact = build(cfg, baseline, torch.float32)
     state = exact.state_dict()
-    ours = build(cfg, "flash_hopper", torch.bfloat16, state)
+    ours = build(cfg, name, torch.bfloat16, state)
     theirs = build(cfg, baseline, torch.bfloat16, state)
     ids = torch.randint(0, 256, (2, 200), device="cuda")
     mask = torch.ones_like(ids)
@@ -73,10 +73,10 @@ def test_forward_and_backward_within_twice_the_baselines_error(lib, family):
 
 def test_static_cache_greedy_generation_matches_sdpa(lib):
     skip_without_kernel(lib, HEAD_DIM)
-    fh_transformers.register()
+    name = fh_transformers.register()
     cfg = config("llama")
     theirs = build(cfg, "sdpa", torch.bfloat16).eval()
-    ours = build(cfg, "flash_hopper", torch.bfloat16, theirs.state_dict()).eval()
+    ours = build(cfg, name, torch.bfloat16, theirs.state_dict()).eval()
     ids = torch.randint(0, 256, (2, 24), device="cuda")
     mask = torch.ones_like(ids)
     mask[0, :5] = 0

@@ -218,7 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
                "5%; mixed: the 16-bit rule); bytes counted = the FP8 cache, 1 byte per element "
                "(rows record it: kv_dtype, bytes_counted). Peers without an FP8 path are "
                "skipped with the reason, never run on a dequantized 16-bit copy: sdpa-cudnn and "
-               "the flash-attn-cute ones for every FP8 dtype, flash-attn3 for the mixed mode.")
+               "the flash-attn-cute ones for every FP8 dtype, flash-attn3 for the mixed mode, "
+               "flashinfer-paged for e4m3 queries and for caches whose descales differ per "
+               "(batch, KV head) (FlashInfer takes one k / v scale per call).")
     decode.add_argument("--points", nargs="+", metavar="BxC",
                         help="batch x context points, k suffix = x1024 (default: "
                              "1x8k 1x128k 8x32k 32x32k 128x16k 64x1k)")
@@ -229,19 +231,21 @@ def build_parser() -> argparse.ArgumentParser:
                         metavar="N",
                         help="new query tokens per sequence (default: 1; 2..8: speculative "
                              "decoding, query i of N sees keys up to CONTEXT - N + i; "
-                             "sdpa-cudnn is skipped above 1)")
+                             "sdpa-cudnn and flashinfer-paged are skipped above 1)")
     decode.add_argument("--dtype", choices=sweep.DTYPES, default="bf16",
                         help="q and cache dtype: bf16, fp16, e4m3 (FP8), or Q+KV for 16-bit q "
                              "against an FP8 cache (default: bf16)")
     decode.add_argument("--page-size", type=int, default=None, metavar="P",
                         help="also time the cache as shuffled P-token pages with a page table "
-                             "(backend flash-hopper-paged)")
+                             "(backend flash-hopper-paged; the paged peers need it)")
     decode.add_argument("--backends", nargs="+", metavar="NAME",
                         help="some of flash-hopper, flash-hopper-dense, sdpa-cudnn, "
                              "flash-hopper-paged (default: the first three, and the paged one "
                              "with --page-size); peers: flash-attn3 (FA3's "
                              "flash_attn_with_kvcache, e.g. the fa3-fwd wheel), flash-attn3-paged, "
-                             "flash-attn-cute, flash-attn-cute-paged (FA4)")
+                             "flash-attn-cute, flash-attn-cute-paged (FA4), flashinfer-paged "
+                             "(FlashInfer's BatchDecodeWithPagedKVCacheWrapper; also spelled "
+                             "flashinfer, flashinfer-python)")
     decode.add_argument("--json", metavar="FILE", help="write every row")
     decode.add_argument("--csv", metavar="FILE", help="write every row")
     decode.add_argument("--plot", metavar="PNG", help="grouped bars of TB/s")

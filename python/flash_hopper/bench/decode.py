@@ -34,7 +34,12 @@ with page_table and seqused_k, its own split choice) on the same pool, and "flas
 the dense cache; "flash-attn3", FA3's flash_attn_with_kvcache on the dense cache (the module the
 `bench` registry finds for its flash-attn3 peer: a source build or the fa3-fwd wheel), and
 "flash-attn3-paged" on the pool, skipped where FA3's build reports no paged KV (the fa3-fwd
-wheel's FLASHATTENTION_DISABLE_PAGEDKV).
+wheel's FLASHATTENTION_DISABLE_PAGEDKV); "flashinfer-paged" ("flashinfer", "flashinfer-python"),
+FlashInfer's BatchDecodeWithPagedKVCacheWrapper on the pool, the page table given as its
+indptr / indices / last_page_len and planned before timing (the timed call is its run alone). It
+takes one query token per sequence, and an FP8 cache with 16-bit queries and one k / v scale
+per call: e4m3 queries are skipped, and so are mixed rows whose descales differ per (sequence,
+kv head), as the bench's per-head quantization gives them.
 """
 
 from __future__ import annotations
@@ -57,9 +62,14 @@ DEFAULT_BACKENDS = ("flash-hopper", "flash-hopper-dense", "sdpa-cudnn")
 FA4_BACKENDS = ("flash-attn-cute-paged", "flash-attn-cute")
 # FA3's kvcache call; "flash-attn3" is the `bench` registry's name for the same package.
 FA3, FA3_PAGED = "flash-attn3", "flash-attn3-paged"
-PEER_BACKENDS = (*FA4_BACKENDS, FA3, FA3_PAGED)
+# FlashInfer's batch decode: a paged cache only.
+FLASHINFER_PAGED = "flashinfer-paged"
+PEER_BACKENDS = (*FA4_BACKENDS, FA3, FA3_PAGED, FLASHINFER_PAGED)
 BACKENDS = (*DEFAULT_BACKENDS, "flash-hopper-paged", *PEER_BACKENDS)
-PAGED_BACKENDS = ("flash-hopper-paged", "flash-attn-cute-paged", FA3_PAGED)
+PAGED_BACKENDS = ("flash-hopper-paged", "flash-attn-cute-paged", FA3_PAGED, FLASHINFER_PAGED)
+# The `bench` registry's names (after registry.canonical_name) that mean another decode backend:
+# its flashinfer peer is FlashInfer's prefill, whose decode counterpart here is the paged call.
+DECODE_ALIASES = {"flashinfer": FLASHINFER_PAGED}
 CHECK_SEQUENCES = 2  # the reference check's sequences (the first ones of the batch)
 CHECK_ATOL = 2e-2  # the 16-bit rule's absolute term (bf16 outputs)
 # FA3's build flags (its setup.py writes them to <package>_config.py) that refuse decode rows.
@@ -239,6 +249,8 @@ def backend_call(name: str, point: DecodePoint, q, kc, vc, lengths) -> Callable[
         return _fa4_call(name, point, q, kc, vc, lengths, descales)
     if name in (FA3, FA3_PAGED):
         return _fa3_call(name, point, q, kc, vc, lengths, descales)
+    if name == FLASHINFER_PAGED:
+        return _flashinfer_call(point, q, kc, vc, lengths, descales)
     return _sdpa_cudnn_call(point, q, kc, vc, descales)
 
 
@@ -320,6 +332,86 @@ def fa3_skip_reason(name: str, point: DecodePoint, module_name: str, flags: dict
     if left_out:
         return f"{name}: {module_name} is built with {', '.join(left_out)}"
     return None
+
+
+def _flashinfer_call(point, q, kc, vc, lengths, descales):
+    """FlashInfer's BatchDecodeWithPagedKVCacheWrapper on paged_copy's pool: planned here, once;
+    the returned call is run() alone, its (batch, heads_q, d) output viewed as q's shape."""
+    reason = flashinfer_skip_reason(point, descales)
+    if reason is not None:
+        raise DecodeSkip(reason)
+    # mixed rows reach here only with one descale for the whole cache (the skip reason's rule)
+    scales = {f"{prefix}_scale": float(descales[f"{prefix}_descale"].flatten()[0])
+              for prefix in "kv" if f"{prefix}_descale" in descales}
+    from . import peers
+
+    module, reason = peers.import_flashinfer("BatchDecodeWithPagedKVCacheWrapper")
+    if module is None:
+        raise DecodeSkip(f"{FLASHINFER_PAGED}: {reason}")
+    import torch
+
+    pool_k, pool_v, table = paged_copy(kc, vc, point.page_size)
+    indptr, indices, last_page_len = (
+        t.to(q.device) for t in flashinfer_page_indices(table, lengths, point.page_size))
+    # FlashInfer wants its workspace zeroed before the first use
+    workspace = torch.zeros(peers.FlashInferBackend.workspace_bytes, dtype=torch.uint8,
+                            device=q.device)
+    # use_cuda_graph stays off: it keeps the plan's arrays in fixed buffers so that a captured
+    # graph survives a re-plan; planned once here, the captured run() replays this plan as it is
+    wrapper = module.BatchDecodeWithPagedKVCacheWrapper(workspace, kv_layout="NHD")
+    wrapper.plan(indptr, indices, last_page_len, point.heads_q, point.heads_kv, point.head_dim,
+                 point.page_size, pos_encoding_mode="NONE", q_data_type=q.dtype,
+                 kv_data_type=kc.dtype)
+    shape = q.shape  # (batch, 1, heads_q, d)
+    rows = q.reshape(point.batch, point.heads_q, point.head_dim)  # one token a sequence: a view
+    return lambda: wrapper.run(rows, (pool_k, pool_v), **scales).view(shape)
+
+
+def flashinfer_skip_reason(point: DecodePoint, descales: dict) -> str | None:
+    """Why FlashInfer's batch decode does not take this row, or None: more than one query token
+    per sequence, e4m3 queries, or an FP8 cache whose descales are not one value per tensor (its
+    run takes k_scale / v_scale as floats)."""
+    if point.seqlen_q != 1:
+        return (f"{FLASHINFER_PAGED}: timed with one query token per sequence "
+                f"(BatchDecodeWithPagedKVCacheWrapper's q is (batch, heads, d)); this row has "
+                f"seqlen_q {point.seqlen_q}")
+    if point.is_fp8:
+        return (f"{FLASHINFER_PAGED}: FlashInfer's decode takes an FP8 cache with queries in "
+                f"fp16/bf16 only (this row's q is e4m3)")
+    varying = [prefix for prefix in "kv" if f"{prefix}_descale" in descales
+               and not _uniform(descales[f"{prefix}_descale"])]
+    if varying:
+        return (f"{FLASHINFER_PAGED}: FlashInfer's run takes one k_scale / v_scale per call "
+                f"(floats); this cache's {' and '.join(varying)} descales differ per "
+                f"(sequence, kv head); not run on a dequantized copy")
+    return None
+
+
+def _uniform(descale) -> bool:
+    """Whether a descale tensor holds one value throughout."""
+    return bool((descale == descale.flatten()[0]).all())
+
+
+def flashinfer_page_indices(table, lengths, page_size: int):
+    """A page table (batch, pages per sequence) int32 and the sequences' lengths (batch,) as
+    FlashInfer's paged-KV arrays, int32 on the CPU: indptr (batch + 1,), each sequence's first
+    entry in indices; indices, the pool slots of every sequence's used pages (the first
+    ceil(length / page_size) of its row), sequence after sequence; last_page_len (batch,), the
+    keys on each sequence's last page (1..page_size; 0 for an empty sequence)."""
+    import torch
+
+    table, lengths = table.cpu(), lengths.cpu().long()
+    pages = (lengths + page_size - 1) // page_size
+    if len(pages) and int(pages.max()) > table.shape[1]:
+        raise ValueError(f"a sequence of {int(lengths.max())} keys needs "
+                         f"{int(pages.max())} pages of {page_size}; the page table has "
+                         f"{table.shape[1]} per sequence")
+    used = torch.arange(table.shape[1]) < pages[:, None]  # (batch, pages per sequence)
+    indptr = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+    indptr[1:] = pages.cumsum(0)
+    last_page_len = lengths - (pages - 1).clamp(min=0) * page_size
+    return (indptr.to(torch.int32), table[used].to(torch.int32),
+            last_page_len.to(torch.int32))
 
 
 def _sdpa_cudnn_call(point, q, kc, vc, descales):
@@ -565,13 +657,17 @@ def backends_from_args(args) -> list[str]:
     spellings (fa3-fwd, fa3_fwd_interface, flash_attn.cute ...) map to its names."""
     from .registry import canonical_name
 
+    def decode_name(name: str) -> str:
+        name = canonical_name(name)
+        return DECODE_ALIASES.get(name, name)
+
     default = (*DEFAULT_BACKENDS, "flash-hopper-paged") if args.page_size else DEFAULT_BACKENDS
     names = cases.split_list(args.backends or default)
-    unknown = [b for b in names if canonical_name(b) not in BACKENDS]
+    unknown = [b for b in names if decode_name(b) not in BACKENDS]
     if unknown:
         raise DecodeError(f"--backends: unknown {', '.join(unknown)}; expected some of "
                           f"{', '.join(BACKENDS)}")
-    return list(dict.fromkeys(canonical_name(b) for b in names))
+    return list(dict.fromkeys(decode_name(b) for b in names))
 
 
 def run_decode(args) -> int:

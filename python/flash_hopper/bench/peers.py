@@ -473,6 +473,22 @@ class FlashAttnPackage(Backend):
         return self.name, f"{self._module_name}.flash_attn_func{descales}"
 
 
+def import_flashinfer(wrapper: str):
+    """(the flashinfer module, None), or (None, why not): it does not import, or it has no
+    ``wrapper`` class (the 0.2 API's plan / run wrappers). The one import of FlashInfer, shared by
+    the prefill peer here and the decode sweep's."""
+    try:
+        with argv_shielded():
+            module = importlib.import_module("flashinfer")
+    except Exception as exc:  # noqa: BLE001 - ImportError, a torch-ABI mismatch...
+        return None, f"not importable (flashinfer: {first_line(exc)})"
+    except SystemExit as exc:
+        return None, f"not importable (flashinfer: exited on import, SystemExit {exc.code!r})"
+    if not hasattr(module, wrapper):
+        return None, f"flashinfer has no {wrapper} (a pre-0.2 release?)"
+    return module, None
+
+
 class FlashInferBackend(Backend):
     """FlashInfer's prefill (flashinfer.BatchPrefillWithRaggedKVCacheWrapper) as a peer."""
 
@@ -486,17 +502,9 @@ class FlashInferBackend(Backend):
         self._module = None
 
     def software_reason(self) -> str | None:
-        try:
-            with argv_shielded():
-                module = importlib.import_module("flashinfer")
-        except Exception as exc:  # noqa: BLE001 - ImportError, a torch-ABI mismatch...
-            return f"not importable (flashinfer: {first_line(exc)})"
-        except SystemExit as exc:
-            return f"not importable (flashinfer: exited on import, SystemExit {exc.code!r})"
-        if not hasattr(module, "BatchPrefillWithRaggedKVCacheWrapper"):
-            return "flashinfer has no BatchPrefillWithRaggedKVCacheWrapper (a pre-0.2 release?)"
+        module, reason = import_flashinfer("BatchPrefillWithRaggedKVCacheWrapper")
         self._module = module
-        return None
+        return reason
 
     def version(self) -> str | None:
         from importlib import metadata

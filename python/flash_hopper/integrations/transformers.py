@@ -1,13 +1,17 @@
 """flash-hopper as a Hugging Face transformers attention backend (docs/integrations.md).
 
     from flash_hopper.integrations.transformers import register
-    register()  # once; then
-    model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="flash_hopper")
+    name = register()  # once: "fh_attention"; then
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=name)
 
 ``register`` adds ``attention_forward`` to transformers' AttentionInterface and, where transformers
 has one (>= 4.53), ``key_mask`` to its AttentionMaskInterface under the same name, so the model
 builds the mask this backend reads instead of a dense 4-D one. transformers is imported only by
 ``register``: this module imports without it.
+
+The name has no "flash" in it: transformers 5 takes every attn_implementation containing "flash"
+for a FlashAttention package or hub kernel and loads one at model construction, which fails for
+a function registered through AttentionInterface. register() refuses such a name there.
 
 The mapping, per call (transformers' own flash-attention integration is the model for it):
 
@@ -40,8 +44,13 @@ import torch
 
 from .. import interface
 
-NAME = "flash_hopper"
+NAME = "fh_attention"
+# The name under transformers 4.x before 5 reserved "flash" names; registered there as well.
+LEGACY_NAME = "flash_hopper"
 MIN_VERSION = "4.48"  # the first transformers with AttentionInterface
+# transformers >= 5 treats an attn_implementation containing this as FlashAttention (a package or
+# a hub kernel to load); 4.x reserved only the "flash_attention_N" names.
+FLASH_MARKER = "flash"
 
 
 def _transformers() -> Any:
@@ -62,21 +71,50 @@ def register(name: str = NAME) -> str:
     """Registers flash-hopper's attention (and its mask, where transformers has a mask interface)
     under ``name``; returns it, for ``attn_implementation=register()``."""
     transformers = _transformers()
-    transformers.AttentionInterface.register(name, attention_forward)
-    if hasattr(transformers, "AttentionMaskInterface"):
-        transformers.AttentionMaskInterface.register(name, key_mask)
+    major = int(transformers.__version__.split(".")[0])
+    if major >= 5 and FLASH_MARKER in name:
+        raise ValueError(f"name: transformers {transformers.__version__} loads an "
+                         f"attn_implementation containing {FLASH_MARKER!r} as a FlashAttention "
+                         f"package or hub kernel, not through AttentionInterface; expected a name "
+                         f"without it (the default is {NAME!r}), got {name!r}")
+    names = [name]
+    if major < 5 and name == NAME:
+        names.append(LEGACY_NAME)  # 4.x takes it too: attn_implementation="flash_hopper"
+    for n in names:
+        transformers.AttentionInterface.register(n, attention_forward)
+        if hasattr(transformers, "AttentionMaskInterface"):
+            transformers.AttentionMaskInterface.register(n, key_mask)
     return name
 
 
-def key_mask(batch_size: int, cache_position: torch.Tensor, kv_length: int, kv_offset: int = 0,
-             attention_mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor | None:
+def key_mask(batch_size: int, cache_position: torch.Tensor | None = None,
+             kv_length: int | None = None, kv_offset: int = 0,
+             attention_mask: torch.Tensor | None = None, *, q_length: int | None = None,
+             q_offset: int | torch.Tensor = 0, **kwargs: Any) -> torch.Tensor | None:
     """transformers' mask hook: (batch, keys) bool, True where one of the keys the layer attends
     to is a token (not padding), or None when every key is. Keys cover positions kv_offset ..
     kv_offset + kv_length - 1; those past the last query (a static cache's unfilled slots) are
     left out of the mask, so attention_forward drops them. The causal and window patterns are
-    the kernel's (causal / window_size), not the mask's: mask_function is not read."""
-    filled = min(kv_length, int(cache_position[-1]) + 1 - kv_offset)
-    device = cache_position.device
+    the kernel's (causal / window_size), not the mask's: mask_function is not read.
+
+    The queries' positions come as transformers passes them: 4.x ``cache_position`` (the
+    positions themselves), 5.x ``q_offset`` and ``q_length`` (the first one and how many; the
+    offset a tensor for a static cache). Both name them by keyword."""
+    if kv_length is None:
+        raise TypeError("key_mask: kv_length is required (transformers passes it by keyword)")
+    if cache_position is not None:
+        query_end = int(cache_position[-1]) + 1
+        device = cache_position.device
+    elif q_length is not None:
+        query_end = int(q_offset) + q_length
+        device = kwargs.get("device")  # 5.x passes it; else the offset's or the mask's
+        if device is None:
+            source = q_offset if isinstance(q_offset, torch.Tensor) else attention_mask
+            device = source.device if source is not None else "cpu"
+    else:
+        raise TypeError("key_mask: expected the queries' positions as cache_position "
+                        "(transformers 4.x) or q_length and q_offset (5.x), got neither")
+    filled = min(kv_length, query_end - kv_offset)
     if attention_mask is None:
         if filled == kv_length:
             return None
