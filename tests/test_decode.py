@@ -5,7 +5,11 @@ is launched: validation runs before any CUDA call). The kernel itself: test_deco
 
 from __future__ import annotations
 
+import sys
+import types
+
 import pytest
+import torch
 from flash_hopper import UnsupportedError, _decode, _tables
 from flash_hopper._lib import ABI_VERSION, FhBackend, FhDecodeParams, FhDtype
 
@@ -267,3 +271,38 @@ def test_eager_constant_builds_once_outside_capture():
     for i in range(64):  # a full cache starts over (graphs keep theirs in `pinned`)
         _decode.eager_constant(cache, pinned, ("cpu", 100 + i), make)
     assert len(cache) == 1 and (0, "cpu", 3) not in cache
+
+
+def _fake_trees(get_manager):
+    module = types.ModuleType("torch._inductor.cudagraph_trees")
+    module.get_manager = get_manager
+    return module
+
+
+def test_constants_are_made_per_call_where_cudagraph_trees_run(monkeypatch):
+    """torch.compile's CUDA graphs (cudagraph trees) allocate their warmup's and recording's
+    tensors from a private pool and refuse any that outlives the graph: eager_constant keeps
+    nothing while a tree manager exists on the device."""
+    dev = torch.device("cuda", 0)
+    monkeypatch.delitem(sys.modules, "torch._inductor.cudagraph_trees", raising=False)
+    assert not _decode.cudagraph_trees_on(dev)
+    asked = []
+    monkeypatch.setitem(sys.modules, "torch._inductor.cudagraph_trees", _fake_trees(
+        lambda index, create_if_none_exists=True: asked.append((index, create_if_none_exists))))
+    assert not _decode.cudagraph_trees_on(dev) and asked == [(0, False)]
+    monkeypatch.setitem(sys.modules, "torch._inductor.cudagraph_trees", _fake_trees(
+        lambda index, create_if_none_exists=True: object()))
+    assert _decode.cudagraph_trees_on(dev)
+    made = []
+    cache, pinned = {}, {}
+    for _ in range(2):
+        t = _decode.eager_constant(cache, pinned, (dev, 3),
+                                   lambda: made.append(1) or torch.zeros(3))
+        assert t.shape == (3,)
+    assert len(made) == 2 and not cache and not pinned
+
+    def unknown(*args, **kwargs):
+        raise TypeError("get_manager() got an unexpected keyword argument")
+
+    monkeypatch.setitem(sys.modules, "torch._inductor.cudagraph_trees", _fake_trees(unknown))
+    assert _decode.cudagraph_trees_on(dev)  # a torch it cannot ask: no caching

@@ -17,6 +17,7 @@ call's is its own for the graph's life), one library call.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -66,6 +67,23 @@ def route_key() -> tuple[str, int]:
     return _env.decode_mode(), _env.debug_smem_limit()
 
 
+def cudagraph_trees_on(device: torch.device) -> bool:
+    """Whether torch.compile's CUDA graphs (inductor's cudagraph trees: mode "reduce-overhead",
+    and what transformers' static-cache generate compiles) run on this device in this thread.
+    Their warmup and recording allocate from a private pool, and a constant kept from there would
+    outlive the graph (the trees refuse that: "tensor(s) in the cudagraph pool not tracked as
+    outputs"), so eager_constant then makes its constant per call. Known only where the trees'
+    module is loaded; a version whose manager cannot be asked counts as on."""
+    trees = sys.modules.get("torch._inductor.cudagraph_trees")
+    if trees is None:
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    try:
+        return trees.get_manager(index, create_if_none_exists=False) is not None
+    except Exception:  # noqa: BLE001 -- a torch whose trees are not asked this way
+        return True
+
+
 def eager_constant(cache: dict, pinned: dict, key: tuple,
                    make: Callable[[], torch.Tensor]) -> torch.Tensor:
     """A constant device tensor (lengths, offsets, zeros) built once outside any CUDA graph capture
@@ -76,6 +94,8 @@ def eager_constant(cache: dict, pinned: dict, key: tuple,
     only ever used on the stream it was made on, and freeing it (a clear of ``cache``) hands its
     memory back to the caching allocator behind every kernel that reads it (stream order)."""
     device = key[0]
+    if cudagraph_trees_on(device):
+        return make()
     key = (_stream_of(device),) + key
     capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
     t = pinned.get(key) if capturing else None
