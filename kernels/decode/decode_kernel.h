@@ -197,11 +197,47 @@ __device__ __forceinline__ uint32_t widen2(uint32_t pair) {
   }
 }
 
+// Four FP8 values (one register, the low byte first) as two pairs of Mma values: bytes 0-1 into
+// `lo`, bytes 2-3 into `hi`. On sm_89 and up each 16-bit half of the register goes to its cvt as
+// it is (no shift to bring the upper pair down: one instruction less per pair).
+template <class Mma, class Fp8>
+__device__ __forceinline__ void widen4(uint32_t x, uint32_t& lo, uint32_t& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t h0;
+  uint32_t h1;
+  if constexpr (std::is_same_v<Fp8, __nv_fp8_e4m3>) {
+    asm("{\n\t.reg .b16 a, b;\n\tmov.b32 {a, b}, %2;\n\t"
+        "cvt.rn.f16x2.e4m3x2 %0, a;\n\tcvt.rn.f16x2.e4m3x2 %1, b;\n\t}"
+        : "=r"(h0), "=r"(h1)
+        : "r"(x));
+  } else {
+    asm("{\n\t.reg .b16 a, b;\n\tmov.b32 {a, b}, %2;\n\t"
+        "cvt.rn.f16x2.e5m2x2 %0, a;\n\tcvt.rn.f16x2.e5m2x2 %1, b;\n\t}"
+        : "=r"(h0), "=r"(h1)
+        : "r"(x));
+  }
+  if constexpr (std::is_same_v<Mma, __half>) {
+    lo = h0;
+    hi = h1;
+  } else {  // through fp32, exactly
+    const float2 f0 = __half22float2(*reinterpret_cast<const __half2*>(&h0));
+    const float2 f1 = __half22float2(*reinterpret_cast<const __half2*>(&h1));
+    lo = MmaOps<Mma>::pack(f0.x, f0.y);
+    hi = MmaOps<Mma>::pack(f1.x, f1.y);
+  }
+#else
+  lo = widen2<Mma, Fp8>(x);
+  hi = widen2<Mma, Fp8>(x >> 16);
+#endif
+}
+
 // Eight FP8 values (8 bytes) as one 16-byte chunk of Mma values.
 template <class Mma, class Fp8>
 __device__ __forceinline__ uint4 widen8(uint2 x) {
-  return make_uint4(widen2<Mma, Fp8>(x.x), widen2<Mma, Fp8>(x.x >> 16), widen2<Mma, Fp8>(x.y),
-                    widen2<Mma, Fp8>(x.y >> 16));
+  uint4 r;
+  widen4<Mma, Fp8>(x.x, r.x, r.y);
+  widen4<Mma, Fp8>(x.y, r.z, r.w);
+  return r;
 }
 
 // A descale of sequence b's KV head (api.h): ptr[b * batch_stride + h_kv * head_stride], 1 for
@@ -526,13 +562,9 @@ __global__ void __launch_bounds__(kThreads)
                    *reinterpret_cast<uint32_t*>(&s.ids[block % (2 * kStages)][tid]), ok);
     }
   };
-  auto issue = [&](int stage, int pass, int key, int64_t page, int64_t slot) {
-    const int row = tid / kRowThreads + pass * kRowsPerPass;
-    const bool ok = key < mine.hi;
-    const Kv* ks = ok ? k_head + page * p.k_page_stride + slot * p.k_row_stride + c0 * kChunkElems
-                      : k_head;
-    const Kv* vs = ok ? v_head + page * p.v_page_stride + slot * p.v_row_stride + c0 * kChunkElems
-                      : v_head;
+  // Ring row `row` of stage `stage` from the cached rows at ks / vs (the thread's first chunk), or
+  // zero-filled where !ok (ks / vs then point at the head, never read).
+  auto copy_row = [&](int stage, int row, bool ok, const Kv* ks, const Kv* vs) {
 #pragma unroll
     for (int i = 0; i < kChunksPerThread; ++i) {
       const int at = Cfg::ring_chunk(row, c0 + i * kRowThreads);
@@ -543,6 +575,15 @@ __global__ void __launch_bounds__(kThreads)
                  *reinterpret_cast<cute::uint128_t*>(&s.ring.v[stage][at]), ok);
     }
   };
+  auto issue = [&](int stage, int pass, int key, int64_t page, int64_t slot) {
+    const int row = tid / kRowThreads + pass * kRowsPerPass;
+    const bool ok = key < mine.hi;
+    const Kv* ks = ok ? k_head + page * p.k_page_stride + slot * p.k_row_stride + c0 * kChunkElems
+                      : k_head;
+    const Kv* vs = ok ? v_head + page * p.v_page_stride + slot * p.v_row_stride + c0 * kChunkElems
+                      : v_head;
+    copy_row(stage, row, ok, ks, vs);
+  };
   auto load_block = [&](int block, int stage) {
     const int first_key = mine.lo + block * kBlockN + tid / kRowThreads;
     if (pages.table != nullptr) {
@@ -551,6 +592,22 @@ __global__ void __launch_bounds__(kThreads)
         const int row = tid / kRowThreads + pass * kRowsPerPass;
         issue(stage, pass, first_key + pass * kRowsPerPass, pages.clamp_page(ids[row]), slot);
       });
+    } else if constexpr (Types::kFp8Kv) {
+      // Dense FP8: the thread's rows are kRowsPerPass keys apart in one entry, so one address per
+      // block, stepped by a constant per pass, instead of issue()'s 64-bit products per row (the
+      // FP8 kernel's loop is bound by its instruction issue, not by its loads).
+      const int64_t k0 = pages.entry * p.k_page_stride + int64_t(first_key) * p.k_row_stride;
+      const int64_t v0 = pages.entry * p.v_page_stride + int64_t(first_key) * p.v_row_stride;
+      const Kv* ks = k_head + k0 + c0 * kChunkElems;
+      const Kv* vs = v_head + v0 + c0 * kChunkElems;
+#pragma unroll
+      for (int pass = 0; pass < kPasses; ++pass) {
+        const bool ok = first_key + pass * kRowsPerPass < mine.hi;
+        copy_row(stage, tid / kRowThreads + pass * kRowsPerPass, ok, ok ? ks : k_head,
+                 ok ? vs : v_head);
+        ks += kRowsPerPass * p.k_row_stride;
+        vs += kRowsPerPass * p.v_row_stride;
+      }
     } else {
 #pragma unroll
       for (int pass = 0; pass < kPasses; ++pass) {
@@ -606,6 +663,25 @@ __global__ void __launch_bounds__(kThreads)
     row_range[ri].hi = imin(row_range[ri].hi, mine.hi);
     m[ri] = -INFINITY;
     l[ri] = 0.f;
+  }
+  // FP8: the keys every valid row of the tile attends, [open_lo, open_hi) (warp-uniform): a warp
+  // whose keys of a block lie inside skips the mask's compares. Rows past `count` are never
+  // written, so their scores need no mask; keys past the split are outside (zero-filled).
+  [[maybe_unused]] int open_lo = mine.lo;
+  [[maybe_unused]] int open_hi = mine.hi;
+  if constexpr (Types::kFp8Kv) {
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      if (lane / 4 + 8 * ri < count) {
+        open_lo = imax(open_lo, row_range[ri].lo);
+        open_hi = imin(open_hi, row_range[ri].hi);
+      }
+    }
+#pragma unroll
+    for (int off = 4; off < 32; off *= 2) {  // lanes of a quad hold the same rows
+      open_lo = imax(open_lo, __shfl_xor_sync(0xffffffffu, open_lo, off));
+      open_hi = imin(open_hi, __shfl_xor_sync(0xffffffffu, open_hi, off));
+    }
   }
   float o[kDTiles][4];
 #pragma unroll
@@ -679,6 +755,8 @@ __global__ void __launch_bounds__(kThreads)
     float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
     const int krow = warp * kKeysPerWarp + (lane / 8) % 2 * 8 + lane % 8;
     if constexpr (Types::kFp8Kv) {
+      // Four MMA chains: the even chunks' into sc, the odd chunks' into sc_odd, added after.
+      float sc_odd[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
       for (int c = 0; c < kKvChunks; c += 2) {  // two 16-key x 16-d chunks per ldmatrix
         uint32_t r[4];
@@ -691,11 +769,20 @@ __global__ void __launch_bounds__(kThreads)
           q_fragment(c + h, a);
 #pragma unroll
           for (int n = 0; n < 2; ++n) {
-            const uint32_t x = r[2 * h + n];
-            Atom::fma(sc[n][0], sc[n][1], sc[n][2], sc[n][3], a[0], a[1], a[2], a[3],
-                      widen2<typename Types::Mma, Kv>(x), widen2<typename Types::Mma, Kv>(x >> 16),
-                      sc[n][0], sc[n][1], sc[n][2], sc[n][3]);
+            uint32_t b0;
+            uint32_t b1;
+            widen4<typename Types::Mma, Kv>(r[2 * h + n], b0, b1);
+            float(&acc)[4] = h == 0 ? sc[n] : sc_odd[n];
+            Atom::fma(acc[0], acc[1], acc[2], acc[3], a[0], a[1], a[2], a[3], b0, b1, acc[0],
+                      acc[1], acc[2], acc[3]);
           }
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          sc[n][e] += sc_odd[n][e];
         }
       }
     } else {
@@ -718,18 +805,33 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     // score transform and mask, in base 2
+    auto transform = [&](auto masked) {
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {
+      for (int n = 0; n < 2; ++n) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = key0 + 8 * n + (lane % 4) * 2 + (e & 1);
-        const KeyRange& r = row_range[e >> 1];
-        float x = sc[n][e];
-        if (p.softcap > 0.f) {
-          x = p.softcap * fast_tanh(x * softcap_scale());
+        for (int e = 0; e < 4; ++e) {
+          const int key = key0 + 8 * n + (lane % 4) * 2 + (e & 1);
+          const KeyRange& r = row_range[e >> 1];
+          float x = sc[n][e];
+          if (p.softcap > 0.f) {
+            x = p.softcap * fast_tanh(x * softcap_scale());
+          }
+          if constexpr (decltype(masked)::value) {
+            sc[n][e] = (key >= r.lo && key < r.hi) ? x * scale_log2() : -INFINITY;
+          } else {
+            sc[n][e] = x * scale_log2();
+          }
         }
-        sc[n][e] = (key >= r.lo && key < r.hi) ? x * scale_log2() : -INFINITY;
       }
+    };
+    if constexpr (Types::kFp8Kv) {
+      if (key0 >= open_lo && key0 + kKeysPerWarp <= open_hi) {
+        transform(std::false_type{});
+      } else {
+        transform(std::true_type{});
+      }
+    } else {
+      transform(std::true_type{});
     }
     // online softmax per row (a row's 16 scores live in the 4 lanes of a quad)
     [[maybe_unused]] float alphas[2];
@@ -741,7 +843,12 @@ __global__ void __launch_bounds__(kThreads)
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
       const float m_new = fmaxf(m[ri], mx);
       const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row without keys so far
-      const float alpha = exp2f(m[ri] - m_use);
+      float alpha;
+      if constexpr (Types::kFp8Kv) {  // 1 where the maximum did not move (no keys yet included)
+        alpha = m_new == m[ri] ? 1.f : exp2f(m[ri] - m_use);
+      } else {
+        alpha = exp2f(m[ri] - m_use);
+      }
       m[ri] = m_new;
       float sum = 0.f;
 #pragma unroll
@@ -762,8 +869,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     // FP8: O is rescaled only in blocks where some row's alpha is not 1 (skipping a factor of
-    // exactly 1 changes no bit). A row without keys (past `count`) gets alpha = 0 in every block,
-    // so this skips only in tiles whose 16 rows are all valid.
+    // exactly 1 changes no bit): where no row's maximum moved, rows without keys included.
     if constexpr (Types::kFp8Kv) {
       if (__any_sync(0xffffffffu, alphas[0] != 1.f || alphas[1] != 1.f)) {
 #pragma unroll
@@ -792,16 +898,17 @@ __global__ void __launch_bounds__(kThreads)
                                       r[0], r[1], r[2], r[3]);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const uint32_t lo = __byte_perm(r[2 * h], 0u, 0x3120);      // keys 0-7
-          const uint32_t hi = __byte_perm(r[2 * h + 1], 0u, 0x3120);  // keys 8-15
+          uint32_t lo_even;  // keys 0-7 of the even column, then of the odd one
+          uint32_t lo_odd;
+          uint32_t hi_even;  // keys 8-15
+          uint32_t hi_odd;
+          widen4<typename Types::Mma, Kv>(__byte_perm(r[2 * h], 0u, 0x3120), lo_even, lo_odd);
+          widen4<typename Types::Mma, Kv>(__byte_perm(r[2 * h + 1], 0u, 0x3120), hi_even, hi_odd);
           const int t = 2 * (c + h);
-          Atom::fma(o[t][0], o[t][1], o[t][2], o[t][3], pa[0], pa[1], pa[2], pa[3],
-                    widen2<typename Types::Mma, Kv>(lo), widen2<typename Types::Mma, Kv>(hi),
-                    o[t][0], o[t][1], o[t][2], o[t][3]);
+          Atom::fma(o[t][0], o[t][1], o[t][2], o[t][3], pa[0], pa[1], pa[2], pa[3], lo_even,
+                    hi_even, o[t][0], o[t][1], o[t][2], o[t][3]);
           Atom::fma(o[t + 1][0], o[t + 1][1], o[t + 1][2], o[t + 1][3], pa[0], pa[1], pa[2],
-                    pa[3], widen2<typename Types::Mma, Kv>(lo >> 16),
-                    widen2<typename Types::Mma, Kv>(hi >> 16), o[t + 1][0], o[t + 1][1],
-                    o[t + 1][2], o[t + 1][3]);
+                    pa[3], lo_odd, hi_odd, o[t + 1][0], o[t + 1][1], o[t + 1][2], o[t + 1][3]);
         }
       }
     } else {
