@@ -406,10 +406,22 @@ struct Partials {
   }
 };
 
-template <class Input, int kHeadDim, int kStages>
+// A b16 8 x 8 matrix fragment (lane l: row l / 4, columns 2 (l % 4), + 1) transposed in registers.
+__device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
+}
+
+// kKeysAsM (FP8 caches, at most kKeysAsMRows rows; the launch chooses): the MMAs take the keys
+// as M and the tile's rows as N (S^T = K Q^T, O^T = V^T P^T), so one m16n8k16 covers a warp's 16
+// keys for 8 rows where the rows-as-M form spends two on 16 rows of which a GQA group fills a
+// few: half the MMAs, the exponentials and O's registers.
+template <class Input, int kHeadDim, int kStages, bool kKeysAsM = false>
 __global__ void __launch_bounds__(kThreads)
     decode_kernel(const __grid_constant__ DecodeParams p) {
   using Types = DecodeTypes<Input>;
+  static_assert(!kKeysAsM || Types::kFp8Kv, "keys as M: the FP8 caches' kernel");
   using Kv = typename Types::Kv;
   using Cfg = DecodeConfig<kHeadDim, kStages, Types::kFp8Kv>;
   using Storage = typename Cfg::SharedStorage;
@@ -688,12 +700,28 @@ __global__ void __launch_bounds__(kThreads)
   for (int t = 0; t < kDTiles; ++t) {
     o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
   }
+  // Keys as M: lane (g, t) = (lane / 4, lane % 4) holds rows 2t and 2t + 1 (the columns of S^T
+  // and O^T), their ranges in qrange and their statistics in m / l; O^T's 16-d chunk c in ot[c].
+  [[maybe_unused]] KeyRange qrange[2];
+  [[maybe_unused]] float ot[kKeysAsM ? kKvChunks : 1][4];
+  if constexpr (kKeysAsM) {
+#pragma unroll
+    for (int jr = 0; jr < 2; ++jr) {
+      const int i = 2 * (lane % 4) + jr;
+      qrange[jr] = i < count ? mask().keys(rows.token_of(i), lead) : KeyRange{0, 0};
+      qrange[jr].hi = imin(qrange[jr].hi, mine.hi);
+    }
+#pragma unroll
+    for (int c = 0; c < kKvChunks; ++c) {
+      ot[c][0] = ot[c][1] = ot[c][2] = ot[c][3] = 0.f;
+    }
+  }
 
   // FP8 caches: Q's A fragments in the k slot order of the widened K fragments (S = Q K^T
   // below): slots {2t, 2t + 1} and {2t + 8, 2t + 9} of 16-d chunk c are Q's 4 elements
   // 16 c + 4t .. 16 c + 4t + 3, one 8-byte load per row. Held in registers for the whole loop
   // where they fit beside O (d <= 128), read per block otherwise.
-  constexpr bool kHoldQ = Types::kFp8Kv && kHeadDim <= 128;
+  constexpr bool kHoldQ = Types::kFp8Kv && !kKeysAsM && kHeadDim <= 128;
   auto load_q_fragment = [&](int c, uint32_t(&a)[4]) {
     const int g = lane / 4;
     const int off = 8 * (lane % 2);  // bytes into the 16-bit chunk 2c + t / 2
@@ -715,6 +743,107 @@ __global__ void __launch_bounds__(kThreads)
       load_q_fragment(c, q_held[c]);
     }
   }
+  // Keys as M: Q^T's B fragments of chunk c (k slots {2t, 2t + 1} and {2t + 8, 2t + 9} are Q's
+  // elements 16 c + 4t .. 16 c + 4t + 3 of row g, the K fragments' order), held for the loop.
+  [[maybe_unused]] uint32_t qt[kKeysAsM ? kKvChunks : 1][2];
+  if constexpr (kKeysAsM) {
+    cute::cp_async_wait<kStages - 2>();  // 16-bit q: its copies are in the first group
+    __syncthreads();
+#pragma unroll
+    for (int c = 0; c < kKvChunks; ++c) {
+      const uint2 x = *reinterpret_cast<const uint2*>(
+          reinterpret_cast<const char*>(&s.q[Cfg::chunk(lane / 4, 2 * c + (lane % 4) / 2)]) +
+          8 * (lane % 2));
+      qt[c][0] = x.x;
+      qt[c][1] = x.y;
+    }
+  }
+  // Keys as M, one block: this warp's 16 keys against the tile's 8 rows.
+  [[maybe_unused]] auto keys_as_m_block = [&](int stage, int key0) {
+    using Mma = typename Types::Mma;
+    const int krow = warp * kKeysPerWarp + (lane / 8) % 2 * 8 + lane % 8;
+    // S^T = K Q^T (16 keys x 8 rows), the even and odd chunks in two chains. ldmatrix gives lane
+    // (g, t) key g's FP8 elements 4t..4t+3 of a chunk (r[2h]; key g + 8's in r[2h + 1]), which
+    // widen into the A fragment's k slots {2t, 2t + 1} and {2t + 8, 2t + 9}.
+    float st[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int c = 0; c < kKvChunks; c += 2) {
+      uint32_t r[4];
+      cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(
+                                        &s.ring.k[stage][Cfg::ring_chunk(krow, c + lane / 16)]),
+                                    r[0], r[1], r[2], r[3]);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        uint32_t a[4];  // {key g, key g + 8} x {slots 2t.., slots 2t + 8..}
+        widen4<Mma, Kv>(r[2 * h], a[0], a[2]);
+        widen4<Mma, Kv>(r[2 * h + 1], a[1], a[3]);
+        float(&acc)[4] = st[h];
+        Atom::fma(acc[0], acc[1], acc[2], acc[3], a[0], a[1], a[2], a[3], qt[c + h][0],
+                  qt[c + h][1], acc[0], acc[1], acc[2], acc[3]);
+      }
+    }
+    // sc[e]: key key0 + g + 8 (e / 2) of row 2t + e % 2
+    float sc[4];
+    const bool open = key0 >= open_lo && key0 + kKeysPerWarp <= open_hi;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float x = st[0][e] + st[1][e];
+      if (p.softcap > 0.f) {
+        x = p.softcap * fast_tanh(x * softcap_scale());
+      }
+      const int key = key0 + lane / 4 + 8 * (e >> 1);
+      const KeyRange& r = qrange[e & 1];
+      sc[e] = open || (key >= r.lo && key < r.hi) ? x * scale_log2() : -INFINITY;
+    }
+    // online softmax per row: its 16 scores in the 8 lanes of one t
+    float alphas[2];
+#pragma unroll
+    for (int jr = 0; jr < 2; ++jr) {
+      float mx = fmaxf(sc[jr], sc[2 + jr]);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+      const float m_new = fmaxf(m[jr], mx);
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;
+      alphas[jr] = m_new == m[jr] ? 1.f : exp2f(m[jr] - m_use);
+      m[jr] = m_new;
+      sc[jr] = exp2f(sc[jr] - m_use);
+      sc[2 + jr] = exp2f(sc[2 + jr] - m_use);
+      l[jr] = l[jr] * alphas[jr] + (sc[jr] + sc[2 + jr]);
+    }
+    if (__any_sync(0xffffffffu, alphas[0] != 1.f || alphas[1] != 1.f)) {
+#pragma unroll
+      for (int c = 0; c < kKvChunks; ++c) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          ot[c][e] *= alphas[e & 1];
+        }
+      }
+    }
+    // P^T's B fragment: S^T's accumulators (key g; rows 2t, 2t + 1) transposed into (row g;
+    // keys 2t, 2t + 1), for keys 0-7 and 8-15
+    const uint32_t pb0 = transpose8x8(Ops::pack(sc[0], sc[1]));
+    const uint32_t pb1 = transpose8x8(Ops::pack(sc[2], sc[3]));
+    // O^T += V^T P^T. ldmatrix.trans of chunk c + h gives lane (g, t) the byte pairs 2g, 2g + 1
+    // of keys 2t and 2t + 1; the byte permute makes the halves (d 2g; keys 2t, 2t + 1) and
+    // (d 2g + 1; same keys): A's rows g and g + 8 are the chunk's d 2g and 2g + 1.
+#pragma unroll
+    for (int c = 0; c < kKvChunks; c += 2) {
+      uint32_t r[4];
+      cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(
+                                        &s.ring.v[stage][Cfg::ring_chunk(krow, c + lane / 16)]),
+                                    r[0], r[1], r[2], r[3]);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        uint32_t a[4];  // {d 2g, d 2g + 1} x {keys 2t.., keys 2t + 8..}
+        widen4<Mma, Kv>(__byte_perm(r[2 * h], 0u, 0x3120), a[0], a[1]);
+        widen4<Mma, Kv>(__byte_perm(r[2 * h + 1], 0u, 0x3120), a[2], a[3]);
+        float(&acc)[4] = ot[c + h];
+        Atom::fma(acc[0], acc[1], acc[2], acc[3], a[0], a[1], a[2], a[3], pb0, pb1, acc[0],
+                  acc[1], acc[2], acc[3]);
+      }
+    }
+  };
   [[maybe_unused]] auto q_fragment = [&](int c, uint32_t(&a)[4]) {
     if constexpr (kHoldQ) {
 #pragma unroll
@@ -746,6 +875,10 @@ __global__ void __launch_bounds__(kThreads)
     const int key0 = mine.lo + j * kBlockN + warp * kKeysPerWarp;
     if (key0 >= mine.hi) {
       continue;  // this warp's keys are past the split
+    }
+    if constexpr (kKeysAsM) {
+      keys_as_m_block(stage, key0);
+      continue;
     }
     // S = Q K^T: 16 rows x this warp's 16 keys (two n8 tiles). An ldmatrix phase gives lane
     // (g, t) = (lane / 4, lane % 4) row g's 4 bytes 4t..4t+3 of a 16-byte chunk: 16-bit elements
@@ -931,16 +1064,42 @@ __global__ void __launch_bounds__(kThreads)
   marks.mark(kEvLoopDone);
   cute::cp_async_wait<0>();
   __syncthreads();  // the ring is free: s.o aliases it
+  if constexpr (kKeysAsM) {  // rows 2t, 2t + 1 summed over the 8 lanes of t; rows 8-15 empty
 #pragma unroll
-  for (int ri = 0; ri < 2; ++ri) {
-    l[ri] += __shfl_xor_sync(0xffffffff, l[ri], 1);
-    l[ri] += __shfl_xor_sync(0xffffffff, l[ri], 2);
-    if (lane % 4 == 0) {
-      s.m[warp][lane / 4 + 8 * ri] = m[ri];
-      s.l[warp][lane / 4 + 8 * ri] = l[ri];
+    for (int jr = 0; jr < 2; ++jr) {
+      l[jr] += __shfl_xor_sync(0xffffffff, l[jr], 4);
+      l[jr] += __shfl_xor_sync(0xffffffff, l[jr], 8);
+      l[jr] += __shfl_xor_sync(0xffffffff, l[jr], 16);
+      if (lane < 4) {
+        s.m[warp][2 * lane + jr] = m[jr];
+        s.l[warp][2 * lane + jr] = l[jr];
+      }
+    }
+    if (lane < kRowsPerCta - 8) {
+      s.m[warp][8 + lane] = -INFINITY;
+      s.l[warp][8 + lane] = 0.f;
+    }
+  } else {
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      l[ri] += __shfl_xor_sync(0xffffffff, l[ri], 1);
+      l[ri] += __shfl_xor_sync(0xffffffff, l[ri], 2);
+      if (lane % 4 == 0) {
+        s.m[warp][lane / 4 + 8 * ri] = m[ri];
+        s.l[warp][lane / 4 + 8 * ri] = l[ri];
+      }
     }
   }
-  if constexpr (Types::kFp8Kv) {  // o[2c] / o[2c + 1]: chunk c's even / odd columns
+  if constexpr (kKeysAsM) {  // ot[c]: (d 16 c + 2g, 2g + 1) x (rows 2t, 2t + 1)
+#pragma unroll
+    for (int c = 0; c < kKvChunks; ++c) {
+#pragma unroll
+      for (int jr = 0; jr < 2; ++jr) {
+        *reinterpret_cast<float2*>(&s.o[warp][2 * (lane % 4) + jr][16 * c + 2 * (lane / 4)]) =
+            make_float2(ot[c][jr], ot[c][2 + jr]);
+      }
+    }
+  } else if constexpr (Types::kFp8Kv) {  // o[2c] / o[2c + 1]: chunk c's even / odd columns
 #pragma unroll
     for (int c = 0; c < kKvChunks; ++c) {
 #pragma unroll

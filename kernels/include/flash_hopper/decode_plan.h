@@ -32,6 +32,9 @@ constexpr int kWarps = 4;         // each warp walks its own 16 keys of every ke
 constexpr int kKeysPerWarp = 16;  // one k16 step of P V
 constexpr int kBlockN = kWarps * kKeysPerWarp;
 constexpr int kThreads = kWarps * 32;
+// FP8 caches whose tiles hold at most this many rows (seqlen_q x group) run the keys-as-M kernel
+// (decode_kernel.h, kKeysAsM): the rows are the N of an m16n8k16 MMA.
+constexpr int kKeysAsMRows = 8;
 constexpr int kMaxSplits = 128;
 
 // Row blocks per KV head: seqlen_q tokens x group query heads, kRowsPerCta rows each.
