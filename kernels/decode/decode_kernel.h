@@ -760,87 +760,89 @@ __global__ void __launch_bounds__(kThreads)
   }
   // Keys as M, one block: this warp's 16 keys against the tile's 8 rows.
   [[maybe_unused]] auto keys_as_m_block = [&](int stage, int key0) {
-    using Mma = typename Types::Mma;
-    const int krow = warp * kKeysPerWarp + (lane / 8) % 2 * 8 + lane % 8;
-    // S^T = K Q^T (16 keys x 8 rows), the even and odd chunks in two chains. ldmatrix gives lane
-    // (g, t) key g's FP8 elements 4t..4t+3 of a chunk (r[2h]; key g + 8's in r[2h + 1]), which
-    // widen into the A fragment's k slots {2t, 2t + 1} and {2t + 8, 2t + 9}.
-    float st[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll
-    for (int c = 0; c < kKvChunks; c += 2) {
-      uint32_t r[4];
-      cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(
-                                        &s.ring.k[stage][Cfg::ring_chunk(krow, c + lane / 16)]),
-                                    r[0], r[1], r[2], r[3]);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        uint32_t a[4];  // {key g, key g + 8} x {slots 2t.., slots 2t + 8..}
-        widen4<Mma, Kv>(r[2 * h], a[0], a[2]);
-        widen4<Mma, Kv>(r[2 * h + 1], a[1], a[3]);
-        float(&acc)[4] = st[h];
-        Atom::fma(acc[0], acc[1], acc[2], acc[3], a[0], a[1], a[2], a[3], qt[c + h][0],
-                  qt[c + h][1], acc[0], acc[1], acc[2], acc[3]);
-      }
-    }
-    // sc[e]: key key0 + g + 8 (e / 2) of row 2t + e % 2
-    float sc[4];
-    const bool open = key0 >= open_lo && key0 + kKeysPerWarp <= open_hi;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float x = st[0][e] + st[1][e];
-      if (p.softcap > 0.f) {
-        x = p.softcap * fast_tanh(x * softcap_scale());
-      }
-      const int key = key0 + lane / 4 + 8 * (e >> 1);
-      const KeyRange& r = qrange[e & 1];
-      sc[e] = open || (key >= r.lo && key < r.hi) ? x * scale_log2() : -INFINITY;
-    }
-    // online softmax per row: its 16 scores in the 8 lanes of one t
-    float alphas[2];
-#pragma unroll
-    for (int jr = 0; jr < 2; ++jr) {
-      float mx = fmaxf(sc[jr], sc[2 + jr]);
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-      const float m_new = fmaxf(m[jr], mx);
-      const float m_use = m_new == -INFINITY ? 0.f : m_new;
-      alphas[jr] = m_new == m[jr] ? 1.f : exp2f(m[jr] - m_use);
-      m[jr] = m_new;
-      sc[jr] = exp2f(sc[jr] - m_use);
-      sc[2 + jr] = exp2f(sc[2 + jr] - m_use);
-      l[jr] = l[jr] * alphas[jr] + (sc[jr] + sc[2 + jr]);
-    }
-    if (__any_sync(0xffffffffu, alphas[0] != 1.f || alphas[1] != 1.f)) {
-#pragma unroll
-      for (int c = 0; c < kKvChunks; ++c) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          ot[c][e] *= alphas[e & 1];
+    if constexpr (kKeysAsM) {  // instantiated for the FP8 kernels only
+      using Mma = typename Types::Mma;
+      const int krow = warp * kKeysPerWarp + (lane / 8) % 2 * 8 + lane % 8;
+      // S^T = K Q^T (16 keys x 8 rows), the even and odd chunks in two chains. ldmatrix gives lane
+      // (g, t) key g's FP8 elements 4t..4t+3 of a chunk (r[2h]; key g + 8's in r[2h + 1]), which
+      // widen into the A fragment's k slots {2t, 2t + 1} and {2t + 8, 2t + 9}.
+      float st[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+  #pragma unroll
+      for (int c = 0; c < kKvChunks; c += 2) {
+        uint32_t r[4];
+        cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(
+                                          &s.ring.k[stage][Cfg::ring_chunk(krow, c + lane / 16)]),
+                                      r[0], r[1], r[2], r[3]);
+  #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          uint32_t a[4];  // {key g, key g + 8} x {slots 2t.., slots 2t + 8..}
+          widen4<Mma, Kv>(r[2 * h], a[0], a[2]);
+          widen4<Mma, Kv>(r[2 * h + 1], a[1], a[3]);
+          float(&acc)[4] = st[h];
+          Atom::fma(acc[0], acc[1], acc[2], acc[3], a[0], a[1], a[2], a[3], qt[c + h][0],
+                    qt[c + h][1], acc[0], acc[1], acc[2], acc[3]);
         }
       }
-    }
-    // P^T's B fragment: S^T's accumulators (key g; rows 2t, 2t + 1) transposed into (row g;
-    // keys 2t, 2t + 1), for keys 0-7 and 8-15
-    const uint32_t pb0 = transpose8x8(Ops::pack(sc[0], sc[1]));
-    const uint32_t pb1 = transpose8x8(Ops::pack(sc[2], sc[3]));
-    // O^T += V^T P^T. ldmatrix.trans of chunk c + h gives lane (g, t) the byte pairs 2g, 2g + 1
-    // of keys 2t and 2t + 1; the byte permute makes the halves (d 2g; keys 2t, 2t + 1) and
-    // (d 2g + 1; same keys): A's rows g and g + 8 are the chunk's d 2g and 2g + 1.
-#pragma unroll
-    for (int c = 0; c < kKvChunks; c += 2) {
-      uint32_t r[4];
-      cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(
-                                        &s.ring.v[stage][Cfg::ring_chunk(krow, c + lane / 16)]),
-                                    r[0], r[1], r[2], r[3]);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        uint32_t a[4];  // {d 2g, d 2g + 1} x {keys 2t.., keys 2t + 8..}
-        widen4<Mma, Kv>(__byte_perm(r[2 * h], 0u, 0x3120), a[0], a[1]);
-        widen4<Mma, Kv>(__byte_perm(r[2 * h + 1], 0u, 0x3120), a[2], a[3]);
-        float(&acc)[4] = ot[c + h];
-        Atom::fma(acc[0], acc[1], acc[2], acc[3], a[0], a[1], a[2], a[3], pb0, pb1, acc[0],
-                  acc[1], acc[2], acc[3]);
+      // sc[e]: key key0 + g + 8 (e / 2) of row 2t + e % 2
+      float sc[4];
+      const bool open = key0 >= open_lo && key0 + kKeysPerWarp <= open_hi;
+  #pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = st[0][e] + st[1][e];
+        if (p.softcap > 0.f) {
+          x = p.softcap * fast_tanh(x * softcap_scale());
+        }
+        const int key = key0 + lane / 4 + 8 * (e >> 1);
+        const KeyRange& r = qrange[e & 1];
+        sc[e] = open || (key >= r.lo && key < r.hi) ? x * scale_log2() : -INFINITY;
+      }
+      // online softmax per row: its 16 scores in the 8 lanes of one t
+      float alphas[2];
+  #pragma unroll
+      for (int jr = 0; jr < 2; ++jr) {
+        float mx = fmaxf(sc[jr], sc[2 + jr]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+        const float m_new = fmaxf(m[jr], mx);
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;
+        alphas[jr] = m_new == m[jr] ? 1.f : exp2f(m[jr] - m_use);
+        m[jr] = m_new;
+        sc[jr] = exp2f(sc[jr] - m_use);
+        sc[2 + jr] = exp2f(sc[2 + jr] - m_use);
+        l[jr] = l[jr] * alphas[jr] + (sc[jr] + sc[2 + jr]);
+      }
+      if (__any_sync(0xffffffffu, alphas[0] != 1.f || alphas[1] != 1.f)) {
+  #pragma unroll
+        for (int c = 0; c < kKvChunks; ++c) {
+  #pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            ot[c][e] *= alphas[e & 1];
+          }
+        }
+      }
+      // P^T's B fragment: S^T's accumulators (key g; rows 2t, 2t + 1) transposed into (row g;
+      // keys 2t, 2t + 1), for keys 0-7 and 8-15
+      const uint32_t pb0 = transpose8x8(Ops::pack(sc[0], sc[1]));
+      const uint32_t pb1 = transpose8x8(Ops::pack(sc[2], sc[3]));
+      // O^T += V^T P^T. ldmatrix.trans of chunk c + h gives lane (g, t) the byte pairs 2g, 2g + 1
+      // of keys 2t and 2t + 1; the byte permute makes the halves (d 2g; keys 2t, 2t + 1) and
+      // (d 2g + 1; same keys): A's rows g and g + 8 are the chunk's d 2g and 2g + 1.
+  #pragma unroll
+      for (int c = 0; c < kKvChunks; c += 2) {
+        uint32_t r[4];
+        cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(
+                                          &s.ring.v[stage][Cfg::ring_chunk(krow, c + lane / 16)]),
+                                      r[0], r[1], r[2], r[3]);
+  #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          uint32_t a[4];  // {d 2g, d 2g + 1} x {keys 2t.., keys 2t + 8..}
+          widen4<Mma, Kv>(__byte_perm(r[2 * h], 0u, 0x3120), a[0], a[1]);
+          widen4<Mma, Kv>(__byte_perm(r[2 * h + 1], 0u, 0x3120), a[2], a[3]);
+          float(&acc)[4] = ot[c + h];
+          Atom::fma(acc[0], acc[1], acc[2], acc[3], a[0], a[1], a[2], a[3], pb0, pb1, acc[0],
+                    acc[1], acc[2], acc[3]);
+        }
       }
     }
   };
