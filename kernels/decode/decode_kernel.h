@@ -413,12 +413,16 @@ __device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
   return y;
 }
 
+// The keys-as-M kernels' registers are held to 128 a thread (launch bounds), so that four CTAs
+// share an SM where shared memory lets them (fewer stages: decode.cu).
+inline constexpr int kKeysAsMCtasPerSm = 4;
+
 // kKeysAsM (FP8 caches, at most kKeysAsMRows rows; the launch chooses): the MMAs take the keys
 // as M and the tile's rows as N (S^T = K Q^T, O^T = V^T P^T), so one m16n8k16 covers a warp's 16
 // keys for 8 rows where the rows-as-M form spends two on 16 rows of which a GQA group fills a
 // few: half the MMAs, the exponentials and O's registers.
 template <class Input, int kHeadDim, int kStages, bool kKeysAsM = false>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kKeysAsM ? kKeysAsMCtasPerSm : 0)
     decode_kernel(const __grid_constant__ DecodeParams p) {
   using Types = DecodeTypes<Input>;
   static_assert(!kKeysAsM || Types::kFp8Kv, "keys as M: the FP8 caches' kernel");
@@ -469,7 +473,7 @@ __global__ void __launch_bounds__(kThreads)
   // The sequence's mask (mask.h through decode_plan.h), built at each use from the parameters:
   // one kept in a variable across the loads compiled to another, branchier instruction stream.
   auto mask = [&] { return sequence_mask(seqlen, seqlen_q, p.window_left, p.window_right); };
-  const KeyRange all = block_keys(mask(), lead, p.group, rows.first_row, count);
+  const KeyRange all = aligned_keys(block_keys(mask(), lead, p.group, rows.first_row, count));
   const KeyRange mine = split_keys(all, split, p.splits, kBlockN);
   const int n_blocks = (mine.size() + kBlockN - 1) / kBlockN;
 
@@ -543,19 +547,8 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kRowsPerPass = kThreads / kRowThreads;
   constexpr int kPasses = kBlockN / kRowsPerPass;
   static_assert(kPasses * kRowsPerPass == kBlockN, "whole passes per block");
+  static_assert(kKeyAlign % kPasses == 0, "a thread's paged rows start at a multiple of kPasses");
   const int c0 = tid % kRowThreads;
-  // Paged: a thread's rows of a block are kRowsPerPass keys apart, so their slots in the pages
-  // follow from the first row's (PageWalk): one division per block (none for power-of-two pages)
-  // instead of one per row, whose instructions made the paged call slower than the dense one
-  // (bench/PERFLOG.md "the decode kernel").
-  auto walk_pages = [&](int first_key, auto&& visit) {
-    PageWalk w = PageWalk::start(pages, first_key, kRowsPerPass);
-#pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) {
-      visit(pass, w.slot);
-      w.next();
-    }
-  };
   // Paged: block b's page ids are copied into s.ids[b % (2 kStages)] (cp.async, one per key) with
   // the loads of block b - (kStages - 1), so they land kStages - 1 blocks before the loads that
   // need them. Read one block ahead into registers, the table's latency stalled the loads of a CTA
@@ -575,7 +568,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   };
   // Ring row `row` of stage `stage` from the cached rows at ks / vs (the thread's first chunk), or
-  // zero-filled where !ok (ks / vs then point at the head, never read).
+  // zero-filled where !ok (ks / vs are not read then, but must be addresses of the cache).
   auto copy_row = [&](int stage, int row, bool ok, const Kv* ks, const Kv* vs) {
 #pragma unroll
     for (int i = 0; i < kChunksPerThread; ++i) {
@@ -596,14 +589,54 @@ __global__ void __launch_bounds__(kThreads)
                       : v_head;
     copy_row(stage, row, ok, ks, vs);
   };
+  // Paged: a thread's kPasses rows are consecutive keys (rows kPasses (tid / kRowThreads) + pass;
+  // a warp's copy instruction still reads 128 contiguous bytes of 4 rows). The split starts at a
+  // multiple of kPasses (aligned_keys), so where pages hold a multiple of kPasses keys the rows
+  // share one page: its 64-bit offsets are computed once per block, and the rows step by the row
+  // stride. Other page sizes take the page of each row from its slot (PageWalk: one division per
+  // block, none for power-of-two pages), the offsets again where a row starts a page. Rows
+  // kRowsPerPass keys apart (the dense loads' order) took a page's offsets for every row: about
+  // four times the paged loads' instructions, which made paged calls issue-bound where dense ones
+  // were not.
+  auto load_paged = [&](int block, int stage) {
+    const int* ids = s.ids[block % (2 * kStages)];
+    const int row0 = (tid / kRowThreads) * kPasses;
+    const int key0 = mine.lo + block * kBlockN + row0;
+    const Kv* ks;
+    const Kv* vs;
+    auto locate = [&](int row, int slot) {
+      const int64_t page = pages.clamp_page(ids[row]);
+      ks = k_head + page * p.k_page_stride + slot * p.k_row_stride + c0 * kChunkElems;
+      vs = v_head + page * p.v_page_stride + slot * p.v_row_stride + c0 * kChunkElems;
+    };
+    auto issue_rows = [&](auto&& before_row) {
+#pragma unroll
+      for (int pass = 0; pass < kPasses; ++pass) {
+        before_row(pass);
+        // Every row's address lies in the pool, past the split too (its page ids are zero-filled:
+        // page 0, and a slot of it), so rows past the split need no other address.
+        copy_row(stage, row0 + pass, key0 + pass < mine.hi, ks, vs);
+        ks += p.k_row_stride;
+        vs += p.v_row_stride;
+      }
+    };
+    if (pages.page_size % kPasses == 0) {  // the thread's rows in one page
+      locate(row0, pages.slot_of(key0));
+      issue_rows([](int) {});
+    } else {
+      PageWalk w = PageWalk::start(pages, key0, 1);
+      issue_rows([&](int pass) {
+        if (pass == 0 || w.slot == 0) {  // the first row, or the first of the next page
+          locate(row0 + pass, w.slot);
+        }
+        w.next();
+      });
+    }
+  };
   auto load_block = [&](int block, int stage) {
     const int first_key = mine.lo + block * kBlockN + tid / kRowThreads;
     if (pages.table != nullptr) {
-      const int* ids = s.ids[block % (2 * kStages)];
-      walk_pages(first_key, [&](int pass, int slot) {
-        const int row = tid / kRowThreads + pass * kRowsPerPass;
-        issue(stage, pass, first_key + pass * kRowsPerPass, pages.clamp_page(ids[row]), slot);
-      });
+      load_paged(block, stage);
     } else if constexpr (Types::kFp8Kv) {
       // Dense FP8: the thread's rows are kRowsPerPass keys apart in one entry, so one address per
       // block, stepped by a constant per pass, instead of issue()'s 64-bit products per row (the

@@ -74,6 +74,15 @@ FH_HOST_DEVICE KeyRange block_keys(AttentionMask const& mask, int lead, int grou
   return {first.lo, last.hi};
 }
 
+// The keys a row block loads: block_keys' range with its start rounded down to a multiple of
+// kKeyAlign (the keys before it are masked like any key outside a row's range), so that each
+// thread's consecutive rows of a paged load lie in one page where pages hold a multiple of
+// kKeyAlign keys (decode_kernel.h, load_paged). An empty range stays empty.
+constexpr int kKeyAlign = 4;
+FH_HOST_DEVICE KeyRange aligned_keys(KeyRange r) {
+  return r.empty() ? r : KeyRange{r.lo - r.lo % kKeyAlign, r.hi};
+}
+
 // Split `split` of `splits` of a range: whole blocks of block_n keys, as even as blocks allow
 // (the first splits take one block more); splits past the blocks are empty.
 FH_HOST_DEVICE KeyRange split_keys(KeyRange r, int split, int splits, int block_n) {
