@@ -413,16 +413,24 @@ __device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
   return y;
 }
 
-// The keys-as-M kernels' registers are held to 128 a thread (launch bounds), so that four CTAs
-// share an SM where shared memory lets them (fewer stages: decode.cu).
-inline constexpr int kKeysAsMCtasPerSm = 4;
+// The CTAs per SM a decode kernel's launch bounds ask for (0: none): 4 for a keys-as-M kernel
+// whose shared memory lets four share an SM (128 registers a thread then; d64, and d128 at up to 3
+// stages), so that its few registers turn into warps in flight. The others keep what ptxas gives
+// (a keys-as-M d256 kernel held to 128 spilled).
+template <int kHeadDim, int kStages, bool kKeysAsM>
+constexpr int decode_min_ctas_per_sm() {
+  constexpr int kPerSm = 228 * 1024;  // shared memory per SM, 1 KiB of it reserved per CTA
+  return kKeysAsM && 4 * (DecodeConfig<kHeadDim, kStages, true>::kSmemBytes + 1024) <= kPerSm
+             ? 4
+             : 0;
+}
 
 // kKeysAsM (FP8 caches, at most kKeysAsMRows rows; the launch chooses): the MMAs take the keys
 // as M and the tile's rows as N (S^T = K Q^T, O^T = V^T P^T), so one m16n8k16 covers a warp's 16
 // keys for 8 rows where the rows-as-M form spends two on 16 rows of which a GQA group fills a
 // few: half the MMAs, the exponentials and O's registers.
 template <class Input, int kHeadDim, int kStages, bool kKeysAsM = false>
-__global__ void __launch_bounds__(kThreads, kKeysAsM ? kKeysAsMCtasPerSm : 0)
+__global__ void __launch_bounds__(kThreads, (decode_min_ctas_per_sm<kHeadDim, kStages, kKeysAsM>()))
     decode_kernel(const __grid_constant__ DecodeParams p) {
   using Types = DecodeTypes<Input>;
   static_assert(!kKeysAsM || Types::kFp8Kv, "keys as M: the FP8 caches' kernel");
