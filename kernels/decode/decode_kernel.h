@@ -481,8 +481,12 @@ __global__ void __launch_bounds__(kThreads, (decode_min_ctas_per_sm<kHeadDim, kS
   // The sequence's mask (mask.h through decode_plan.h), built at each use from the parameters:
   // one kept in a variable across the loads compiled to another, branchier instruction stream.
   auto mask = [&] { return sequence_mask(seqlen, seqlen_q, p.window_left, p.window_right); };
-  const KeyRange all = aligned_keys(block_keys(mask(), lead, p.group, rows.first_row, count));
-  const KeyRange mine = split_keys(all, split, p.splits, kBlockN);
+  const KeyRange all = block_keys(mask(), lead, p.group, rows.first_row, count);
+  // The split's blocks start from a multiple of kKeyAlign (load_paged); keys below all.lo load as
+  // zeros, like keys past the split: a cache slot no row sees may hold anything (NaN), and P's
+  // zero would not keep a NaN of V out of P V.
+  const KeyRange mine = split_keys(aligned_keys(all), split, p.splits, kBlockN);
+  auto loads = [&](int key) { return key >= all.lo && key < mine.hi; };
   const int n_blocks = (mine.size() + kBlockN - 1) / kBlockN;
 
   KvPages pages;
@@ -590,7 +594,7 @@ __global__ void __launch_bounds__(kThreads, (decode_min_ctas_per_sm<kHeadDim, kS
   };
   auto issue = [&](int stage, int pass, int key, int64_t page, int64_t slot) {
     const int row = tid / kRowThreads + pass * kRowsPerPass;
-    const bool ok = key < mine.hi;
+    const bool ok = loads(key);
     const Kv* ks = ok ? k_head + page * p.k_page_stride + slot * p.k_row_stride + c0 * kChunkElems
                       : k_head;
     const Kv* vs = ok ? v_head + page * p.v_page_stride + slot * p.v_row_stride + c0 * kChunkElems
@@ -623,7 +627,7 @@ __global__ void __launch_bounds__(kThreads, (decode_min_ctas_per_sm<kHeadDim, kS
         before_row(pass);
         // Every row's address lies in the pool, past the split too (its page ids are zero-filled:
         // page 0, and a slot of it), so rows past the split need no other address.
-        copy_row(stage, row0 + pass, key0 + pass < mine.hi, ks, vs);
+        copy_row(stage, row0 + pass, loads(key0 + pass), ks, vs);
         ks += p.k_row_stride;
         vs += p.v_row_stride;
       }
@@ -655,7 +659,7 @@ __global__ void __launch_bounds__(kThreads, (decode_min_ctas_per_sm<kHeadDim, kS
       const Kv* vs = v_head + v0 + c0 * kChunkElems;
 #pragma unroll
       for (int pass = 0; pass < kPasses; ++pass) {
-        const bool ok = first_key + pass * kRowsPerPass < mine.hi;
+        const bool ok = loads(first_key + pass * kRowsPerPass);
         copy_row(stage, tid / kRowThreads + pass * kRowsPerPass, ok, ok ? ks : k_head,
                  ok ? vs : v_head);
         ks += kRowsPerPass * p.k_row_stride;
