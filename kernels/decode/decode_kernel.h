@@ -37,6 +37,11 @@
 //
 //   timeline per block j (FP8):  as above, with a cvt per FP8 pair between each ldmatrix and
 //                                its mma.sync (a byte permute more per V register)
+//
+// FP8 tiles of at most kKeysAsMRows (8) rows run the keys-as-M form (kKeysAsM, the launch
+// chooses): S^T = K Q^T and O^T = V^T P^T, a warp's 16 keys the MMA's M and the rows its N, so
+// one m16n8k16 serves 8 rows (half the MMAs, exponentials and O registers of the rows-as-M step);
+// S^T's accumulators reach P^T's B fragments through movmatrix.trans.
 #pragma once
 
 #include <cuda_bf16.h>
