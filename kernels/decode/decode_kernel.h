@@ -37,6 +37,11 @@
 //
 //   timeline per block j (FP8):  as above, with a cvt per FP8 pair between each ldmatrix and
 //                                its mma.sync (a byte permute more per V register)
+//
+// FP8 tiles of at most kKeysAsMRows (8) rows run the keys-as-M form (kKeysAsM, the launch
+// chooses): S^T = K Q^T and O^T = V^T P^T, a warp's 16 keys the MMA's M and the rows its N, so
+// one m16n8k16 serves 8 rows (half the MMAs, exponentials and O registers of the rows-as-M step);
+// S^T's accumulators reach P^T's B fragments through movmatrix.trans.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -197,11 +202,47 @@ __device__ __forceinline__ uint32_t widen2(uint32_t pair) {
   }
 }
 
+// Four FP8 values (one register, the low byte first) as two pairs of Mma values: bytes 0-1 into
+// `lo`, bytes 2-3 into `hi`. On sm_89 and up each 16-bit half of the register goes to its cvt as
+// it is (no shift to bring the upper pair down: one instruction less per pair).
+template <class Mma, class Fp8>
+__device__ __forceinline__ void widen4(uint32_t x, uint32_t& lo, uint32_t& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t h0;
+  uint32_t h1;
+  if constexpr (std::is_same_v<Fp8, __nv_fp8_e4m3>) {
+    asm("{\n\t.reg .b16 a, b;\n\tmov.b32 {a, b}, %2;\n\t"
+        "cvt.rn.f16x2.e4m3x2 %0, a;\n\tcvt.rn.f16x2.e4m3x2 %1, b;\n\t}"
+        : "=r"(h0), "=r"(h1)
+        : "r"(x));
+  } else {
+    asm("{\n\t.reg .b16 a, b;\n\tmov.b32 {a, b}, %2;\n\t"
+        "cvt.rn.f16x2.e5m2x2 %0, a;\n\tcvt.rn.f16x2.e5m2x2 %1, b;\n\t}"
+        : "=r"(h0), "=r"(h1)
+        : "r"(x));
+  }
+  if constexpr (std::is_same_v<Mma, __half>) {
+    lo = h0;
+    hi = h1;
+  } else {  // through fp32, exactly
+    const float2 f0 = __half22float2(*reinterpret_cast<const __half2*>(&h0));
+    const float2 f1 = __half22float2(*reinterpret_cast<const __half2*>(&h1));
+    lo = MmaOps<Mma>::pack(f0.x, f0.y);
+    hi = MmaOps<Mma>::pack(f1.x, f1.y);
+  }
+#else
+  lo = widen2<Mma, Fp8>(x);
+  hi = widen2<Mma, Fp8>(x >> 16);
+#endif
+}
+
 // Eight FP8 values (8 bytes) as one 16-byte chunk of Mma values.
 template <class Mma, class Fp8>
 __device__ __forceinline__ uint4 widen8(uint2 x) {
-  return make_uint4(widen2<Mma, Fp8>(x.x), widen2<Mma, Fp8>(x.x >> 16), widen2<Mma, Fp8>(x.y),
-                    widen2<Mma, Fp8>(x.y >> 16));
+  uint4 r;
+  widen4<Mma, Fp8>(x.x, r.x, r.y);
+  widen4<Mma, Fp8>(x.y, r.z, r.w);
+  return r;
 }
 
 // A descale of sequence b's KV head (api.h): ptr[b * batch_stride + h_kv * head_stride], 1 for
@@ -370,10 +411,34 @@ struct Partials {
   }
 };
 
-template <class Input, int kHeadDim, int kStages>
-__global__ void __launch_bounds__(kThreads)
+// A b16 8 x 8 matrix fragment (lane l: row l / 4, columns 2 (l % 4), + 1) transposed in registers.
+__device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
+}
+
+// The CTAs per SM a decode kernel's launch bounds ask for (0: none): 4 for a keys-as-M kernel
+// whose shared memory lets four share an SM (128 registers a thread then; d64, and d128 at up to 3
+// stages), so that its few registers turn into warps in flight. The others keep what ptxas gives
+// (a keys-as-M d256 kernel held to 128 spilled).
+template <int kHeadDim, int kStages, bool kKeysAsM>
+constexpr int decode_min_ctas_per_sm() {
+  constexpr int kPerSm = 228 * 1024;  // shared memory per SM, 1 KiB of it reserved per CTA
+  return kKeysAsM && 4 * (DecodeConfig<kHeadDim, kStages, true>::kSmemBytes + 1024) <= kPerSm
+             ? 4
+             : 0;
+}
+
+// kKeysAsM (FP8 caches, at most kKeysAsMRows rows; the launch chooses): the MMAs take the keys
+// as M and the tile's rows as N (S^T = K Q^T, O^T = V^T P^T), so one m16n8k16 covers a warp's 16
+// keys for 8 rows where the rows-as-M form spends two on 16 rows of which a GQA group fills a
+// few: half the MMAs, the exponentials and O's registers.
+template <class Input, int kHeadDim, int kStages, bool kKeysAsM = false>
+__global__ void __launch_bounds__(kThreads, (decode_min_ctas_per_sm<kHeadDim, kStages, kKeysAsM>()))
     decode_kernel(const __grid_constant__ DecodeParams p) {
   using Types = DecodeTypes<Input>;
+  static_assert(!kKeysAsM || Types::kFp8Kv, "keys as M: the FP8 caches' kernel");
   using Kv = typename Types::Kv;
   using Cfg = DecodeConfig<kHeadDim, kStages, Types::kFp8Kv>;
   using Storage = typename Cfg::SharedStorage;
@@ -422,7 +487,11 @@ __global__ void __launch_bounds__(kThreads)
   // one kept in a variable across the loads compiled to another, branchier instruction stream.
   auto mask = [&] { return sequence_mask(seqlen, seqlen_q, p.window_left, p.window_right); };
   const KeyRange all = block_keys(mask(), lead, p.group, rows.first_row, count);
-  const KeyRange mine = split_keys(all, split, p.splits, kBlockN);
+  // The split's blocks start from a multiple of kKeyAlign (load_paged); keys below all.lo load as
+  // zeros, like keys past the split: a cache slot no row sees may hold anything (NaN), and P's
+  // zero would not keep a NaN of V out of P V.
+  const KeyRange mine = split_keys(aligned_keys(all), split, p.splits, kBlockN);
+  auto loads = [&](int key) { return key >= all.lo && key < mine.hi; };
   const int n_blocks = (mine.size() + kBlockN - 1) / kBlockN;
 
   KvPages pages;
@@ -495,19 +564,8 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kRowsPerPass = kThreads / kRowThreads;
   constexpr int kPasses = kBlockN / kRowsPerPass;
   static_assert(kPasses * kRowsPerPass == kBlockN, "whole passes per block");
+  static_assert(kKeyAlign % kPasses == 0, "a thread's paged rows start at a multiple of kPasses");
   const int c0 = tid % kRowThreads;
-  // Paged: a thread's rows of a block are kRowsPerPass keys apart, so their slots in the pages
-  // follow from the first row's (PageWalk): one division per block (none for power-of-two pages)
-  // instead of one per row, whose instructions made the paged call slower than the dense one
-  // (bench/PERFLOG.md "the decode kernel").
-  auto walk_pages = [&](int first_key, auto&& visit) {
-    PageWalk w = PageWalk::start(pages, first_key, kRowsPerPass);
-#pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) {
-      visit(pass, w.slot);
-      w.next();
-    }
-  };
   // Paged: block b's page ids are copied into s.ids[b % (2 kStages)] (cp.async, one per key) with
   // the loads of block b - (kStages - 1), so they land kStages - 1 blocks before the loads that
   // need them. Read one block ahead into registers, the table's latency stalled the loads of a CTA
@@ -526,13 +584,9 @@ __global__ void __launch_bounds__(kThreads)
                    *reinterpret_cast<uint32_t*>(&s.ids[block % (2 * kStages)][tid]), ok);
     }
   };
-  auto issue = [&](int stage, int pass, int key, int64_t page, int64_t slot) {
-    const int row = tid / kRowThreads + pass * kRowsPerPass;
-    const bool ok = key < mine.hi;
-    const Kv* ks = ok ? k_head + page * p.k_page_stride + slot * p.k_row_stride + c0 * kChunkElems
-                      : k_head;
-    const Kv* vs = ok ? v_head + page * p.v_page_stride + slot * p.v_row_stride + c0 * kChunkElems
-                      : v_head;
+  // Ring row `row` of stage `stage` from the cached rows at ks / vs (the thread's first chunk), or
+  // zero-filled where !ok (ks / vs are not read then, but must be addresses of the cache).
+  auto copy_row = [&](int stage, int row, bool ok, const Kv* ks, const Kv* vs) {
 #pragma unroll
     for (int i = 0; i < kChunksPerThread; ++i) {
       const int at = Cfg::ring_chunk(row, c0 + i * kRowThreads);
@@ -543,14 +597,79 @@ __global__ void __launch_bounds__(kThreads)
                  *reinterpret_cast<cute::uint128_t*>(&s.ring.v[stage][at]), ok);
     }
   };
+  auto issue = [&](int stage, int pass, int key, int64_t page, int64_t slot) {
+    const int row = tid / kRowThreads + pass * kRowsPerPass;
+    const bool ok = loads(key);
+    const Kv* ks = ok ? k_head + page * p.k_page_stride + slot * p.k_row_stride + c0 * kChunkElems
+                      : k_head;
+    const Kv* vs = ok ? v_head + page * p.v_page_stride + slot * p.v_row_stride + c0 * kChunkElems
+                      : v_head;
+    copy_row(stage, row, ok, ks, vs);
+  };
+  // Paged: a thread's kPasses rows are consecutive keys (rows kPasses (tid / kRowThreads) + pass;
+  // a warp's copy instruction still reads 128 contiguous bytes of 4 rows). The split starts at a
+  // multiple of kPasses (aligned_keys), so where pages hold a multiple of kPasses keys the rows
+  // share one page: its 64-bit offsets are computed once per block, and the rows step by the row
+  // stride. Other page sizes take the page of each row from its slot (PageWalk: one division per
+  // block, none for power-of-two pages), the offsets again where a row starts a page. Rows
+  // kRowsPerPass keys apart (the dense loads' order) took a page's offsets for every row: about
+  // four times the paged loads' instructions, which made paged calls issue-bound where dense ones
+  // were not.
+  auto load_paged = [&](int block, int stage) {
+    const int* ids = s.ids[block % (2 * kStages)];
+    const int row0 = (tid / kRowThreads) * kPasses;
+    const int key0 = mine.lo + block * kBlockN + row0;
+    const Kv* ks;
+    const Kv* vs;
+    auto locate = [&](int row, int slot) {
+      const int64_t page = pages.clamp_page(ids[row]);
+      ks = k_head + page * p.k_page_stride + slot * p.k_row_stride + c0 * kChunkElems;
+      vs = v_head + page * p.v_page_stride + slot * p.v_row_stride + c0 * kChunkElems;
+    };
+    auto issue_rows = [&](auto&& before_row) {
+#pragma unroll
+      for (int pass = 0; pass < kPasses; ++pass) {
+        before_row(pass);
+        // Every row's address lies in the pool, past the split too (its page ids are zero-filled:
+        // page 0, and a slot of it), so rows past the split need no other address.
+        copy_row(stage, row0 + pass, loads(key0 + pass), ks, vs);
+        ks += p.k_row_stride;
+        vs += p.v_row_stride;
+      }
+    };
+    if (pages.page_size % kPasses == 0) {  // the thread's rows in one page
+      locate(row0, pages.slot_of(key0));
+      issue_rows([](int) {});
+    } else {
+      PageWalk w = PageWalk::start(pages, key0, 1);
+      issue_rows([&](int pass) {
+        if (pass == 0 || w.slot == 0) {  // the first row, or the first of the next page
+          locate(row0 + pass, w.slot);
+        }
+        w.next();
+      });
+    }
+  };
   auto load_block = [&](int block, int stage) {
     const int first_key = mine.lo + block * kBlockN + tid / kRowThreads;
     if (pages.table != nullptr) {
-      const int* ids = s.ids[block % (2 * kStages)];
-      walk_pages(first_key, [&](int pass, int slot) {
-        const int row = tid / kRowThreads + pass * kRowsPerPass;
-        issue(stage, pass, first_key + pass * kRowsPerPass, pages.clamp_page(ids[row]), slot);
-      });
+      load_paged(block, stage);
+    } else if constexpr (Types::kFp8Kv) {
+      // Dense FP8: the thread's rows are kRowsPerPass keys apart in one entry, so one address per
+      // block, stepped by a constant per pass, instead of issue()'s 64-bit products per row (the
+      // FP8 kernel's loop is bound by its instruction issue, not by its loads).
+      const int64_t k0 = pages.entry * p.k_page_stride + int64_t(first_key) * p.k_row_stride;
+      const int64_t v0 = pages.entry * p.v_page_stride + int64_t(first_key) * p.v_row_stride;
+      const Kv* ks = k_head + k0 + c0 * kChunkElems;
+      const Kv* vs = v_head + v0 + c0 * kChunkElems;
+#pragma unroll
+      for (int pass = 0; pass < kPasses; ++pass) {
+        const bool ok = loads(first_key + pass * kRowsPerPass);
+        copy_row(stage, tid / kRowThreads + pass * kRowsPerPass, ok, ok ? ks : k_head,
+                 ok ? vs : v_head);
+        ks += kRowsPerPass * p.k_row_stride;
+        vs += kRowsPerPass * p.v_row_stride;
+      }
     } else {
 #pragma unroll
       for (int pass = 0; pass < kPasses; ++pass) {
@@ -607,17 +726,52 @@ __global__ void __launch_bounds__(kThreads)
     m[ri] = -INFINITY;
     l[ri] = 0.f;
   }
+  // FP8: the keys every valid row of the tile attends, [open_lo, open_hi) (warp-uniform): a warp
+  // whose keys of a block lie inside skips the mask's compares. Rows past `count` are never
+  // written, so their scores need no mask; keys past the split are outside (zero-filled).
+  [[maybe_unused]] int open_lo = mine.lo;
+  [[maybe_unused]] int open_hi = mine.hi;
+  if constexpr (Types::kFp8Kv) {
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      if (lane / 4 + 8 * ri < count) {
+        open_lo = imax(open_lo, row_range[ri].lo);
+        open_hi = imin(open_hi, row_range[ri].hi);
+      }
+    }
+#pragma unroll
+    for (int off = 4; off < 32; off *= 2) {  // lanes of a quad hold the same rows
+      open_lo = imax(open_lo, __shfl_xor_sync(0xffffffffu, open_lo, off));
+      open_hi = imin(open_hi, __shfl_xor_sync(0xffffffffu, open_hi, off));
+    }
+  }
   float o[kDTiles][4];
 #pragma unroll
   for (int t = 0; t < kDTiles; ++t) {
     o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
+  }
+  // Keys as M: lane (g, t) = (lane / 4, lane % 4) holds rows 2t and 2t + 1 (the columns of S^T
+  // and O^T), their ranges in qrange and their statistics in m / l; O^T's 16-d chunk c in ot[c].
+  [[maybe_unused]] KeyRange qrange[2];
+  [[maybe_unused]] float ot[kKeysAsM ? kKvChunks : 1][4];
+  if constexpr (kKeysAsM) {
+#pragma unroll
+    for (int jr = 0; jr < 2; ++jr) {
+      const int i = 2 * (lane % 4) + jr;
+      qrange[jr] = i < count ? mask().keys(rows.token_of(i), lead) : KeyRange{0, 0};
+      qrange[jr].hi = imin(qrange[jr].hi, mine.hi);
+    }
+#pragma unroll
+    for (int c = 0; c < kKvChunks; ++c) {
+      ot[c][0] = ot[c][1] = ot[c][2] = ot[c][3] = 0.f;
+    }
   }
 
   // FP8 caches: Q's A fragments in the k slot order of the widened K fragments (S = Q K^T
   // below): slots {2t, 2t + 1} and {2t + 8, 2t + 9} of 16-d chunk c are Q's 4 elements
   // 16 c + 4t .. 16 c + 4t + 3, one 8-byte load per row. Held in registers for the whole loop
   // where they fit beside O (d <= 128), read per block otherwise.
-  constexpr bool kHoldQ = Types::kFp8Kv && kHeadDim <= 128;
+  constexpr bool kHoldQ = Types::kFp8Kv && !kKeysAsM && kHeadDim <= 128;
   auto load_q_fragment = [&](int c, uint32_t(&a)[4]) {
     const int g = lane / 4;
     const int off = 8 * (lane % 2);  // bytes into the 16-bit chunk 2c + t / 2
@@ -639,6 +793,109 @@ __global__ void __launch_bounds__(kThreads)
       load_q_fragment(c, q_held[c]);
     }
   }
+  // Keys as M: Q^T's B fragments of chunk c (k slots {2t, 2t + 1} and {2t + 8, 2t + 9} are Q's
+  // elements 16 c + 4t .. 16 c + 4t + 3 of row g, the K fragments' order), held for the loop.
+  [[maybe_unused]] uint32_t qt[kKeysAsM ? kKvChunks : 1][2];
+  if constexpr (kKeysAsM) {
+    cute::cp_async_wait<kStages - 2>();  // 16-bit q: its copies are in the first group
+    __syncthreads();
+#pragma unroll
+    for (int c = 0; c < kKvChunks; ++c) {
+      const uint2 x = *reinterpret_cast<const uint2*>(
+          reinterpret_cast<const char*>(&s.q[Cfg::chunk(lane / 4, 2 * c + (lane % 4) / 2)]) +
+          8 * (lane % 2));
+      qt[c][0] = x.x;
+      qt[c][1] = x.y;
+    }
+  }
+  // Keys as M, one block: this warp's 16 keys against the tile's 8 rows.
+  [[maybe_unused]] auto keys_as_m_block = [&](int stage, int key0) {
+    if constexpr (kKeysAsM) {  // instantiated for the FP8 kernels only
+      using Mma = typename Types::Mma;
+      const int krow = warp * kKeysPerWarp + (lane / 8) % 2 * 8 + lane % 8;
+      // S^T = K Q^T (16 keys x 8 rows), the even and odd chunks in two chains. ldmatrix gives lane
+      // (g, t) key g's FP8 elements 4t..4t+3 of a chunk (r[2h]; key g + 8's in r[2h + 1]), which
+      // widen into the A fragment's k slots {2t, 2t + 1} and {2t + 8, 2t + 9}.
+      float st[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+  #pragma unroll
+      for (int c = 0; c < kKvChunks; c += 2) {
+        uint32_t r[4];
+        cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(
+                                          &s.ring.k[stage][Cfg::ring_chunk(krow, c + lane / 16)]),
+                                      r[0], r[1], r[2], r[3]);
+  #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          uint32_t a[4];  // {key g, key g + 8} x {slots 2t.., slots 2t + 8..}
+          widen4<Mma, Kv>(r[2 * h], a[0], a[2]);
+          widen4<Mma, Kv>(r[2 * h + 1], a[1], a[3]);
+          float(&acc)[4] = st[h];
+          Atom::fma(acc[0], acc[1], acc[2], acc[3], a[0], a[1], a[2], a[3], qt[c + h][0],
+                    qt[c + h][1], acc[0], acc[1], acc[2], acc[3]);
+        }
+      }
+      // sc[e]: key key0 + g + 8 (e / 2) of row 2t + e % 2
+      float sc[4];
+      const bool open = key0 >= open_lo && key0 + kKeysPerWarp <= open_hi;
+  #pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = st[0][e] + st[1][e];
+        if (p.softcap > 0.f) {
+          x = p.softcap * fast_tanh(x * softcap_scale());
+        }
+        const int key = key0 + lane / 4 + 8 * (e >> 1);
+        const KeyRange& r = qrange[e & 1];
+        sc[e] = open || (key >= r.lo && key < r.hi) ? x * scale_log2() : -INFINITY;
+      }
+      // online softmax per row: its 16 scores in the 8 lanes of one t
+      float alphas[2];
+  #pragma unroll
+      for (int jr = 0; jr < 2; ++jr) {
+        float mx = fmaxf(sc[jr], sc[2 + jr]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+        const float m_new = fmaxf(m[jr], mx);
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;
+        alphas[jr] = m_new == m[jr] ? 1.f : exp2f(m[jr] - m_use);
+        m[jr] = m_new;
+        sc[jr] = exp2f(sc[jr] - m_use);
+        sc[2 + jr] = exp2f(sc[2 + jr] - m_use);
+        l[jr] = l[jr] * alphas[jr] + (sc[jr] + sc[2 + jr]);
+      }
+      if (__any_sync(0xffffffffu, alphas[0] != 1.f || alphas[1] != 1.f)) {
+  #pragma unroll
+        for (int c = 0; c < kKvChunks; ++c) {
+  #pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            ot[c][e] *= alphas[e & 1];
+          }
+        }
+      }
+      // P^T's B fragment: S^T's accumulators (key g; rows 2t, 2t + 1) transposed into (row g;
+      // keys 2t, 2t + 1), for keys 0-7 and 8-15
+      const uint32_t pb0 = transpose8x8(Ops::pack(sc[0], sc[1]));
+      const uint32_t pb1 = transpose8x8(Ops::pack(sc[2], sc[3]));
+      // O^T += V^T P^T. ldmatrix.trans of chunk c + h gives lane (g, t) the byte pairs 2g, 2g + 1
+      // of keys 2t and 2t + 1; the byte permute makes the halves (d 2g; keys 2t, 2t + 1) and
+      // (d 2g + 1; same keys): A's rows g and g + 8 are the chunk's d 2g and 2g + 1.
+  #pragma unroll
+      for (int c = 0; c < kKvChunks; c += 2) {
+        uint32_t r[4];
+        cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(
+                                          &s.ring.v[stage][Cfg::ring_chunk(krow, c + lane / 16)]),
+                                      r[0], r[1], r[2], r[3]);
+  #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          uint32_t a[4];  // {d 2g, d 2g + 1} x {keys 2t.., keys 2t + 8..}
+          widen4<Mma, Kv>(__byte_perm(r[2 * h], 0u, 0x3120), a[0], a[1]);
+          widen4<Mma, Kv>(__byte_perm(r[2 * h + 1], 0u, 0x3120), a[2], a[3]);
+          float(&acc)[4] = ot[c + h];
+          Atom::fma(acc[0], acc[1], acc[2], acc[3], a[0], a[1], a[2], a[3], pb0, pb1, acc[0],
+                    acc[1], acc[2], acc[3]);
+        }
+      }
+    }
+  };
   [[maybe_unused]] auto q_fragment = [&](int c, uint32_t(&a)[4]) {
     if constexpr (kHoldQ) {
 #pragma unroll
@@ -671,6 +928,10 @@ __global__ void __launch_bounds__(kThreads)
     if (key0 >= mine.hi) {
       continue;  // this warp's keys are past the split
     }
+    if constexpr (kKeysAsM) {
+      keys_as_m_block(stage, key0);
+      continue;
+    }
     // S = Q K^T: 16 rows x this warp's 16 keys (two n8 tiles). An ldmatrix phase gives lane
     // (g, t) = (lane / 4, lane % 4) row g's 4 bytes 4t..4t+3 of a 16-byte chunk: 16-bit elements
     // 2t, 2t + 1 of a 16-bit row (the B fragment as it is), FP8 elements 4t..4t+3 of an FP8 row,
@@ -679,6 +940,8 @@ __global__ void __launch_bounds__(kThreads)
     float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
     const int krow = warp * kKeysPerWarp + (lane / 8) % 2 * 8 + lane % 8;
     if constexpr (Types::kFp8Kv) {
+      // Four MMA chains: the even chunks' into sc, the odd chunks' into sc_odd, added after.
+      float sc_odd[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
       for (int c = 0; c < kKvChunks; c += 2) {  // two 16-key x 16-d chunks per ldmatrix
         uint32_t r[4];
@@ -691,11 +954,20 @@ __global__ void __launch_bounds__(kThreads)
           q_fragment(c + h, a);
 #pragma unroll
           for (int n = 0; n < 2; ++n) {
-            const uint32_t x = r[2 * h + n];
-            Atom::fma(sc[n][0], sc[n][1], sc[n][2], sc[n][3], a[0], a[1], a[2], a[3],
-                      widen2<typename Types::Mma, Kv>(x), widen2<typename Types::Mma, Kv>(x >> 16),
-                      sc[n][0], sc[n][1], sc[n][2], sc[n][3]);
+            uint32_t b0;
+            uint32_t b1;
+            widen4<typename Types::Mma, Kv>(r[2 * h + n], b0, b1);
+            float(&acc)[4] = h == 0 ? sc[n] : sc_odd[n];
+            Atom::fma(acc[0], acc[1], acc[2], acc[3], a[0], a[1], a[2], a[3], b0, b1, acc[0],
+                      acc[1], acc[2], acc[3]);
           }
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          sc[n][e] += sc_odd[n][e];
         }
       }
     } else {
@@ -718,18 +990,33 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     // score transform and mask, in base 2
+    auto transform = [&](auto masked) {
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {
+      for (int n = 0; n < 2; ++n) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = key0 + 8 * n + (lane % 4) * 2 + (e & 1);
-        const KeyRange& r = row_range[e >> 1];
-        float x = sc[n][e];
-        if (p.softcap > 0.f) {
-          x = p.softcap * fast_tanh(x * softcap_scale());
+        for (int e = 0; e < 4; ++e) {
+          const int key = key0 + 8 * n + (lane % 4) * 2 + (e & 1);
+          const KeyRange& r = row_range[e >> 1];
+          float x = sc[n][e];
+          if (p.softcap > 0.f) {
+            x = p.softcap * fast_tanh(x * softcap_scale());
+          }
+          if constexpr (decltype(masked)::value) {
+            sc[n][e] = (key >= r.lo && key < r.hi) ? x * scale_log2() : -INFINITY;
+          } else {
+            sc[n][e] = x * scale_log2();
+          }
         }
-        sc[n][e] = (key >= r.lo && key < r.hi) ? x * scale_log2() : -INFINITY;
       }
+    };
+    if constexpr (Types::kFp8Kv) {
+      if (key0 >= open_lo && key0 + kKeysPerWarp <= open_hi) {
+        transform(std::false_type{});
+      } else {
+        transform(std::true_type{});
+      }
+    } else {
+      transform(std::true_type{});
     }
     // online softmax per row (a row's 16 scores live in the 4 lanes of a quad)
     [[maybe_unused]] float alphas[2];
@@ -741,7 +1028,12 @@ __global__ void __launch_bounds__(kThreads)
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
       const float m_new = fmaxf(m[ri], mx);
       const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row without keys so far
-      const float alpha = exp2f(m[ri] - m_use);
+      float alpha;
+      if constexpr (Types::kFp8Kv) {  // 1 where the maximum did not move (no keys yet included)
+        alpha = m_new == m[ri] ? 1.f : exp2f(m[ri] - m_use);
+      } else {
+        alpha = exp2f(m[ri] - m_use);
+      }
       m[ri] = m_new;
       float sum = 0.f;
 #pragma unroll
@@ -762,8 +1054,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     // FP8: O is rescaled only in blocks where some row's alpha is not 1 (skipping a factor of
-    // exactly 1 changes no bit). A row without keys (past `count`) gets alpha = 0 in every block,
-    // so this skips only in tiles whose 16 rows are all valid.
+    // exactly 1 changes no bit): where no row's maximum moved, rows without keys included.
     if constexpr (Types::kFp8Kv) {
       if (__any_sync(0xffffffffu, alphas[0] != 1.f || alphas[1] != 1.f)) {
 #pragma unroll
@@ -792,16 +1083,17 @@ __global__ void __launch_bounds__(kThreads)
                                       r[0], r[1], r[2], r[3]);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const uint32_t lo = __byte_perm(r[2 * h], 0u, 0x3120);      // keys 0-7
-          const uint32_t hi = __byte_perm(r[2 * h + 1], 0u, 0x3120);  // keys 8-15
+          uint32_t lo_even;  // keys 0-7 of the even column, then of the odd one
+          uint32_t lo_odd;
+          uint32_t hi_even;  // keys 8-15
+          uint32_t hi_odd;
+          widen4<typename Types::Mma, Kv>(__byte_perm(r[2 * h], 0u, 0x3120), lo_even, lo_odd);
+          widen4<typename Types::Mma, Kv>(__byte_perm(r[2 * h + 1], 0u, 0x3120), hi_even, hi_odd);
           const int t = 2 * (c + h);
-          Atom::fma(o[t][0], o[t][1], o[t][2], o[t][3], pa[0], pa[1], pa[2], pa[3],
-                    widen2<typename Types::Mma, Kv>(lo), widen2<typename Types::Mma, Kv>(hi),
-                    o[t][0], o[t][1], o[t][2], o[t][3]);
+          Atom::fma(o[t][0], o[t][1], o[t][2], o[t][3], pa[0], pa[1], pa[2], pa[3], lo_even,
+                    hi_even, o[t][0], o[t][1], o[t][2], o[t][3]);
           Atom::fma(o[t + 1][0], o[t + 1][1], o[t + 1][2], o[t + 1][3], pa[0], pa[1], pa[2],
-                    pa[3], widen2<typename Types::Mma, Kv>(lo >> 16),
-                    widen2<typename Types::Mma, Kv>(hi >> 16), o[t + 1][0], o[t + 1][1],
-                    o[t + 1][2], o[t + 1][3]);
+                    pa[3], lo_odd, hi_odd, o[t + 1][0], o[t + 1][1], o[t + 1][2], o[t + 1][3]);
         }
       }
     } else {
@@ -824,16 +1116,42 @@ __global__ void __launch_bounds__(kThreads)
   marks.mark(kEvLoopDone);
   cute::cp_async_wait<0>();
   __syncthreads();  // the ring is free: s.o aliases it
+  if constexpr (kKeysAsM) {  // rows 2t, 2t + 1 summed over the 8 lanes of t; rows 8-15 empty
 #pragma unroll
-  for (int ri = 0; ri < 2; ++ri) {
-    l[ri] += __shfl_xor_sync(0xffffffff, l[ri], 1);
-    l[ri] += __shfl_xor_sync(0xffffffff, l[ri], 2);
-    if (lane % 4 == 0) {
-      s.m[warp][lane / 4 + 8 * ri] = m[ri];
-      s.l[warp][lane / 4 + 8 * ri] = l[ri];
+    for (int jr = 0; jr < 2; ++jr) {
+      l[jr] += __shfl_xor_sync(0xffffffff, l[jr], 4);
+      l[jr] += __shfl_xor_sync(0xffffffff, l[jr], 8);
+      l[jr] += __shfl_xor_sync(0xffffffff, l[jr], 16);
+      if (lane < 4) {
+        s.m[warp][2 * lane + jr] = m[jr];
+        s.l[warp][2 * lane + jr] = l[jr];
+      }
+    }
+    if (lane < kRowsPerCta - 8) {
+      s.m[warp][8 + lane] = -INFINITY;
+      s.l[warp][8 + lane] = 0.f;
+    }
+  } else {
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      l[ri] += __shfl_xor_sync(0xffffffff, l[ri], 1);
+      l[ri] += __shfl_xor_sync(0xffffffff, l[ri], 2);
+      if (lane % 4 == 0) {
+        s.m[warp][lane / 4 + 8 * ri] = m[ri];
+        s.l[warp][lane / 4 + 8 * ri] = l[ri];
+      }
     }
   }
-  if constexpr (Types::kFp8Kv) {  // o[2c] / o[2c + 1]: chunk c's even / odd columns
+  if constexpr (kKeysAsM) {  // ot[c]: (d 16 c + 2g, 2g + 1) x (rows 2t, 2t + 1)
+#pragma unroll
+    for (int c = 0; c < kKvChunks; ++c) {
+#pragma unroll
+      for (int jr = 0; jr < 2; ++jr) {
+        *reinterpret_cast<float2*>(&s.o[warp][2 * (lane % 4) + jr][16 * c + 2 * (lane / 4)]) =
+            make_float2(ot[c][jr], ot[c][2 + jr]);
+      }
+    }
+  } else if constexpr (Types::kFp8Kv) {  // o[2c] / o[2c + 1]: chunk c's even / odd columns
 #pragma unroll
     for (int c = 0; c < kKvChunks; ++c) {
 #pragma unroll

@@ -240,7 +240,17 @@ LaunchResult launch(DecodeParams const& d, int max_smem_per_block, bool programm
       return LaunchResult::no_tile_fits(kSmem);
     }
     auto kernel = decode::decode_kernel<Input, kHeadDim, kStages>;
-    cudaError_t err = opt_in_dynamic_smem<decode::decode_kernel<Input, kHeadDim, kStages>>(kSmem);
+    cudaError_t err = cudaSuccess;
+    if constexpr (Types::kFp8Kv) {  // the rows of a tile: seqlen_q x group, at most one row block
+      if (d.seqlen_q * d.group <= decode::kKeysAsMRows) {
+        kernel = decode::decode_kernel<Input, kHeadDim, kStages, true>;
+        err = opt_in_dynamic_smem<decode::decode_kernel<Input, kHeadDim, kStages, true>>(kSmem);
+      } else {
+        err = opt_in_dynamic_smem<decode::decode_kernel<Input, kHeadDim, kStages>>(kSmem);
+      }
+    } else {
+      err = opt_in_dynamic_smem<decode::decode_kernel<Input, kHeadDim, kStages>>(kSmem);
+    }
     if (err != cudaSuccess) {
       return LaunchResult::cuda(err);
     }

@@ -92,6 +92,23 @@ static void rows_and_blocks() {
   }
 }
 
+// aligned_keys: the start rounded down to a multiple of kKeyAlign (never below 0), the end kept,
+// an empty range left empty.
+static void aligned_keys_round_the_start_down() {
+  for (int lo = 0; lo < 40; ++lo) {
+    for (int size = 0; size < 9; ++size) {
+      const KeyRange r = aligned_keys(KeyRange{lo, lo + size});
+      if (size == 0) {
+        CHECK(r.lo == lo && r.hi == lo, "empty [%d, %d) became [%d, %d)", lo, lo, r.lo, r.hi);
+        continue;
+      }
+      CHECK(r.lo % kKeyAlign == 0 && r.lo <= lo && lo - r.lo < kKeyAlign && r.lo >= 0,
+            "[%d, %d) starts at %d", lo, lo + size, r.lo);
+      CHECK(r.hi == lo + size, "[%d, %d) ends at %d", lo, lo + size, r.hi);
+    }
+  }
+}
+
 static void splits_cover_once() {
   for (int lo = 0; lo < 130; lo += 37) {
     for (int size = 0; size <= 1000; size += 61) {
@@ -248,6 +265,7 @@ static void huge_windows() {
 
 int main() {
   rows_and_blocks();
+  aligned_keys_round_the_start_down();
   splits_cover_once();
   pages();
   heuristic_and_workspace();

@@ -32,6 +32,9 @@ constexpr int kWarps = 4;         // each warp walks its own 16 keys of every ke
 constexpr int kKeysPerWarp = 16;  // one k16 step of P V
 constexpr int kBlockN = kWarps * kKeysPerWarp;
 constexpr int kThreads = kWarps * 32;
+// FP8 caches whose tiles hold at most this many rows (seqlen_q x group) run the keys-as-M kernel
+// (decode_kernel.h, kKeysAsM): the rows are the N of an m16n8k16 MMA.
+constexpr int kKeysAsMRows = 8;
 constexpr int kMaxSplits = 128;
 
 // Row blocks per KV head: seqlen_q tokens x group query heads, kRowsPerCta rows each.
@@ -69,6 +72,15 @@ FH_HOST_DEVICE KeyRange block_keys(AttentionMask const& mask, int lead, int grou
   const KeyRange first = mask.keys(first_row / group, lead);
   const KeyRange last = mask.keys((first_row + count - 1) / group, lead);
   return {first.lo, last.hi};
+}
+
+// The keys a row block loads: block_keys' range with its start rounded down to a multiple of
+// kKeyAlign (the keys before it are masked like any key outside a row's range), so that each
+// thread's consecutive rows of a paged load lie in one page where pages hold a multiple of
+// kKeyAlign keys (decode_kernel.h, load_paged). An empty range stays empty.
+constexpr int kKeyAlign = 4;
+FH_HOST_DEVICE KeyRange aligned_keys(KeyRange r) {
+  return r.empty() ? r : KeyRange{r.lo - r.lo % kKeyAlign, r.hi};
 }
 
 // Split `split` of `splits` of a range: whole blocks of block_n keys, as even as blocks allow
