@@ -612,9 +612,9 @@ __global__ void __launch_bounds__(kThreads, (decode_min_ctas_per_sm<kHeadDim, kS
   // share one page: its 64-bit offsets are computed once per block, and the rows step by the row
   // stride. Other page sizes take the page of each row from its slot (PageWalk: one division per
   // block, none for power-of-two pages), the offsets again where a row starts a page. Rows
-  // kRowsPerPass keys apart (the dense loads' order) took a page's offsets for every row: about
-  // four times the paged loads' instructions, which made paged calls issue-bound where dense ones
-  // were not.
+  // kRowsPerPass keys apart (the dense loads' order) took a page's offsets for every row, which
+  // made paged calls issue-bound where dense ones were not (bench/PERFLOG.md "FP8 decode with
+  // keys as the MMA's M").
   auto load_paged = [&](int block, int stage) {
     const int* ids = s.ids[block % (2 * kStages)];
     const int row0 = (tid / kRowThreads) * kPasses;
