@@ -20,7 +20,7 @@ import torch
 from flash_hopper import _decode, flash_attn_with_kvcache
 from flash_hopper._lib import FhBackend, FhDtype
 
-from tests._helpers import check_kvcache, kvcache_references
+from tests._helpers import check_kvcache, kvcache_references, skip_without_kernel
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("exact_fp32_matmuls")]
 
@@ -307,12 +307,14 @@ def test_scheduler_metadata_keeps_the_kernels_split_choice(num_splits):
 @pytest.mark.parametrize(("seqlen_q", "causal", "window"), [(1, True, (-1, -1)),
                                                             (4, True, (-1, -1)),
                                                             (2, False, (64, 8))])
-def test_flash_attn_func_short_queries_on_the_decode_kernel(monkeypatch, seqlen_q, causal,
+def test_flash_attn_func_short_queries_on_the_decode_kernel(lib, monkeypatch, seqlen_q, causal,
                                                             window):
     """flash_attn_func's short queries run on the decode kernel (a dense K / V as full cache
     entries), with the FA path's results (FLASH_HOPPER_DECODE=kvcache: the FA path), and
     which_backend names the family that ran."""
     from flash_hopper import flash_attn_func, which_backend
+
+    skip_without_kernel(lib, 128)  # the FA path's result is the reference
 
     q, k, v = short_query_inputs(seqlen_q)
     kw = {"causal": causal, "window_size": window, "softcap": 5.0}
@@ -424,12 +426,15 @@ def test_a_captured_decode_step_is_the_decode_kernels_alone(paged):
                                                            (False, (-1, -1), 5.0),
                                                            (False, (30, 4), 0.0)])
 @pytest.mark.parametrize("used", [False, True])
-def test_varlen_short_queries_on_the_decode_kernel(monkeypatch, causal, window, softcap, used):
+def test_varlen_short_queries_on_the_decode_kernel(lib, monkeypatch, causal, window, softcap,
+                                                  used):
     """By default flash_attn_varlen_func's short queries run on the decode kernel
     (packed K / V as one cache entry, each sequence's span [cu_seqlens_k[b], + seqused_k[b] or to
     cu_seqlens_k[b + 1])) with the FA path's results: sequences with more queries than keys, one
     without keys, GQA 16 / 4."""
     from flash_hopper import flash_attn_varlen_func
+
+    skip_without_kernel(lib, 128)  # the FA path's result is the reference
 
     g = torch.Generator(device="cuda").manual_seed(int(causal) + 2 * int(used))
     lens_q, lens_k = [1, 3, 2, 4], [500, 2, 0, 1300]
