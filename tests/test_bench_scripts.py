@@ -29,7 +29,8 @@ def _run(script: str, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("script", ["ab_libs.py", "sanitizer_case.py", "sass_check.py",
-                                    "host_path.py", "varlen_speed.py", "varlen_bwd_speed.py"])
+                                    "host_path.py", "varlen_speed.py", "varlen_bwd_speed.py",
+                                    "ncu_fwd_peers.py"])
 def test_bench_script_help(script):
     done = _run(script, "--help")
     assert done.returncode == 0, done.stderr
@@ -330,3 +331,10 @@ def test_ab_libs_peers_are_checked_and_skipped_by_reason():
     assert set(runs) == set(outs) == {"right", "lse-off", "out-off"}
     runs["right"]()
     assert peers["right"].calls == 1
+
+
+def test_ncu_fwd_peers_names_an_unknown_backend():
+    done = _run("ncu_fwd_peers.py", "--backend", "nope")
+    assert done.returncode != 0
+    assert "--backend: expected flash-hopper, flash-attn3 or flash-attn-cute, got 'nope'" in (
+        done.stderr + done.stdout)
