@@ -56,9 +56,7 @@ def _keep(item, hdims):
         return False
     if "d" not in params or params["d"] not in hdims:
         return False
-    if "dv" in params and params["dv"] != params["d"]:
-        return False
-    return True
+    return "dv" not in params or params["dv"] == params["d"]
 
 
 @pytest.hookimpl(trylast=True)  # after -k / -m deselection

@@ -11,7 +11,7 @@ autograd.Function classes) and the torch.ops.flash_attn_3 namespace (used only b
 test_flash3_bw_compatibility, which checks FA3's own op schemas).
 """
 
-from flash_hopper import (  # noqa: F401
+from flash_hopper import (
     flash_attn_combine,
     flash_attn_func,
     flash_attn_qkvpacked_func,
