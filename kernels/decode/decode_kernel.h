@@ -808,6 +808,19 @@ __global__ void __launch_bounds__(kThreads, (decode_min_ctas_per_sm<kHeadDim, kS
       qt[c][1] = x.y;
     }
   }
+  // FP8 rings, both forms: one ldmatrix.x4 of stage `stage` at this warp's 16 keys (krow: the
+  // lane's row address) and chunks c, c + 1; r[2h] holds keys 0-7 of chunk c + h, r[2h + 1] keys
+  // 8-15. K as stored, V transposed (ldmatrix.trans).
+  [[maybe_unused]] auto load_k_chunks = [&](int stage, int krow, int c, uint32_t(&r)[4]) {
+    cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(
+                                      &s.ring.k[stage][Cfg::ring_chunk(krow, c + lane / 16)]),
+                                  r[0], r[1], r[2], r[3]);
+  };
+  [[maybe_unused]] auto load_v_chunks = [&](int stage, int krow, int c, uint32_t(&r)[4]) {
+    cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(
+                                      &s.ring.v[stage][Cfg::ring_chunk(krow, c + lane / 16)]),
+                                  r[0], r[1], r[2], r[3]);
+  };
   // Keys as M, one block: this warp's 16 keys against the tile's 8 rows.
   [[maybe_unused]] auto keys_as_m_block = [&](int stage, int key0) {
     if constexpr (kKeysAsM) {  // instantiated for the FP8 kernels only
@@ -817,13 +830,11 @@ __global__ void __launch_bounds__(kThreads, (decode_min_ctas_per_sm<kHeadDim, kS
       // (g, t) key g's FP8 elements 4t..4t+3 of a chunk (r[2h]; key g + 8's in r[2h + 1]), which
       // widen into the A fragment's k slots {2t, 2t + 1} and {2t + 8, 2t + 9}.
       float st[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-  #pragma unroll
+#pragma unroll
       for (int c = 0; c < kKvChunks; c += 2) {
         uint32_t r[4];
-        cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(
-                                          &s.ring.k[stage][Cfg::ring_chunk(krow, c + lane / 16)]),
-                                      r[0], r[1], r[2], r[3]);
-  #pragma unroll
+        load_k_chunks(stage, krow, c, r);
+#pragma unroll
         for (int h = 0; h < 2; ++h) {
           uint32_t a[4];  // {key g, key g + 8} x {slots 2t.., slots 2t + 8..}
           widen4<Mma, Kv>(r[2 * h], a[0], a[2]);
@@ -836,7 +847,7 @@ __global__ void __launch_bounds__(kThreads, (decode_min_ctas_per_sm<kHeadDim, kS
       // sc[e]: key key0 + g + 8 (e / 2) of row 2t + e % 2
       float sc[4];
       const bool open = key0 >= open_lo && key0 + kKeysPerWarp <= open_hi;
-  #pragma unroll
+#pragma unroll
       for (int e = 0; e < 4; ++e) {
         float x = st[0][e] + st[1][e];
         if (p.softcap > 0.f) {
@@ -848,7 +859,7 @@ __global__ void __launch_bounds__(kThreads, (decode_min_ctas_per_sm<kHeadDim, kS
       }
       // online softmax per row: its 16 scores in the 8 lanes of one t
       float alphas[2];
-  #pragma unroll
+#pragma unroll
       for (int jr = 0; jr < 2; ++jr) {
         float mx = fmaxf(sc[jr], sc[2 + jr]);
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
@@ -863,9 +874,9 @@ __global__ void __launch_bounds__(kThreads, (decode_min_ctas_per_sm<kHeadDim, kS
         l[jr] = l[jr] * alphas[jr] + (sc[jr] + sc[2 + jr]);
       }
       if (__any_sync(0xffffffffu, alphas[0] != 1.f || alphas[1] != 1.f)) {
-  #pragma unroll
+#pragma unroll
         for (int c = 0; c < kKvChunks; ++c) {
-  #pragma unroll
+#pragma unroll
           for (int e = 0; e < 4; ++e) {
             ot[c][e] *= alphas[e & 1];
           }
@@ -878,13 +889,11 @@ __global__ void __launch_bounds__(kThreads, (decode_min_ctas_per_sm<kHeadDim, kS
       // O^T += V^T P^T. ldmatrix.trans of chunk c + h gives lane (g, t) the byte pairs 2g, 2g + 1
       // of keys 2t and 2t + 1; the byte permute makes the halves (d 2g; keys 2t, 2t + 1) and
       // (d 2g + 1; same keys): A's rows g and g + 8 are the chunk's d 2g and 2g + 1.
-  #pragma unroll
+#pragma unroll
       for (int c = 0; c < kKvChunks; c += 2) {
         uint32_t r[4];
-        cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(
-                                          &s.ring.v[stage][Cfg::ring_chunk(krow, c + lane / 16)]),
-                                      r[0], r[1], r[2], r[3]);
-  #pragma unroll
+        load_v_chunks(stage, krow, c, r);
+#pragma unroll
         for (int h = 0; h < 2; ++h) {
           uint32_t a[4];  // {d 2g, d 2g + 1} x {keys 2t.., keys 2t + 8..}
           widen4<Mma, Kv>(__byte_perm(r[2 * h], 0u, 0x3120), a[0], a[1]);
@@ -945,9 +954,7 @@ __global__ void __launch_bounds__(kThreads, (decode_min_ctas_per_sm<kHeadDim, kS
 #pragma unroll
       for (int c = 0; c < kKvChunks; c += 2) {  // two 16-key x 16-d chunks per ldmatrix
         uint32_t r[4];
-        cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(
-                                          &s.ring.k[stage][Cfg::ring_chunk(krow, c + lane / 16)]),
-                                      r[0], r[1], r[2], r[3]);
+        load_k_chunks(stage, krow, c, r);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {  // chunk c + h: r[2 h] keys 0-7, r[2 h + 1] keys 8-15
           uint32_t a[4];
@@ -1078,9 +1085,7 @@ __global__ void __launch_bounds__(kThreads, (decode_min_ctas_per_sm<kHeadDim, kS
 #pragma unroll
       for (int c = 0; c < kKvChunks; c += 2) {
         uint32_t r[4];
-        cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(
-                                          &s.ring.v[stage][Cfg::ring_chunk(krow, c + lane / 16)]),
-                                      r[0], r[1], r[2], r[3]);
+        load_v_chunks(stage, krow, c, r);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           uint32_t lo_even;  // keys 0-7 of the even column, then of the odd one
