@@ -52,7 +52,7 @@ def test_head_dim_bucket_above_256():
 # over heads with expand() (stride 0: TMA cannot load it, fa2 can).
 CAPABILITIES = [(7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)]
 DTYPES = ["fp16", "bf16"]
-HEAD_DIMS = [64, 72, 128, 256]
+HEAD_DIMS = [64, 72, 128, 192, 256]
 LAYOUTS = ["contiguous", "kv_broadcast"]
 
 
@@ -433,3 +433,57 @@ def test_which_backend_names_the_decode_kernel_for_short_queries(lib, kernels, h
     _fwd.clear_plans()
     with raises(UnsupportedError, "this GPU is cc 7.5"):
         which_backend(q, k, k)
+
+
+# --- a V head dim of its own (kernels/src/policy.cu, select_own_head_dim_v) ---------------------
+
+
+def dv_params(dtype: str, head_dim: int, head_dim_v: int, requested: str = "auto"):
+    """params_for's request with v's head dim set apart from q / k's."""
+    p = params_for(dtype, head_dim, requested)
+    p.head_dim_v = head_dim_v
+    return p
+
+
+def test_own_head_dim_v_runs_its_kernel_or_names_what_is_missing(lib):
+    info = lib.build_info()
+    built = {(k["dtype"], k["head_dim"], k["head_dim_v"])
+             for k in info.get("head_dim_v_kernels", [])}
+    assert all(d == 192 and dv == 128 for _, d, dv in built), built
+    for d, dv in ((192, 128), (136, 104), (160, 120)):
+        for requested in ("auto", "fa3", "fa3-no-pingpong"):
+            params = dv_params("bf16", d, dv, requested)
+            if ("bf16", 192, 128) in built:
+                name, reason, backend = dispatch.choose(params, (9, 0))
+                assert backend == FhBackend.FA3 and name == requested.replace("auto", "fa3")
+                assert f"head_dim {d} / head_dim_v {dv}" in reason and "cc 9.0" in reason
+            else:
+                with raises(UnsupportedError, "FH_HEAD_DIMS including 192"):
+                    dispatch.choose(params, (9, 0))
+    # every refusal names the field and what would serve
+    cases = [
+        (dv_params("bf16", 192, 96), (9, 0), "head_dim_v: expected 192 (== head_dim) or a "
+         "(head_dim, head_dim_v) pair with a kernel of its own: head_dim 136..192 with "
+         "head_dim_v 104..128; got (192, 96)"),
+        (dv_params("bf16", 128, 120), (9, 0), "got (128, 120)"),
+        (dv_params("bf16", 192, 128, "fa2"), (9, 0), "backend='fa2': a V head dim of its own"),
+        (dv_params("bf16", 192, 128), (8, 0), "needs a GPU of compute capability 9.0 (the FA-3 "
+         "path), this GPU is cc 8.0"),
+    ]
+    for params, capability, message in cases:
+        with raises(UnsupportedError, message):
+            dispatch.choose(params, capability)
+    with raises(ValueError, "head_dim_v: expected a multiple of 8"):
+        dispatch.choose(dv_params("bf16", 192, 100), (9, 0))
+
+
+def test_own_head_dim_v_never_takes_the_decode_route(lib):
+    params = dv_params("bf16", 192, 128)
+    params.decode_route = 1
+    params.seqlen_q = 1
+    try:
+        name = dispatch.choose(params, (9, 0))[0]
+    except UnsupportedError as exc:
+        assert "FH_HEAD_DIMS including 192" in str(exc)
+    else:
+        assert name == "fa3"

@@ -533,8 +533,8 @@ SHAPE_RULES = [
      "head_dim: expected a multiple of 8 in 8..256, got 264"),
     ({"head_dim": 0, "head_dim_v": 0}, INVALID,
      "head_dim: expected a multiple of 8 in 8..256, got 0"),
-    ({"head_dim_v": 128}, INVALID,
-     "head_dim_v: expected 64 (== head_dim; asymmetric head dims are not supported yet), got 128"),
+    ({"head_dim_v": 12}, INVALID, "head_dim_v: expected a multiple of 8 in 8..256, got 12"),
+    ({"head_dim_v": 264}, INVALID, "head_dim_v: expected a multiple of 8 in 8..256, got 264"),
     ({"softmax_scale": float("nan")}, INVALID,
      "softmax_scale: expected a finite positive float, got nan"),
     ({"softmax_scale": float("inf")}, INVALID,
@@ -628,6 +628,14 @@ def test_the_policy_does_not_read_data_pointers(lib, fields, status, message):
     else:  # a build without that kernel: the answer is about the kernel, not the pointer
         with pytest.raises(UnsupportedError, match="no fa2 kernel for bf16 hdim 64"):
             lib.policy(params, (8, 0))
+
+
+def test_head_dim_v_without_a_kernel_is_refused_by_the_policy(lib):
+    # valid fields (validate_fwd.cu), a pair no kernel serves (policy.cu): unsupported, named
+    with pytest.raises(UnsupportedError, match=re.escape(
+            "head_dim_v: expected 64 (== head_dim) or a (head_dim, head_dim_v) pair with a kernel "
+            "of its own: head_dim 136..192 with head_dim_v 104..128; got (64, 128)")):
+        lib.policy(_with(head_dim_v=128), (9, 0))
 
 
 def test_null_params_and_outputs(lib):

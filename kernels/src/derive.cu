@@ -69,6 +69,7 @@ FwdParams derive(const FhFwdParams* p, const DeviceInfo& dev) {
   FwdParams k{};
   k.lse_scale = derive_shared(k, p, dev).lse_scale;
   k.variant = p->variant;
+  k.head_dim_v = int(p->head_dim_v);
   k.q_descale = p->q_descale;
   k.k_descale = p->k_descale;
   k.v_descale = p->v_descale;

@@ -431,6 +431,69 @@ FhStatus select_for(Request& r, const Params* p, const Entry* fa3, const Entry* 
   return FH_SUCCESS;
 }
 
+// A V head dim of its own (head_dim_v != head_dim): the FA-3 path's kernels of the (head_dim,
+// head_dim_v) pairs in tables.cmake's FH_HEAD_DIM_V_TABLE, 16-bit inputs, the tuned kernel (its
+// ping-pong switch included), or an error naming what is missing. Callers with other pairs pad
+// (python/flash_hopper/_dv.py).
+FhStatus select_own_head_dim_v(const FhFwdParams* p, int cc_major, int cc_minor, Choice* out,
+                               std::string* why) {
+  const char* name = request_name(p->backend, p->variant);
+  const char* dtype = is_mixed(p) ? mixed_name(p->dtype, p->kv_dtype) : dtype_name(p->dtype);
+  if (p->dtype == FH_DTYPE_E4M3 || is_mixed(p)) {
+    return fail(FH_ERROR_UNSUPPORTED,
+                "head_dim_v: a V head dim of its own (%lld, head_dim %lld) has fp16 / bf16 "
+                "kernels only, got %s inputs",
+                (long long)p->head_dim_v, (long long)p->head_dim, dtype);
+  }
+  if (!own_head_dim_v_covers(p->head_dim, p->head_dim_v)) {
+    return fail(FH_ERROR_UNSUPPORTED,
+                "head_dim_v: expected %lld (== head_dim) or a (head_dim, head_dim_v) pair with a "
+                "kernel of its own: %s; got (%lld, %lld)",
+                (long long)p->head_dim, own_head_dim_v_pairs().c_str(), (long long)p->head_dim,
+                (long long)p->head_dim_v);
+  }
+  if (p->backend == FH_BACKEND_FA2 ||
+      (p->variant & FH_VARIANT_FLAG_NO_OVERLAP) != 0) {
+    return fail(FH_ERROR_UNSUPPORTED,
+                "backend='%s': a V head dim of its own (head_dim %lld, head_dim_v %lld) runs on "
+                "the FA-3 path's tuned kernel only (backend 'fa3', 'fa3-no-pingpong' or 'auto')",
+                name, (long long)p->head_dim, (long long)p->head_dim_v);
+  }
+  if (!kFa3.runs(cc_major, cc_minor)) {
+    return fail(FH_ERROR_UNSUPPORTED,
+                "backend='%s': a V head dim of its own (head_dim %lld, head_dim_v %lld) needs a "
+                "GPU of compute capability 9.0 (the FA-3 path), this GPU is cc %d.%d",
+                name, (long long)p->head_dim, (long long)p->head_dim_v, cc_major, cc_minor);
+  }
+  const RegistryEntry* kernel =
+      find_kernel(FH_BACKEND_FA3, p->dtype, p->head_dim, p->variant, -1, p->head_dim_v);
+  if (kernel == nullptr) {
+    return fail(FH_ERROR_UNSUPPORTED,
+                "backend='%s': this build has no fa3 kernel for %s head_dim %lld / head_dim_v "
+                "%lld; rebuild with FH_DTYPES including %s and FH_HEAD_DIMS including %lld "
+                "(FH_ARCHS including 90a, FH_DIRECTIONS including fwd)",
+                name, dtype, (long long)p->head_dim, (long long)p->head_dim_v, dtype,
+                (long long)head_dim_bucket(p->head_dim));
+  }
+  LayoutProblem layout{};
+  if (fa3_layout_problem(p, &layout)) {
+    Request r;
+    r.dir = &kForward;
+    r.name = name;
+    r.layout_bad = true;
+    r.layout = layout;
+    return fail_layout(r, nullptr);
+  }
+  out->backend = FH_BACKEND_FA3;
+  out->kernel = kernel;
+  if (why != nullptr) {
+    *why = format("%s head_dim %lld / head_dim_v %lld: cc %d.%d and the fa3 kernel with V's own "
+                  "head dim built -> fa3",
+                  dtype, (long long)p->head_dim, (long long)p->head_dim_v, cc_major, cc_minor);
+  }
+  return FH_SUCCESS;
+}
+
 // --- the decode kernel -------------------------------------------------------------------------
 
 // A call as the decode kernel's rules weigh it, from either parameter struct.
@@ -513,7 +576,9 @@ DecodeRequest decode_request(const FhFwdParams* p) {
   r.keys = p->seqlen_k;
   const bool varlen = is_varlen(p);
   r.tokens = varlen ? p->max_seqlen_q : p->seqlen_q;
-  if (is_mixed(p)) {
+  if (p->head_dim_v != p->head_dim) {
+    r.other = "a V head dim of its own (head_dim_v != head_dim)";
+  } else if (is_mixed(p)) {
     r.other = "FP8 k / v (the mixed mode)";
   } else if (p->dtype == FH_DTYPE_E4M3) {
     r.other = "FP8 inputs (flash_attn_with_kvcache's decode route takes FP8 caches)";
@@ -537,6 +602,9 @@ FhStatus select_backend(const FhFwdParams* p, int cc_major, int cc_minor, Choice
     out->backend = FH_BACKEND_DECODE;
     out->kernel = nullptr;
     return FH_SUCCESS;
+  }
+  if (p->head_dim_v != p->head_dim) {
+    return select_own_head_dim_v(p, cc_major, cc_minor, out, why);
   }
   const bool mixed = is_mixed(p);
   Request r;

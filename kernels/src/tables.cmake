@@ -51,6 +51,14 @@ set(FH_MIXED_TABLE
   "bf16+e5m2|FH_DTYPE_BF16|FH_DTYPE_E5M2|cutlass::bfloat16_t|cutlass::float_e5m2_t|64,128,256"
   "fp16+e5m2|FH_DTYPE_FP16|FH_DTYPE_E5M2|cutlass::half_t|cutlass::float_e5m2_t|64,128,256")
 
+# A V head dim of its own (FA3's dv != d): head-dim bucket | V head-dim bucket, the FA-3 path's
+# forward kernels whose V, PV GEMM and O are the second wide (kernels/sm90/fwd/tile_config.h,
+# has_dv_config): a call with head_dim in the first bucket and head_dim_v in the second runs
+# there. Built for the 16-bit dtypes of FH_DTYPES wherever the head-dim bucket is in FH_HEAD_DIMS;
+# other pairs are zero-padded by Python (python/flash_hopper/_dv.py).
+set(FH_HEAD_DIM_V_TABLE
+  "192|128")
+
 # Variants of the FA-3 path (the FA3 paper's ablation): backend name | FhVariant value | the
 # variant whose kernel serves it. A value is a set of api.h's FH_VARIANT_FLAG_* bits; the name is
 # "fa3" plus "-<flag>" per set bit in bit order (Python derives the same names from the enum).

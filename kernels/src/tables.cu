@@ -10,7 +10,7 @@
 
 // Declarations of every launcher this build holds, then the dispatch tables. Each inclusion of
 // fh_registry.inc defines both row macros (the one a table does not want as empty).
-#define FH_REGISTER_FWD(backend, dtype, kv_dtype, head_dim, variant, name) \
+#define FH_REGISTER_FWD(backend, dtype, kv_dtype, head_dim, head_dim_v, variant, name) \
   FH_DEFINE_FWD_LAUNCHER(name);
 #define FH_REGISTER_BWD(backend, dtype, head_dim, name) FH_DEFINE_BWD_LAUNCHER(name);
 #include "fh_registry.inc"
@@ -20,18 +20,18 @@
 namespace flash_hopper {
 namespace {
 
-#define FH_REGISTER_FWD(backend, dtype, kv_dtype, head_dim, variant, name) \
-  {backend, dtype, kv_dtype, head_dim, variant, &name},
+#define FH_REGISTER_FWD(backend, dtype, kv_dtype, head_dim, head_dim_v, variant, name) \
+  {backend, dtype, kv_dtype, head_dim, head_dim_v, variant, &name},
 #define FH_REGISTER_BWD(backend, dtype, head_dim, name)
 constexpr RegistryEntry kRegistry[] = {
 #include "fh_registry.inc"
     // sentinel: keeps the array non-empty in a build with no kernels
-    {-1, -1, -1, -1, -1, nullptr},
+    {-1, -1, -1, -1, -1, -1, nullptr},
 };
 #undef FH_REGISTER_FWD
 #undef FH_REGISTER_BWD
 
-#define FH_REGISTER_FWD(backend, dtype, kv_dtype, head_dim, variant, name)
+#define FH_REGISTER_FWD(backend, dtype, kv_dtype, head_dim, head_dim_v, variant, name)
 #define FH_REGISTER_BWD(backend, dtype, head_dim, name) {backend, dtype, head_dim, &name},
 constexpr BwdRegistryEntry kBwdRegistry[] = {
 #include "fh_registry.inc"
@@ -93,12 +93,14 @@ int64_t head_dim_bucket(int64_t head_dim) {
 }
 
 const RegistryEntry* find_kernel(int32_t backend, int32_t dtype, int64_t head_dim,
-                                 int32_t variant, int32_t kv_dtype) {
+                                 int32_t variant, int32_t kv_dtype, int64_t head_dim_v) {
   const int64_t bucket = head_dim_bucket(head_dim);
+  const int64_t bucket_v = head_dim_v < 0 || head_dim_v == head_dim ? bucket
+                                                                    : head_dim_bucket(head_dim_v);
   const int32_t kv = kv_dtype < 0 ? dtype : kv_dtype;
   for (const RegistryEntry& e : kRegistry) {
     if (e.launch != nullptr && e.backend == backend && e.dtype == dtype && e.kv_dtype == kv &&
-        e.head_dim_bucket == bucket && e.variant == variant) {
+        e.head_dim_bucket == bucket && e.head_dim_v_bucket == bucket_v && e.variant == variant) {
       return &e;
     }
   }
@@ -133,6 +135,39 @@ std::string fa3_bwd_buckets() {
   list += (list.empty() ? "" : ", ") + std::to_string(value);
   FH_FA3_BWD_HEAD_DIMS(FH_FA3_BWD_BUCKET_NAME)
 #undef FH_FA3_BWD_BUCKET_NAME
+  return list;
+}
+
+bool own_head_dim_v_covers(int64_t head_dim, int64_t head_dim_v) {
+  const int64_t bucket = head_dim_bucket(head_dim);
+  const int64_t bucket_v = head_dim_bucket(head_dim_v);
+#define FH_DV_PAIR(d, dv)                 \
+  if (bucket == (d) && bucket_v == (dv)) { \
+    return true;                          \
+  }
+  FH_HEAD_DIM_V_PAIRS(FH_DV_PAIR)
+#undef FH_DV_PAIR
+  return false;
+}
+
+std::string own_head_dim_v_pairs() {
+  // A pair covers head_dim in its bucket (above the previous one) and head_dim_v likewise.
+  std::string list;
+  auto lower = [](int64_t bucket) {
+    int64_t below = 0;
+    for (int64_t b : kHeadDimBuckets) {
+      if (b < bucket) {
+        below = b;
+      }
+    }
+    return below + 8;
+  };
+#define FH_DV_PAIR_NAME(d, dv)                                                                 \
+  list += (list.empty() ? "" : ", ") + std::string("head_dim ") + std::to_string(lower(d)) + \
+          ".." + std::to_string(d) + " with head_dim_v " + std::to_string(lower(dv)) + ".." +  \
+          std::to_string(dv);
+  FH_HEAD_DIM_V_PAIRS(FH_DV_PAIR_NAME)
+#undef FH_DV_PAIR_NAME
   return list;
 }
 

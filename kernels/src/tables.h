@@ -19,6 +19,7 @@ struct RegistryEntry {
   int32_t dtype;
   int32_t kv_dtype;  // dtype's, but for the mixed mode's kernels (FP8 K / V)
   int32_t head_dim_bucket;
+  int32_t head_dim_v_bucket;  // V's: head_dim_bucket's, but for a V head dim of its own
   int32_t variant;  // FhVariant: one launcher may serve several (runtime flags)
   FwdLauncher launch;
 };
@@ -46,9 +47,11 @@ static_assert(FH_VARIANT_NO_PINGPONG_NO_OVERLAP == kNumVariants - 1,
 int64_t head_dim_bucket(int64_t head_dim);
 
 // This build's launcher for the request, or null. kv_dtype: the K / V dtype (the mixed mode's
-// kernels); -1: dtype's.
+// kernels); -1: dtype's. head_dim_v: V's head dim (the kernels with one of their own:
+// FH_HEAD_DIM_V_TABLE); -1: head_dim's.
 const RegistryEntry* find_kernel(int32_t backend, int32_t dtype, int64_t head_dim,
-                                 int32_t variant, int32_t kv_dtype = -1);
+                                 int32_t variant, int32_t kv_dtype = -1,
+                                 int64_t head_dim_v = -1);
 const BwdRegistryEntry* find_bwd_kernel(int32_t backend, int32_t dtype, int64_t head_dim);
 
 // Whether the FA-3 path's backward has a tile for head_dim's bucket in the source tree
@@ -60,6 +63,10 @@ std::string fa3_bwd_buckets();
 // The same for the FA-3 path's FP8 (e4m3) forward tiles and the mixed mode's (FH_DTYPE_TABLE /
 // FH_MIXED_TABLE in tables.cmake).
 bool fp8_covers(int64_t head_dim);
+// Whether the source tree has a forward with V's own head dim for (head_dim, head_dim_v)
+// (FH_HEAD_DIM_V_TABLE, by buckets), whatever this build compiled; the pairs for messages.
+bool own_head_dim_v_covers(int64_t head_dim, int64_t head_dim_v);
+std::string own_head_dim_v_pairs();
 std::string fp8_buckets();
 bool mixed_covers(int64_t head_dim);
 std::string mixed_buckets();

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "flash_hopper/api.h"
 #include "src/errors.h"
@@ -74,10 +75,19 @@ FhStatus validate_shapes(const Params* p) {
            "head_dim: expected a multiple of %lld in %lld..%lld, got %lld",
            (long long)kHeadDimMultiple, (long long)kHeadDimMultiple, (long long)kMaxHeadDim,
            (long long)p->head_dim);
-  FH_CHECK(p->head_dim_v == p->head_dim,
-           "head_dim_v: expected %lld (== head_dim; asymmetric head dims are not supported yet), "
-           "got %lld",
-           (long long)p->head_dim, (long long)p->head_dim_v);
+  if constexpr (std::is_same_v<Params, FhFwdParams>) {
+    // Which (head_dim, head_dim_v) pairs have a kernel is the policy's answer (policy.cu).
+    FH_CHECK(p->head_dim_v >= kHeadDimMultiple && p->head_dim_v <= kMaxHeadDim &&
+                 p->head_dim_v % kHeadDimMultiple == 0,
+             "head_dim_v: expected a multiple of %lld in %lld..%lld, got %lld",
+             (long long)kHeadDimMultiple, (long long)kHeadDimMultiple, (long long)kMaxHeadDim,
+             (long long)p->head_dim_v);
+  } else {
+    FH_CHECK(p->head_dim_v == p->head_dim,
+             "head_dim_v: expected %lld (== head_dim: the backward has no V head dim of its own), "
+             "got %lld",
+             (long long)p->head_dim, (long long)p->head_dim_v);
+  }
   return FH_SUCCESS;
 }
 

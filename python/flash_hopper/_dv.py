@@ -1,5 +1,10 @@
-"""A V head dim of its own (FA3's dv != d: DeepSeek's 192 / 128, MLA-style 64 / 256 / 512), served
-without kernels of their own by exact zero padding.
+"""A V head dim of its own (FA3's dv != d: DeepSeek's 192 / 128, MLA-style 64 / 256 / 512).
+
+Inference calls whose (d, dv) pair has a kernel of its own (build_info "head_dim_v_kernels":
+kernels/src/tables.cmake FH_HEAD_DIM_V_TABLE, d in 136..192 with dv in 104..128 today; fp16 /
+bf16, the FA-3 path on cc 9.0) run it: V's stages, the PV GEMM and O are dv wide, Q / K / S stay
+d wide (``native_forward``). Every other call, and every call whose inputs require grad, is served
+by exact zero padding:
 
 - Zero columns appended to q and k change no score (q . k sums them as 0), so q and k are padded
   to width = max(d, min(dv, 256)) (the largest head dim a kernel serves) with the softmax scale
@@ -16,10 +21,13 @@ softmax), two for dv = 512.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from . import _device, _fwd, _lib, _plan_cache, _tables, _validate
 
 MAX_HEAD_DIM = 256  # the largest head-dim bucket (kernels/src/tables.cmake)
 
@@ -63,4 +71,79 @@ def split_call(call: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         outs.append(out[..., :used])
         lse = block_lse if lse is None else lse
     out = torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0].contiguous()
+    return (out, lse) if return_attn_probs else out
+
+
+# --- the kernels with V's own head dim ----------------------------------------------------------
+
+# The FA-3 path's names that run the tuned kernel (its ping-pong switch included).
+_NATIVE_BACKENDS = ("auto", "fa3", "fa3-no-pingpong")
+_plans = _plan_cache.PlanCache(64)
+
+
+@functools.lru_cache(maxsize=None)
+def _native_pairs(lib: Any) -> frozenset:
+    """{(dtype name, head-dim bucket, V head-dim bucket)} of the library's kernels with V's own
+    head dim (build_info "head_dim_v_kernels"; absent before they existed)."""
+    info = lib.build_info()
+    return frozenset((k["dtype"], int(k["head_dim"]), int(k["head_dim_v"]))
+                     for k in info.get("head_dim_v_kernels") or ())
+
+
+def _bucket(head_dim: int) -> int:
+    return next((b for b in _tables.HEAD_DIM_BUCKETS if head_dim <= b), -1)
+
+
+def native_serves(q: Any, k: Any, v: Any, backend: Any) -> bool:
+    """Whether a call with V's own head dim runs a kernel of its own: inference (no input
+    requires grad), fp16 / bf16 CUDA tensors on a cc 9.0 GPU, a backend that may run the FA-3
+    path's tuned kernel, and a kernel for (d, dv)'s buckets in this build. Anything else it
+    does not check (shapes, strides) the native call validates and reports itself."""
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
+        return False
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return False
+    if backend not in _NATIVE_BACKENDS or q.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if not q.is_cuda or q.dim() < 1 or v.dim() != q.dim():
+        return False
+    try:
+        lib = _lib.get_library()
+    except (OSError, RuntimeError):
+        return False
+    name = "bf16" if q.dtype == torch.bfloat16 else "fp16"
+    pair = (name, _bucket(q.shape[-1]), _bucket(v.shape[-1]))
+    if pair not in _native_pairs(lib):
+        return False
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    return _device.device_info(index).capability == (9, 0)
+
+
+def _dense_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Any,
+                causal: Any, window_size: Any, softcap: Any, backend: Any,
+                sm_margin: int) -> _fwd.Plan:
+    """flash_attn_func's plan for V's own head dim: q / k validated as every call's (v in k's
+    place: the same rules but for the last dim), v as k's shape with its own last dim, then the
+    library's policy on the parameters with head_dim_v set (it names what it does not serve)."""
+    key = ("dv", _fwd._eager_key(q, k, v, softmax_scale, causal, window_size, softcap, backend),
+           sm_margin)
+    plan = _plans.get(key)
+    if plan is not None:
+        return plan
+    cfg = _validate.check_fwd_args(q, k, k, softmax_scale, causal, window_size, softcap, backend)
+    dv = _validate.check_own_head_dim_v(q, k, v)
+    plan = _fwd.make_plan(cfg, q, k, v, with_lse=True,
+                          num_sms=_device.grid_cap(q.device, sm_margin), head_dim_v=dv)
+    if key[1] is not None:
+        _plans.remember(key, plan)
+    return plan
+
+
+def native_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Any,
+                   causal: Any, window_size: Any, softcap: Any, backend: Any,
+                   return_attn_probs: bool, sm_margin: int = 0) -> Any:
+    """flash_attn_func on the kernel with V's own head dim (``native_serves`` said it runs):
+    out (batch, seqlen_q, heads_q, dv), and the LSE when asked."""
+    plan = _dense_plan(q, k, v, softmax_scale, causal, window_size, softcap, backend, sm_margin)
+    out, lse = _fwd._run_new_outputs(plan, q, k, v, need_lse=return_attn_probs)
     return (out, lse) if return_attn_probs else out

@@ -129,11 +129,15 @@ def make_plan(
     num_sms: int = 0,
     fp8: _validate.Fp8Options | None = None,
     decode_route: bool = False,
+    head_dim_v: int = 0,
 ) -> Plan:
     """Choose the path and fill the template for validated tensors (metadata only). ``out`` /
     ``lse``: caller buffers (fwd_into), or None for fresh contiguous ones (``with_lse``: one is
-    allocated). ``decode_route``: the caller runs a "decode" answer on the decode kernel."""
-    out_shape = (cfg.batch, cfg.seqlen_q, cfg.heads_q, cfg.head_dim)
+    allocated). ``decode_route``: the caller runs a "decode" answer on the decode kernel.
+    ``head_dim_v``: v's head dim where it differs from q / k's (validated by the caller, _dv.py):
+    the policy then answers for the kernels with V's own head dim; 0: cfg.head_dim."""
+    dv = head_dim_v or cfg.head_dim
+    out_shape = (cfg.batch, cfg.seqlen_q, cfg.heads_q, dv)
     lse_shape = (cfg.batch, cfg.heads_q, cfg.seqlen_q)
     out_dtype = fp8.out_dtype if fp8 is not None else cfg.dtype
     if cfg.batch == 0 or cfg.seqlen_q == 0:
@@ -149,6 +153,7 @@ def make_plan(
         effective(out) if out is not None else packed(out_shape), lse_strides, cfg.backend,
         num_sms, fp8,
     )
+    params.head_dim_v = dv
     params.decode_route = int(decode_route)
     index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     name, reason, backend = dispatch.choose(params, _device.device_info(index).capability)

@@ -296,6 +296,29 @@ def check_qkv(q: Any, k: Any, v: Any, devices: bool = True, fp8: bool = False,
     return batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim
 
 
+def check_own_head_dim_v(q: torch.Tensor, k: torch.Tensor, v: Any) -> int:
+    """v of a call with V's own head dim, q and k already checked (as q / k / k): k's shape but
+    the last dim, q's dtype and device, a head dim dv that is a multiple of 8 in [8, 256],
+    strides as every input's. Returns dv."""
+    if k.dim() == 4:
+        _check_tensor("v", v, 4, "(batch, seqlen_k, heads_kv, head_dim_v)")
+        names = ("batch", "seqlen_k", "heads_kv")
+    else:
+        _check_tensor("v", v, 3, "(total_k, heads_kv, head_dim_v)")
+        names = ("total_k", "heads_kv")
+    if v.dtype != q.dtype:
+        raise ValueError(f"v: expected dtype {q.dtype} (q's dtype), got {v.dtype}")
+    for dim, name in enumerate(names):
+        _check_dim("v", v, dim, name, k.shape[dim], "k")
+    dv = v.shape[-1]
+    if dv % HEAD_DIM_MULTIPLE or not max(MIN_HEAD_DIM, HEAD_DIM_MULTIPLE) <= dv <= MAX_HEAD_DIM:
+        raise ValueError(f"v: expected head_dim_v (last dim) a multiple of {HEAD_DIM_MULTIPLE} "
+                         f"in [{max(MIN_HEAD_DIM, HEAD_DIM_MULTIPLE)}, {MAX_HEAD_DIM}], got {dv}")
+    _check_strides("v", v)
+    _check_device("v", v, q)
+    return dv
+
+
 def _check_scale_and_softcap(softmax_scale: Any, default_scale: Any,
                              softcap: Any) -> tuple[Any, float]:
     """(scale, softcap) checked: softmax_scale None takes ``default_scale`` (ours, not checked:

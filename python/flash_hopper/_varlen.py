@@ -227,8 +227,8 @@ def _key(q, k, v, cu_q, cu_k, seqused_q, seqused_k, max_q, max_k, out, softmax_s
 
 
 def _check_out(out: Any, q: torch.Tensor, cfg: _validate.FwdConfig,
-               out_dtype: torch.dtype) -> None:
-    want = (cfg.seqlen_q, cfg.heads_q, cfg.head_dim)
+               out_dtype: torch.dtype, head_dim_v: int = 0) -> None:
+    want = (cfg.seqlen_q, cfg.heads_q, head_dim_v or cfg.head_dim)
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"out: expected a torch.Tensor or None, got {type(out).__name__}")
     if tuple(out.shape) != want:
@@ -244,13 +244,16 @@ def _check_out(out: Any, q: torch.Tensor, cfg: _validate.FwdConfig,
 
 def _checked_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                   seqused_q, seqused_k, softmax_scale, causal, window_size, softcap, backend,
-                  out, descales, batch_k, mixed_ok=False) -> VarlenConfig:
-    """check_args, then out against it: what plan() and check_call() both need."""
-    vc = check_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
-                    seqused_k, softmax_scale, causal, window_size, softcap, backend, *descales,
-                    batch_k=batch_k, mixed_ok=mixed_ok)
+                  out, descales, batch_k, mixed_ok=False, own_head_dim_v=False) -> VarlenConfig:
+    """check_args, then out against it: what plan() and check_call() both need.
+    ``own_head_dim_v``: v has a head dim of its own (_dv.py's kernels): q / k checked as every
+    call's (k in v's place), v as k's shape but its last dim."""
+    vc = check_args(q, k, k if own_head_dim_v else v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                    max_seqlen_k, seqused_q, seqused_k, softmax_scale, causal, window_size,
+                    softcap, backend, *descales, batch_k=batch_k, mixed_ok=mixed_ok)
+    dv = _validate.check_own_head_dim_v(q, k, v) if own_head_dim_v else 0
     if out is not None:
-        _check_out(out, q, vc.cfg, vc.fp8.out_dtype if vc.fp8 is not None else q.dtype)
+        _check_out(out, q, vc.cfg, vc.fp8.out_dtype if vc.fp8 is not None else q.dtype, dv)
     return vc
 
 
@@ -277,10 +280,12 @@ def check_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
 
 def plan(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
          softmax_scale, causal, window_size, softcap, backend, out=None,
-         descales=(None, None, None), batch_k: int = 0, sm_margin: int = 0) -> VarlenPlan:
+         descales=(None, None, None), batch_k: int = 0, sm_margin: int = 0,
+         own_head_dim_v: bool = False) -> VarlenPlan:
     """descales: FP8 calls' (q_descale, k_descale, v_descale); 16-bit calls pass none. batch_k:
     cu_seqlens_k's entries when they are a KV cache's (kvcache.py), else 0. sm_margin: FA3's
-    (SMs the kernel leaves free), validated by the caller."""
+    (SMs the kernel leaves free), validated by the caller. own_head_dim_v: v's head dim differs
+    from q / k's and the kernel with V's own head dim runs it (_dv.py)."""
     key = _key(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
                max_seqlen_k, out, softmax_scale, causal, window_size, softcap, backend, descales)
     if key is not None and sm_margin:
@@ -290,12 +295,14 @@ def plan(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sequse
         return cached
     vc = _checked_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                        seqused_q, seqused_k, softmax_scale, causal, window_size, softcap, backend,
-                       out, descales, batch_k)
+                       out, descales, batch_k, own_head_dim_v=own_head_dim_v)
     cfg = vc.cfg
+    dv = v.shape[-1] if own_head_dim_v else cfg.head_dim
     q4, k4, v4 = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
     dense = _fwd.make_plan(cfg, q4, k4, v4, out=None if out is None else out.unsqueeze(0),
-                           fp8=vc.fp8, num_sms=_device.grid_cap(q.device, sm_margin))
-    out_shape = (cfg.seqlen_q, cfg.heads_q, cfg.head_dim)
+                           fp8=vc.fp8, num_sms=_device.grid_cap(q.device, sm_margin),
+                           head_dim_v=dv)
+    out_shape = (cfg.seqlen_q, cfg.heads_q, dv)
     lse_shape = (cfg.heads_q, cfg.seqlen_q)
     template = None
     workspace = 0
@@ -347,7 +354,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: tor
             out: torch.Tensor | None = None, need_lse: bool = True,
             descales: tuple = (None, None, None), kv_batch_idx: torch.Tensor | None = None,
             leftpad_k: torch.Tensor | None = None, batch_k: int = 0, checked: bool = False,
-            sm_margin: int = 0, bounds: list | None = None,
+            sm_margin: int = 0, bounds: list | None = None, own_head_dim_v: bool = False,
             ) -> tuple[torch.Tensor, torch.Tensor | None, VarlenPlan]:
     """(out, lse, plan): out (total_q, heads_q, head_dim) written in place when given, lse fp32
     (heads_q, total_q) or None. Rows outside every used span are not written. FP8 (e4m3) q / k /
@@ -355,10 +362,11 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: tor
     kv_batch_idx / leftpad_k int32 (batch,) and batch_k (api.h), and ``checked``: the caller
     built or validated the offsets itself (no read-back here). sm_margin: FA3's. ``bounds``: a
     list that receives (longest query span, longest key span) for the backward: read from the
-    offsets where this call checked them, else the caller's max_seqlen_q / max_seqlen_k."""
+    offsets where this call checked them, else the caller's max_seqlen_q / max_seqlen_k.
+    ``own_head_dim_v``: v's head dim differs from q / k's (plan(); out then has v's)."""
     vp = plan(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
               seqused_k, softmax_scale, causal, window_size, softcap, backend, out, descales,
-              batch_k if kv_batch_idx is not None else 0, sm_margin)
+              batch_k if kv_batch_idx is not None else 0, sm_margin, own_head_dim_v)
     longest_q = max_seqlen_q  # what the decode route sizes its grid by
     longest_k = max_seqlen_k
     if vp.template is not None and not checked and offsets_checked():
@@ -375,7 +383,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: tor
         out = torch.empty(vp.out_shape, dtype=vp.dense.out_dtype, device=device)
     cfg = vp.dense.cfg
     if (vp.template is not None and not checked and cfg.backend == "auto"
-            and _decode.varlen_too()
+            and not own_head_dim_v and _decode.varlen_too()
             and _decode_route(vp, longest_q, seqused_q, seqused_k, q.device)):
         if not _decode.aligned(q, k, v, out):
             _validate.check_alignment(q=q, k=k, v=v, out=out)

@@ -110,9 +110,11 @@ def flash_attn_func(
     differentiable: autograd gives exact gradients for q, k, v and qv (FA3 has no backward for
     qv). num_splits, pack_gqa, sm_margin and deterministic do not change it.
     v may have a head dim of its own (FA3's dv != d, e.g. 192 / 128, 64 / 256 or 512; a
-    multiple of 8): out is (batch, seqlen_q, heads_q, dv), served by zero padding q / k to
-    max(d, min(dv, 256)) and cutting V into blocks of that width (_dv.py; exact, one call for
-    dv <= 256); the default softmax_scale stays 1 / sqrt(d).
+    multiple of 8): out is (batch, seqlen_q, heads_q, dv); the default softmax_scale stays
+    1 / sqrt(d). DeepSeek's d 192 / dv 128 (d in 136..192, dv in 104..128), fp16 / bf16 on cc
+    9.0 without grad, runs the FA-3 path's kernel with V's own head dim; every other call is
+    served by zero padding q / k to max(d, min(dv, 256)) and cutting V into blocks of that width
+    (_dv.py; exact, one call for dv <= 256), with gradients.
     attention_chunk (FA3's chunked-local attention, Llama 4's): > 0 lets query row i see only the
     keys j with floor((i + seqlen_k - seqlen_q) / chunk) == floor(j / chunk), on top of causal /
     window_size; 0 = off. Forward and backward on fp16 / bf16 (the chunks run as the pieces of
@@ -164,8 +166,13 @@ def flash_attn_func(
                                 attention_chunk, backend, return_attn_probs, out_dtype,
                                 fp8_accumulation)
     fp8 = _fp8_call(q, k)
-    if not fp8 and _dv.differs(q, v):  # a V head dim of its own: zero padding (_dv.py)
+    if not fp8 and _dv.differs(q, v):  # a V head dim of its own (_dv.py)
         _check_flags(return_attn_probs, deterministic)
+        if (attention_chunk == 0 and out_dtype is None and fp8_accumulation == "two-level"
+                and q_descale is None and k_descale is None and v_descale is None
+                and _plain_eager(q, k, v) and _dv.native_serves(q, k, v, backend)):
+            return _dv.native_forward(q, k, v, softmax_scale, causal, window_size, softcap,
+                                      backend, return_attn_probs, sm_margin)
         return _dv.split_call(flash_attn_func, q, k, v, softmax_scale, return_attn_probs,
                               causal=causal, qv=qv, window_size=window_size,
                               attention_chunk=attention_chunk, softcap=softcap,
@@ -272,7 +279,9 @@ def flash_attn_varlen_func(
     sequences), out in bf16. attention_chunk as in flash_attn_func, per sequence (fp16 / bf16,
     eager: the offsets are read back to split the sequences into chunks). Not implemented yet,
     refused naming the argument: 16-bit q against FP8 k / v (the mixed mode) in varlen.
-    sm_margin as in
+    v (total_k, heads_kv, dv) may have a head dim of its own as in flash_attn_func (d 192 / dv
+    128 inference calls on the kernel with V's own head dim, the rest zero-padded); out is then
+    (total_q, heads_q, dv). sm_margin as in
     flash_attn_func (forward and the per-sequence backward). Performance hints accepted and not
     used: num_splits, pack_gqa. Descales passed with fp16 / bf16 inputs are ignored, as in FA3.
     qv (MLA's extra query): (total_q, heads_q, dv), rows as q's; k (total_k, heads_kv, d), v
@@ -312,7 +321,16 @@ def flash_attn_varlen_func(
                                   window_size, softcap, attention_chunk, backend, out,
                                   return_attn_probs)
     fp8 = getattr(q, "dtype", None) in FP8_DTYPES
-    if not fp8 and _dv.differs(q, v):  # a V head dim of its own: zero padding (_dv.py)
+    if not fp8 and _dv.differs(q, v):  # a V head dim of its own (_dv.py)
+        if (attention_chunk == 0 and q_descale is None and k_descale is None
+                and v_descale is None and _plain_eager(q, k, v)
+                and _dv.native_serves(q, k, v, backend)):
+            result, lse, _ = _varlen.forward(
+                q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
+                seqused_k, softmax_scale, causal, window_size, softcap, backend, out,
+                need_lse=return_attn_probs, sm_margin=sm_margin, own_head_dim_v=True)
+            return (result, lse) if return_attn_probs else result
+
         def call(qq, kk, vv, **kw):
             return flash_attn_varlen_func(qq, kk, vv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                           max_seqlen_k, seqused_q, seqused_k, **kw)

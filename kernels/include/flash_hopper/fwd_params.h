@@ -92,6 +92,10 @@ struct FwdParams {
   // FA-3 variant (FhVariant: a set of FH_VARIANT_FLAG_* bits, api.h); 0 = tuned. The launcher
   // reads the runtime flags from it (NO_PINGPONG); the FA-2 path ignores it.
   int variant;
+  // V's and O's head dim: head_dim's, but for the FA-3 path's kernels with a V head dim of their
+  // own (kernels/sm90/fwd/tile_config.h, has_dv_config), which alone read it. Last, so that every
+  // other kernel reads its fields where it always did.
+  int head_dim_v;
 };
 
 // The call's mask policy. Every kernel builds its mask here and nowhere else (attention_chunk

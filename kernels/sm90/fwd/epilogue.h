@@ -17,7 +17,7 @@
 //   tile_config.h says why for each): the 4 threads of a quad exchange their column pairs with
 //   shuffles so each stores 16 contiguous bytes per row (store_row_quad,
 //   common/fragment_store.h).
-// Rows < seqlen_q and columns < head_dim only. Neither way touches the K / V stages, so no
+// Rows < seqlen_q and columns < head_dim_v (V's head dim: O's) only. Neither way touches the K / V stages, so no
 // barrier orders the epilogue against the producer's next loads; in the tuned kernel it runs
 // while the next tile's first QK GEMM is on the tensor cores (mma.h).
 #pragma once
@@ -30,6 +30,7 @@
 #include "sm90/common/fragment_store.h"
 #include "sm90/common/utils.h"
 #include "sm90/fwd/barriers.h"
+#include "sm90/fwd/params.h"  // head_dim_v
 #include "sm90/fwd/tile_scheduler.h"
 
 namespace flash_hopper::sm90 {
@@ -44,7 +45,7 @@ CUTE_DEVICE void store_lse(FwdParams const& p, ThrMma const& thr_mma_pv, TileCoo
     return;
   }
   Tensor tOcO = thr_mma_pv.partition_C(
-      make_identity_tensor(Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{}));
+      make_identity_tensor(Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDimV>>{}));
   Tensor tOcO_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));  // (2, (2, D/8))
   float* lse_ptr = p.lse + tile.batch * p.lse_batch_stride + tile.head * p.lse_head_stride +
                    tile.q_start;
@@ -65,8 +66,9 @@ template <class Element, class Traits, class ThrMma, class ValueAt>
 CUTE_DEVICE void store_rows(FwdParams const& p, ThrMma const& thr_mma_pv, TileCoord tile,
                             ValueAt value, float const (&lse)[2]) {
   constexpr int kBlockM = Traits::kBlockM;
-  constexpr int kHeadDim = Traits::kHeadDim;
-  Tensor tOcO = thr_mma_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  constexpr int kHeadDimV = Traits::kHeadDimV;
+  Tensor tOcO =
+      thr_mma_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDimV>>{}));
   Tensor tOcO_rc = make_tensor(tOcO.data(), acc_rowcol(tOcO.layout()));  // (2, (2, D/8))
 
   // Rows of the tile's sequence only (varlen: the next sequence's rows follow in memory; its
@@ -78,8 +80,8 @@ CUTE_DEVICE void store_rows(FwdParams const& p, ThrMma const& thr_mma_pv, TileCo
   for (int r = 0; r < size<0>(tOcO_rc); ++r) {
     const int row = row0 + get<0>(tOcO_rc(r, 0));
     // head_dim % 8 == 0: whole 8-column groups are in or out
-    store_row_quad<Element, kHeadDim>(o + row * p.o_row_stride, row < tile.seqlen_q, p.head_dim,
-                                      [&](int c) { return value(r, c); });
+    store_row_quad<Element, kHeadDimV>(o + row * p.o_row_stride, row < tile.seqlen_q,
+                                       head_dim_v<Traits>(p), [&](int c) { return value(r, c); });
   }
   store_lse<Traits>(p, thr_mma_pv, tile, lse);
 }
@@ -154,7 +156,7 @@ CUTE_DEVICE void store_tile_staged(FwdParams const& p, ThrMma const& thr_mma_pv,
       const int row = row0 + r;
       const int col = pass * kCols + 8 * c;
       // head_dim % 8 == 0: whole 8-column chunks are in or out
-      if (row < tile.seqlen_q && col < p.head_dim) {
+      if (row < tile.seqlen_q && col < head_dim_v<Traits>(p)) {
         *reinterpret_cast<uint4*>(o + int64_t(row) * p.o_row_stride + col) = v;
       }
     }

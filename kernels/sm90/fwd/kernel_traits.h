@@ -39,9 +39,12 @@ constexpr int o_stage_passes(int free_bytes, int block_m, int head_dim, int min_
 // tile list instead of the static scheduler, per-sequence offsets and masks, V tails zeroed in
 // shared memory (vtail.h). A kernel of its own: as a runtime branch it cost the dense d64 kernel
 // spills.
+// kHeadDimV_: V's and O's head dim where it differs from Q's and K's (DeepSeek's 192 / 128): the
+// PV GEMM, V's stages and TMA box, and O are that wide, Q / K / S as kHeadDim_ gives them
+// (tile_config.h fwd_config_dv). 16-bit inputs only; the default is kHeadDim_.
 template <class Element_, int kHeadDim_, bool kOverlap_,
           TileFamily kFamily = TileFamily::kDefault, class KvElement_ = Element_,
-          bool kVarlen_ = false>
+          bool kVarlen_ = false, int kHeadDimV_ = kHeadDim_>
 struct FwdTraits {
   using Element = Element_;
   using KvElement = KvElement_;
@@ -73,12 +76,19 @@ struct FwdTraits {
                 "FP8: its one tile)");
   using TileOrder = conditional_t<kVarlen, VarlenTileScheduler, StaticTileScheduler>;
 
+  // Whether V / O have a head dim of their own.
+  static constexpr bool kOwnHeadDimV = kHeadDimV_ != kHeadDim_;
+  static_assert(!kOwnHeadDimV || (!kFp8 && !kMixed && kFamily == TileFamily::kDefault &&
+                                  has_dv_config(kHeadDim_, kHeadDimV_)),
+                "a V head dim of its own: 16-bit inputs, the (d, dv) pairs with a tile");
   static constexpr FwdConfig kConfig =
-      kFp8 ? fwd_config_fp8(kHeadDim_, kFamily)
-           : (kMixed ? fwd_config_mixed(kHeadDim_) : fwd_config(kHeadDim_, kFamily));
+      kOwnHeadDimV ? fwd_config_dv(kHeadDim_, kHeadDimV_)
+      : kFp8       ? fwd_config_fp8(kHeadDim_, kFamily)
+                   : (kMixed ? fwd_config_mixed(kHeadDim_) : fwd_config(kHeadDim_, kFamily));
   static constexpr int kStagingStages = kConfig.staging_stages;
   static_assert(kMixed == (kStagingStages > 0), "the staging ring is the mixed mode's");
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDimV = kHeadDimV_;
   static constexpr int kBlockM = kConfig.block_m;
   static constexpr int kBlockN = kConfig.block_n;
   static constexpr int kStages = kConfig.stages;
@@ -118,7 +128,7 @@ struct FwdTraits {
   static_assert(kStages >= 2);
 
   using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;  // (M, N, D)
-  using TileShapePV = Shape<Int<kBlockM>, Int<kHeadDim / kPvParts>, Int<kBlockN>>;  // (M, D, N)
+  using TileShapePV = Shape<Int<kBlockM>, Int<kHeadDimV / kPvParts>, Int<kBlockN>>;  // (M, Dv, N)
   // One WGMMA atom per consumer warpgroup, stacked along M.
   using AtomLayout = Layout<Shape<Int<kConsumerWgs>, _1, _1>>;
   // S = Q K^T: both operands K-major in shared memory.
@@ -141,7 +151,7 @@ struct FwdTraits {
   // CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED): insist on one atom spanning the tile.
   static_assert(decltype(size<1>(typename TiledMmaQK::Shape_MNK{}))::value == kBlockN);
   static_assert(decltype(size<1>(typename TiledMmaPV::Shape_MNK{}))::value ==
-                kHeadDim / kPvParts);
+                kHeadDimV / kPvParts);
 
   using SmemAtom = decltype(k_major_smem_atom<Element, kHeadDim>());
   using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
@@ -153,17 +163,19 @@ struct FwdTraits {
   // V^T (D, N, PIPE), which is the MN-major B operand. FP8: V^T is a buffer of its own, K-major
   // (rows of N keys), written by the transposer with the keys of each 32-key slice in the order
   // of the P register fragment (transpose.h).
+  // With a V head dim of its own, V's rows are kHeadDimV wide: a layout (and swizzle atom) of
+  // their own.
   using SmemLayoutV = conditional_t<
-      (kVStages == kStages), SmemLayoutK,
-      decltype(tile_to_shape(SmemAtom{},
-                             Shape<Int<kBlockN>, Int<kHeadDim>, Int<kVStages>>{}))>;
+      (kVStages == kStages && !kOwnHeadDimV), SmemLayoutK,
+      decltype(tile_to_shape(k_major_smem_atom<Element, kHeadDimV>(),
+                             Shape<Int<kBlockN>, Int<kHeadDimV>, Int<kVStages>>{}))>;
   using SmemLayoutVt = conditional_t<
       kFp8,
       decltype(tile_to_shape(k_major_smem_atom<Element, kBlockN>(),
                              Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{})),
       decltype(composition(SmemLayoutV{},
-                           make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
-                                               Step<_2, _1, _3>{})))>;  // (D, N, PIPE)
+                           make_ordered_layout(Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{},
+                                               Step<_2, _1, _3>{})))>;  // (Dv, N, PIPE)
 
   // Global tensors as the TMA sees them: (seqlen, head_dim, heads, batch), head_dim contiguous.
   using ShapeQKV = Shape<int32_t, int32_t, int32_t, int32_t>;
@@ -185,14 +197,21 @@ struct FwdTraits {
   using TmaKV = decltype(make_tma_copy(TmaKVOp{}, GmemTensorKV{}, take<0, 2>(SmemLayoutKVLoad{}),
                                        Shape<Int<kBlockN>, Int<kHeadDim>>{},
                                        Int<kClusterM>{}));
+  // V's: K's, but for a V head dim of its own (its box and stages kHeadDimV wide).
+  using TmaV = conditional_t<
+      kOwnHeadDimV,
+      decltype(make_tma_copy(TmaKVOp{}, GmemTensorKV{}, take<0, 2>(SmemLayoutV{}),
+                             Shape<Int<kBlockN>, Int<kHeadDimV>>{}, Int<kClusterM>{})),
+      TmaKV>;
 
   // Bytes each TMA load brings (expect_tx counts the full box, also where it zero-fills).
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(KvElement);
+  static constexpr uint32_t kVBytes = kBlockN * kHeadDimV * sizeof(KvElement);  // a V block
   static_assert(kQBytes == cosize_v<SmemLayoutQ> * sizeof(Element));
   static_assert(kQBytes * kQStages == cosize_v<SmemLayoutQStages> * sizeof(Element));
   static_assert(kMixed || kKVBytes * kStages == cosize_v<SmemLayoutK> * sizeof(Element));
-  static_assert(kMixed || kKVBytes * kVStages == cosize_v<SmemLayoutV> * sizeof(Element));
+  static_assert(kMixed || kVBytes * kVStages == cosize_v<SmemLayoutV> * sizeof(Element));
   static_assert(!kMixed || kKVBytes * kStagingStages == cosize_v<SmemLayoutStaging>);
 
   // Q buffers and K / V stages between the producer and the consumer warpgroups
@@ -257,7 +276,7 @@ struct FwdTraits {
     conditional_t<(kPvFoldEvery > 0), OFoldStorage, EmptyStorage> o_fold;
   };
   // O's way out (epilogue.h): through shared memory where the stages leave room for every
-  // consumer warpgroup's 64 rows of kHeadDim / kOPasses columns (written kOPasses times per
+  // consumer warpgroup's 64 rows of kHeadDimV / kOPasses columns (written kOPasses times per
   // tile), else straight from the registers (kOPasses = 0).
   // FP8 with an fp32 fold copy stages O in one pass through it: a warpgroup's slab (128 threads x
   // kHeadDim / 2 fp32) is free once the epilogue read it and holds twice the warpgroup's 64 x
@@ -266,8 +285,8 @@ struct FwdTraits {
   static constexpr int kOPasses =
       kOStageInFold ? 1
                     : o_stage_passes(kSmemOptinBytes - int(sizeof(MainStorage)), kBlockM,
-                                     kHeadDim, kConfig.o_passes_min);
-  static constexpr int kOStageCols = kOPasses > 0 ? kHeadDim / kOPasses : 0;
+                                     kHeadDimV, kConfig.o_passes_min);
+  static constexpr int kOStageCols = kOPasses > 0 ? kHeadDimV / kOPasses : 0;
   static constexpr int kOStageBytes = kBlockM * kOStageCols * 2;  // O is 16-bit (FP8: bf16 / fp16)
   // A warpgroup's slab of the staging buffer starts here, from the buffer's start.
   static constexpr int kOStageSlabStride = kOStageInFold ? kOFoldSlabBytes : 64 * kOStageCols * 2;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "flash_hopper/api.h"
 #include "flash_hopper/fwd_params.h"
@@ -129,22 +130,24 @@ LaunchResult launch_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t
   auto gmem = [&](const void* ptr, int seqlen, int heads, const int64_t* s) {
     return tma_gmem_tensor<Element>(ptr, seqlen, p.head_dim, heads, tma_batch, s);
   };
-  auto gmem_kv = [&](const void* ptr, int seqlen, int heads, const int64_t* s) {
-    return tma_gmem_tensor<KvElement>(ptr, seqlen, p.head_dim, heads, tma_batch, s);
+  const int head_dim_v = sm90::head_dim_v<Traits>(p);  // V's and O's
+  auto gmem_kv = [&](const void* ptr, int seqlen, int heads, const int64_t* s, int cols) {
+    return tma_gmem_tensor<KvElement>(ptr, seqlen, cols, heads, tma_batch, s);
   };
   using TmaQ = typename Traits::TmaQ;
   using TmaKV = typename Traits::TmaKV;
+  using TmaV = typename Traits::TmaV;
   auto key = [&](const void* ptr, int seqlen, int heads, const int64_t* s) {
     return typename TmaMemo<TmaQ>::Key{ptr, {seqlen, p.head_dim, heads, tma_batch},
                                         {s[0], s[1], s[2]}};
   };
-  auto kv_key = [&](const void* ptr, const int64_t* s) {
-    return typename TmaMemo<TmaKV>::Key{ptr, {seqlen_k, p.head_dim, p.heads_kv, tma_batch},
-                                         {s[0], s[1], s[2]}};
+  auto kv_key = [&](auto const& memo, const void* ptr, const int64_t* s, int cols) {
+    return typename std::decay_t<decltype(memo)>::Key{
+        ptr, {seqlen_k, cols, p.heads_kv, tma_batch}, {s[0], s[1], s[2]}};
   };
   thread_local TmaMemo<TmaQ> q_memo;
   thread_local TmaMemo<TmaKV> k_memo;
-  thread_local TmaMemo<TmaKV> v_memo;
+  thread_local TmaMemo<TmaV> v_memo;
   KernelParams<Traits> kp;
   kp.fwd = p;
   kp.tma_q = q_memo.get(key(p.q, p.seqlen_q, p.heads_q, q_strides), [&] {
@@ -153,22 +156,25 @@ LaunchResult launch_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t
                          Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{}, _1{});
   });
   // K / V: one part per CTA of the cluster with multicast (kClusterM), else the whole block.
-  kp.tma_k = k_memo.get(kv_key(k_ptr, k_strides), [&] {
+  kp.tma_k = k_memo.get(kv_key(k_memo, k_ptr, k_strides, p.head_dim), [&] {
     return make_tma_copy(typename Traits::TmaKVOp{},
-                         gmem_kv(k_ptr, seqlen_k, p.heads_kv, k_strides),
+                         gmem_kv(k_ptr, seqlen_k, p.heads_kv, k_strides, p.head_dim),
                          take<0, 2>(typename Traits::SmemLayoutKVLoad{}),
                          Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>{},
                          Int<Traits::kClusterM>{});
   });
-  kp.tma_v = v_memo.get(kv_key(v_ptr, v_strides), [&] {
+  // V: K's layout, or V's own where its head dim differs (kOwnHeadDimV; never mixed mode).
+  using SmemLayoutVLoad = conditional_t<Traits::kOwnHeadDimV, typename Traits::SmemLayoutV,
+                                        typename Traits::SmemLayoutKVLoad>;
+  kp.tma_v = v_memo.get(kv_key(v_memo, v_ptr, v_strides, head_dim_v), [&] {
     return make_tma_copy(typename Traits::TmaKVOp{},
-                         gmem_kv(v_ptr, seqlen_k, p.heads_kv, v_strides),
-                         take<0, 2>(typename Traits::SmemLayoutKVLoad{}),
-                         Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>{},
+                         gmem_kv(v_ptr, seqlen_k, p.heads_kv, v_strides, head_dim_v),
+                         take<0, 2>(SmemLayoutVLoad{}),
+                         Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDimV>>{},
                          Int<Traits::kClusterM>{});
   });
   const bool masked = p.window_left >= 0 || p.window_right >= 0;
-  const int64_t kv_bytes = int64_t(seqlen_k) * p.head_dim * 2 * kKvElem;
+  const int64_t kv_bytes = int64_t(seqlen_k) * (p.head_dim + head_dim_v) * kKvElem;
   kp.pingpong = Traits::kPingpongDefault && (p.variant & FH_VARIANT_FLAG_NO_PINGPONG) == 0;
   auto kernel = fwd_kernel<Traits>;
   const cudaError_t err = opt_in_dynamic_smem<fwd_kernel<Traits>>(kSmem);
@@ -316,6 +322,23 @@ LaunchResult run_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t st
     }
     return launch_fwd<FwdTraits<Element, kHeadDim, kOverlap>>(p, max_smem_per_block, stream);
   }
+}
+
+// The kernels with a V head dim of their own (16-bit, the (d, dv) pairs of tile_config.h's
+// has_dv_config): the tuned kernel (its ping-pong a runtime flag as above), dense or varlen.
+template <class Element, int kHeadDim, int kHeadDimV>
+LaunchResult run_fwd_dv(FwdParams const& p, int max_smem_per_block, cudaStream_t stream) {
+  static_assert(sizeof(Element) == 2 && has_dv_config(kHeadDim, kHeadDimV));
+  if (p.head_dim_v > kHeadDimV || p.head_dim > kHeadDim) {
+    return LaunchResult::internal("head dims past the kernel's (d, dv) reached it");
+  }
+  if (p.varlen()) {
+    return launch_fwd<FwdTraits<Element, kHeadDim, /*kOverlap=*/true, TileFamily::kDefault,
+                                Element, /*kVarlen=*/true, kHeadDimV>>(p, max_smem_per_block,
+                                                                      stream);
+  }
+  return launch_fwd<FwdTraits<Element, kHeadDim, /*kOverlap=*/true, TileFamily::kDefault, Element,
+                              /*kVarlen=*/false, kHeadDimV>>(p, max_smem_per_block, stream);
 }
 
 }  // namespace flash_hopper::sm90

@@ -21,6 +21,7 @@ struct Producer {
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kBlockN = Traits::kBlockN;
   static constexpr int kHeadDim = Traits::kHeadDim;
+  static constexpr int kHeadDimV = Traits::kHeadDimV;
   using SharedStorage = typename Traits::SharedStorage;
 
   KernelParams<Traits> const& params;
@@ -93,7 +94,7 @@ struct Producer {
   }
   CUTE_DEVICE auto mV() const {
     return params.tma_v.get_tma_tensor(
-        make_shape(seqlen_k_tma(), p.head_dim, p.heads_kv, p.batch));
+        make_shape(seqlen_k_tma(), head_dim_v<Traits>(p), p.heads_kv, p.batch));
   }
   // Varlen descriptors span the packed tokens with one batch entry: a sequence is its row offset.
   CUTE_DEVICE int tma_batch(TileWork const& w) const { return Traits::kVarlen ? 0 : w.tile.batch; }
@@ -102,11 +103,12 @@ struct Producer {
                                     mQ()(_, _, w.tile.head, tma_batch(w))),
                       Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(w.tile.m_block, _0{}));
   }
-  template <class TensorM>
-  CUTE_DEVICE auto g_kv(TensorM const& m, TileWork const& w) const {  // (N, D, n)
+  // K's blocks (N, D, n), or with kCols = kHeadDimV V's (N, Dv, n).
+  template <int kCols = kHeadDim, class TensorM>
+  CUTE_DEVICE auto g_kv(TensorM const& m, TileWork const& w) const {
     return local_tile(domain_offset(make_coord(w.tile.k_start, _0{}),
                                     m(_, _, w.tile.head / p.heads_per_kv, tma_batch(w))),
-                      Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+                      Shape<Int<kBlockN>, Int<kCols>>{}, make_coord(_, _0{}));
   }
 
   // K / V multicast (Traits::kClusterM > 1): this CTA's part of each K / V block, loaded into
@@ -130,7 +132,7 @@ struct Producer {
     auto k = tma_partition(params.tma_k, rank, Layout<Int<kClusterM>>{}, group_modes<0, 2>(sK()),
                            group_modes<0, 2>(g_kv(mK(), w)));  // (TMA, n), (TMA, PIPE)
     auto v = tma_partition(params.tma_v, rank, Layout<Int<kClusterM>>{}, group_modes<0, 2>(sV()),
-                           group_modes<0, 2>(g_kv(mV(), w)));  // (TMA, n), (TMA, PIPE)
+                           group_modes<0, 2>(g_kv<kHeadDimV>(mV(), w)));  // (TMA, n), (TMA, PIPE)
     return cute::make_tuple(get<0>(q), get<1>(q), get<0>(k), get<1>(k), get<0>(v), get<1>(v));
   }
 
@@ -143,7 +145,7 @@ struct Producer {
   }
   template <class View>
   CUTE_DEVICE void k(View const& view, KeyStep step) {
-    load_kv(k_end(), params.tma_k, get<2>(view)(_, step.n), get<3>(view));
+    load_kv(k_end(), params.tma_k, Traits::kKVBytes, get<2>(view)(_, step.n), get<3>(view));
   }
   template <class View>
   CUTE_DEVICE void v(View const& view, KeyStep step) {
@@ -154,7 +156,7 @@ struct Producer {
         const int s = v_pipe.state.index;
         v_pipe.bar.wait_empty(s, v_pipe.state.phase);
         if (leader) {
-          smem.v_landed[s].arrive_and_expect_tx(Traits::kKVBytes);
+          smem.v_landed[s].arrive_and_expect_tx(Traits::kVBytes);
           copy(params.tma_v.with(reinterpret_cast<uint64_t&>(smem.v_landed[s]), 0,
                                  TMA::CacheHintSm90::EVICT_LAST),
                get<4>(view)(_, step.n), get<5>(view)(_, s));
@@ -163,7 +165,7 @@ struct Producer {
         return;
       }
     }
-    load_kv(v_end(), params.tma_v, get<4>(view)(_, step.n), get<5>(view));
+    load_kv(v_end(), params.tma_v, Traits::kVBytes, get<4>(view)(_, step.n), get<5>(view));
   }
   CUTE_DEVICE auto& k_end() {
     if constexpr (Traits::kMixed) {
@@ -180,9 +182,10 @@ struct Producer {
     }
   }
   template <class End, class Tma, class TensorG, class TensorS>
-  CUTE_DEVICE void load_kv(End& end, Tma const& tma, TensorG const& g, TensorS const& s) {
+  CUTE_DEVICE void load_kv(End& end, Tma const& tma, uint32_t bytes, TensorG const& g,
+                          TensorS const& s) {
     const uint16_t mcast_mask = kMcastMask;  // by value: .with() takes it by reference
-    end.load(leader, Traits::kKVBytes, [&](int stage) {  // all parts land on each full barrier
+    end.load(leader, bytes, [&](int stage) {  // all parts land on each full barrier
       copy(tma.with(end.bar.tma_barrier(stage), mcast_mask, TMA::CacheHintSm90::EVICT_LAST), g,
            s(_, stage));
     });
@@ -198,7 +201,8 @@ struct Producer {
     const int n = w.range.n_max - 1;
     prefetch_tile<1>(params.tma_q, sQ()(_, _, 0), gQ(w), 0);
     prefetch_tile<kClusterM>(params.tma_k, sK()(_, _, 0), g_kv(mK(), w)(_, _, n), cluster_rank());
-    prefetch_tile<kClusterM>(params.tma_v, sV()(_, _, 0), g_kv(mV(), w)(_, _, n), cluster_rank());
+    prefetch_tile<kClusterM>(params.tma_v, sV()(_, _, 0), g_kv<kHeadDimV>(mV(), w)(_, _, n),
+                             cluster_rank());
   }
   // kParts > 1: this CTA's part of a multicast operand (each CTA of the cluster warms its own).
   template <int kParts, class Tma, class TensorS, class TensorG>

@@ -48,6 +48,7 @@ struct Consumer {
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kBlockN = Traits::kBlockN;
   static constexpr int kHeadDim = Traits::kHeadDim;
+  static constexpr int kHeadDimV = Traits::kHeadDimV;  // O's columns
   using TiledMmaQK = typename Traits::TiledMmaQK;
   using TiledMmaPV = typename Traits::TiledMmaPV;
   using SharedStorage = typename Traits::SharedStorage;
@@ -229,10 +230,10 @@ struct Consumer {
       decltype(acc_as_rs_a(
           partition_fragment_C(TiledMmaQK{}, Shape<Int<kBlockM>, Int<kBlockN>>{}).layout()))>;
   using OFragment =
-      decltype(partition_fragment_C(TiledMmaPV{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+      decltype(partition_fragment_C(TiledMmaPV{}, Shape<Int<kBlockM>, Int<kHeadDimV>>{}));
   // A two-level PV accumulator: one PV GEMM part's output.
   using OAccFragment = decltype(partition_fragment_C(
-      TiledMmaPV{}, Shape<Int<kBlockM>, Int<kHeadDim / kPvParts>>{}));
+      TiledMmaPV{}, Shape<Int<kBlockM>, Int<kHeadDimV / kPvParts>>{}));
 
   // The register state of the tile(s) in flight: S (fp32), P (S converted, the PV GEMM's A
   // operand), O (fp32), the row statistics, and at a tile boundary the finishing tile's; the

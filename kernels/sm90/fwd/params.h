@@ -15,10 +15,21 @@ struct KernelParams {
   FwdParams fwd;
   typename Traits::TmaQ tma_q;
   typename Traits::TmaKV tma_k;
-  typename Traits::TmaKV tma_v;
+  typename Traits::TmaV tma_v;
   typename Traits::TileOrder scheduler;  // StaticTileScheduler, or varlen's list
   bool pingpong;
 };
+
+// V's (and O's) head dim: q's, but in the kernels with a V head dim of their own (the other
+// kernels read the field they always read).
+template <class Traits>
+CUTE_HOST_DEVICE int head_dim_v(FwdParams const& p) {
+  if constexpr (Traits::kOwnHeadDimV) {
+    return p.head_dim_v;
+  } else {
+    return p.head_dim;
+  }
+}
 
 // This CTA's walk over its tiles under the call's mask: what the producer and the consumers
 // iterate (schedule.h).

@@ -206,6 +206,21 @@ constexpr FwdConfig fwd_config(int head_dim, TileFamily family = TileFamily::kDe
       .with_cluster_m(multicast_cluster);
 }
 
+// A V head dim of its own (16-bit inputs; FA3's hdimdiff kernels): the (d, dv) pairs with a tile
+// whose V, PV GEMM and O are dv wide while Q, K and S stay d wide. Other pairs are served by zero
+// padding (python/flash_hopper/_dv.py).
+// (192, 128), DeepSeek's prefill: FA3's 128 x 128 with the overlap, RS PV. O + S + P = 64 + 64 +
+//   32 = 160 of 240: the d128 masked tile's registers. Q 1 x 48 K, K 2 x 48 K, V 2 x 32 K =
+//   208 KB (two Q buffers would be 256 KB); O leaves in two passes of 64 columns through the
+//   16 KB left.
+constexpr bool has_dv_config(int head_dim, int head_dim_v) {
+  return head_dim == 192 && head_dim_v == 128;
+}
+
+constexpr FwdConfig fwd_config_dv(int /*head_dim: 192*/, int /*head_dim_v: 128*/) {
+  return FwdConfig::tile(/*block_m=*/128, /*block_n=*/128).with_q_stages(1);
+}
+
 // FP8 (e4m3) forward (docs/fwd_sm90.md "FP8 (e4m3)"): both GEMMs are FP8 WGMMAs (k = 32), so a key
 // block costs half the tensor-core time of a 16-bit one while the softmax's exponentials cost the
 // same: the exp unit bounds FP8 earlier, and the consumer's instructions per key (each consumer

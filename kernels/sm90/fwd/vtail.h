@@ -30,7 +30,7 @@ using namespace cute;
 template <class Traits>
 struct VTailZeroer {
   static constexpr int kBlockN = Traits::kBlockN;
-  static constexpr int kHeadDim = Traits::kHeadDim;
+  static constexpr int kHeadDimV = Traits::kHeadDimV;  // V's rows
   using Element = typename Traits::Element;
   using SharedStorage = typename Traits::SharedStorage;
 
@@ -62,7 +62,7 @@ struct VTailZeroer {
     // under every 16-bit K-major swizzle: it permutes 16-byte units).
     Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutV{});
     const int valid = tile_.seqlen_k - step.n * kBlockN;
-    constexpr int kChunks = kHeadDim / 8;
+    constexpr int kChunks = kHeadDimV / 8;
     const int lane = threadIdx.x % 32;
     for (int i = lane; i < (kBlockN - valid) * kChunks; i += 32) {
       const int r = valid + i / kChunks;
