@@ -1,5 +1,6 @@
 """Forward speed of a V head dim of its own (d 192 / dv 128, DeepSeek's prefill), one process:
-the kernel with V's own head dim (flash_attn_func's inference path), the zero-padded path it
+the kernel with V's own head dim (flash_attn_func's inference path; native_nopp: with ping-pong
+off, FA3's choice at d192), the zero-padded path it
 replaces (flash_attn_func's padding: V padded to 192, a d192 call, O sliced), the d192 kernel
 alone on a V padded beforehand (the padding's copies not timed), and FA3's hdim 192 / dv 128
 kernel (fa3-fwd's fa3_fwd_interface, or any FA3 interface module) where it imports.
@@ -87,6 +88,8 @@ def main(argv=None) -> int:
             v_padded = F.pad(v, (0, d - dv))
             fns = {
                 "native": lambda: flash_attn_func(q, k, v, causal=causal),
+                "native_nopp": lambda: flash_attn_func(q, k, v, causal=causal,
+                                                       backend="fa3-no-pingpong"),
                 "padded": lambda: _dv.split_call(flash_attn_func, q, k, v, None, False,
                                                  causal=causal),
                 "d192_kernel": lambda: flash_attn_func(q, k, v_padded, causal=causal)[..., :dv],
