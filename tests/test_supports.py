@@ -159,3 +159,19 @@ def test_a_bad_dtype_names_the_argument_the_forms_and_the_value(lib, value):
     assert reason.endswith(f"got {value!r}"), reason
     with pytest.raises(ValueError, match="^dtype: expected one of"):
         dispatch.hypothetical((9, 0), value, 128)
+
+
+def test_own_head_dim_v_names_its_kernel_or_the_padding(lib):
+    built = {(k["dtype"], k["head_dim"], k["head_dim_v"])
+             for k in lib.build_info().get("head_dim_v_kernels", [])}
+    ok, reason = supports(capability=(9, 0), head_dim=192, head_dim_v=128, seqlen_q=512)
+    if ("bf16", 192, 128) in built:
+        assert ok and reason.startswith("fa3: bf16 head_dim 192 / head_dim_v 128: cc 9.0"), reason
+        assert reason.endswith("(inference calls; under grad V is zero-padded, _dv.py)")
+    else:
+        assert "q / k zero-padded to 192, V in 1 block of 192 (_dv.py)" in reason or not ok
+    # no kernel of its own for the pair, or an FA-2 GPU: the padded call's answer
+    for d, dv, capability in ((64, 256, (9, 0)), (192, 128, (8, 0))):
+        ok, reason = supports(capability=capability, head_dim=d, head_dim_v=dv, seqlen_q=512)
+        assert "zero-padded to" in reason or not ok, reason
+        assert "head_dim_v" not in reason.split(";")[0] or not ok, reason

@@ -130,6 +130,7 @@ def supports(
     rotary: bool = False,
     capability: tuple[int, int] | None = None,
     qv: bool = False,
+    _head_dim_v: int = 0,
 ) -> tuple[bool, str]:
     """(ok, reason): whether a forward configuration runs, and on which kernel, before a server
     captures graphs around it. The library's own validation and policy answer
@@ -151,8 +152,10 @@ def supports(
     calls, paged caches gathered first).
 
     head_dim_v: v's head dim (None: head_dim). Without qv, flash_attn_func /
-    flash_attn_varlen_func serve it by zero padding (_dv.py): the answer is the kernel of the
-    padded head dim. qv: a call with FA3's qv (MLA's extra query; head_dim <= 64, head_dim_v in
+    flash_attn_varlen_func run the kernel with V's own head dim where the library has one for
+    the pair (d 192 / dv 128, fp16 / bf16, cc 9.0: the answer for inference calls; calls under
+    grad pad), else zero padding (_dv.py): the answer is then the kernel of the padded head
+    dim. qv: a call with FA3's qv (MLA's extra query; head_dim <= 64, head_dim_v in
     [256, 512]), answered by the API's own checks (_validate.check_qv) on tensors of these
     shapes: it runs the composite path of torch GEMMs (_qv.py, no fused kernel), on any
     device, so ``capability`` does not change the answer."""
@@ -186,6 +189,15 @@ def supports(
         if head_dim_v < 1 or head_dim_v % 8 or head_dim % 8 or head_dim > 256:
             return False, (f"head_dim_v: expected head_dim and head_dim_v positive multiples "
                            f"of 8, head_dim <= 256, got {head_dim} and {head_dim_v}")
+        if backend in ("auto", "fa3", "fa3-no-pingpong"):
+            native = supports(dtype=dtype, head_dim=head_dim, heads_q=heads_q, heads_kv=heads_kv,
+                              seqlen_q=seqlen_q, seqlen_k=seqlen_k, causal=causal,
+                              window_size=window_size, softcap=softcap, backend=backend,
+                              varlen=varlen, sinks=sinks, capability=capability,
+                              _head_dim_v=head_dim_v)
+            if native[0]:
+                return True, (f"{native[1]} (inference calls; under grad V is zero-padded, "
+                              f"_dv.py)")
         width = max(head_dim, min(head_dim_v, 256))
         blocks = -(-head_dim_v // width)
         dv_note = (f"; v's head dim {head_dim_v}: q / k zero-padded to {width}, V in {blocks} "
@@ -227,7 +239,9 @@ def supports(
     p.batch, p.seqlen_q, p.seqlen_k = 1, max(seqlen_q, 0), max(seqlen_k, 0)
     p.heads_q, p.heads_kv = heads_q, heads_kv
     p.head_dim = p.head_dim_v = head_dim
-    pad = -(-head_dim // 16) * 16  # a layout that is always loadable: rows 16-byte aligned
+    if _head_dim_v:  # the policy's answer for the kernels with V's own head dim
+        p.head_dim_v = _head_dim_v
+    pad = -(-max(head_dim, p.head_dim_v) // 16) * 16  # loadable rows: 16-byte aligned
     for prefix, heads, rows in (("q", heads_q, seqlen_q), ("k", heads_kv, seqlen_k),
                                 ("v", heads_kv, seqlen_k), ("o", heads_q, seqlen_q)):
         setattr(p, f"{prefix}_row_stride", heads * pad)
