@@ -18,12 +18,15 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
 from flash_hopper import _dv, flash_attn_func
+
+os.environ["FLASH_HOPPER_DV_KERNEL"] = "1"  # the native rows; the padded ones call split_call
 
 
 def fa3_module():
@@ -33,6 +36,24 @@ def fa3_module():
         except ImportError:
             continue
     return None
+
+
+def variants(q, k, v, v_padded, causal, fa3) -> dict:
+    """The timed calls of one configuration, by name."""
+    dv = v.shape[-1]
+    fns = {
+        "native": lambda: flash_attn_func(q, k, v, causal=causal),
+        "native_nopp": lambda: flash_attn_func(q, k, v, causal=causal,
+                                               backend="fa3-no-pingpong"),
+        "padded": lambda: _dv.split_call(flash_attn_func, q, k, v, None, False, causal=causal),
+        "d192_kernel": lambda: flash_attn_func(q, k, v_padded, causal=causal)[..., :dv],
+    }
+    if fa3 is not None:
+        def fa3_call():
+            out = fa3.flash_attn_func(q, k, v, causal=causal)
+            return out[0] if isinstance(out, tuple) else out
+        fns["fa3"] = fa3_call
+    return fns
 
 
 def burst_ms(fn, target_ms: float = 20.0) -> float:
@@ -86,24 +107,12 @@ def main(argv=None) -> int:
             k = torch.randn(b, s, args.heads, d, dtype=torch.bfloat16, device="cuda")
             v = torch.randn(b, s, args.heads, dv, dtype=torch.bfloat16, device="cuda")
             v_padded = F.pad(v, (0, d - dv))
-            fns = {
-                "native": lambda: flash_attn_func(q, k, v, causal=causal),
-                "native_nopp": lambda: flash_attn_func(q, k, v, causal=causal,
-                                                       backend="fa3-no-pingpong"),
-                "padded": lambda: _dv.split_call(flash_attn_func, q, k, v, None, False,
-                                                 causal=causal),
-                "d192_kernel": lambda: flash_attn_func(q, k, v_padded, causal=causal)[..., :dv],
-            }
-            if fa3 is not None:
-                def fa3_call():
-                    out = fa3.flash_attn_func(q, k, v, causal=causal)
-                    return out[0] if isinstance(out, tuple) else out
-                fns["fa3"] = fa3_call
+            fns = variants(q, k, v, v_padded, causal, fa3)
             outs, errors = {}, {}
             for name, fn in list(fns.items()):
                 try:
                     outs[name] = fn()
-                except Exception as exc:  # a peer that cannot run the config: recorded, dropped
+                except Exception as exc:  # noqa: BLE001 - a peer that cannot run it: recorded
                     errors[name] = f"{type(exc).__name__}: {exc}"[:300]
                     del fns[name]
             torch.cuda.synchronize()

@@ -462,13 +462,13 @@ def test_own_head_dim_v_runs_its_kernel_or_names_what_is_missing(lib):
                     dispatch.choose(params, (9, 0))
     # every refusal names the field and what would serve
     cases = [
-        (dv_params("bf16", 192, 96), (9, 0), "head_dim_v: expected 192 (== head_dim) or a "
+        (dv_params("bf16", 192, 96), (9, 0), ("head_dim_v: expected 192 (== head_dim) or a "
          "(head_dim, head_dim_v) pair with a kernel of its own: head_dim 136..192 with "
-         "head_dim_v 104..128; got (192, 96)"),
+         "head_dim_v 104..128; got (192, 96)")),
         (dv_params("bf16", 128, 120), (9, 0), "got (128, 120)"),
         (dv_params("bf16", 192, 128, "fa2"), (9, 0), "backend='fa2': a V head dim of its own"),
-        (dv_params("bf16", 192, 128), (8, 0), "needs a GPU of compute capability 9.0 (the FA-3 "
-         "path), this GPU is cc 8.0"),
+        (dv_params("bf16", 192, 128), (8, 0), ("needs a GPU of compute capability 9.0 (the FA-3 "
+         "path), this GPU is cc 8.0")),
     ]
     for params, capability, message in cases:
         with raises(UnsupportedError, message):

@@ -73,6 +73,11 @@ def test_varlen(lib, seed):
         start += n
 
 
+@pytest.fixture
+def dv_kernel_on(monkeypatch):
+    monkeypatch.setenv("FLASH_HOPPER_DV_KERNEL", "1")
+
+
 def require_native(lib, dtype=torch.bfloat16):
     name = "bf16" if dtype == torch.bfloat16 else "fp16"
     if torch.cuda.get_device_capability() != (9, 0):
@@ -87,7 +92,7 @@ def require_native(lib, dtype=torch.bfloat16):
 @pytest.mark.parametrize(("d", "dv"), [(192, 128), (136, 104), (184, 120)])
 @pytest.mark.parametrize("mask", [{}, {"causal": True},
                                   {"window_size": (70, 9), "softcap": 15.0}])
-def test_native_forward(lib, seed, monkeypatch, dtype, d, dv, mask):
+def test_native_forward(lib, seed, monkeypatch, dv_kernel_on, dtype, d, dv, mask):
     """Inference calls of (d in 136..192, dv in 104..128) run the kernel with V's own head dim
     (no zero padding: split_call is not reached) and match the float64 reference."""
     require_native(lib, dtype)
@@ -102,7 +107,7 @@ def test_native_forward(lib, seed, monkeypatch, dtype, d, dv, mask):
     assert torch.equal(flash_attn_func(q, k, v, **mask), out)  # the cached plan, no LSE
 
 
-def test_native_forward_strided_v_and_garbage_past_dv(lib, seed, monkeypatch):
+def test_native_forward_strided_v_and_garbage_past_dv(lib, seed, monkeypatch, dv_kernel_on):
     """v as a view of a wider buffer (its rows strided, NaN in the columns past dv): the kernel
     reads dv columns only; q / k / v from one packed projection as DeepSeek's prefill has them."""
     require_native(lib)
@@ -118,7 +123,7 @@ def test_native_forward_strided_v_and_garbage_past_dv(lib, seed, monkeypatch):
     assert_fa3_rule(out, ref, low)
 
 
-def test_native_and_padded_agree_and_grad_takes_the_padded_path(lib, seed):
+def test_native_and_padded_agree_and_grad_takes_the_padded_path(lib, seed, dv_kernel_on):
     """Under grad the padded path runs (it has the backward); its forward agrees with the
     native one to the FA3 rule."""
     require_native(lib)
@@ -137,7 +142,7 @@ def test_native_and_padded_agree_and_grad_takes_the_padded_path(lib, seed):
     assert leaves[2].grad.shape == v.shape
 
 
-def test_native_varlen(lib, seed, monkeypatch):
+def test_native_varlen(lib, seed, monkeypatch, dv_kernel_on):
     """flash_attn_varlen_func with d 192 / dv 128: the varlen kernel with V's own head dim, one
     sequence empty, one shorter than a tile, GQA, a given out (its rows past the sequences kept)."""
     require_native(lib)

@@ -19,6 +19,10 @@ FLASH_HOPPER_CHECK_OFFSETS    "0": calls do not copy offsets, lengths and indice
                               to the host to check them (as during CUDA graph
                               capture); an unchecked bad value gives wrong rows,
                               never an access outside the tensors
+FLASH_HOPPER_DV_KERNEL        "1": inference calls whose v has a head dim of its own  "0"
+                              run the FA-3 kernel with V's own head dim where the
+                              library has one for the pair (_dv.py); "0": they are
+                              zero-padded as every other such call
 FLASH_HOPPER_DEBUG_SMEM_LIMIT shared memory per block (bytes) the routing assumes    unset: the
                               when below the device's opt-in limit (to run the       device's
                               configs of smaller GPUs on a large one); the library   limit
@@ -69,6 +73,7 @@ LIBRARY = "FLASH_HOPPER_LIB"
 DECODE = "FLASH_HOPPER_DECODE"
 CHECK_OFFSETS = "FLASH_HOPPER_CHECK_OFFSETS"
 DEBUG_SMEM_LIMIT = "FLASH_HOPPER_DEBUG_SMEM_LIMIT"
+DV_KERNEL = "FLASH_HOPPER_DV_KERNEL"
 LOCAL_RANK = "LOCAL_RANK"
 
 
@@ -85,6 +90,11 @@ def decode_mode() -> str:
 def offsets_check_on() -> bool:
     """False only for FLASH_HOPPER_CHECK_OFFSETS=0."""
     return os.environ.get(CHECK_OFFSETS, "1") != "0"
+
+
+def dv_kernel_on() -> bool:
+    """FLASH_HOPPER_DV_KERNEL: whether inference calls may run the kernel with V's own head dim."""
+    return os.environ.get(DV_KERNEL, "0") == "1"
 
 
 def debug_smem_limit() -> int:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import _abi, _lib, _tables
+from . import _abi, _env, _lib, _tables
 from ._abi import FhBwdParams, FhDecodeParams, FhFwdParams
 from ._tables import head_dim_bucket  # re-exported: bench/backends.py imports it from here
 
@@ -152,8 +152,8 @@ def supports(
     calls, paged caches gathered first).
 
     head_dim_v: v's head dim (None: head_dim). Without qv, flash_attn_func /
-    flash_attn_varlen_func run the kernel with V's own head dim where the library has one for
-    the pair (d 192 / dv 128, fp16 / bf16, cc 9.0: the answer for inference calls; calls under
+    flash_attn_varlen_func run the kernel with V's own head dim (FLASH_HOPPER_DV_KERNEL=1) where
+    the library has one for the pair (d 192 / dv 128, fp16 / bf16, cc 9.0: the answer for inference calls; calls under
     grad pad), else zero padding (_dv.py): the answer is then the kernel of the padded head
     dim. qv: a call with FA3's qv (MLA's extra query; head_dim <= 64, head_dim_v in
     [256, 512]), answered by the API's own checks (_validate.check_qv) on tensors of these
@@ -189,7 +189,7 @@ def supports(
         if head_dim_v < 1 or head_dim_v % 8 or head_dim % 8 or head_dim > 256:
             return False, (f"head_dim_v: expected head_dim and head_dim_v positive multiples "
                            f"of 8, head_dim <= 256, got {head_dim} and {head_dim_v}")
-        if backend in ("auto", "fa3", "fa3-no-pingpong"):
+        if backend in ("auto", "fa3", "fa3-no-pingpong") and _env.dv_kernel_on():
             native = supports(dtype=dtype, head_dim=head_dim, heads_q=heads_q, heads_kv=heads_kv,
                               seqlen_q=seqlen_q, seqlen_k=seqlen_k, causal=causal,
                               window_size=window_size, softcap=softcap, backend=backend,
