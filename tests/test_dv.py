@@ -69,3 +69,70 @@ def test_reaches_the_device_check():
     q = torch.zeros(1, 4, 2, 64, dtype=torch.bfloat16)
     with raises(ValueError, "q: must be a CUDA tensor"):
         flash_attn_func(q, q, torch.zeros(1, 4, 2, 256, dtype=torch.bfloat16))
+
+
+# --- the route to the kernel with V's own head dim (_dv.native_serves), on CPU ------------------
+
+
+class FakeLibrary:
+    """build_info's "head_dim_v_kernels" as a library with the bf16 192 / 128 kernel lists it."""
+
+    def build_info(self):
+        return {"head_dim_v_kernels": [{"direction": "fwd", "backend": "fa3", "dtype": "bf16",
+                                        "head_dim": 192, "head_dim_v": 128,
+                                        "variants": [0, 1]}]}
+
+
+@pytest.fixture
+def native_route(monkeypatch):
+    """A cc 9.0 device and a library with the bf16 kernel; FLASH_HOPPER_DV_KERNEL=1."""
+    import types
+
+    from flash_hopper import _device, _lib
+
+    info = types.SimpleNamespace(capability=(9, 0), sm_count=132)
+    monkeypatch.setattr(_device, "device_info", lambda index: info)
+    monkeypatch.setattr(_lib, "get_library", lambda: FakeLibrary())
+    monkeypatch.setenv("FLASH_HOPPER_DV_KERNEL", "1")
+    return info
+
+
+def cuda_inputs(d=192, dv=128, dtype=torch.bfloat16, grad=False):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q = torch.empty(2, 64, 4, d, dtype=dtype, device="cuda", requires_grad=grad)
+        k = torch.empty(2, 80, 4, d, dtype=dtype, device="cuda")
+        v = torch.empty(2, 80, 4, dv, dtype=dtype, device="cuda")
+    return q, k, v
+
+
+def test_native_route_takes_inference_calls_of_a_built_pair_only(native_route, monkeypatch):
+    assert _dv.native_serves(*cuda_inputs(), "auto")
+    assert _dv.native_serves(*cuda_inputs(160, 112), "fa3-no-pingpong")  # the pair's buckets
+    refused = [
+        (cuda_inputs(), "fa2"),                        # the FA-2 path has no such kernel
+        (cuda_inputs(), "fa3-no-overlap"),             # nor the ablation
+        (cuda_inputs(dtype=torch.float16), "auto"),    # not in this (fake) build
+        (cuda_inputs(128, 96), "auto"),                # no kernel for the pair
+        (cuda_inputs(64, 256), "auto"),
+        (cuda_inputs(grad=True), "auto"),              # training pads (it has the backward)
+    ]
+    for (q, k, v), backend in refused:
+        assert not _dv.native_serves(q, k, v, backend), (q.shape[-1], v.shape[-1], backend)
+    with torch.no_grad():  # inputs that require grad, under no_grad: inference
+        assert _dv.native_serves(*cuda_inputs(grad=True), "auto")
+    native_route.capability = (8, 0)
+    assert not _dv.native_serves(*cuda_inputs(), "auto")
+    native_route.capability = (9, 0)
+    monkeypatch.setenv("FLASH_HOPPER_DV_KERNEL", "0")  # the default: padding
+    assert not _dv.native_serves(*cuda_inputs(), "auto")
+    monkeypatch.delenv("FLASH_HOPPER_DV_KERNEL")
+    assert not _dv.native_serves(*cuda_inputs(), "auto")
+
+
+def test_native_route_needs_tensors_on_a_gpu(native_route):
+    q = torch.zeros(1, 4, 2, 192, dtype=torch.bfloat16)
+    v = torch.zeros(1, 4, 2, 128, dtype=torch.bfloat16)
+    assert not _dv.native_serves(q, q, v, "auto")
+    assert not _dv.native_serves(q, q, None, "auto")
