@@ -136,3 +136,33 @@ def test_native_route_needs_tensors_on_a_gpu(native_route):
     v = torch.zeros(1, 4, 2, 128, dtype=torch.bfloat16)
     assert not _dv.native_serves(q, q, v, "auto")
     assert not _dv.native_serves(q, q, None, "auto")
+
+
+def test_which_backend_answers_for_v_own_head_dim(lib, monkeypatch):
+    """which_backend on a dv != d call: the padded call's kernel with the padding named (the
+    default), or the kernel with V's own head dim where an inference call runs it."""
+    import types
+
+    from flash_hopper import _device, _fwd, which_backend
+    from flash_hopper._errors import UnsupportedError
+
+    info = types.SimpleNamespace(capability=(9, 0), sm_count=132)
+    monkeypatch.setattr(_device, "device_info", lambda index: info)
+    _fwd.clear_plans()
+    q, k, v = cuda_inputs()
+    monkeypatch.setenv("FLASH_HOPPER_DV_KERNEL", "0")
+    try:
+        name, reason = which_backend(q, k, v)
+        assert reason.endswith("; v's head dim 128: q / k zero-padded to 192, V in 1 block of "
+                               "192 (_dv.py)"), reason
+    except UnsupportedError as exc:  # a build without d192 kernels: the padded call's refusal
+        assert "192" in str(exc)
+    built = {(e["dtype"], e["head_dim"], e["head_dim_v"])
+             for e in lib.build_info().get("head_dim_v_kernels", [])}
+    monkeypatch.setenv("FLASH_HOPPER_DV_KERNEL", "1")
+    if ("bf16", 192, 128) in built:
+        name, reason = which_backend(q, k, v)
+        assert name == "fa3" and "head_dim 192 / head_dim_v 128" in reason, reason
+    with raises(ValueError, "k: expected head_dim (last dim) == q's 192, got 128"):
+        which_backend(q, v, v)
+    _fwd.clear_plans()

@@ -56,7 +56,7 @@ def split_call(call: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     over V's blocks; returns out (..., dv) and, when asked, the LSE."""
     _check(q, v)
     d, dv = q.shape[-1], v.shape[-1]
-    width = max(d, min(dv, MAX_HEAD_DIM))
+    width = padding_width(d, dv)
     if softmax_scale is None:
         softmax_scale = d ** -0.5
     if width > d:
@@ -73,6 +73,42 @@ def split_call(call: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         lse = block_lse if lse is None else lse
     out = torch.cat(outs, dim=-1) if len(outs) > 1 else outs[0].contiguous()
     return (out, lse) if return_attn_probs else out
+
+
+def which_backend(q: Any, k: Any, v: Any, backend: Any, softmax_scale: Any, causal: Any,
+                  window_size: Any, softcap: Any) -> tuple[str, str]:
+    """flash_attn_func's answer for a call with V's own head dim: the kernel with V's own head
+    dim where an inference call runs it, else the padded call's kernel, the padding named."""
+    _check(q, v)
+    if isinstance(k, torch.Tensor) and k.dim() == q.dim() and k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"k: expected head_dim (last dim) == q's {q.shape[-1]}, got "
+                         f"{k.shape[-1]}")
+    if native_serves(q, k, v, backend):
+        plan = _dense_plan(q, k, v, softmax_scale, causal, window_size, softcap, backend, 0)
+        return plan.backend, plan.reason
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    d, dv = q.shape[-1], v.shape[-1]
+    width = padding_width(d, dv)
+    with FakeTensorMode():  # the padded call's metadata, nothing allocated
+        padded = [torch.empty(*t.shape[:-1], width, dtype=t.dtype, device=t.device)
+                  for t in (q, k, v)]
+    scale = d ** -0.5 if softmax_scale is None else softmax_scale
+    plan = _fwd.plan_eager(*padded, scale, causal, window_size, softcap, backend)
+    return plan.backend, plan.reason + padding_note(d, dv)
+
+
+def padding_width(head_dim: int, head_dim_v: int) -> int:
+    """The padded calls' head dim: q / k zero-padded to it, V cut into blocks of it."""
+    return max(head_dim, min(head_dim_v, MAX_HEAD_DIM))
+
+
+def padding_note(head_dim: int, head_dim_v: int) -> str:
+    """How a call with V's own head dim is padded, for reasons (which_backend, supports)."""
+    width = padding_width(head_dim, head_dim_v)
+    blocks = -(-head_dim_v // width)
+    return (f"; v's head dim {head_dim_v}: q / k zero-padded to {width}, V in {blocks} "
+            f"block{'s' if blocks > 1 else ''} of {width} (_dv.py)")
 
 
 # --- the kernels with V's own head dim ----------------------------------------------------------

@@ -198,11 +198,10 @@ def supports(
             if native[0]:
                 return True, (f"{native[1]} (inference calls; under grad V is zero-padded, "
                               f"_dv.py)")
-        width = max(head_dim, min(head_dim_v, 256))
-        blocks = -(-head_dim_v // width)
-        dv_note = (f"; v's head dim {head_dim_v}: q / k zero-padded to {width}, V in {blocks} "
-                   f"block{'s' if blocks > 1 else ''} of {width} (_dv.py)")
-        head_dim = width
+        from . import _dv  # torch-dependent: imported when asked
+
+        dv_note = _dv.padding_note(head_dim, head_dim_v)
+        head_dim = _dv.padding_width(head_dim, head_dim_v)
     if varlen and dtype in _tables.MIXED_DTYPES:
         return False, ("dtype: varlen calls with 16-bit q against FP8 K / V (the mixed mode) are "
                        "not implemented yet")

@@ -545,6 +545,8 @@ def which_backend(
     """
     if _fp8_call(q, k):  # FP8 q, k, v or FP8 k, v (the mixed mode): the FP8 forward's policy
         plan = _fwd.plan_fp8(q, k, v, softmax_scale, causal, window_size, softcap, backend)
+    elif _dv.differs(q, v):  # v's own head dim: its kernel, or the padded call's (_dv.py)
+        return _dv.which_backend(q, k, v, backend, softmax_scale, causal, window_size, softcap)
     else:
         plan = _fwd.plan_eager(q, k, v, softmax_scale, causal, window_size, softcap, backend)
     return plan.backend, plan.reason
