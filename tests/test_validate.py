@@ -103,8 +103,8 @@ def test_shape_mismatch(which, dim, size, fragment):
         check_fwd_args(args["q"], args["k"], args["v"])
 
 
-def test_asymmetric_head_dims_are_not_supported_yet():
-    with raises(NotImplementedError, "v: head_dim", "128", "asymmetric head dims"):
+def test_v_own_head_dim_is_refused_where_the_entry_point_does_not_serve_it():
+    with raises(NotImplementedError, "v: head_dim", "128", "served by flash_attn_func"):
         check_fwd_args(*make_qkv(d=64, dv=128))
 
 

@@ -257,8 +257,9 @@ def check_qkv(q: Any, k: Any, v: Any, devices: bool = True, fp8: bool = False,
     _check_dim("v", v, 2, "heads_kv", heads_kv, "k")
     if v.shape[3] != head_dim:
         raise NotImplementedError(
-            f"v: head_dim (dim 3) {v.shape[3]} differs from q/k's head_dim {head_dim}; "
-            "asymmetric head dims are not supported yet"
+            f"v: head_dim (dim 3) {v.shape[3]} differs from q/k's head_dim {head_dim}: a V "
+            "head dim of its own is served by flash_attn_func / flash_attn_varlen_func, not by "
+            "this entry point"
         )
 
     multiple = FP8_HEAD_DIM_MULTIPLE if fp8 or mixed else HEAD_DIM_MULTIPLE
