@@ -1,11 +1,10 @@
 """A V head dim of its own (FA3's dv != d: DeepSeek's 192 / 128, MLA-style 64 / 256 / 512).
 
 With FLASH_HOPPER_DV_KERNEL=1, inference calls whose (d, dv) pair has a kernel of its own
-(build_info "head_dim_v_kernels":
-kernels/src/tables.cmake FH_HEAD_DIM_V_TABLE, d in 136..192 with dv in 104..128 today; fp16 /
-bf16, the FA-3 path on cc 9.0) run it: V's stages, the PV GEMM and O are dv wide, Q / K / S stay
-d wide (``native_forward``). Every other call, and every call whose inputs require grad, is served
-by exact zero padding:
+(build_info "head_dim_v_kernels", kernels/src/tables.cmake FH_HEAD_DIM_V_TABLE: d in 136..192
+with dv in 104..128; fp16 / bf16, the FA-3 path on cc 9.0) run it: V's stages, the PV GEMM and O
+are dv wide, Q / K / S stay d wide (``native_forward``). Every other call, and every call whose
+inputs require grad, is served by exact zero padding:
 
 - Zero columns appended to q and k change no score (q . k sums them as 0), so q and k are padded
   to width = max(d, min(dv, 256)) (the largest head dim a kernel serves) with the softmax scale
@@ -127,10 +126,6 @@ def _native_pairs(lib: Any) -> frozenset:
                      for k in info.get("head_dim_v_kernels") or ())
 
 
-def _bucket(head_dim: int) -> int:
-    return next((b for b in _tables.HEAD_DIM_BUCKETS if head_dim <= b), -1)
-
-
 def native_serves(q: Any, k: Any, v: Any, backend: Any) -> bool:
     """Whether a call with V's own head dim runs a kernel of its own: inference (no input
     requires grad), fp16 / bf16 CUDA tensors on a cc 9.0 GPU, a backend that may run the FA-3
@@ -146,12 +141,14 @@ def native_serves(q: Any, k: Any, v: Any, backend: Any) -> bool:
         return False
     if not q.is_cuda or q.dim() < 1 or v.dim() != q.dim():
         return False
+    if max(q.shape[-1], v.shape[-1]) > _tables.MAX_HEAD_DIM:
+        return False
     try:
         lib = _lib.get_library()
     except (OSError, RuntimeError):
         return False
     name = "bf16" if q.dtype == torch.bfloat16 else "fp16"
-    pair = (name, _bucket(q.shape[-1]), _bucket(v.shape[-1]))
+    pair = (name, _tables.head_dim_bucket(q.shape[-1]), _tables.head_dim_bucket(v.shape[-1]))
     if pair not in _native_pairs(lib):
         return False
     index = q.device.index if q.device.index is not None else torch.cuda.current_device()

@@ -135,7 +135,8 @@ typedef struct FhFwdParams {
   int64_t heads_q;
   int64_t heads_kv;  // heads_q % heads_kv == 0 (GQA / MQA)
   int64_t head_dim;  // of q and k
-  int64_t head_dim_v;  // of v and o; == head_dim until asymmetric head dims land
+  int64_t head_dim_v;  // of v and o: head_dim, or a pair with a kernel of its own (fh_build_info
+                       // "head_dim_v_kernels"; the policy names the pairs)
 
   // --- strides (elements); the head_dim stride is 1 and not stored ---------------------
   int64_t q_batch_stride, q_row_stride, q_head_stride;
@@ -314,7 +315,7 @@ typedef struct FhBwdParams {
   int64_t heads_q;
   int64_t heads_kv;
   int64_t head_dim;
-  int64_t head_dim_v;  // == head_dim
+  int64_t head_dim_v;  // == head_dim (the backward has no V head dim of its own)
 
   // --- strides (elements); the head_dim stride is 1 and not stored ---------------------
   int64_t q_batch_stride, q_row_stride, q_head_stride;

@@ -17,9 +17,9 @@
 //   tile_config.h says why for each): the 4 threads of a quad exchange their column pairs with
 //   shuffles so each stores 16 contiguous bytes per row (store_row_quad,
 //   common/fragment_store.h).
-// Rows < seqlen_q and columns < head_dim_v (V's head dim: O's) only. Neither way touches the K / V stages, so no
-// barrier orders the epilogue against the producer's next loads; in the tuned kernel it runs
-// while the next tile's first QK GEMM is on the tensor cores (mma.h).
+// Rows < seqlen_q and columns < head_dim_v (V's head dim: O's) only. Neither way touches the
+// K / V stages, so no barrier orders the epilogue against the producer's next loads; in the tuned
+// kernel it runs while the next tile's first QK GEMM is on the tensor cores (mma.h).
 #pragma once
 
 #include <cmath>

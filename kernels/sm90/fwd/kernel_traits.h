@@ -197,12 +197,12 @@ struct FwdTraits {
   using TmaKV = decltype(make_tma_copy(TmaKVOp{}, GmemTensorKV{}, take<0, 2>(SmemLayoutKVLoad{}),
                                        Shape<Int<kBlockN>, Int<kHeadDim>>{},
                                        Int<kClusterM>{}));
-  // V's: K's, but for a V head dim of its own (its box and stages kHeadDimV wide).
-  using TmaV = conditional_t<
-      kOwnHeadDimV,
-      decltype(make_tma_copy(TmaKVOp{}, GmemTensorKV{}, take<0, 2>(SmemLayoutV{}),
-                             Shape<Int<kBlockN>, Int<kHeadDimV>>{}, Int<kClusterM>{})),
-      TmaKV>;
+  // Where V blocks land and their TMA: K's, but for a V head dim of its own (its own stages, a
+  // box kHeadDimV wide); without one, TmaV is TmaKV's type.
+  using SmemLayoutVLoad = conditional_t<kOwnHeadDimV, SmemLayoutV, SmemLayoutKVLoad>;
+  using TmaV = decltype(make_tma_copy(TmaKVOp{}, GmemTensorKV{}, take<0, 2>(SmemLayoutVLoad{}),
+                                     Shape<Int<kBlockN>, Int<kHeadDimV>>{}, Int<kClusterM>{}));
+  static_assert(kOwnHeadDimV || cute::is_same_v<TmaV, TmaKV>);
 
   // Bytes each TMA load brings (expect_tx counts the full box, also where it zero-fills).
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);

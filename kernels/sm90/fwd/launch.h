@@ -163,13 +163,10 @@ LaunchResult launch_fwd(FwdParams const& p, int max_smem_per_block, cudaStream_t
                          Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDim>>{},
                          Int<Traits::kClusterM>{});
   });
-  // V: K's layout, or V's own where its head dim differs (kOwnHeadDimV; never mixed mode).
-  using SmemLayoutVLoad = conditional_t<Traits::kOwnHeadDimV, typename Traits::SmemLayoutV,
-                                        typename Traits::SmemLayoutKVLoad>;
   kp.tma_v = v_memo.get(kv_key(v_memo, v_ptr, v_strides, head_dim_v), [&] {
     return make_tma_copy(typename Traits::TmaKVOp{},
                          gmem_kv(v_ptr, seqlen_k, p.heads_kv, v_strides, head_dim_v),
-                         take<0, 2>(SmemLayoutVLoad{}),
+                         take<0, 2>(typename Traits::SmemLayoutVLoad{}),
                          Shape<Int<Traits::kBlockN>, Int<Traits::kHeadDimV>>{},
                          Int<Traits::kClusterM>{});
   });
