@@ -85,7 +85,7 @@ class FakeLibrary:
 
 @pytest.fixture
 def native_route(monkeypatch):
-    """A cc 9.0 device and a library with the bf16 kernel; FLASH_HOPPER_DV_KERNEL=1."""
+    """A cc 9.0 device and a library with the bf16 kernel; FLASH_HOPPER_DV_KERNEL unset."""
     import types
 
     from flash_hopper import _device, _lib
@@ -93,7 +93,7 @@ def native_route(monkeypatch):
     info = types.SimpleNamespace(capability=(9, 0), sm_count=132)
     monkeypatch.setattr(_device, "device_info", lambda index: info)
     monkeypatch.setattr(_lib, "get_library", lambda: FakeLibrary())
-    monkeypatch.setenv("FLASH_HOPPER_DV_KERNEL", "1")
+    monkeypatch.delenv("FLASH_HOPPER_DV_KERNEL", raising=False)
     return info
 
 
@@ -125,10 +125,10 @@ def test_native_route_takes_inference_calls_of_a_built_pair_only(native_route, m
     native_route.capability = (8, 0)
     assert not _dv.native_serves(*cuda_inputs(), "auto")
     native_route.capability = (9, 0)
-    monkeypatch.setenv("FLASH_HOPPER_DV_KERNEL", "0")  # the default: padding
+    monkeypatch.setenv("FLASH_HOPPER_DV_KERNEL", "0")  # padding on request
     assert not _dv.native_serves(*cuda_inputs(), "auto")
-    monkeypatch.delenv("FLASH_HOPPER_DV_KERNEL")
-    assert not _dv.native_serves(*cuda_inputs(), "auto")
+    monkeypatch.delenv("FLASH_HOPPER_DV_KERNEL")  # the default: the kernel
+    assert _dv.native_serves(*cuda_inputs(), "auto")
 
 
 def test_native_route_needs_tensors_on_a_gpu(native_route):
@@ -139,8 +139,9 @@ def test_native_route_needs_tensors_on_a_gpu(native_route):
 
 
 def test_which_backend_answers_for_v_own_head_dim(lib, monkeypatch):
-    """which_backend on a dv != d call: the padded call's kernel with the padding named (the
-    default), or the kernel with V's own head dim where an inference call runs it."""
+    """which_backend on a dv != d call: the padded call's kernel with the padding named
+    (FLASH_HOPPER_DV_KERNEL=0), or the kernel with V's own head dim where an inference call runs
+    it (the default)."""
     import types
 
     from flash_hopper import _device, _fwd, which_backend
@@ -159,7 +160,7 @@ def test_which_backend_answers_for_v_own_head_dim(lib, monkeypatch):
         assert "192" in str(exc)
     built = {(e["dtype"], e["head_dim"], e["head_dim_v"])
              for e in lib.build_info().get("head_dim_v_kernels", [])}
-    monkeypatch.setenv("FLASH_HOPPER_DV_KERNEL", "1")
+    monkeypatch.delenv("FLASH_HOPPER_DV_KERNEL")
     if ("bf16", 192, 128) in built:
         name, reason = which_backend(q, k, v)
         assert name == "fa3" and "head_dim 192 / head_dim_v 128" in reason, reason

@@ -75,7 +75,8 @@ def test_varlen(lib, seed):
 
 @pytest.fixture
 def dv_kernel_on(monkeypatch):
-    monkeypatch.setenv("FLASH_HOPPER_DV_KERNEL", "1")
+    """The default: inference calls run the kernel with V's own head dim."""
+    monkeypatch.delenv("FLASH_HOPPER_DV_KERNEL", raising=False)
 
 
 def require_native(lib, dtype=torch.bfloat16):

@@ -162,10 +162,10 @@ def test_a_bad_dtype_names_the_argument_the_forms_and_the_value(lib, value):
 
 
 def test_own_head_dim_v_names_its_kernel_or_the_padding(lib, monkeypatch):
-    monkeypatch.setenv("FLASH_HOPPER_DV_KERNEL", "0")  # the padding unless asked
+    monkeypatch.setenv("FLASH_HOPPER_DV_KERNEL", "0")  # the padding on request
     ok, reason = supports(capability=(9, 0), head_dim=192, head_dim_v=128, seqlen_q=512)
     assert "q / k zero-padded to 192" in reason or not ok, reason
-    monkeypatch.setenv("FLASH_HOPPER_DV_KERNEL", "1")
+    monkeypatch.delenv("FLASH_HOPPER_DV_KERNEL")  # the default
     built = {(k["dtype"], k["head_dim"], k["head_dim_v"])
              for k in lib.build_info().get("head_dim_v_kernels", [])}
     ok, reason = supports(capability=(9, 0), head_dim=192, head_dim_v=128, seqlen_q=512)

@@ -321,3 +321,37 @@ def test_fp8_varlen_checks():
     q8, k8, v8 = (t.to(torch.float8_e4m3fn) for t in qkv(d=40))
     with raises(ValueError, "head_dim"):
         _varlen.check_args(**args(q=q8, k=k8, v=v8))
+
+
+def _checked_with_out(out, dtype=torch.bfloat16, dv=64):
+    """_varlen's checks of a call with a caller's out, on FakeTensors of device cuda."""
+    with FakeTensorMode():
+        q, k, v = (torch.zeros(n, h, d, dtype=dtype, device="cuda")
+                   for n, h, d in ((100, 4, 64), (120, 2, 64), (120, 2, dv)))
+        cq, ck = (torch.tensor(c, dtype=I32, device="cuda") for c in ([0, 40, 100], [0, 60, 120]))
+        return _varlen._checked_args(
+            q, k, v, cq, ck, 60, 60, None, None, None, False, (-1, -1), 0.0, "auto", out(),
+            (None, None, None), 0, own_head_dim_v=dv != 64)
+
+
+def test_out_of_an_fp8_call_is_bf16():
+    """FP8 varlen writes bf16 (FA3's output dtype): a bf16 out passes, an e4m3 out is refused."""
+    vc = _checked_with_out(lambda: torch.zeros(100, 4, 64, dtype=torch.bfloat16, device="cuda"),
+                           torch.float8_e4m3fn)
+    assert vc.fp8.out_dtype == torch.bfloat16
+    with raises(TypeError, "out: expected dtype torch.bfloat16 (the FP8 forward's output dtype)",
+                "torch.float8_e4m3fn"):
+        _checked_with_out(lambda: torch.zeros(100, 4, 64, dtype=torch.float8_e4m3fn,
+                                              device="cuda"), torch.float8_e4m3fn)
+
+
+def test_out_has_vs_head_dim():
+    """With V's own head dim, out is (total_q, heads_q, head_dim_v); q's width is refused, and
+    out's rows must be 16-byte aligned as every output's."""
+    _checked_with_out(lambda: torch.zeros(100, 4, 48, device="cuda", dtype=torch.bfloat16), dv=48)
+    with raises(ValueError, "out: expected shape (100, 4, 48)", "got (100, 4, 64)"):
+        _checked_with_out(lambda: torch.zeros(100, 4, 64, device="cuda", dtype=torch.bfloat16),
+                          dv=48)
+    with raises(ValueError, "out: stride(1) must be a multiple of 8 elements"):
+        _checked_with_out(lambda: torch.empty_strided((100, 4, 48), (208, 52, 1), device="cuda",
+                                                      dtype=torch.bfloat16), dv=48)

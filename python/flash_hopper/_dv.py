@@ -1,6 +1,6 @@
 """A V head dim of its own (FA3's dv != d: DeepSeek's 192 / 128, MLA-style 64 / 256 / 512).
 
-With FLASH_HOPPER_DV_KERNEL=1, inference calls whose (d, dv) pair has a kernel of its own
+Inference calls whose (d, dv) pair has a kernel of its own
 (build_info "head_dim_v_kernels", kernels/src/tables.cmake FH_HEAD_DIM_V_TABLE: d in 136..192
 with dv in 104..128; fp16 / bf16, the FA-3 path on cc 9.0) run it: V's stages, the PV GEMM and O
 are dv wide, Q / K / S stay d wide (``native_forward``). Every other call, and every call whose
@@ -130,9 +130,8 @@ def native_serves(q: Any, k: Any, v: Any, backend: Any) -> bool:
     """Whether a call with V's own head dim runs a kernel of its own: inference (no input
     requires grad), fp16 / bf16 CUDA tensors on a cc 9.0 GPU, a backend that may run the FA-3
     path's tuned kernel, and a kernel for (d, dv)'s buckets in this build. Anything else it
-    does not check (shapes, strides) the native call validates and reports itself. Only with
-    FLASH_HOPPER_DV_KERNEL=1 (_env.py): the kernel is built and routed there on request until
-    its GPU checks and speed are recorded (bench/PERFLOG.md)."""
+    does not check (shapes, strides) the native call validates and reports itself.
+    FLASH_HOPPER_DV_KERNEL=0 (_env.py) sends every call to the padding."""
     if not _env.dv_kernel_on() or not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
         return False
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):

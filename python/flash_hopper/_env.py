@@ -19,10 +19,10 @@ FLASH_HOPPER_CHECK_OFFSETS    "0": calls do not copy offsets, lengths and indice
                               to the host to check them (as during CUDA graph
                               capture); an unchecked bad value gives wrong rows,
                               never an access outside the tensors
-FLASH_HOPPER_DV_KERNEL        "1": inference calls whose v has a head dim of its own  "0"
-                              run the FA-3 kernel with V's own head dim where the
-                              library has one for the pair (_dv.py); "0": they are
-                              zero-padded as every other such call
+FLASH_HOPPER_DV_KERNEL        "0": inference calls whose v has a head dim of its own  "1"
+                              are zero-padded as every other such call (_dv.py);
+                              else they run the FA-3 kernel with V's own head dim
+                              where the library has one for the pair
 FLASH_HOPPER_DEBUG_SMEM_LIMIT shared memory per block (bytes) the routing assumes    unset: the
                               when below the device's opt-in limit (to run the       device's
                               configs of smaller GPUs on a large one); the library   limit
@@ -93,8 +93,9 @@ def offsets_check_on() -> bool:
 
 
 def dv_kernel_on() -> bool:
-    """FLASH_HOPPER_DV_KERNEL: whether inference calls may run the kernel with V's own head dim."""
-    return os.environ.get(DV_KERNEL, "0") == "1"
+    """Whether inference calls may run the kernel with V's own head dim: False only for
+    FLASH_HOPPER_DV_KERNEL=0 (the padded path, for comparisons)."""
+    return os.environ.get(DV_KERNEL, "1") != "0"
 
 
 def debug_smem_limit() -> int:

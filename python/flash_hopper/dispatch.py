@@ -152,10 +152,10 @@ def supports(
     calls, paged caches gathered first).
 
     head_dim_v: v's head dim (None: head_dim). Without qv, flash_attn_func /
-    flash_attn_varlen_func run the kernel with V's own head dim (FLASH_HOPPER_DV_KERNEL=1) where
-    the library has one for the pair (d 192 / dv 128, fp16 / bf16, cc 9.0: the answer for inference calls; calls under
-    grad pad), else zero padding (_dv.py): the answer is then the kernel of the padded head
-    dim. qv: a call with FA3's qv (MLA's extra query; head_dim <= 64, head_dim_v in
+    flash_attn_varlen_func run the kernel with V's own head dim where the library has one for
+    the pair (d 192 / dv 128, fp16 / bf16, cc 9.0: the answer for inference calls; calls under
+    grad pad, and FLASH_HOPPER_DV_KERNEL=0 pads every call), else zero padding (_dv.py): the
+    answer is then the kernel of the padded head dim. qv: a call with FA3's qv (MLA's extra query; head_dim <= 64, head_dim_v in
     [256, 512]), answered by the API's own checks (_validate.check_qv) on tensors of these
     shapes: it runs the composite path of torch GEMMs (_qv.py, no fused kernel), on any
     device, so ``capability`` does not change the answer."""

@@ -111,7 +111,7 @@ def flash_attn_func(
     qv). num_splits, pack_gqa, sm_margin and deterministic do not change it.
     v may have a head dim of its own (FA3's dv != d, e.g. 192 / 128, 64 / 256 or 512; a
     multiple of 8): out is (batch, seqlen_q, heads_q, dv); the default softmax_scale stays
-    1 / sqrt(d). With FLASH_HOPPER_DV_KERNEL=1, DeepSeek's d 192 / dv 128 (d in 136..192, dv in
+    1 / sqrt(d). DeepSeek's d 192 / dv 128 (d in 136..192, dv in
     104..128), fp16 / bf16 on cc 9.0 without grad, runs the FA-3 path's kernel with V's own
     head dim; every other call is
     served by zero padding q / k to max(d, min(dv, 256)) and cutting V into blocks of that width
