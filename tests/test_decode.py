@@ -55,6 +55,13 @@ def test_plan_splits_one_wave_and_sizes_the_workspace(lib):
     # 64 query heads per KV head x 4 tokens: 256 rows = 16 row blocks per KV head, 128 tiles
     # (over 80 % of the SMs): one split
     assert lib.decode_plan(params(num_splits=0, heads_q=512, seqlen_q=4), num_sms=132)[0] == 1
+    # 8 query tokens (two row blocks per KV head, 16 tiles): a 16-bit cache keeps one CTA per SM
+    # (132 // 16 = 8 splits); an FP8 cache fills both of an SM's d128 slots like a paged one
+    # (264 // 16 = 16), one row block's (q = 1) keeps one
+    assert lib.decode_plan(params(num_splits=0, seqlen_q=8), num_sms=132)[0] == 8
+    for fp8 in ({"dtype": int(FhDtype.E4M3)}, {"kv_dtype": int(FhDtype.E4M3)}):
+        assert lib.decode_plan(params(num_splits=0, seqlen_q=8, **fp8), num_sms=132)[0] == 16
+        assert lib.decode_plan(params(num_splits=0, **fp8), num_sms=132)[0] == 16
 
 
 E4M3, E5M2 = int(FhDtype.E4M3), int(FhDtype.E5M2)

@@ -1259,13 +1259,23 @@ __global__ void __launch_bounds__(kThreads, (decode_min_ctas_per_sm<kHeadDim, kS
   marks.end(kEvEnd);
 }
 
-// The merge of a split call's partials: one CTA per row block, launched right behind decode_kernel
-// with programmatic dependent launch (decode.cu), so that its CTAs are resident when the last split
+// The rows of a row block one combine CTA merges in one pass: a thread per 4 columns of a row.
+template <int kHeadDim>
+constexpr int combine_rows_per_cta() {
+  static_assert(kThreads % (kHeadDim / 4) == 0, "a combine CTA holds whole rows");
+  return combine_rows_per_pass(kHeadDim);
+}
+
+// The merge of a split call's partials: CTA (x, y) of a grid (row blocks, groups) merges row block
+// x's rows y R .. y R + R - 1, then those gridDim.y R further on (R = combine_rows_per_cta;
+// decode_plan.h's combine_row_groups sizes the grid), launched right behind decode_kernel with
+// programmatic dependent launch (decode.cu), so that its CTAs are resident when the last split
 // finishes. A kernel boundary, not a merge inside the decode kernel: there the splits' fences, the
 // atomic counter and the last split's merge under the others' loads made the call slower
-// (bench/PERFLOG.md "the split merge as a kernel of its own"). A thread owns 4 columns
-// of a row and folds the splits in chunks of kChunkSplits, each chunk's LSEs and partial columns
-// loaded at once (one L2 round trip per chunk), under a running maximum.
+// (bench/PERFLOG.md "the split merge as a kernel of its own"). A thread owns 4 columns of a row
+// and folds the splits in chunks of kChunkSplits, each chunk's LSEs and partial columns loaded at
+// once (one L2 round trip per chunk), under a running maximum: a CTA's round trips are those of
+// its rows' passes, so the row groups spread a few row blocks' passes over more SMs.
 template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(kThreads)
     combine_kernel(const __grid_constant__ DecodeParams p) {
@@ -1282,9 +1292,10 @@ __global__ void __launch_bounds__(kThreads)
   const int b = static_cast<int>(block_id / (int64_t(p.row_blocks) * p.heads_kv));
   const TileRows<Element> rows(p, b, head_kv, row_block);
   const Partials partials(p, kHeadDim);
-  for (int u = threadIdx.x; u < rows.count * kVec; u += kThreads) {
-    const int i = u / kVec;
-    const int c = (u % kVec) * 4;
+  constexpr int kRowsPer = combine_rows_per_cta<kHeadDim>();
+  const int c = (static_cast<int>(threadIdx.x) % kVec) * 4;
+  for (int i = static_cast<int>(blockIdx.y) * kRowsPer + static_cast<int>(threadIdx.x) / kVec;
+       i < rows.count; i += static_cast<int>(gridDim.y) * kRowsPer) {
     float mx = -INFINITY;
     float sum = 0.f;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);

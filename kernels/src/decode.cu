@@ -230,7 +230,7 @@ DecodeParams derive(FhDecodeParams const* p) {
 
 template <class Input, int kHeadDim, int kStages>
 LaunchResult launch(DecodeParams const& d, int max_smem_per_block, bool programmatic,
-                    cudaStream_t stream) {
+                    int num_sms, cudaStream_t stream) {
   using Types = decode::DecodeTypes<Input>;
   constexpr int kSmem = smem_bytes<kHeadDim, kStages, Types::kFp8Kv>();
   if constexpr (kSmem > kMaxSmemPerBlock) {
@@ -258,7 +258,11 @@ LaunchResult launch(DecodeParams const& d, int max_smem_per_block, bool programm
     const dim3 block(decode::kThreads);
     err = launch_programmatic(kernel, grid, block, kSmem, stream, programmatic, d);
     if (err == cudaSuccess && d.splits > 1) {
-      const dim3 blocks(static_cast<unsigned>(int64_t{d.batch} * d.heads_kv * d.row_blocks));
+      // a row block's rows: seqlen_q x group of the longest sequence
+      const int64_t row_blocks = int64_t{d.batch} * d.heads_kv * d.row_blocks;
+      const int groups = decode::combine_row_groups(
+          d.seqlen_q * d.group, decode::combine_rows_per_cta<kHeadDim>(), row_blocks, num_sms);
+      const dim3 blocks(static_cast<unsigned>(row_blocks), static_cast<unsigned>(groups));
       // the partials are O's values (v_descale applied): the combine kernel of the output type
       err = launch_programmatic(decode::combine_kernel<typename Types::Out, kHeadDim>, blocks,
                                 block, 0, stream, programmatic, d);
@@ -269,12 +273,12 @@ LaunchResult launch(DecodeParams const& d, int max_smem_per_block, bool programm
 
 template <class Input, int kHeadDim>
 LaunchResult launch_stages(DecodeParams const& d, int max_smem_per_block, bool programmatic,
-                           cudaStream_t stream) {
+                           int num_sms, cudaStream_t stream) {
   constexpr bool kFp8Kv = decode::DecodeTypes<Input>::kFp8Kv;
   const int stages = decode_stages(kHeadDim, max_smem_per_block, kFp8Kv);
-#define FH_DECODE_LAUNCH(s)                                                         \
-  if (stages == s) {                                                                \
-    return launch<Input, kHeadDim, s>(d, max_smem_per_block, programmatic, stream); \
+#define FH_DECODE_LAUNCH(s)                                                                  \
+  if (stages == s) {                                                                         \
+    return launch<Input, kHeadDim, s>(d, max_smem_per_block, programmatic, num_sms, stream); \
   }
   FH_DECODE_STAGE_COUNTS(FH_DECODE_LAUNCH)
 #undef FH_DECODE_LAUNCH
@@ -283,10 +287,10 @@ LaunchResult launch_stages(DecodeParams const& d, int max_smem_per_block, bool p
 
 template <class Input>
 LaunchResult launch_dtype(DecodeParams const& d, int64_t head_dim, int max_smem_per_block,
-                          bool programmatic, cudaStream_t stream) {
-#define FH_DECODE_LAUNCH_HEAD_DIM(hd, tuned, fp8_tuned)                             \
-  if (head_dim == hd) {                                                             \
-    return launch_stages<Input, hd>(d, max_smem_per_block, programmatic, stream); \
+                          bool programmatic, int num_sms, cudaStream_t stream) {
+#define FH_DECODE_LAUNCH_HEAD_DIM(hd, tuned, fp8_tuned)                                    \
+  if (head_dim == hd) {                                                                    \
+    return launch_stages<Input, hd>(d, max_smem_per_block, programmatic, num_sms, stream); \
   }
   FH_DECODE_TABLE(FH_DECODE_LAUNCH_HEAD_DIM)
 #undef FH_DECODE_LAUNCH_HEAD_DIM
@@ -306,7 +310,7 @@ int decode_ctas_per_sm(int64_t head_dim, bool fp8_kv) {
 }
 
 LaunchResult launch_decode(FhDecodeParams const* p, int max_smem_per_block, int cc_major,
-                           cudaStream_t stream, unsigned long long* timeline,
+                           int num_sms, cudaStream_t stream, unsigned long long* timeline,
                            int64_t timeline_bytes) {
   DecodeParams d = derive(p);
   const bool programmatic = programmatic_launch(cc_major);
@@ -317,7 +321,7 @@ LaunchResult launch_decode(FhDecodeParams const* p, int max_smem_per_block, int 
 #define FH_DECODE_LAUNCH_DTYPE(q_value, kv_value, name)                                      \
   if (p->dtype == q_value && kv_dtype == kv_value) {                                         \
     return launch_dtype<typename DecodeInput<q_value, kv_value>::Type>(                      \
-        d, p->head_dim, max_smem_per_block, programmatic, stream);                           \
+        d, p->head_dim, max_smem_per_block, programmatic, num_sms, stream);                  \
   }
   FH_DECODE_DTYPES(FH_DECODE_LAUNCH_DTYPE)
 #undef FH_DECODE_LAUNCH_DTYPE

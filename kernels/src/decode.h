@@ -27,11 +27,11 @@ int decode_stages(int64_t head_dim, int max_smem_per_block, bool fp8_kv = false)
 int decode_ctas_per_sm(int64_t head_dim, bool fp8_kv);
 
 // Launches the kernel for a validated call with p->num_splits >= 1 (and its workspace), and the
-// combine kernel behind it when it splits; on a device of compute capability cc_major >= 9 both
-// with programmatic dependent launch. timeline: FH_TIMELINE builds' event buffer (decode_kernel.h's
-// DecodeMarks) of timeline_bytes, or null.
+// combine kernel behind it when it splits (its grid sized for num_sms SMs); on a device of
+// compute capability cc_major >= 9 both with programmatic dependent launch. timeline: FH_TIMELINE
+// builds' event buffer (decode_kernel.h's DecodeMarks) of timeline_bytes, or null.
 LaunchResult launch_decode(FhDecodeParams const* p, int max_smem_per_block, int cc_major,
-                           cudaStream_t stream, unsigned long long* timeline = nullptr,
+                           int num_sms, cudaStream_t stream, unsigned long long* timeline = nullptr,
                            int64_t timeline_bytes = 0);
 
 }  // namespace flash_hopper

@@ -66,7 +66,8 @@ FhStatus launch_call(const FhDecodeParams* p, const DeviceInfo& dev, cudaStream_
   unsigned long long* timeline = nullptr;
   const int64_t timeline_bytes = 0;
 #endif
-  return report_launch(launch_decode(p, limit, dev.major, stream, timeline, timeline_bytes),
+  return report_launch(
+      launch_decode(p, limit, dev.major, dev.sm_count, stream, timeline, timeline_bytes),
                        "decode", p->head_dim, limit);
 }
 

@@ -109,10 +109,12 @@ int decode_splits(const FhDecodeParams* p, int num_sms) {
   // A dense cache: one CTA per SM, though two fit at d128: as fast or faster, and fewer splits
   // to merge. A paged cache fills every CTA slot: a paged CTA alone on its SM is issue-bound (its
   // page arithmetic) and runs measurably slower (both measured in bench/PERFLOG.md "where a
-  // short decode call's time goes, and the graph around it").
-  const int ctas_per_sm = p->page_table != nullptr
-                              ? decode_ctas_per_sm(p->head_dim, decode_fp8_kv(decode_kv_dtype(p)))
-                              : 1;
+  // short decode call's time goes, and the graph around it"). So does an FP8 cache whose rows
+  // take several row blocks: each block's CTA widens the same keys, issue-bound alike
+  // (bench/PERFLOG.md "the combine's row groups; FP8 row blocks fill the SMs").
+  const bool fp8_kv = decode_fp8_kv(decode_kv_dtype(p));
+  const bool fill = p->page_table != nullptr || (fp8_kv && decode_row_blocks(p) > 1);
+  const int ctas_per_sm = fill ? decode_ctas_per_sm(p->head_dim, fp8_kv) : 1;
   return decode::default_splits(tiles, keys, num_sms, ctas_per_sm, /*min_keys=*/256);
 }
 

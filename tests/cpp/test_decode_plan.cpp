@@ -209,6 +209,48 @@ static void heuristic_and_workspace() {
   CHECK(decode_workspace(10, 1, 128).bytes == 0, "no workspace without splits");
 }
 
+// The combine grid: the kernel's walk (CTA y of `groups` takes rows y R + k groups R + [0, R))
+// merges every valid row of a row block exactly once, one pass per CTA where the grid fits the
+// SMs, and never puts more CTAs than SMs on a call that has more than one per row block.
+static void combine_grid() {
+  for (int head_dim : {64, 128, 256}) {
+    const int per = combine_rows_per_pass(head_dim);
+    CHECK(per * (head_dim / 4) == kThreads, "d%d: %d rows per pass fill the CTA", head_dim, per);
+    for (int rows = 1; rows <= 3 * kRowsPerCta; ++rows) {
+      for (int64_t blocks : {1, 8, 16, 33, 64, 132, 1000}) {
+        const int groups = combine_row_groups(rows, per, blocks, 132);
+        const int valid = imin(rows, kRowsPerCta);
+        CHECK(groups >= 1, "groups %d", groups);
+        CHECK(groups == 1 || blocks * groups <= 132, "d%d rows %d blocks %lld: %d groups past "
+              "the SMs", head_dim, rows, (long long)blocks, groups);
+        CHECK(groups * per < valid + per, "d%d rows %d: group %d has no row", head_dim, rows,
+              groups - 1);
+        std::vector<int> seen(valid, 0);
+        int passes = 0;
+        for (int y = 0; y < groups; ++y) {
+          int mine = 0;
+          for (int i0 = y * per; i0 < valid; i0 += groups * per, ++mine) {
+            for (int i = i0; i < i0 + per && i < valid; ++i) {
+              ++seen[i];
+            }
+          }
+          passes = imax(passes, mine);
+        }
+        for (int i = 0; i < valid; ++i) {
+          CHECK(seen[i] == 1, "d%d rows %d groups %d: row %d merged %d times", head_dim, rows,
+                groups, i, seen[i]);
+        }
+        if (blocks * ((valid + per - 1) / per) <= 132) {
+          CHECK(passes == 1, "d%d rows %d blocks %lld: %d passes where the grid fits",
+                head_dim, rows, (long long)blocks, passes);
+        }
+      }
+    }
+  }
+  CHECK(combine_row_groups(16, 4, 8, 132) == 4, "1 x GQA 32/8, q 4, d128: 4 CTAs per row block");
+  CHECK(combine_row_groups(16, 4, 128, 132) == 1, "128 row blocks: one CTA each");
+}
+
 // Windows of any int64 the API takes: clamp_window turns every bound at or past its reach into
 // "unbounded" (what it means there), and the mask's keys() bounds never wrap, even with a cache
 // of INT32_MAX keys. A window of 2^32 must not become 0 (one key) and one of 2^31 - 1 on the
@@ -269,6 +311,7 @@ int main() {
   splits_cover_once();
   pages();
   heuristic_and_workspace();
+  combine_grid();
   huge_windows();
   return host_check_exit();
 }

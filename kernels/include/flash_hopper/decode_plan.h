@@ -190,6 +190,21 @@ FH_HOST_DEVICE int default_splits(int64_t tiles, int64_t max_keys, int num_sms, 
   return splits > 1 ? static_cast<int>(splits) : 1;
 }
 
+// The combine kernel's grid (decode_kernel.h, combine_kernel): per row block, the CTAs that share
+// its valid rows (`rows`: seqlen_q x group, at most kRowsPerCta), each merging rows_per_pass rows
+// per pass. A few row blocks spread their rows over more SMs (one pass each, not several on one
+// SM); the grid stays within one CTA per SM, so that many row blocks keep one CTA each (more CTAs
+// there measured slower).
+FH_HOST_DEVICE constexpr int combine_rows_per_pass(int head_dim) {
+  return kThreads / (head_dim / 4);
+}
+FH_HOST_DEVICE int combine_row_groups(int rows, int rows_per_pass, int64_t row_blocks,
+                                      int num_sms) {
+  const int passes = (imin(rows, kRowsPerCta) + rows_per_pass - 1) / rows_per_pass;
+  const int64_t fit = row_blocks > 0 ? num_sms / row_blocks : 1;
+  return imax(1, fit < passes ? static_cast<int>(fit) : passes);
+}
+
 // The workspace of a split call (api.h: fh_decode_plan): fp32 LSEs (splits x row blocks x
 // kRowsPerCta), then fp32 partial outputs (splits x row blocks x kRowsPerCta x head_dim), each
 // 256-byte aligned.
