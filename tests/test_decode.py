@@ -40,10 +40,13 @@ def test_plan_splits_one_wave_and_sizes_the_workspace(lib):
     blocks = 1 * 8 * 1  # batch x heads_kv x row blocks
     lse = -(-(16 * blocks * 16 * 4) // 256) * 256
     assert nbytes == lse + -(-(16 * blocks * 16 * 128 * 4) // 256) * 256
-    # a paged cache of the same capacity: the plan reads max_pages x page_size, and fills both
-    # CTA slots of an SM (d128): 264 // 8 = 33, capped by 8192 / 256 = 32 keys per split
+    # a paged cache of the same capacity: the plan reads max_pages x page_size, one CTA per SM
+    # as dense (16); an FP8 one fills both CTA slots of an SM (d128): 264 // 8 = 33, capped by
+    # 8192 / 256 = 32 keys per split
     paged = params(num_splits=0, page_table=16, page_size=16, num_pages=512, max_pages=512,
                    page_table_stride=512)
+    assert lib.decode_plan(paged, num_sms=132)[0] == 16
+    paged.kv_dtype = int(FhDtype.E4M3)
     assert lib.decode_plan(paged, num_sms=132)[0] == 32
     # a short cache caps the splits at one per 256 keys: 2048 keys -> 8
     assert lib.decode_plan(params(num_splits=0, page_size=2048), num_sms=132)[0] == 8
@@ -52,16 +55,29 @@ def test_plan_splits_one_wave_and_sizes_the_workspace(lib):
     assert lib.decode_plan(params(num_splits=0, batch=32), num_sms=132) == (1, 0)
     # the caller's count, capped at 128
     assert lib.decode_plan(params(num_splits=500), num_sms=132)[0] == 128
-    # 64 query heads per KV head x 4 tokens: 256 rows = 16 row blocks per KV head, 128 tiles
-    # (over 80 % of the SMs): one split
-    assert lib.decode_plan(params(num_splits=0, heads_q=512, seqlen_q=4), num_sms=132)[0] == 1
-    # 8 query tokens (two row blocks per KV head, 16 tiles): a 16-bit cache keeps one CTA per SM
-    # (132 // 16 = 8 splits); an FP8 cache fills both of an SM's d128 slots like a paged one
-    # (264 // 16 = 16), one row block's (q = 1) keeps one
-    assert lib.decode_plan(params(num_splits=0, seqlen_q=8), num_sms=132)[0] == 8
-    for fp8 in ({"dtype": int(FhDtype.E4M3)}, {"kv_dtype": int(FhDtype.E4M3)}):
+    # 64 query heads per KV head x 4 tokens: 256 rows = 16 row blocks per KV head, two per CTA:
+    # 64 tiles, 132 // 64 = 2 splits; at d256 (no pairs) 128 tiles (over 80 % of the SMs): one
+    assert lib.decode_plan(params(num_splits=0, heads_q=512, seqlen_q=4), num_sms=132)[0] == 2
+    assert lib.decode_plan(params(num_splits=0, heads_q=512, seqlen_q=4, head_dim=256),
+                           num_sms=132)[0] == 1
+
+def test_plan_counts_a_ctas_row_blocks(lib, monkeypatch):
+    """8 query tokens of GQA 4: two row blocks per KV head, one CTA over both (8 CTAs over the
+    cache, FLASH_HOPPER_DECODE_PAIR=0: 16). A 16-bit cache keeps one CTA per SM (132 // 8 = 16
+    splits; unpaired 132 // 16 = 8). An FP8 cache pairs only where a CTA per row block fills
+    every slot (here 16 < 264: unpaired), and with several row blocks fills both of an SM's d128
+    slots like a paged one (264 // 16 = 16); one row block's (q = 1) keeps one (132 // 8)."""
+    fp8s = ({"dtype": int(FhDtype.E4M3)}, {"kv_dtype": int(FhDtype.E4M3)})
+    assert lib.decode_plan(params(num_splits=0, seqlen_q=8), num_sms=132)[0] == 16
+    for fp8 in fp8s:
         assert lib.decode_plan(params(num_splits=0, seqlen_q=8, **fp8), num_sms=132)[0] == 16
         assert lib.decode_plan(params(num_splits=0, **fp8), num_sms=132)[0] == 16
+    # d256 never pairs (O of 32 rows would not fit in registers)
+    assert lib.decode_plan(params(num_splits=0, seqlen_q=8, head_dim=256), num_sms=132)[0] == 8
+    monkeypatch.setenv("FLASH_HOPPER_DECODE_PAIR", "0")
+    assert lib.decode_plan(params(num_splits=0, seqlen_q=8), num_sms=132)[0] == 8
+    for fp8 in fp8s:
+        assert lib.decode_plan(params(num_splits=0, seqlen_q=8, **fp8), num_sms=132)[0] == 16
 
 
 E4M3, E5M2 = int(FhDtype.E4M3), int(FhDtype.E5M2)

@@ -123,7 +123,8 @@ def test_matches_the_reference(convention, head_dim, heads_q, heads_kv, page_siz
 @pytest.mark.parametrize("convention", list(CONVENTIONS))
 @pytest.mark.parametrize(("seqlen_q", "causal", "window", "softcap"), [
     (1, False, (-1, -1), 15.0), (4, True, (-1, -1), 0.0), (3, False, (50, 0), 8.0),
-    (2, True, (-1, -1), 5.0), (1, False, (40, 0), 0.0)])
+    (2, True, (-1, -1), 5.0), (1, False, (40, 0), 0.0), (8, True, (-1, -1), 0.0),
+    (7, False, (50, 3), 6.0)])
 @pytest.mark.parametrize("num_splits", [1, 5])
 def test_softcap_and_masks_with_descales(convention, seqlen_q, causal, window, softcap,
                                          num_splits):
@@ -183,18 +184,23 @@ def decode_kernel_names(fn):
     return [e.key for e in prof.key_averages() if "decode_kernel" in e.key]
 
 
-@pytest.mark.parametrize(("seqlen_q", "keys_as_m"), [(1, True), (2, True), (3, False)])
-def test_tiles_of_at_most_8_rows_take_keys_as_m(seqlen_q, keys_as_m):
-    """GQA 32 / 8: 4 rows per query token. Up to 8 rows the kernel's keys-as-M form runs (the
-    kernel's last template argument), above it the rows-as-M one; both match the reference."""
-    b, hq, hk, d, sc = 2, 32, 8, 128, 900
+@pytest.mark.parametrize(("seqlen_q", "wide", "form"), [
+    (1, False, "true,1"), (2, False, "true,1"), (3, False, "false,1"), (8, False, "false,1"),
+    (8, True, "false,2")])
+def test_tiles_of_at_most_8_rows_take_keys_as_m(seqlen_q, wide, form):
+    """GQA 32 / 8: 4 rows per query token. Up to 8 rows the kernel's keys-as-M form runs (its
+    last template arguments: keys as M, row blocks per CTA), above it the rows-as-M one; 8 tokens
+    (32 rows, two row blocks) take one CTA over both where a CTA per row block would fill every
+    slot (`wide`: a batch of SMs / 8 + 1), one each below; all match the reference."""
+    b = torch.cuda.get_device_properties(0).multi_processor_count // 8 + 1 if wide else 2
+    hq, hk, d, sc = 32, 8, 128, 900
+    filled = [900, 130] * (b // 2) + [517] * (b % 2)
     g = torch.Generator(device="cuda").manual_seed(seqlen_q)
-    q, kc, vc, descales = make("e4m3", b, seqlen_q, hq, hk, d, sc, [900, 130], g)
-    kw = {"cache_seqlens": torch.tensor([900, 130], dtype=I32, device="cuda"), "causal": True}
+    q, kc, vc, descales = make("e4m3", b, seqlen_q, hq, hk, d, sc, filled, g)
+    kw = {"cache_seqlens": torch.tensor(filled, dtype=I32, device="cuda"), "causal": True}
     names = decode_kernel_names(lambda: flash_attn_with_kvcache(q, kc, vc, **descales, **kw))
     assert len(names) == 1
-    flag = ",true>" if keys_as_m else ",false>"  # the only bool among its template arguments
-    assert flag in names[0].replace(" ", ""), names[0]
+    assert f",{form}>" in names[0].replace(" ", ""), names[0]
     ref_out, ref_lse, low = references("e4m3", q, kc, vc, descales, **kw)
     out, lse = flash_attn_with_kvcache(q, kc, vc, return_softmax_lse=True, **descales, **kw)
     check_kvcache(out, lse, ref_out, ref_lse, low)

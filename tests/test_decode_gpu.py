@@ -102,8 +102,8 @@ def test_the_call_runs_on_the_decode_kernel(lib, monkeypatch):
 
 def test_split_heuristic_sees_the_paged_capacity(lib):
     """The plan of a paged call sees the table's capacity (max_pages x page_size), not one
-    page: batch 1 splits paged as dense, over both CTA slots of an SM where dense takes one
-    (d128: 2 CTAs fit; 8 row blocks; at most 8192 / 256 = 32 splits)."""
+    page: batch 1 splits paged as dense (a 16-bit cache: one CTA per SM; 8 row blocks; at most
+    8192 / 256 = 32 splits)."""
     b, hq, hk, d = 1, 32, 8, 128
     q = torch.randn(b, 1, hq, d, device="cuda").bfloat16()
     kc, vc = (torch.randn(b, 8192, hk, d, device="cuda").bfloat16() for _ in range(2))
@@ -117,11 +117,12 @@ def test_split_heuristic_sees_the_paged_capacity(lib):
     splits = {key[12] is not None: _decode._plans.get(key).splits
               for key in _decode._plans.signatures()}
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    assert splits == {False: min(sms // 8, 32), True: min(2 * sms // 8, 32)}
+    assert splits == {False: min(sms // 8, 32), True: min(sms // 8, 32)}
 
 
 @pytest.mark.parametrize(("seqlen_q", "causal", "window"), [
-    (4, True, (-1, -1)), (3, False, (40, 0)), (2, False, (100, 7)), (16, True, (-1, -1))])
+    (4, True, (-1, -1)), (3, False, (40, 0)), (2, False, (100, 7)), (16, True, (-1, -1)),
+    (7, True, (30, -1))])
 @pytest.mark.parametrize("num_splits", [1, 5])
 def test_masks_softcap_leftpad_batch_idx_sinks(seqlen_q, causal, window, num_splits):
     b, hq, hk, d, sc = 4, 16, 4, 128, 700
@@ -226,6 +227,40 @@ def test_split_on_and_off_agree():
                                           return_softmax_lse=True)
     assert (one.float() - many.float()).abs().max().item() < 4e-3
     assert (lse1 - lse_n).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "e4m3", "bf16+e4m3"])
+@pytest.mark.parametrize("paged", [False, True])
+def test_two_row_blocks_per_cta_equal_one(monkeypatch, dtype, paged):
+    """8 query tokens of GQA 4 (32 rows, two row blocks): one CTA over both row blocks gives
+    bit for bit the output and LSE of a CTA per row block (FLASH_HOPPER_DECODE_PAIR=0), given
+    the same splits: each row's keys, MMAs and softmax are the same, only the loads are shared.
+    A batch whose row blocks fill every CTA slot (FP8 caches pair only there)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    b, hq, hk, d, sc = sms // 8 + 1, 32, 8, 128, 256
+    g = torch.Generator(device="cuda").manual_seed(17)
+    q = torch.randn(b, 8, hq, d, device="cuda", generator=g).bfloat16()
+    kc, vc = (torch.randn(b, sc, hk, d, device="cuda", generator=g).bfloat16() for _ in range(2))
+    lengths = torch.randint(1, sc + 1, (b,), generator=torch.Generator().manual_seed(3))
+    kw = {"cache_seqlens": lengths.to(device="cuda", dtype=I32), "causal": True,
+          "num_splits": 3, "return_softmax_lse": True}
+    if dtype != "bf16":
+        kc, vc = kc.to(torch.float8_e4m3fn), vc.to(torch.float8_e4m3fn)
+        kw |= {"k_descale": torch.full((b, hk), 0.5, device="cuda"),
+               "v_descale": torch.full((b, hk), 2.0, device="cuda")}
+    if dtype == "e4m3":
+        q = q.to(torch.float8_e4m3fn)
+    if paged:
+        perm = torch.randperm(b * sc // 8, generator=torch.Generator().manual_seed(2)).cuda()
+        kc, vc = (torch.empty_like(c.view(torch.uint8).view(-1, 8, hk, d * c.element_size()))
+                  .index_copy_(0, perm, c.view(torch.uint8).view(-1, 8, hk, d * c.element_size()))
+                  .view(c.dtype) for c in (kc, vc))
+        kw["page_table"] = perm.view(b, sc // 8).to(I32)
+    out2, lse2 = flash_attn_with_kvcache(q, kc, vc, **kw)
+    monkeypatch.setenv("FLASH_HOPPER_DECODE_PAIR", "0")
+    out1, lse1 = flash_attn_with_kvcache(q, kc, vc, **kw)
+    assert torch.equal(out2, out1) and torch.equal(lse2, lse1)
+    assert out1.float().abs().sum() > 0
 
 
 def test_pool_past_two_to_the_31_elements():

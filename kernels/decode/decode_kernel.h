@@ -21,7 +21,9 @@
 //
 // The query heads of a KV head are the tile's rows (packed GQA, decode_plan.h); a tile holds 16
 // rows, the m16 of one MMA, whatever the number of valid ones (4 for GQA 32 / 8): the kernel has
-// the tensor throughput to waste, not the bytes.
+// the tensor throughput to waste, not the bytes. A CTA holds one row block or two (kRowTiles,
+// decode_plan.h row_tiles_per_cta): two share every K / V fragment a warp reads (and, for FP8,
+// widens), each with its own softmax and O.
 //
 // FP8 caches (DecodeTypes<Fp8Cache<Q, Kv>>: e4m3 / e5m2 K and V, q in e4m3 or 16-bit). The ring
 // holds the FP8 bytes as they are in HBM (half a 16-bit stage), and the MMAs read them through
@@ -254,8 +256,9 @@ __device__ __forceinline__ float descale(DecodeParams const& p, DescaleOf which,
   return ptr == nullptr ? 1.f : ptr[b * strides[0] + head_kv * strides[1]];
 }
 
-template <int kHeadDim, int kStages, bool kFp8Kv = false>
+template <int kHeadDim, int kStages, bool kFp8Kv = false, int kRowTiles = 1>
 struct DecodeConfig {
+  static_assert(kRowTiles == 1 || kRowTiles == 2, "one or two row blocks per CTA");
   static_assert(kHeadDim % 64 == 0, "the swizzle XORs 3 bits of a row's 16-byte chunk index");
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row of 16-bit elements
   // 16-byte chunks per cached row in the ring: an FP8 row is half a 16-bit one.
@@ -272,7 +275,7 @@ struct DecodeConfig {
   };
 
   struct SharedStorage {
-    uint4 q[kRowsPerCta * kChunks];
+    uint4 q[kRowTiles * kRowsPerCta * kChunks];  // the CTA's row blocks, one after the other
     union {
       Ring ring;
       float o[kWarps][kRowsPerCta][kHeadDim];  // after the loop: the warps' outputs
@@ -434,13 +437,15 @@ constexpr int decode_min_ctas_per_sm() {
 // as M and the tile's rows as N (S^T = K Q^T, O^T = V^T P^T), so one m16n8k16 covers a warp's 16
 // keys for 8 rows where the rows-as-M form spends two on 16 rows of which a GQA group fills a
 // few: half the MMAs, the exponentials and O's registers.
-template <class Input, int kHeadDim, int kStages, bool kKeysAsM = false>
+template <class Input, int kHeadDim, int kStages, bool kKeysAsM = false, int kRowTiles = 1>
 __global__ void __launch_bounds__(kThreads, (decode_min_ctas_per_sm<kHeadDim, kStages, kKeysAsM>()))
     decode_kernel(const __grid_constant__ DecodeParams p) {
   using Types = DecodeTypes<Input>;
   static_assert(!kKeysAsM || Types::kFp8Kv, "keys as M: the FP8 caches' kernel");
+  static_assert(kRowTiles == 1 || (!kKeysAsM && kHeadDim <= kMaxPairedHeadDim),
+                "two row blocks per CTA: the rows-as-M form, O of both in registers");
   using Kv = typename Types::Kv;
-  using Cfg = DecodeConfig<kHeadDim, kStages, Types::kFp8Kv>;
+  using Cfg = DecodeConfig<kHeadDim, kStages, Types::kFp8Kv, kRowTiles>;
   using Storage = typename Cfg::SharedStorage;
   using Ops = MmaOps<typename Types::Mma>;
   using OutOps = MmaOps<typename Types::Out>;
@@ -455,8 +460,10 @@ __global__ void __launch_bounds__(kThreads, (decode_min_ctas_per_sm<kHeadDim, kS
   Storage& s = *reinterpret_cast<Storage*>(smem_raw);
 
   const int split = blockIdx.x;
-  const int head_kv = blockIdx.y / p.row_blocks;
-  const int row_block = blockIdx.y % p.row_blocks;
+  // CTAs per KV head: its row blocks kRowTiles at a time (the launch pairs even counts only)
+  const int cta_rows = p.row_blocks / kRowTiles;
+  const int head_kv = blockIdx.y / cta_rows;
+  const int row_block = (blockIdx.y % cta_rows) * kRowTiles;  // the first of the CTA's row blocks
   const int b = blockIdx.z;
   const int tid = threadIdx.x;
   const int warp = tid / 32;
@@ -472,9 +479,13 @@ __global__ void __launch_bounds__(kThreads, (decode_min_ctas_per_sm<kHeadDim, kS
 #endif
 
   // --- the sequence and this CTA's rows and keys ------------------------------------------
+  // rows: the first row block's; a CTA of two takes the next 16 rows as rows 16..31 of it (a row's
+  // token, head and output follow from first_row + i).
   const TileRows<typename Types::Out> rows(p, b, head_kv, row_block);
   const int seqlen_q = rows.seqlen_q;
-  const int count = rows.count;
+  const int count =
+      kRowTiles == 1 ? rows.count
+                     : imin(kRowTiles * kRowsPerCta, seqlen_q * p.group - rows.first_row);
   if (rows.tokens > seqlen_q && split == 0 && row_block == 0) {
     rows.template clear_past_hint<kHeadDim>(tid, kThreads);
   }
@@ -536,7 +547,7 @@ __global__ void __launch_bounds__(kThreads, (decode_min_ctas_per_sm<kHeadDim, kS
   // An FP8 q is widened into s.q after the K / V prologue is issued (below).
   if constexpr (!Types::kFp8Q) {  // Q: rows past `count` zero-filled
     const typename Types::Q* q = static_cast<const typename Types::Q*>(p.q);
-    for (int idx = tid; idx < kRowsPerCta * kChunks; idx += kThreads) {
+    for (int idx = tid; idx < kRowTiles * kRowsPerCta * kChunks; idx += kThreads) {
       const int i = idx / kChunks;
       const int c = idx % kChunks;
       const bool ok = i < count;
@@ -699,7 +710,7 @@ __global__ void __launch_bounds__(kThreads, (decode_min_ctas_per_sm<kHeadDim, kS
   }
   if constexpr (Types::kFp8Q) {  // Q widened in registers, under the prologue's loads
     const typename Types::Q* q = static_cast<const typename Types::Q*>(p.q);
-    for (int idx = tid; idx < kRowsPerCta * kChunks; idx += kThreads) {
+    for (int idx = tid; idx < kRowTiles * kRowsPerCta * kChunks; idx += kThreads) {
       const int i = idx / kChunks;
       const int c = idx % kChunks;  // 8 FP8 values -> one 16-byte chunk of s.q
       uint2 x = make_uint2(0u, 0u);
@@ -714,17 +725,21 @@ __global__ void __launch_bounds__(kThreads, (decode_min_ctas_per_sm<kHeadDim, kS
   }
 
   // --- this warp's online softmax over its keys of every block -----------------------------
-  // A lane holds rows lane / 4 and lane / 4 + 8 of the m16n8 fragments.
-  KeyRange row_range[2];
-  float m[2];
-  float l[2];
+  // A lane holds rows lane / 4 and lane / 4 + 8 of the m16n8 fragments, of each row block u of
+  // the CTA (rows 16 u + ...).
+  KeyRange row_range[kRowTiles][2];
+  float m[kRowTiles][2];
+  float l[kRowTiles][2];
 #pragma unroll
-  for (int ri = 0; ri < 2; ++ri) {
-    const int i = lane / 4 + 8 * ri;
-    row_range[ri] = i < count ? mask().keys(rows.token_of(i), lead) : KeyRange{0, 0};
-    row_range[ri].hi = imin(row_range[ri].hi, mine.hi);
-    m[ri] = -INFINITY;
-    l[ri] = 0.f;
+  for (int u = 0; u < kRowTiles; ++u) {
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      const int i = kRowsPerCta * u + lane / 4 + 8 * ri;
+      row_range[u][ri] = i < count ? mask().keys(rows.token_of(i), lead) : KeyRange{0, 0};
+      row_range[u][ri].hi = imin(row_range[u][ri].hi, mine.hi);
+      m[u][ri] = -INFINITY;
+      l[u][ri] = 0.f;
+    }
   }
   // FP8: the keys every valid row of the tile attends, [open_lo, open_hi) (warp-uniform): a warp
   // whose keys of a block lie inside skips the mask's compares. Rows past `count` are never
@@ -733,10 +748,13 @@ __global__ void __launch_bounds__(kThreads, (decode_min_ctas_per_sm<kHeadDim, kS
   [[maybe_unused]] int open_hi = mine.hi;
   if constexpr (Types::kFp8Kv) {
 #pragma unroll
-    for (int ri = 0; ri < 2; ++ri) {
-      if (lane / 4 + 8 * ri < count) {
-        open_lo = imax(open_lo, row_range[ri].lo);
-        open_hi = imin(open_hi, row_range[ri].hi);
+    for (int u = 0; u < kRowTiles; ++u) {
+#pragma unroll
+      for (int ri = 0; ri < 2; ++ri) {
+        if (kRowsPerCta * u + lane / 4 + 8 * ri < count) {
+          open_lo = imax(open_lo, row_range[u][ri].lo);
+          open_hi = imin(open_hi, row_range[u][ri].hi);
+        }
       }
     }
 #pragma unroll
@@ -745,10 +763,13 @@ __global__ void __launch_bounds__(kThreads, (decode_min_ctas_per_sm<kHeadDim, kS
       open_hi = imin(open_hi, __shfl_xor_sync(0xffffffffu, open_hi, off));
     }
   }
-  float o[kDTiles][4];
+  float o[kRowTiles][kDTiles][4];
 #pragma unroll
-  for (int t = 0; t < kDTiles; ++t) {
-    o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.f;
+  for (int u = 0; u < kRowTiles; ++u) {
+#pragma unroll
+    for (int t = 0; t < kDTiles; ++t) {
+      o[u][t][0] = o[u][t][1] = o[u][t][2] = o[u][t][3] = 0.f;
+    }
   }
   // Keys as M: lane (g, t) = (lane / 4, lane % 4) holds rows 2t and 2t + 1 (the columns of S^T
   // and O^T), their ranges in qrange and their statistics in m / l; O^T's 16-d chunk c in ot[c].
@@ -771,9 +792,9 @@ __global__ void __launch_bounds__(kThreads, (decode_min_ctas_per_sm<kHeadDim, kS
   // below): slots {2t, 2t + 1} and {2t + 8, 2t + 9} of 16-d chunk c are Q's 4 elements
   // 16 c + 4t .. 16 c + 4t + 3, one 8-byte load per row. Held in registers for the whole loop
   // where they fit beside O (d <= 128), read per block otherwise.
-  constexpr bool kHoldQ = Types::kFp8Kv && !kKeysAsM && kHeadDim <= 128;
-  auto load_q_fragment = [&](int c, uint32_t(&a)[4]) {
-    const int g = lane / 4;
+  constexpr bool kHoldQ = Types::kFp8Kv && !kKeysAsM && kHeadDim <= 128 && kRowTiles == 1;
+  auto load_q_fragment = [&](int u, int c, uint32_t(&a)[4]) {  // row block u of the CTA
+    const int g = kRowsPerCta * u + lane / 4;
     const int off = 8 * (lane % 2);  // bytes into the 16-bit chunk 2c + t / 2
     const uint2 top = *reinterpret_cast<const uint2*>(
         reinterpret_cast<const char*>(&s.q[Cfg::chunk(g, 2 * c + (lane % 4) / 2)]) + off);
@@ -790,7 +811,7 @@ __global__ void __launch_bounds__(kThreads, (decode_min_ctas_per_sm<kHeadDim, kS
     __syncthreads();
 #pragma unroll
     for (int c = 0; c < kKvChunks; ++c) {
-      load_q_fragment(c, q_held[c]);
+      load_q_fragment(0, c, q_held[c]);
     }
   }
   // Keys as M: Q^T's B fragments of chunk c (k slots {2t, 2t + 1} and {2t + 8, 2t + 9} are Q's
@@ -865,13 +886,13 @@ __global__ void __launch_bounds__(kThreads, (decode_min_ctas_per_sm<kHeadDim, kS
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-        const float m_new = fmaxf(m[jr], mx);
+        const float m_new = fmaxf(m[0][jr], mx);
         const float m_use = m_new == -INFINITY ? 0.f : m_new;
-        alphas[jr] = m_new == m[jr] ? 1.f : exp2f(m[jr] - m_use);
-        m[jr] = m_new;
+        alphas[jr] = m_new == m[0][jr] ? 1.f : exp2f(m[0][jr] - m_use);
+        m[0][jr] = m_new;
         sc[jr] = exp2f(sc[jr] - m_use);
         sc[2 + jr] = exp2f(sc[2 + jr] - m_use);
-        l[jr] = l[jr] * alphas[jr] + (sc[jr] + sc[2 + jr]);
+        l[0][jr] = l[0][jr] * alphas[jr] + (sc[jr] + sc[2 + jr]);
       }
       if (__any_sync(0xffffffffu, alphas[0] != 1.f || alphas[1] != 1.f)) {
 #pragma unroll
@@ -905,14 +926,14 @@ __global__ void __launch_bounds__(kThreads, (decode_min_ctas_per_sm<kHeadDim, kS
       }
     }
   };
-  [[maybe_unused]] auto q_fragment = [&](int c, uint32_t(&a)[4]) {
+  [[maybe_unused]] auto q_fragment = [&](int u, int c, uint32_t(&a)[4]) {
     if constexpr (kHoldQ) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         a[i] = q_held[c][i];
       }
     } else {
-      load_q_fragment(c, a);
+      load_q_fragment(u, c, a);
     }
   };
 
@@ -941,77 +962,98 @@ __global__ void __launch_bounds__(kThreads, (decode_min_ctas_per_sm<kHeadDim, kS
       keys_as_m_block(stage, key0);
       continue;
     }
-    // S = Q K^T: 16 rows x this warp's 16 keys (two n8 tiles). An ldmatrix phase gives lane
-    // (g, t) = (lane / 4, lane % 4) row g's 4 bytes 4t..4t+3 of a 16-byte chunk: 16-bit elements
-    // 2t, 2t + 1 of a 16-bit row (the B fragment as it is), FP8 elements 4t..4t+3 of an FP8 row,
-    // widened in registers into the B fragments of k slots {2t, 2t + 1} and {2t + 8, 2t + 9}. The
-    // FP8 path thus sums over d in that order, and Q's A fragments (load_q_fragment) follow it.
-    float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    // S = Q K^T: 16 rows x this warp's 16 keys (two n8 tiles), for each row block u of the CTA
+    // from the same K fragments. An ldmatrix phase gives lane (g, t) = (lane / 4, lane % 4) row
+    // g's 4 bytes 4t..4t+3 of a 16-byte chunk: 16-bit elements 2t, 2t + 1 of a 16-bit row (the B
+    // fragment as it is), FP8 elements 4t..4t+3 of an FP8 row, widened in registers into the B
+    // fragments of k slots {2t, 2t + 1} and {2t + 8, 2t + 9}. The FP8 path thus sums over d in
+    // that order, and Q's A fragments (load_q_fragment) follow it.
+    float sc[kRowTiles][2][4] = {};
     const int krow = warp * kKeysPerWarp + (lane / 8) % 2 * 8 + lane % 8;
     if constexpr (Types::kFp8Kv) {
-      // Four MMA chains: the even chunks' into sc, the odd chunks' into sc_odd, added after.
-      float sc_odd[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+      // Four MMA chains per row block: the even chunks' into sc, the odd chunks' into sc_odd,
+      // added after.
+      float sc_odd[kRowTiles][2][4] = {};
 #pragma unroll
       for (int c = 0; c < kKvChunks; c += 2) {  // two 16-key x 16-d chunks per ldmatrix
         uint32_t r[4];
         load_k_chunks(stage, krow, c, r);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {  // chunk c + h: r[2 h] keys 0-7, r[2 h + 1] keys 8-15
-          uint32_t a[4];
-          q_fragment(c + h, a);
+          uint32_t a[kRowTiles][4];
+#pragma unroll
+          for (int u = 0; u < kRowTiles; ++u) {
+            q_fragment(u, c + h, a[u]);
+          }
 #pragma unroll
           for (int n = 0; n < 2; ++n) {
-            uint32_t b0;
+            uint32_t b0;  // widened once for every row block
             uint32_t b1;
             widen4<typename Types::Mma, Kv>(r[2 * h + n], b0, b1);
-            float(&acc)[4] = h == 0 ? sc[n] : sc_odd[n];
-            Atom::fma(acc[0], acc[1], acc[2], acc[3], a[0], a[1], a[2], a[3], b0, b1, acc[0],
-                      acc[1], acc[2], acc[3]);
+#pragma unroll
+            for (int u = 0; u < kRowTiles; ++u) {
+              float(&acc)[4] = h == 0 ? sc[u][n] : sc_odd[u][n];
+              Atom::fma(acc[0], acc[1], acc[2], acc[3], a[u][0], a[u][1], a[u][2], a[u][3], b0,
+                        b1, acc[0], acc[1], acc[2], acc[3]);
+            }
           }
         }
       }
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
+      for (int u = 0; u < kRowTiles; ++u) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          sc[n][e] += sc_odd[n][e];
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            sc[u][n][e] += sc_odd[u][n][e];
+          }
         }
       }
     } else {
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-        uint32_t a[4];
+        uint32_t a[kRowTiles][4];
+#pragma unroll
+        for (int u = 0; u < kRowTiles; ++u) {
+          cute::SM75_U32x4_LDSM_N::copy(
+              *reinterpret_cast<const cute::uint128_t*>(
+                  &s.q[Cfg::chunk(kRowsPerCta * u + lane % 16, 2 * kk + lane / 16)]),
+              a[u][0], a[u][1], a[u][2], a[u][3]);
+        }
         uint32_t bk[4];
-        cute::SM75_U32x4_LDSM_N::copy(
-            *reinterpret_cast<const cute::uint128_t*>(
-                &s.q[Cfg::chunk(lane % 16, 2 * kk + lane / 16)]),
-            a[0], a[1], a[2], a[3]);
         const int row16 = warp * kKeysPerWarp + (lane / 16) * 8 + lane % 8;
         const uint4* kt = &s.ring.k[stage][Cfg::chunk(row16, 2 * kk + (lane / 8) % 2)];
         cute::SM75_U32x4_LDSM_N::copy(*reinterpret_cast<const cute::uint128_t*>(kt), bk[0],
                                       bk[1], bk[2], bk[3]);
-        Atom::fma(sc[0][0], sc[0][1], sc[0][2], sc[0][3], a[0], a[1], a[2], a[3], bk[0], bk[1],
-                  sc[0][0], sc[0][1], sc[0][2], sc[0][3]);
-        Atom::fma(sc[1][0], sc[1][1], sc[1][2], sc[1][3], a[0], a[1], a[2], a[3], bk[2], bk[3],
-                  sc[1][0], sc[1][1], sc[1][2], sc[1][3]);
+#pragma unroll
+        for (int u = 0; u < kRowTiles; ++u) {
+          float(&acc)[2][4] = sc[u];
+          Atom::fma(acc[0][0], acc[0][1], acc[0][2], acc[0][3], a[u][0], a[u][1], a[u][2],
+                    a[u][3], bk[0], bk[1], acc[0][0], acc[0][1], acc[0][2], acc[0][3]);
+          Atom::fma(acc[1][0], acc[1][1], acc[1][2], acc[1][3], a[u][0], a[u][1], a[u][2],
+                    a[u][3], bk[2], bk[3], acc[1][0], acc[1][1], acc[1][2], acc[1][3]);
+        }
       }
     }
     // score transform and mask, in base 2
     auto transform = [&](auto masked) {
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
+      for (int u = 0; u < kRowTiles; ++u) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = key0 + 8 * n + (lane % 4) * 2 + (e & 1);
-          const KeyRange& r = row_range[e >> 1];
-          float x = sc[n][e];
-          if (p.softcap > 0.f) {
-            x = p.softcap * fast_tanh(x * softcap_scale());
-          }
-          if constexpr (decltype(masked)::value) {
-            sc[n][e] = (key >= r.lo && key < r.hi) ? x * scale_log2() : -INFINITY;
-          } else {
-            sc[n][e] = x * scale_log2();
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = key0 + 8 * n + (lane % 4) * 2 + (e & 1);
+            const KeyRange& r = row_range[u][e >> 1];
+            float x = sc[u][n][e];
+            if (p.softcap > 0.f) {
+              x = p.softcap * fast_tanh(x * softcap_scale());
+            }
+            if constexpr (decltype(masked)::value) {
+              sc[u][n][e] = (key >= r.lo && key < r.hi) ? x * scale_log2() : -INFINITY;
+            } else {
+              sc[u][n][e] = x * scale_log2();
+            }
           }
         }
       }
@@ -1026,61 +1068,78 @@ __global__ void __launch_bounds__(kThreads, (decode_min_ctas_per_sm<kHeadDim, kS
       transform(std::true_type{});
     }
     // online softmax per row (a row's 16 scores live in the 4 lanes of a quad)
-    [[maybe_unused]] float alphas[2];
+    [[maybe_unused]] float alphas[kRowTiles][2];
 #pragma unroll
-    for (int ri = 0; ri < 2; ++ri) {
-      float mx = fmaxf(fmaxf(sc[0][2 * ri], sc[0][2 * ri + 1]),
-                       fmaxf(sc[1][2 * ri], sc[1][2 * ri + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-      const float m_new = fmaxf(m[ri], mx);
-      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row without keys so far
-      float alpha;
-      if constexpr (Types::kFp8Kv) {  // 1 where the maximum did not move (no keys yet included)
-        alpha = m_new == m[ri] ? 1.f : exp2f(m[ri] - m_use);
-      } else {
-        alpha = exp2f(m[ri] - m_use);
-      }
-      m[ri] = m_new;
-      float sum = 0.f;
+    for (int u = 0; u < kRowTiles; ++u) {
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        sc[n][2 * ri] = exp2f(sc[n][2 * ri] - m_use);
-        sc[n][2 * ri + 1] = exp2f(sc[n][2 * ri + 1] - m_use);
-        sum += sc[n][2 * ri] + sc[n][2 * ri + 1];
-      }
-      l[ri] = l[ri] * alpha + sum;
-      if constexpr (Types::kFp8Kv) {
-        alphas[ri] = alpha;
-      } else {
+      for (int ri = 0; ri < 2; ++ri) {
+        float mx = fmaxf(fmaxf(sc[u][0][2 * ri], sc[u][0][2 * ri + 1]),
+                         fmaxf(sc[u][1][2 * ri], sc[u][1][2 * ri + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+        const float m_new = fmaxf(m[u][ri], mx);
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row without keys so far
+        float alpha;
+        if constexpr (Types::kFp8Kv) {  // 1 where the maximum did not move (no keys yet included)
+          alpha = m_new == m[u][ri] ? 1.f : exp2f(m[u][ri] - m_use);
+        } else {
+          alpha = exp2f(m[u][ri] - m_use);
+        }
+        m[u][ri] = m_new;
+        float sum = 0.f;
 #pragma unroll
-        for (int t = 0; t < kDTiles; ++t) {
-          o[t][2 * ri] *= alpha;
-          o[t][2 * ri + 1] *= alpha;
+        for (int n = 0; n < 2; ++n) {
+          sc[u][n][2 * ri] = exp2f(sc[u][n][2 * ri] - m_use);
+          sc[u][n][2 * ri + 1] = exp2f(sc[u][n][2 * ri + 1] - m_use);
+          sum += sc[u][n][2 * ri] + sc[u][n][2 * ri + 1];
+        }
+        l[u][ri] = l[u][ri] * alpha + sum;
+        if constexpr (Types::kFp8Kv) {
+          alphas[u][ri] = alpha;
+        } else {
+#pragma unroll
+          for (int t = 0; t < kDTiles; ++t) {
+            o[u][t][2 * ri] *= alpha;
+            o[u][t][2 * ri + 1] *= alpha;
+          }
         }
       }
     }
     // FP8: O is rescaled only in blocks where some row's alpha is not 1 (skipping a factor of
     // exactly 1 changes no bit): where no row's maximum moved, rows without keys included.
     if constexpr (Types::kFp8Kv) {
-      if (__any_sync(0xffffffffu, alphas[0] != 1.f || alphas[1] != 1.f)) {
+      bool moved = false;
 #pragma unroll
-        for (int t = 0; t < kDTiles; ++t) {
+      for (int u = 0; u < kRowTiles; ++u) {
+        moved = moved || alphas[u][0] != 1.f || alphas[u][1] != 1.f;
+      }
+      if (__any_sync(0xffffffffu, moved)) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            o[t][e] *= alphas[e >> 1];
+        for (int u = 0; u < kRowTiles; ++u) {
+#pragma unroll
+          for (int t = 0; t < kDTiles; ++t) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              o[u][t][e] *= alphas[u][e >> 1];
+            }
           }
         }
       }
     }
     // O += P V: the S accumulators are the A fragment of one k16 step
-    const uint32_t pa[4] = {Ops::pack(sc[0][0], sc[0][1]), Ops::pack(sc[0][2], sc[0][3]),
-                            Ops::pack(sc[1][0], sc[1][1]), Ops::pack(sc[1][2], sc[1][3])};
+    uint32_t pa[kRowTiles][4];
+#pragma unroll
+    for (int u = 0; u < kRowTiles; ++u) {
+      pa[u][0] = Ops::pack(sc[u][0][0], sc[u][0][1]);
+      pa[u][1] = Ops::pack(sc[u][0][2], sc[u][0][3]);
+      pa[u][2] = Ops::pack(sc[u][1][0], sc[u][1][1]);
+      pa[u][3] = Ops::pack(sc[u][1][2], sc[u][1][3]);
+    }
     if constexpr (Types::kFp8Kv) {
       // ldmatrix.trans of an FP8 chunk (8 keys x 16 bytes) gives lane (g, t) the byte pairs
       // 2g, 2g + 1 of keys 2t and 2t + 1; one byte permute regroups them by column, and each
       // half widens into the B fragment (keys 2t, 2t + 1) of column 2g or 2g + 1. So chunk c
-      // feeds two n8 tiles: o[2c] holds the chunk's even columns, o[2c + 1] its odd ones
+      // feeds two n8 tiles: o[u][2c] holds the chunk's even columns, o[u][2c + 1] its odd ones
       // (the merge's store puts them back in order).
 #pragma unroll
       for (int c = 0; c < kKvChunks; c += 2) {
@@ -1095,10 +1154,15 @@ __global__ void __launch_bounds__(kThreads, (decode_min_ctas_per_sm<kHeadDim, kS
           widen4<typename Types::Mma, Kv>(__byte_perm(r[2 * h], 0u, 0x3120), lo_even, lo_odd);
           widen4<typename Types::Mma, Kv>(__byte_perm(r[2 * h + 1], 0u, 0x3120), hi_even, hi_odd);
           const int t = 2 * (c + h);
-          Atom::fma(o[t][0], o[t][1], o[t][2], o[t][3], pa[0], pa[1], pa[2], pa[3], lo_even,
-                    hi_even, o[t][0], o[t][1], o[t][2], o[t][3]);
-          Atom::fma(o[t + 1][0], o[t + 1][1], o[t + 1][2], o[t + 1][3], pa[0], pa[1], pa[2],
-                    pa[3], lo_odd, hi_odd, o[t + 1][0], o[t + 1][1], o[t + 1][2], o[t + 1][3]);
+#pragma unroll
+          for (int u = 0; u < kRowTiles; ++u) {
+            float(&oe)[4] = o[u][t];
+            float(&oo)[4] = o[u][t + 1];
+            Atom::fma(oe[0], oe[1], oe[2], oe[3], pa[u][0], pa[u][1], pa[u][2], pa[u][3],
+                      lo_even, hi_even, oe[0], oe[1], oe[2], oe[3]);
+            Atom::fma(oo[0], oo[1], oo[2], oo[3], pa[u][0], pa[u][1], pa[u][2], pa[u][3],
+                      lo_odd, hi_odd, oo[0], oo[1], oo[2], oo[3]);
+          }
         }
       }
     } else {
@@ -1109,122 +1173,131 @@ __global__ void __launch_bounds__(kThreads, (decode_min_ctas_per_sm<kHeadDim, kS
         const uint4* vt = &s.ring.v[stage][Cfg::chunk(vrow, t + lane / 16)];
         cute::SM75_U16x8_LDSM_T::copy(*reinterpret_cast<const cute::uint128_t*>(vt), bv[0],
                                       bv[1], bv[2], bv[3]);
-        Atom::fma(o[t][0], o[t][1], o[t][2], o[t][3], pa[0], pa[1], pa[2], pa[3], bv[0], bv[1],
-                  o[t][0], o[t][1], o[t][2], o[t][3]);
-        Atom::fma(o[t + 1][0], o[t + 1][1], o[t + 1][2], o[t + 1][3], pa[0], pa[1], pa[2], pa[3],
-                  bv[2], bv[3], o[t + 1][0], o[t + 1][1], o[t + 1][2], o[t + 1][3]);
-      }
-    }
-  }
-
-  // --- merge the warps ----------------------------------------------------------------------
-  marks.mark(kEvLoopDone);
-  cute::cp_async_wait<0>();
-  __syncthreads();  // the ring is free: s.o aliases it
-  if constexpr (kKeysAsM) {  // rows 2t, 2t + 1 summed over the 8 lanes of t; rows 8-15 empty
 #pragma unroll
-    for (int jr = 0; jr < 2; ++jr) {
-      l[jr] += __shfl_xor_sync(0xffffffff, l[jr], 4);
-      l[jr] += __shfl_xor_sync(0xffffffff, l[jr], 8);
-      l[jr] += __shfl_xor_sync(0xffffffff, l[jr], 16);
-      if (lane < 4) {
-        s.m[warp][2 * lane + jr] = m[jr];
-        s.l[warp][2 * lane + jr] = l[jr];
-      }
-    }
-    if (lane < kRowsPerCta - 8) {
-      s.m[warp][8 + lane] = -INFINITY;
-      s.l[warp][8 + lane] = 0.f;
-    }
-  } else {
-#pragma unroll
-    for (int ri = 0; ri < 2; ++ri) {
-      l[ri] += __shfl_xor_sync(0xffffffff, l[ri], 1);
-      l[ri] += __shfl_xor_sync(0xffffffff, l[ri], 2);
-      if (lane % 4 == 0) {
-        s.m[warp][lane / 4 + 8 * ri] = m[ri];
-        s.l[warp][lane / 4 + 8 * ri] = l[ri];
-      }
-    }
-  }
-  if constexpr (kKeysAsM) {  // ot[c]: (d 16 c + 2g, 2g + 1) x (rows 2t, 2t + 1)
-#pragma unroll
-    for (int c = 0; c < kKvChunks; ++c) {
-#pragma unroll
-      for (int jr = 0; jr < 2; ++jr) {
-        *reinterpret_cast<float2*>(&s.o[warp][2 * (lane % 4) + jr][16 * c + 2 * (lane / 4)]) =
-            make_float2(ot[c][jr], ot[c][2 + jr]);
-      }
-    }
-  } else if constexpr (Types::kFp8Kv) {  // o[2c] / o[2c + 1]: chunk c's even / odd columns
-#pragma unroll
-    for (int c = 0; c < kKvChunks; ++c) {
-#pragma unroll
-      for (int ri = 0; ri < 2; ++ri) {
-        *reinterpret_cast<float4*>(&s.o[warp][lane / 4 + 8 * ri][16 * c + (lane % 4) * 4]) =
-            make_float4(o[2 * c][2 * ri], o[2 * c + 1][2 * ri], o[2 * c][2 * ri + 1],
-                        o[2 * c + 1][2 * ri + 1]);
-      }
-    }
-  } else {
-#pragma unroll
-    for (int t = 0; t < kDTiles; ++t) {
-#pragma unroll
-      for (int ri = 0; ri < 2; ++ri) {
-        *reinterpret_cast<float2*>(&s.o[warp][lane / 4 + 8 * ri][8 * t + (lane % 4) * 2]) =
-            make_float2(o[t][2 * ri], o[t][2 * ri + 1]);
-      }
-    }
-  }
-  __syncthreads();
-
-  constexpr int kCols = Cfg::kCols;
-  const int row = tid / Cfg::kThreadsPerRow;
-  const int col0 = (tid % Cfg::kThreadsPerRow) * kCols;
-  float acc[kCols];
-  float lse2;  // base 2, in the exponent's units
-  {
-    float mx = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      mx = fmaxf(mx, s.m[w][row]);
-    }
-    float sum = 0.f;
-#pragma unroll
-    for (int c = 0; c < kCols; ++c) {
-      acc[c] = 0.f;
-    }
-    if (mx != -INFINITY) {
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float f = exp2f(s.m[w][row] - mx);
-        sum += f * s.l[w][row];
-#pragma unroll
-        for (int c = 0; c < kCols; c += 4) {
-          const float4 x = *reinterpret_cast<const float4*>(&s.o[w][row][col0 + c]);
-          acc[c] += f * x.x;
-          acc[c + 1] += f * x.y;
-          acc[c + 2] += f * x.z;
-          acc[c + 3] += f * x.w;
+        for (int u = 0; u < kRowTiles; ++u) {
+          float(&oe)[4] = o[u][t];
+          float(&oo)[4] = o[u][t + 1];
+          Atom::fma(oe[0], oe[1], oe[2], oe[3], pa[u][0], pa[u][1], pa[u][2], pa[u][3], bv[0],
+                    bv[1], oe[0], oe[1], oe[2], oe[3]);
+          Atom::fma(oo[0], oo[1], oo[2], oo[3], pa[u][0], pa[u][1], pa[u][2], pa[u][3], bv[2],
+                    bv[3], oo[0], oo[1], oo[2], oo[3]);
         }
       }
     }
-    float inv = sum > 0.f ? 1.f / sum : 0.f;
-    if constexpr (Types::kFp8Kv) {  // O of the FP8 V's values: v_descale, splits' partials too
-      inv *= descale(p, kDescaleV, b, head_kv);
-    }
-#pragma unroll
-    for (int c = 0; c < kCols; ++c) {
-      acc[c] *= inv;
-    }
-    lse2 = sum > 0.f ? mx + __log2f(sum) : -INFINITY;
   }
-  const bool valid = row < count;
 
-  if (p.splits == 1) {
-    if (valid) {
-      const float f = rows.sink(row, &lse2);
-      typename Types::Out* dst = rows.out_row(row) + col0;
+  // --- merge the warps, one row block of the CTA at a time ----------------------------------
+  marks.mark(kEvLoopDone);
+  cute::cp_async_wait<0>();
+#pragma unroll
+  for (int u = 0; u < kRowTiles; ++u) {
+    // the ring is free (s.o aliases it); then the previous row block's merge read s.o
+    __syncthreads();
+    if constexpr (kKeysAsM) {  // rows 2t, 2t + 1 summed over the 8 lanes of t; rows 8-15 empty
+#pragma unroll
+      for (int jr = 0; jr < 2; ++jr) {
+        l[0][jr] += __shfl_xor_sync(0xffffffff, l[0][jr], 4);
+        l[0][jr] += __shfl_xor_sync(0xffffffff, l[0][jr], 8);
+        l[0][jr] += __shfl_xor_sync(0xffffffff, l[0][jr], 16);
+        if (lane < 4) {
+          s.m[warp][2 * lane + jr] = m[0][jr];
+          s.l[warp][2 * lane + jr] = l[0][jr];
+        }
+      }
+      if (lane < kRowsPerCta - 8) {
+        s.m[warp][8 + lane] = -INFINITY;
+        s.l[warp][8 + lane] = 0.f;
+      }
+    } else {
+#pragma unroll
+      for (int ri = 0; ri < 2; ++ri) {
+        l[u][ri] += __shfl_xor_sync(0xffffffff, l[u][ri], 1);
+        l[u][ri] += __shfl_xor_sync(0xffffffff, l[u][ri], 2);
+        if (lane % 4 == 0) {
+          s.m[warp][lane / 4 + 8 * ri] = m[u][ri];
+          s.l[warp][lane / 4 + 8 * ri] = l[u][ri];
+        }
+      }
+    }
+    if constexpr (kKeysAsM) {  // ot[c]: (d 16 c + 2g, 2g + 1) x (rows 2t, 2t + 1)
+#pragma unroll
+      for (int c = 0; c < kKvChunks; ++c) {
+#pragma unroll
+        for (int jr = 0; jr < 2; ++jr) {
+          *reinterpret_cast<float2*>(&s.o[warp][2 * (lane % 4) + jr][16 * c + 2 * (lane / 4)]) =
+              make_float2(ot[c][jr], ot[c][2 + jr]);
+        }
+      }
+    } else if constexpr (Types::kFp8Kv) {  // o[u][2c] / o[u][2c + 1]: chunk c's even / odd columns
+#pragma unroll
+      for (int c = 0; c < kKvChunks; ++c) {
+#pragma unroll
+        for (int ri = 0; ri < 2; ++ri) {
+          *reinterpret_cast<float4*>(&s.o[warp][lane / 4 + 8 * ri][16 * c + (lane % 4) * 4]) =
+              make_float4(o[u][2 * c][2 * ri], o[u][2 * c + 1][2 * ri], o[u][2 * c][2 * ri + 1],
+                          o[u][2 * c + 1][2 * ri + 1]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int t = 0; t < kDTiles; ++t) {
+#pragma unroll
+        for (int ri = 0; ri < 2; ++ri) {
+          *reinterpret_cast<float2*>(&s.o[warp][lane / 4 + 8 * ri][8 * t + (lane % 4) * 2]) =
+              make_float2(o[u][t][2 * ri], o[u][t][2 * ri + 1]);
+        }
+      }
+    }
+    __syncthreads();
+
+    constexpr int kCols = Cfg::kCols;
+    const int row = tid / Cfg::kThreadsPerRow;  // of row block u
+    const int col0 = (tid % Cfg::kThreadsPerRow) * kCols;
+    float acc[kCols];
+    float lse2;  // base 2, in the exponent's units
+    {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        mx = fmaxf(mx, s.m[w][row]);
+      }
+      float sum = 0.f;
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        acc[c] = 0.f;
+      }
+      if (mx != -INFINITY) {
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+          const float f = exp2f(s.m[w][row] - mx);
+          sum += f * s.l[w][row];
+#pragma unroll
+          for (int c = 0; c < kCols; c += 4) {
+            const float4 x = *reinterpret_cast<const float4*>(&s.o[w][row][col0 + c]);
+            acc[c] += f * x.x;
+            acc[c + 1] += f * x.y;
+            acc[c + 2] += f * x.z;
+            acc[c + 3] += f * x.w;
+          }
+        }
+      }
+      float inv = sum > 0.f ? 1.f / sum : 0.f;
+      if constexpr (Types::kFp8Kv) {  // O of the FP8 V's values: v_descale, splits' partials too
+        inv *= descale(p, kDescaleV, b, head_kv);
+      }
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        acc[c] *= inv;
+      }
+      lse2 = sum > 0.f ? mx + __log2f(sum) : -INFINITY;
+    }
+    const int i = kRowsPerCta * u + row;  // the row in the CTA's rows (rows' numbering)
+    if (i >= count) {
+      continue;
+    }
+    if (p.splits == 1) {
+      const float f = rows.sink(i, &lse2);
+      typename Types::Out* dst = rows.out_row(i) + col0;
 #pragma unroll
       for (int c = 0; c < kCols; c += 8) {
         uint4 packed;
@@ -1235,27 +1308,26 @@ __global__ void __launch_bounds__(kThreads, (decode_min_ctas_per_sm<kHeadDim, kS
         *reinterpret_cast<uint4*>(dst + c) = packed;
       }
       if (p.lse != nullptr && col0 == 0) {
-        rows.write_lse(row, lse2);
+        rows.write_lse(i, lse2);
+      }
+    } else {  // split-KV: this split's rows to the workspace; combine_kernel merges them
+      const int64_t block_id =
+          (int64_t(b) * p.heads_kv + head_kv) * p.row_blocks + row_block + u;
+      const Partials partials(p, kHeadDim);
+      float* dst = partials.o_at(split, block_id, row) + col0;
+#pragma unroll
+      for (int c = 0; c < kCols; c += 4) {
+        *reinterpret_cast<float4*>(dst + c) =
+            make_float4(acc[c], acc[c + 1], acc[c + 2], acc[c + 3]);
+      }
+      if (col0 == 0) {
+        *partials.lse_at(split, block_id, row) = lse2;
       }
     }
-    marks.end(kEvEnd);
-    return;
   }
-
-  // --- split-KV: this split's rows to the workspace; combine_kernel merges them --------------
-  if (valid) {
-    const int64_t block_id = (int64_t(b) * p.heads_kv + head_kv) * p.row_blocks + row_block;
-    const Partials partials(p, kHeadDim);
-    float* dst = partials.o_at(split, block_id, row) + col0;
-#pragma unroll
-    for (int c = 0; c < kCols; c += 4) {
-      *reinterpret_cast<float4*>(dst + c) = make_float4(acc[c], acc[c + 1], acc[c + 2], acc[c + 3]);
-    }
-    if (col0 == 0) {
-      *partials.lse_at(split, block_id, row) = lse2;
-    }
+  if (p.splits > 1) {
+    marks.mark(kEvPublished);
   }
-  marks.mark(kEvPublished);
   marks.end(kEvEnd);
 }
 

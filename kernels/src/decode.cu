@@ -228,57 +228,83 @@ DecodeParams derive(FhDecodeParams const* p) {
   return d;
 }
 
+// What a launch takes besides the kernel's parameters.
+struct LaunchArgs {
+  int max_smem_per_block;
+  bool programmatic;  // programmatic dependent launch (programmatic_launch)
+  int num_sms;        // the combine grid's bound (decode_plan.h, combine_row_groups)
+  int row_tiles;      // row blocks per CTA (decode_row_tiles)
+  cudaStream_t stream;
+};
+
+// The decode kernel of a form (keys as M, row blocks per CTA): its shared memory opted in, then
+// launched over (splits, KV heads x the CTAs of a head's row blocks, batch).
+template <class Input, int kHeadDim, int kStages, bool kKeysAsM, int kRowTiles>
+cudaError_t launch_form(DecodeParams const& d, LaunchArgs const& a) {
+  constexpr bool kFp8Kv = decode::DecodeTypes<Input>::kFp8Kv;
+  constexpr int kSmem = decode::DecodeConfig<kHeadDim, kStages, kFp8Kv, kRowTiles>::kSmemBytes;
+  auto kernel = decode::decode_kernel<Input, kHeadDim, kStages, kKeysAsM, kRowTiles>;
+  const cudaError_t err =
+      opt_in_dynamic_smem<decode::decode_kernel<Input, kHeadDim, kStages, kKeysAsM, kRowTiles>>(
+          kSmem);
+  if (err != cudaSuccess) {
+    return err;
+  }
+  const dim3 grid(d.splits, d.heads_kv * (d.row_blocks / kRowTiles), d.batch);
+  return launch_programmatic(kernel, grid, dim3(decode::kThreads), kSmem, a.stream,
+                             a.programmatic, d);
+}
+
 template <class Input, int kHeadDim, int kStages>
-LaunchResult launch(DecodeParams const& d, int max_smem_per_block, bool programmatic,
-                    int num_sms, cudaStream_t stream) {
+LaunchResult launch(DecodeParams const& d, LaunchArgs const& a) {
   using Types = decode::DecodeTypes<Input>;
   constexpr int kSmem = smem_bytes<kHeadDim, kStages, Types::kFp8Kv>();
   if constexpr (kSmem > kMaxSmemPerBlock) {
     return LaunchResult::no_tile_fits(kSmem);
   } else {
-    if (kSmem > max_smem_per_block) {
+    if (kSmem > a.max_smem_per_block) {
       return LaunchResult::no_tile_fits(kSmem);
     }
-    auto kernel = decode::decode_kernel<Input, kHeadDim, kStages>;
     cudaError_t err = cudaSuccess;
-    if constexpr (Types::kFp8Kv) {  // the rows of a tile: seqlen_q x group, at most one row block
-      if (d.seqlen_q * d.group <= decode::kKeysAsMRows) {
-        kernel = decode::decode_kernel<Input, kHeadDim, kStages, true>;
-        err = opt_in_dynamic_smem<decode::decode_kernel<Input, kHeadDim, kStages, true>>(kSmem);
+    // the rows of a tile: seqlen_q x group; FP8 tiles of at most kKeysAsMRows rows take the
+    // keys-as-M form, pairs of row blocks (decode_row_tiles) one CTA where the pair's larger Q
+    // buffer fits too
+    constexpr int kPairSmem =
+        decode::DecodeConfig<kHeadDim, kStages, Types::kFp8Kv, 2>::kSmemBytes;
+    if (Types::kFp8Kv && d.seqlen_q * d.group <= decode::kKeysAsMRows) {
+      if constexpr (Types::kFp8Kv) {
+        err = launch_form<Input, kHeadDim, kStages, true, 1>(d, a);
+      }
+    } else if (a.row_tiles == 2 && kPairSmem <= a.max_smem_per_block) {
+      if constexpr (kHeadDim <= decode::kMaxPairedHeadDim && kPairSmem <= kMaxSmemPerBlock) {
+        err = launch_form<Input, kHeadDim, kStages, false, 2>(d, a);
       } else {
-        err = opt_in_dynamic_smem<decode::decode_kernel<Input, kHeadDim, kStages>>(kSmem);
+        return LaunchResult::internal("decode: two row blocks per CTA past kMaxPairedHeadDim");
       }
     } else {
-      err = opt_in_dynamic_smem<decode::decode_kernel<Input, kHeadDim, kStages>>(kSmem);
+      err = launch_form<Input, kHeadDim, kStages, false, 1>(d, a);
     }
-    if (err != cudaSuccess) {
-      return LaunchResult::cuda(err);
-    }
-    const dim3 grid(d.splits, d.heads_kv * d.row_blocks, d.batch);
-    const dim3 block(decode::kThreads);
-    err = launch_programmatic(kernel, grid, block, kSmem, stream, programmatic, d);
     if (err == cudaSuccess && d.splits > 1) {
       // a row block's rows: seqlen_q x group of the longest sequence
       const int64_t row_blocks = int64_t{d.batch} * d.heads_kv * d.row_blocks;
       const int groups = decode::combine_row_groups(
-          d.seqlen_q * d.group, decode::combine_rows_per_cta<kHeadDim>(), row_blocks, num_sms);
+          d.seqlen_q * d.group, decode::combine_rows_per_cta<kHeadDim>(), row_blocks, a.num_sms);
       const dim3 blocks(static_cast<unsigned>(row_blocks), static_cast<unsigned>(groups));
       // the partials are O's values (v_descale applied): the combine kernel of the output type
       err = launch_programmatic(decode::combine_kernel<typename Types::Out, kHeadDim>, blocks,
-                                block, 0, stream, programmatic, d);
+                                dim3(decode::kThreads), 0, a.stream, a.programmatic, d);
     }
     return LaunchResult::cuda(err);
   }
 }
 
 template <class Input, int kHeadDim>
-LaunchResult launch_stages(DecodeParams const& d, int max_smem_per_block, bool programmatic,
-                           int num_sms, cudaStream_t stream) {
+LaunchResult launch_stages(DecodeParams const& d, LaunchArgs const& a) {
   constexpr bool kFp8Kv = decode::DecodeTypes<Input>::kFp8Kv;
-  const int stages = decode_stages(kHeadDim, max_smem_per_block, kFp8Kv);
-#define FH_DECODE_LAUNCH(s)                                                                  \
-  if (stages == s) {                                                                         \
-    return launch<Input, kHeadDim, s>(d, max_smem_per_block, programmatic, num_sms, stream); \
+  const int stages = decode_stages(kHeadDim, a.max_smem_per_block, kFp8Kv);
+#define FH_DECODE_LAUNCH(s)                   \
+  if (stages == s) {                          \
+    return launch<Input, kHeadDim, s>(d, a); \
   }
   FH_DECODE_STAGE_COUNTS(FH_DECODE_LAUNCH)
 #undef FH_DECODE_LAUNCH
@@ -286,11 +312,10 @@ LaunchResult launch_stages(DecodeParams const& d, int max_smem_per_block, bool p
 }
 
 template <class Input>
-LaunchResult launch_dtype(DecodeParams const& d, int64_t head_dim, int max_smem_per_block,
-                          bool programmatic, int num_sms, cudaStream_t stream) {
-#define FH_DECODE_LAUNCH_HEAD_DIM(hd, tuned, fp8_tuned)                                    \
-  if (head_dim == hd) {                                                                    \
-    return launch_stages<Input, hd>(d, max_smem_per_block, programmatic, num_sms, stream); \
+LaunchResult launch_dtype(DecodeParams const& d, int64_t head_dim, LaunchArgs const& a) {
+#define FH_DECODE_LAUNCH_HEAD_DIM(hd, tuned, fp8_tuned) \
+  if (head_dim == hd) {                                 \
+    return launch_stages<Input, hd>(d, a);              \
   }
   FH_DECODE_TABLE(FH_DECODE_LAUNCH_HEAD_DIM)
 #undef FH_DECODE_LAUNCH_HEAD_DIM
@@ -298,6 +323,25 @@ LaunchResult launch_dtype(DecodeParams const& d, int64_t head_dim, int max_smem_
 }
 
 }  // namespace
+
+int decode_row_tiles(const FhDecodeParams* p, int num_sms) {
+  const char* env = std::getenv("FLASH_HOPPER_DECODE_PAIR");
+  if (env != nullptr && std::strcmp(env, "0") == 0) {
+    return 1;
+  }
+  const int64_t blocks = decode::row_blocks(p->seqlen_q, p->heads_q / p->heads_kv);
+  const int tiles = decode::row_tiles_per_cta(blocks, p->head_dim);
+  // An FP8 cache's pair does twice a CTA's MMAs and exponentials on keys widened once: less work
+  // in all, measured faster where a CTA per row block already fills every slot without splits,
+  // slower below that, where more CTAs (more splits) are what the call needs (bench/PERFLOG.md
+  // "two row blocks per CTA").
+  const bool fp8_kv = decode_fp8_kv(decode_kv_dtype(p));
+  if (tiles > 1 && fp8_kv &&
+      p->batch * p->heads_kv * blocks < int64_t{num_sms} * decode_ctas_per_sm(p->head_dim, true)) {
+    return 1;
+  }
+  return tiles;
+}
 
 int decode_ctas_per_sm(int64_t head_dim, bool fp8_kv) {
   const int smem =
@@ -313,15 +357,15 @@ LaunchResult launch_decode(FhDecodeParams const* p, int max_smem_per_block, int 
                            int num_sms, cudaStream_t stream, unsigned long long* timeline,
                            int64_t timeline_bytes) {
   DecodeParams d = derive(p);
-  const bool programmatic = programmatic_launch(cc_major);
+  const LaunchArgs args{max_smem_per_block, programmatic_launch(cc_major), num_sms,
+                        decode_row_tiles(p, num_sms), stream};
   d.timeline = timeline;
   d.timeline_ctas =
       timeline_bytes / int64_t(sizeof(unsigned long long) * decode::DecodeMarks::kSlots);
   const int32_t kv_dtype = decode_kv_dtype(p);
-#define FH_DECODE_LAUNCH_DTYPE(q_value, kv_value, name)                                      \
-  if (p->dtype == q_value && kv_dtype == kv_value) {                                         \
-    return launch_dtype<typename DecodeInput<q_value, kv_value>::Type>(                      \
-        d, p->head_dim, max_smem_per_block, programmatic, num_sms, stream);                  \
+#define FH_DECODE_LAUNCH_DTYPE(q_value, kv_value, name)                                         \
+  if (p->dtype == q_value && kv_dtype == kv_value) {                                            \
+    return launch_dtype<typename DecodeInput<q_value, kv_value>::Type>(d, p->head_dim, args); \
   }
   FH_DECODE_DTYPES(FH_DECODE_LAUNCH_DTYPE)
 #undef FH_DECODE_LAUNCH_DTYPE

@@ -23,6 +23,11 @@ bool decode_fp8_kv(int32_t kv_dtype);
 // it fits, else the largest that fits, 0 where none does; fp8_kv: those of an FP8 cache's kernel.
 int decode_stages(int64_t head_dim, int max_smem_per_block, bool fp8_kv = false);
 
+// Row blocks per CTA of a decode call on num_sms SMs (decode_plan.h, row_tiles_per_cta; an FP8
+// cache pairs only where a CTA per row block fills every slot); 1 with
+// FLASH_HOPPER_DECODE_PAIR=0 (for measurements). The split heuristic and the launch both ask it.
+int decode_row_tiles(const FhDecodeParams* p, int num_sms);
+
 // CTAs of that kernel one SM holds (shared memory bound; 228 KiB per SM, 1 KiB reserved per CTA).
 int decode_ctas_per_sm(int64_t head_dim, bool fp8_kv);
 

@@ -104,16 +104,19 @@ int decode_splits(const FhDecodeParams* p, int num_sms) {
   if (p->num_splits > 0) {
     return p->num_splits < decode::kMaxSplits ? p->num_splits : decode::kMaxSplits;
   }
-  const int64_t tiles = p->batch * p->heads_kv * decode_row_blocks(p);
+  // the CTAs over a cache: a CTA takes decode_row_tiles row blocks
+  const int64_t tiles =
+      p->batch * p->heads_kv * decode_row_blocks(p) / decode_row_tiles(p, num_sms);
   const int64_t keys = p->page_table != nullptr ? p->max_pages * p->page_size : p->page_size;
-  // A dense cache: one CTA per SM, though two fit at d128: as fast or faster, and fewer splits
-  // to merge. A paged cache fills every CTA slot: a paged CTA alone on its SM is issue-bound (its
-  // page arithmetic) and runs measurably slower (both measured in bench/PERFLOG.md "where a
-  // short decode call's time goes, and the graph around it"). So does an FP8 cache whose rows
-  // take several row blocks: each block's CTA widens the same keys, issue-bound alike
-  // (bench/PERFLOG.md "the combine's row groups; FP8 row blocks fill the SMs").
+  // A 16-bit cache, dense or paged: one CTA per SM, though two fit at d128: as fast or faster,
+  // and fewer splits to merge (bench/PERFLOG.md "where a short decode call's time goes, and the
+  // graph around it"; paged since its loads compute a page's offsets once per thread and block:
+  // "two row blocks per CTA"). An FP8 cache fills every CTA slot where it is paged or its rows
+  // take several row blocks: its CTAs widen every key they load and are issue-bound, and run
+  // measurably faster two to an SM (bench/PERFLOG.md "the combine's row groups; FP8 row blocks
+  // fill the SMs").
   const bool fp8_kv = decode_fp8_kv(decode_kv_dtype(p));
-  const bool fill = p->page_table != nullptr || (fp8_kv && decode_row_blocks(p) > 1);
+  const bool fill = fp8_kv && (p->page_table != nullptr || decode_row_blocks(p) > 1);
   const int ctas_per_sm = fill ? decode_ctas_per_sm(p->head_dim, fp8_kv) : 1;
   return decode::default_splits(tiles, keys, num_sms, ctas_per_sm, /*min_keys=*/256);
 }

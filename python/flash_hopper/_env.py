@@ -45,6 +45,8 @@ FLASH_HOPPER_DECODE_STAGES    the decode kernel's K / V pipeline stages, when on
                               (decode.cu, tables.cmake FH_DECODE_STAGE_COUNTS)
 FLASH_HOPPER_DECODE_PDL       "0": no programmatic dependent launch for the decode   on (sm_90)
                               kernel (decode.cu, for measurements)
+FLASH_HOPPER_DECODE_PAIR      "0": a decode CTA per row block, never one over two    on (d <= 128)
+                              (decode.cu decode_row_tiles, for measurements)
 FLASH_HOPPER_FA3_MULTICAST    "0": unmasked FA-3 forward calls stay on the default   on
                               tile in a build with the K / V multicast kernels
                               (sm90/fwd/launch.h, read once per process)

@@ -248,6 +248,11 @@ static void combine_grid() {
     }
   }
   CHECK(combine_row_groups(16, 4, 8, 132) == 4, "1 x GQA 32/8, q 4, d128: 4 CTAs per row block");
+  // two row blocks per CTA: even counts at d <= 128 only
+  CHECK(row_tiles_per_cta(2, 128) == 2 && row_tiles_per_cta(4, 64) == 2, "pairs");
+  CHECK(row_tiles_per_cta(1, 128) == 1 && row_tiles_per_cta(3, 128) == 1 &&
+            row_tiles_per_cta(2, 256) == 1,
+        "no pairs: one or an odd count of row blocks, d256");
   CHECK(combine_row_groups(16, 4, 128, 132) == 1, "128 row blocks: one CTA each");
 }
 

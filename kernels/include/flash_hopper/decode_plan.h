@@ -42,6 +42,15 @@ FH_HOST_DEVICE int64_t row_blocks(int64_t seqlen_q, int64_t group) {
   return (seqlen_q * group + kRowsPerCta - 1) / kRowsPerCta;
 }
 
+// Row blocks per CTA (decode_kernel.h, kRowTiles): two where a KV head's row blocks pair up and
+// O of both fits in registers (head dims up to kMaxPairedHeadDim: 2 x 64 at d128), so that a CTA
+// loads each key once for 32 rows (8 query tokens of GQA 4) and, for an FP8 cache, widens it
+// once; one otherwise. Partials, the workspace and the combine stay per row block.
+constexpr int kMaxPairedHeadDim = 128;
+FH_HOST_DEVICE int row_tiles_per_cta(int64_t row_blocks, int64_t head_dim) {
+  return row_blocks % 2 == 0 && head_dim <= kMaxPairedHeadDim ? 2 : 1;
+}
+
 FH_HOST_DEVICE int imin(int a, int b) { return a < b ? a : b; }
 FH_HOST_DEVICE int imax(int a, int b) { return a > b ? a : b; }
 
