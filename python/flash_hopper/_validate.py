@@ -752,12 +752,6 @@ def check_outputs(out: Any, lse: Any | None, q: torch.Tensor, cfg: FwdConfig) ->
     _check_device("lse", lse, q)
 
 
-def check_output_strides(name: str, t: torch.Tensor) -> None:
-    """A caller's output buffer whose shape, dtype and device its caller checked: the strides
-    the kernels' stores need."""
-    _check_strides(name, t)
-
-
 def check_alignment(**tensors: torch.Tensor | None) -> None:
     """Data pointers 16-byte aligned (4 for lse). Real tensors only: reads data_ptr()."""
     for name, t in tensors.items():

@@ -239,7 +239,7 @@ def _check_out(out: Any, q: torch.Tensor, cfg: _validate.FwdConfig,
         raise TypeError(f"out: expected dtype {out_dtype} ({whose}), got {out.dtype}")
     if out.device != q.device:
         raise ValueError(f"out: expected a tensor on q's device {q.device}, got {out.device}")
-    _validate.check_output_strides("out", out)
+    _validate._check_strides("out", out)
 
 
 def _checked_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
