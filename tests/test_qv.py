@@ -589,8 +589,9 @@ def test_kvcache_num_splits_and_scheduler_metadata_change_nothing(seed):
     with raises(ValueError, "scheduler_metadata: made for head_dim_v = 256, this call has 512"):
         flash_attn_with_kvcache(q, kc, vc, qv=qv, cache_seqlens=lengths,
                                 scheduler_metadata=other)
-    with raises(UnsupportedError, "headdim_v: expected None, headdim (128)", "got 128"):
-        get_scheduler_metadata(2, 1, 300, 16, 1, 128, lengths, headdim_v=512)
+    with raises(ValueError, "headdim_v: expected a head dim that is a multiple of 8 in [8, 512]",
+                "got 520"):
+        get_scheduler_metadata(2, 1, 300, 16, 1, 128, lengths, headdim_v=520)
     plain = get_scheduler_metadata(2, 1, 300, 16, 1, 64, lengths)
     with raises(ValueError, "scheduler_metadata: made for head_dim_v = 64, this call has 512"):
         flash_attn_with_kvcache(q, kc, vc, qv=qv, cache_seqlens=lengths,
@@ -847,6 +848,150 @@ def test_a_refused_kvcache_call_changes_no_cache_byte(seed, paged):
             flash_attn_with_kvcache(**args)
         assert same_bytes(args["k_cache"], before[0]), fragment
         assert same_bytes(args["v_cache"], before[1]), fragment
+
+
+# --- flash_attn_with_kvcache with a v_cache of its own head dim, no qv ---------------------------
+# (FA3's d 192 / dv 128 and d <= 64 / dv <= 512): the composite path with no qv term, the scale
+# 1 / sqrt(d); judged against the qv reference with qv = 0.
+
+
+def own_v_case(batch=3, sq=4, hq=4, hk=2, d=192, dv=128, capacity=64, new=3, batch_cache=5):
+    q, _, kc, vc, kn, vn = kv_case(batch, sq, hq, hk, d, dv, capacity, new, batch_cache)
+    return q, kc, vc, kn, vn
+
+
+@pytest.mark.parametrize(("d", "dv"), [(192, 128), (64, 256), (136, 104)])
+@pytest.mark.parametrize(("causal", "window", "chunk"), [(False, (-1, -1), 0), (True, (-1, -1), 0),
+                                                         (False, (5, 2), 0), (True, (-1, -1), 8)])
+def test_kvcache_own_head_dim_v_append_batch_idx_leftpad(seed, d, dv, causal, window, chunk):
+    q, kc, vc, kn, vn = own_v_case(d=d, dv=dv)
+    seqlens, batch_idx, leftpad = [10, 0, 40], [4, 0, 2], [3, 0, 17]
+    poison_unused(kc, vc, seqlens, batch_idx, leftpad, 3)
+    zero_qv = torch.zeros(3, 4, 4, dv, dtype=BF16)
+    ref_k, ref_v, seqs = kv_reference(q, zero_qv, kc, vc, kn, vn, seqlens, batch_idx, leftpad)
+    out, lse = flash_attn_with_kvcache(
+        q, kc, vc, kn, vn, cache_seqlens=torch.tensor(seqlens, dtype=I32),
+        cache_batch_idx=torch.tensor(batch_idx, dtype=I32),
+        cache_leftpad=torch.tensor(leftpad, dtype=I32), causal=causal, window_size=window,
+        attention_chunk=chunk, return_softmax_lse=True)
+    assert same_bytes(kc, ref_k) and same_bytes(vc, ref_v)  # the append, and nothing else
+    assert out.shape == (3, 4, 4, dv) and lse.shape == (3, 4, 4)
+    for b, (qb, kb, vb, qvb) in enumerate(seqs):
+        judge(out[b], lse[b], qb, kb, vb, qvb, d ** -0.5, causal=causal, window=window,
+              chunk=chunk)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_kvcache_own_head_dim_v_paged_with_nan_in_unused_pages(seed, page_size):
+    q, kc, vc, kn, vn = own_v_case(batch=3, sq=2, capacity=64, batch_cache=3)
+    seqlens, leftpad = [10, 0, 50], [2, 0, 33]
+    poison_unused(kc, vc, seqlens, range(3), leftpad, 3)
+    width = 64 // page_size + 2
+    k_pool, v_pool, table = pool_from(kc, vc, page_size, width, torch.Generator().manual_seed(3))
+    zero_qv = torch.zeros(3, 2, 4, 128, dtype=BF16)
+    ref_k, ref_v, seqs = kv_reference(q, zero_qv, kc, vc, kn, vn, seqlens, range(3), leftpad)
+    expect_k, expect_v, _ = pool_from(ref_k, ref_v, page_size, width,
+                                      torch.Generator().manual_seed(3))
+    out, lse = flash_attn_with_kvcache(
+        q, k_pool, v_pool, kn, vn, cache_seqlens=torch.tensor(seqlens, dtype=I32),
+        cache_leftpad=torch.tensor(leftpad, dtype=I32), page_table=table, causal=True,
+        softcap=3.0, return_softmax_lse=True)
+    assert not torch.isnan(out).any()
+    assert same_bytes(k_pool, expect_k) and same_bytes(v_pool, expect_v)
+    for b, (qb, kb, vb, qvb) in enumerate(seqs):
+        judge(out[b], lse[b], qb, kb, vb, qvb, 192 ** -0.5, causal=True, softcap=3.0)
+
+
+def test_kvcache_own_head_dim_v_varlen_queries_rotary_sinks_out(seed):
+    from flash_hopper.kvcache import _rotate
+
+    _, kc, vc, _, _ = own_v_case(batch=2, sq=1, capacity=40, new=0, batch_cache=2)
+    qp = torch.randn(5, 4, 192).to(BF16)
+    kn, vn = torch.randn(3, 2, 192).to(BF16), torch.randn(3, 2, 128).to(BF16)
+    cu_q, cu_new = torch.tensor([0, 2, 5], dtype=I32), torch.tensor([0, 1, 3], dtype=I32)
+    seqlens = torch.tensor([7, 30], dtype=I32)
+    cos, sin = torch.randn(48, 32).to(BF16), torch.randn(48, 32).to(BF16)
+    sinks = torch.randn(4)
+    kc2, vc2 = kc.clone(), vc.clone()
+    out = torch.full((5, 4, 128), float("nan"), dtype=BF16)
+    result, lse = flash_attn_with_kvcache(
+        qp, kc, vc, kn, vn, rotary_cos=cos, rotary_sin=sin, cache_seqlens=seqlens,
+        cu_seqlens_q=cu_q, cu_seqlens_k_new=cu_new, max_seqlen_q=3, causal=True, sinks=sinks,
+        out=out, return_softmax_lse=True)
+    assert result is out and lse.shape == (4, 5)
+    for b in range(2):
+        s, n = int(seqlens[b]), int(cu_new[b + 1] - cu_new[b])
+        rows_new = slice(int(cu_new[b]), int(cu_new[b + 1]))
+        k_rot = _rotate(kn[rows_new][None], cos, sin, s + torch.arange(n)[None])[0]
+        kc2[b, s:s + n], vc2[b, s:s + n] = k_rot, vn[rows_new]
+        rq = slice(int(cu_q[b]), int(cu_q[b + 1]))
+        nq = rq.stop - rq.start
+        q_rot = _rotate(qp[rq][None], cos, sin, s + torch.arange(nq)[None])[0]  # FA3's positions
+        ref, ref_lse = reference(q_rot, kc2[b, :s + n], vc2[b, :s + n],
+                                 torch.zeros(nq, 4, 128, dtype=BF16), 192 ** -0.5, causal=True)
+        total = torch.logaddexp(ref_lse, sinks.double()[:, None])
+        ref = ref * torch.exp(ref_lse - total).t()[..., None]
+        assert (out[rq].double() - ref).abs().max() <= 2e-2
+        assert (lse[:, rq].double() - total).abs().max() <= 1e-4
+    assert same_bytes(kc, kc2) and same_bytes(vc, vc2)
+
+
+def test_kvcache_own_head_dim_v_refusals_change_no_cache_byte(seed):
+    q, kc, vc, kn, vn = own_v_case(batch=3, capacity=64, batch_cache=3)
+
+    def to_fp8(name):
+        return lambda a: a[name].to(torch.float8_e4m3fn)
+
+    refusals = [
+        ({"v": lambda a: a["v"][..., :64]}, ValueError, "with batch 3, heads_kv 2, head_dim 128"),
+        ({"v_cache": lambda a: a["v_cache"][:, :30]}, ValueError,
+         "v_cache: expected k_cache's dims but the last"),
+        ({"v_cache": lambda a: torch.zeros(3, 64, 2, 132, dtype=BF16),
+          "v": lambda a: torch.zeros(3, 3, 2, 132, dtype=BF16)}, ValueError,
+         "v_cache: expected a head dim that is a multiple of 8 in [8, 512]", "got 132"),
+        ({"v_cache": lambda a: torch.zeros(3, 64, 2, 520, dtype=BF16),
+          "v": lambda a: torch.zeros(3, 3, 2, 520, dtype=BF16)}, ValueError,
+         "v_cache: expected a head dim that is a multiple of 8 in [8, 512]", "got 520"),
+        ({"out": lambda a: torch.empty(3, 4, 4, 192, dtype=BF16)}, ValueError,
+         "out: expected shape (3, 4, 4, 128)"),
+        ({"backend": "fa3"}, UnsupportedError,
+         "backend: expected 'auto' with v_cache's own head dim"),
+        ({name: to_fp8(name) for name in ("q", "k_cache", "v_cache", "k", "v")},
+         UnsupportedError, ("v_cache: expected q of dtype torch.float16 or torch.bfloat16 with "
+                            "v_cache's own head dim (FP8 inputs take a v_cache of k_cache's head "
+                            "dim)")),
+        ({"v_cache": lambda a: a["v_cache"].half(), "v": lambda a: a["v"].half()}, ValueError,
+         "v_cache: expected q's dtype torch.bfloat16"),
+        ({"softmax_scale": -1.0}, ValueError, "softmax_scale: expected a float > 0"),
+    ]
+    for change, exc, *fragments in refusals:
+        kc_, vc_ = kc.clone(), vc.clone()
+        args = {"q": q, "k_cache": kc_, "v_cache": vc_, "k": kn, "v": vn, "cache_seqlens": 10}
+        for name, value in change.items():
+            args[name] = value(args) if callable(value) else value
+        before = args["k_cache"].clone(), args["v_cache"].clone()
+        with raises(exc, *fragments):
+            flash_attn_with_kvcache(**args)
+        assert same_bytes(args["k_cache"], before[0]), fragments
+        assert same_bytes(args["v_cache"], before[1]), fragments
+
+
+def test_kvcache_own_head_dim_v_supports_and_metadata(seed):
+    ok, reason = supports(kvcache=True, head_dim=192, head_dim_v=128, capability=(9, 0))
+    assert ok and reason.startswith("composite: a v_cache of its own head dim (d 192 / dv 128)")
+    ok, reason = supports(kvcache=True, head_dim=64, head_dim_v=512, page_size=16)
+    assert ok and "flash_attn_with_kvcache, paged in place" in reason, reason
+    ok, reason = supports(kvcache=True, dtype="e4m3", head_dim=192, head_dim_v=128)
+    assert not ok and "FP8 inputs take a v_cache of k_cache's head dim" in reason, reason
+    ok, reason = supports(kvcache=True, head_dim=192, head_dim_v=128, backend="fa2")
+    assert not ok and reason.startswith("backend: expected 'auto'"), reason
+    q, kc, vc, _, _ = own_v_case(batch=2, sq=1, hq=8, hk=2, capacity=48, new=0, batch_cache=2)
+    lengths = torch.tensor([48, 20], dtype=I32)
+    base = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lengths)
+    meta = get_scheduler_metadata(2, 1, 48, 8, 2, 192, lengths, headdim_v=128, num_splits=3)
+    assert meta.flash_hopper_schedule["head_dim_v"] == 128
+    assert torch.equal(flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lengths,
+                                               scheduler_metadata=meta, num_splits=3), base)
 
 
 # --- supports() and the API agree ----------------------------------------------------------------

@@ -7,7 +7,9 @@ latent part), per query head and KV head of its group:
     O[i]    = sum_j softmax_j(S)[i, j] * v[j]                    (width dv; lse = logsumexp_j S)
 
 V serves twice: as the second "key" of qv and as the value. The default scale is
-1 / sqrt(d + dv), FA3's (_validate.check_qv). The mask is the package's (mask.py): bottom-right
+1 / sqrt(d + dv), FA3's (_validate.check_qv). Without qv (a KV cache whose v_cache has a head
+dim of its own, _validate.check_own_v_cache) the qv . v term is absent and the scale defaults
+to 1 / sqrt(d). The mask is the package's (mask.py): bottom-right
 aligned on each sequence's attended keys, causal / window / attention_chunk; a row that sees no
 key gets out 0 and lse -inf.
 
@@ -180,13 +182,14 @@ def _block_sizes(batch: int, heads_q: int, heads_kv: int, head_dim: int, head_di
 def attention(queries: Rows, keys: Rows, *, softmax_scale: float, window: tuple[int, int],
               softcap: float, chunk: int = 0, block_q: int | None = None,
               block_k: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The composite: queries' tensors (q, qv), keys' tensors (k, v); query rows in use
+    """The composite: queries' tensors (q, qv) or (q,) (no qv term), keys' tensors (k, v);
+    query rows in use
     [0, queries.hi) (queries.lo must be 0), keys attended [keys.lo, keys.hi) per sequence.
     Returns out (batch, queries.length, heads_q, dv) in q's dtype and lse (batch, heads_q,
     queries.length) in the compute dtype (fp32; float64 for float64 inputs); rows past a
     sequence's q_len get out 0 and lse -inf. block_q / block_k: tile sizes (tests), default
     from BLOCK_ELEMENTS."""
-    q, qv = queries.tensors
+    q, qv = queries.tensors[0], (queries.tensors[1:] or (None,))[0]
     k, v = keys.tensors
     batch, heads_q, heads_kv = queries.batch, q.shape[-2], k.shape[-2]
     head_dim, head_dim_v = q.shape[-1], v.shape[-1]
@@ -195,7 +198,8 @@ def attention(queries: Rows, keys: Rows, *, softmax_scale: float, window: tuple[
     auto_q, auto_k = _block_sizes(batch, heads_q, heads_kv, head_dim, head_dim_v, seqlen_q,
                                   keys.length, BLOCK_ELEMENTS)
     block_q, block_k = block_q or auto_q, block_k or auto_k
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, qv, k, v))
+    grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, qv, k, v))
     recompute = grad and not torch.compiler.is_compiling()
     left, right = window
     outs, lses = [], []
@@ -205,7 +209,7 @@ def attention(queries: Rows, keys: Rows, *, softmax_scale: float, window: tuple[
         step = functools.partial(_query_block, keys=keys, i0=i0, span=span, q_len=queries.hi,
                                  softmax_scale=softmax_scale, window=window, softcap=softcap,
                                  chunk=chunk, block_k=block_k, compute=compute)
-        qb, qvb = queries.block(i0, i1)
+        qb, qvb = (queries.block(i0, i1) + [None])[:2]
         out, lse = checkpoint(step, qb, qvb, use_reentrant=False) if recompute else step(qb, qvb)
         outs.append(out.to(q.dtype))
         lses.append(lse)
@@ -215,13 +219,14 @@ def attention(queries: Rows, keys: Rows, *, softmax_scale: float, window: tuple[
     return torch.cat(outs, dim=1), torch.cat(lses, dim=2)
 
 
-def _query_block(qb: torch.Tensor, qvb: torch.Tensor, *, keys: Rows, i0: int,
+def _query_block(qb: torch.Tensor, qvb: torch.Tensor | None, *, keys: Rows, i0: int,
                  span: tuple[int, int], q_len: PerSeq, softmax_scale: float,
                  window: tuple[int, int], softcap: float, chunk: int, block_k: int,
                  compute: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """One query block (batch, n, heads_q, d / dv) against the keys of ``span``: the online
-    softmax over key blocks. The query heads of a KV head are stacked as rows (row g * n + i:
-    query head kv * group + g, token i), so each K / V block serves its whole group in one GEMM.
+    """One query block (batch, n, heads_q, d / dv; qvb None: no qv term) against the keys of
+    ``span``: the online softmax over key blocks. The query heads of a KV head are stacked as
+    rows (row g * n + i: query head kv * group + g, token i), so each K / V block serves its
+    whole group in one GEMM.
     Returns out (batch, n, heads_q, dv) and lse (batch, heads_q, n), in ``compute``."""
     batch, n, heads_q = qb.shape[:3]
     heads_kv = keys.heads
@@ -232,8 +237,9 @@ def _query_block(qb: torch.Tensor, qvb: torch.Tensor, *, keys: Rows, i0: int,
         x = x.to(compute).reshape(batch, n, heads_kv, group, x.shape[-1])
         return x.permute(0, 2, 3, 1, 4).reshape(batch, heads_kv, rows, x.shape[-1])
 
-    qh, qvh = stacked(qb), stacked(qvb)
-    head_dim_v = qvh.shape[-1]
+    qh = stacked(qb)
+    qvh = stacked(qvb) if qvb is not None else None
+    head_dim_v = keys.tensors[1].shape[-1]
     neg_inf = float("-inf")
     row_max = qh.new_full((batch, heads_kv, rows), neg_inf)  # detached: a stabilizer only
     row_sum = qh.new_zeros(batch, heads_kv, rows)
@@ -244,7 +250,10 @@ def _query_block(qb: torch.Tensor, qvb: torch.Tensor, *, keys: Rows, i0: int,
         kb, vb = keys.block(j0, j1)
         kh = kb.to(compute).permute(0, 2, 3, 1)  # (batch, kv, d, nk)
         vh = vb.to(compute).permute(0, 2, 1, 3)  # (batch, kv, nk, dv)
-        s = (torch.matmul(qh, kh) + torch.matmul(qvh, vh.transpose(-1, -2))) * softmax_scale
+        s = torch.matmul(qh, kh)
+        if qvh is not None:
+            s = s + torch.matmul(qvh, vh.transpose(-1, -2))
+        s = s * softmax_scale
         if softcap > 0:
             s = torch.tanh(s / softcap) * softcap
         visible = _visible((i0, i0 + n), (j0, j1), q_len, keys.lo, keys.hi, left, right, chunk,

@@ -433,19 +433,60 @@ def check_qv(q: Any, k: Any, v: Any, qv: Any, softmax_scale: Any, causal: Any, w
     kernel takes qv)."""
     if not isinstance(qv, torch.Tensor):
         raise TypeError(f"qv: expected None or a torch.Tensor, got {type(qv).__name__}")
+    return _composite_config(q, k, v, qv, softmax_scale, causal, window_size, softcap, backend,
+                             k_name, v_name)
+
+
+# A KV cache whose v_cache has a head dim of its own and no qv (FA3's 192 / 128 and its d <= 64
+# with dv <= 512): the composite path reads it; dv a multiple of 8 up to qv's widest.
+OWN_V_MAX_HEAD_DIM_V = QV_MAX_HEAD_DIM_V
+
+
+def check_own_v_head_dims(head_dim: Any, head_dim_v: Any, d_name: str = "q",
+                          dv_name: str = "v_cache") -> None:
+    """check_own_v_cache's head dims (qv's, check_qv_head_dims, are among them): d a multiple
+    of 8 in [8, 256], dv a multiple of 8 in [8, 512]. The names say which argument carries
+    each."""
+    for name, dim, top in ((d_name, head_dim, MAX_HEAD_DIM),
+                           (dv_name, head_dim_v, OWN_V_MAX_HEAD_DIM_V)):
+        if dim % HEAD_DIM_MULTIPLE or not HEAD_DIM_MULTIPLE <= dim <= top:
+            raise ValueError(f"{name}: expected a head dim that is a multiple of "
+                             f"{HEAD_DIM_MULTIPLE} in [{HEAD_DIM_MULTIPLE}, {top}] with a V "
+                             f"head dim of its own, got {dim}")
+
+
+def check_own_v_cache(q: Any, k_cache: Any, v_cache: Any, softmax_scale: Any, causal: Any,
+                      window_size: Any, softcap: Any, backend: Any) -> QvConfig:
+    """flash_attn_with_kvcache with a v_cache of its own head dim dv and no qv (FA3 takes d in
+    (128, 192] with dv in (96, 128], and d <= 64 with dv <= 512): check_qv's checks without qv,
+    on the composite path (_qv.py). d a multiple of 8 in [8, 256], dv a multiple of 8 in
+    [8, 512]; the scale defaults to 1 / sqrt(d), as for any call without qv; backend "auto"."""
+    return _composite_config(q, k_cache, v_cache, None, softmax_scale, causal, window_size,
+                             softcap, backend, "k_cache", "v_cache")
+
+
+def _composite_config(q: Any, k: Any, v: Any, qv: Any, softmax_scale: Any, causal: Any,
+                      window_size: Any, softcap: Any, backend: Any, k_name: str,
+                      v_name: str) -> QvConfig:
+    """check_qv's checks (qv a tensor) or check_own_v_cache's (qv None)."""
+    what = "with qv" if qv is not None else f"with {v_name}'s own head dim"
     for name, t in (("q", q), (k_name, k), (v_name, v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if q.dtype not in SUPPORTED_DTYPES:
-        fp8 = " (FP8 q takes no qv, as in FA3)" if q.dtype in FP8_DTYPES else ""
+        fp8 = q.dtype in FP8_DTYPES
+        note = (" (FP8 q takes no qv, as in FA3)" if qv is not None else
+                f" (FP8 inputs take a {v_name} of {k_name}'s head dim)") if fp8 else ""
         error = UnsupportedError if fp8 else ValueError
-        raise error(f"qv: expected q of dtype torch.float16 or torch.bfloat16 with qv{fp8}, got "
-                    f"q of dtype {q.dtype}")
-    for name, t in (("qv", qv), (k_name, k), (v_name, v)):
+        arg = "qv" if qv is not None else v_name
+        raise error(f"{arg}: expected q of dtype torch.float16 or torch.bfloat16 {what}{note}, "
+                    f"got q of dtype {q.dtype}")
+    extra = (("qv", qv),) if qv is not None else ()
+    for name, t in extra + ((k_name, k), (v_name, v)):
         if t.dtype != q.dtype:
-            raise ValueError(f"{name}: expected dtype {q.dtype} (q's dtype) with qv, got "
+            raise ValueError(f"{name}: expected dtype {q.dtype} (q's dtype) {what}, got "
                              f"{t.dtype}")
-    if qv.dim() != q.dim() or _shape(qv)[:-1] != _shape(q)[:-1]:
+    if qv is not None and (qv.dim() != q.dim() or _shape(qv)[:-1] != _shape(q)[:-1]):
         want = ", ".join(str(x) for x in _shape(q)[:-1])
         raise ValueError(f"qv: expected shape ({want}, head_dim_v) (q's dims but the last), got "
                          f"{_shape(qv)}")
@@ -456,27 +497,31 @@ def check_qv(q: Any, k: Any, v: Any, qv: Any, softmax_scale: Any, causal: Any, w
     if k.shape[-1] != head_dim:
         raise ValueError(f"{k_name}: expected head_dim (last dim) == q's {head_dim}, got "
                          f"{k.shape[-1]} (shape {_shape(k)})")
-    if qv.shape[-1] != head_dim_v:
-        raise ValueError(f"qv: expected head_dim_v (last dim) == {v_name}'s {head_dim_v}, got "
-                         f"{qv.shape[-1]} (shape {_shape(qv)})")
-    check_qv_head_dims(head_dim, head_dim_v, "q", v_name)
+    if qv is not None:
+        if qv.shape[-1] != head_dim_v:
+            raise ValueError(f"qv: expected head_dim_v (last dim) == {v_name}'s {head_dim_v}, "
+                             f"got {qv.shape[-1]} (shape {_shape(qv)})")
+        check_qv_head_dims(head_dim, head_dim_v, "q", v_name)
+    else:
+        check_own_v_head_dims(head_dim, head_dim_v, "q", v_name)
     heads_q, heads_kv = q.shape[-2], k.shape[-2]
     if heads_q < 1:
         raise ValueError(f"q: expected heads_q >= 1, got {heads_q}")
     if heads_kv < 1 or heads_q % heads_kv:
         raise ValueError(f"{k_name}: heads_kv must divide q's heads_q {heads_q} (GQA/MQA), got "
                          f"{heads_kv}")
-    for name, t in (("q", q), ("qv", qv), (k_name, k), (v_name, v)):
+    for name, t in (("q", q),) + extra + ((k_name, k), (v_name, v)):
         if t.shape[-1] > 1 and t.stride(-1) != 1:
             raise ValueError(f"{name}: must be contiguous in the last dimension (stride 1), got "
                              f"strides {tuple(t.stride())}; call {name}.contiguous()")
     left, right = _check_window(window_size, causal)
-    # FA3's default scale with qv: over both dot products' dims
-    scale, cap = _check_scale_and_softcap(softmax_scale, (head_dim + head_dim_v) ** -0.5, softcap)
+    # FA3's default scale: over both dot products' dims with qv, q . k's alone without
+    default = (head_dim + head_dim_v) ** -0.5 if qv is not None else head_dim ** -0.5
+    scale, cap = _check_scale_and_softcap(softmax_scale, default, softcap)
     if _check_backend(backend) != "auto":
-        raise UnsupportedError(f"backend: expected 'auto' with qv (qv runs a composite path of "
+        raise UnsupportedError(f"backend: expected 'auto' {what} (it runs a composite path of "
                                f"torch GEMMs, not an FA kernel), got {backend!r}")
-    for name, t in (("qv", qv), (k_name, k), (v_name, v)):
+    for name, t in extra + ((k_name, k), (v_name, v)):
         _check_device(name, t, q)
     return QvConfig(heads_q, heads_kv, head_dim, head_dim_v, q.dtype, scale, left, right, cap)
 

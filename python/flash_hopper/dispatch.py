@@ -155,10 +155,11 @@ def supports(
     flash_attn_varlen_func run the kernel with V's own head dim where the library has one for
     the pair (d 192 / dv 128, fp16 / bf16, cc 9.0: the answer for inference calls; calls under
     grad pad, and FLASH_HOPPER_DV_KERNEL=0 pads every call), else zero padding (_dv.py): the
-    answer is then the kernel of the padded head dim. qv: a call with FA3's qv (MLA's extra query; head_dim <= 64, head_dim_v in
-    [256, 512]), answered by the API's own checks (_validate.check_qv) on tensors of these
-    shapes: it runs the composite path of torch GEMMs (_qv.py, no fused kernel), on any
-    device, so ``capability`` does not change the answer."""
+    answer is then the kernel of the padded head dim. qv: a call with FA3's qv (MLA's extra
+    query; head_dim <= 64, head_dim_v in [256, 512]), and with kvcache any head_dim_v of its
+    own, are answered by the API's own checks (_validate.check_qv / check_own_v_cache) on
+    tensors of these shapes: they run the composite path of torch GEMMs (_qv.py, no fused
+    kernel), on any device, so ``capability`` does not change the answer."""
     from . import _decode  # torch-dependent: imported when asked
 
     try:
@@ -175,17 +176,17 @@ def supports(
     if backend not in _tables.BACKENDS:
         return False, (f"backend: expected one of {', '.join(_tables.BACKEND_NAMES)}, got "
                        f"{backend!r}")
-    if qv:
-        return _supports_qv(dtype, head_dim, head_dim if head_dim_v is None else head_dim_v,
-                            heads_q, heads_q if heads_kv is None else heads_kv, seqlen_q,
-                            seqlen_k, causal, window_size, softcap, backend, varlen, kvcache,
-                            page_size)
+    own_v = head_dim_v is not None and head_dim_v != head_dim
+    if qv or (own_v and kvcache):  # the composite route
+        return _supports_composite(dtype, head_dim, head_dim if head_dim_v is None else
+                                   head_dim_v, heads_q, heads_q if heads_kv is None else heads_kv,
+                                   seqlen_q, seqlen_k, causal, window_size, softcap, backend,
+                                   varlen, kvcache, page_size, qv)
     dv_note = ""
-    if head_dim_v is not None and head_dim_v != head_dim:  # v's own head dim: zero padding
-        if kvcache or dtype not in ("fp16", "bf16"):
-            where = "flash_attn_with_kvcache" if kvcache else f"{dtype} inputs"
+    if own_v:  # v's own head dim: its kernel, or zero padding
+        if dtype not in ("fp16", "bf16"):
             return False, (f"head_dim_v: a V head dim of its own ({head_dim_v} != head_dim "
-                           f"{head_dim}) with {where} is implemented with qv only")
+                           f"{head_dim}) with {dtype} inputs is implemented with qv only")
         if head_dim_v < 1 or head_dim_v % 8 or head_dim % 8 or head_dim > 256:
             return False, (f"head_dim_v: expected head_dim and head_dim_v positive multiples "
                            f"of 8, head_dim <= 256, got {head_dim} and {head_dim_v}")
@@ -306,12 +307,13 @@ def _kvcache_decode(dtype: str, head_dim: int, heads_q: int, heads_kv: int, seql
     return reason, None
 
 
-def _supports_qv(dtype: str, head_dim: int, head_dim_v: int, heads_q: int, heads_kv: int,
-                 seqlen_q: int, seqlen_k: int, causal: bool, window_size: tuple[int, int],
-                 softcap: float, backend: str, varlen: bool, kvcache: bool,
-                 page_size: int | None) -> tuple[bool, str]:
-    """supports(qv=True): the API's qv checks (_validate.check_qv) on meta tensors of the
-    configuration's shapes, so the answer is the API's by construction."""
+def _supports_composite(dtype: str, head_dim: int, head_dim_v: int, heads_q: int,
+                        heads_kv: int, seqlen_q: int, seqlen_k: int, causal: bool,
+                        window_size: tuple[int, int], softcap: float, backend: str, varlen: bool,
+                        kvcache: bool, page_size: int | None, qv: bool) -> tuple[bool, str]:
+    """supports(qv=True), and flash_attn_with_kvcache with a V head dim of its own: the API's
+    checks (_validate.check_qv / check_own_v_cache) on meta tensors of the configuration's
+    shapes, so the answer is the API's by construction."""
     import torch
 
     from . import _validate
@@ -323,16 +325,21 @@ def _supports_qv(dtype: str, head_dim: int, head_dim_v: int, heads_q: int, heads
                            device="meta")
 
     names = ("k_cache", "v_cache") if kvcache else ("k", "v")
+    q = meta(seqlen_q, heads_q, head_dim, q_dtype)
+    k = meta(seqlen_k, heads_kv, head_dim, kv_dtype)
+    v = meta(seqlen_k, heads_kv, head_dim_v, kv_dtype)
     try:
-        _validate.check_qv(meta(seqlen_q, heads_q, head_dim, q_dtype),
-                           meta(seqlen_k, heads_kv, head_dim, kv_dtype),
-                           meta(seqlen_k, heads_kv, head_dim_v, kv_dtype),
-                           meta(seqlen_q, heads_q, head_dim_v, q_dtype), None, causal,
-                           tuple(window_size), softcap, backend, *names)
+        if qv:
+            _validate.check_qv(q, k, v, meta(seqlen_q, heads_q, head_dim_v, q_dtype), None,
+                               causal, tuple(window_size), softcap, backend, *names)
+        else:
+            _validate.check_own_v_cache(q, k, v, None, causal, tuple(window_size), softcap,
+                                        backend)
     except (TypeError, ValueError, NotImplementedError) as exc:
         return False, str(exc)
     entry = ("flash_attn_with_kvcache" + (", paged in place" if page_size is not None else "")
              if kvcache else "flash_attn_varlen_func" if varlen else "flash_attn_func")
-    return True, (f"composite: qv (MLA's extra query, d {head_dim} / dv {head_dim_v}) runs a "
-                  f"composite path of torch GEMMs on q's device, not a fused kernel ({entry}; "
-                  f"online softmax over key blocks in fp32)")
+    what = "qv (MLA's extra query, " if qv else "a v_cache of its own head dim ("
+    return True, (f"composite: {what}d {head_dim} / dv {head_dim_v}) runs a composite path of "
+                  f"torch GEMMs on q's device, not a fused kernel ({entry}; online softmax over "
+                  f"key blocks in fp32)")

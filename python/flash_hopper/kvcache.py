@@ -48,15 +48,16 @@ attention_chunk (FA3's chunked-local attention, fp16 / bf16 without sinks, eager
 capture): the attended keys gathered and split into chunks on the host (_chunked).
 
 qv (MLA's extra query, FA3's semantics: v_cache with a head dim of its own, 256 to 512, k_cache's
-at most 64): its own route, "qv" (_run_qv), through the same checks and append; the composite
-path of torch GEMMs (_qv.py, not a fused kernel yet) reads dense or paged caches in place, a key
-block at a time; masks (attention_chunk included, also under capture), sinks and rotary (q and
-the new keys, never qv) as elsewhere; no key split.
+at most 64), and a v_cache with a head dim of its own without qv (FA3's d 192 / dv 128 and d <= 64
+/ dv <= 512; fp16 / bf16): their own route, "composite" (_run_composite), through the same checks
+and append; the composite path of torch GEMMs (_qv.py, not a fused kernel yet) reads dense or
+paged caches in place, a key block at a time; masks (attention_chunk included, also under
+capture), sinks and rotary (q and the new keys, never qv) as elsewhere; no key split.
 
 Not yet (each refused naming the argument): rotary with FP8 inputs or an FP8 cache or with a
-paged cache off the decode kernel and without qv, attention_chunk with FP8 inputs or an FP8
-cache, sinks or under graph capture (without qv); 16-bit q against an FP8 cache off the decode
-kernel.
+paged cache off the decode kernel and off the composite route, attention_chunk with FP8 inputs
+or an FP8 cache, sinks or under graph capture (off the composite route); 16-bit q against an FP8
+cache off the decode kernel; a v_cache of its own head dim with FP8 inputs.
 """
 
 from __future__ import annotations
@@ -329,11 +330,12 @@ def apply_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor,
 
 
 def _check_cache_shapes(k_cache: torch.Tensor, v_cache: torch.Tensor, own_v: bool) -> None:
-    """v_cache shaped as k_cache; with own_v (qv calls) but for its head dim."""
+    """v_cache shaped as k_cache; with own_v (qv calls, or a v_cache of its own head dim) but
+    for its head dim."""
     if own_v and tuple(v_cache.shape[:3]) != tuple(k_cache.shape[:3]):
         raise ValueError(f"v_cache: expected k_cache's dims but the last "
-                         f"{tuple(k_cache.shape[:3])} (v_cache has a head dim of its own with "
-                         f"qv), got {tuple(v_cache.shape)}")
+                         f"{tuple(k_cache.shape[:3])} (v_cache has a head dim of its own), got "
+                         f"{tuple(v_cache.shape)}")
     if not own_v and tuple(v_cache.shape) != tuple(k_cache.shape):
         raise ValueError(f"v_cache: expected k_cache's shape {tuple(k_cache.shape)}, got "
                          f"{tuple(v_cache.shape)}")
@@ -344,7 +346,7 @@ def _check_page_table(page_table: Any, k_cache: Any, v_cache: Any, q: Any, k: An
                       own_v: bool = False) -> tuple[torch.Tensor, int, int]:
     """The page table's and the pool's checks; returns (the page table's rows of the batch in
     order (cache_batch_idx applied), num_pages, page_size). own_v: v_cache has a head dim of
-    its own (qv calls)."""
+    its own (the composite route's calls)."""
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"q: expected a torch.Tensor, got {type(q).__name__}")
     if k is not None and not isinstance(k, torch.Tensor):
@@ -552,9 +554,9 @@ def get_scheduler_metadata(
     it is taken at each call and agrees between replays). The values that change per step
     (cache_seqlens, leftpad) are read by each call, so one metadata serves every step of a decode
     loop with the same shapes. A call whose shapes differ from the metadata's raises, naming
-    both. headdim_v: None or headdim, or the V head dim of qv calls (MLA: headdim <= 64,
-    headdim_v a multiple of 8 in [256, 512], e.g. 64 / 512); their composite path does not
-    split, the metadata only checks their shapes."""
+    both. headdim_v: None or headdim, or a V head dim of its own (qv calls, MLA: headdim <= 64
+    with headdim_v in [256, 512], e.g. 64 / 512; without qv: e.g. 192 / 128); their composite
+    path does not split, the metadata only checks their shapes."""
     for name, value in (("batch_size", batch_size), ("max_seqlen_q", max_seqlen_q),
                         ("max_seqlen_k", max_seqlen_k), ("num_heads_q", num_heads_q),
                         ("num_heads_kv", num_heads_kv), ("headdim", headdim)):
@@ -567,15 +569,10 @@ def get_scheduler_metadata(
                          f"{num_heads_kv}")
     if headdim_v is None:
         headdim_v = headdim
-    elif headdim_v != headdim:  # a V head dim of its own: qv calls' (MLA)
+    elif headdim_v != headdim:  # a V head dim of its own: the composite route's calls
         if isinstance(headdim_v, bool) or not isinstance(headdim_v, numbers.Integral):
             raise TypeError(f"headdim_v: expected None or an int, got {headdim_v!r}")
-        try:
-            _validate.check_qv_head_dims(headdim, headdim_v, "headdim", "headdim_v")
-        except ValueError as exc:
-            raise UnsupportedError(f"headdim_v: expected None, headdim ({headdim}) or the V "
-                                   f"head dim of qv calls (a V head dim of its own is "
-                                   f"implemented with qv only): {exc}") from None
+        _validate.check_own_v_head_dims(headdim, headdim_v, "headdim", "headdim_v")
     if page_size is not None and (isinstance(page_size, bool)
                                   or not isinstance(page_size, numbers.Integral)
                                   or page_size < 1):
@@ -801,10 +798,14 @@ def flash_attn_with_kvcache(
     on q's device, reading the cache in place (pages through the table) one key block at a
     time; num_splits and scheduler_metadata (get_scheduler_metadata(..., headdim=d,
     headdim_v=dv)) do not change its result; backend must be "auto".
+    A v_cache with a head dim of its own and no qv (FA3 takes d in (128, 192] with dv in
+    (96, 128], and d <= 64 with dv <= 512; here fp16 / bf16, d a multiple of 8 up to 256, dv up
+    to 512): k_cache / new k of head dim d, v_cache / new v of dv, out of dv, softmax_scale
+    defaulting to 1 / sqrt(d); the same composite path runs it.
     Runs eagerly (no custom op under torch.compile yet); inputs that require grad run forward
     only (a backward raises, as FA3 has none).
     """
-    pages = None  # a paged cache the decode kernel reads in place: (table, num_pages, page_size)
+    pages = None  # a paged cache read in place: (table, num_pages, page_size)
     if page_table is not None:
         args = {k: v for k, v in locals().items() if k != "pages"}
         pages = _pages_in_place(page_table, k_cache, v_cache, q, k, cache_batch_idx, cu_seqlens_q,
@@ -837,11 +838,13 @@ def _pages_in_place(page_table: Any, k_cache: Any, v_cache: Any, q: Any, k: Any,
                     attention_chunk: Any, out: Any, backend: Any,
                     ) -> tuple[torch.Tensor, int, int] | None:
     """The route of a paged call, decided first: (table, num_pages, page_size) when the decode
-    kernel reads the pool in place, None for the paged fallback (_paged: a dense copy)."""
+    kernel or the composite route reads the pool in place, None for the paged fallback (_paged:
+    a dense copy)."""
+    composite = _composite(qv, k_cache, v_cache)
     table, num_pages, page_size = _check_page_table(page_table, k_cache, v_cache, q, k,
                                                     cache_batch_idx, cu_seqlens_q,
-                                                    own_v=qv is not None)
-    if qv is not None:  # the composite path reads the pages itself (_qv.Rows)
+                                                    own_v=composite)
+    if composite:  # the composite path reads the pages itself (_qv.Rows)
         return table, num_pages, page_size
     varlen = isinstance(cu_seqlens_q, torch.Tensor)
     batch = cu_seqlens_q.shape[0] - 1 if varlen else q.shape[0]
@@ -851,6 +854,14 @@ def _pages_in_place(page_table: Any, k_cache: Any, v_cache: Any, q: Any, k: Any,
                                   table)):
         return None
     return table, num_pages, page_size
+
+
+def _composite(qv: Any, k_cache: Any, v_cache: Any) -> bool:
+    """Whether a call takes the composite route: qv, or a v_cache with a head dim of its own."""
+    return qv is not None or (isinstance(k_cache, torch.Tensor)
+                              and isinstance(v_cache, torch.Tensor)
+                              and k_cache.dim() == v_cache.dim() >= 1
+                              and k_cache.shape[-1] != v_cache.shape[-1])
 
 
 class _KvCall(NamedTuple):
@@ -906,7 +917,8 @@ class _KvCall(NamedTuple):
     need_lse: bool
     return_softmax_lse: bool
     grad: bool
-    qv: torch.Tensor | None = None  # MLA's extra query: the composite route (_run_qv)
+    qv: torch.Tensor | None = None  # MLA's extra query: the composite route (_run_composite)
+    composite: bool = False  # qv, or a v_cache of its own head dim: the composite route
 
 
 def _checked_call(q, k_cache, v_cache, k, v, *, qv, rotary_cos, rotary_sin, cache_seqlens,
@@ -947,7 +959,8 @@ def _checked_call(q, k_cache, v_cache, k, v, *, qv, rotary_cos, rotary_sin, cach
         total_q = batch * seqlen_q
     _check_tensor("k_cache", k_cache, 4, "(batch_cache, seqlen_cache, heads_kv, head_dim)")
     _check_tensor("v_cache", v_cache, 4, "(batch_cache, seqlen_cache, heads_kv, head_dim)")
-    _check_cache_shapes(k_cache, v_cache, qv is not None)
+    composite = _composite(qv, k_cache, v_cache)
+    _check_cache_shapes(k_cache, v_cache, composite)
     # 16-bit q against an FP8 cache (the mixed mode): the decode kernel's only (checked below)
     mixed = q.dtype in TORCH_DTYPES and k_cache.dtype in KV_FP8_DTYPES
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
@@ -988,7 +1001,7 @@ def _checked_call(q, k_cache, v_cache, k, v, *, qv, rotary_cos, rotary_sin, cach
                 _check_tensor(name, t, 4, "(batch, seqlen_new, heads_kv, head_dim)")
                 ok = t.shape[0] == batch and t.shape[2:] == cache.shape[2:]
                 want = "(batch, seqlen_new, heads_kv, head_dim)"
-            if not ok:  # each cache's own head dim (they differ with qv)
+            if not ok:  # each cache's own head dim (they may differ)
                 raise ValueError(f"{name}: expected shape {want} with batch {batch}, heads_kv "
                                  f"{heads_kv}, head_dim {cache.shape[3]}, got "
                                  f"{tuple(t.shape)}")
@@ -1034,7 +1047,7 @@ def _checked_call(q, k_cache, v_cache, k, v, *, qv, rotary_cos, rotary_sin, cach
         raise UnsupportedError(f"attention_chunk: expected 0 with FP8 inputs or sinks (chunked "
                                f"KV-cache attention runs on fp16 / bf16 without sinks), got "
                                f"{attention_chunk}")
-    if (attention_chunk and qv is None and torch.cuda.is_available()
+    if (attention_chunk and not composite and torch.cuda.is_available()
             and torch.cuda.is_current_stream_capturing()):
         raise UnsupportedError(f"attention_chunk: expected 0 while a CUDA graph is captured (the "
                                f"chunks are split on the host from cache_seqlens), got "
@@ -1053,7 +1066,7 @@ def _checked_call(q, k_cache, v_cache, k, v, *, qv, rotary_cos, rotary_sin, cach
         raise UnsupportedError("flash_attn_with_kvcache runs eagerly only (no flash_hopper "
                                "custom op takes it under torch.compile yet)")
 
-    if qv is not None:  # the composite path reads the caches itself (_qv.Rows): no row views
+    if composite:  # the composite path reads the caches itself (_qv.Rows): no row views
         k_rows, v_rows, step = k_cache, v_cache, 1
     elif pages is None:
         k_rows, step = _rows_view("k_cache", k_cache)
@@ -1081,7 +1094,7 @@ def _checked_call(q, k_cache, v_cache, k, v, *, qv, rotary_cos, rotary_sin, cach
     if out is not None:
         dims = 3 if varlen_q else 4
         _check_tensor("out", out, dims, "of q's shape")
-        if qv is not None:  # the output has v's head dim
+        if composite:  # the output has v's head dim
             want = tuple(q.shape[:-1]) + (v_cache.shape[3],)
             if tuple(out.shape) != want or out.dtype != q.dtype or out.device != q.device:
                 raise ValueError(f"out: expected shape {want} (q's, with v_cache's head dim), "
@@ -1110,12 +1123,15 @@ def _checked_call(q, k_cache, v_cache, k, v, *, qv, rotary_cos, rotary_sin, cach
     # Whether the decode kernel serves the call (_route's first choice) is decided here, as it
     # picks the checks: a paged cache came here only if it serves it.
     group = heads_q // heads_kv if heads_q % heads_kv == 0 else 0
-    decode = qv is None and (pages is not None or (
+    decode = not composite and (pages is not None or (
         backend == "auto" and not attention_chunk
         and _decode.serves(q, k_cache, v_cache, out, batch, seqlen_q, varlen_q)))
     if qv is not None:  # MLA's extra query: the composite path (_qv.py), on any device
         cfg = _validate.check_qv(q, k_cache, v_cache, qv, softmax_scale, causal, window_size,
                                  softcap, backend, "k_cache", "v_cache")
+    elif composite:  # v_cache's own head dim without qv: the composite path too
+        cfg = _validate.check_own_v_cache(q, k_cache, v_cache, softmax_scale, causal,
+                                          window_size, softcap, backend)
     elif mixed and not decode:
         raise UnsupportedError(
             f"k_cache: {q.dtype} q against an FP8 cache ({k_cache.dtype}, the mixed mode) runs on "
@@ -1139,7 +1155,7 @@ def _checked_call(q, k_cache, v_cache, k, v, *, qv, rotary_cos, rotary_sin, cach
         base, rotary_interleaved, sinks, pages, k_rows, v_rows, cu_q, cu_k, used_k, descales,
         args, batch_k, decode, cfg, attention_chunk, num_splits, pack_gqa, meta_splits,
         meta_decode_splits, backend, return_softmax_lse or sinks is not None, return_softmax_lse,
-        grad, qv=qv)
+        grad, qv=qv, composite=composite)
 
 
 def _route(c: _KvCall) -> tuple[str, int]:
@@ -1151,8 +1167,8 @@ def _route(c: _KvCall) -> tuple[str, int]:
     that path's varlen kernels. Unmasked rows (one query token, or neither causal nor a window):
     the query heads of a KV head can share its tiles, and the keys can be split
     (_packed_varlen)."""
-    if c.qv is not None:
-        return "qv", 1
+    if c.composite:
+        return "composite", 1
     unmasked = c.cfg.window_left < 0 and (c.cfg.window_right < 0
                                           or (not c.varlen_q and c.seqlen_q == 1))
     if c.meta_splits is not None:
@@ -1226,11 +1242,11 @@ def _fa3_layout(c: _KvCall, result: torch.Tensor,
     return result, lse
 
 
-def _run_qv(c: _KvCall, splits: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """qv (MLA's extra query): the composite path (_qv.py) over the cache read in place (dense
-    entries through cache_batch_idx, or pages through the table), keys [cache_leftpad, used_k)
-    of each sequence; rotary has rotated q (c.q_att), never qv. No key split: num_splits and
-    scheduler_metadata change nothing."""
+def _run_composite(c: _KvCall, splits: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """qv (MLA's extra query) or a v_cache of its own head dim: the composite path (_qv.py)
+    over the cache read in place (dense entries through cache_batch_idx, or pages through the
+    table), keys [cache_leftpad, used_k) of each sequence; rotary has rotated q (c.q_att), never
+    qv. No key split: num_splits and scheduler_metadata change nothing."""
     lo = c.cache_leftpad if c.cache_leftpad is not None else 0
     hi = c.used_k.clamp(0, c.seqlen_cache)  # unchecked values: within the cache
     length = c.seqlen_cache
@@ -1239,11 +1255,12 @@ def _run_qv(c: _KvCall, splits: int) -> tuple[torch.Tensor, torch.Tensor | None]
     table = c.pages[0] if c.pages is not None else None
     keys = _qv.Rows((c.k_cache, c.v_cache), c.batch, length, lo=lo, hi=hi,
                     entry=c.cache_batch_idx, table=table)
+    tensors = (c.q_att,) if c.qv is None else (c.q_att, c.qv)
     if c.varlen_q:
         start, q_len = c.cu_seqlens_q[:-1], c.cu_seqlens_q[1:] - c.cu_seqlens_q[:-1]
-        queries = _qv.Rows((c.q_att, c.qv), c.batch, c.seqlen_q, hi=q_len, start=start)
+        queries = _qv.Rows(tensors, c.batch, c.seqlen_q, hi=q_len, start=start)
     else:
-        queries = _qv.Rows((c.q_att, c.qv), c.batch, c.seqlen_q)
+        queries = _qv.Rows(tensors, c.batch, c.seqlen_q)
     result, lse = _qv.attention(queries, keys, softmax_scale=c.cfg.softmax_scale,
                                 window=(c.cfg.window_left, c.cfg.window_right),
                                 softcap=c.cfg.softcap, chunk=int(c.attention_chunk))
@@ -1256,7 +1273,7 @@ def _run_qv(c: _KvCall, splits: int) -> tuple[torch.Tensor, torch.Tensor | None]
 
 
 _EXECUTORS = {"decode": _run_decode, "packed": _run_packed, "chunked": _run_chunked,
-              "varlen": _run_varlen, "qv": _run_qv}
+              "varlen": _run_varlen, "composite": _run_composite}
 
 
 def _execute(c: _KvCall, route: str, splits: int) -> tuple[torch.Tensor, torch.Tensor | None]:
