@@ -249,6 +249,36 @@ def test_rotary_matches_the_rotated_reference(lib, backend, interleaved, causal,
         assert err <= 2 ** -7 * k_rot[i].double().abs().max().item(), (i, err)
 
 
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_rotary_with_a_paged_cache_off_the_decode_kernel(lib, backend, page_size):
+    """A paged cache the decode kernel does not serve (64 query tokens) runs on its gathered copy:
+    with rotary the pool gets the rotated keys, and out equals the dense cache's bit for bit."""
+    require(lib, backend, 128)
+    b, sq, new, hq, hk, d, sc = 2, 64, 3, 4, 2, 128, 256
+    g = torch.Generator(device="cuda").manual_seed(page_size)
+    q = torch.randn(b, sq, hq, d, device="cuda", generator=g).to(BF16)
+    kn, vn = (torch.randn(b, new, hk, d, device="cuda", generator=g).to(BF16) for _ in range(2))
+    kc, vc = poisoned_cache(b, sc, hk, d, [100, 200], seed=9)
+    theta = torch.rand(sc, 32, device="cuda", generator=g, dtype=torch.float64) * 6.3
+    per_seq = sc // page_size
+    order = torch.randperm(b * per_seq + 5, device="cuda", generator=g)[:b * per_seq]
+    table = order.view(b, per_seq).to(I32)
+    pool_k = torch.full((b * per_seq + 5, page_size, hk, d), float("nan"), device="cuda",
+                        dtype=BF16)
+    pool_v = pool_k.clone()
+    pool_k[table.long()] = kc.view(b, per_seq, page_size, hk, d)
+    pool_v[table.long()] = vc.view(b, per_seq, page_size, hk, d)
+    kw = {"rotary_cos": theta.cos().to(BF16), "rotary_sin": theta.sin().to(BF16),
+          "cache_seqlens": torch.tensor([100, 200], dtype=I32, device="cuda"), "causal": True,
+          "backend": backend}
+    paged = flash_attn_with_kvcache(q, pool_k, pool_v, kn, vn, page_table=table, **kw)
+    dense = flash_attn_with_kvcache(q, kc, vc, kn, vn, **kw)
+    assert torch.equal(paged, dense) and not paged.isnan().any()
+    for pool, cache in ((pool_k, kc), (pool_v, vc)):  # bit for bit, NaN included
+        assert torch.equal(pool[table.long()].view(b, sc, hk, d).view(torch.int16),
+                           cache.view(torch.int16))
+
+
 @pytest.mark.parametrize(("seqlen_q", "num_splits"), [(1, 0), (1, 4), (3, 1)])
 def test_sinks_match_the_reference(lib, backend, seqlen_q, num_splits):
     """A sink logit per query head (gpt-oss), on the packed / split decode path and the general

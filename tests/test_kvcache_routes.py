@@ -88,3 +88,50 @@ def test_each_call_takes_one_route(launches, usable, kwargs, route):
     if route != "paged":  # the new key (ones) at position 3 before the launch, not after
         row = launches.calls[0][1]
         assert (row[3] == 1).all() and (row[:3] == 0).all() and (row[4:] == 0).all()
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_paged_fallback_with_rotary_writes_the_rotated_keys(monkeypatch, interleaved):
+    """Off the decode kernel a paged cache runs on its gathered copy (kvcache._paged); with rotary
+    the keys the copy receives are rotated (at cache_seqlens + i), and those go into the pool:
+    the pool then holds what a dense cache of the same entries holds after the same call."""
+    calls = []
+    monkeypatch.setattr(_decode, "serves", lambda *args: False)
+    monkeypatch.setattr(_varlen, "check_call", lambda *args: _cfg(args))
+    monkeypatch.setattr(_varlen, "plan", lambda *args: types.SimpleNamespace(
+        dense=types.SimpleNamespace(cfg=_cfg(args))))
+
+    def forward(q_rows, *args, **kwargs):
+        calls.append(q_rows.clone())  # the rotated queries the kernel would attend
+        return torch.zeros_like(q_rows), None, None
+
+    monkeypatch.setattr(_varlen, "forward", forward)
+    torch.manual_seed(0)
+    q = torch.randn(2, 3, 4, 64, dtype=torch.float16)
+    dense_k = torch.randn(2, 16, 2, 64, dtype=torch.float16)
+    dense_v = torch.randn(2, 16, 2, 64, dtype=torch.float16)
+    table = torch.tensor([[3, 0, 5, 1], [2, 7, 4, 6]], dtype=I32)  # 4 pages of 4 per sequence
+    pool_k = torch.full((8, 4, 2, 64), float("nan"), dtype=torch.float16)
+    pool_v = pool_k.clone()
+    for b in range(2):
+        for j in range(16):
+            pool_k[table[b, j // 4], j % 4] = dense_k[b, j]
+            pool_v[table[b, j // 4], j % 4] = dense_v[b, j]
+    kn = torch.randn(2, 2, 2, 64, dtype=torch.float16)
+    vn = torch.randn(2, 2, 2, 64, dtype=torch.float16)
+    cos, sin = torch.rand(24, 16, dtype=torch.float16), torch.rand(24, 16, dtype=torch.float16)
+    seqlens = torch.tensor([5, 11], dtype=I32)
+    kw = {"rotary_cos": cos, "rotary_sin": sin, "rotary_interleaved": interleaved,
+          "cache_seqlens": seqlens, "causal": True}
+    kvcache.flash_attn_with_kvcache(q, dense_k, dense_v, kn, vn, **kw)
+    kvcache.flash_attn_with_kvcache(q, pool_k, pool_v, kn, vn, page_table=table, **kw)
+    assert len(calls) == 2 and torch.equal(calls[0], calls[1])  # q rotated alike
+    new_keys = kvcache._rotate(kn, cos, sin, seqlens.long()[:, None] + torch.arange(2)[None],
+                               interleaved)
+    for b in range(2):
+        s = int(seqlens[b])
+        assert torch.equal(dense_k[b, s:s + 2], new_keys[b])  # rotated, not kn
+        for j in range(16):
+            page, slot = table[b, j // 4], j % 4
+            assert torch.equal(pool_k[page, slot], dense_k[b, j]), (b, j)
+            assert torch.equal(pool_v[page, slot], dense_v[b, j]), (b, j)

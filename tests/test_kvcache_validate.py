@@ -295,8 +295,6 @@ def _paged_case(num_pages=12, page_size=4, b=2, max_pages=3, new=2):
      "page_table: expected an int32 2-D tensor (batch, max_pages), got torch.int64"),
     (lambda a: a.update(page_table=a["page_table"][:1]), ValueError,
      "page_table: expected 2 rows (q's batch) without cache_batch_idx, got 1"),
-    (lambda a: a.update(rotary_cos=torch.zeros(16, 16), rotary_sin=torch.zeros(16, 16)),
-     UnsupportedError, "rotary_cos: rotary embedding with page_table is implemented on the decode kernel only"),
     (lambda a: a.update(v_cache=a["v_cache"][:5]), ValueError, "v_cache: expected k_cache's"),
     (lambda a: None, ValueError, "must be a CUDA tensor"),  # the dense path's checks, first
 ])

@@ -143,8 +143,7 @@ def supports(
     torch dtypes (torch.bfloat16, torch.float8_e4m3fn; "bfloat16" and "torch.bfloat16" too) and,
     for the mixed mode, a (q, K / V) pair of them: (torch.bfloat16, torch.float8_e5m2). varlen:
     flash_attn_varlen_func; kvcache: flash_attn_with_kvcache (a dense cache: varlen kernels);
-    rotary / page_size: flash_attn_with_kvcache's rotary embedding (16-bit, dense caches) and
-    paged caches; sinks: sink logits (flash_attn_with_kvcache: in the decode kernel or from the
+    rotary / page_size: flash_attn_with_kvcache's rotary embedding (16-bit) and paged caches; sinks: sink logits (flash_attn_with_kvcache: in the decode kernel or from the
     kernels' LSE; flash_attn_func / flash_attn_varlen_func: from the call's LSE, on the kernel
     the call without sinks runs on). With backend "auto" short queries run on the decode
     kernel where the library's policy says it serves them (FLASH_HOPPER_DECODE allowing the
@@ -230,9 +229,6 @@ def supports(
         return False, (f"dtype: KV-cache calls with 16-bit q against an FP8 cache ({dtype}, the "
                        f"mixed mode) run on the decode kernel only, which does not serve this "
                        f"one: {why_not}")
-    if rotary and page_size is not None:
-        return False, ("rotary: rotary with a paged cache off the decode kernel is not "
-                       "implemented yet")
     p = FhFwdParams()
     p.abi_version = _abi.ABI_VERSION
     _set_dtypes(p, dtype)

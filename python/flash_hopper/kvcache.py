@@ -54,10 +54,10 @@ and append; the composite path of torch GEMMs (_qv.py, not a fused kernel yet) r
 paged caches in place, a key block at a time; masks (attention_chunk included, also under
 capture), sinks and rotary (q and the new keys, never qv) as elsewhere; no key split.
 
-Not yet (each refused naming the argument): rotary with FP8 inputs or an FP8 cache or with a
-paged cache off the decode kernel and off the composite route, attention_chunk with FP8 inputs
-or an FP8 cache, sinks or under graph capture (off the composite route); 16-bit q against an FP8
-cache off the decode kernel; a v_cache of its own head dim with FP8 inputs.
+Not yet (each refused naming the argument): rotary with FP8 inputs or an FP8 cache,
+attention_chunk with FP8 inputs or an FP8 cache, sinks or under graph capture (off the composite
+route); 16-bit q against an FP8 cache off the decode kernel; a v_cache of its own head dim with
+FP8 inputs.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from . import _autograd, _chunk, _decode, _device, _lib, _qv, _tables, _validate, _varlen
+from . import _autograd, _chunk, _decode, _device, _qv, _validate, _varlen
 from ._combine import flash_attn_combine, lse_weights
 from ._errors import UnsupportedError
 from ._tables import FP8_DTYPES, KV_FP8_DTYPES, TORCH_DTYPES
@@ -422,10 +422,6 @@ def _paged(*, page_table, k_cache, v_cache, cache_batch_idx, **call):
     q, k = call["q"], call["k"]
     table, num_pages, page_size = _check_page_table(page_table, k_cache, v_cache, q, k,
                                                     cache_batch_idx, call["cu_seqlens_q"])
-    if call["rotary_cos"] is not None:
-        served = _tables.decode_summary(_lib.get_library().build_info())
-        raise UnsupportedError(f"rotary_cos: rotary embedding with page_table is implemented on "
-                               f"the decode kernel only ({served})")
     batch = table.shape[0]
     capacity = table.shape[1] * page_size
     cu_new = call["cu_seqlens_k_new"]
@@ -786,8 +782,8 @@ def flash_attn_with_kvcache(
     attention_chunk: FA3's chunked-local attention over the attended keys (counted from
     cache_leftpad, as FA3's), fp16 / bf16 without sinks, eager outside graph capture: the
     attended keys are gathered and split into chunks (_chunked; paged caches through their dense
-    copy). Not implemented yet, refused naming the argument: rotary with FP8 inputs or with
-    page_table off the decode kernel (see the module docstring).
+    copy). Not implemented yet, refused naming the argument: rotary with FP8 inputs (see the
+    module docstring).
     qv (MLA's extra query, FA3's semantics): (batch, seqlen_q, heads_q, dv), or (total_q,
     heads_q, dv) with cu_seqlens_q, q's dtype (fp16 / bf16) and device, last dim contiguous;
     k_cache (..., heads_kv, d) with d <= 64, v_cache (..., heads_kv, dv) with dv in [256, 512]
