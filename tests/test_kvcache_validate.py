@@ -4,6 +4,7 @@ signature, each refusal naming the argument, and a refused call never writing th
 from __future__ import annotations
 
 import inspect
+import math
 
 import pytest
 import torch
@@ -452,9 +453,57 @@ def test_fp8_refusals_name_the_argument_and_write_nothing(decode_route, q_dtype,
     assert all(torch.equal(x, y) for x, y in zip(after, before)) and not decode_route
 
 
-def test_rotary_with_an_fp8_cache_is_refused():
-    q, kc, vc, kn, vn = fp8_make(torch.bfloat16)
-    cos = sin = torch.zeros(64, 8, dtype=torch.bfloat16)
-    with raises(UnsupportedError, "rotary_cos: rotary embedding of FP8 q / k is not implemented"):
-        flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=5, rotary_cos=cos,
-                                rotary_sin=sin)
+@pytest.mark.parametrize(("q_dtype", "cache_dtype"), [(E4M3, E4M3), (torch.bfloat16, E4M3),
+                                                   (torch.float16, E5M2)])
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_rotary_with_fp8_inputs_rotates_in_fp32_and_saturates(monkeypatch, q_dtype, cache_dtype,
+                                                              interleaved):
+    """FA3 takes rotary with FP8 q / caches (cos / sin in q's dtype): the new keys and q rotated
+    in fp32 (their descales, one per head, commute with the rotation), rounded once into their
+    dtype, a rotated pair past the FP8 range saturated; checked against the complex-number
+    rotation in float64 to one rounding of the stored dtype."""
+    from flash_hopper import _decode, _validate
+
+    queries = []
+
+    def forward(q, *args, **kwargs):
+        queries.append(q.clone())
+        return torch.zeros(q.shape, dtype=_decode.out_dtype(q)), None
+
+    monkeypatch.setattr(_decode, "serves", lambda *args: True)
+    monkeypatch.setattr(_decode, "forward", forward)
+    monkeypatch.setattr(_validate, "_check_device", lambda *args: None)
+    q, kc, vc, kn, vn = fp8_make(q_dtype, cache_dtype, new=2)
+    top = torch.finfo(cache_dtype).max
+    pair = (0, 1) if interleaved else (0, 16)  # a feature pair (GPT-J / GPT-NeoX), rotary_dim 32
+    kn[0, 0, 0, pair[0]] = kn[0, 0, 0, pair[1]] = top  # rotated by 45 degrees: top * sqrt(2)
+    g = torch.Generator().manual_seed(int(interleaved))
+    theta = torch.rand(32, 16, generator=g, dtype=torch.float64) * 6.3
+    theta[5] = math.pi / 4
+    cos, sin = theta.cos().to(q_dtype), theta.sin().to(q_dtype)
+    seqlens = torch.tensor([5, 20], dtype=I32)
+    kc_before = kc.clone()
+    flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=seqlens, rotary_cos=cos,
+                            rotary_sin=sin, rotary_interleaved=interleaved, causal=True)
+    # one rounding into the stored dtype: its relative spacing, and its smallest subnormal
+    rel = {E4M3: 2**-3, E5M2: 2**-2, torch.bfloat16: 2**-7, torch.float16: 2**-10}
+    tiny = {E4M3: 2**-9, E5M2: 2**-16, torch.bfloat16: 0.0, torch.float16: 2**-24}
+
+    def close(got, want, dtype):
+        return bool(((got.double() - want).abs() <= rel[dtype] * want.abs() + tiny[dtype]).all())
+
+    for b in range(2):
+        s = int(seqlens[b])
+        pos = s + torch.arange(2)
+        want = _complex_rotary(kn[b].double(), cos[pos].double(), sin[pos].double(),
+                               interleaved).clamp(-top, top)
+        assert close(kc[b, s:s + 2], want, cache_dtype), b
+        rest = torch.ones(32, dtype=torch.bool)
+        rest[s:s + 2] = False
+        assert torch.equal(kc[b, rest].view(torch.uint8), kc_before[b, rest].view(torch.uint8))
+    assert kc[0, 5, 0, pair[1]].double() == top  # saturated, not NaN
+    want_q = _complex_rotary(q.double(), cos[seqlens.long()][:, None].double(),
+                             sin[seqlens.long()][:, None].double(), interleaved)
+    if q_dtype == E4M3:
+        want_q = want_q.clamp(-top, top)
+    assert queries[0].dtype == q_dtype and close(queries[0], want_q, q_dtype)

@@ -63,7 +63,6 @@ def test_what_cannot_run_says_why(lib):
     fp8_d = first_bucket(lib, FhBackend.FA3, FhDtype.E4M3) or 128
     cases = [
         ({"page_size": 16}, "page_size: paged KV outside flash_attn_with_kvcache is not"),
-        ({"rotary": True, "dtype": "e4m3"}, "rotary: rotary with FP8 inputs is not implemented"),
         ({"dtype": "fp8"}, "dtype: expected one of fp16, bf16, e4m3"),
         ({"backend": "fa4"}, "backend: expected one of auto, fa2, fa3"),
         ({"heads_q": 32, "heads_kv": 5}, "heads_kv: expected a divisor of heads_q (32)"),

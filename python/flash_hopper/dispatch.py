@@ -143,9 +143,10 @@ def supports(
     torch dtypes (torch.bfloat16, torch.float8_e4m3fn; "bfloat16" and "torch.bfloat16" too) and,
     for the mixed mode, a (q, K / V) pair of them: (torch.bfloat16, torch.float8_e5m2). varlen:
     flash_attn_varlen_func; kvcache: flash_attn_with_kvcache (a dense cache: varlen kernels);
-    rotary / page_size: flash_attn_with_kvcache's rotary embedding (16-bit) and paged caches; sinks: sink logits (flash_attn_with_kvcache: in the decode kernel or from the
-    kernels' LSE; flash_attn_func / flash_attn_varlen_func: from the call's LSE, on the kernel
-    the call without sinks runs on). With backend "auto" short queries run on the decode
+    rotary / page_size: flash_attn_with_kvcache's rotary embedding (every route: it runs in
+    torch before the kernel, so it changes no answer) and paged caches; sinks: sink logits
+    (flash_attn_with_kvcache: in the decode kernel or from the kernels' LSE; flash_attn_func /
+    flash_attn_varlen_func: from the call's LSE, on the kernel the call without sinks runs on). With backend "auto" short queries run on the decode
     kernel where the library's policy says it serves them (FLASH_HOPPER_DECODE allowing the
     route), paged caches read in place; others on the FA kernels (varlen kernels for KV-cache
     calls, paged caches gathered first).
@@ -165,13 +166,8 @@ def supports(
         dtype = _tables.canonical_dtype(dtype)
     except ValueError as exc:
         return False, str(exc)
-    for name, flag, what in (("page_size", page_size is not None and not kvcache,
-                              "paged KV outside flash_attn_with_kvcache"),
-                             ("rotary", rotary and (dtype == "e4m3"
-                                                    or dtype in _tables.MIXED_DTYPES),
-                              "rotary with FP8 inputs")):
-        if flag:
-            return False, f"{name}: {what} is not implemented yet"
+    if page_size is not None and not kvcache:
+        return False, "page_size: paged KV outside flash_attn_with_kvcache is not implemented yet"
     if backend not in _tables.BACKENDS:
         return False, (f"backend: expected one of {', '.join(_tables.BACKEND_NAMES)}, got "
                        f"{backend!r}")

@@ -39,7 +39,8 @@ varlen grid) and the page table's geometry are settled first. Index tensors of a
 copied contiguous (the kernels read them by raw pointer).
 
 Rotary embedding (rotary_cos / rotary_sin, FA3's positions and layouts) rotates q and the new
-keys in torch before they are attended / appended (fp32 math, one rounding), 16-bit only.
+keys in torch before they are attended / appended (fp32 math, one rounding; FP8 q and caches
+too, saturated to the FP8 range).
 
 Sinks (a logit per query head joining the softmax denominator, gpt-oss style): in the decode
 kernel, else exactly from the kernels' LSE (apply_sinks: out * exp(lse - logaddexp(lse, sink))).
@@ -54,8 +55,7 @@ and append; the composite path of torch GEMMs (_qv.py, not a fused kernel yet) r
 paged caches in place, a key block at a time; masks (attention_chunk included, also under
 capture), sinks and rotary (q and the new keys, never qv) as elsewhere; no key split.
 
-Not yet (each refused naming the argument): rotary with FP8 inputs or an FP8 cache,
-attention_chunk with FP8 inputs or an FP8 cache, sinks or under graph capture (off the composite
+Not yet (each refused naming the argument): attention_chunk with FP8 inputs or an FP8 cache, sinks or under graph capture (off the composite
 route); 16-bit q against an FP8 cache off the decode kernel; a v_cache of its own head dim with
 FP8 inputs.
 """
@@ -207,9 +207,9 @@ def _unwindowed(causal: Any, window_size: Any) -> bool:
 
 def _check_rotary(cos: Any, sin: Any, seqlens: Any, q: torch.Tensor, k: Any, head_dim: int,
                   batch: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """FA3's rotary arguments: cos / sin (seqlen_ro, rotary_dim / 2) in q's dtype (or fp32),
-    rotary_dim <= head_dim and a multiple of 16, new k / v given; rotary_seqlens int32 (batch,).
-    Returns (cos, sin) or None (no rotary)."""
+    """FA3's rotary arguments: cos / sin (seqlen_ro, rotary_dim / 2) in q's dtype (or fp32;
+    e4m3 for FP8 q, as FA3), rotary_dim <= head_dim and a multiple of 16, new k / v given;
+    rotary_seqlens int32 (batch,). Returns (cos, sin) or None (no rotary)."""
     if cos is None and sin is None:
         return None
     if cos is None or sin is None:
@@ -218,8 +218,6 @@ def _check_rotary(cos: Any, sin: Any, seqlens: Any, q: torch.Tensor, k: Any, hea
     if k is None:
         raise ValueError("rotary_cos: expected new k / v with it (FA3 rotates the keys it "
                          "appends), got k None")
-    if q.dtype in FP8_DTYPES or k.dtype in KV_FP8_DTYPES:
-        raise UnsupportedError("rotary_cos: rotary embedding of FP8 q / k is not implemented yet")
     for name, t in (("rotary_cos", cos), ("rotary_sin", sin)):
         _check_tensor(name, t, 2, "(seqlen_ro, rotary_dim / 2)")
         if t.dtype not in (q.dtype, torch.float32):
@@ -279,7 +277,9 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Te
             interleaved: bool = True) -> torch.Tensor:
     """x (..., heads, d) with its first rotary_dim features rotated at positions pos (...)
     (clamped into cos / sin: unchecked values never index outside them), in fp32, then x's
-    dtype. Interleaved (GPT-J): pairs (0, 1), (2, 3), ...; else (GPT-NeoX) pairs (i, i + r/2)."""
+    dtype (an FP8 x saturated to its largest finite value: a rotated pair can grow by sqrt(2);
+    its descale, one per (sequence, head), commutes with the rotation). Interleaved (GPT-J):
+    pairs (0, 1), (2, 3), ...; else (GPT-NeoX) pairs (i, i + r/2)."""
     half = cos.shape[1]
     pos = pos.clamp(0, cos.shape[0] - 1)
     c, s = cos[pos].float().unsqueeze(-2), sin[pos].float().unsqueeze(-2)  # (..., n, 1, r/2)
@@ -290,6 +290,9 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Te
     else:
         x1, x2 = xr[..., :half], xr[..., half:]
         rot = torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
+    if x.dtype in KV_FP8_DTYPES:
+        top = torch.finfo(x.dtype).max
+        rot = rot.clamp(-top, top)
     return torch.cat((rot.to(x.dtype), x[..., 2 * half:]), dim=-1)
 
 
@@ -782,8 +785,7 @@ def flash_attn_with_kvcache(
     attention_chunk: FA3's chunked-local attention over the attended keys (counted from
     cache_leftpad, as FA3's), fp16 / bf16 without sinks, eager outside graph capture: the
     attended keys are gathered and split into chunks (_chunked; paged caches through their dense
-    copy). Not implemented yet, refused naming the argument: rotary with FP8 inputs (see the
-    module docstring).
+    copy). Not implemented yet, refused naming the argument: see the module docstring.
     qv (MLA's extra query, FA3's semantics): (batch, seqlen_q, heads_q, dv), or (total_q,
     heads_q, dv) with cu_seqlens_q, q's dtype (fp16 / bf16) and device, last dim contiguous;
     k_cache (..., heads_kv, d) with d <= 64, v_cache (..., heads_kv, dv) with dv in [256, 512]
