@@ -92,10 +92,66 @@ def test_chunk_reaches_validation_and_the_device_check():
         flash_attn_func(q, q[:, :, :, :32], q, attention_chunk=3)
 
 
-def test_fp8_refuses_a_chunk_and_varlen_checks_first():
+@pytest.fixture
+def fp8_pieces(monkeypatch):
+    """The varlen launch of the pieces replaced by a recorder of its offsets and descales (CPU
+    tensors passing the device checks); returns the recorded calls."""
+    from flash_hopper import _validate, _varlen
+
+    calls = []
+
+    def forward(q, k, v, cu_q, cu_k, *args, descales=None, out=None, need_lse=True, **kwargs):
+        calls.append((cu_q.tolist(), cu_k.tolist(), descales))
+        rows = torch.zeros(q.shape[0], q.shape[1], v.shape[2], dtype=torch.bfloat16)
+        return rows, torch.zeros(q.shape[1], q.shape[0]), None
+
+    monkeypatch.setattr(_varlen, "forward", forward)
+    monkeypatch.setattr(_validate, "_check_device", lambda *args: None)
+    return calls
+
+
+def test_fp8_chunks_take_their_sequences_descales(fp8_pieces):
+    """FA3 takes attention_chunk with e4m3 inputs: every piece runs with its own sequence's
+    (q, k, v) descales rows (a (batch, heads_kv) descale gathered per piece; 0-d ones as they
+    are), dense and varlen, checked against the call's batch first."""
+    e4m3 = torch.float8_e4m3fn
+    q = torch.randn(3, 10, 4, 64).to(e4m3)
+    k = torch.randn(3, 12, 2, 64).to(e4m3)
+    q_descale = torch.rand(3, 2) + 0.5
+    k_descale = torch.rand(3, 1).expand(3, 2)  # any strides
+    v_descale = torch.tensor(0.75)
+    out = flash_attn_func(q, k, k, causal=True, attention_chunk=4, q_descale=q_descale,
+                          k_descale=k_descale, v_descale=v_descale)
+    assert out.shape == (3, 10, 4, 64) and out.dtype == torch.bfloat16
+    (cu_q, cu_k, descales), = fp8_pieces
+    owners = _chunk.split([(10, 10, 12, 12)] * 3, 4)[6]
+    assert len(cu_q) - 1 == len(owners) and descales[2] is v_descale
+    for p, b in enumerate(owners):  # piece p: rows / keys inside its sequence, its descales
+        assert 10 * b <= cu_q[p] <= cu_q[p + 1] <= 10 * (b + 1)
+        assert 12 * b <= cu_k[p] <= cu_k[p + 1] <= 12 * (b + 1)
+        assert torch.equal(descales[0][p], q_descale[b])
+        assert torch.equal(descales[1][p], k_descale[b])
+    with raises(ValueError, "k_descale: expected shape (batch, heads_kv) = (3, 2)", "got (2, 2)"):
+        flash_attn_func(q, k, k, causal=True, attention_chunk=4, k_descale=q_descale[:2])
+    # varlen: sequences of 7 and 3 rows against 12 and 5 keys
+    qv, kv = torch.randn(10, 4, 64).to(e4m3), torch.randn(17, 2, 64).to(e4m3)
+    cu_q, cu_k = (torch.tensor(x, dtype=torch.int32) for x in ([0, 7, 10], [0, 12, 17]))
+    flash_attn_varlen_func(qv, kv, kv, cu_q, cu_k, 7, 12, causal=True, attention_chunk=4,
+                           q_descale=q_descale[:2], k_descale=k_descale[:2])
+    pieces_q, _, descales = fp8_pieces[-1]
+    owners = _chunk.split([(7, 7, 12, 12), (3, 3, 5, 5)], 4)[6]
+    for p, b in enumerate(owners):
+        assert torch.equal(descales[0][p], q_descale[b]) and descales[2] is None
+        assert (0, 7, 10)[b] <= pieces_q[p] <= pieces_q[p + 1] <= (0, 7, 10)[b + 1]
+
+
+def test_fp8_chunk_refusals_and_varlen_checks_first():
     q8 = torch.zeros(1, 8, 2, 64, dtype=torch.float8_e4m3fn)
-    with raises(NotImplementedError, "attention_chunk: expected 0 with FP8"):
-        flash_attn_func(q8, q8, q8, attention_chunk=4)
+    with raises(NotImplementedError, "attention_chunk: expected 0 with 16-bit q against FP8 k / v "
+                "or FP8 options"):
+        flash_attn_func(q8, q8, q8, attention_chunk=4, out_dtype=torch.float16)
+    with raises(NotImplementedError, "attention_chunk: expected 0 with 16-bit q against FP8 k / v"):
+        flash_attn_func(q8.bfloat16(), q8, q8, attention_chunk=4)
     q = torch.zeros(8, 2, 64, dtype=torch.bfloat16)
     cu = torch.tensor([0, 8], dtype=torch.int32)
     with raises(ValueError, "q: must be a CUDA tensor"):
@@ -106,8 +162,9 @@ def test_fp8_refuses_a_chunk_and_varlen_checks_first():
 
 def varlen_masks(spans, chunk, causal, window):
     """Per sequence (used rows x used keys) visibility assembled from split()'s pieces, with the
-    rows and keys outside the used prefixes checked to be in no used piece."""
-    cu_q, cu_k, used_q, used_k, _, _ = _chunk.split(spans, chunk, 5, 3)
+    rows and keys outside the used prefixes checked to be in no used piece, and each piece's
+    owner the sequence whose rows and keys it lies in (FP8 pieces take its descales)."""
+    cu_q, cu_k, used_q, used_k, _, _, owners = _chunk.split(spans, chunk, 5, 3)
     total_q, total_k = 5 + sum(s[0] for s in spans), 3 + sum(s[2] for s in spans)
     assert cu_q[-1] == total_q and cu_k[-1] == total_k
     visible = torch.zeros(total_q, total_k, dtype=torch.bool)
@@ -117,6 +174,15 @@ def varlen_masks(spans, chunk, causal, window):
         if used_q[i] and used_k[i]:
             visible[q0:q0 + used_q[i], k0:k0 + used_k[i]] = AttentionMask.from_args(
                 used_q[i], used_k[i], causal, window).dense()
+    assert len(owners) == len(cu_q) - 1
+    starts_q, starts_k = [5], [3]
+    for rows, _, keys, _ in spans:
+        starts_q.append(starts_q[-1] + rows)
+        starts_k.append(starts_k[-1] + keys)
+    for i, b in enumerate(owners):
+        assert starts_q[b] <= cu_q[i] <= cu_q[i + 1] <= starts_q[b + 1], (i, b)
+        assert starts_k[b] <= cu_k[i] <= cu_k[i + 1] <= starts_k[b + 1], (i, b)
+    assert owners == sorted(owners)
     masks, q0, k0 = [], 5, 3
     for rows, sq, keys, sk in spans:
         block = visible[q0:q0 + rows, k0:k0 + keys]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from flash_hopper import flash_attn_func, flash_attn_qkvpacked_func
+from flash_hopper import flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func
 from flash_hopper.reference import attention_ref
 from test_bwd_gpu import assert_fa3_rule, assert_grads_match, flash_grads, max_abs
 from test_qkvpacked_gpu import require_training
@@ -174,3 +174,35 @@ def test_kvcache_paged_equals_its_dense_copy(lib, seed):
                                   causal=True, attention_chunk=chunk)
     assert torch.equal(got, want)
     assert torch.equal(kp[pages.long()].reshape(b, 8 * page, hkv, d), dense_k)  # the append
+
+
+@pytest.mark.parametrize(("sq", "sk", "chunk", "mask"), [(256, 256, 64, {"causal": True}),
+                                                         (113, 203, 37, {"causal": True}),
+                                                         (203, 113, 50, {"window_size": (20, 5)})])
+def test_fp8_chunks_against_the_dequantized_reference(lib, seed, sq, sk, chunk, mask):
+    """e4m3 q / k / v with (batch, heads_kv) descales and a chunk: within twice the error the
+    same FP8 call without the chunk makes against its own reference (the P rounding's), plus
+    1e-3; varlen (each sequence its own descales) equals the dense call bit for bit."""
+    from test_fp8_gpu import dequantize, make_fp8, require_fp8_kernel
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the FP8 forward runs on compute capability 9.0 only")
+    require_fp8_kernel(lib, 128)
+    b, hq, hkv = 2, 4, 2
+    q, k, v = make_fp8(b, sq, sk, hq, hkv, 128)
+    ds = [torch.rand(b, hkv, device="cuda") + 0.5 for _ in range(3)]
+    deq = [dequantize(t, d).to(torch.bfloat16) for t, d in zip((q, k, v), ds)]
+    scale = 128 ** -0.5
+    kw = {"q_descale": ds[0], "k_descale": ds[1], "v_descale": ds[2], "softmax_scale": scale}
+    out = flash_attn_func(q, k, v, attention_chunk=chunk, **kw, **mask)
+    ref, _ = attention_ref(*deq, scale, attention_chunk=chunk, **mask)
+    plain = flash_attn_func(q, k, v, **kw, **mask)
+    plain_ref, _ = attention_ref(*deq, scale, **mask)
+    err, bound = max_abs(out, ref), 2 * max_abs(plain, plain_ref) + 1e-3
+    assert out.dtype == torch.bfloat16 and not out.isnan().any() and err <= bound, (err, bound)
+    cu_q = torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32, device="cuda")
+    cu_k = torch.arange(0, (b + 1) * sk, sk, dtype=torch.int32, device="cuda")
+    flat = [t.reshape(-1, *t.shape[2:]) for t in (q, k, v)]
+    varlen = flash_attn_varlen_func(*flat, cu_q, cu_k, sq, sk, attention_chunk=chunk, **kw,
+                                    **mask)
+    assert torch.equal(varlen.view(out.shape), out)

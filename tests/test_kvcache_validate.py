@@ -60,10 +60,11 @@ def test_refused_arguments_are_refused_before_anything_is_written(name, value, e
     assert torch.equal(kc, before[0]) and torch.equal(vc, before[1])
 
 
-def test_chunk_with_sinks_or_fp8_is_refused_before_anything_is_written():
+def test_chunk_with_sinks_is_refused_before_anything_is_written():
     q, kc, vc, kn, vn = make(new=3)
     before = kc.clone(), vc.clone()
-    with raises(UnsupportedError, "attention_chunk: expected 0 with FP8 inputs or sinks", "64"):
+    with raises(UnsupportedError, "attention_chunk: expected 0 with 16-bit q against an FP8 cache "
+                "or sinks", "64"):
         flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=5, attention_chunk=64,
                                 sinks=torch.zeros(q.shape[2]))
     assert torch.equal(kc, before[0]) and torch.equal(vc, before[1])
@@ -438,7 +439,7 @@ def test_fp8_caches_reach_the_decode_kernel_with_their_descales(decode_route, q_
     (E4M3, {"k_cache": torch.zeros(2, 32, 2, 64, dtype=torch.bfloat16)}, ValueError,
      "k_cache: expected q's dtype torch.float8_e4m3fn, got torch.bfloat16"),
     (torch.bfloat16, {"attention_chunk": 16}, UnsupportedError,
-     "attention_chunk: expected 0 with FP8 inputs or sinks"),
+     "attention_chunk: expected 0 with 16-bit q against an FP8 cache or sinks"),
 ])
 def test_fp8_refusals_name_the_argument_and_write_nothing(decode_route, q_dtype, change, exc,
                                                           fragment):

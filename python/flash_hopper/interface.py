@@ -118,8 +118,9 @@ def flash_attn_func(
     (_dv.py; exact, one call for dv <= 256), with gradients.
     attention_chunk (FA3's chunked-local attention, Llama 4's): > 0 lets query row i see only the
     keys j with floor((i + seqlen_k - seqlen_q) / chunk) == floor(j / chunk), on top of causal /
-    window_size; 0 = off. Forward and backward on fp16 / bf16 (the chunks run as the pieces of
-    one varlen call, _chunk.py); FP8 refuses it.
+    window_size; 0 = off. Forward and backward on fp16 / bf16, forward on e4m3 with the default
+    out_dtype / fp8_accumulation (the chunks run as the pieces of one varlen call, each taking
+    its sequence's descales, _chunk.py); the mixed mode refuses it.
     sm_margin: SMs the persistent kernels leave free, forward and backward (FA3's: room for
     communication kernels running beside attention; a kernel on every SM keeps another stream's
     kernel waiting until it ends); 0 uses every SM; at least the device's SM count raises.
@@ -181,14 +182,17 @@ def flash_attn_func(
                               deterministic=deterministic, sm_margin=sm_margin, backend=backend,
                               out_dtype=out_dtype, fp8_accumulation=fp8_accumulation)
     if attention_chunk:
-        if fp8 or out_dtype is not None or fp8_accumulation != "two-level":
-            raise UnsupportedError(f"attention_chunk: expected 0 with FP8 inputs or FP8 options "
-                                   f"(chunked-local attention runs on fp16 / bf16), got "
-                                   f"{attention_chunk}")
+        fp8_q = getattr(q, "dtype", None) in FP8_DTYPES
+        if (fp8 and not fp8_q) or out_dtype is not None or fp8_accumulation != "two-level":
+            raise UnsupportedError(f"attention_chunk: expected 0 with 16-bit q against FP8 k / v "
+                                   f"or FP8 options (chunked-local attention runs on fp16 / bf16 "
+                                   f"and on e4m3 with the default out_dtype and "
+                                   f"fp8_accumulation), got {attention_chunk}")
         _check_flags(return_attn_probs, deterministic)
         result = _chunk.forward(q, k, v, int(attention_chunk), softmax_scale, causal,
                                 window_size, softcap, backend, deterministic, sm_margin,
-                                return_attn_probs, _plain_eager(q, k, v))
+                                return_attn_probs, _plain_eager(q, k, v),
+                                (q_descale, k_descale, v_descale) if fp8 else None)
         if result is not None:
             return result
     if fp8 or out_dtype is not None or fp8_accumulation != "two-level":
@@ -277,8 +281,8 @@ def flash_attn_varlen_func(
     The backward runs the dense backward kernels once per sequence (exact; it reads the offsets
     on the host). FP8: torch.float8_e4m3fn q, k, v (FA-3 path, eager, no backward) with
     q_descale / k_descale / v_descale fp32 (batch, heads_kv) as in flash_attn_func (batch = the
-    sequences), out in bf16. attention_chunk as in flash_attn_func, per sequence (fp16 / bf16,
-    eager: the offsets are read back to split the sequences into chunks). Not implemented yet,
+    sequences), out in bf16. attention_chunk as in flash_attn_func, per sequence (fp16 / bf16 /
+    e4m3, eager: the offsets are read back to split the sequences into chunks). Not implemented yet,
     refused naming the argument: 16-bit q against FP8 k / v (the mixed mode) in varlen.
     v (total_k, heads_kv, dv) may have a head dim of its own as in flash_attn_func (d 192 / dv
     128 inference calls on the kernel with V's own head dim, the rest zero-padded); out is then
@@ -350,14 +354,15 @@ def flash_attn_varlen_func(
         out.copy_(result[0] if return_attn_probs else result)
         return (out, result[1]) if return_attn_probs else out
     if attention_chunk:
-        if fp8 or not _plain_eager(q, k, v):
-            raise UnsupportedError(f"attention_chunk: expected 0 with FP8 inputs or under "
-                                   f"torch.compile / tracing (varlen chunks are split on the "
-                                   f"host, fp16 / bf16, eagerly), got {attention_chunk}")
+        if not _plain_eager(q, k, v):
+            raise UnsupportedError(f"attention_chunk: expected 0 under torch.compile / tracing "
+                                   f"(varlen chunks are split on the host, eagerly), got "
+                                   f"{attention_chunk}")
         result, lse = _chunk.varlen_forward(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
             seqused_k, int(attention_chunk), softmax_scale, causal, window_size, softcap,
-            backend, deterministic, sm_margin, out, grad)
+            backend, deterministic, sm_margin, out, grad,
+            (q_descale, k_descale, v_descale) if fp8 else None)
         return (result, lse) if return_attn_probs else result
     if fp8 and not _plain_eager(q, k, v):
         raise UnsupportedError("q: FP8 varlen runs eagerly only (no flash_hopper custom op "

@@ -45,8 +45,8 @@ too, saturated to the FP8 range).
 Sinks (a logit per query head joining the softmax denominator, gpt-oss style): in the decode
 kernel, else exactly from the kernels' LSE (apply_sinks: out * exp(lse - logaddexp(lse, sink))).
 
-attention_chunk (FA3's chunked-local attention, fp16 / bf16 without sinks, eagerly outside graph
-capture): the attended keys gathered and split into chunks on the host (_chunked).
+attention_chunk (FA3's chunked-local attention, fp16 / bf16 / e4m3 without sinks, eagerly outside
+graph capture): the attended keys gathered and split into chunks on the host (_chunked).
 
 qv (MLA's extra query, FA3's semantics: v_cache with a head dim of its own, 256 to 512, k_cache's
 at most 64), and a v_cache with a head dim of its own without qv (FA3's d 192 / dv 128 and d <= 64
@@ -55,9 +55,9 @@ and append; the composite path of torch GEMMs (_qv.py, not a fused kernel yet) r
 paged caches in place, a key block at a time; masks (attention_chunk included, also under
 capture), sinks and rotary (q and the new keys, never qv) as elsewhere; no key split.
 
-Not yet (each refused naming the argument): attention_chunk with FP8 inputs or an FP8 cache, sinks or under graph capture (off the composite
-route); 16-bit q against an FP8 cache off the decode kernel; a v_cache of its own head dim with
-FP8 inputs.
+Not yet (each refused naming the argument): attention_chunk with 16-bit q against an FP8
+cache, with sinks or under graph capture (off the composite route); 16-bit q against an FP8 cache
+off the decode kernel; a v_cache of its own head dim with FP8 inputs.
 """
 
 from __future__ import annotations
@@ -614,12 +614,13 @@ def _metadata_splits(meta: Any, **shape: int) -> tuple[int, int]:
 def _chunked(q_rows: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              cu_q: torch.Tensor, used_k: torch.Tensor, cache_batch_idx: torch.Tensor | None,
              cache_leftpad: torch.Tensor | None, chunk: int, cfg: Any,
-             out_rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+             out_rows: torch.Tensor | None,
+             descales: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """FA3's attention_chunk on a dense cache (after the append): each sequence's attended keys
     (positions [cache_leftpad, used_k), the chunk rule counting from cache_leftpad as FA3's)
     gathered into one packed K / V, then the varlen chunk split (_chunk.varlen_forward). One
     device-to-host copy of the lengths, one gather of the attended keys (the price of serving it
-    without a kernel of its own)."""
+    without a kernel of its own). descales: an FP8 call's (q, k, v) descales, None for 16-bit."""
     batch, seqlen_cache = cu_q.shape[0] - 1, k_cache.shape[1]
     parts = [cu_q, used_k] + ([cache_leftpad] if cache_leftpad is not None else [])
     host = torch.cat([t.to(torch.int32) for t in parts]).cpu().tolist()  # one read
@@ -641,7 +642,7 @@ def _chunked(q_rows: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     return _chunk.varlen_forward(
         q_rows, k_packed, v_packed, cu_q, cu_k, max_q, max(lengths, default=0), None, None,
         chunk, cfg.softmax_scale, False, (cfg.window_left, cfg.window_right), cfg.softcap,
-        cfg.backend, False, 0, out_rows, False)
+        cfg.backend, False, 0, out_rows, False, descales)
 
 
 def _packed_varlen(q, k_rows, v_rows, cu_k, seqlen_cache, used_k, cache_batch_idx,
@@ -783,7 +784,7 @@ def flash_attn_with_kvcache(
     and V as views of one buffer); position j of a sequence is page page_table[b][j //
     page_size], slot j % page_size; entries past a sequence's pages may hold anything.
     attention_chunk: FA3's chunked-local attention over the attended keys (counted from
-    cache_leftpad, as FA3's), fp16 / bf16 without sinks, eager outside graph capture: the
+    cache_leftpad, as FA3's), fp16 / bf16 / e4m3 without sinks, eager outside graph capture: the
     attended keys are gathered and split into chunks (_chunked; paged caches through their dense
     copy). Not implemented yet, refused naming the argument: see the module docstring.
     qv (MLA's extra query, FA3's semantics): (batch, seqlen_q, heads_q, dv), or (total_q,
@@ -1041,10 +1042,10 @@ def _checked_call(q, k_cache, v_cache, k, v, *, qv, rotary_cos, rotary_sin, cach
     cache_leftpad = _check_index("cache_leftpad", cache_leftpad, batch, q)
     rotary = _check_rotary(rotary_cos, rotary_sin, rotary_seqlens, q, k, head_dim, batch)
     sinks = _check_sinks(sinks, heads_q, q)
-    if attention_chunk and (q.dtype in FP8_DTYPES or mixed or sinks is not None):
-        raise UnsupportedError(f"attention_chunk: expected 0 with FP8 inputs or sinks (chunked "
-                               f"KV-cache attention runs on fp16 / bf16 without sinks), got "
-                               f"{attention_chunk}")
+    if attention_chunk and (mixed or sinks is not None):
+        raise UnsupportedError(f"attention_chunk: expected 0 with 16-bit q against an FP8 cache "
+                               f"or sinks (chunked KV-cache attention runs on fp16 / bf16 / e4m3 "
+                               f"without sinks), got {attention_chunk}")
     if (attention_chunk and not composite and torch.cuda.is_available()
             and torch.cuda.is_current_stream_capturing()):
         raise UnsupportedError(f"attention_chunk: expected 0 while a CUDA graph is captured (the "
@@ -1213,8 +1214,10 @@ def _run_packed(c: _KvCall, splits: int) -> tuple[torch.Tensor, torch.Tensor | N
 
 
 def _run_chunked(c: _KvCall, splits: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    fp8 = c.q.dtype in FP8_DTYPES
     result, lse = _chunked(c.q_rows, c.k_cache, c.v_cache, c.cu_q, c.used_k, c.cache_batch_idx,
-                           c.cache_leftpad, int(c.attention_chunk), c.cfg, c.out_rows)
+                           c.cache_leftpad, int(c.attention_chunk), c.cfg, c.out_rows,
+                           c.descales if fp8 else None)
     return _fa3_layout(c, result, lse)
 
 
