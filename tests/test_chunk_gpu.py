@@ -180,9 +180,11 @@ def test_kvcache_paged_equals_its_dense_copy(lib, seed):
                                                          (113, 203, 37, {"causal": True}),
                                                          (203, 113, 50, {"window_size": (20, 5)})])
 def test_fp8_chunks_against_the_dequantized_reference(lib, seed, sq, sk, chunk, mask):
-    """e4m3 q / k / v with (batch, heads_kv) descales and a chunk: within twice the error the
-    same FP8 call without the chunk makes against its own reference (the P rounding's), plus
-    1e-3; varlen (each sequence its own descales) equals the dense call bit for bit."""
+    """e4m3 q / k / v with (batch, heads_kv) descales and a chunk: within three times the error
+    the same FP8 call without the chunk makes against its own reference (the P rounding's; a
+    chunk's rows average fewer keys, so their errors are larger), plus 1e-3, with sequence 1's
+    descales three times sequence 0's (a piece taking another sequence's would be far off);
+    varlen (each sequence its own descales) equals the dense call bit for bit."""
     from test_fp8_gpu import dequantize, make_fp8, require_fp8_kernel
 
     if torch.cuda.get_device_capability() != (9, 0):
@@ -190,7 +192,8 @@ def test_fp8_chunks_against_the_dequantized_reference(lib, seed, sq, sk, chunk, 
     require_fp8_kernel(lib, 128)
     b, hq, hkv = 2, 4, 2
     q, k, v = make_fp8(b, sq, sk, hq, hkv, 128)
-    ds = [torch.rand(b, hkv, device="cuda") + 0.5 for _ in range(3)]
+    ds = [(torch.rand(1, hkv, device="cuda") + 0.5) * torch.tensor([[1.0], [3.0]], device="cuda")
+          for _ in range(3)]
     deq = [dequantize(t, d).to(torch.bfloat16) for t, d in zip((q, k, v), ds)]
     scale = 128 ** -0.5
     kw = {"q_descale": ds[0], "k_descale": ds[1], "v_descale": ds[2], "softmax_scale": scale}
@@ -198,7 +201,7 @@ def test_fp8_chunks_against_the_dequantized_reference(lib, seed, sq, sk, chunk, 
     ref, _ = attention_ref(*deq, scale, attention_chunk=chunk, **mask)
     plain = flash_attn_func(q, k, v, **kw, **mask)
     plain_ref, _ = attention_ref(*deq, scale, **mask)
-    err, bound = max_abs(out, ref), 2 * max_abs(plain, plain_ref) + 1e-3
+    err, bound = max_abs(out, ref), 3 * max_abs(plain, plain_ref) + 1e-3
     assert out.dtype == torch.bfloat16 and not out.isnan().any() and err <= bound, (err, bound)
     cu_q = torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32, device="cuda")
     cu_k = torch.arange(0, (b + 1) * sk, sk, dtype=torch.int32, device="cuda")
