@@ -282,7 +282,13 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Te
     pairs (0, 1), (2, 3), ...; else (GPT-NeoX) pairs (i, i + r/2)."""
     half = cos.shape[1]
     pos = pos.clamp(0, cos.shape[0] - 1)
-    c, s = cos[pos].float().unsqueeze(-2), sin[pos].float().unsqueeze(-2)  # (..., n, 1, r/2)
+
+    def take(table: torch.Tensor) -> torch.Tensor:  # rows pos of the table, in fp32
+        if table.dtype in KV_FP8_DTYPES:  # gathered as bytes: not every build indexes float8
+            return table.view(torch.uint8)[pos].view(table.dtype).float()
+        return table[pos].float()
+
+    c, s = take(cos).unsqueeze(-2), take(sin).unsqueeze(-2)  # (..., n, 1, r/2)
     xr = x[..., :2 * half].float()
     if interleaved:
         x1, x2 = xr[..., 0::2], xr[..., 1::2]
