@@ -496,15 +496,15 @@ def test_rotary_with_fp8_inputs_rotates_in_fp32_and_saturates(monkeypatch, q_dty
     for b in range(2):
         s = int(seqlens[b])
         pos = s + torch.arange(2)
-        want = _complex_rotary(kn[b].double(), cos[pos].double(), sin[pos].double(),
+        want = _complex_rotary(kn[b].double(), cos.double()[pos], sin.double()[pos],
                                interleaved).clamp(-top, top)
         assert close(kc[b, s:s + 2], want, cache_dtype), b
         rest = torch.ones(32, dtype=torch.bool)
         rest[s:s + 2] = False
         assert torch.equal(kc[b].view(torch.uint8)[rest], kc_before[b].view(torch.uint8)[rest])
     assert kc[0, 5, 0, pair[1]].double() == top  # saturated, not NaN
-    want_q = _complex_rotary(q.double(), cos[seqlens.long()][:, None].double(),
-                             sin[seqlens.long()][:, None].double(), interleaved)
+    want_q = _complex_rotary(q.double(), cos.double()[seqlens.long()][:, None],
+                             sin.double()[seqlens.long()][:, None], interleaved)
     if q_dtype == E4M3:
         want_q = want_q.clamp(-top, top)
     assert queries[0].dtype == q_dtype and close(queries[0], want_q, q_dtype)
