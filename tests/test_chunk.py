@@ -16,7 +16,7 @@ from flash_hopper.mask import AttentionMask
 def assembled_mask(batch, sq, sk, chunk, causal, window):
     """(batch, sq, sk) visibility of the pieces, each masked by its own bottom-right aligned
     window (what the varlen call computes)."""
-    cu_q, cu_k, max_q, max_k = _chunk.pieces(batch, sq, sk, chunk)
+    cu_q, cu_k, max_q, max_k, _ = _chunk.pieces(batch, sq, sk, chunk)
     visible = torch.zeros(batch * sq, batch * sk, dtype=torch.bool)
     covered = torch.zeros(batch * sq, dtype=torch.int32)
     for i in range(len(cu_q) - 1):

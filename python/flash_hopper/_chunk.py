@@ -38,12 +38,12 @@ def restricts(chunk: int, seqlen_q: int, seqlen_k: int) -> bool:
 
 
 def pieces(batch: int, seqlen_q: int, seqlen_k: int,
-           chunk: int) -> tuple[list[int], list[int], int, int]:
-    """(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of the pieces of a dense call
-    (split() of its batch entries, every piece used in full)."""
+           chunk: int) -> tuple[list[int], list[int], int, int, list[int]]:
+    """(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, owners) of the pieces of a dense
+    call (split() of its batch entries, every piece used in full)."""
     spans = [(seqlen_q, seqlen_q, seqlen_k, seqlen_k)] * batch
-    cu_q, cu_k, _, _, max_q, max_k, _ = split(spans, chunk)
-    return cu_q, cu_k, max_q, max_k
+    cu_q, cu_k, _, _, max_q, max_k, owners = split(spans, chunk)
+    return cu_q, cu_k, max_q, max_k, owners
 
 
 def split(spans: list[tuple[int, int, int, int]], chunk: int, row0: int = 0,
@@ -123,8 +123,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: int, softm
     b, sq, sk = cfg.batch, cfg.seqlen_q, cfg.seqlen_k
     if not restricts(chunk, sq, sk):
         return None  # the plain call is the same
-    spans = [(sq, sq, sk, sk)] * b
-    cu_q, cu_k, _, _, max_q, max_k, owners = split(spans, chunk)
+    cu_q, cu_k, max_q, max_k, owners = pieces(b, sq, sk, chunk)
     # Pieces are written in full (rows of a piece without keys get 0 / -inf), so every row is.
     cu_seqlens_q = torch.tensor(cu_q, dtype=torch.int32, device=q.device)
     cu_seqlens_k = torch.tensor(cu_k, dtype=torch.int32, device=q.device)

@@ -9,9 +9,9 @@ latent part), per query head and KV head of its group:
 V serves twice: as the second "key" of qv and as the value. The default scale is
 1 / sqrt(d + dv), FA3's (_validate.check_qv). Without qv (a KV cache whose v_cache has a head
 dim of its own, _validate.check_own_v_cache) the qv . v term is absent and the scale defaults
-to 1 / sqrt(d). The mask is the package's (mask.py): bottom-right
-aligned on each sequence's attended keys, causal / window / attention_chunk; a row that sees no
-key gets out 0 and lse -inf.
+to 1 / sqrt(d). The mask is the package's (mask.py): bottom-right aligned on each sequence's
+attended keys, causal / window / attention_chunk; a row that sees no key gets out 0 and lse
+-inf.
 
 The algorithm is the forward kernels', with torch ops for the tiles: query blocks, and for each
 an online softmax over key blocks (running row max, row sum and output accumulator), so only one
@@ -183,8 +183,8 @@ def attention(queries: Rows, keys: Rows, *, softmax_scale: float, window: tuple[
               softcap: float, chunk: int = 0, block_q: int | None = None,
               block_k: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The composite: queries' tensors (q, qv) or (q,) (no qv term), keys' tensors (k, v);
-    query rows in use
-    [0, queries.hi) (queries.lo must be 0), keys attended [keys.lo, keys.hi) per sequence.
+    query rows in use [0, queries.hi) (queries.lo must be 0), keys attended [keys.lo, keys.hi)
+    per sequence.
     Returns out (batch, queries.length, heads_q, dv) in q's dtype and lse (batch, heads_q,
     queries.length) in the compute dtype (fp32; float64 for float64 inputs); rows past a
     sequence's q_len get out 0 and lse -inf. block_q / block_k: tile sizes (tests), default

@@ -146,10 +146,10 @@ def supports(
     rotary / page_size: flash_attn_with_kvcache's rotary embedding (every route: it runs in
     torch before the kernel, so it changes no answer) and paged caches; sinks: sink logits
     (flash_attn_with_kvcache: in the decode kernel or from the kernels' LSE; flash_attn_func /
-    flash_attn_varlen_func: from the call's LSE, on the kernel the call without sinks runs on). With backend "auto" short queries run on the decode
-    kernel where the library's policy says it serves them (FLASH_HOPPER_DECODE allowing the
-    route), paged caches read in place; others on the FA kernels (varlen kernels for KV-cache
-    calls, paged caches gathered first).
+    flash_attn_varlen_func: from the call's LSE, on the kernel the call without sinks runs on).
+    With backend "auto" short queries run on the decode kernel where the library's policy says
+    it serves them (FLASH_HOPPER_DECODE allowing the route), paged caches read in place; others
+    on the FA kernels (varlen kernels for KV-cache calls, paged caches gathered first).
 
     head_dim_v: v's head dim (None: head_dim). Without qv, flash_attn_func /
     flash_attn_varlen_func run the kernel with V's own head dim where the library has one for

@@ -282,8 +282,8 @@ def flash_attn_varlen_func(
     on the host). FP8: torch.float8_e4m3fn q, k, v (FA-3 path, eager, no backward) with
     q_descale / k_descale / v_descale fp32 (batch, heads_kv) as in flash_attn_func (batch = the
     sequences), out in bf16. attention_chunk as in flash_attn_func, per sequence (fp16 / bf16 /
-    e4m3, eager: the offsets are read back to split the sequences into chunks). Not implemented yet,
-    refused naming the argument: 16-bit q against FP8 k / v (the mixed mode) in varlen.
+    e4m3, eager: the offsets are read back to split the sequences into chunks). Not implemented
+    yet, refused naming the argument: 16-bit q against FP8 k / v (the mixed mode) in varlen.
     v (total_k, heads_kv, dv) may have a head dim of its own as in flash_attn_func (d 192 / dv
     128 inference calls on the kernel with V's own head dim, the rest zero-padded); out is then
     (total_q, heads_q, dv). sm_margin as in
