@@ -721,8 +721,8 @@ FH_ROLE void consume_bwd_wg(Schedule const& sched, Ops& ops) {
     typename Ops::TileState f;
     ops.clear_dkv(f);
     ops.wait_kv(w);
-    if (capped) {
-      detail::tile_steps<Cfg, true>(ops, f, w);
+    if (Cfg::kConfig.serves_softcap && capped) {  // else no capped code is compiled
+      detail::tile_steps<Cfg, Cfg::kConfig.serves_softcap>(ops, f, w);
     } else {
       detail::tile_steps<Cfg, false>(ops, f, w);
     }

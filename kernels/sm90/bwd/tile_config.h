@@ -49,6 +49,9 @@ struct BwdConfig {
   // dS arithmetic: the fp32 P, dP and the 16-bit P are then never live together
   // (schedule.h bwd_step).
   bool dv_after_ds = false;
+  // The tile serves calls with softcap: its steps are compiled in both codes (schedule.h). The
+  // unmasked tile does not (launch.h bwd_takes_unmasked_tile), which halves its code.
+  bool serves_softcap = true;
 };
 
 // Whether the bucket has an FA-3 backward tile (CMake builds fa3 backward TUs for these only).
@@ -105,7 +108,7 @@ constexpr bool has_bwd_unmasked_config(int head_dim) { return head_dim > 96 && h
 constexpr BwdConfig bwd_config_unmasked(int head_dim) {
   return {/*block_m=*/80, /*block_n=*/128, /*q_stages=*/2, /*dq_wgs=*/2, /*family_b=*/false,
           /*dq_slots=*/true, /*hold_wg_index=*/false, /*dq_transposed=*/true,
-          /*dv_after_ds=*/true};
+          /*dv_after_ds=*/true, /*serves_softcap=*/false};
 }
 
 }  // namespace flash_hopper::sm90
