@@ -177,6 +177,14 @@ inline bool bwd_takes_unmasked_tile(BwdParams const& p) {
          bwd_full_mask(attention_mask(p));
 }
 
+// The unmasked tile's launch: explicitly instantiated in a translation unit of its own (CMake),
+// which keeps each compiler job of the bucket within its memory budget.
+template <class Element, int kHeadDim>
+LaunchResult launch_bwd_unmasked(BwdParams const& p, int max_smem_per_block, cudaStream_t stream) {
+  return launch_bwd<BwdTraits<Element, kHeadDim, /*kDeterministic=*/false, /*kUnmasked=*/true>>(
+      p, max_smem_per_block, stream);
+}
+
 template <class Element, int kHeadDim>
 LaunchResult run_bwd(BwdParams const& p, int max_smem_per_block, cudaStream_t stream) {
   if (p.batch == 0) {
@@ -187,8 +195,7 @@ LaunchResult run_bwd(BwdParams const& p, int max_smem_per_block, cudaStream_t st
       if (p.seqlen_q_rounded != bwd_rows_rounded(p.seqlen_q)) {
         return LaunchResult::internal("the workspace's rows are not rounded for 80-row blocks");
       }
-      return launch_bwd<BwdTraits<Element, kHeadDim, /*kDeterministic=*/false,
-                                  /*kUnmasked=*/true>>(p, max_smem_per_block, stream);
+      return launch_bwd_unmasked<Element, kHeadDim>(p, max_smem_per_block, stream);
     }
   }
   if constexpr (BwdTraits<Element, kHeadDim>::kDqSlots) {
