@@ -8,8 +8,8 @@
 // The workspace (api.h documents the layout) is split here into its four regions. Rows of the
 // per-query regions are padded to seqlen_q_rounded (a multiple of kBwdRowPad, the largest block_m
 // of either path, that holds the unmasked tile's 80-row blocks too: every query block of every
-// kernel lies inside them) and dq_accum's columns
-// to head_dim_rounded (the kernel's bucket): the main kernels add whole tiles without predicates.
+// kernel lies inside them) and dq_accum's columns to head_dim_rounded (the kernel's bucket): the
+// main kernels add whole tiles without predicates.
 #pragma once
 
 #include <cstdint>
@@ -31,8 +31,8 @@ constexpr int kBwdUnmaskedBlockM = 80;
 // A dense call's per-query workspace rows: a multiple of kBwdRowPad that holds every query block
 // of 64, 80 or 128 rows of seqlen_q rows.
 FH_HOST_DEVICE constexpr int64_t bwd_rows_rounded(int64_t seqlen_q) {
-  const int64_t rows = (seqlen_q + kBwdUnmaskedBlockM - 1) / kBwdUnmaskedBlockM * kBwdUnmaskedBlockM;
-  return (rows + kBwdRowPad - 1) / kBwdRowPad * kBwdRowPad;
+  const int64_t blocks_80 = (seqlen_q + kBwdUnmaskedBlockM - 1) / kBwdUnmaskedBlockM;
+  return (blocks_80 * kBwdUnmaskedBlockM + kBwdRowPad - 1) / kBwdRowPad * kBwdRowPad;
 }
 
 struct BwdParams {

@@ -46,9 +46,6 @@ struct BwdConsumer {
   // fp32 P does not fit next to dP (128-query steps).
   static constexpr bool kDsFrom16BitP = kBlockM == 128;
   static constexpr bool kDqTransposed = Traits::kDqTransposed;
-  // Each dS value rounded to 16 bits as soon as it is computed (into f.dst), instead of dP's
-  // registers converted at the end (the 80-query step: its dP registers free as dS fills).
-  static constexpr bool kDsRoundedAtOnce = kDqTransposed;
   static_assert(!kDsFrom16BitP || !Traits::kDvAfterDs, "dS after dV: P is 16-bit by then");
   // P and dS buffers of the P / dS array (kernel_traits.h): family A alternates dS over both.
   static constexpr int kPBuffer = 0;
@@ -381,7 +378,6 @@ struct BwdConsumer {
       }
     }();
     Tensor dp_rc = keys_queries(f.dp);
-    Tensor ds_rc = keys_queries(f.dst);
     Tensor c_rc = coords_kq();
     ColumnStat<> lse{lse_rows()};
     ColumnStat<> dpsum{dpsum_rows()};
@@ -399,16 +395,10 @@ struct BwdConsumer {
           const float t = (__log2f(prob) + col_lse) * t_scale;
           ds = prob > 0.f ? ds * (1.f - t * t) : 0.f;
         }
-        if constexpr (kDsRoundedAtOnce) {
-          ds_rc(r, c) = static_cast<Element>(ds);
-        } else {
-          dp_rc(r, c) = ds;
-        }
+        dp_rc(r, c) = ds;
       }
     }
-    if constexpr (!kDsRoundedAtOnce) {
-      convert_into(f.dp, f.dst);
-    }
+    convert_into(f.dp, f.dst);
     store_sdp(f.dst, ds_stage);
   }
 
