@@ -123,9 +123,12 @@ __device__ void zero_gaps(BwdParams const& p, int b, int h) {
   }
 }
 
-// Grid (ceil(seqlen_q / kRowsPerCta), heads_q, batch). Varlen: seqlen_q bounds the sequences;
-// a CTA past its sequence's rows has nothing to do (the main kernel and the postprocess visit
-// only the rows' blocks of each sequence, all of them here).
+// Grid (seqlen_q_rounded / kRowsPerCta, heads_q, batch): every padded row, which the unmasked
+// tile's last 80-row block reads past round_up(seqlen_q, kRowsPerCta) (and whose accumulator
+// block, in its own order, holds valid rows' values there). Varlen: (ceil(seqlen_q /
+// kRowsPerCta), ...), seqlen_q bounding the sequences; a CTA past its sequence's rows has nothing
+// to do (the main kernel and the postprocess visit only the rows' 128-row blocks of each
+// sequence, all of them here).
 template <class Element>
 __global__ void __launch_bounds__(kThreads) bwd_preprocess_kernel(const BwdParams p) {
   if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0) {
@@ -210,7 +213,8 @@ LaunchResult dispatch_dtype(int32_t dtype, Launch&& launch) {
 }  // namespace
 
 LaunchResult launch_bwd_preprocess(BwdParams const& p, int32_t dtype, cudaStream_t stream) {
-  const dim3 grid((p.seqlen_q + kRowsPerCta - 1) / kRowsPerCta, p.heads_q, p.batch);
+  const int rows = p.varlen() ? p.seqlen_q : p.seqlen_q_rounded;
+  const dim3 grid((rows + kRowsPerCta - 1) / kRowsPerCta, p.heads_q, p.batch);
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) {
     return LaunchResult::ok();
   }

@@ -169,7 +169,7 @@ FhStatus validate(const FhFwdParams* p, bool check_data);
 // documents (bwd_params.h names them) from the workspace's start, and its size. The one place
 // that knows the layout: fh_bwd_workspace_size reports `bytes`, derive_bwd carves the pointers.
 struct BwdWorkspace {
-  int64_t seqlen_q_rounded = 0;  // round_up(seqlen_q, kBwdRowPad)
+  int64_t seqlen_q_rounded = 0;  // bwd_rows_rounded(seqlen_q); varlen: bwd_ws_row0's rows
   int64_t head_dim_rounded = 0;  // the head-dim bucket
   int64_t dq_accum = 0;          // fp32 (batch, heads_q, seqlen_q_rounded, head_dim_rounded)
   int64_t lse_log2 = 0;          // fp32 (batch, heads_q, seqlen_q_rounded)

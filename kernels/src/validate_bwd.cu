@@ -19,9 +19,9 @@ int64_t round_up(int64_t x, int64_t multiple) { return (x + multiple - 1) / mult
 bool bwd_workspace(const FhBwdParams* p, BwdWorkspace* ws) {
   // Varlen: one batch entry whose rows hold every sequence's padded blocks (bwd_ws_row0).
   const bool varlen = p->cu_seqlens_q != nullptr;
-  ws->seqlen_q_rounded =
-      round_up(varlen && p->seqlen_q > 0 ? p->seqlen_q + kBwdRowPad * p->batch : p->seqlen_q,
-               kBwdRowPad);
+  ws->seqlen_q_rounded = varlen && p->seqlen_q > 0
+                             ? round_up(p->seqlen_q + kBwdRowPad * p->batch, kBwdRowPad)
+                             : bwd_rows_rounded(p->seqlen_q);
   ws->head_dim_rounded = head_dim_bucket(p->head_dim);
   int64_t rows = 0;  // batch entries * heads_q * seqlen_q_rounded
   int64_t accum_bytes = 0;
@@ -154,11 +154,14 @@ FhStatus validate(const FhBwdParams* p, bool check_data) {
            "deterministic: expected 0 or 1 (bitwise-reproducible dq), got %d", p->deterministic);
   FH_TRY(validate_shapes(p));
   // BwdParams counts the padded rows in int32.
-  constexpr int64_t kMaxBwdSeqlenQ = kMaxSeqlen / kBwdRowPad * kBwdRowPad;
+  // (kMaxSeqlen / kBwdRowPad - 1) * kBwdRowPad rounds to at most kMaxSeqlen / kBwdRowPad *
+  // kBwdRowPad: the 80-row rounding adds less than one kBwdRowPad.
+  constexpr int64_t kMaxBwdSeqlenQ = (kMaxSeqlen / kBwdRowPad - 1) * kBwdRowPad;
+  static_assert(bwd_rows_rounded(kMaxBwdSeqlenQ) <= kMaxSeqlen);
   FH_CHECK(p->seqlen_q <= kMaxBwdSeqlenQ,
-           "seqlen_q: expected 0..%lld for the backward (rounded up to a multiple of %d it must "
-           "fit int32), got %lld",
-           (long long)kMaxBwdSeqlenQ, kBwdRowPad, (long long)p->seqlen_q);
+           "seqlen_q: expected 0..%lld for the backward (its padded workspace rows must fit "
+           "int32), got %lld",
+           (long long)kMaxBwdSeqlenQ, (long long)p->seqlen_q);
   FH_TRY(validate_score(p));
   FH_TRY(validate_bwd_varlen(p, check_data));  // before the workspace: varlen changes its layout
   FH_TRY(validate_qkvo_strides(p));

@@ -49,7 +49,7 @@ struct Layout {
 };
 
 static Layout documented_layout(int64_t b, int64_t sq, int64_t hq, int64_t d) {
-  const int64_t sq_r = round_up(sq, 128);
+  const int64_t sq_r = round_up(round_up(sq, 80), 128);
   const int64_t rows = b * hq * sq_r;
   const int64_t sizes[5] = {4 * rows * bucket_of(d), 4 * rows, 4 * rows, 4 * (rows / 64),
                             rows > 0 ? 4 : 0};  // the last: the tile counter
@@ -201,7 +201,7 @@ static void test_validation() {
                   [](FhBwdParams& p) { p.head_dim_v = 128; });
   expect_rejected("head_dim", INVALID, S{"head_dim: expected a multiple of 8", "got 60"},
                   [](FhBwdParams& p) { p.head_dim = p.head_dim_v = 60; });
-  expect_rejected("seqlen_q int32", INVALID, S{"seqlen_q: expected 0..2147483520", "got 2147483600"},
+  expect_rejected("seqlen_q int32", INVALID, S{"seqlen_q: expected 0..2147483392", "got 2147483600"},
                   [](FhBwdParams& p) { p.seqlen_q = 2147483600; });
   expect_rejected("softmax_scale", INVALID, S{"softmax_scale: expected a finite positive", "got 0"},
                   [](FhBwdParams& p) { p.softmax_scale = 0.f; });

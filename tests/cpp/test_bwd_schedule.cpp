@@ -595,18 +595,21 @@ static Event make_dq_event(Op op, int a, int key, int val, Payload step) {
 }
 
 // A built backward family, from the tuned-config table the kernels are instantiated from
-// (bwd/kernel_traits.h reads the same fields); kDet: its deterministic kernel (slot families).
-template <int kHeadDimBucket, bool kDet = false>
+// (bwd/kernel_traits.h reads the same fields); kDet: its deterministic kernel (slot families);
+// kUnm: the unmasked tile (tile_config.h bwd_config_unmasked).
+template <int kHeadDimBucket, bool kDet = false, bool kUnm = false>
 struct Family {
   static constexpr bool kDeterministic = kDet;
   static constexpr int kHeadDim = kHeadDimBucket;
-  static constexpr BwdConfig kConfig = bwd_config(kHeadDim);
+  static constexpr BwdConfig kConfig =
+      kUnm ? bwd_config_unmasked(kHeadDim) : bwd_config(kHeadDim);
   static constexpr int kBlockM = kConfig.block_m;
   static constexpr int kBlockN = kConfig.block_n;
   static constexpr int kStages = kConfig.q_stages;
   static constexpr int kDqWgs = kConfig.dq_wgs;
   static constexpr bool kFamilyB = kConfig.family_b;
   static constexpr bool kDqSlots = kConfig.dq_slots;
+  static constexpr bool kDvAfterDs = kConfig.dv_after_ds;
 };
 // Every head-dim bucket the FA-3 backward is built for (CMake builds these TUs).
 static_assert(has_bwd_config(64) && has_bwd_config(96) && has_bwd_config(128) &&
@@ -754,7 +757,7 @@ struct MockConsumer {
   ConsumerEnd<PipelineSpec<QS, kConsumerWgs>, Recorder> do_pipe{{&ev, kDO}};
   std::vector<Payload> held[kNumPipes];
   std::vector<Gemm> in_flight;
-  Payload s_reg, p_reg, dp_reg, ds_reg;  // what S, P, dP and dS registers hold
+  Payload s_reg, p_reg, p16_reg, dp_reg, ds_reg;  // what S, P, 16-bit P, dP and dS hold
   int q_stage = 0;                        // Q stage of the current step (indexes sdS, family A)
   Payload smem[kNumBufs];                 // what this WG last wrote into its part of sdS / sP
   std::set<Payload> dv, dk;               // steps summed into dV and dK
@@ -934,9 +937,17 @@ struct MockConsumer {
           int(s.masked));
     p_reg = s_reg;
   }
+  // P's 16-bit copy (family A: dV's A operand registers).
+  void convert_p(TileState&) {
+    if constexpr (!kB) {
+      CHECK(!flying('V'), "WG %d overwrites P's 16-bit copy while its dV GEMM reads it", wg);
+    }
+    p16_reg = p_reg;
+  }
   void issue_dv(TileState&) {
     CHECK(held[kDO].size() == 1 && held[kDO].front() == p_reg, "WG %d: dV of P and dO of "
           "different steps", wg);
+    CHECK(p16_reg == p_reg, "WG %d: dV of a P not converted to 16 bits", wg);
     CHECK(dv.insert(p_reg).second, "WG %d: step (g %d m %d) summed into dV twice", wg, p_reg.g,
           p_reg.m);
     if constexpr (kB) {
@@ -1891,27 +1902,35 @@ static bool same_bits(Problem const& p, std::mt19937& rng, Sabotage sab = {}) {
 template <class Cfg>
 static std::string family_name() {
   char buf[64];
-  std::snprintf(buf, sizeof(buf), "d%d family %c", Cfg::kHeadDim, Cfg::kFamilyB ? 'B' : 'A');
+  std::snprintf(buf, sizeof(buf), "d%d family %c%s", Cfg::kHeadDim, Cfg::kFamilyB ? 'B' : 'A',
+                Cfg::kBlockM == kBwdUnmaskedBlockM ? " unmasked" : "");
   return buf;
 }
 
 // Per problem: the steps (c); the roles on the problem's own grid and mode; the deterministic
 // protocol on one of the grid sizes 1, 2, 3, 7, 132, twice, with bitwise-equal sums.
+// One problem's steps (c), then the roles on one of the grids 3 / 132 in the problem's mode.
+template <class Cfg>
+static void steps_and_roles(Problem& p, std::mt19937& rng) {
+  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN;
+  context = family_name<Cfg>() + " | " + describe(p, BM, BN);
+  const BwdTileScheduler tiles = make_tiles(p, BM, BN);
+  std::vector<TestSchedule<BM, BN>> ctas;
+  for (int cta = 0; cta < tiles.grid; ++cta) {
+    ctas.push_back({{tiles, p.mask, cta, p.spans()}, {}});
+  }
+  check_steps<BM, BN>(p, tiles, ctas);
+  p.grid_sms = rng() % 2 ? 3 : 132;
+  context = family_name<Cfg>() + " | " + describe(p, BM, BN) + " roles";
+  run_roles<Cfg>(p, rng, {});
+}
+
 template <class Cfg>
 static void run_family(std::mt19937& rng, int problems) {
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN;
   for (int i = 0; i < problems; ++i) {
     Problem p = random_problem(rng);
-    context = family_name<Cfg>() + " | " + describe(p, BM, BN);
-    const BwdTileScheduler tiles = make_tiles(p, BM, BN);
-    std::vector<TestSchedule<BM, BN>> ctas;
-    for (int cta = 0; cta < tiles.grid; ++cta) {
-      ctas.push_back({{tiles, p.mask, cta, p.spans()}, {}});
-    }
-    check_steps<BM, BN>(p, tiles, ctas);
-    p.grid_sms = rng() % 2 ? 3 : 132;
-    context = family_name<Cfg>() + " | " + describe(p, BM, BN) + " roles";
-    run_roles<Cfg>(p, rng, {});
+    steps_and_roles<Cfg>(p, rng);
     p.deterministic = true;
     const int grids[] = {1, 2, 3, 7, 132};
     p.grid_sms = grids[rng() % 5];
@@ -1948,6 +1967,36 @@ using D96 = Family<96>;    // family A, dq_wgs = 1, dQ slots
 using D128 = Family<128>;  // family A, dq_wgs = 2, dQ slots
 using D192 = Family<192>;  // family B, dQ slots
 using D256 = Family<256>;  // family B, red.global (no room for slots)
+using D128Unmasked = Family<128, false, true>;  // family A, 80-query steps, dQ transposed
+
+// The unmasked tile serves dense calls without a mask or softcap in default mode (launch.h
+// bwd_takes_unmasked_tile): the steps and roles of such problems on its 80-query blocks, and every
+// block of every kernel inside the dense workspace's rows (bwd_rows_rounded).
+static void run_unmasked_family(std::mt19937& rng, int problems) {
+  using Cfg = D128Unmasked;
+  static_assert(Cfg::kBlockM == kBwdUnmaskedBlockM && Cfg::kBlockM % 16 == 0 &&
+                Cfg::kBlockN == 128);
+  for (int i = 0; i < problems; ++i) {
+    Problem p = random_problem(rng);
+    p.cu_q.clear();
+    p.cu_k.clear();
+    p.mask = AttentionMask{p.seqlen_q, p.seqlen_k, -1, -1, 0};
+    p.deterministic = false;
+    p.softcap = false;
+    steps_and_roles<Cfg>(p, rng);
+  }
+  context = "dense workspace rows";
+  for (int64_t s = 0; s < 5000; ++s) {
+    const int64_t rows = bwd_rows_rounded(s);
+    CHECK(rows % kBwdRowPad == 0 && rows >= s && rows < s + kBwdUnmaskedBlockM + kBwdRowPad,
+          "seqlen_q %lld: %lld rows", (long long)s, (long long)rows);
+    for (int bm : {64, kBwdUnmaskedBlockM, 128}) {
+      const int64_t end = (s + bm - 1) / bm * bm;  // the last query block's end
+      CHECK(end <= rows, "seqlen_q %lld: %d-row blocks end at %lld, past %lld rows", (long long)s,
+            bm, (long long)end, (long long)rows);
+    }
+  }
+}
 
 // Family B: without the PdSFree sync before store_p, a WG writes step s+1's P (and dS) while
 // nothing orders it after the other WG's dV (dQ, dK) of step s (two Q stages: the Q pipeline does
@@ -2199,6 +2248,7 @@ int main(int argc, char** argv) {
   run_family<D128>(rng, problems);
   run_family<D192>(rng, problems);
   run_family<D256>(rng, problems);
+  run_unmasked_family(rng, problems);
   negative_controls(rng);
   if (failures == 0) {
     std::printf("OK\n");

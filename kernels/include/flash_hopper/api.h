@@ -276,8 +276,8 @@ FH_EXPORT FhStatus fh_debug_set_timeline(void* device_buffer, int64_t bytes);
 // dtype).
 //
 // The caller allocates the workspace: fh_bwd_workspace_size gives its size for a problem. Its
-// layout (each region 256-byte aligned, rows padded to seqlen_q_rounded = round_up(seqlen_q, 128),
-// head_dim padded to the kernel's bucket):
+// layout (each region 256-byte aligned, rows padded to seqlen_q_rounded =
+// round_up(round_up(seqlen_q, 80), 128), head_dim padded to the kernel's bucket):
 //   dq_accum   fp32 (batch, heads_q, seqlen_q_rounded, bucket); inside each query block the
 //              order is the path's own (its postprocess reads it back)
 //   lse_log2   fp32 (batch, heads_q, seqlen_q_rounded)

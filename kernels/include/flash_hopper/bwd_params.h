@@ -7,8 +7,9 @@
 //
 // The workspace (api.h documents the layout) is split here into its four regions. Rows of the
 // per-query regions are padded to seqlen_q_rounded (a multiple of kBwdRowPad, the largest block_m
-// of either path, so every query block of every kernel lies inside them) and dq_accum's columns
-// to head_dim_rounded (the kernel's bucket): the main kernels add whole tiles without predicates.
+// of either path, that holds the unmasked tile's 80-row blocks too: every query block of every
+// kernel lies inside them) and dq_accum's columns to head_dim_rounded (the kernel's bucket): the
+// main kernels add whole tiles without predicates.
 #pragma once
 
 #include <cstdint>
@@ -19,10 +20,20 @@
 
 namespace flash_hopper {
 
-// seqlen_q_rounded = round_up(seqlen_q, kBwdRowPad); varlen: round_up(total_q + kBwdRowPad * batch,
+// seqlen_q_rounded = bwd_rows_rounded(seqlen_q); varlen: round_up(total_q + kBwdRowPad * batch,
 // kBwdRowPad) (bwd_ws_row0)
 constexpr int kBwdRowPad = 128;
-constexpr int kBwdSemaphoreRows = 64;  // one semaphore per 64 query rows (block_m >= 64)
+constexpr int kBwdSemaphoreRows = 64;  // one semaphore per 64 query rows (block_m 64 / 128)
+// The unmasked d128 tile's query blocks (sm90/bwd/tile_config.h bwd_config_unmasked): dense calls
+// only, whose rows are rounded for them too.
+constexpr int kBwdUnmaskedBlockM = 80;
+
+// A dense call's per-query workspace rows: a multiple of kBwdRowPad that holds every query block
+// of 64, 80 or 128 rows of seqlen_q rows.
+FH_HOST_DEVICE constexpr int64_t bwd_rows_rounded(int64_t seqlen_q) {
+  const int64_t blocks_80 = (seqlen_q + kBwdUnmaskedBlockM - 1) / kBwdUnmaskedBlockM;
+  return (blocks_80 * kBwdUnmaskedBlockM + kBwdRowPad - 1) / kBwdRowPad * kBwdRowPad;
+}
 
 struct BwdParams {
   const void* q;

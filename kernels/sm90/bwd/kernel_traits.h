@@ -11,6 +11,8 @@
 //   dV  += P^T dO     A = P^T registers          B = sdOt (d, q)           MN-major, RS
 //   dK  += dS^T Q     A = dS^T registers         B = sQt (d, q)            MN-major, RS
 //   dQ   = dS K       A = sdS (q, keys) q-major  B = sKt (d, keys)         MN-major, SS
+//   or, the unmasked tile's 80-query steps (tile_config.h dq_transposed):
+//   dQ^T = K^T dS^T   A = sKt (d, keys) MN-major B = sdS (q, keys) keys-major, SS
 // Family B (d192 / d256; S and dP split the keys, dV / dK / dQ split head_dim):
 //   S    = Q  K^T     A = sQ (q, d)              B = sK (keys, d)          both K-major, SS
 //   dP   = dO V^T     A = sdO (q, d)             B = sV (keys, d)          both K-major, SS
@@ -19,6 +21,7 @@
 //   dQ   = dS K       A = sdS (q, keys) keys-major B = sKt (d, keys)       K / MN-major, SS
 // P and dS share one array of two (q, keys) buffers: family A's two dS stages, or family B's P
 // (buffer 0) and dS (buffer 1).
+// kUnmasked_: the unmasked tile (tile_config.h bwd_config_unmasked) instead of the bucket's.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -57,6 +60,21 @@ CUTE_HOST_DEVICE constexpr auto dkv_mma_atom() {
   }
 }
 
+// The P / dS buffers (q, keys, buffers): keys-contiguous (kKeysMajor: family B, read by dV / dK
+// through the transposed view; dQ transposed, dS as its B operand), else q-contiguous (family A's
+// dQ = dS K, dS as its MN-major A operand). A function: one of the two atoms need not tile the
+// other's shape.
+template <class Element, int kBlockM, int kBlockN, int kBuffers, bool kKeysMajor>
+CUTE_HOST_DEVICE constexpr auto ds_smem_layout() {
+  if constexpr (kKeysMajor) {
+    return tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                         Shape<Int<kBlockM>, Int<kBlockN>, Int<kBuffers>>{});
+  } else {
+    return tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
+                         Shape<Int<kBlockM>, Int<kBlockN>, Int<kBuffers>>{}, Step<_2, _1, _3>{});
+  }
+}
+
 // Named-barrier ids of the backward (user ids: CUTLASS adds ReservedNamedBarrierCount).
 enum class BwdBarrier : uint32_t {
   kPdS = 0,     // both consumer WGs: their dS halves are in shared memory
@@ -84,13 +102,19 @@ inline constexpr uint32_t kTileSlotThreads = 32 + 2 * 128;
 // red.global turn handshake: d256's deterministic mode (no slots), and, in the slot families'
 // default kernels, code their calls never run but without which ptxas spills the d64 / d128
 // default step (bench/PERFLOG.md).
-template <class Element_, int kHeadDim_, bool kDeterministic_ = false>
+template <class Element_, int kHeadDim_, bool kDeterministic_ = false, bool kUnmasked_ = false>
 struct BwdTraits {
   using Element = Element_;
   static_assert(sizeof(Element) == 2, "the FA-3 path backward handles fp16 / bf16 inputs");
   static constexpr bool kDeterministic = kDeterministic_;
+  static constexpr bool kUnmasked = kUnmasked_;
+  static_assert(!kUnmasked || (has_bwd_unmasked_config(kHeadDim_) && !kDeterministic),
+                "the unmasked tile: its head dims, default mode");
 
-  static constexpr BwdConfig kConfig = bwd_config(kHeadDim_);
+  static constexpr BwdConfig kConfig =
+      kUnmasked ? bwd_config_unmasked(kHeadDim_) : bwd_config(kHeadDim_);
+  static constexpr bool kDqTransposed = kConfig.dq_transposed;
+  static constexpr bool kDvAfterDs = kConfig.dv_after_ds;  // schedule.h's Cfg
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kConfig.block_m;
   static constexpr int kBlockN = kConfig.block_n;
@@ -114,7 +138,10 @@ struct BwdTraits {
   static_assert(kFamilyB ? kBlockN == 64 && kBlockM == 64 && kDqWgs == 2
                          : kBlockN == 64 * kConsumerWgs,
                 "family A: each consumer WG owns 64 keys; family B: 64 x 64, head_dim split");
-  static_assert(kBlockM == 64 || kBlockM == 128, "64- or 128-query steps");
+  static_assert(kBlockM == 64 || kBlockM == 128 || (kDqTransposed && kBlockM % 16 == 0),
+                "64- or 128-query steps; others (a multiple of 16) with dQ transposed");
+  static_assert(!kDqTransposed || (!kFamilyB && kDqWgs == 2),
+                "dQ transposed: family A, the WGs split head_dim");
   // How the WGs share dQ: kDqWgs == 1: each WG its own 64 keys' partial sum (all rows and
   // columns); kDqWgs == 2: columns [c D / 2, ...) each, or with 128-query steps rows
   // [64c, 64c + 64) each (all keys, all columns).
@@ -142,16 +169,26 @@ struct BwdTraits {
       dkv_mma_atom<Element, kFamilyB, kBlockN, kHeadDim, kBlockM>(),
       conditional_t<kFamilyB, WgLayoutCols, WgLayoutRows>{}));
   // dQ: (queries, d, keys); the WGs' shares as kDqByRows / kDqWgs say (one atom per WG). dS is
-  // q-major in shared memory in family A (written from dS^T), keys-major in family B.
-  using TileShapedQWg =
+  // q-major in shared memory in family A (written from dS^T), keys-major in family B and with dQ
+  // transposed. Transposed, (d, queries, keys): A = K^T (MN-major), B = dS (keys-major), the WGs
+  // along M (head_dim halves).
+  using TileShapedQWg = conditional_t<
+      kDqTransposed, Shape<Int<kHeadDim / 2>, Int<kBlockM>, Int<kBlockN>>,
       conditional_t<kDqByRows, Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>,
-                    Shape<Int<kBlockM>, Int<kHeadDim / kDqWgs>, Int<kBlockN / (3 - kDqWgs)>>>;
+                    Shape<Int<kBlockM>, Int<kHeadDim / kDqWgs>, Int<kBlockN / (3 - kDqWgs)>>>>;
   using AtomLayoutdQ =
-      conditional_t<kDqByRows, Layout<Shape<_2, _1, _1>>, Layout<Shape<_1, Int<kDqWgs>, _1>>>;
-  static constexpr GMMA::Major kMajordS = kFamilyB ? GMMA::Major::K : GMMA::Major::MN;
+      conditional_t<kDqByRows || kDqTransposed, Layout<Shape<_2, _1, _1>>,
+                    Layout<Shape<_1, Int<kDqWgs>, _1>>>;
+  static constexpr GMMA::Major kMajordS =
+      kFamilyB || kDqTransposed ? GMMA::Major::K : GMMA::Major::MN;
+  static constexpr GMMA::Major kMajordQA = kDqTransposed ? GMMA::Major::MN : kMajordS;
+  static constexpr GMMA::Major kMajordQB = kDqTransposed ? kMajordS : GMMA::Major::MN;
   using TiledMmadQ = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, TileShapedQWg, kMajordS, GMMA::Major::MN>(),
+      GMMA::ss_op_selector<Element, Element, float, TileShapedQWg, kMajordQA, kMajordQB>(),
       AtomLayoutdQ{}));
+  // The dQ accumulator's (rows, cols) tile: (queries, d), or (d, queries) transposed.
+  using DqShape = conditional_t<kDqTransposed, Shape<Int<kHeadDim>, Int<kBlockM>>,
+                                Shape<Int<kBlockM>, Int<kHeadDim>>>;
 
   // The selectors fall back to narrower atoms when a shape is missing: insist on one atom per WG
   // (Shape_MNK is the atom's).
@@ -160,7 +197,7 @@ struct BwdTraits {
   static_assert(decltype(size<1>(typename TiledMmadKV::Shape_MNK{}))::value ==
                 kHeadDim / (kFamilyB ? kConsumerWgs : 1));
   static_assert(decltype(size<1>(typename TiledMmadQ::Shape_MNK{}))::value ==
-                (kDqByRows ? kHeadDim : kHeadDim / kDqWgs));
+                (kDqTransposed ? kBlockM : kDqByRows ? kHeadDim : kHeadDim / kDqWgs));
 
   // The swizzle atom suits the narrowest head_dim slice any view gives one WG (family B's WGs read
   // Q^T / dO^T / K^T from column D / 2 on: d192's 96 columns need 64-byte atoms).
@@ -176,18 +213,16 @@ struct BwdTraits {
   // the transposed view (keys, q, 2) from the dS^T accumulator with stmatrix; family B keys-major,
   // written from the S-shaped accumulators directly, read transposed by dV / dK.
   static constexpr int kPdSBuffers = 2;
-  using SmemLayoutdS = conditional_t<
-      kFamilyB,
-      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
-                             Shape<Int<kBlockM>, Int<kBlockN>, Int<kPdSBuffers>>{})),
-      decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
-                             Shape<Int<kBlockM>, Int<kBlockN>, Int<kPdSBuffers>>{},
-                             Step<_2, _1, _3>{}))>;
+  using SmemLayoutdS = decltype(ds_smem_layout<Element, kBlockM, kBlockN, kPdSBuffers,
+                                               kFamilyB || kDqTransposed>());
   using SmemLayoutdSt = TransposedView<SmemLayoutdS, kBlockM, kBlockN, kPdSBuffers>;
   // The view the S / dP accumulator's (rows, cols) index, for the stmatrix stores.
   using SmemLayoutdSAcc = conditional_t<kFamilyB, SmemLayoutdS, SmemLayoutdSt>;
-  using R2SCopydS = decltype(make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{},
-                                               TiledMmaSdP{}));
+  // Family A's dS^T (keys, q) accumulator into a keys-contiguous buffer (dQ transposed): each 8 x 8
+  // transposed on its way (stmatrix .trans).
+  using R2SCopydS = decltype(make_tiled_copy_C(
+      Copy_Atom<conditional_t<kDqTransposed, SM90_U16x8_STSM_T, SM90_U32x4_STSM_N>, Element>{},
+      TiledMmaSdP{}));
 
   // Global tensors as the TMA sees them: (seqlen, head_dim, heads, batch), head_dim contiguous.
   using ShapeQKV = Shape<int32_t, int32_t, int32_t, int32_t>;
@@ -205,6 +240,8 @@ struct BwdTraits {
                                          Shape<int32_t, int32_t, int32_t>{},
                                          Stride<_1, int64_t, int64_t>{}));
   using SmemLayoutStats = Layout<Shape<Int<kBlockM>>>;
+  // Floats between the stages' rows in shared memory: a TMA box starts 128-byte aligned.
+  static constexpr int kStatsStage = (kBlockM + 31) / 32 * 32;
   using TmaStats = decltype(make_tma_copy(SM90_TMA_LOAD{}, StatsGmem{}, SmemLayoutStats{},
                                           Shape<Int<kBlockM>>{}, _1{}));
 
@@ -238,8 +275,8 @@ struct BwdTraits {
     array_aligned<Element, cosize_v<SmemLayoutdS>, 1024> ds;  // P / dS buffers
     // The rows' lse_log2 of each Q stage and D of each dO stage (the TMA writes them with the
     // stage's rows; a box must start 128-byte aligned).
-    array_aligned<float, kStages * kBlockM, 128> lse;
-    array_aligned<float, kStages * kBlockM, 128> dpsum;
+    array_aligned<float, kStages * kStatsStage, 128> lse;
+    array_aligned<float, kStages * kStatsStage, 128> dpsum;
     // Per consumer WG: its dQ part of the step in the accumulator's order (epilogue.h).
     array_aligned<float, kDqSlots ? kDqWgFloats * kConsumerWgs : 4, 128> dq_slot;
     cutlass::arch::ClusterTransactionBarrier q_full[kStages];

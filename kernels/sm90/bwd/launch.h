@@ -31,7 +31,9 @@ LaunchResult launch_bwd(BwdParams const& p, int max_smem_per_block, cudaStream_t
   using Element = typename Traits::Element;
   constexpr int kSmem = Traits::kSmemBytes;
   constexpr int kElem = sizeof(Element);
-  static_assert(kBwdRowPad % Traits::kBlockM == 0 && Traits::kBlockM % kBwdSemaphoreRows == 0,
+  static_assert(Traits::kUnmasked ? Traits::kBlockM == kBwdUnmaskedBlockM
+                                  : kBwdRowPad % Traits::kBlockM == 0 &&
+                                        Traits::kBlockM % kBwdSemaphoreRows == 0,
                 "query blocks must tile the workspace's padded rows and its semaphores");
   if (kSmem > max_smem_per_block) {
     return LaunchResult::no_tile_fits(kSmem);
@@ -167,10 +169,34 @@ LaunchResult launch_bwd(BwdParams const& p, int max_smem_per_block, cudaStream_t
   return LaunchResult::ok();
 }
 
+// Whether a call runs on the unmasked tile (tile_config.h bwd_config_unmasked), as FA3 chooses
+// its d128 tile: no mask, no softcap, default mode; and dense, whose workspace rows are rounded
+// for its 80-row query blocks (bwd_rows_rounded).
+inline bool bwd_takes_unmasked_tile(BwdParams const& p) {
+  return !p.varlen() && p.deterministic == 0 && p.softcap == 0.f &&
+         bwd_full_mask(attention_mask(p));
+}
+
+// The unmasked tile's launch: explicitly instantiated in a translation unit of its own (CMake),
+// which keeps each compiler job of the bucket within its memory budget.
+template <class Element, int kHeadDim>
+LaunchResult launch_bwd_unmasked(BwdParams const& p, int max_smem_per_block, cudaStream_t stream) {
+  return launch_bwd<BwdTraits<Element, kHeadDim, /*kDeterministic=*/false, /*kUnmasked=*/true>>(
+      p, max_smem_per_block, stream);
+}
+
 template <class Element, int kHeadDim>
 LaunchResult run_bwd(BwdParams const& p, int max_smem_per_block, cudaStream_t stream) {
   if (p.batch == 0) {
     return LaunchResult::ok();
+  }
+  if constexpr (has_bwd_unmasked_config(kHeadDim)) {
+    if (bwd_takes_unmasked_tile(p)) {
+      if (p.seqlen_q_rounded != bwd_rows_rounded(p.seqlen_q)) {
+        return LaunchResult::internal("the workspace's rows are not rounded for 80-row blocks");
+      }
+      return launch_bwd_unmasked<Element, kHeadDim>(p, max_smem_per_block, stream);
+    }
   }
   if constexpr (BwdTraits<Element, kHeadDim>::kDqSlots) {
     if (p.deterministic) {

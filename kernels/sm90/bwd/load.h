@@ -82,10 +82,11 @@ struct BwdProducer {
     copy(tma.with(bar, 0, TMA::CacheHintSm90::EVICT_LAST), get<0>(part), get<1>(part));
   }
   // The same rows' lse_log2 or D (kBlockM floats) through `tma` into stage `stage` of `buf`.
-  // The sequence's workspace rows start at a multiple of kBwdRowPad (bwd_ws_row0), so of kBlockM.
+  // The sequence's workspace rows start at a multiple of kBwdRowPad (bwd_ws_row0), so of kBlockM
+  // (the unmasked tile's 80-row blocks: dense calls only, whose rows start at 0).
   CUTE_DEVICE void load_stats(typename Traits::TmaStats const& tma, uint64_t& bar, float* buf,
                               int stage, int head, BwdSpan const& span, int m) const {
-    Tensor s = make_tensor(make_smem_ptr(buf + stage * kBlockM),
+    Tensor s = make_tensor(make_smem_ptr(buf + stage * Traits::kStatsStage),
                            typename Traits::SmemLayoutStats{});
     Tensor mX = tma.get_tma_tensor(make_shape(p.seqlen_q_rounded, p.heads_q, p.batch_entries()));
     Tensor gX = local_tile(mX(_, head, span.batch), Shape<Int<kBlockM>>{},

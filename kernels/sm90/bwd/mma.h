@@ -45,6 +45,8 @@ struct BwdConsumer {
   // dS from P's 16-bit copy (the dV GEMM's operand) instead of the fp32 exponentials, where the
   // fp32 P does not fit next to dP (128-query steps).
   static constexpr bool kDsFrom16BitP = kBlockM == 128;
+  static constexpr bool kDqTransposed = Traits::kDqTransposed;
+  static_assert(!kDsFrom16BitP || !Traits::kDvAfterDs, "dS after dV: P is 16-bit by then");
   // P and dS buffers of the P / dS array (kernel_traits.h): family A alternates dS over both.
   static constexpr int kPBuffer = 0;
   static constexpr int kdSBufferB = 1;
@@ -119,7 +121,7 @@ struct BwdConsumer {
     decltype(make_tensor<Element>(s.layout())) dst;  // dS (16-bit): family A the dK GEMM's A
     decltype(partition_fragment_C(TiledMmadKV{}, Shape<Int<kBlockN>, Int<kHeadDim>>{})) dv;
     decltype(partition_fragment_C(TiledMmadKV{}, Shape<Int<kBlockN>, Int<kHeadDim>>{})) dk;
-    decltype(partition_fragment_C(TiledMmadQ{}, Shape<Int<kBlockM>, Int<kHeadDim>>{})) dq;
+    decltype(partition_fragment_C(TiledMmadQ{}, typename Traits::DqShape{})) dq;
     // One m64 atom per WG: the RS view keeps the accumulator's register order (acc_as_rs_a).
     static_assert(decltype(size<1>(s))::value == 1 && decltype(size<2>(s))::value == 1);
   };
@@ -216,7 +218,11 @@ struct BwdConsumer {
     if constexpr (!kFamilyB) {
       forget(f.dq);
     }
-    if constexpr (kDqWgs == 2) {
+    if constexpr (kDqTransposed) {  // dQ^T = K^T dS^T: WG c rows [c D / 2, ...) of dQ^T
+      auto thr = mma_dq.get_thread_slice(wg_first_thread());
+      wgmma<true, -1>(mma_dq, thr.partition_fragment_A(sKt()),
+                      thr.partition_fragment_B(sdS()(_, _, ds_stage)), f.dq);
+    } else if constexpr (kDqWgs == 2) {
       auto thr = mma_dq.get_thread_slice(wg_first_thread());
       wgmma<true, -1>(mma_dq, thr.partition_fragment_A(sdS()(_, _, ds_stage)),
                       thr.partition_fragment_B(sKt()), f.dq);
@@ -260,7 +266,7 @@ struct BwdConsumer {
   // first column, except with 128-query steps, whose masked step spilled with the pairs' second
   // values live (one load each there, as in family B, whose columns are the accumulator's rows).
   // c is a compile-time constant of an unrolled loop, so the branches fold.
-  template <bool kPaired = !kFamilyB && kBlockM == 64>
+  template <bool kPaired = !kFamilyB && kBlockM != 128>
   struct ColumnStat {
     StatRows rows;
     float2 pair = {};
@@ -277,11 +283,11 @@ struct BwdConsumer {
   };
   CUTE_DEVICE StatRows lse_rows() {
     return {static_cast<uint32_t>(__cvta_generic_to_shared(smem.lse.data())) +
-            q_pipe.stage() * uint32_t(kBlockM * sizeof(float))};
+            q_pipe.stage() * uint32_t(Traits::kStatsStage * sizeof(float))};
   }
   CUTE_DEVICE StatRows dpsum_rows() {
     return {static_cast<uint32_t>(__cvta_generic_to_shared(smem.dpsum.data())) +
-            do_pipe.stage() * uint32_t(kBlockM * sizeof(float))};
+            do_pipe.stage() * uint32_t(Traits::kStatsStage * sizeof(float))};
   }
 
   // --- element math ------------------------------------------------------------------------------
@@ -320,7 +326,7 @@ struct BwdConsumer {
       apply_softcap(f.s, p.softcap, p.softcap_prescale);
     }
   }
-  // The element mask on masked steps, then P^T = exp2(score * scale_log2 - lse_log2) -> 16 bit.
+  // The element mask on masked steps, then P^T = exp2(score * scale_log2 - lse_log2).
   // A query column's visible keys are computed once per column (AttentionMask::columns); the key
   // tail is part of it (hi <= seqlen_k).
   template <bool kMasked>
@@ -352,8 +358,9 @@ struct BwdConsumer {
         s_rc(r, c) = exp2f(s_rc(r, c) * p.scale_log2 - col_lse);
       }
     }
-    convert_into(f.s, f.pt);
   }
+  // P -> 16 bit: family A's dV A operand, family B's sP.
+  CUTE_DEVICE void convert_p(TileState& f) { convert_into(f.s, f.pt); }
 
   // dS^T = P^T (dP^T - D) [* (1 - t^2) if kCapped (the call's softcapped()), t recovered from P
   // as on the FA-2 path: score * log2(e) = log2(P) + lse_log2], -> 16 bit, -> shared memory

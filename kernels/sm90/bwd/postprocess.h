@@ -23,27 +23,14 @@ namespace flash_hopper::sm90 {
 
 using namespace cute;
 
-template <class Traits>
-__global__ void __launch_bounds__(128 * Traits::kDqWgs)
-    bwd_postprocess_kernel(__grid_constant__ const BwdParams p) {
-  using Element = typename Traits::Element;
-  constexpr int kBlockM = Traits::kBlockM;
-  constexpr int kHeadDim = Traits::kHeadDim;
-  const int m_block = blockIdx.x;
-  const int head = blockIdx.y;
-  const BwdSpan span = bwd_spans(p)(blockIdx.z);
-  const int row0 = m_block * kBlockM;
-  if (row0 >= span.seqlen_q) {  // varlen: past the sequence's rows
-    return;
-  }
-  const int t = threadIdx.x;
-
-  typename Traits::TiledMmadQ mma;
-  auto thr = mma.get_thread_slice(t);
-  Tensor acc = partition_fragment_C(mma, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+// The values consumer thread t added to query block row0 of (span, head), times softmax_scale,
+// into `acc` (the dQ GEMM's accumulator fragment of thread t).
+template <class Traits, class TensorAcc>
+CUTE_DEVICE void load_dq_fragment(BwdParams const& p, BwdSpan const& span, int head, int row0,
+                                  int t, TensorAcc& acc) {
   static_assert(decltype(size(acc))::value % 4 == 0);
   float const* block = p.dq_accum + p.dq_accum_offset(span.batch, head) +
-                       (int64_t(span.ws_row0) + row0) * kHeadDim;
+                       (int64_t(span.ws_row0) + row0) * Traits::kHeadDim;
   CUTE_UNROLL
   for (int v = 0; v < size(acc); v += 4) {
     const float4 x =
@@ -53,6 +40,57 @@ __global__ void __launch_bounds__(128 * Traits::kDqWgs)
     acc(v + 2) = x.z * p.softmax_scale;
     acc(v + 3) = x.w * p.softmax_scale;
   }
+}
+
+// dQ computed transposed (tile_config.h dq_transposed): thread t holds (d, query) values, so
+// its registers hold no contiguous part of a dq row. The block goes through shared memory in the
+// input dtype, rows kHeadDim + 8 elements apart (a thread's stores of one register index then
+// fall on different banks), and leaves as 16-byte pieces of rows.
+template <class Traits>
+CUTE_DEVICE void store_dq_transposed(BwdParams const& p, BwdSpan const& span, int head, int row0) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kRowStride = kHeadDim + 8;
+  constexpr int kThreads = 128 * Traits::kDqWgs;
+  __shared__ __align__(16) Element staged[kBlockM * kRowStride];
+  const int t = threadIdx.x;
+  typename Traits::TiledMmadQ mma;
+  Tensor acc = partition_fragment_C(mma, typename Traits::DqShape{});
+  Tensor coords =
+      mma.get_thread_slice(t).partition_C(make_identity_tensor(typename Traits::DqShape{}));
+  load_dq_fragment<Traits>(p, span, head, row0, t, acc);
+  CUTE_UNROLL
+  for (int v = 0; v < size(acc); ++v) {  // (d, query) -> row query, column d
+    staged[get<1>(coords(v)) * kRowStride + get<0>(coords(v))] = static_cast<Element>(acc(v));
+  }
+  __syncthreads();
+  Element* dq = static_cast<Element*>(p.dq) + span.batch * p.dq_batch_stride +
+                int64_t(span.q_start) * p.dq_row_stride + head * p.dq_head_stride;
+  constexpr int kPieces = kHeadDim / 8;  // 16 bytes each
+  CUTE_UNROLL
+  for (int i = t; i < kBlockM * kPieces; i += kThreads) {
+    const int r = i / kPieces;
+    const int col = 8 * (i % kPieces);
+    if (row0 + r < span.seqlen_q && col < p.head_dim) {
+      *reinterpret_cast<uint4*>(dq + int64_t(row0 + r) * p.dq_row_stride + col) =
+          *reinterpret_cast<uint4 const*>(&staged[r * kRowStride + col]);
+    }
+  }
+}
+
+// The dQ GEMM's own rows (not transposed): thread t's registers hold pairs of a row's columns,
+// written with the forward epilogue's quad transposition.
+template <class Traits>
+CUTE_DEVICE void store_dq_rows(BwdParams const& p, BwdSpan const& span, int head, int row0) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  const int t = threadIdx.x;
+  typename Traits::TiledMmadQ mma;
+  auto thr = mma.get_thread_slice(t);
+  Tensor acc = partition_fragment_C(mma, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+  load_dq_fragment<Traits>(p, span, head, row0, t, acc);
   Tensor r = make_tensor<Element>(acc.layout());
   convert_into(acc, r);
   Tensor r_rc = make_tensor(r.data(), acc_rowcol(r.layout()));
@@ -69,6 +107,24 @@ __global__ void __launch_bounds__(128 * Traits::kDqWgs)
     const int row = row0 + get<0>(c_rc(i, 0));
     store_row_quad<Element, kCols>(dq + int64_t(row) * p.dq_row_stride + col0, row < span.seqlen_q,
                                    p.head_dim - col0, [&](int c) { return r_rc(i, c); });
+  }
+}
+
+template <class Traits>
+__global__ void __launch_bounds__(128 * Traits::kDqWgs)
+    bwd_postprocess_kernel(__grid_constant__ const BwdParams p) {
+  constexpr int kBlockM = Traits::kBlockM;
+  const int m_block = blockIdx.x;
+  const int head = blockIdx.y;
+  const BwdSpan span = bwd_spans(p)(blockIdx.z);
+  const int row0 = m_block * kBlockM;
+  if (row0 >= span.seqlen_q) {  // varlen: past the sequence's rows
+    return;
+  }
+  if constexpr (Traits::kDqTransposed) {
+    store_dq_transposed<Traits>(p, span, head, row0);
+  } else {
+    store_dq_rows<Traits>(p, span, head, row0);
   }
 }
 

@@ -33,11 +33,14 @@
 // Consumer WG, one step (family A: S^T = K Q^T, each WG owning 64 keys):
 //   wait Q(s) (its rows and their lse_log2); issue S; wait dO(s) (its rows and their D); issue
 //   dP; wait<1> (S done) -> exponentials (softcap on capped calls, mask on masked steps,
-//   P = exp2(..)); issue dV += P^T dO (RS); wait<1> (dP done) -> dS (times the softcap's
-//   derivative on capped calls); store dS to shared; sync PdS; issue dQ = dS K;
+//   P = exp2(..)); P -> 16 bit; issue dV += P^T dO (RS); wait<1> (dP done) -> dS (times the
+//   softcap's derivative on capped calls); store dS to shared; sync PdS; issue dQ = dS K;
 //   issue dK += dS^T Q (RS); wait<1> (dV, dQ done) -> release dO(s); add dQ (add_dq);
 //   wait<0> (dK done) -> release Q(s) (the P / dS registers are free only now: they are the RS
 //   GEMMs' A operands).
+//   Or (Cfg::kDvAfterDs, FA3's order; the unmasked tile): wait<0> (dP done) right after the
+//   exponentials, dS from the fp32 P and stored, then P -> 16 bit and dV issued: the fp32 P, dP
+//   and the 16-bit P are never live together (the 80-query step spilled holding all three).
 // Consumer WG, one step (family B, d192 / d256, Cfg::kFamilyB: 64 x 64 tiles, S = Q K^T and
 // dP = dO V^T with each WG owning 32 keys; P and dS live in shared memory, sP and sdS one stage
 // each; dV, dQ and dK are SS GEMMs with the WGs splitting head_dim, each reading both WGs' halves):
@@ -521,7 +524,8 @@ FH_ROLE void produce_bwd(Schedule const& sched, Ops& ops) {
 //   GEMMs       issue_s(f), issue_dp(f), issue_dv(f), issue_dq(f), issue_dk(f),
 //               wait_gemms<kInFlight>()
 //   math        softcapped() (whether the call caps its scores), softcap<kCapped>(f) (nothing
-//               unless kCapped); transform<kMasked>(f, w, s) (element mask, P = exp2, P -> 16 bit),
+//               unless kCapped); transform<kMasked>(f, w, s) (element mask, P = exp2),
+//               convert_p(f) (P -> 16 bit: family A dV's A operand, family B sP's),
 //               compute_ds<kCapped>(f, w, s) (dS = P (dP - D), times softcap' if kCapped,
 //               dS -> 16 bit, dS -> shared), family B: store_p(f, w, s) (P -> sP)
 //   barriers    sync_pds(); family B: sync_pds_free()
@@ -641,9 +645,17 @@ template <class Cfg, bool kMasked, bool kCapped, class Ops, class State>
 FH_ROLE void bwd_step(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
   start_step(ops, f, w, s);
   exponentials<kMasked, kCapped>(ops, f, w, s);
-  ops.issue_dv(f);               // the dS arithmetic below runs under this GEMM
-  ops.template wait_gemms<1>();  // dP done, dV in flight
-  ops.template compute_ds<kCapped>(f, w, s);
+  if constexpr (Cfg::kDvAfterDs) {
+    ops.template wait_gemms<0>();  // dP done
+    ops.template compute_ds<kCapped>(f, w, s);
+    ops.convert_p(f);
+    ops.issue_dv(f);
+  } else {
+    ops.convert_p(f);
+    ops.issue_dv(f);               // the dS arithmetic below runs under this GEMM
+    ops.template wait_gemms<1>();  // dP done, dV in flight
+    ops.template compute_ds<kCapped>(f, w, s);
+  }
   ds_written<Cfg>(ops);          // both WGs' dS are in shared memory
   finish_step<Cfg>(ops, f, w, s);
 }
@@ -653,6 +665,7 @@ template <class Cfg, bool kMasked, bool kCapped, class Ops, class State>
 FH_ROLE void bwd_step_b(Ops& ops, State& f, BwdTileWork const& w, QueryStep s) {
   start_step(ops, f, w, s);
   exponentials<kMasked, kCapped>(ops, f, w, s);
+  ops.convert_p(f);
   ops.sync_pds_free();           // both WGs' GEMMs of the previous step (sP / sdS readers) done
   ops.store_p(f, w, s);
   ops.template wait_gemms<0>();  // dP done
@@ -708,8 +721,8 @@ FH_ROLE void consume_bwd_wg(Schedule const& sched, Ops& ops) {
     typename Ops::TileState f;
     ops.clear_dkv(f);
     ops.wait_kv(w);
-    if (capped) {
-      detail::tile_steps<Cfg, true>(ops, f, w);
+    if (Cfg::kConfig.serves_softcap && capped) {  // else no capped code is compiled
+      detail::tile_steps<Cfg, Cfg::kConfig.serves_softcap>(ops, f, w);
     } else {
       detail::tile_steps<Cfg, false>(ops, f, w);
     }

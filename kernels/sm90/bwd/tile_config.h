@@ -41,6 +41,17 @@ struct BwdConfig {
   // d64 and d256, slower at d128, where ptxas then keeps the tile counter on the stack
   // (bench/PERFLOG.md "the backward's step overhead").
   bool hold_wg_index;
+  // dQ computed transposed, dQ^T = K^T dS^T (head_dim as the GEMM's M, split over the WGs; the
+  // step's queries as N): a step of block_m queries that is no multiple of 64 (WGMMA's M) then
+  // still has one dQ atom per WG. dS goes to shared memory keys-contiguous (the B operand).
+  bool dq_transposed = false;
+  // dV issued after dS was computed and stored (FA3's order) instead of before, its GEMM under the
+  // dS arithmetic: the fp32 P, dP and the 16-bit P are then never live together
+  // (schedule.h bwd_step).
+  bool dv_after_ds = false;
+  // The tile serves calls with softcap: its steps are compiled in both codes (schedule.h). The
+  // unmasked tile does not (launch.h bwd_takes_unmasked_tile), which halves its code.
+  bool serves_softcap = true;
 };
 
 // Whether the bucket has an FA-3 backward tile (CMake builds fa3 backward TUs for these only).
@@ -81,6 +92,23 @@ constexpr BwdConfig bwd_config(int head_dim) {
   //   KB); d256 would need 64 KB more than the 227 KB it has, so its dQ stays on red.global.
   return {/*block_m=*/64, /*block_n=*/64, /*q_stages=*/2, /*dq_wgs=*/2, /*family_b=*/true,
           /*dq_slots=*/head_dim <= 192, /*hold_wg_index=*/true};
+}
+
+// The unmasked tile (FA3's and FA4's d128 tile for calls without a mask or softcap): 80-query
+// steps over the same 128 keys, a quarter more queries per step for the same per-step costs
+// (waits, barriers, the dS store, the dQ handoff). S^T / dP^T are 64 keys x 80 queries per WG (40
+// registers each), dV / dK take K = 80 from registers, dQ is computed transposed (dq_transposed:
+// 80 is no multiple of WGMMA's M = 64), each WG half of head_dim over all 128 keys. Shared
+// memory: K, V 32 KB each, Q, dO 2 x 20 KB each, dS 2 x 20 KB, dQ slots 2 x 20 KB = 224 KB.
+// Served where the call has no mask (bwd_full_mask), no softcap and no varlen or deterministic
+// mode (launch.h bwd_takes_unmasked_tile); its query blocks need the workspace's rows rounded
+// for 80 (bwd_params.h bwd_rows_rounded).
+constexpr bool has_bwd_unmasked_config(int head_dim) { return head_dim > 96 && head_dim <= 128; }
+
+constexpr BwdConfig bwd_config_unmasked(int head_dim) {
+  return {/*block_m=*/80, /*block_n=*/128, /*q_stages=*/2, /*dq_wgs=*/2, /*family_b=*/false,
+          /*dq_slots=*/true, /*hold_wg_index=*/false, /*dq_transposed=*/true,
+          /*dv_after_ds=*/true, /*serves_softcap=*/false};
 }
 
 }  // namespace flash_hopper::sm90
