@@ -50,7 +50,8 @@ struct BwdConfig {
   // (schedule.h bwd_step).
   bool dv_after_ds = false;
   // The tile serves calls with softcap: its steps are compiled in both codes (schedule.h). The
-  // unmasked tile does not (launch.h bwd_takes_unmasked_tile), which halves its code.
+  // unmasked tile does not (launch.h bwd_takes_unmasked_tile): its kernel has the uncapped
+  // steps only.
   bool serves_softcap = true;
 };
 
