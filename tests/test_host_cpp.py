@@ -30,6 +30,8 @@ kernels use:
 - test_decode_plan.cpp: the decode kernel's plan (decode_plan.h): each row's keys against a
   brute-force mask, splits covering a range once in balanced whole blocks, page lookups, the
   split heuristic's one-wave bound, the workspace layout.
+- test_fp8_widen.cpp: the decode kernel's FP8 widening below sm_89 (fp8_widen.h): every byte pair
+  of e4m3 and e5m2 in both halves of a register, against the formats' definitions.
 """
 
 import os
@@ -129,3 +131,7 @@ def test_varlen_span_host(tmp_path):
 def test_decode_plan_host(tmp_path):
     # The decode kernel's rows, key ranges, splits, page lookups and workspace (decode_plan.h).
     _compile_and_run(tmp_path, "test_decode_plan")
+
+
+def test_fp8_widen_host(tmp_path):
+    _compile_and_run(tmp_path, "test_fp8_widen")

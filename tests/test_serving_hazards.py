@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from flash_hopper import UnsupportedError, _decode, _device, _lib, _varlen, kvcache
+from flash_hopper import UnsupportedError, _decode, _device, _lib, _tables, _varlen, kvcache
 from flash_hopper._lib import FhBackend, FhDecodeParams, FhDtype
 from flash_hopper.kvcache import flash_attn_with_kvcache
 
@@ -82,6 +82,33 @@ def test_decode_stages_fit_every_listed_device(lib, device, head_dim):
         assert decode_smem(head_dim, 2) > limit
     # the policy's own table of the GPU's shared memory agrees: it routes there iff it fits
     assert decode_served(lib, info.capability, head_dim) == (stages > 0)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_decode_stages_override_takes_the_compiled_counts(monkeypatch, lib, head_dim):
+    """FLASH_HOPPER_DECODE_STAGES picks a count the library has kernels for: every count of the
+    table that fits 227 KiB in a build with FH_DECODE_EVERY_STAGE_COUNT, else those a listed GPU
+    runs (the largest up to the tuned one that fits its limit); any other count leaves the tuned
+    one. Then the count a smaller limit gets is again one of those."""
+    table = _tables.decode_table(lib.build_info())
+    tuned = dict(zip(table["head_dims"], table["stages"]))[head_dim]
+    limits = sorted({info.max_smem_per_block_optin for info in DEVICES.values()})
+
+    def largest_fitting(limit):
+        fits = [c for c in table["stage_counts"] if c <= tuned and decode_smem(head_dim, c) <= limit]
+        return max(fits, default=0)
+
+    runs = {largest_fitting(limit) for limit in limits} - {0}
+    if table["every_stage_count"]:
+        runs = {c for c in table["stage_counts"] if decode_smem(head_dim, c) <= 227 * 1024}
+    assert tuned in runs
+    for count in table["stage_counts"]:
+        monkeypatch.setenv("FLASH_HOPPER_DECODE_STAGES", str(count))
+        want = count if count in runs else tuned
+        assert lib.decode_stages(head_dim, 227 * 1024) == want
+        for limit in (100 * 1024, 150 * 1024, 200 * 1024):  # between the listed ones
+            fitting = [c for c in runs if c <= want and decode_smem(head_dim, c) <= limit]
+            assert lib.decode_stages(head_dim, limit) == max(fitting, default=0)
 
 
 def test_decode_serves_d128_on_99_kib_devices_and_routes_d256_away(lib):

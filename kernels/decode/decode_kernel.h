@@ -58,6 +58,7 @@
 #include <type_traits>
 
 #include "flash_hopper/decode_plan.h"
+#include "flash_hopper/fp8_widen.h"
 #include "flash_hopper/score_math.h"  // kLog2e, kLn2, fast_tanh
 #include "flash_hopper/timeline.h"    // CtaMarks
 
@@ -179,28 +180,26 @@ struct DecodeTypes<Fp8Cache<QStore, KvStore>> {
   using Out = std::conditional_t<kFp8Q, __nv_bfloat16, QStore>;
 };
 
-template <class Fp8>
-struct Fp8Kind;
-template <>
-struct Fp8Kind<__nv_fp8_e4m3> {
-  static constexpr __nv_fp8_interpretation_t kValue = __NV_E4M3;
-};
-template <>
-struct Fp8Kind<__nv_fp8_e5m2> {
-  static constexpr __nv_fp8_interpretation_t kValue = __NV_E5M2;
-};
-
-// Two FP8 values (the low byte first) as two Mma values, exactly: cvt.rn.f16x2.e4m3x2 /
-// .e5m2x2 on sm_89 and up (cuda_fp8.h emulates it below); to bf16 through fp32, both exact.
+// Two FP8 values in the high bytes of a register's 16-bit lanes (fp8_widen.h) as two Mma
+// values, exactly, with integer operations and one multiply: the widening of GPUs without the
+// FP8 cvt (below sm_89). To bf16 through fp32, exact as well.
 template <class Mma, class Fp8>
-__device__ __forceinline__ uint32_t widen2(uint32_t pair) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
-      static_cast<__nv_fp8x2_storage_t>(pair & 0xffffu), Fp8Kind<Fp8>::kValue);
+__device__ __forceinline__ uint32_t widen_lanes(uint32_t lanes) {
+  constexpr bool kE4m3 = std::is_same_v<Fp8, __nv_fp8_e4m3>;
+  const uint32_t bits =
+      kE4m3 ? fp8::e4m3_lanes_to_scaled_half2(lanes) : fp8::e5m2_lanes_to_half2(lanes);
+  const __half2 h = *reinterpret_cast<const __half2*>(&bits);
   if constexpr (std::is_same_v<Mma, __half>) {
-    return uint32_t(h.x) | (uint32_t(h.y) << 16);
+    if constexpr (kE4m3) {
+      const __half2 v = __hmul2(h, __float2half2_rn(fp8::kE4m3HalfScale));
+      return *reinterpret_cast<const uint32_t*>(&v);
+    } else {
+      return bits;
+    }
   } else {
-    const float2 f = __half22float2(__half2(h));
-    return MmaOps<Mma>::pack(f.x, f.y);
+    const float2 f = __half22float2(h);
+    const float scale = kE4m3 ? fp8::kE4m3HalfScale : 1.f;
+    return MmaOps<Mma>::pack(f.x * scale, f.y * scale);
   }
 }
 
@@ -233,8 +232,8 @@ __device__ __forceinline__ void widen4(uint32_t x, uint32_t& lo, uint32_t& hi) {
     hi = MmaOps<Mma>::pack(f1.x, f1.y);
   }
 #else
-  lo = widen2<Mma, Fp8>(x);
-  hi = widen2<Mma, Fp8>(x >> 16);
+  lo = widen_lanes<Mma, Fp8>(fp8::low_pair_lanes(x));
+  hi = widen_lanes<Mma, Fp8>(fp8::high_pair_lanes(x));
 #endif
 }
 

@@ -12,9 +12,12 @@
 // 163 KiB) runs the largest stage count that fits it, down to the table's fewest (d128 2 stages:
 // 70 KiB, d256: 138 KiB); where not even those fit (a 16-bit d256 cache on 99 KiB; an FP8 one
 // runs 2 stages there, 74 KiB), the kernel does not serve the device (fh_decode_stages answers 0
-// and the library's policy sends the call elsewhere, before the caller touches any cache). Every
-// stage count of the table that fits 227 KiB is compiled, so that FLASH_HOPPER_DECODE_STAGES can
-// measure the others without a rebuild.
+// and the library's policy sends the call elsewhere, before the caller touches any cache). The
+// counts compiled are those some GPU runs: per head dim and cache width, the largest count up to
+// the tuned one that fits each opt-in limit of src/device.h's table (a limit between them, from
+// FLASH_HOPPER_DEBUG_SMEM_LIMIT, runs the largest compiled count that fits). A build with
+// FH_DECODE_EVERY_STAGE_COUNT compiles every count of the table that fits 227 KiB, so that
+// FLASH_HOPPER_DECODE_STAGES can measure the others.
 //
 // FP8 caches (the table's third column): a stage holds half the bytes, so the same bytes in flight
 // per SM take about twice the stages; 5 stages keep the 16-bit kernels' bytes in flight at their
@@ -34,6 +37,7 @@
 #include "decode/decode_kernel.h"
 #include "fh_decode_table.inc"
 #include "src/decode.h"
+#include "src/device.h"
 #include "src/score_transform.h"
 #include "src/programmatic_launch.h"
 
@@ -43,7 +47,7 @@ namespace {
 using decode::DecodeConfig;
 using decode::DecodeParams;
 
-// The tuned stage count per head dim; FLASH_HOPPER_DECODE_STAGES (a count of the table, read per
+// The tuned stage count per head dim; FLASH_HOPPER_DECODE_STAGES (a compiled count, read per
 // call) overrides it for measurements (bench/PERFLOG.md). Either gives way to fewer stages where
 // it does not fit.
 constexpr int kMinStages = FH_DECODE_MIN_STAGES;
@@ -83,7 +87,7 @@ struct TunedStages {
 constexpr TunedStages kTunedStages[] = {FH_DECODE_TABLE(FH_DECODE_TUNED)};
 #undef FH_DECODE_TUNED
 
-int default_stages(int64_t head_dim, bool fp8_kv) {
+constexpr int default_stages(int64_t head_dim, bool fp8_kv) {
   for (const TunedStages& t : kTunedStages) {
     if (t.head_dim == head_dim) {
       return fp8_kv ? t.fp8_stages : t.stages;
@@ -97,12 +101,38 @@ constexpr int smem_bytes() {
   return DecodeConfig<kHeadDim, kStages, kFp8Kv>::kSmemBytes;
 }
 
-// The shared memory of a stage count of the table at kHeadDim; 0 for a count it does not list.
+// The largest stage count of the table, up to `most`, whose shared memory fits `limit` bytes; 0
+// where none does.
+template <int kHeadDim, bool kFp8Kv>
+constexpr int largest_fitting(int most, int limit) {
+  int best = 0;
+#define FH_DECODE_FITTING(s)                                                 \
+  if (s <= most && smem_bytes<kHeadDim, s, kFp8Kv>() <= limit) {             \
+    best = s;                                                                \
+  }
+  FH_DECODE_STAGE_COUNTS(FH_DECODE_FITTING)
+#undef FH_DECODE_FITTING
+  return best;
+}
+
+// Whether the kernels of kStages stages are compiled at kHeadDim (the header says which).
+template <int kHeadDim, int kStages, bool kFp8Kv>
+constexpr bool compiled() {
+  const int tuned = default_stages(kHeadDim, kFp8Kv);
+  bool runs = FH_DECODE_EVERY_STAGE_COUNT != 0 ||
+              largest_fitting<kHeadDim, kFp8Kv>(tuned, kOtherCapabilitySmemKib * 1024) == kStages;
+  for (const CapabilitySmem& gpu : kCapabilitySmem) {
+    runs = runs || largest_fitting<kHeadDim, kFp8Kv>(tuned, gpu.kib * 1024) == kStages;
+  }
+  return runs && smem_bytes<kHeadDim, kStages, kFp8Kv>() <= kMaxSmemPerBlock;
+}
+
+// The shared memory of a compiled stage count at kHeadDim; 0 for any other count.
 template <int kHeadDim, bool kFp8Kv>
 int smem_for(int stages) {
-#define FH_DECODE_SMEM(s)                      \
-  if (stages == s) {                           \
-    return smem_bytes<kHeadDim, s, kFp8Kv>(); \
+#define FH_DECODE_SMEM(s)                                    \
+  if (stages == s && compiled<kHeadDim, s, kFp8Kv>()) {      \
+    return smem_bytes<kHeadDim, s, kFp8Kv>();               \
   }
   FH_DECODE_STAGE_COUNTS(FH_DECODE_SMEM)
 #undef FH_DECODE_SMEM
@@ -302,9 +332,11 @@ template <class Input, int kHeadDim>
 LaunchResult launch_stages(DecodeParams const& d, LaunchArgs const& a) {
   constexpr bool kFp8Kv = decode::DecodeTypes<Input>::kFp8Kv;
   const int stages = decode_stages(kHeadDim, a.max_smem_per_block, kFp8Kv);
-#define FH_DECODE_LAUNCH(s)                   \
-  if (stages == s) {                          \
-    return launch<Input, kHeadDim, s>(d, a); \
+#define FH_DECODE_LAUNCH(s)                      \
+  if constexpr (compiled<kHeadDim, s, kFp8Kv>()) { \
+    if (stages == s) {                             \
+      return launch<Input, kHeadDim, s>(d, a);     \
+    }                                              \
   }
   FH_DECODE_STAGE_COUNTS(FH_DECODE_LAUNCH)
 #undef FH_DECODE_LAUNCH

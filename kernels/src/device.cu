@@ -73,16 +73,11 @@ int smem_limit(const DeviceInfo& dev) {
 }
 
 DeviceInfo capability_device(int cc_major, int cc_minor) {
-  constexpr struct {
-    int major;
-    int minor;
-    int kib;
-  } kOptin[] = {{8, 0, 163}, {8, 7, 163}, {9, 0, 227}, {10, 0, 227}, {10, 3, 227}};
   DeviceInfo dev;
   dev.major = cc_major;
   dev.minor = cc_minor;
-  dev.max_smem_optin = 99 * 1024;
-  for (const auto& row : kOptin) {
+  dev.max_smem_optin = kOtherCapabilitySmemKib * 1024;
+  for (const CapabilitySmem& row : kCapabilitySmem) {
     if (row.major == cc_major && row.minor == cc_minor) {
       dev.max_smem_optin = row.kib * 1024;
     }

@@ -22,10 +22,21 @@ FhStatus query_device(DeviceInfo* info);
 // between calls.
 int smem_limit(const DeviceInfo& dev);
 
-// The opt-in shared memory per block of a GPU of compute capability cc_major.cc_minor (CUDA's
-// tables), for the policy's questions about a GPU that is not here (fh_fwd_select_backend,
-// fh_decode_select_backend); 99 KiB, the smallest of cc >= 8.6, for a capability the table does
-// not list. A DeviceInfo of it, for smem_limit.
+// The opt-in shared memory per block of the GPUs CUDA's tables list apart (KiB), and of every
+// other capability >= 8.6 (the smallest). capability_device() answers from them, and the decode
+// kernel compiles the stage counts these limits select (decode.cu).
+struct CapabilitySmem {
+  int major;
+  int minor;
+  int kib;
+};
+inline constexpr CapabilitySmem kCapabilitySmem[] = {
+    {8, 0, 163}, {8, 7, 163}, {9, 0, 227}, {10, 0, 227}, {10, 3, 227}};
+inline constexpr int kOtherCapabilitySmemKib = 99;
+
+// The opt-in shared memory per block of a GPU of compute capability cc_major.cc_minor
+// (kCapabilitySmem, else kOtherCapabilitySmemKib), for the policy's questions about a GPU that is
+// not here (fh_fwd_select_backend, fh_decode_select_backend). A DeviceInfo of it, for smem_limit.
 DeviceInfo capability_device(int cc_major, int cc_minor);
 
 }  // namespace flash_hopper

@@ -81,8 +81,9 @@ set(FH_DECODE_TABLE
   "64|4|5"
   "128|3|5"
   "256|3|5")
-# The stage counts compiled per head dim: a device with less shared memory per block runs the
-# largest one that fits, and FLASH_HOPPER_DECODE_STAGES measures the others without a rebuild.
+# The stage counts per head dim: a device with less shared memory per block runs the largest one
+# that fits. Compiled are those a known GPU runs (kernels/src/decode.cu), or all that fit 227 KiB
+# with FH_DECODE_EVERY_STAGE_COUNT, so that FLASH_HOPPER_DECODE_STAGES can measure the others.
 # Ascending; the first is the fewest a device must hold for the kernel to serve it.
 set(FH_DECODE_STAGE_COUNTS 2 3 4 5)
 # Its inputs: FH_DTYPE_TABLE names (q, K and V alike; e4m3 is FA3's FP8 convention, q, K and V in

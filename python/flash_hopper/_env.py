@@ -40,9 +40,10 @@ variable                      meaning                                           
 FLASH_HOPPER_DEBUG_SMEM_LIMIT as above, for the library's tile and stage choices     unset
                               and its policy's decode answers (device.cu
                               smem_limit, per call)
-FLASH_HOPPER_DECODE_STAGES    the decode kernel's K / V pipeline stages, when one    per head
-                              of the table's and they fit the shared memory          dim
-                              (decode.cu, tables.cmake FH_DECODE_STAGE_COUNTS)
+FLASH_HOPPER_DECODE_STAGES    the decode kernel's K / V pipeline stages, when the    per head
+                              count is compiled (every one of tables.cmake's         dim
+                              FH_DECODE_STAGE_COUNTS with the build option
+                              FH_DECODE_EVERY_STAGE_COUNT) and fits (decode.cu)
 FLASH_HOPPER_DECODE_PDL       "0": no programmatic dependent launch for the decode   on (sm_90)
                               kernel (decode.cu, for measurements)
 FLASH_HOPPER_DECODE_PAIR      "0": a decode CTA per row block, never one over two    on (d <= 128)

@@ -190,7 +190,7 @@ def has_backward(info: dict[str, Any]) -> bool:
 def decode_table(info: dict[str, Any]) -> dict[str, Any]:
     """build_info's "decode": the decode kernel's dtypes (FH_DTYPES names, mixed ones for 16-bit
     q against an FP8 cache), head_dims with their tuned stages (fp8_stages: with an FP8 cache), the
-    stage_counts compiled and max_rows (the packed rows of the calls the policy sends to it); {}
+    table's stage_counts (every_stage_count: all compiled, else those a known GPU runs) and max_rows (the packed rows of the calls the policy sends to it); {}
     for a library before ABI 11. Which calls it serves is the library's policy's answer
     (dispatch.choose, fh_decode_select_backend): this is for reports and messages."""
     return dict(info.get("decode") or {})
