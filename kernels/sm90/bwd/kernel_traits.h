@@ -32,6 +32,7 @@
 
 #include "sm90/bwd/schedule.h"  // PublishedTile
 #include "sm90/bwd/tile_config.h"
+#include "sm90/common/gmma_atoms.h"
 #include "sm90/common/pipeline.h"
 #include "sm90/common/smem_atoms.h"
 
@@ -50,11 +51,11 @@ using TransposedView = decltype(composition(
 template <class Element, bool kFamilyB, int kBlockN, int kHeadDim, int kBlockM>
 CUTE_HOST_DEVICE constexpr auto dkv_mma_atom() {
   if constexpr (kFamilyB) {
-    return GMMA::ss_op_selector<Element, Element, float,
+    return gmma::ss_op_selector<Element, Element, float,
                                 Shape<Int<kBlockN>, Int<kHeadDim / 2>, Int<kBlockM>>,
                                 GMMA::Major::MN, GMMA::Major::MN>();
   } else {
-    return GMMA::rs_op_selector<Element, Element, float,
+    return gmma::rs_op_selector<Element, Element, float,
                                 Shape<Int<kBlockN>, Int<kHeadDim>, Int<kBlockM>>, GMMA::Major::K,
                                 GMMA::Major::MN>();
   }
@@ -161,7 +162,7 @@ struct BwdTraits {
   using WgLayoutRows = Layout<Shape<Int<kConsumerWgs>, _1, _1>>;  // WGs along M
   using WgLayoutCols = Layout<Shape<_1, Int<kConsumerWgs>, _1>>;  // WGs along N
   using TiledMmaSdP = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, SdPAtomShape>(),
+      gmma::ss_op_selector<Element, Element, float, SdPAtomShape>(),
       conditional_t<kFamilyB, WgLayoutCols, WgLayoutRows>{}));
   // dV / dK: (keys, d, queries); family A: A from registers, each WG its 64 keys; family B: A
   // (P^T, dS^T) from shared memory, each WG head_dim / 2 columns.
@@ -184,7 +185,7 @@ struct BwdTraits {
   static constexpr GMMA::Major kMajordQA = kDqTransposed ? GMMA::Major::MN : kMajordS;
   static constexpr GMMA::Major kMajordQB = kDqTransposed ? kMajordS : GMMA::Major::MN;
   using TiledMmadQ = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, TileShapedQWg, kMajordQA, kMajordQB>(),
+      gmma::ss_op_selector<Element, Element, float, TileShapedQWg, kMajordQA, kMajordQB>(),
       AtomLayoutdQ{}));
   // The dQ accumulator's (rows, cols) tile: (queries, d), or (d, queries) transposed.
   using DqShape = conditional_t<kDqTransposed, Shape<Int<kHeadDim>, Int<kBlockM>>,

@@ -68,8 +68,8 @@ constexpr BwdConfig bwd_config(int head_dim) {
     return {/*block_m=*/128, /*block_n=*/128, /*q_stages=*/2, /*dq_wgs=*/1, /*family_b=*/false,
             /*dq_slots=*/true, /*hold_wg_index=*/true};
   }
-  // d96: dV + dK 2 x 48, dQ 48 (the WG's partial, n96; a column split would need n48, one of the
-  //   extended shapes). Shared memory 128 KB + dQ slots 2 x 24 KB.
+  // d96: dV + dK 2 x 48, dQ 48 (the WG's partial, n96; a column split would need n48, a width
+  //   common/gmma_atoms.h does not have). Shared memory 128 KB + dQ slots 2 x 24 KB.
   if (head_dim <= 96) {
     return {/*block_m=*/64, /*block_n=*/128, /*q_stages=*/2, /*dq_wgs=*/1, /*family_b=*/false,
             /*dq_slots=*/true, /*hold_wg_index=*/true};

@@ -8,6 +8,7 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/numeric_types.h>
 
+#include "sm90/common/gmma_atoms.h"
 #include "sm90/common/pipeline.h"
 #include "sm90/common/smem_atoms.h"
 #include "sm90/fwd/tile_config.h"
@@ -133,12 +134,12 @@ struct FwdTraits {
   using AtomLayout = Layout<Shape<Int<kConsumerWgs>, _1, _1>>;
   // S = Q K^T: both operands K-major in shared memory.
   using TiledMmaQK = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, TileShapeQK>(), AtomLayout{}));
+      gmma::ss_op_selector<Element, Element, float, TileShapeQK>(), AtomLayout{}));
   // O += P V: P from registers (the converted S accumulator), V^T in shared memory: MN-major
   // (V as loaded) for 16-bit inputs, K-major (the transposer's buffer) for FP8, which WGMMA
   // supports K-major only.
   using TiledMmaPV = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, float, TileShapePV, GMMA::Major::K,
+      gmma::rs_op_selector<Element, Element, float, TileShapePV, GMMA::Major::K,
                            kFp8 ? GMMA::Major::K : GMMA::Major::MN>(),
       AtomLayout{}));
   static_assert(!kFp8 || kConfig.rescale_o_before_pv == false,
@@ -147,8 +148,8 @@ struct FwdTraits {
                 "the transposer's units (32 keys x 16 columns) and swizzle atoms (V^T rows of "
                 "32, 64 or 128 bytes; V rows of at least 32 bytes) must tile V and V^T");
 
-  // The selectors fall back to narrower atoms when a shape is missing (e.g. N = 176 without
-  // CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED): insist on one atom spanning the tile.
+  // The selectors fall back to narrower atoms for a width they lack (common/gmma_atoms.h lists
+  // the widths beyond CuTe's base ones): insist on one atom spanning the tile.
   static_assert(decltype(size<1>(typename TiledMmaQK::Shape_MNK{}))::value == kBlockN);
   static_assert(decltype(size<1>(typename TiledMmaPV::Shape_MNK{}))::value ==
                 kHeadDimV / kPvParts);
