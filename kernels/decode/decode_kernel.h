@@ -181,8 +181,8 @@ struct DecodeTypes<Fp8Cache<QStore, KvStore>> {
 };
 
 // Two FP8 values in the high bytes of a register's 16-bit lanes (fp8_widen.h) as two Mma
-// values, exactly, with integer operations and one multiply: the widening of GPUs without the
-// FP8 cvt (below sm_89). To bf16 through fp32, exact as well.
+// values, exactly, with integer operations and one multiply: the widening of code compiled below
+// sm_89, where PTX has no FP8 cvt. To bf16 through fp32, exact as well.
 template <class Mma, class Fp8>
 __device__ __forceinline__ uint32_t widen_lanes(uint32_t lanes) {
   constexpr bool kE4m3 = std::is_same_v<Fp8, __nv_fp8_e4m3>;

@@ -1,7 +1,8 @@
-// FP8 (e4m3 / e5m2) to fp16 with integer operations, for GPUs without cvt.rn.f16x2.e4m3x2 /
-// .e5m2x2 (PTX has them from sm_89; the decode kernel's sm_80 code runs on sm_80 / 86 / 87). Two
-// values at a time, each in the high byte of a 16-bit lane, so that one 32-bit register holds a
-// half2. Plain C++: tests/cpp/test_fp8_widen.cpp checks every byte against the formats' definition.
+// FP8 (e4m3 / e5m2) to fp16 with integer operations, for code compiled below sm_89, where PTX has
+// no cvt.rn.f16x2.e4m3x2 / .e5m2x2: the decode kernel's compute_80 code, which every 8.x GPU runs
+// (its sm_80 SASS) and GPUs after sm_90 JIT (its PTX). Two values at a time, each in the high byte
+// of a 16-bit lane, so that one 32-bit register holds a half2. Plain C++:
+// tests/cpp/test_fp8_widen.cpp checks every byte against the formats' definition.
 #pragma once
 
 #include <cstdint>
