@@ -7,7 +7,8 @@ kernel's tuning, docs/decode.md).
 A variant is NAME[:sN][:stM]: NAME "dense" (a dense cache) or "paged" / "pagedP" (a pool of P-key
 pages, default 16, shuffled, read through a page table); sN passes num_splits=N (default 0: the
 library's choice); stM sets FLASH_HOPPER_DECODE_STAGES=M for the call (the kernel reads it per
-call). Every point runs each variant and cuDNN (SDPA, dense cache) as CUDA-graph replays
+call; counts other than those a known GPU runs need a library built with
+FH_DECODE_EVERY_STAGE_COUNT=ON, and the script refuses a count the library would not run). Every point runs each variant and cuDNN (SDPA, dense cache) as CUDA-graph replays
 (bench/decode's timer), interleaved over --reps repeats, and reports the median. GQA 32 / 8, d128,
 bf16, one query token unless --heads / -d / --seqlen-q say otherwise. parse_variant() is plain
 Python (tests/test_bench_decode.py).
@@ -72,11 +73,25 @@ def main() -> None:
     import flash_hopper as fh
     import torch
     import torch.nn.functional as F
+    from flash_hopper import _device, _lib
     from flash_hopper.bench.decode import graph_time_us, paged_copy, parse_heads, parse_point
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     hq, hk = parse_heads(args.heads)
     d, sq = args.head_dim, args.seqlen_q
+    # A stage count the library did not compile leaves the tuned one (FH_DECODE_EVERY_STAGE_COUNT
+    # builds them all): refuse rather than time the tuned count under another label.
+    lib = _lib.get_library()
+    smem = _device.device_info(torch.cuda.current_device()).max_smem_per_block_optin or 227 * 1024
+    for x in variants:
+        if x.stages is not None:
+            os.environ["FLASH_HOPPER_DECODE_STAGES"] = str(x.stages)
+            got = lib.decode_stages(d, smem)
+            os.environ.pop("FLASH_HOPPER_DECODE_STAGES", None)
+            if got != x.stages:
+                raise SystemExit(f"{x.label}: this library runs {got} stages at d{d} for "
+                                 f"FLASH_HOPPER_DECODE_STAGES={x.stages}; build it with "
+                                 "FH_DECODE_EVERY_STAGE_COUNT=ON to time other counts")
 
     def measure(spec: str) -> list[dict]:
         b, c = parse_point(spec)
