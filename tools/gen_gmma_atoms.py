@@ -3,9 +3,9 @@
 need that CuTe's base headers lack, and the selectors that hand them out.
 
 CuTe declares WGMMA atoms of N = 8 / 16 / 32 / 64 / 96 / 128 / 192 / 256 in its base headers; every
-other multiple of 8 lives in its extended headers (CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED), about
-150 k lines with the sparse ones, which every translation unit including them parsed for ~25 s of
-host and device front-end time. The tiles use five of those widths (WIDTHS below). This script
+other multiple of 8 lives in its extended headers (CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED), which
+with the sparse ones they bring are most of a forward unit's front-end time (bench/PERFLOG.md
+has the measurement). The tiles use five of those widths (WIDTHS below). This script
 writes those atoms (smem x smem operands, fp32 accumulators, the instruction PTX's wgmma.mma_async
 with the same operands in the same order as CuTe's own atoms, so the SASS is the same) with their
 MMA_Traits, and ss_op_selector / rs_op_selector, which return them for those widths and CuTe's base
