@@ -345,6 +345,21 @@ def test_bwd_into_nan_poisoned(lib, seed, num_sms, deterministic, causal, window
     assert_grads_match(got, q, k, v, dout, dlse, causal=causal, window_size=window_size)
 
 
+@pytest.mark.parametrize("num_sms", [0, 3])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", BUCKETS)
+def test_deterministic_gradients_every_bucket(lib, seed, head_dim, causal, num_sms, path):
+    # Each bucket's deterministic kernel (its own tile: the dQ split may differ from the
+    # default's) against the reference, with several key blocks per query block and GQA.
+    b, sq, sk, hq, hkv = 2, 389, 517, 4, 2
+    require_bwd(lib, torch.bfloat16, head_dim, path)
+    q, k, v = make_qkv(b, sq, sk, hq, hkv, head_dim, torch.bfloat16)
+    dout = torch.randn_like(q)
+    ran, got = bwd_into_poisoned(q, k, v, dout, None, True, num_sms, path, causal=causal)
+    assert ran == path
+    assert_grads_match(got, q, k, v, dout, causal=causal)
+
+
 @pytest.mark.parametrize("num_sms", [0, 1, 3])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_tiles_without_queries(lib, seed, num_sms, head_dim, path):

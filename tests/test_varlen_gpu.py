@@ -563,8 +563,10 @@ def test_backward_one_call_equals_per_sequence(lib, head_dim, case, deterministi
     for name, got, ref in zip(("dq", "dk", "dv"), (qg.grad, kg.grad, vg.grad), want):
         assert not got.isnan().any(), f"{name}: NaN"
         # dk / dv: one CTA per key block, its steps in the same order (but for the dense
-        # deterministic kernel's shift order on full masks, which varlen calls do not take)
-        same_order = not (deterministic and not mask)
+        # deterministic kernel's shift order on full masks, and the dense unmasked d128 tile's
+        # 80-query steps (bwd/launch.h bwd_takes_unmasked_tile), which varlen calls do not take)
+        unmasked_tile = not deterministic and not mask and 96 < head_dim <= 128
+        same_order = not (deterministic and not mask) and not unmasked_tile
         if name != "dq" and same_order:
             assert torch.equal(got, ref), f"{name}: differs from the per-sequence backward"
         else:

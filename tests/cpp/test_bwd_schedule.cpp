@@ -595,14 +595,15 @@ static Event make_dq_event(Op op, int a, int key, int val, Payload step) {
 }
 
 // A built backward family, from the tuned-config table the kernels are instantiated from
-// (bwd/kernel_traits.h reads the same fields); kDet: its deterministic kernel (slot families);
-// kUnm: the unmasked tile (tile_config.h bwd_config_unmasked).
+// (bwd/kernel_traits.h reads the same fields); kDet: its deterministic kernel (slot families,
+// tile_config.h bwd_config_deterministic); kUnm: the unmasked tile (bwd_config_unmasked).
 template <int kHeadDimBucket, bool kDet = false, bool kUnm = false>
 struct Family {
   static constexpr bool kDeterministic = kDet;
   static constexpr int kHeadDim = kHeadDimBucket;
-  static constexpr BwdConfig kConfig =
-      kUnm ? bwd_config_unmasked(kHeadDim) : bwd_config(kHeadDim);
+  static constexpr BwdConfig kConfig = kUnm   ? bwd_config_unmasked(kHeadDim)
+                                       : kDet ? bwd_config_deterministic(kHeadDim)
+                                              : bwd_config(kHeadDim);
   static constexpr int kBlockM = kConfig.block_m;
   static constexpr int kBlockN = kConfig.block_n;
   static constexpr int kStages = kConfig.q_stages;

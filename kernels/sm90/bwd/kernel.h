@@ -9,7 +9,8 @@
 //     three warps where they sum two slots, else one); the others exit.
 //   WG 1, 2 = consumers c = 0, 1 (kConsumer registers). Family A: WG c owns keys [64c, 64c + 64)
 //     of the tile for S^T, dP^T, dV and dK, and head_dim columns [c * D / 2, ...) of dQ (d128),
-//     or the partial dQ of its own keys over all rows and columns (d64, d96). Family B: WG c
+//     or the partial dQ of its own keys over all rows and columns (d64, d96; the deterministic
+//     d64 kernel: rows [64c, 64c + 64) of dQ over all keys). Family B: WG c
 //     computes S and dP for keys [32c, 32c + 32) and head_dim columns [c * D / 2, ...) of dV, dK
 //     and dQ. Both walk every step of every tile in the same code
 //     (mma.h).
@@ -34,7 +35,7 @@
 // Named barriers (mma.h BwdBarrier):
 //   PdS     256: both consumer WGs after writing their dS^T half to sdS[step % 2] (+ proxy fence);
 //           then the dQ GEMM reads both halves. Two dS buffers make it the only sync per step
-//           in family A. Where each WG's dQ reads only its own half (dq_wgs = 1: d64, d96) it is
+//           in family A. Where each WG's dQ reads only its own half (dq_wgs = 1: default d64, d96) it is
 //           the WG's own 128-thread sync (id Wg c), and the WGs share no barrier within a
 //           step. With dQ slots the WG's leader first waits until its previous bulk reduce-add
 //           read the WG's dQ slot (this sync frees the slot for the step's dQ). Family B:

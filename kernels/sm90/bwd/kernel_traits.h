@@ -112,8 +112,9 @@ struct BwdTraits {
   static_assert(!kUnmasked || (has_bwd_unmasked_config(kHeadDim_) && !kDeterministic),
                 "the unmasked tile: its head dims, default mode");
 
-  static constexpr BwdConfig kConfig =
-      kUnmasked ? bwd_config_unmasked(kHeadDim_) : bwd_config(kHeadDim_);
+  static constexpr BwdConfig kConfig = kUnmasked        ? bwd_config_unmasked(kHeadDim_)
+                                       : kDeterministic ? bwd_config_deterministic(kHeadDim_)
+                                                        : bwd_config(kHeadDim_);
   static constexpr bool kDqTransposed = kConfig.dq_transposed;
   static constexpr bool kDvAfterDs = kConfig.dv_after_ds;  // schedule.h's Cfg
   static constexpr int kHeadDim = kHeadDim_;
@@ -125,8 +126,9 @@ struct BwdTraits {
   static constexpr bool kFamilyB = kConfig.family_b;  // also schedule.h's Cfg
   static constexpr bool kDqSlots = kConfig.dq_slots;
   // The deterministic kernel's dQ writer warps (warps 1 .. kDqWriterWarps of the producer
-  // warpgroup): three where the writer sums the two warpgroups' slots (dq_wgs = 1), which one
-  // warp did too slowly for a d64 step (bench/PERFLOG.md); else one.
+  // warpgroup): three where the writer sums the two warpgroups' slots (dq_wgs = 1: d96), which
+  // one warp did too slowly for a step (bench/PERFLOG.md, measured at d64 before its
+  // deterministic kernel split dQ by rows); else one.
   static constexpr int kDqWriterWarps = kDqWgs == 1 ? 3 : 1;
   // DqStaged c: consumer WG c and the writer warps.
   static constexpr uint32_t kDqStagedThreads = 128 + 32 * kDqWriterWarps;

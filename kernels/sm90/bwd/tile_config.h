@@ -95,6 +95,21 @@ constexpr BwdConfig bwd_config(int head_dim) {
           /*dq_slots=*/head_dim <= 192, /*hold_wg_index=*/true};
 }
 
+// The deterministic kernel's tile (kernel_traits.h kDeterministic): the bucket's, except that d64
+// splits dQ's rows over the WGs (dq_wgs = 2 with 128-query steps: each WG 64 rows x 64 columns
+// over all 128 keys, FA3's and FA4's d64 dQ). With the default kernel's per-WG partials
+// (dq_wgs = 1) the dQ writer would sum two 32 KB slots every step before its turn; the row split
+// hands it two disjoint 16 KB halves and nothing to sum, for a CTA-wide PdS barrier per step
+// (bench/PERFLOG.md "the deterministic d64 dQ by rows"). The default d64 kernel keeps its
+// partials: the row split measured slower there, with the leader's reduce-add and with a writer.
+constexpr BwdConfig bwd_config_deterministic(int head_dim) {
+  BwdConfig c = bwd_config(head_dim);
+  if (head_dim <= 64) {
+    c.dq_wgs = 2;
+  }
+  return c;
+}
+
 // The unmasked tile (FA3's and FA4's d128 tile for calls without a mask or softcap): 80-query
 // steps over the same 128 keys, a quarter more queries per step for the same per-step costs
 // (waits, barriers, the dS store, the dQ handoff). S^T / dP^T are 64 keys x 80 queries per WG (40
