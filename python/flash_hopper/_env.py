@@ -37,6 +37,11 @@ table:
 ============================= ====================================================== ===========
 variable                      meaning                                                default
 ============================= ====================================================== ===========
+FLASH_HOPPER_BWD_DET_CHUNK    k > 0: the FA-3 backward's deterministic tile order    the order's
+                              takes k consecutive key blocks of a kv head per chunk  rule
+                              (sm90/bwd/launch.h, read once per process; for
+                              measurements: masked calls, the shift order of full
+                              masks unchanged)
 FLASH_HOPPER_DEBUG_SMEM_LIMIT as above, for the library's tile and stage choices     unset
                               and its policy's decode answers (device.cu
                               smem_limit, per call)

@@ -72,6 +72,7 @@ struct Problem {
   AttentionMask mask;  // varlen: with the bounds of the sequences' lengths
   bool deterministic;
   bool softcap = false;  // every step of the call must run the capped code, none of another call
+  int det_chunk = 0;     // > 0: the deterministic order's chunk overridden (with_chunk)
   // Varlen: batch + 1 offsets each (seqlen_q / seqlen_k are then the lengths' bounds, which
   // some sequences exceed: the kernel clamps them); empty: dense.
   std::vector<int32_t> cu_q, cu_k;
@@ -132,6 +133,7 @@ static Problem random_problem(std::mt19937& rng) {
   p.mask = AttentionMask{p.seqlen_q, p.seqlen_k, wl, wr, chunk};
   p.deterministic = rng() % 2 == 0;
   p.softcap = rng() % 2 == 0;
+  p.det_chunk = rng() % 3 == 0 ? 1 + int(rng() % 8) : 0;
   if (rng() % 3 == 0) {  // varlen: 1..5 sequences up to the bounds, a few past them
     p.batch = 1 + int(rng() % 5);
     p.cu_q.assign(1, 0);
@@ -151,10 +153,11 @@ static Problem random_problem(std::mt19937& rng) {
 static std::string describe(Problem const& p, int bm, int bn) {
   char buf[256];
   std::snprintf(buf, sizeof(buf),
-                "%dx%d | b %d hkv %d gq %d sq %d sk %d wl %d wr %d chunk %d sms %d det %d cap %d%s",
+                "%dx%d | b %d hkv %d gq %d sq %d sk %d wl %d wr %d chunk %d sms %d det %d (k %d) "
+                "cap %d%s",
                 bm, bn, p.batch, p.kv_heads, p.q_per_kv, p.seqlen_q, p.seqlen_k,
                 p.mask.window_left, p.mask.window_right, p.mask.chunk, p.grid_sms,
-                int(p.deterministic), int(p.softcap), p.varlen() ? " varlen" : "");
+                int(p.deterministic), p.det_chunk, int(p.softcap), p.varlen() ? " varlen" : "");
   std::string d = buf;
   for (size_t b = 0; b + 1 < p.cu_q.size(); ++b) {
     d += " (" + std::to_string(p.cu_q[b + 1] - p.cu_q[b]) + "," +
@@ -171,11 +174,13 @@ static std::string describe(Problem const& p, int bm, int bn) {
 static BwdTileScheduler make_tiles(Problem const& p, int bm, int bn, bool det_kernel = false) {
   const int64_t q_bytes = int64_t(p.seqlen_q) * p.q_per_kv * 128 * 8;
   const bool full = bwd_full_mask(p.mask);
-  return BwdTileScheduler::make(p.seqlen_k, bn, p.kv_heads, p.q_per_kv, p.batch, p.deterministic,
-                                p.grid_sms, bwd_longest_first(p.mask), q_bytes,
-                                (p.seqlen_q + bm - 1) / bm * p.q_per_kv,
-                                det_kernel && full && !p.varlen() ? (p.seqlen_q + bm - 1) / bm
-                                                                  : 0);
+  const BwdTileScheduler s = BwdTileScheduler::make(
+      p.seqlen_k, bn, p.kv_heads, p.q_per_kv, p.batch, p.deterministic, p.grid_sms,
+      bwd_longest_first(p.mask), q_bytes, (p.seqlen_q + bm - 1) / bm * p.q_per_kv,
+      det_kernel && full && !p.varlen() ? (p.seqlen_q + bm - 1) / bm : 0);
+  // launch.h: FLASH_HOPPER_BWD_DET_CHUNK overrides the deterministic order's chunk
+  return s.deterministic && s.shift_blocks == 0 && p.det_chunk > 0 ? s.with_chunk(p.det_chunk)
+                                                                   : s;
 }
 
 // A dynamic walk's claims as a run might hand them out: claim value v (tile grid + v) goes to a
@@ -271,10 +276,13 @@ static int dq_key(Problem const& p, int bm, BwdTileWork const& w, QueryStep s) {
 // ------------------------------------------------------------------------------------------------
 // a, b: the tile order
 // ------------------------------------------------------------------------------------------------
+// chunk > 0: the deterministic order's chunk overridden (FLASH_HOPPER_BWD_DET_CHUNK).
 static void check_tile_order(int seqlen_k, int bn, int kv_heads, int batch, bool det, int sms,
-                             int longest_first = 0, int steps = 0, int64_t q_bytes = 0) {
-  const BwdTileScheduler s = BwdTileScheduler::make(seqlen_k, bn, kv_heads, 1, batch, det, sms,
-                                                    longest_first, q_bytes, steps);
+                             int longest_first = 0, int steps = 0, int64_t q_bytes = 0,
+                             int chunk = 0) {
+  const BwdTileScheduler made = BwdTileScheduler::make(seqlen_k, bn, kv_heads, 1, batch, det, sms,
+                                                       longest_first, q_bytes, steps);
+  const BwdTileScheduler s = det && chunk > 0 ? made.with_chunk(chunk) : made;
   const int num_n = (seqlen_k + bn - 1) / bn;
   CHECK(s.total_tiles == num_n * kv_heads * batch, "total_tiles %d", s.total_tiles);
   CHECK(s.grid == std::min(s.total_tiles, sms), "grid %d", s.grid);
@@ -330,7 +338,8 @@ static void check_tile_order(int seqlen_k, int bn, int kv_heads, int batch, bool
     CHECK(s.section == sec, "section %d, expected %d", s.section, sec);
   }
   if (det && num_n > 0) {
-    const int k = std::max(1, std::min((s.grid + batch * kv_heads - 1) / (batch * kv_heads), num_n));
+    const int rule = (s.grid + batch * kv_heads - 1) / (batch * kv_heads);
+    const int k = std::max(1, std::min(chunk > 0 ? chunk : rule, num_n));
     CHECK(s.chunk == k, "chunk %d, expected %d", s.chunk, k);
   }
 }
@@ -410,6 +419,9 @@ static void tile_orders(std::mt19937& rng) {
       check_tile_order(sk, bn, hkv, b, false, g, +1, steps, q_bytes);
       check_tile_order(sk, bn, hkv, b, false, g, -1, steps, q_bytes);
       check_tile_order(sk, bn, hkv, b, true, g, +1, steps, q_bytes);  // deterministic: static
+      for (int k : {1, 2, 5, 1000}) {  // the chunk overridden
+        check_tile_order(sk, bn, hkv, b, true, g, +1, steps, q_bytes, k);
+      }
     }
   }
   check_tile_order(16384, 128, 16, 1, true, 132);  // s16k d128: k = 9

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "flash_hopper/bwd_params.h"
 #include "sm90/bwd/kernel.h"
@@ -16,6 +17,16 @@
 #include "src/registry.h"
 
 namespace flash_hopper::sm90 {
+
+// FLASH_HOPPER_BWD_DET_CHUNK=k (> 0): the deterministic order's key blocks per kv head and chunk
+// (BwdTileScheduler::with_chunk) instead of the rule's, for measurements; read once per process.
+inline int bwd_det_chunk_override() {
+  static const int k = [] {
+    const char* env = std::getenv("FLASH_HOPPER_BWD_DET_CHUNK");
+    return env != nullptr ? std::atoi(env) : 0;
+  }();
+  return k;
+}
 
 // The bytes of one (batch, kv head)'s query rows that its tiles stream (Q, dO) or add into (the
 // fp32 dQ accumulator), over all its query heads: the tile order's L2 sections (schedule.h).
@@ -149,6 +160,11 @@ LaunchResult launch_bwd(BwdParams const& p, int max_smem_per_block, cudaStream_t
                                               bwd_full_mask(attention_mask(p))
                                           ? (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM
                                           : 0);
+    if (kp.tiles.deterministic && kp.tiles.shift_blocks == 0) {
+      if (const int k = bwd_det_chunk_override(); k > 0) {
+        kp.tiles = kp.tiles.with_chunk(k);
+      }
+    }
     if (kp.tiles.total_tiles > 0) {
       const cudaError_t err = opt_in_dynamic_smem<bwd_kernel<Traits>>(kSmem);
       if (err != cudaSuccess) {

@@ -201,6 +201,17 @@ struct BwdTileScheduler {
     return s;
   }
 
+  // The deterministic order with k consecutive key blocks of a kv head per chunk instead of the
+  // rule's (clamped to [1, num_n]): any k keeps n descending inside every kv head, the order's
+  // deadlock-freedom condition (FLASH_HOPPER_BWD_DET_CHUNK, launch.h; measurements of the
+  // order's L2 reuse against its handoffs).
+  BwdTileScheduler with_chunk(int k) const {
+    BwdTileScheduler s = *this;
+    k = k < num_n_blocks ? k : num_n_blocks;
+    s.chunk = k < 1 ? 1 : k;
+    return s;
+  }
+
   // The shift order's segment of tile (hb, n): the (batch, kv head)'s tiles in the round of
   // tile index t = hb * num_n + n (CTA c runs round r's tile r * G + c, snake-permuted), as
   // [first, first + count) of the head's tiles, and the tile's position in it.
