@@ -179,8 +179,7 @@ static BwdTileScheduler make_tiles(Problem const& p, int bm, int bn, bool det_ke
       bwd_longest_first(p.mask), q_bytes, (p.seqlen_q + bm - 1) / bm * p.q_per_kv,
       det_kernel && full && !p.varlen() ? (p.seqlen_q + bm - 1) / bm : 0);
   // launch.h: FLASH_HOPPER_BWD_DET_CHUNK overrides the deterministic order's chunk
-  return s.deterministic && s.shift_blocks == 0 && p.det_chunk > 0 ? s.with_chunk(p.det_chunk)
-                                                                   : s;
+  return p.det_chunk > 0 ? s.with_chunk(p.det_chunk) : s;
 }
 
 // A dynamic walk's claims as a run might hand them out: claim value v (tile grid + v) goes to a
@@ -282,7 +281,7 @@ static void check_tile_order(int seqlen_k, int bn, int kv_heads, int batch, bool
                              int chunk = 0) {
   const BwdTileScheduler made = BwdTileScheduler::make(seqlen_k, bn, kv_heads, 1, batch, det, sms,
                                                        longest_first, q_bytes, steps);
-  const BwdTileScheduler s = det && chunk > 0 ? made.with_chunk(chunk) : made;
+  const BwdTileScheduler s = chunk > 0 ? made.with_chunk(chunk) : made;
   const int num_n = (seqlen_k + bn - 1) / bn;
   CHECK(s.total_tiles == num_n * kv_heads * batch, "total_tiles %d", s.total_tiles);
   CHECK(s.grid == std::min(s.total_tiles, sms), "grid %d", s.grid);

@@ -35,11 +35,11 @@
 // Named barriers (mma.h BwdBarrier):
 //   PdS     256: both consumer WGs after writing their dS^T half to sdS[step % 2] (+ proxy fence);
 //           then the dQ GEMM reads both halves. Two dS buffers make it the only sync per step
-//           in family A. Where each WG's dQ reads only its own half (dq_wgs = 1: default d64, d96) it is
-//           the WG's own 128-thread sync (id Wg c), and the WGs share no barrier within a
-//           step. With dQ slots the WG's leader first waits until its previous bulk reduce-add
-//           read the WG's dQ slot (this sync frees the slot for the step's dQ). Family B:
-//           after writing their halves of P and dS (one buffer each);
+//           in family A. Where each WG's dQ reads only its own half (dq_wgs = 1: default d64,
+//           d96) it is the WG's own 128-thread sync (id Wg c), and the WGs share no barrier
+//           within a step. With dQ slots the WG's leader first waits until its previous bulk
+//           reduce-add read the WG's dQ slot (this sync frees the slot for the step's dQ).
+//           Family B: after writing their halves of P and dS (one buffer each);
 //           then dV, dK and dQ read both halves.
 //   PdSFree 256, family B only: before writing P, both WGs completed the previous step's GEMMs
 //           (wait_gemms<0>), the last readers of the single P and dS buffers.

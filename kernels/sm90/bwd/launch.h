@@ -160,10 +160,8 @@ LaunchResult launch_bwd(BwdParams const& p, int max_smem_per_block, cudaStream_t
                                               bwd_full_mask(attention_mask(p))
                                           ? (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM
                                           : 0);
-    if (kp.tiles.deterministic && kp.tiles.shift_blocks == 0) {
-      if (const int k = bwd_det_chunk_override(); k > 0) {
-        kp.tiles = kp.tiles.with_chunk(k);
-      }
+    if (const int k = bwd_det_chunk_override(); k > 0) {
+      kp.tiles = kp.tiles.with_chunk(k);
     }
     if (kp.tiles.total_tiles > 0) {
       const cudaError_t err = opt_in_dynamic_smem<bwd_kernel<Traits>>(kSmem);

@@ -188,9 +188,7 @@ struct BwdTileScheduler {
                 (longest_tile_steps >= kBwdClaimMinSteps || 4 * s.num_n_blocks > s.grid);
     s.longest_first = s.dynamic ? longest_first : 0;
     s.section = s.dynamic ? l2_section_heads(q_bytes_per_kv_head, 1, s.num_hb) : 1;
-    int k = s.num_hb > 0 ? (s.grid + s.num_hb - 1) / s.num_hb : 1;
-    k = k < s.num_n_blocks ? k : s.num_n_blocks;
-    s.chunk = k < 1 ? 1 : k;
+    s.chunk = s.clamped_chunk(s.num_hb > 0 ? (s.grid + s.num_hb - 1) / s.num_hb : 1);
     // A round's tiles of one (batch, kv head) are at most min(num_n, G); each starts its walk at
     // its own position, so they need as many query blocks to start apart.
     const int together = s.num_n_blocks < s.grid ? s.num_n_blocks : s.grid;
@@ -201,14 +199,20 @@ struct BwdTileScheduler {
     return s;
   }
 
-  // The deterministic order with k consecutive key blocks of a kv head per chunk instead of the
-  // rule's (clamped to [1, num_n]): any k keeps n descending inside every kv head, the order's
-  // deadlock-freedom condition (FLASH_HOPPER_BWD_DET_CHUNK, launch.h; measurements of the
-  // order's L2 reuse against its handoffs).
+  // A chunk of k key blocks, clamped to [1, num_n].
+  int clamped_chunk(int k) const {
+    k = k < num_n_blocks ? k : num_n_blocks;
+    return k < 1 ? 1 : k;
+  }
+  // The deterministic order (not the shift order) with k consecutive key blocks of a kv head per
+  // chunk instead of the rule's; other walks unchanged. Any k keeps n descending inside every kv
+  // head, the order's deadlock-freedom condition (FLASH_HOPPER_BWD_DET_CHUNK, launch.h;
+  // measurements of the order's L2 reuse against its handoffs).
   BwdTileScheduler with_chunk(int k) const {
     BwdTileScheduler s = *this;
-    k = k < num_n_blocks ? k : num_n_blocks;
-    s.chunk = k < 1 ? 1 : k;
+    if (deterministic && shift_blocks == 0) {
+      s.chunk = clamped_chunk(k);
+    }
     return s;
   }
 
